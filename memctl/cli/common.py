@@ -1,0 +1,94 @@
+"""What every command shares: options, the settings, the connection, stderr talk."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import typer
+
+from memctl import config as config_mod
+from memctl.cli.render import Format
+
+FormatOption = Annotated[
+    Format, typer.Option("--format", "-f", help="Output format: table, json (one document), jsonl, csv.")
+]
+
+
+@dataclass
+class State:
+    database_url: str | None = None
+    quiet: bool = False
+    _settings: config_mod.Settings | None = None
+    _conns: list[Any] = field(default_factory=list)
+
+    @property
+    def settings(self) -> config_mod.Settings:
+        if self._settings is None:
+            self._settings = config_mod.load()
+        return self._settings
+
+
+_STATE = State()
+
+
+def state() -> State:
+    """The invocation's state (one process runs one invocation; tests call reset())."""
+    return _STATE
+
+
+def reset() -> State:
+    global _STATE
+    close_all()
+    _STATE = State()
+    return _STATE
+
+
+def close_all() -> None:
+    while _STATE._conns:
+        conn = _STATE._conns.pop()
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
+def settings() -> config_mod.Settings:
+    return state().settings
+
+
+def warn(message: str) -> None:
+    """Talk goes to stderr; stdout carries only data."""
+    sys.stderr.write(f"memctl: {message}\n")
+    sys.stderr.flush()
+
+
+def target():
+    from memctl import db
+
+    st = state()
+    return db.resolve(st.database_url, st.settings)
+
+
+def connect(*, vector: bool = False, migrate: bool = True):
+    """Open the configured database (starting/migrating the embedded one); closed at exit."""
+    from memctl import db
+
+    st = state()
+    conn = db.open_database(target(), report=warn, vector=vector, migrate=migrate)
+    st._conns.append(conn)
+    return conn
+
+
+def read_text_arg(value: str) -> str:
+    """TEXT or '-' for stdin, decoded strictly as UTF-8."""
+    from memctl.errors import InvalidInput
+
+    if value != "-":
+        return value
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"stdin is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None

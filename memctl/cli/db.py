@@ -1,0 +1,67 @@
+"""memctl db: the embedded server and schema migrations."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from memctl import embedded, migrate
+from memctl.cli.common import FormatOption, connect, target, warn
+from memctl.cli.render import Format, render, render_one
+
+app = typer.Typer(help="Database: the embedded server and schema migrations.", no_args_is_help=True)
+
+
+@app.command()
+def start() -> None:
+    """Start the embedded PostgreSQL (it stays running until `memctl db stop`)."""
+    info = embedded.start(report=warn)
+    warn(f"embedded database running (pid {info.pid}, data {info.pgdata})")
+
+
+@app.command()
+def stop() -> None:
+    """Stop the embedded PostgreSQL."""
+    warn("embedded database stopped" if embedded.stop() else "embedded database was not running")
+
+
+@app.command()
+def status(fmt: FormatOption = Format.table) -> None:
+    """Is the embedded server running, where is its data, which database is in use."""
+    info = embedded.status()
+    chosen = target()
+    from memctl.config import mask_url
+
+    render_one({
+        "database": "embedded" if chosen.embedded else mask_url(chosen.url),
+        "chosen_by": chosen.origin,
+        "embedded_running": info.running,
+        "embedded_pid": info.pid if info.running else None,
+        "embedded_data": str(info.pgdata),
+    }, fmt)
+
+
+@app.command()
+def url() -> None:
+    """Print a URL psql accepts for the embedded database (starting it if needed)."""
+    sys.stdout.write(embedded.start(report=warn).url + "\n")
+
+
+@app.command("migrate")
+def migrate_(
+    list_only: Annotated[bool, typer.Option("--list", help="Show applied and pending migrations; change nothing.")]
+    = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Apply pending sql/NNNN_*.sql files in order, each in a transaction, recording its checksum."""
+    conn = connect(migrate=False)
+    if list_only:
+        rows = [{"name": m.name, "status": m.status, "applied_at": m.applied_at, "checksum": m.checksum[:12]}
+                for m in migrate.plan(conn)]
+        render(rows, fmt)
+        return
+    applied = migrate.apply(conn)
+    warn(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+    render(({"name": m.name, "status": m.status} for m in applied), fmt)

@@ -1,0 +1,123 @@
+"""memctl fact: keyed facts with history."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from memctl import facts
+from memctl.cli.common import FormatOption, connect, warn
+from memctl.cli.render import Format, render, render_one
+
+app = typer.Typer(help="Facts: what is true now, by key, with the history of every change.", no_args_is_help=True)
+
+Namespace = Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the key.")]
+Source = Annotated[Optional[str], typer.Option("--source", "-s", help="Who or what set this value.")]
+
+
+@app.command("set")
+def set_(
+    key: Annotated[str, typer.Argument(help="The key, e.g. db.port (1-255 characters).")],
+    value: Annotated[str, typer.Argument(help="The new value; '-' reads it from stdin.")],
+    namespace: Namespace = facts.DEFAULT_NAMESPACE,
+    source: Source = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Set KEY to VALUE; prints the key, the old value, the new value and the version."""
+    from memctl.cli.common import read_text_arg
+
+    change = facts.set_fact(connect(), key, read_text_arg(value), namespace=namespace, source=source)
+    render([change.to_dict()], fmt, columns=["namespace", "key", "old_value", "new_value", "version"])
+
+
+@app.command()
+def get(
+    key: str,
+    namespace: Namespace = facts.DEFAULT_NAMESPACE,
+    fmt: Annotated[
+        Optional[Format], typer.Option("--format", "-f", help="Omit for the bare value; json etc. for the row.")
+    ] = None,
+) -> None:
+    """Print the bare value of KEY (so $(memctl fact get KEY) works); exit 4 if missing."""
+    fact = facts.get_fact(connect(), key, namespace=namespace)
+    if fmt is None:
+        sys.stdout.write(fact.value + "\n")
+    else:
+        render_one(fact.to_dict(), fmt)
+
+
+@app.command("list")
+def list_(
+    prefix: Annotated[Optional[str], typer.Option("--prefix", "-p", help="Only keys starting with this.")] = None,
+    namespace: Namespace = facts.DEFAULT_NAMESPACE,
+    all_namespaces: Annotated[bool, typer.Option("--all-namespaces", help="List every namespace.")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """List facts, sorted by key."""
+    rows = (f.to_dict() for f in facts.list_facts(connect(), namespace=None if all_namespaces else namespace,
+                                                   prefix=prefix))
+    render(rows, fmt)
+
+
+@app.command()
+def history(key: str, namespace: Namespace = facts.DEFAULT_NAMESPACE, fmt: FormatOption = Format.table) -> None:
+    """Every change of KEY, oldest first: op, old value, new value, source, version, time."""
+    render(facts.history(connect(), key, namespace=namespace), fmt)
+
+
+@app.command()
+def delete(
+    key: str,
+    namespace: Namespace = facts.DEFAULT_NAMESPACE,
+    erase: Annotated[
+        bool,
+        typer.Option("--erase", help="Also remove every value from the history (a record of the erasure stays) "
+                     "and VACUUM, so the values are gone from the database files too."),
+    ] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Delete KEY (its history stays), or with --erase remove it and its history's values."""
+    conn = connect()
+    if erase:
+        result = facts.erase_fact(conn, key, namespace=namespace)
+        render([result.to_dict()], fmt)
+        warn(f"erased {key!r}: fact row {'removed' if result.fact_removed else 'already absent'}, "
+             f"{result.history_values_erased} history row(s) cleared; tables vacuumed")
+    else:
+        change = facts.delete_fact(conn, key, namespace=namespace)
+        render([change.to_dict()], fmt, columns=["namespace", "key", "old_value", "version"])
+
+
+@app.command()
+def export(
+    namespace: Annotated[Optional[str], typer.Option("--namespace", "-n", help="Only this namespace.")] = None,
+) -> None:
+    """Write every fact as JSONL (key, value, namespace, source) to stdout."""
+    render(facts.export_rows(connect(), namespace=namespace), Format.jsonl)
+
+
+@app.command("import")
+def import_(
+    file: Annotated[str, typer.Argument(help="JSONL file, or '-' for stdin.")],
+    source: Annotated[Optional[str], typer.Option("--source", "-s", help="Source for records without one.")] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Set facts from JSONL (key, value, optional namespace, source) in one transaction.
+
+    A bad line fails the whole import, naming the line; nothing is written.
+    """
+    if file == "-":
+        records = facts.parse_import(sys.stdin.buffer)
+    else:
+        try:
+            with open(file, "rb") as handle:
+                records = facts.parse_import(handle)
+        except OSError as exc:
+            from memctl.errors import InvalidInput
+
+            raise InvalidInput(f"cannot read {file}: {exc.strerror}") from None
+    changes = facts.import_facts(connect(), records, source=source)
+    warn(f"imported {len(changes)} fact(s)")
+    render((c.to_dict() for c in changes), fmt, columns=["namespace", "key", "old_value", "new_value", "version"])

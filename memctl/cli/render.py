@@ -1,0 +1,102 @@
+"""The one output path: every command that prints rows goes through render()."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import decimal
+import json
+import sys
+import uuid
+from enum import Enum
+from typing import Any, Iterable
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    jsonl = "jsonl"
+    csv = "csv"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (bytes, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def to_json(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, default=_plain, ensure_ascii=False, indent=indent)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return to_json(value)
+    return str(_plain(value))
+
+
+def render(rows: Iterable[dict], fmt: Format | str = Format.table, *, columns: list[str] | None = None,
+           out=None) -> int:
+    """Write rows in the chosen format to stdout; returns how many were written.
+
+    json writes one array; jsonl and csv stream row by row.
+    """
+    out = out or sys.stdout
+    fmt = Format(fmt)
+    count = 0
+    if fmt is Format.jsonl:
+        for row in rows:
+            out.write(to_json(_pick(row, columns)) + "\n")
+            count += 1
+        return count
+    if fmt is Format.csv:
+        writer = None
+        for row in rows:
+            row = _pick(row, columns)
+            if writer is None:
+                writer = csv.DictWriter(out, fieldnames=list(row), lineterminator="\n")
+                writer.writeheader()
+            writer.writerow({k: _cell(v) for k, v in row.items()})
+            count += 1
+        return count
+    materialised = [_pick(row, columns) for row in rows]
+    if fmt is Format.json:
+        out.write(to_json(materialised, indent=2) + "\n")
+    elif materialised:
+        from tabulate import tabulate
+
+        table = [{k: _cell(v) for k, v in row.items()} for row in materialised]
+        out.write(tabulate(table, headers="keys", disable_numparse=True) + "\n")
+    return len(materialised)
+
+
+def render_one(row: dict, fmt: Format | str = Format.table, out=None) -> None:
+    """A single record: json prints an object; table prints field/value lines."""
+    out = out or sys.stdout
+    fmt = Format(fmt)
+    if fmt is Format.json:
+        out.write(to_json(row, indent=2) + "\n")
+    elif fmt is Format.table:
+        from tabulate import tabulate
+
+        out.write(tabulate([(k, _cell(v)) for k, v in row.items()], tablefmt="plain") + "\n")
+    else:
+        render([row], fmt, out=out)
+
+
+def _pick(row: dict, columns: list[str] | None) -> dict:
+    if columns is None:
+        return row
+    return {c: row.get(c) for c in columns}

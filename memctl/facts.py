@@ -1,0 +1,246 @@
+"""Facts: keyed, editable, with an append-only history.
+
+Every change to one key runs under a transaction-scoped advisory lock on that
+key, so concurrent `set`s serialise: each gets its own version and history row.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import asdict, dataclass
+from typing import Iterable, Iterator
+
+from memctl.errors import InvalidInput, NotFound
+
+DEFAULT_NAMESPACE = "default"
+MAX_KEY = 255
+
+
+@dataclass
+class Fact:
+    namespace: str
+    key: str
+    value: str
+    source: str | None
+    version: int
+    updated_at: datetime.datetime
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Change:
+    namespace: str
+    key: str
+    op: str
+    old_value: str | None
+    new_value: str | None
+    version: int
+    source: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Erasure:
+    namespace: str
+    key: str
+    fact_removed: bool
+    history_values_erased: int
+    version: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_key(key: str) -> None:
+    if not key:
+        raise InvalidInput("a fact key must not be empty")
+    if len(key) > MAX_KEY:
+        raise InvalidInput(f"a fact key has at most {MAX_KEY} characters (got {len(key)})")
+    check_text(key, "key")
+
+
+def check_text(value: str | None, what: str) -> None:
+    if value is not None and "\x00" in value:
+        raise InvalidInput(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store")
+
+
+LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s, 0))"
+CURRENT = "SELECT value, version FROM facts WHERE namespace = %s AND key = %s"
+LAST_VERSION = "SELECT coalesce(max(version), 0) AS v FROM fact_history WHERE namespace = %s AND key = %s"
+UPSERT = """
+INSERT INTO facts (namespace, key, value, source, version, updated_at)
+VALUES (%(namespace)s, %(key)s, %(value)s, %(source)s, %(version)s, now())
+ON CONFLICT (namespace, key) DO UPDATE
+   SET value = excluded.value, source = excluded.source, version = excluded.version, updated_at = now()
+"""
+HISTORY = """
+INSERT INTO fact_history (namespace, key, version, op, old_value, new_value, source)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+"""
+
+
+def _lock(conn, namespace: str, key: str) -> tuple[str | None, int]:
+    """Lock the key for this transaction; return (current value, last version ever used)."""
+    conn.execute(LOCK_KEY, (namespace, key))
+    row = conn.execute(CURRENT, (namespace, key)).fetchone()
+    last = conn.execute(LAST_VERSION, (namespace, key)).fetchone()["v"]
+    return (row["value"] if row else None), max(last, row["version"] if row else 0)
+
+
+def _set_in_tx(conn, key: str, value: str, namespace: str, source: str | None) -> Change:
+    old, last = _lock(conn, namespace, key)
+    version = last + 1
+    conn.execute(UPSERT, {"namespace": namespace, "key": key, "value": value, "source": source, "version": version})
+    conn.execute(HISTORY, (namespace, key, version, "set", old, value, source))
+    return Change(namespace, key, "set", old, value, version, source)
+
+
+def validate(key: str, value: str, namespace: str, source: str | None) -> None:
+    check_key(key)
+    check_text(value, "value")
+    check_text(namespace, "namespace")
+    check_text(source, "source")
+    if not namespace:
+        raise InvalidInput("a namespace must not be empty")
+
+
+def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None) -> Change:
+    validate(key, value, namespace, source)
+    with conn.transaction():
+        return _set_in_tx(conn, key, value, namespace, source)
+
+
+GET = "SELECT namespace, key, value, source, version, updated_at FROM facts WHERE namespace = %s AND key = %s"
+
+
+def get_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> Fact:
+    row = conn.execute(GET, (namespace, key)).fetchone()
+    if row is None:
+        raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
+    return Fact(**row)
+
+
+LIST = """
+SELECT namespace, key, value, source, version, updated_at FROM facts
+WHERE (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
+  AND (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s))
+ORDER BY namespace, key
+"""
+
+
+def list_facts(conn, *, namespace: str | None = DEFAULT_NAMESPACE, prefix: str | None = None) -> Iterator[Fact]:
+    for row in conn.execute(LIST, {"namespace": namespace, "prefix": prefix}, prepare=False):
+        yield Fact(**row)
+
+
+HISTORY_OF = """
+SELECT namespace, key, version, op, old_value, new_value, source, changed_at
+FROM fact_history WHERE namespace = %s AND key = %s ORDER BY version, id
+"""
+
+
+def history(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> list[dict]:
+    rows = conn.execute(HISTORY_OF, (namespace, key)).fetchall()
+    if not rows:
+        raise NotFound(f"no history for fact {key!r} in namespace {namespace!r}")
+    return rows
+
+
+DELETE = "DELETE FROM facts WHERE namespace = %s AND key = %s"
+
+
+def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None) -> Change:
+    with conn.transaction():
+        old, last = _lock(conn, namespace, key)
+        if old is None:
+            raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
+        conn.execute(DELETE, (namespace, key))
+        conn.execute(HISTORY, (namespace, key, last + 1, "delete", old, None, source))
+    return Change(namespace, key, "delete", old, None, last + 1, source)
+
+
+ERASE_VALUES = """
+UPDATE fact_history SET old_value = NULL, new_value = NULL
+WHERE namespace = %s AND key = %s AND (old_value IS NOT NULL OR new_value IS NOT NULL)
+"""
+
+
+def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> Erasure:
+    """Remove the fact and every value its history held, keeping a record that an erasure happened.
+
+    The old row versions stay in the table files until VACUUM; erase runs it on
+    both tables so the values are gone from disk too, not only from queries.
+    """
+    with conn.transaction():
+        old, last = _lock(conn, namespace, key)
+        if old is None and last == 0:
+            raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
+        removed = conn.execute(DELETE, (namespace, key)).rowcount > 0
+        erased = conn.execute(ERASE_VALUES, (namespace, key)).rowcount
+        conn.execute(HISTORY, (namespace, key, last + 1, "erase", None, None, None))
+    if not conn.autocommit:
+        return Erasure(namespace, key, removed, erased, last + 1)
+    conn.execute("VACUUM facts")
+    conn.execute("VACUUM fact_history")
+    return Erasure(namespace, key, removed, erased, last + 1)
+
+
+def export_rows(conn, *, namespace: str | None = None) -> Iterator[dict]:
+    for fact in list_facts(conn, namespace=namespace):
+        yield {"namespace": fact.namespace, "key": fact.key, "value": fact.value, "source": fact.source}
+
+
+def parse_import(lines: Iterable[bytes]) -> list[dict]:
+    """Parse JSONL fact records; any bad line fails the whole import, naming the line."""
+    import json
+
+    records = []
+    for number, raw in enumerate(lines, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput(f"line {number}: not valid UTF-8") from None
+        if not text.strip():
+            continue
+        try:
+            item = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"line {number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(item, dict):
+            raise InvalidInput(f"line {number}: expected a JSON object")
+        unknown = set(item) - {"key", "value", "namespace", "source", "version", "updated_at"}
+        if unknown:
+            raise InvalidInput(f"line {number}: unknown field(s) {', '.join(sorted(unknown))}")
+        record = {
+            "key": item.get("key"),
+            "value": item.get("value"),
+            "namespace": item.get("namespace") or DEFAULT_NAMESPACE,
+            "source": item.get("source"),
+        }
+        for field in ("key", "value"):
+            if not isinstance(record[field], str):
+                raise InvalidInput(f"line {number}: '{field}' must be a string")
+        for field in ("namespace", "source"):
+            if record[field] is not None and not isinstance(record[field], str):
+                raise InvalidInput(f"line {number}: '{field}' must be a string")
+        try:
+            validate(record["key"], record["value"], record["namespace"], record["source"])
+        except InvalidInput as exc:
+            raise InvalidInput(f"line {number}: {exc}") from None
+        records.append(record)
+    return records
+
+
+def import_facts(conn, records: list[dict], *, source: str | None = None) -> list[Change]:
+    """Set every record in one transaction: all of them or none."""
+    changes = []
+    with conn.transaction():
+        for record in records:
+            changes.append(
+                _set_in_tx(conn, record["key"], record["value"], record["namespace"], record["source"] or source)
+            )
+    return changes

