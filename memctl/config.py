@@ -91,6 +91,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "search_timeout": (_positive_number, 2.0),
         "batch_size": (_positive_int, 32),
         "dimensions": (_positive_int, None),
+        "storage": (_choice("vector", "halfvec"), "vector"),
     },
     "chunking": {
         "max_chars": (_positive_int, 1000),
@@ -209,6 +210,8 @@ def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> 
             settings.values.setdefault(section, {})[key] = default
             settings.origins[(section, key)] = "default"
     settings.values["importance"] = dict(DEFAULT_IMPORTANCE)
+    for kind in DEFAULT_IMPORTANCE:
+        settings.origins[("importance", kind)] = "default"
     settings.values["retention"] = {}
     if settings.file_exists:
         file_values, problems = _validate(_read_file(path), path)

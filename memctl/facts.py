@@ -109,7 +109,10 @@ def validate(key: str, value: str, namespace: str, source: str | None) -> None:
 
 
 def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None) -> Change:
+    from memctl import sources
+
     validate(key, value, namespace, source)
+    sources.check_allowed(conn, source)
     with conn.transaction():
         return _set_in_tx(conn, key, value, namespace, source)
 
@@ -237,6 +240,13 @@ def parse_import(lines: Iterable[bytes]) -> list[dict]:
 
 def import_facts(conn, records: list[dict], *, source: str | None = None) -> list[Change]:
     """Set every record in one transaction: all of them or none."""
+    from memctl import sources
+
+    blocked = sources.blocked_set(conn)
+    for record in records:
+        effective = record["source"] or source
+        if effective in blocked:
+            sources.refuse(effective, blocked[effective])
     changes = []
     with conn.transaction():
         for record in records:

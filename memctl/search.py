@@ -1,0 +1,288 @@
+"""Hybrid search over episodes: vectors and full text, fused, then weighted.
+
+Scoring, for an episode found by either half (documented in the README):
+
+    relevance  = sum over halves of 1 / (rrf_k + rank)   (reciprocal rank fusion,
+                 rank of the episode's best chunk), divided by its maximum so 1.0
+                 means first in every half that ran
+    recency    = 0.5 ** (age / recency_half_life)        (age since created_at,
+                 or since last access with search.recency_from = "accessed")
+    score      = relevance + recency_weight * recency + importance_weight * importance / 10
+
+The vector half runs on the active model's HNSW index with iterative scan, so
+filters never starve it; the text half is PostgreSQL full text with OR
+semantics, ranked by ts_rank_cd, and finds chunks not embedded yet.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memctl import episodes, models
+from memctl.config import Settings, parse_duration
+from memctl.errors import EmbedderUnavailable, ModelMismatch, UnknownModel, UsageError
+
+MODES = ("hybrid", "vector", "text")
+TS_CONFIG = "english"
+
+
+@dataclass
+class Query:
+    text: str
+    k: int = 5
+    agent: str | None = None
+    kind: str | None = None
+    source: str | None = None
+    since: str | None = None
+    mode: str = "hybrid"
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise UsageError("the query is empty")
+        if "\x00" in self.text:
+            raise UsageError("the query contains a NUL character")
+        if not 1 <= int(self.k) <= 1000:
+            raise UsageError(f"k must be between 1 and 1000, got {self.k}")
+
+
+@dataclass
+class Hit:
+    id: int
+    score: float
+    agent: str
+    kind: str
+    source: str | None
+    importance: int
+    created_at: datetime.datetime
+    content: str
+    relevance: float
+    recency: float
+    importance_term: float
+    vector_rank: int | None = None
+    text_rank: int | None = None
+    distance: float | None = None
+    text_score: float | None = None
+    chunk: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Outcome:
+    hits: list[Hit] = field(default_factory=list)
+    mode: str = "hybrid"  # the mode that actually ran
+    warning: str | None = None
+
+
+VECTOR_HALF = """
+WITH hits AS MATERIALIZED (
+    SELECT v.agent, v.chunk_id, v.embedding <=> %(q)s::{type} AS distance
+    FROM {table} v {join}
+    {where}
+    ORDER BY v.embedding <=> %(q)s::{type}
+    LIMIT %(n)s
+)
+SELECT h.agent, h.chunk_id, h.distance, c.episode_id, c.content
+FROM hits h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id
+ORDER BY h.distance
+"""
+JOIN_EPISODES = """JOIN chunks c0 ON c0.agent = v.agent AND c0.id = v.chunk_id
+JOIN episodes e ON e.agent = c0.agent AND e.id = c0.episode_id"""
+TEXT_HALF = """
+SELECT c.agent, c.id AS chunk_id, c.episode_id, c.content,
+       ts_rank_cd(to_tsvector('english', c.content), q.query) AS rank
+FROM chunks c {join},
+     (SELECT replace(websearch_to_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS query) q
+WHERE to_tsvector('english', c.content) @@ q.query {filters}
+ORDER BY rank DESC, c.id DESC
+LIMIT %(n)s
+"""
+EPISODE_ROWS = """
+SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content
+FROM episodes e WHERE e.id = ANY(%s)
+"""
+SET_SCAN = "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', %s, true)"
+
+
+def _filters(query: Query):
+    return episodes.filters(agent=query.agent, kind=query.kind, source=query.source, since=query.since)
+
+
+def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_search: int) -> list[dict]:
+    from psycopg import sql
+
+    clauses, params = [], {}
+    needs_join = any(v is not None for v in (query.kind, query.source, query.since))
+    conditions = []
+    if query.agent is not None:
+        conditions.append(sql.SQL("v.agent = %(agent)s"))
+        params["agent"] = query.agent
+    if needs_join:
+        extra, values = episodes.filters(kind=query.kind, source=query.source, since=query.since)
+        for i, (clause, value) in enumerate(zip(extra, values)):
+            conditions.append(sql.SQL(clause.as_string(conn).replace("%s", f"%(f{i})s")))
+            params[f"f{i}"] = value
+    del clauses
+    statement = sql.SQL(VECTOR_HALF).format(
+        type=sql.SQL(model.storage), table=sql.Identifier(model.table_name),
+        join=sql.SQL(JOIN_EPISODES) if needs_join else sql.SQL(""),
+        where=episodes.where(conditions))
+    with conn.transaction():
+        conn.execute(SET_SCAN, (str(ef_search),))
+        return conn.execute(statement, {**params, "q": _literal(vector), "n": n}, prepare=False).fetchall()
+
+
+def _literal(vector) -> str:
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def text_half(conn, query: Query, n: int) -> list[dict]:
+    from psycopg import sql
+
+    clauses, values = _filters(query)
+    params = {"text": query.text, "n": n}
+    rendered = []
+    for i, (clause, value) in enumerate(zip(clauses, values)):
+        rendered.append(sql.SQL(clause.as_string(conn).replace("%s", f"%(f{i})s")))
+        params[f"f{i}"] = value
+    join = sql.SQL("JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id") if clauses else sql.SQL("")
+    filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in rendered)
+    statement = sql.SQL(TEXT_HALF).format(join=join, filters=filters)
+    return conn.execute(statement, params, prepare=False).fetchall()
+
+
+def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
+    """Episode id -> (rank of its best chunk, that chunk's row), ranks from 1."""
+    ranked: dict[int, tuple[int, dict]] = {}
+    for row in rows:
+        if row["episode_id"] not in ranked:
+            ranked[row["episode_id"]] = (len(ranked) + 1, row)
+    return ranked
+
+
+def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dict] | None, episode_rows: dict,
+         now: datetime.datetime, accessed: dict | None = None) -> list[Hit]:
+    conf = settings.section("search")
+    rrf_k = conf["rrf_k"]
+    half_life = parse_duration(conf["recency_half_life"])
+    halves = [h for h in (vector_rows, text_rows) if h is not None]
+    best = len(halves) / (rrf_k + 1)
+    by_vector = _ranks(vector_rows or [])
+    by_text = _ranks(text_rows or [])
+    hits = []
+    for episode_id in set(by_vector) | set(by_text):
+        row = episode_rows.get(episode_id)
+        if row is None:
+            continue  # deleted between the two queries
+        v = by_vector.get(episode_id)
+        t = by_text.get(episode_id)
+        fused = (1 / (rrf_k + v[0]) if v else 0) + (1 / (rrf_k + t[0]) if t else 0)
+        relevance = fused / best
+        anchor = (accessed or {}).get(episode_id) or row["created_at"]
+        age = max(0.0, (now - anchor).total_seconds())
+        recency = 0.5 ** (age / half_life)
+        importance_term = row["importance"] / 10
+        score = relevance + conf["recency_weight"] * recency + conf["importance_weight"] * importance_term
+        chunk = (v or t)[1]["content"]
+        hits.append(Hit(
+            id=episode_id, score=round(score, 6), agent=row["agent"], kind=row["kind"], source=row["source"],
+            importance=row["importance"], created_at=row["created_at"], content=row["content"],
+            relevance=round(relevance, 6), recency=round(recency, 6), importance_term=importance_term,
+            vector_rank=v[0] if v else None, text_rank=t[0] if t else None,
+            distance=round(float(v[1]["distance"]), 6) if v else None,
+            text_score=round(float(t[1]["rank"]), 6) if t else None, chunk=chunk))
+    hits.sort(key=lambda h: (-h.score, -h.id))
+    return hits
+
+
+def query_embedder(settings: Settings, model: models.Model):
+    """An embedder for the active model's query vectors, with the short search timeout."""
+    from memctl.embed import embedder_for
+
+    return embedder_for(settings, model, timeout=settings.get("embedding", "search_timeout"))
+
+
+def check_configured(settings: Settings, model: models.Model) -> None:
+    """Refuse a search configured for another model than the one the vectors were made with."""
+    from memctl.embedding import make_embedder
+
+    configured = make_embedder(settings)
+    models.check_configured(model, configured)
+
+
+def embed_queries(settings: Settings, model: models.Model | None, texts: list[str], embedder=None):
+    """Query vectors, or (None, warning) when the embedder is down, slow or missing the model."""
+    if model is None:
+        return None, "no embedding model registered yet (run memctl embed): text search only"
+    embedder = embedder or query_embedder(settings, model)
+    try:
+        return embedder.embed(texts).vectors, None
+    except (EmbedderUnavailable, UnknownModel) as exc:
+        return None, f"embedder unavailable, text search only: {exc}"
+
+
+def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None,
+           accessed_recency: bool | None = None) -> Outcome:
+    """Run one query; `vector` skips embedding (batch search, benchmarks)."""
+    query.check()
+    model = models.active(conn)
+    if model is not None and vector is None and query.mode != "text" and embedder is None:
+        check_configured(settings, model)
+    outcome = Outcome(mode=query.mode)
+    if query.mode != "text" and vector is None:
+        vectors, outcome.warning = embed_queries(settings, model, [query.text], embedder)
+        if vectors is None:
+            if query.mode == "vector":
+                raise EmbedderUnavailable(outcome.warning)
+            outcome.mode = "text"
+        else:
+            vector = vectors[0]
+    return _run(conn, settings, query, model, vector, outcome)
+
+
+def _run(conn, settings, query: Query, model, vector, outcome: Outcome) -> Outcome:
+    conf = settings.section("search")
+    n = max(conf["candidates"], query.k * 4)
+    vector_rows = text_rows = None
+    if outcome.mode in ("hybrid", "vector") and model is not None and vector is not None:
+        vector_rows = vector_half(conn, model, vector, query, n, conf["ef_search"])
+    if outcome.mode in ("hybrid", "text"):
+        text_rows = text_half(conn, query, n)
+    ids = {r["episode_id"] for r in (vector_rows or []) + (text_rows or [])}
+    rows = {r["id"]: r for r in conn.execute(EPISODE_ROWS, (list(ids),)).fetchall()} if ids else {}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    accessed = None
+    if conf["recency_from"] == "accessed" and rows:
+        from memctl import access
+
+        accessed = access.last_accessed(conn, list(rows))
+    outcome.hits = fuse(settings, vector_rows, text_rows, rows, now, accessed)[: query.k]
+    return outcome
+
+
+def search_batch(conn, settings: Settings, queries: list[Query], embedder=None) -> list[Outcome]:
+    """Many queries on one connection, their vectors embedded in one batch."""
+    for q in queries:
+        q.check()
+    model = models.active(conn)
+    wanting = [i for i, q in enumerate(queries) if q.mode != "text"]
+    vectors, warning = (None, None)
+    if wanting:
+        if model is not None and embedder is None:
+            check_configured(settings, model)
+        vectors, warning = embed_queries(settings, model, [queries[i].text for i in wanting], embedder)
+    by_index = dict(zip(wanting, vectors)) if vectors else {}
+    outcomes = []
+    for i, q in enumerate(queries):
+        outcome = Outcome(mode=q.mode)
+        if q.mode != "text" and i not in by_index:
+            if q.mode == "vector":
+                raise EmbedderUnavailable(warning or "embedder unavailable")
+            outcome.mode, outcome.warning = "text", warning
+        outcomes.append(_run(conn, settings, q, model, by_index.get(i), outcome))
+    return outcomes
