@@ -51,7 +51,7 @@ ON CONFLICT DO NOTHING
 class BatchResult:
     claimed: int = 0
     embedded: int = 0  # texts sent to the embedder
-    copied: int = 0  # vectors reused from identical text
+    copied: int = 0  # chunks whose text was already embedded (earlier batch or same batch)
     failed: list[tuple[int, str]] = field(default_factory=list)
     tokens: int = 0
 
@@ -137,6 +137,7 @@ def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResu
         failed_error = dict(zip(todo, errors))
         result.embedded = len(todo)
         written = []
+        used: set[bytes] = set()
         with conn.cursor() as cur:
             with cur.copy(sql.SQL(COPY_VECTORS).format(table=table)) as copy:
                 copy.set_types(["text", "int8", model.storage])
@@ -145,8 +146,11 @@ def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResu
                     vector = known.get(digest)
                     if vector is None:
                         vector = fresh.get(digest)
+                        if digest in used:
+                            result.copied += 1  # identical text earlier in this batch
+                        used.add(digest)
                     else:
-                        result.copied += 1
+                        result.copied += 1  # identical text embedded in an earlier batch
                     if vector is None:
                         result.failed.append((r["chunk_id"], failed_error.get(digest) or "no vector"))
                         continue

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 TEMPLATE = "memctl_test_template"
 
@@ -151,3 +151,33 @@ def memctl_bin():
         return Outcome(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
 
     return run
+
+
+@pytest.fixture(scope="session")
+def ollama_session():
+    from tests.ollama_server import OllamaTestServer
+
+    with OllamaTestServer() as server:
+        yield server
+
+
+@pytest.fixture
+def ollama(ollama_session):
+    """The Ollama-protocol test server, healthy and with an empty request log."""
+    ollama_session.clear()
+    ollama_session.up()
+    ollama_session.requests.clear()
+    yield ollama_session
+    ollama_session.clear()
+    ollama_session.up()
+    assert ollama_session.errors == [], "the test server itself failed"
+
+
+@pytest.fixture
+def ollama_env(ollama, memctl_env, monkeypatch):
+    """memctl pointed at the test server's all-minilm through the real ollama client."""
+    env = {"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": ollama.url}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    memctl_env.update(env)
+    return memctl_env

@@ -92,7 +92,7 @@ def _register() -> None:
     app.add_typer(db_cli.app, name="db")
     app.add_typer(config_cli.app, name="config")
     app.add_typer(fact_cli.app, name="fact")
-    for name in ("episode", "embed", "status", "runbook", "retention", "size", "reembed", "recall", "systemd"):
+    for name in ("episode", "embed", "timing", "status", "retention", "runbook", "size", "reembed", "recall", "systemd"):
         try:
             module = __import__(f"memctl.cli.{name}", fromlist=["register"])
         except ModuleNotFoundError as exc:

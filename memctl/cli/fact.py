@@ -121,3 +121,25 @@ def import_(
     changes = facts.import_facts(connect(), records, source=source)
     warn(f"imported {len(changes)} fact(s)")
     render((c.to_dict() for c in changes), fmt, columns=["namespace", "key", "old_value", "new_value", "version"])
+
+
+@app.command()
+def stale(
+    key: str,
+    namespace: Namespace = facts.DEFAULT_NAMESPACE,
+    max_distance: Annotated[float, typer.Option(
+        "--max-distance", help="Cosine distance under which a chunk counts as meaning the old value.")] = 0.35,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Episodes that mention a value KEY used to have, by words and by meaning: copies of a corrected fact."""
+    from memctl import stale as stale_mod
+    from memctl.cli.common import settings
+
+    mentions, warning = stale_mod.find(connect(vector=True), settings(), key, namespace=namespace,
+                                       max_distance=max_distance)
+    if warning:
+        warn(warning)
+    rows = [m.to_dict() for m in mentions]
+    if fmt is Format.table:
+        rows = [{**r, "chunk": " ".join(r["chunk"].split())[:60]} for r in rows]
+    render(rows, fmt)

@@ -1,0 +1,188 @@
+"""Episodes: writes that never wait, validation, chunking, JSONL import."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memctl import chunking, config, episodes
+from memctl.errors import InvalidInput
+
+
+def count(conn, table: str) -> int:
+    return conn.execute(f"SELECT count(*) AS n FROM {table}").fetchone()["n"]  # test helper: constant names
+
+
+def test_add_prints_only_the_id_and_stores_metadata(cli, conn):
+    result = cli("episode", "add", "deploy failed: disk full", "--kind", "conversation", "--source", "ticket:42",
+                 "--agent", "ops-bot", "--meta", '{"host": "web1"}', "--created-at", "2026-08-11T09:30:00Z")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip().isdigit()
+    row = cli("episode", "show", result.stdout.strip(), "-f", "json").json()
+    assert row["kind"] == "conversation" and row["source"] == "ticket:42" and row["agent"] == "ops-bot"
+    assert row["importance"] == 8  # default policy for conversation
+    assert row["meta"] == {"host": "web1"}
+    assert row["created_at"].startswith("2026-08-11T09:30:00")
+    assert row["chunks"][0]["pending"] == 0  # no model registered yet: nothing queued
+
+
+def test_add_from_stdin_and_invalid_utf8(cli):
+    ok = cli("episode", "add", "-", input="from a pipe\n".encode())
+    assert ok.exit_code == 0
+    bad = cli("episode", "add", "-", input=b"caf\xe9")
+    assert bad.exit_code == 1 and "UTF-8" in bad.stderr and bad.stdout == ""
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["   "], "empty"),
+    (["a\x00b"], "NUL"),
+    (["x", "--importance", "11"], "0 to 10"),
+    (["x", "--importance", "-1"], "0 to 10"),
+    (["x", "--created-at", "last tuesday"], "ISO 8601"),
+    (["x", "--meta", "[1,2]"], "JSON object"),
+    (["x", "--meta", "{bad"], "not valid JSON"),
+])
+def test_bad_input_gets_a_clear_error_and_stores_nothing(cli, conn, args, needle):
+    result = cli("episode", "add", *args)
+    assert result.exit_code == 1, result.stdout
+    assert needle in result.stderr
+    assert result.stdout == ""
+    assert count(conn, "episodes") == 0
+
+
+def test_importance_policy_drops_zero_kinds_and_sets_defaults(cli, conn, memctl_env, tmp_path):
+    (tmp_path / "config.toml").write_text('[importance]\nconversation = 9\nstay = 0\ndefault = 3\n')
+    dropped = cli("episode", "add", "agent stayed idle", "--kind", "stay")
+    assert dropped.exit_code == 0 and dropped.stdout == "" and "not stored" in dropped.stderr
+    kept = cli("episode", "add", "user asked about backups", "--kind", "conversation")
+    other = cli("episode", "add", "cpu at 40%", "--kind", "metric")
+    rows = {r["kind"]: r["importance"] for r in cli("episode", "list", "-f", "json").json()}
+    assert rows == {"conversation": 9, "metric": 3}
+    assert kept.exit_code == other.exit_code == 0
+
+
+def test_chunking_by_code_points_with_overlap():
+    text = "é" * 2500  # 2 bytes each in UTF-8: byte-based cutting would split characters
+    chunks = chunking.chunk_text(text, 1000, 100)
+    assert all(len(c) <= 1000 for c in chunks)
+    assert "".join(c[100:] if i else c for i, c in enumerate(chunks)) == text
+    words = " ".join(f"w{i}" for i in range(1000))
+    pieces = chunking.chunk_text(words, 200, 20)
+    assert all(p.endswith(" ") or p is pieces[-1] for p in pieces)  # cut at whitespace
+    assert chunking.chunk_size_for("all-minilm", 1000) == 768
+    assert chunking.chunk_size_for("nomic-embed-text:latest", 1000) == 1000
+
+
+def test_ten_megabyte_episode_is_accepted_and_chunked(cli, conn):
+    big = ("The disk on web1 filled up again. " * 320_000)[:10 * 1024 * 1024]
+    result = cli("episode", "add", "-", input=big.encode())
+    assert result.exit_code == 0, result.stderr
+    episode_id = int(result.stdout)
+    stored = conn.execute("SELECT length(content) AS n FROM episodes WHERE id = %s", (episode_id,)).fetchone()
+    assert stored["n"] == len(big)
+    chunks = conn.execute("SELECT count(*) AS n, max(length(content)) AS longest FROM chunks "
+                          "WHERE episode_id = %s", (episode_id,)).fetchone()
+    assert chunks["n"] > 10_000 and chunks["longest"] <= 1000
+
+
+def test_identical_text_is_embedded_once(cli, conn):
+    for _ in range(3):
+        cli("episode", "add", "same words every time")
+    cli("episode", "add", "something else entirely")
+    run = cli("embed", "-f", "json").json()[0]
+    assert run["chunks"] == 4
+    assert run["embedded"] == 2 and run["copied"] == 2
+
+
+def test_list_filters_and_delete(cli):
+    a = cli("episode", "add", "alpha", "--agent", "a1", "--kind", "raw").stdout.strip()
+    cli("episode", "add", "beta", "--agent", "a2", "--kind", "raw", "--source", "web")
+    cli("episode", "add", "gamma", "--agent", "a1", "--kind", "summary", "--created-at", "2020-01-01")
+    assert [r["content"] for r in cli("episode", "list", "--agent", "a1", "-f", "json").json()] == ["alpha", "gamma"]
+    assert [r["content"] for r in cli("episode", "list", "--source", "web", "-f", "json").json()] == ["beta"]
+    assert len(cli("episode", "list", "--since", "7d", "-f", "json").json()) == 2
+    assert len(cli("episode", "list", "--limit", "1", "-f", "json").json()) == 1
+    deleted = cli("episode", "delete", a, "999999")
+    assert deleted.exit_code == 0 and "999999" in deleted.stderr
+    assert cli("episode", "show", a).exit_code == 4
+    assert cli("episode", "delete", "999999").exit_code == 4
+
+
+def jsonl(*items) -> str:
+    return "".join((i if isinstance(i, str) else json.dumps(i)) + "\n" for i in items)
+
+
+def test_import_loads_all_fields(cli, conn):
+    data = jsonl({"content": "one", "kind": "raw", "source": "s1", "agent": "a", "importance": 7,
+                  "created_at": "2026-01-02T03:04:05+00:00", "meta": {"n": 1}},
+                 {"content": "two"}, "", {"content": "three " * 400})
+    result = cli("episode", "import", "-", "-f", "json", input=data)
+    assert result.exit_code == 0, result.stderr
+    summary = result.json()[0]
+    assert summary["imported"] == 3 and summary["skipped"] == 0 and summary["chunks"] >= 4
+    row = conn.execute("SELECT kind, source, agent, importance, created_at, meta FROM episodes "
+                       "WHERE content = 'one'").fetchone()
+    assert (row["kind"], row["source"], row["agent"], row["importance"], row["meta"]) == ("raw", "s1", "a", 7, {"n": 1})
+    assert row["created_at"].year == 2026
+    # ids and chunk ids are consistent: each episode's chunks point at it
+    orphans = conn.execute("SELECT count(*) AS n FROM chunks c LEFT JOIN episodes e "
+                           "ON e.agent = c.agent AND e.id = c.episode_id WHERE e.id IS NULL").fetchone()["n"]
+    assert orphans == 0
+
+
+def test_import_fails_whole_on_line_n_and_leaves_nothing(cli, conn):
+    data = jsonl({"content": "ok"}, {"content": "fine"}, "{broken json", {"content": "later"})
+    result = cli("episode", "import", "-", input=data)
+    assert result.exit_code == 1
+    assert "line 3" in result.stderr and "nothing was imported" in result.stderr
+    assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
+
+
+@pytest.mark.parametrize("line,needle", [
+    ({"kind": "raw"}, "'content' is required"),
+    ({"content": ""}, "empty"),
+    ({"content": "x\u0000y"}, "NUL"),
+    ({"content": "x", "importance": 42}, "0 to 10"),
+    ({"content": "x", "created_at": "yesterday"}, "ISO 8601"),
+    ({"content": "x", "colour": "red"}, "unknown field"),
+    ([1, 2], "JSON object"),
+])
+def test_import_names_the_problem(cli, line, needle):
+    result = cli("episode", "import", "-", input=jsonl({"content": "fine"}, line))
+    assert result.exit_code == 1 and "line 2" in result.stderr and needle in result.stderr
+
+
+def test_import_skip_invalid_reports_line_numbers(cli, conn):
+    data = jsonl({"content": "a"}, "nope", {"content": "b"}, {"content": ""}, {"content": "c"})
+    result = cli("episode", "import", "-", "--skip-invalid", "-f", "json", input=data)
+    assert result.exit_code == 0
+    summary = result.json()[0]
+    assert summary["imported"] == 3 and summary["skipped_lines"] == [2, 4]
+    assert "skipped line 2" in result.stderr
+    assert count(conn, "episodes") == 3
+
+
+def test_import_invalid_utf8_line(cli, conn):
+    data = b'{"content": "ok"}\n{"content": "caf\xe9"}\n'
+    result = cli("episode", "import", "-", input=data)
+    assert result.exit_code == 1 and "line 2" in result.stderr and "UTF-8" in result.stderr
+    assert count(conn, "episodes") == 0
+
+
+def test_import_queues_chunks_for_the_active_model(cli, conn):
+    cli("episode", "add", "first")
+    cli("embed")
+    cli("episode", "import", "-", input=jsonl({"content": "second"}, {"content": "third"}))
+    status = cli("status", "-f", "json").json()
+    assert status["pending"] == 2 and status["episodes"] == 3
+    cli("embed")
+    assert cli("status", "-f", "json").json()["pending"] == 0
+
+
+def test_validate_library_defaults():
+    settings = config.load(environ={})
+    episode = episodes.validate(settings, "text")
+    assert (episode.kind, episode.agent, episode.importance) == ("observation", "default", 4)
+    with pytest.raises(InvalidInput):
+        episodes.validate(settings, "text", importance=True)

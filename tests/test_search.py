@@ -1,0 +1,167 @@
+"""Hybrid search: text before embedding, filters, degradation, batch, weighting, and a labelled retrieval set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memctl import config, search
+
+DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())
+
+
+def add(cli, text, *args, env=None):
+    result = cli("episode", "add", text, *args, env=env)
+    assert result.exit_code == 0, result.stderr
+    return int(result.stdout)
+
+
+def test_fresh_episode_is_found_by_words_before_any_embedding(cli):
+    episode = add(cli, "rotating nginx logs freed the disk")
+    result = cli("episode", "search", "nginx disk", "-f", "json")
+    assert result.exit_code == 0
+    assert [r["id"] for r in result.json()] == [episode]
+    assert "text search only" in result.stderr
+
+
+def test_json_rows_carry_score_components(cli):
+    add(cli, "the deploy failed because the disk was full", "--kind", "conversation", "--source", "ticket:1")
+    cli("embed")
+    row = cli("episode", "search", "deploy disk", "-f", "json").json()[0]
+    for field in ("id", "score", "agent", "kind", "source", "importance", "created_at", "content",
+                  "relevance", "recency", "importance_term", "vector_rank", "text_rank"):
+        assert field in row
+    assert row["vector_rank"] == 1 and row["text_rank"] == 1
+    assert row["relevance"] == pytest.approx(1.0)
+
+
+def test_text_half_uses_or_semantics(cli):
+    answer = add(cli, "rotating nginx logs freed four gigabytes")
+    add(cli, "unrelated note about lunch")
+    # a question shares only one word with its answer: AND semantics would find nothing
+    found = cli("episode", "search", "why were the nginx servers failing yesterday", "--mode", "text", "-f", "json")
+    assert [r["id"] for r in found.json()] == [answer]
+
+
+def test_filters_agent_kind_source_since(cli):
+    a = add(cli, "backup finished", "--agent", "a1", "--kind", "raw", "--source", "cron")
+    b = add(cli, "backup failed", "--agent", "a2", "--kind", "summary", "--source", "cron")
+    c = add(cli, "backup skipped", "--agent", "a1", "--kind", "summary", "--source", "human",
+            "--created-at", "2020-01-01T00:00:00Z")
+    cli("embed")
+    for mode in ("hybrid", "vector", "text"):
+        def ids(*args):
+            return {r["id"] for r in cli("episode", "search", "backup", "--mode", mode, *args, "-f", "json").json()}
+        assert ids("--agent", "a1") == {a, c}
+        assert ids("--kind", "summary") == {b, c}
+        assert ids("--source", "cron") == {a, b}
+        assert ids("--since", "30d") == {a, b}
+        assert ids("--agent", "a1", "--kind", "summary") == {c}
+
+
+def test_agent_filter_never_starves_the_vector_half(cli):
+    lines = "".join(json.dumps({"content": f"routine heartbeat number {i} all systems nominal", "agent": "busy"})
+                    + "\n" for i in range(400))
+    assert cli("episode", "import", "-", input=lines).exit_code == 0
+    rare = {add(cli, f"rare agent memory {i} about something else", "--agent", "rare") for i in range(5)}
+    cli("embed", "--batch-size", "200")
+    found = cli("episode", "search", "routine heartbeat nominal", "--mode", "vector", "--agent", "rare", "-k", "5",
+                "-f", "json").json()
+    assert {r["id"] for r in found} == rare
+
+
+def test_recency_and_importance_weighting(cli):
+    old = add(cli, "certificate renewal for the shop", "--created-at", "2024-01-01T00:00:00Z", "--importance", "5")
+    new = add(cli, "certificate renewal for the shop!", "--importance", "5")
+    cli("embed")
+    order = [r["id"] for r in cli("episode", "search", "certificate renewal", "-f", "json").json()]
+    assert order.index(new) < order.index(old)
+    low = add(cli, "rotate the vpn keys", "--importance", "1")
+    high = add(cli, "rotate the vpn keys.", "--importance", "10")
+    cli("embed")
+    hits = cli("episode", "search", "rotate vpn keys", "-f", "json").json()
+    order = [r["id"] for r in hits]
+    assert order.index(high) < order.index(low)
+
+
+def test_ollama_down_or_slow_degrades_to_text_with_one_warning(cli, ollama, ollama_env, memctl_env):
+    episode = add(cli, "the queue backed up and we scaled consumers")
+    assert cli("embed").exit_code == 0
+    ollama.down()
+    down = cli("episode", "search", "queue consumers", "-f", "json")
+    assert down.exit_code == 0
+    assert [r["id"] for r in down.json()] == [episode]
+    assert down.stderr.count("memctl:") == 1 and "text search only" in down.stderr
+    assert cli("episode", "search", "queue", "--mode", "vector").exit_code == 3
+    ollama.up()
+    ollama.inject("slow", delay_s=5)
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[embedding]\nsearch_timeout = 0.5\n")
+    slow = cli("episode", "search", "queue consumers", "-f", "json")
+    assert slow.exit_code == 0 and [r["id"] for r in slow.json()] == [episode]
+    assert "did not answer" in slow.stderr
+    ollama.clear()
+    healthy = cli("episode", "search", "queue consumers", "-f", "json")
+    assert healthy.stderr == "" and healthy.json()[0]["vector_rank"] == 1
+
+
+def test_batch_search_one_line_per_query_in_order_one_embed_call(cli, ollama, ollama_env):
+    first = add(cli, "postgres replica lag is two seconds")
+    second = add(cli, "redis evicted keys under memory pressure")
+    cli("embed")
+    ollama.requests.clear()
+    queries = [{"query": "redis evictions"}, {"query": "replica lag", "k": 1}, {"query": "redis", "agent": "nobody"}]
+    result = cli("episode", "search", "--batch", "-", input="".join(json.dumps(q) + "\n" for q in queries))
+    assert result.exit_code == 0, result.stderr
+    lines = result.jsonl()
+    assert [line["query"] for line in lines] == ["redis evictions", "replica lag", "redis"]
+    assert lines[0]["results"][0]["id"] == second
+    assert [r["id"] for r in lines[1]["results"]] == [first]
+    assert lines[2]["results"] == []
+    assert [n for _, _, n in ollama.embed_requests()] == [3]
+    bad = cli("episode", "search", "--batch", "-", input='{"query": "ok"}\n{"nope": 1}\n')
+    assert bad.exit_code == 1 and "line 2" in bad.stderr
+
+
+def test_bad_queries(cli):
+    assert cli("episode", "search", "x", "--mode", "fuzzy").exit_code == 2
+    assert cli("episode", "search", " ").exit_code == 2
+    assert cli("episode", "search").exit_code == 2
+
+
+def test_fact_stale_finds_copies_of_an_old_value(cli):
+    cli("fact", "set", "db.host", "10.8.0.4")
+    copy = add(cli, "connect to the primary at 10.8.0.4 on port 5432")
+    add(cli, "unrelated: lunch is at noon")
+    cli("embed")
+    cli("fact", "set", "db.host", "10.8.0.9")
+    stale = cli("fact", "stale", "db.host", "-f", "json")
+    assert stale.exit_code == 0, stale.stderr
+    rows = stale.json()
+    assert [(r["id"], r["old_value"], r["found_by"]) for r in rows if r["found_by"] == "text"] == \
+        [(copy, "10.8.0.4", "text")]
+    assert cli("fact", "stale", "never.set").exit_code == 4
+
+
+def recall_at_5(conn, settings, mode: str, ids: list[int]) -> float:
+    hits = 0
+    for question in DATA["questions"]:
+        outcome = search.search(conn, settings, search.Query(question["q"], k=5, mode=mode))
+        found = {h.id for h in outcome.hits}
+        wanted = {ids[a - 1] for a in question["answers"]}
+        hits += len(found & wanted) / len(wanted)
+    return hits / len(DATA["questions"])
+
+
+def test_labelled_retrieval_set_hybrid_at_least_the_better_half(cli, conn, memctl_env, monkeypatch):
+    pytest.importorskip("sentence_transformers", reason="the retrieval set needs the local embedder (memctl[local])")
+    monkeypatch.setenv("MEMCTL_EMBEDDER", "local")
+    monkeypatch.setenv("MEMCTL_EMBED_MODEL", "all-minilm")
+    ids = [add(cli, text) for text in DATA["episodes"]]
+    assert cli("embed").exit_code == 0
+    settings = config.load()
+    scores = {mode: recall_at_5(conn, settings, mode, ids) for mode in ("hybrid", "vector", "text")}
+    print("recall@5", scores)
+    assert scores["vector"] > scores["text"]  # paraphrases: words alone miss most of them
+    assert scores["hybrid"] >= max(scores["vector"], scores["text"])
