@@ -14,6 +14,10 @@ app = typer.Typer(help="Configuration: TOML at $XDG_CONFIG_HOME/memctl/config.to
                   no_args_is_help=True)
 
 
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="config")
+
+
 @app.command()
 def show(fmt: FormatOption = Format.table) -> None:
     """Effective settings with where each came from (default, file, env); secrets masked."""

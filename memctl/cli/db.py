@@ -14,6 +14,10 @@ from memctl.cli.render import Format, render, render_one
 app = typer.Typer(help="Database: the embedded server and schema migrations.", no_args_is_help=True)
 
 
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="db")
+
+
 @app.command()
 def start() -> None:
     """Start the embedded PostgreSQL (it stays running until `memctl db stop`)."""

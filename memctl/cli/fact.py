@@ -13,6 +13,10 @@ from memctl.cli.render import Format, render, render_one
 
 app = typer.Typer(help="Facts: what is true now, by key, with the history of every change.", no_args_is_help=True)
 
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="fact")
+
 Namespace = Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the key.")]
 Source = Annotated[Optional[str], typer.Option("--source", "-s", help="Who or what set this value.")]
 

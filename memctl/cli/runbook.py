@@ -128,8 +128,11 @@ def run(
 ) -> None:
     """Run the steps in order, each through `sh -e` in the runbook directory, stopping at the first failure.
 
-    Step output streams to stderr; the run's record is printed to stdout at the
-    end. Exit 0 when every step succeeded, 1 when one failed.
+    Steps get your environment plus MEMCTL_RUNBOOK, MEMCTL_RUNBOOK_COMMIT and
+    MEMCTL_RUNBOOK_STEP, and no stdin. Their output streams to stderr; the run's
+    record is printed to stdout at the end. Exit 0 when every step succeeded,
+    1 when one failed. A runbook with uncommitted changes is refused unless
+    --allow-dirty; without --yes, confirmation is asked on the terminal.
     """
     repository = _repository(repo)
     runbook = runbooks.prepare(repository, name, from_step=from_step, allow_dirty=allow_dirty)
@@ -174,6 +177,7 @@ def runs(
     name: NameArg,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many runs.")] = 20,
     agent: Annotated[Optional[str], typer.Option("--agent", help="Only this agent's runs.")] = None,
+    repo: Annotated[Optional[str], typer.Option("--repo", hidden=True)] = None,  # runs come from the database
     fmt: FormatOption = Format.table,
 ) -> None:
     """Recorded runs of NAME, newest first (table leaves out the output tail; json etc. include it)."""

@@ -1,18 +1,34 @@
-"""memctl status: counts, backlog, last runs."""
+"""memctl status: counts, backlog, last runs, warnings."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
 from memctl import status as status_mod
-from memctl.cli.common import FormatOption, connect
+from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render_one
+from memctl.errors import EXIT_ERROR
 
 
 def register(root: typer.Typer) -> None:
     root.command("status")(status)
 
 
-def status(fmt: FormatOption = Format.table) -> None:
-    """Episodes, chunks, the embedding backlog (pending, failed, oldest age), the active model, the last embed run."""
-    render_one(status_mod.collect(connect()), fmt)
+def status(
+    check: Annotated[bool, typer.Option(
+        "--check", help="For monitoring: exit 1 when any warning stands (the report is printed as usual).")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Episodes, chunks, the embedding backlog (pending, failed, oldest age), the active model, the last runs.
+
+    Warns (on stderr, and as `warnings` in the report) when the last successful embed or prune is older than
+    twice its [schedule], when the oldest pending chunk is older than that, and when chunks failed to embed.
+    """
+    report = status_mod.collect(connect(), settings())
+    render_one(report, fmt)
+    for message in report["warnings"]:
+        warn(f"warning: {message}")
+    if check and report["warnings"]:
+        raise typer.Exit(EXIT_ERROR)

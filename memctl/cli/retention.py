@@ -1,0 +1,207 @@
+"""memctl prune, purge, jobs, source: retention, cleaning up after a bad source, the job log."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from memctl import jobs as jobs_mod
+from memctl import retention, sources
+from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.render import Format, render, render_one
+from memctl.errors import EXIT_ERROR, UsageError
+
+source_app = typer.Typer(help="Blocked sources: writes (episode add/import, fact set/import) from a blocked "
+                              "source are refused with exit 1 and the reason.", no_args_is_help=True)
+
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Delete. Without it, a dry run that deletes nothing.")]
+BatchSize = Annotated[int, typer.Option(
+    "--batch-size", min=1, help="Episodes per delete transaction (short transactions: no lock held for long).")]
+
+SPACE_NOTE = ("deleted rows become dead tuples; once VACUUM has processed them (autovacuum will, or --vacuum) "
+              "their space is reused by new rows, but the table files rarely shrink, so disk usage will not "
+              "drop: only VACUUM FULL (an exclusive lock for the whole rewrite) or pg_repack returns it")
+BYTES_NOTE = ("bytes = logical size of the episode, chunk and vector rows (every model), not file bytes; "
+              "index entries are not counted")
+PLAN_COLUMNS = ["kind", "policy", "rows", "oldest", "newest", "chunks", "vectors", "bytes", "kept_by_importance",
+                "cutoff"]
+PRUNED_COLUMNS = ["kind", "policy", "rows", "chunks", "vectors", "bytes", "oldest", "newest", "remaining", "cutoff"]
+PURGE_COLUMNS = ["kind", "rows", "chunks", "vectors", "bytes", "oldest", "newest"]
+FACT_COLUMNS = ["namespace", "key", "value", "updated_at", "deleted"]
+TYPED_COLUMNS = ["type", *PURGE_COLUMNS, *FACT_COLUMNS]
+TABLE_COLUMNS = ["table", "bytes_before", "bytes_after", "dead_tuples_before", "dead_tuples_after"]
+JOB_COLUMNS = ["id", "job", "started_at", "finished_at", "outcome", "rows", "error"]
+
+
+def register(root: typer.Typer) -> None:
+    root.command("prune")(prune)
+    root.command("purge")(purge)
+    root.command("jobs")(jobs)
+    root.add_typer(source_app, name="source")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 1048576:.1f} MiB" if size >= 1048576 else f"{size / 1024:.1f} KiB"
+
+
+def _section(rows: list[dict], fmt: Format, columns: list[str]) -> None:
+    """A second table under the first, in table format only."""
+    if fmt is Format.table and rows:
+        sys.stdout.write("\n")
+        render(rows, fmt, columns=columns)
+
+
+def prune(
+    yes: Yes = False,
+    policy_file: Annotated[Optional[str], typer.Option(
+        "--policy", metavar="FILE", help="Read the [retention] table of this TOML file instead of the configuration's.")
+    ] = None,
+    batch_size: BatchSize = retention.DEFAULT_BATCH,
+    vacuum: Annotated[bool, typer.Option(
+        "--vacuum", help="After deleting, VACUUM (ANALYZE) the tables touched (slow on a large HNSW index).")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Delete episodes past their kind's maximum age ([retention], e.g. raw = "30d"; units s m h d w y).
+
+    Kinds the policy does not name are kept; keep_importance = N keeps episodes of importance >= N whatever their
+    age. Without --yes, a dry run: per kind the rows it would delete, their oldest and newest created_at and the
+    bytes they hold. With --yes, deletes in short batches (chunks and vectors of every model with their episodes),
+    checks that no row still matches, and reports table sizes and dead tuples before and after; recorded in
+    `memctl jobs`. An empty policy is refused.
+    """
+    if vacuum and not yes:
+        raise UsageError("--vacuum needs --yes (a dry run deletes nothing to vacuum)")
+    policy = retention.read_policy(policy_file) if policy_file else retention.policy_from_settings(settings())
+    policy.require()
+    conn = connect()
+    keep = policy.keep_importance
+    if not yes:
+        rows = retention.plan(conn, policy)
+        render(rows, fmt, columns=PLAN_COLUMNS)
+        kept = ", ".join(f"{r['kind']} ({r['rows']})" for r in retention.unnamed_kinds(conn, policy))
+        if keep is not None:
+            warn(f"episodes of importance >= {keep} are kept whatever their age (keep_importance)")
+        if kept:
+            warn(f"kinds without a policy are kept: {kept}")
+        total = sum(r["rows"] for r in rows)
+        warn(f"dry run, nothing deleted: {total} episode(s), {_mib(sum(r['bytes'] for r in rows))} ({BYTES_NOTE}); "
+             "run with --yes to delete")
+        return
+    report = retention.prune(conn, policy, batch_size=batch_size, run_vacuum=vacuum)
+    render(report.kinds, fmt, columns=PRUNED_COLUMNS)
+    _section(report.tables, fmt, TABLE_COLUMNS)
+    _summary("pruned", report)
+    if report.outcome != "ok":
+        warn(report.error)
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _summary(verb: str, report: retention.Report) -> None:
+    warn(f"{verb} {report.rows} episode(s), {report.chunks} chunk(s), {report.vectors} vector(s) "
+         f"({_mib(report.bytes)} of row data) in {report.batches} batch(es); longest transaction "
+         f"{report.max_transaction_s:.3f} s; {report.remaining} still matching")
+    if report.rows:
+        warn(("vacuumed. " if report.vacuumed else "") + SPACE_NOTE)
+
+
+def purge(
+    source: Annotated[str, typer.Option("--source", "-s", help="The source whose writes to remove.")],
+    since: Annotated[Optional[str], typer.Option(
+        "--since", help="Only what it wrote since: a duration back from now (7d, 12h) or an ISO date/time.")] = None,
+    yes: Yes = False,
+    delete_facts: Annotated[bool, typer.Option(
+        "--facts", help="Also delete the facts this source last set (history keeps their values: "
+        "`memctl fact delete --erase KEY` removes those too).")] = False,
+    batch_size: BatchSize = retention.DEFAULT_BATCH,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Remove what a source wrote: its episodes with their chunks and vectors, and (--facts) the facts it last set.
+
+    For the day a web page or a ticket turns out to have written instructions into memory. Without --yes, a dry
+    run: episodes per kind and the facts whose current value came from SOURCE. Block the source too
+    (`memctl source block SOURCE`) so it cannot write again. Recorded in `memctl jobs`.
+    """
+    conn = connect()
+    if not yes:
+        found = retention.purge_plan(conn, source, since)
+        _purge_output(fmt, found.kinds, found.facts, {"source": source, "since": found.since,
+                                                       "blocked": found.blocked, "dry_run": True})
+        _facts_note(source, found.facts, planned=True, delete_facts=delete_facts)
+        warn(f"dry run, nothing deleted: {found.rows} episode(s) from {source!r} ({BYTES_NOTE}); "
+             "run with --yes to delete")
+        if not found.blocked:
+            warn(f"{source!r} is not blocked: memctl source block {source!r} --reason ... refuses its writes")
+        return
+    report = retention.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size)
+    summary = {k: v for k, v in report.to_dict().items() if k not in ("kinds", "facts", "tables")}
+    _purge_output(fmt, report.kinds, report.facts, {"source": source, "dry_run": False, **summary},
+                  tables=report.tables)
+    _facts_note(source, report.facts, planned=False, delete_facts=delete_facts)
+    _summary("purged", report)
+    if report.outcome != "ok":
+        warn(report.error)
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _purge_output(fmt: Format, kinds: list[dict], facts: list[dict], header: dict, tables=None) -> None:
+    """Two sections, episodes per kind and facts: two tables; one json object; typed jsonl/csv rows."""
+    if fmt is Format.table:
+        render(kinds, fmt, columns=PURGE_COLUMNS)
+        _section(facts, fmt, FACT_COLUMNS)
+        _section(tables or [], fmt, TABLE_COLUMNS)
+    elif fmt is Format.json:
+        render_one({**header, "episodes": kinds, "facts": facts, **({"tables": tables} if tables else {})}, fmt)
+    else:
+        typed = [{"type": "episodes", **k} for k in kinds] + [{"type": "fact", **f} for f in facts]
+        render(typed, fmt, columns=TYPED_COLUMNS)
+
+
+def _facts_note(source: str, facts: list[dict], *, planned: bool, delete_facts: bool) -> None:
+    if not facts:
+        return
+    listed = ", ".join(f"{f['namespace']}/{f['key']}" for f in facts[:10]) + (" ..." if len(facts) > 10 else "")
+    if not delete_facts:
+        warn(f"{len(facts)} fact(s) last set by {source!r}, kept (add --facts to delete them): {listed}")
+    elif planned:
+        warn(f"{len(facts)} fact(s) last set by {source!r} would be deleted: {listed}")
+    else:
+        warn(f"deleted {sum(f['deleted'] for f in facts)} fact(s) last set by {source!r} (their history keeps the "
+             "values: memctl fact history KEY; memctl fact delete --erase KEY removes them)")
+
+
+def jobs(
+    job: Annotated[Optional[str], typer.Option("--job", "-j", help="Only this job: embed, prune or purge.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many, newest first.")] = 20,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """The job log: every embed, prune and purge run with start, end, outcome, rows affected and error.
+
+    json/jsonl also carry `detail` (e.g. a prune's table sizes before and after, its longest transaction).
+    """
+    rows = jobs_mod.list_jobs(connect(), job=job, limit=limit)
+    render(rows, fmt, columns=JOB_COLUMNS if fmt in (Format.table, Format.csv) else None)
+
+
+@source_app.command("block")
+def block(
+    source: Annotated[str, typer.Argument(help="The source, as given with --source when writing.")],
+    reason: Annotated[Optional[str], typer.Option("--reason", "-r", help="Why; shown when a write is refused.")] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Refuse every future write from SOURCE (what it already wrote stays: see memctl purge)."""
+    render([sources.block(connect(), source, reason)], fmt)
+
+
+@source_app.command("unblock")
+def unblock(source: Annotated[str, typer.Argument(help="A blocked source.")]) -> None:
+    """Accept writes from SOURCE again; exit 4 if it was not blocked."""
+    sources.unblock(connect(), source)
+    warn(f"unblocked {source!r}")
+
+
+@source_app.command("list")
+def list_(fmt: FormatOption = Format.table) -> None:
+    """Blocked sources with their reason and when they were blocked."""
+    render(sources.list_blocked(connect()), fmt)

@@ -1,0 +1,76 @@
+"""Shared set-up for the benchmark scripts: a server, a fresh migrated database."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
+from psycopg.conninfo import make_conninfo  # noqa: E402
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--database-url", default=os.environ.get("MEMCTL_TEST_DATABASE_URL"),
+                   help="admin URL of a server to use (default: a temporary embedded server)")
+    return p
+
+
+@contextmanager
+def server(admin_url: str | None):
+    """Yield an admin URL: the given one, or a temporary embedded server stopped afterwards."""
+    if admin_url:
+        yield admin_url
+        return
+    home = tempfile.mkdtemp(prefix="memctl-bench-")
+    os.environ["MEMCTL_HOME"] = home
+    from memctl import embedded
+
+    info = embedded.start()
+    try:
+        yield info.url
+    finally:
+        embedded.stop()
+
+
+@contextmanager
+def fresh_database(admin_url: str):
+    """A new database with memctl's schema; dropped afterwards."""
+    from memctl import db, migrate
+
+    name = f"memctl_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = make_conninfo(admin_url, dbname=name)
+    try:
+        with db.connect(url) as conn:
+            migrate.apply(conn)
+        yield url
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def timed(fn, *args, **kwargs) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return time.perf_counter() - start, result
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

@@ -1,0 +1,49 @@
+"""Start-up cost: `memctl fact get KEY` (warm server) ÷ a bare psycopg connect + select 1.
+
+Both run as fresh processes against the same server, alternating, N times each;
+the ratio of the medians is printed. Goal: at most 1.5.
+
+    python tests/bench/startup.py [--runs 21] [--database-url URL]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import fresh_database, median, parser, server
+
+
+def wall(cmd: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--runs", type=int, default=21)
+    args = p.parse_args()
+    exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
+    with server(args.database_url) as admin, fresh_database(admin) as url:
+        env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/nonexistent/memctl.toml"}
+        subprocess.run([exe, "fact", "set", "db.port", "5432"], env=env, check=True, stdout=subprocess.DEVNULL)
+        bare = [sys.executable, "-c", f"import psycopg; psycopg.connect({url!r}).execute('select 1')"]
+        ours = [exe, "fact", "get", "db.port"]
+        for _ in range(3):  # warm the page cache and the server
+            wall(bare, env), wall(ours, env)
+        base, memctl = [], []
+        for _ in range(args.runs):
+            base.append(wall(bare, env))
+            memctl.append(wall(ours, env))
+    print(f"bare psycopg connect+select: median {median(base) * 1000:.1f} ms")
+    print(f"memctl fact get:             median {median(memctl) * 1000:.1f} ms")
+    print(f"ratio (goal <= 1.5): {median(memctl) / median(base):.2f}")
+
+
+if __name__ == "__main__":
+    main()
