@@ -27,11 +27,9 @@ LIMIT %s
 FOR UPDATE OF q SKIP LOCKED
 """
 EXISTING = """
-SELECT DISTINCT ON (c.content_hash) c.content_hash, v.embedding
-FROM chunks c JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id
-WHERE c.content_hash = ANY(%s)
+SELECT DISTINCT ON (content_hash) content_hash, embedding FROM {table} WHERE content_hash = ANY(%s)
 """
-COPY_VECTORS = "COPY {table} (agent, chunk_id, embedding) FROM STDIN (FORMAT BINARY)"
+COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STDIN (FORMAT BINARY)"
 DONE = """
 DELETE FROM embed_queue q USING unnest(%s::text[], %s::bigint[]) AS d(agent, chunk_id)
 WHERE q.model_id = %s AND q.agent = d.agent AND q.chunk_id = d.chunk_id
@@ -140,7 +138,7 @@ def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResu
         used: set[bytes] = set()
         with conn.cursor() as cur:
             with cur.copy(sql.SQL(COPY_VECTORS).format(table=table)) as copy:
-                copy.set_types(["text", "int8", model.storage])
+                copy.set_types(["text", "int8", "bytea", model.storage])
                 for r in rows:
                     digest = bytes(r["content_hash"])
                     vector = known.get(digest)
@@ -154,7 +152,7 @@ def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResu
                     if vector is None:
                         result.failed.append((r["chunk_id"], failed_error.get(digest) or "no vector"))
                         continue
-                    copy.write_row((r["agent"], r["chunk_id"], _as_vector(vector, model)))
+                    copy.write_row((r["agent"], r["chunk_id"], digest, _as_vector(vector, model)))
                     written.append(r)
             for chunk_id, error in result.failed:
                 agent = next(r["agent"] for r in rows if r["chunk_id"] == chunk_id)

@@ -115,7 +115,7 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
         conn.execute(SET_TABLE, (table, model_id))
         conn.execute(sql.SQL(template("vectors.sql")).format(
             table=sql.Identifier(table), fk=sql.Identifier(f"{table}_chunk_fk"),
-            type=sql.SQL(storage), dims=sql.Literal(dims)))
+            hash_index=sql.Identifier(f"{table}_hash"), type=sql.SQL(storage), dims=sql.Literal(dims)))
         if build_index:
             model = Model(model_id, embedder.name, embedder.model, dims, storage, embedder.request_dims, table, state)
             conn.execute(index_statement(model, concurrently=False))
@@ -161,3 +161,38 @@ def ensure_active(conn, embedder, *, storage: str = "vector") -> Model:
         return register(conn, embedder, state="active", storage=storage)
     check_configured(model, embedder)
     return model
+
+
+RETIRE_ACTIVE = f"UPDATE embedding_models SET state = 'retired' WHERE state = 'active' RETURNING {COLUMNS}"  # noqa: S608
+ACTIVATE = "UPDATE embedding_models SET state = 'active', activated_at = now() WHERE id = %s AND state = 'backfill'"
+CLEAR_QUEUE = "DELETE FROM embed_queue WHERE model_id = %s"
+DELETE_MODEL = "DELETE FROM embedding_models WHERE id = %s"
+
+
+def activate(conn, model: Model) -> Model | None:
+    """Make a backfilled model the active one; the old active model is retired (returned).
+
+    Runs inside the caller's transaction, under the registry lock. Chunks still queued for
+    the retired model are dropped from the queue: nothing embeds a retired model.
+    """
+    if model.state != "backfill":
+        raise MemctlError(f"{model.label} is {model.state}, not being backfilled")
+    conn.execute(LOCK)
+    row = conn.execute(RETIRE_ACTIVE).fetchone()
+    if conn.execute(ACTIVATE, (model.id,)).rowcount != 1:
+        raise MemctlError(f"{model.label} is no longer being backfilled")
+    old = Model(**row) if row else None
+    if old is not None:
+        conn.execute(CLEAR_QUEUE, (old.id,))
+    return old
+
+
+def remove(conn, model: Model) -> None:
+    """Drop a retired or backfilling model's vector table and its row (queue and failures cascade)."""
+    from psycopg import sql
+
+    if model.state == "active":
+        raise MemctlError(f"{model.label} is the active model: it cannot be dropped")
+    conn.execute(LOCK)
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(model.table_name)))
+    conn.execute(DELETE_MODEL, (model.id,))

@@ -11,7 +11,8 @@ Scoring, for an episode found by either half (documented in the README):
 
 The vector half runs on the active model's HNSW index with iterative scan, so
 filters never starve it; the text half is PostgreSQL full text with OR
-semantics, ranked by ts_rank_cd, and finds chunks not embedded yet.
+semantics over each episode's tsvector, ranked by ts_rank_cd, and finds
+episodes not embedded yet.
 """
 
 from __future__ import annotations
@@ -94,12 +95,11 @@ ORDER BY h.distance
 JOIN_EPISODES = """JOIN chunks c0 ON c0.agent = v.agent AND c0.id = v.chunk_id
 JOIN episodes e ON e.agent = c0.agent AND e.id = c0.episode_id"""
 TEXT_HALF = """
-SELECT c.agent, c.id AS chunk_id, c.episode_id, c.content,
-       ts_rank_cd(to_tsvector('english', c.content), q.query) AS rank
-FROM chunks c {join},
+SELECT e.id AS episode_id, NULL::text AS content, ts_rank_cd(e.tsv, q.query) AS rank
+FROM episodes e,
      (SELECT replace(websearch_to_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS query) q
-WHERE to_tsvector('english', c.content) @@ q.query {filters}
-ORDER BY rank DESC, c.id DESC
+WHERE e.tsv @@ q.query {filters}
+ORDER BY rank DESC, e.id DESC
 LIMIT %(n)s
 """
 EPISODE_ROWS = """
@@ -150,9 +150,8 @@ def text_half(conn, query: Query, n: int) -> list[dict]:
     for i, (clause, value) in enumerate(zip(clauses, values)):
         rendered.append(sql.SQL(clause.as_string(conn).replace("%s", f"%(f{i})s")))
         params[f"f{i}"] = value
-    join = sql.SQL("JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id") if clauses else sql.SQL("")
     filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in rendered)
-    statement = sql.SQL(TEXT_HALF).format(join=join, filters=filters)
+    statement = sql.SQL(TEXT_HALF).format(filters=filters)
     return conn.execute(statement, params, prepare=False).fetchall()
 
 
@@ -188,7 +187,7 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
         recency = 0.5 ** (age / half_life)
         importance_term = row["importance"] / 10
         score = relevance + conf["recency_weight"] * recency + conf["importance_weight"] * importance_term
-        chunk = (v or t)[1]["content"]
+        chunk = v[1]["content"] if v else None
         hits.append(Hit(
             id=episode_id, score=round(score, 6), agent=row["agent"], kind=row["kind"], source=row["source"],
             importance=row["importance"], created_at=row["created_at"], content=row["content"],

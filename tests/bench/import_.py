@@ -1,0 +1,91 @@
+"""Bulk import: `memctl episode import` rows/s ÷ raw psycopg binary COPY rows/s.
+
+The same N JSONL rows are loaded by the memctl command (a subprocess: JSON
+parsing, validation, chunking, COPY of episodes and chunks, queueing) and, as
+the baseline, by one binary COPY of the already-parsed rows into an identical
+table (`CREATE TABLE ... (LIKE episodes INCLUDING ALL)`: same columns, the
+generated tsvector, defaults and indexes, and the same gin_pending_list_limit).
+Goal: ratio >= 0.6.
+
+    python tests/bench/import_.py [--rows 100000] [--database-url URL]
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import fresh_database, parser, server, timed
+
+WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
+         "consumer scaled certificate renewal backup restore latency index customer refund release freeze "
+         "kernel reboot dns resolver webhook secret gateway rate limit vpn session heap mapping").split()
+
+
+def rows(n: int) -> list[dict]:
+    rng = random.Random(7)
+    start = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    out = []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60)))
+        out.append({"content": f"{i}: {text}", "kind": rng.choice(["raw", "conversation", "summary"]),
+                    "source": f"src{i % 50}", "agent": f"agent{i % 10}", "importance": rng.randint(1, 10),
+                    "created_at": (start + datetime.timedelta(seconds=i * 30)).isoformat()})
+    return out
+
+
+def baseline_copy(url: str, data: list[dict]) -> float:
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE episodes_baseline (LIKE episodes INCLUDING ALL)")
+        tuples = [(r["agent"], r["kind"], r["content"], hashlib.sha256(r["content"].encode()).digest(), r["source"],
+                   r["importance"], datetime.datetime.fromisoformat(r["created_at"]), Jsonb({})) for r in data]
+
+        def copy():
+            with conn.transaction(), conn.cursor() as cur:
+                # the same GIN pending-list setting memctl's import uses, so the ratio measures memctl
+                cur.execute("SET LOCAL gin_pending_list_limit = '64MB'")
+                with cur.copy("COPY episodes_baseline (agent, kind, content, content_hash, source, importance, "
+                              "created_at, meta) FROM STDIN (FORMAT BINARY)") as cp:
+                    cp.set_types(["text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb"])
+                    for t in tuples:
+                        cp.write_row(t)
+
+        seconds, _ = timed(copy)
+        return seconds
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--rows", type=int, default=100_000)
+    args = p.parse_args()
+    data = rows(args.rows)
+    workdir = Path(tempfile.mkdtemp(prefix="memctl-bench-import-"))
+    path = workdir / "episodes.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
+    with server(args.database_url) as admin, fresh_database(admin) as url:
+        env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": str(workdir / "none.toml")}
+        ours, proc = timed(subprocess.run, [exe, "episode", "import", str(path), "-f", "json"], env=env,
+                           check=True, capture_output=True, text=True)
+        summary = json.loads(proc.stdout)[0]
+        base = baseline_copy(url, data)
+    shutil.rmtree(workdir, ignore_errors=True)
+    print(f"rows: {args.rows}, chunks written by memctl: {summary['chunks']}")
+    print(f"memctl episode import: {ours:.2f} s  ({args.rows / ours:,.0f} rows/s, process start included)")
+    print(f"raw binary COPY:       {base:.2f} s  ({args.rows / base:,.0f} rows/s)")
+    print(f"ratio (goal >= 0.6): {(args.rows / ours) / (args.rows / base):.2f}")
+
+
+if __name__ == "__main__":
+    main()
