@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ from typing import Callable
 
 from memctl.errors import ConfigError, InvalidInput, MemctlError, NotFound, Unavailable, UsageError
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # whole name: fullmatch
 NOT_RUNBOOKS = {"readme"}  # README.md in the runbook directory documents it; it is not a runbook
 TAIL_BYTES = 64 * 1024
 SHELL = "/bin/sh"
@@ -60,7 +59,7 @@ def check_name(name: str) -> str:
         raise UsageError(f"runbook name {name!r} is a path: give the file name of a runbook in the repository")
     if ".." in name:
         raise UsageError(f"runbook name {name!r} contains '..'")
-    if not NAME.match(name) or name == ".md":
+    if not NAME.fullmatch(name) or name == ".md":
         raise UsageError(f"invalid runbook name {name!r}: use letters, digits, '.', '_' and '-', starting with "
                          "a letter or digit, at most 128 characters")
     return name[:-3] if name.endswith(".md") else name
@@ -70,8 +69,8 @@ def check_name(name: str) -> str:
 # Parsing
 
 _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^\s`{]*)")
-_TITLE = re.compile(r"^#\s+(.*?)\s*#*\s*$")
-_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_TITLE = re.compile(r"^#\s+(.*?)(?:\s+#+)?\s*$")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
 _STEP_HEADING = re.compile(r"^(?:step\s+)?(\d+)(?:[.:)]\s*|\s+|$)(.*)$", re.IGNORECASE)
 _STEP_ITEM = re.compile(r"^(\d+)[.)]\s+(.*)$")
 _SHELL_LIKE = {"bash", "shell", "zsh", "console", "shell-session", "sh-session", "ksh"}
@@ -131,7 +130,7 @@ def parse(text: str, name: str = "") -> Runbook:
         heading = _HEADING.match(line)
         step = _step_marker(line, heading, level)
         if step:
-            current = _Draft(int(step.group(1)), step.group(2).strip(), number)
+            current = _Draft(int(step.group(1)), step.group(2).strip(" \t-:\u2013\u2014"), number)
             drafts.append(current)
         elif heading and current is not None and (level is None or len(heading.group(1)) <= level):
             current = None  # a section after the steps (notes); a ```sh block there is an error
@@ -275,7 +274,7 @@ class Repository:
     def is_dirty(self, name: str) -> bool:
         """Whether the runbook's file (and a symlink's target) differs from HEAD, is untracked or ignored."""
         link = self.root / f"{name}.md"
-        paths = {self.git_path(link.parent.resolve() / link.name), self.git_path(link.resolve())}
+        paths = {self.git_path(link), self.git_path(link.resolve())}
         status = self.repo.git.status("--porcelain", "--ignored", "--untracked-files=all", "--", *sorted(paths))
         return bool(status.strip())
 
@@ -283,13 +282,19 @@ class Repository:
         """The runbook as it is in the work tree, or as it was at commit AT."""
         if at is not None:
             return self._load_at(name, at)
+        runbook = self.read(name)
+        runbook.commit, runbook.dirty = self.head(), self.is_dirty(runbook.name)
+        return runbook
+
+    def read(self, name: str) -> Runbook:
+        """The runbook as it is in the work tree, parsed; no git status (see load)."""
         name, path = self.locate(name)
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidInput(f"runbook {name!r}: not valid UTF-8 (byte {exc.start})") from None
         runbook = parse(text, name)
-        runbook.commit, runbook.dirty, runbook.path = self.head(), self.is_dirty(name), self.git_path(path)
+        runbook.path = self.git_path(path)
         return runbook
 
     def _load_at(self, name: str, at: str) -> Runbook:
@@ -315,7 +320,9 @@ class Repository:
         if not rev.strip() or rev.startswith("-"):
             raise UsageError(f"not a commit: {rev!r}")
         try:
-            return self.repo.commit(rev)
+            found = self.repo.commit(rev)
+            found.tree  # a full sha resolves lazily: reading it proves the commit exists
+            return found
         except (ValueError, IndexError, git.BadName, git.BadObject, git.GitCommandError):
             raise NotFound(f"no commit {rev!r} in the runbook repository") from None
 
@@ -337,7 +344,7 @@ class Repository:
         for name in self.names():
             row = {"name": name, "title": None, "description": "", "commit": head, "problem": None}
             try:
-                runbook = self.load(name)
+                runbook = self.read(name)
                 row.update(title=runbook.title, description=runbook.description)
             except MemctlError as exc:
                 row["problem"] = str(exc)
@@ -415,13 +422,13 @@ UPDATE runbook_runs
 RETURNING *
 """
 # The run's own row can vanish during the run: restoring the memory database
-# from a dump replaces runbook_runs. Then the finished record is written again.
+# from a dump replaces runbook_runs. Then the finished record is written again
+# (with a new id: the restored identity sequence knows nothing of the old one).
 REINSERT_RUN = """
-INSERT INTO runbook_runs (id, agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
+INSERT INTO runbook_runs (agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
                           failed_step, exit_code, duration_s, output_tail)
-VALUES (%(id)s, %(agent)s, %(name)s, %(commit)s, %(dirty)s, %(started_at)s, now(), %(outcome)s, %(steps)s,
+VALUES (%(agent)s, %(name)s, %(commit)s, %(dirty)s, %(started_at)s, now(), %(outcome)s, %(steps)s,
         %(from_step)s, %(failed_step)s, %(exit_code)s, %(duration_s)s, %(output_tail)s)
-ON CONFLICT (agent, id) DO NOTHING
 RETURNING *
 """
 SET_EPISODE = "UPDATE runbook_runs SET episode_id = %s WHERE agent = %s AND id = %s"
@@ -456,8 +463,9 @@ def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: 
                 break
             failed = None
     except BaseException:  # interrupted (Ctrl-C) or crashed: leave a finished, failed record behind
-        emit(f"--- interrupted during step {failed.number if failed else '?'}\n".encode())
-        _finish(conn, record, failed, None, tail, clock)
+        failed = failed or runbook.steps[from_step - 1]
+        tail.add(f"--- interrupted during step {failed.number}\n".encode())
+        _add_episode(conn, settings, runbook, _finish(conn, record, failed, None, tail, clock))
         raise
     result = _finish(conn, record, failed, code if failed else None, tail, clock)
     return _add_episode(conn, settings, runbook, result)
@@ -467,20 +475,17 @@ def _run_step(cwd: Path, runbook: Runbook, step: Step, emit: Callable[[bytes], N
     emit(f"--- step {step.number}/{len(runbook.steps)}: {step.title}\n".encode())
     env = {**os.environ, "MEMCTL_RUNBOOK": runbook.name, "MEMCTL_RUNBOOK_COMMIT": runbook.commit or "",
            "MEMCTL_RUNBOOK_STEP": str(step.number)}
-    # The command text is one argument of sh: never pasted into another shell string.
+    # The command text is one argument of sh: never pasted into another shell string. The step
+    # stays in memctl's process group, so Ctrl-C reaches it and a password prompt on /dev/tty works.
     proc = subprocess.Popen([SHELL, "-e", "-c", step.command, f"{runbook.name}:{step.number}"], cwd=cwd, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            process_group=0)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
             emit(chunk)
         return proc.wait()
     finally:
-        if proc.poll() is None:  # interrupted: stop the step and whatever it started
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        if proc.poll() is None:  # interrupted
+            proc.terminate()
             proc.wait()
         proc.stdout.close()
 
@@ -495,7 +500,7 @@ def _finish(conn, record: dict, failed: Step | None, code: int | None, tail: _Ta
     values = {**record, "outcome": "failed" if failed else "ok", "failed_step": failed.number if failed else None,
               "exit_code": code, "duration_s": round(time.monotonic() - clock, 3), "output_tail": tail.text()}
     row = conn.execute(FINISH_RUN, values).fetchone() or conn.execute(REINSERT_RUN, values).fetchone()
-    return dict(row or values)
+    return dict(row)
 
 
 def _add_episode(conn, settings, runbook: Runbook, run: dict) -> dict:
@@ -528,9 +533,9 @@ def episode_text(runbook: Runbook, run: dict) -> str:
 
 
 def failure(runbook: Runbook, run: dict) -> str:
-    """'step 2 (Title) failed, exit code 3; steps 3-4 not run'."""
+    """E.g. 'step 2 (Title) failed, exit code 3; steps 3-4 not run'."""
     step, total = runbook.steps[run["failed_step"] - 1], len(runbook.steps)
-    rest = f"; steps {step.number + 1}-{total} not run" if step.number < total else ""
+    rest = {0: "", 1: f"; step {total} not run"}.get(total - step.number, f"; steps {step.number + 1}-{total} not run")
     return f"step {step.number} ({step.title}) failed, {exit_text(run['exit_code'])}{rest}"
 
 
