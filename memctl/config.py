@@ -55,6 +55,12 @@ def _number(value: Any) -> float:
     return float(value)
 
 
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"expected a number from 0 to 1, got {value!r}")
+    return float(value)
+
+
 def _string(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
@@ -113,6 +119,12 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "recall": {
         "template": (_string, None),
         "max_tokens": (_positive_int, 1000),
+        "min_score": (_number, 0.0),
+        "max_distance": (_positive_number, None),
+        "dedupe": (_fraction, 0.9),
+        "fact_line": (_string, None),
+        "episode_line": (_string, None),
+        "runbook_line": (_string, None),
     },
 }
 FREE_SECTIONS: dict[str, Callable[[Any], Any]] = {

@@ -226,8 +226,11 @@ def embed_queries(settings: Settings, model: models.Model | None, texts: list[st
 
 
 def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None,
-           accessed_recency: bool | None = None) -> Outcome:
-    """Run one query; `vector` skips embedding (batch search, benchmarks)."""
+           accessed_recency: bool | None = None, track: bool = False) -> Outcome:
+    """Run one query; `vector` skips embedding (batch search, benchmarks).
+
+    With `track`, the hits returned count as accessed (memctl.access), in one statement.
+    """
     query.check()
     model = models.active(conn)
     if model is not None and vector is None and query.mode != "text" and embedder is None:
@@ -241,7 +244,16 @@ def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None
             outcome.mode = "text"
         else:
             vector = vectors[0]
-    return _run(conn, settings, query, model, vector, outcome)
+    outcome = _run(conn, settings, query, model, vector, outcome)
+    if track:
+        _track(conn, [outcome])
+    return outcome
+
+
+def _track(conn, outcomes: list[Outcome]) -> None:
+    from memctl import access
+
+    access.record(conn, [(h.agent, h.id) for o in outcomes for h in o.hits])
 
 
 def _run(conn, settings, query: Query, model, vector, outcome: Outcome) -> Outcome:
@@ -264,8 +276,9 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome) -> Outco
     return outcome
 
 
-def search_batch(conn, settings: Settings, queries: list[Query], embedder=None) -> list[Outcome]:
-    """Many queries on one connection, their vectors embedded in one batch."""
+def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, *,
+                 track: bool = False) -> list[Outcome]:
+    """Many queries on one connection, their vectors embedded in one batch; `track` as in search()."""
     for q in queries:
         q.check()
     model = models.active(conn)
@@ -284,4 +297,6 @@ def search_batch(conn, settings: Settings, queries: list[Query], embedder=None) 
                 raise EmbedderUnavailable(warning or "embedder unavailable")
             outcome.mode, outcome.warning = "text", warning
         outcomes.append(_run(conn, settings, q, model, by_index.get(i), outcome))
+    if track:
+        _track(conn, outcomes)
     return outcomes

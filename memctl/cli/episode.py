@@ -145,20 +145,23 @@ def search(
     batch: Annotated[Optional[str], typer.Option(
         "--batch", help="JSONL file or '-' of queries (query, optional agent, k, kind, source, since, mode): "
                         "writes one JSON line per query, in order.")] = None,
+    no_track: Annotated[bool, typer.Option(
+        "--no-track", help="Read only: do not count the hits as accessed (access_count, last_accessed_at).")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Find episodes by meaning and by words, weighted by recency and importance.
 
     With the embedder down or slower than the search timeout, falls back to text search with a warning.
+    Every hit returned counts as an access of that episode unless --no-track.
     """
     conn = connect(vector=True)
     if batch is not None:
-        _search_batch(conn, batch)
+        _search_batch(conn, batch, track=not no_track)
         return
     if query is None:
         raise UsageError("give a QUERY or --batch FILE")
     q = search_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, mode=mode)
-    outcome = search_mod.search(conn, settings(), q)
+    outcome = search_mod.search(conn, settings(), q, track=not no_track)
     if outcome.warning:
         warn(outcome.warning)
     rows = [h.to_dict() for h in outcome.hits]
@@ -168,7 +171,7 @@ def search(
     render(rows, fmt)
 
 
-def _search_batch(conn, path: str) -> None:
+def _search_batch(conn, path: str, *, track: bool = True) -> None:
     from memctl.cli.render import to_json
 
     handle = sys.stdin.buffer if path == "-" else _open(path)
@@ -188,7 +191,7 @@ def _search_batch(conn, path: str) -> None:
         queries.append(search_mod.Query(item["query"], k=item.get("k", 5), agent=item.get("agent"),
                                         kind=item.get("kind"), source=item.get("source"), since=item.get("since"),
                                         mode=item.get("mode", "hybrid")))
-    outcomes = search_mod.search_batch(conn, settings(), queries)
+    outcomes = search_mod.search_batch(conn, settings(), queries, track=track)
     warning = next((o.warning for o in outcomes if o.warning), None)
     if warning:
         warn(warning)

@@ -41,6 +41,9 @@ def server(admin_url: str | None):
         yield info.url
     finally:
         embedded.stop()
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @contextmanager
