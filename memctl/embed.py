@@ -208,7 +208,8 @@ def embedder_for(settings, model: models.Model, *, timeout: float | None = None)
     from memctl.embedding import make_embedder
 
     dims = model.dims if model.embedder == "hash" else model.request_dims
-    return make_embedder(settings, embedder=model.embedder, model=model.model, dimensions=dims, timeout=timeout)
+    return make_embedder(settings, embedder=model.embedder, model=model.model, dimensions=dims, timeout=timeout,
+                         configured_dimensions=False)
 
 
 def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | None = None,

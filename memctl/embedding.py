@@ -398,10 +398,16 @@ def make_embedder(
     model: str | None = None,
     dimensions: int | None = None,
     timeout: float | None = None,
+    configured_dimensions: bool = True,
 ) -> Embedder:
-    """The configured embedder; keyword arguments (command-line options) win over settings."""
+    """The configured embedder; keyword arguments (command-line options) win over settings.
+
+    `configured_dimensions=False` ignores `[embedding] dimensions`: for an embedder
+    rebuilt from a registered model's row, whose own dimensions are authoritative.
+    """
     name = embedder or _setting(settings, "embedder") or "ollama"
-    dimensions = dimensions if dimensions is not None else _setting(settings, "dimensions")
+    if dimensions is None and configured_dimensions:
+        dimensions = _setting(settings, "dimensions")
     if name == "ollama":
         return OllamaEmbedder(
             model or _setting(settings, "model"),

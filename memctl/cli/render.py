@@ -91,7 +91,7 @@ def render_one(row: dict, fmt: Format | str = Format.table, out=None) -> None:
     elif fmt is Format.table:
         from tabulate import tabulate
 
-        out.write(tabulate([(k, _cell(v)) for k, v in row.items()], tablefmt="plain") + "\n")
+        out.write(tabulate([(k, _cell(v)) for k, v in row.items()], tablefmt="plain", disable_numparse=True) + "\n")
     else:
         render([row], fmt, out=out)
 

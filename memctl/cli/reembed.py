@@ -1,0 +1,196 @@
+"""memctl reembed: change the embedding model while search keeps working (start, run, switch, drop-old)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.render import Format, render, render_one
+
+app = typer.Typer(
+    help="Change the embedding model: start (new vector table), run (backfill from the stored texts, then "
+    "index), status, compare (how results would change), switch (atomic), drop-old (return the space); "
+    "or abort. Search uses the active model until switch.",
+    no_args_is_help=True,
+)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="reembed")
+
+
+@app.command()
+def start(
+    model: Annotated[str, typer.Option("--model", "-m", help="The new model, e.g. nomic-embed-text.")],
+    embedder: Annotated[Optional[str], typer.Option(
+        "--embedder", "-e", help="ollama, local or hash (default: the configured embedder).")] = None,
+    dims: Annotated[Optional[int], typer.Option(
+        "--dims", help="Ask the model for fewer dimensions (Ollama's `dimensions`).")] = None,
+    halfvec: Annotated[bool, typer.Option("--halfvec", help="Store vectors as halfvec (up to 4,000 dims).")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Create the new model's vector table and queue every chunk for it.
+
+    Refuses dimensions HNSW cannot index: over 2,000 as vector (use --halfvec up to 4,000) or
+    over 4,000 (use --dims).
+    """
+    from memctl import reembed
+
+    result = reembed.start(connect(vector=True), settings(), model=model, embedder=embedder, dims=dims,
+                           halfvec=halfvec)
+    render_one(result, fmt)
+    warn(f"{result['queued']} chunk(s) queued for {result['model']}: run `memctl reembed run`")
+
+
+class ProgressBar:
+    """A one-line bar with rate and ETA on stderr."""
+
+    WIDTH = 30
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self.drawn = False
+
+    def __call__(self, p: dict) -> None:
+        if p["phase"] == "index":
+            self.stream.write(f"\r{p['done']}/{p['total']} embedded; building the HNSW index...\033[K")
+        else:
+            done, total = p["done"], max(p["total"], 1)
+            filled = int(self.WIDTH * min(done / total, 1.0))
+            rate = f"{p['rate']:.1f}/s" if p.get("rate") else "-"
+            eta = _duration(p["eta_s"]) if p.get("eta_s") is not None else "-"
+            self.stream.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{p['total']} "
+                              f"{done / total:4.0%} {rate} ETA {eta}\033[K")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
+
+
+@app.command()
+def run(
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", "-b", help="Chunks per embedder call (default [embedding] batch_size).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Stop after this many chunks.")] = None,
+    retry_failed: Annotated[bool, typer.Option(
+        "--retry-failed", help="Queue again the chunks the new model refused.")] = False,
+    progress: Annotated[Optional[bool], typer.Option(
+        "--progress/--no-progress", help="Progress bar and ETA on stderr (default: when stderr is a terminal).")
+    ] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Backfill the new model from the stored texts, then build its HNSW index (CONCURRENTLY).
+
+    Resumable and safe to kill at any moment: run it again to continue. Search keeps using the active
+    model; writes meanwhile are queued for both models. Exit 3 if the embedder is unreachable.
+    """
+    from memctl import reembed
+
+    st = settings()
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = ProgressBar() if show else None
+
+    def on_warning(message: str) -> None:
+        if bar is not None and bar.drawn:
+            bar.close()
+            bar.drawn = False
+        warn(message)
+
+    try:
+        result = reembed.run(connect(vector=True), st, batch_size=batch_size or st.get("embedding", "batch_size"),
+                             limit=limit, retry_failed=retry_failed, progress=bar, on_warning=on_warning)
+    finally:
+        if bar is not None:
+            bar.close()
+    render_one({k: v for k, v in result.items() if k != "warnings"}, fmt)
+    if result["failed"]:
+        warn(f"{result['failed']} chunk(s) refused by the new model: `memctl reembed run --retry-failed`")
+    elif result["pending"]:
+        warn(f"{result['pending']} chunk(s) still queued: run `memctl reembed run` again")
+    elif result["index"] in ("built", "valid"):
+        warn("backfill complete and indexed: `memctl reembed compare`, then `memctl reembed switch`")
+
+
+@app.command()
+def status(fmt: FormatOption = Format.table) -> None:
+    """Done / total, rate, ETA, index state and the next step of a model change."""
+    from memctl import reembed
+
+    render_one(reembed.status(connect()), fmt)
+
+
+@app.command()
+def compare(
+    sample: Annotated[int, typer.Option("--sample", "-n", help="Sample queries: first sentences of episodes.")] = 20,
+    queries: Annotated[Optional[str], typer.Option(
+        "--queries", "-q", help="A file of queries: one per line, or JSONL with \"query\".")] = None,
+    k: Annotated[int, typer.Option("-k", help="Top-k episodes compared per query.")] = 10,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """For sample queries, the overlap (0..1) of the active and the new model's vector top-k episodes."""
+    from memctl import reembed, timing
+
+    texts = timing.read_texts(queries) if queries else None
+    result = reembed.compare(connect(vector=True), settings(), sample=sample, queries=texts, k=k)
+    if result["warning"]:
+        warn(result["warning"])
+    if fmt is Format.json:
+        render_one(result, fmt)
+        return
+    render(result["rows"], fmt, columns=["query", "overlap", "active_top", "new_top"])
+    if fmt is Format.table:
+        sys.stdout.write(f"\nmean_overlap {result['mean_overlap']} over {result['queries']} queries, "
+                         f"k={result['k']}: {result['active']} -> {result['new']}\n")
+
+
+@app.command()
+def switch(fmt: FormatOption = Format.table) -> None:
+    """Make the new model the active one, atomically. Refuses unless backfilled and indexed.
+
+    Afterwards change the configuration to the new model (printed on stderr): until then search and
+    `memctl embed` refuse with a pointer rather than mix two models.
+    """
+    from memctl import reembed
+
+    result = reembed.switch(connect())
+    render_one({k: v for k, v in result.items() if k != "config"}, fmt)
+    config = result["config"]
+    warn(f"switched: {result['new']} is active, {result['old']} is retired "
+         "(`memctl reembed drop-old` returns its space)")
+    warn(f"now point the configuration at the new model: {config['env']}")
+    warn("or in the config file:\n" + config["toml"].rstrip())
+    warn("until then, search and `memctl embed` refuse: the configured model no longer matches the active one")
+
+
+@app.command("drop-old")
+def drop_old(fmt: FormatOption = Format.table) -> None:
+    """Drop retired models' vector tables and report the space returned (their pg_total_relation_size)."""
+    from memctl import reembed
+
+    dropped = reembed.drop_old(connect())
+    if not dropped:
+        warn("no retired model to drop")
+        return
+    render(dropped, fmt)
+    warn(f"returned {sum(d['bytes_returned'] for d in dropped):,} bytes")
+
+
+@app.command()
+def abort(fmt: FormatOption = Format.table) -> None:
+    """Drop the new model's table and queue; the active model is untouched."""
+    from memctl import reembed
+
+    render_one(reembed.abort(connect()), fmt)

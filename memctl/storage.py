@@ -1,0 +1,420 @@
+"""What memory costs on disk: a size report read from PostgreSQL, and estimates before any data.
+
+The report (`report`) has one row per memctl relation: every table in the schema
+that holds memctl's migration record, each table's TOAST table, and every index
+of both. Each figure is a PostgreSQL function an operator can run in psql on the
+same `relation` name:
+
+    rows         SELECT count(*) FROM <relation>                (tables and TOAST tables)
+    heap_bytes   pg_relation_size(<relation>)                   (main fork only)
+    toast_bytes  pg_total_relation_size(<toast relation>)       (TOAST heap and its index)
+    index_bytes  pg_indexes_size(<relation>), for an index row pg_relation_size(<index>)
+    map_bytes    free space map + visibility map (+ init fork):
+                 pg_total_relation_size - heap - toast - index
+    total_bytes  pg_total_relation_size(<relation>)
+    dead_tuples  pg_stat_all_tables.n_dead_tup                  (statistics, as psql shows them)
+
+Estimates (`estimate`) model how PostgreSQL and pgvector lay the rows out; the
+constants were measured on PostgreSQL 18.6 + pgvector 0.8.6 (8 kB pages, HNSW
+m = 16, ef_construction = 64, agent 'default'):
+
+    bytes per vector   vector 4*d + 8, halfvec 2*d + 8 (pgvector's datum size)
+    heap + TOAST       row = 24-byte tuple header + agent + chunk_id + content_hash +
+                       vector; the vector moves to TOAST when the row exceeds 2,032
+                       bytes, in chunks of 1,996 bytes; pages filled in insertion order
+    other indexes      primary key 36 bytes a row, content_hash btree 76 (measured)
+    HNSW index         one element tuple MAXALIGN(72 + bytes_per_vector) and one
+                       neighbour tuple MAXALIGN(4 + 2*m*6) per row, packed together
+                       into 8,160-byte pages: floor(8160 / (element + neighbours + 8))
+                       rows a page, or two pages a row when they do not fit one.
+                       Measured 2,049.6 bytes a row at 384 dims (5,000 rows),
+                       estimated 2,048.
+    build memory       rows * (bytes_per_vector + 704): pgvector's in-memory graph,
+                       measured from where the "hnsw graph no longer fits into
+                       maintenance_work_mem" notice appears (1 MB: 466 rows at 384
+                       dims, 278 at 768, 153 at 1,536; halfvec 708 at 384).
+"""
+
+from __future__ import annotations
+
+import math
+
+from memctl import models
+from memctl.errors import UsageError
+
+MIB = 1024 * 1024
+PAGE = 8192
+HEAP_USABLE = PAGE - 24  # page header
+HNSW_USABLE = PAGE - 24 - 8  # page header and pgvector's special space
+LINE_POINTER = 4
+TOAST_THRESHOLD = 2032
+TOAST_CHUNK = 1996
+TOAST_POINTER = 18
+TOAST_INDEX_BYTES = 28  # per TOAST tuple, btree on (chunk_id, chunk_seq) (measured)
+PKEY_BYTES_PER_ROW = 36  # (agent, chunk_id) (measured)
+HASH_INDEX_BYTES_PER_ROW = 76  # content_hash, random order (measured)
+ROW_BEFORE_VECTOR = 24 + 8 + 8 + 33  # tuple header, agent 'default', chunk_id, content_hash (sha256)
+HNSW_M = 16
+HNSW_ELEMENT_HEADER = 72
+GRAPH_BYTES_PER_ROW = 704  # beyond the vector itself, m = 16
+
+COMMON_MODELS = [
+    ("all-minilm", 384, None),
+    ("bge-small", 384, None),
+    ("nomic-embed-text", 768, None),
+    ("mxbai-embed-large", 1024, None),
+    ("text-embedding-3-small", 1536, "OpenAI's size; shown for comparison"),
+    ("text-embedding-3-large", 3072, "OpenAI's size; shown for comparison"),
+]
+KNOWN_DIMS = {
+    "all-minilm": 384, "bge-small": 384, "bge-small-en-v1.5": 384, "snowflake-arctic-embed:s": 384,
+    "nomic-embed-text": 768, "embeddinggemma": 768, "snowflake-arctic-embed:m": 768,
+    "mxbai-embed-large": 1024, "bge-m3": 1024, "snowflake-arctic-embed": 1024, "snowflake-arctic-embed:l": 1024,
+    "qwen3-embedding:0.6b": 1024, "qwen3-embedding:4b": 2560, "qwen3-embedding:8b": 4096,
+    "text-embedding-3-small": 1536, "text-embedding-3-large": 3072,
+}
+
+
+def _maxalign(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def _mib(n: int | None) -> float | None:
+    return None if n is None else round(n / MIB, 2)
+
+
+def bytes_per_vector(dims: int, storage: str = "vector") -> int:
+    """pgvector's datum size: vector 4*d + 8, halfvec 2*d + 8."""
+    return (2 if storage == "halfvec" else 4) * dims + 8
+
+
+def known_dims(model: str) -> int | None:
+    name = model.strip().lower()
+    return KNOWN_DIMS.get(name) or KNOWN_DIMS.get(name.removesuffix(":latest"))
+
+
+def indexable(dims: int, storage: str) -> bool:
+    limit = models.MAX_HALFVEC_INDEX_DIMS if storage == "halfvec" else models.MAX_VECTOR_INDEX_DIMS
+    return dims <= limit
+
+
+def _pages(tuple_sizes: list[int], rows: int, usable: int) -> float:
+    """Pages used by `rows` rows each inserting `tuple_sizes`, filling pages in order."""
+    if rows <= 0:
+        return 0
+    simulated = min(rows, 2000)
+    pages, free = 0, 0
+    for _ in range(simulated):
+        for size in tuple_sizes:
+            need = _maxalign(size) + LINE_POINTER
+            if need > free:
+                pages, free = pages + 1, usable
+            free -= need
+    return math.ceil(pages * rows / simulated)
+
+
+def table_bytes(rows: int, dims: int, storage: str = "vector") -> int:
+    """Heap, TOAST and the btree indexes of a model's vector table (sql/templates/vectors.sql)."""
+    vector = bytes_per_vector(dims, storage)
+    indexes = rows * (PKEY_BYTES_PER_ROW + HASH_INDEX_BYTES_PER_ROW)
+    row = (ROW_BEFORE_VECTOR + 3) // 4 * 4 + vector  # a vector is 4-byte aligned
+    if row <= TOAST_THRESHOLD:
+        return _pages([row], rows, HEAP_USABLE) * PAGE + indexes
+    heap = _pages([ROW_BEFORE_VECTOR + TOAST_POINTER], rows, HEAP_USABLE) * PAGE
+    chunks = [TOAST_CHUNK] * (vector // TOAST_CHUNK) + ([vector % TOAST_CHUNK] if vector % TOAST_CHUNK else [])
+    toast = _pages([36 + c for c in chunks], rows, HEAP_USABLE) * PAGE
+    return heap + toast + rows * len(chunks) * TOAST_INDEX_BYTES + indexes
+
+
+def index_bytes(rows: int, dims: int, storage: str = "vector", m: int = HNSW_M) -> int | None:
+    """HNSW index size (see the module docstring); None when HNSW cannot index these dimensions."""
+    if not indexable(dims, storage):
+        return None
+    element = _maxalign(HNSW_ELEMENT_HEADER + bytes_per_vector(dims, storage))
+    neighbours = _maxalign(4 + 2 * m * 6)
+    combined = element + neighbours + 2 * LINE_POINTER
+    pages = math.ceil(rows / (HNSW_USABLE // combined)) if combined <= HNSW_USABLE else 2 * rows
+    return (pages + 1) * PAGE  # + the meta page
+
+
+def build_memory(rows: int, dims: int, storage: str = "vector") -> int:
+    """Memory an HNSW build wants to keep its whole graph in maintenance_work_mem."""
+    return rows * (bytes_per_vector(dims, storage) + GRAPH_BYTES_PER_ROW)
+
+
+def _note(dims: int, storage: str) -> str | None:
+    if storage == "vector" and dims > models.MAX_VECTOR_INDEX_DIMS:
+        if dims <= models.MAX_HALFVEC_INDEX_DIMS:
+            return f"cannot be indexed as vector (over {models.MAX_VECTOR_INDEX_DIMS:,} dims): fits as halfvec"
+        return (f"cannot be indexed (over {models.MAX_VECTOR_INDEX_DIMS:,} dims as vector, "
+                f"{models.MAX_HALFVEC_INDEX_DIMS:,} as halfvec): ask the model for fewer dimensions")
+    if storage == "halfvec" and dims > models.MAX_HALFVEC_INDEX_DIMS:
+        return (f"cannot be indexed (over {models.MAX_HALFVEC_INDEX_DIMS:,} dims as halfvec): "
+                "ask the model for fewer dimensions")
+    return None
+
+
+def estimate_one(rows: int, dims: int, storage: str = "vector", model: str | None = None,
+                 note: str | None = None) -> dict:
+    if dims <= 0:
+        raise UsageError(f"dimensions must be positive, got {dims}")
+    table = table_bytes(rows, dims, storage)
+    index = index_bytes(rows, dims, storage)
+    notes = [n for n in (_note(dims, storage), note) if n]
+    return {
+        "model": model, "dims": dims, "storage": storage, "rows": rows,
+        "bytes_per_vector": bytes_per_vector(dims, storage),
+        "vectors_mib": _mib(rows * bytes_per_vector(dims, storage)),
+        "table_mib": _mib(table), "index_mib": _mib(index),
+        "total_mib": _mib(table + (index or 0)),
+        "build_mem_mib": _mib(build_memory(rows, dims, storage)) if index is not None else None,
+        "indexable": index is not None, "note": "; ".join(notes) or None,
+    }
+
+
+def model_dims(model: str, settings=None) -> int:
+    """A model's native size: memctl's table of common models, else Ollama's /api/show when settings are given."""
+    dims = known_dims(model)
+    if dims is not None:
+        return dims
+    if settings is not None:
+        from memctl.embedding import OllamaEmbedder
+        from memctl.errors import MemctlError
+
+        try:
+            return OllamaEmbedder(model, host=settings.get("embedding", "ollama_host"),
+                                  timeout=settings.get("embedding", "search_timeout")).dims()
+        except MemctlError:
+            pass
+    raise UsageError(f"unknown model {model!r} (not in memctl's list, not on the Ollama server): give --dims")
+
+
+def estimate(rows: int, *, dims: int | None = None, model: str | None = None, halfvec: bool = False,
+             settings=None) -> list[dict]:
+    """Sizes for `rows` vectors of one model (--dims, or a model name), or of common models when neither is given."""
+    if rows < 0:
+        raise UsageError(f"--rows must be >= 0, got {rows}")
+    storage = "halfvec" if halfvec else "vector"
+    if dims is None and model is not None:
+        dims = model_dims(model, settings)
+    if dims is not None:
+        return [estimate_one(rows, dims, storage, model)]
+    return [estimate_one(rows, d, storage, name, note) for name, d, note in COMMON_MODELS]
+
+
+# ---------------------------------------------------------------------- report
+
+SCHEMA = "SELECT coalesce((SELECT relnamespace FROM pg_class WHERE oid = to_regclass('memctl_migrations')), " \
+         "(SELECT oid FROM pg_namespace WHERE nspname = current_schema())) AS oid"
+TABLES = """
+SELECT c.oid, format('%%I.%%I', n.nspname, c.relname) AS relation, n.nspname AS schema, c.relname AS name,
+       nullif(c.reltoastrelid, 0) AS toast_oid, t.relname AS toast_name,
+       pg_relation_size(c.oid) AS heap_bytes,
+       coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0) AS toast_bytes,
+       pg_indexes_size(c.oid) AS index_bytes,
+       pg_total_relation_size(c.oid) AS total_bytes,
+       s.n_dead_tup AS dead_tuples
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
+LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
+WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p')
+ORDER BY c.relname
+"""
+TOAST = """
+SELECT format('%%I.%%I', n.nspname, t.relname) AS relation, n.nspname AS schema, t.relname AS name,
+       pg_relation_size(t.oid) AS heap_bytes, pg_indexes_size(t.oid) AS index_bytes,
+       pg_total_relation_size(t.oid) AS total_bytes, s.n_dead_tup AS dead_tuples
+FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
+LEFT JOIN pg_stat_all_tables s ON s.relid = t.oid
+WHERE t.oid = %s
+"""
+INDEXES = """
+SELECT i.indrelid AS table_oid, format('%%I.%%I', n.nspname, c.relname) AS relation, c.relname AS name,
+       pg_relation_size(c.oid) AS index_bytes, pg_total_relation_size(c.oid) AS total_bytes,
+       i.indisvalid AS valid, a.amname AS method
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_am a ON a.oid = c.relam
+WHERE i.indrelid = ANY(%s)
+ORDER BY c.relname
+"""
+COUNT = "SELECT count(*) AS n FROM {}"
+MAINTENANCE_WORK_MEM = "SELECT pg_size_bytes(current_setting('maintenance_work_mem')) AS bytes"
+MEASURED_VECTOR = "SELECT avg(pg_column_size(subvector(embedding, 1, {dims}))) AS bytes " \
+                  "FROM (SELECT embedding FROM {table} LIMIT 1000) s"
+GROWTH = """
+SELECT count(*) AS episodes,
+       count(*) FILTER (WHERE created_at >= now() - interval '7 days') AS last_7d,
+       count(*) FILTER (WHERE created_at >= now() - interval '30 days') AS last_30d
+FROM episodes
+"""
+BY_GROUP_EPISODES = """
+SELECT {column} AS name, count(*) AS episodes, coalesce(sum(pg_column_size(e.*)), 0) AS bytes
+FROM episodes e GROUP BY 1
+"""
+BY_GROUP_CHUNKS = """
+SELECT {column} AS name, count(*) AS chunks, coalesce(sum(pg_column_size(c.*)), 0) AS bytes
+FROM chunks c JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id GROUP BY 1
+"""
+BY_GROUP_VECTORS = """
+SELECT {column} AS name, coalesce(sum(pg_column_size(v.*)), 0) AS bytes
+FROM {table} v JOIN chunks c ON c.agent = v.agent AND c.id = v.chunk_id
+JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id GROUP BY 1
+"""
+PROJECTION_DAYS = (30, 90, 365)
+
+
+def _count(conn, schema: str, name: str) -> int:
+    from psycopg import sql
+
+    return conn.execute(sql.SQL(COUNT).format(sql.Identifier(schema, name)), prepare=False).fetchone()["n"]
+
+
+def _relations(conn) -> tuple[list[dict], dict[str, str]]:
+    """The report rows, and each relation's bare name (to find a model's table and index)."""
+    schema = conn.execute(SCHEMA).fetchone()["oid"]
+    vector_tables = {m.table_name for m in models.all_models(conn)}
+    tables = conn.execute(TABLES, (schema,)).fetchall()
+    toast = {t["toast_oid"]: conn.execute(TOAST, (t["toast_oid"],)).fetchone() for t in tables if t["toast_oid"]}
+    indexes = conn.execute(INDEXES, ([t["oid"] for t in tables] + list(toast),)).fetchall()
+    names = {r["relation"]: r["name"] for r in [*tables, *toast.values(), *indexes]}
+    rows: list[dict] = []
+    for t in tables:
+        kind = "vectors" if t["name"] in vector_tables else "table"
+        rows.append(_row(t["relation"], kind, None, _count(conn, t["schema"], t["name"]), t["heap_bytes"],
+                         t["toast_bytes"], t["index_bytes"], t["total_bytes"], t["dead_tuples"]))
+        rows.extend(_index_rows(indexes, t["oid"], t["relation"]))
+        if t["toast_oid"]:
+            x = toast[t["toast_oid"]]
+            rows.append(_row(x["relation"], "toast", t["relation"], _count(conn, x["schema"], x["name"]),
+                             x["heap_bytes"], 0, x["index_bytes"], x["total_bytes"], x["dead_tuples"]))
+            rows.extend(_index_rows(indexes, t["toast_oid"], x["relation"]))
+    return rows, names
+
+
+def relations(conn) -> list[dict]:
+    """One row per memctl table, its TOAST table, and every index of both (see the module docstring)."""
+    return _relations(conn)[0]
+
+
+def _row(relation, kind, parent, count, heap, toast, index, total, dead) -> dict:
+    return {"relation": relation, "kind": kind, "parent": parent, "rows": count, "heap_bytes": heap,
+            "toast_bytes": toast, "index_bytes": index, "map_bytes": total - heap - toast - index,
+            "total_bytes": total, "dead_tuples": dead}
+
+
+def _index_rows(indexes: list[dict], table_oid: int, parent: str) -> list[dict]:
+    return [{"relation": i["relation"], "kind": "index", "parent": parent, "rows": None, "heap_bytes": None,
+             "toast_bytes": None, "index_bytes": i["index_bytes"], "map_bytes": None,
+             "total_bytes": i["total_bytes"], "dead_tuples": None}
+            for i in indexes if i["table_oid"] == table_oid]
+
+
+def maintenance_work_mem(conn) -> int:
+    return conn.execute(MAINTENANCE_WORK_MEM).fetchone()["bytes"]
+
+
+def build_warning(model: models.Model, rows: int, limit: int) -> str | None:
+    """A warning when an HNSW build over `rows` rows would outgrow maintenance_work_mem."""
+    need = build_memory(rows, model.dims, model.storage)
+    if need <= limit:
+        return None
+    return (f"an HNSW index build for {model.label} over {rows:,} rows needs about {need / MIB:,.0f} MiB, more than "
+            f"maintenance_work_mem ({limit / MIB:,.0f} MiB): the build would slow sharply once the graph no longer "
+            f"fits; raise it for the build (ALTER SYSTEM SET maintenance_work_mem = '{_suggest(need)}')")
+
+
+def _suggest(need: int) -> str:
+    mib = 2 ** math.ceil(math.log2(max(need * 1.25, MIB) / MIB))
+    return f"{mib // 1024}GB" if mib >= 1024 else f"{mib}MB"
+
+
+def _model_rows(conn, rels: list[dict], names: dict[str, str], limit: int) -> tuple[list[dict], list[str]]:
+    from psycopg import sql
+
+    result, warnings = [], []
+    for model in models.all_models(conn):
+        rel = next((r for r in rels if r["kind"] == "vectors" and names[r["relation"]] == model.table_name), None)
+        if rel is None:
+            continue
+        count = rel["rows"]
+        measured = None
+        if count:
+            statement = sql.SQL(MEASURED_VECTOR).format(dims=sql.Literal(model.dims),
+                                                        table=sql.Identifier(model.table_name))
+            measured = conn.execute(statement, prepare=False).fetchone()["bytes"]
+        hnsw = next((r for r in rels if r["kind"] == "index" and r["parent"] == rel["relation"]
+                     and names[r["relation"]] == model.index_name), None)
+        warning = build_warning(model, count, limit)
+        if warning:
+            warnings.append(warning)
+        result.append({
+            "model": model.label, "state": model.state, "relation": rel["relation"], "rows": count,
+            "dims": model.dims, "storage": model.storage,
+            "bytes_per_vector": bytes_per_vector(model.dims, model.storage),
+            "measured_bytes_per_vector": round(float(measured), 1) if measured is not None else None,
+            "table_bytes_per_row": round((rel["total_bytes"] - rel["index_bytes"]) / count, 1) if count else None,
+            "index_bytes": hnsw["total_bytes"] if hnsw else None,
+            "total_bytes": rel["total_bytes"],
+            "build_mem_bytes": build_memory(count, model.dims, model.storage),
+            "maintenance_work_mem": limit,
+        })
+    return result, warnings
+
+
+def _groups(conn, column: str) -> list[dict]:
+    from psycopg import sql
+
+    col = sql.SQL("e.{}").format(sql.Identifier(column))
+    out: dict[str, dict] = {}
+    for row in conn.execute(sql.SQL(BY_GROUP_EPISODES).format(column=col)).fetchall():
+        out[row["name"]] = {column: row["name"], "episodes": row["episodes"], "chunks": 0, "bytes": row["bytes"]}
+    empty = {"episodes": 0, "chunks": 0, "bytes": 0}
+    for row in conn.execute(sql.SQL(BY_GROUP_CHUNKS).format(column=col)).fetchall():
+        group = out.setdefault(row["name"], {column: row["name"], **empty})
+        group["chunks"] = row["chunks"]
+        group["bytes"] += row["bytes"]
+    for model in models.all_models(conn):
+        statement = sql.SQL(BY_GROUP_VECTORS).format(column=col, table=sql.Identifier(model.table_name))
+        for row in conn.execute(statement, prepare=False).fetchall():
+            out.setdefault(row["name"], {column: row["name"], **empty})["bytes"] += row["bytes"]
+    return sorted(out.values(), key=lambda r: (-r["bytes"], r[column]))
+
+
+def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
+    """Rows per day over 7 and 30 days, and projected total size.
+
+    projected_bytes_<N>d = total_bytes + rows_per_day_30d * bytes_per_episode * N, where
+    total_bytes sums pg_total_relation_size of every memctl table and bytes_per_episode is
+    the total size (heap, TOAST, indexes) of episodes, chunks and the vector tables of the
+    models not retired, divided by the number of episodes.
+    """
+    counts = conn.execute(GROWTH).fetchone()
+    per_episode_tables = {"episodes", "chunks"} | {m.table_name for m in models.all_models(conn)
+                                                   if m.state != "retired"}
+    tables = [r for r in rels if r["kind"] in ("table", "vectors")]
+    total = sum(r["total_bytes"] for r in tables)
+    episode_bytes = sum(r["total_bytes"] for r in tables if names[r["relation"]] in per_episode_tables)
+    per_episode = episode_bytes / counts["episodes"] if counts["episodes"] else 0.0
+    rate_7, rate_30 = counts["last_7d"] / 7, counts["last_30d"] / 30
+    report = {"episodes": counts["episodes"], "last_7d": counts["last_7d"], "last_30d": counts["last_30d"],
+              "rows_per_day_7d": round(rate_7, 2), "rows_per_day_30d": round(rate_30, 2),
+              "bytes_per_episode": round(per_episode, 1), "total_bytes": total}
+    for days in PROJECTION_DAYS:
+        report[f"projected_bytes_{days}d"] = int(round(total + rate_30 * per_episode * days))
+    return report
+
+
+def report(conn) -> dict:
+    """The whole size report: relations, models, kinds, agents, growth, and warnings."""
+    rels, names = _relations(conn)
+    limit = maintenance_work_mem(conn)
+    model_rows, warnings = _model_rows(conn, rels, names, limit)
+    return {
+        "relations": rels,
+        "models": model_rows,
+        "kinds": _groups(conn, "kind"),
+        "agents": _groups(conn, "agent"),
+        "growth": growth(conn, rels, names),
+        "warnings": warnings,
+    }

@@ -1,0 +1,114 @@
+"""How long embedding takes: one chunk at a time and batched, projected onto the corpus.
+
+`measure` embeds a sample of real chunks (or lines of a file) with the given
+embedder: first one warm-up call (model load, not counted), then each chunk
+alone (latency: p50_ms, p95_ms), then the sample in batches of `batch_size`
+(throughput: per_s; a sample smaller than one batch is repeated to fill it).
+The projections divide the corpus by that throughput:
+
+    projected_s          chunks in the corpus / per_s
+    backlog_projected_s  chunks waiting for this model / per_s (every chunk when the
+                         model is not registered: a new model embeds them all)
+    tokens               prompt_eval_count per sampled chunk * chunks in the corpus
+    second_model_bytes   memctl.storage's estimate of a vector table and HNSW index
+                         holding every chunk at this model's dimensions
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from memctl import models, storage
+from memctl.errors import InvalidInput, UsageError
+
+SAMPLE = "SELECT content FROM chunks ORDER BY random() LIMIT %s"
+CHUNKS = "SELECT count(*) AS n FROM chunks"
+QUEUED = "SELECT count(*) AS n FROM embed_queue WHERE model_id = %s"
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    position = (len(ordered) - 1) * pct / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """Texts from a file: JSONL lines with "content" (or "text"/"query"), else one text per line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read {path}: {exc}") from None
+    texts = []
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                value = next((record[k] for k in ("content", "text", "query") if isinstance(record.get(k), str)), None)
+                if value and value.strip():
+                    texts.append(value)
+                continue
+        texts.append(line)
+    if not texts:
+        raise InvalidInput(f"{path} holds no texts")
+    return texts
+
+
+def sample_chunks(conn, n: int) -> list[str]:
+    return [row["content"] for row in conn.execute(SAMPLE, (n,)).fetchall()]
+
+
+def _backlog(conn, embedder, chunks: int) -> tuple[int, str]:
+    """Chunks this model still has to embed, and whose backlog it is."""
+    for model in models.all_models(conn):
+        if model.state in ("active", "backfill") and models.matches(model, embedder):
+            return conn.execute(QUEUED, (model.id,)).fetchone()["n"], model.state
+    return chunks, "new model"
+
+
+def measure(conn, embedder, *, sample: int = 20, batch_size: int = 32, texts: list[str] | None = None) -> dict:
+    if sample < 1 or batch_size < 1:
+        raise UsageError("--sample and --batch-size must be at least 1")
+    chunks = conn.execute(CHUNKS).fetchone()["n"]
+    texts = list(texts[:sample]) if texts is not None else sample_chunks(conn, sample)
+    if not texts:
+        raise UsageError("no chunks to time yet: store some episodes or give --file")
+    embedder.embed(texts[:1])  # warm-up: model load and connection, not counted
+    latencies, tokens = [], 0
+    for text in texts:
+        started = time.perf_counter()
+        result = embedder.embed([text])
+        latencies.append(time.perf_counter() - started)
+        tokens = None if tokens is None or result.prompt_eval_count is None else tokens + result.prompt_eval_count
+    batched = [texts[i % len(texts)] for i in range(max(len(texts), batch_size))]
+    started = time.perf_counter()
+    for i in range(0, len(batched), batch_size):
+        embedder.embed(batched[i:i + batch_size])
+    per_s = len(batched) / max(time.perf_counter() - started, 1e-9)
+    backlog, backlog_of = _backlog(conn, embedder, chunks)
+    dims = embedder.dims()
+    kind = "vector" if dims <= models.MAX_VECTOR_INDEX_DIMS else "halfvec"
+    return {
+        "embedder": embedder.name, "model": embedder.model, "dims": dims,
+        "sample": len(texts), "batch_size": batch_size,
+        "p50_ms": round(percentile(latencies, 50) * 1000, 2),
+        "p95_ms": round(percentile(latencies, 95) * 1000, 2),
+        "per_s": round(per_s, 1),
+        "chunks": chunks, "projected_s": round(chunks / per_s, 1),
+        "backlog": backlog, "backlog_of": backlog_of, "backlog_projected_s": round(backlog / per_s, 1),
+        "sample_tokens": tokens,
+        "tokens": round(tokens / len(texts) * chunks) if tokens is not None else None,
+        "second_model_bytes": storage.table_bytes(chunks, dims, kind) + (storage.index_bytes(chunks, dims, kind) or 0),
+    }
