@@ -181,18 +181,18 @@ def list_episodes(conn, *, agent: str | None = None, kind: str | None = None, so
 
 
 def filters(*, agent=None, kind=None, source=None, since=None, alias: str = "e"):
-    """SQL conditions on the episodes table for the common filters, with their parameters."""
+    """SQL conditions on the episodes table for the common filters, with named parameters."""
     from psycopg import sql
 
-    clauses, params = [], []
+    clauses, params = [], {}
     table = sql.Identifier(alias)
     for column, value in (("agent", agent), ("kind", kind), ("source", source)):
         if value is not None:
-            clauses.append(sql.SQL("{}.{} = %s").format(table, sql.Identifier(column)))
-            params.append(value)
+            clauses.append(sql.SQL("{}.{} = {}").format(table, sql.Identifier(column), sql.Placeholder(column)))
+            params[column] = value
     if since is not None:
-        clauses.append(sql.SQL("{}.created_at >= %s").format(table))
-        params.append(parse_since(since))
+        clauses.append(sql.SQL("{}.created_at >= {}").format(table, sql.Placeholder("since")))
+        params["since"] = parse_since(since)
     return clauses, params
 
 

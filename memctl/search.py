@@ -114,20 +114,18 @@ def _filters(query: Query):
 
 
 def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_search: int) -> list[dict]:
+    """The nearest chunks by the active model's HNSW index, iterative scan on, filters applied."""
     from psycopg import sql
 
-    clauses, params = [], {}
-    needs_join = any(v is not None for v in (query.kind, query.source, query.since))
-    conditions = []
-    if query.agent is not None:
-        conditions.append(sql.SQL("v.agent = %(agent)s"))
+    conditions, params = [], {}
+    if query.agent is not None:  # on the vector table itself: the index scan filters as it goes
+        conditions.append(sql.SQL("v.agent = {}").format(sql.Placeholder("agent")))
         params["agent"] = query.agent
+    needs_join = any(v is not None for v in (query.kind, query.source, query.since))
     if needs_join:
         extra, values = episodes.filters(kind=query.kind, source=query.source, since=query.since)
-        for i, (clause, value) in enumerate(zip(extra, values)):
-            conditions.append(sql.SQL(clause.as_string(conn).replace("%s", f"%(f{i})s")))
-            params[f"f{i}"] = value
-    del clauses
+        conditions += extra
+        params.update(values)
     statement = sql.SQL(VECTOR_HALF).format(
         type=sql.SQL(model.storage), table=sql.Identifier(model.table_name),
         join=sql.SQL(JOIN_EPISODES) if needs_join else sql.SQL(""),
@@ -142,17 +140,13 @@ def _literal(vector) -> str:
 
 
 def text_half(conn, query: Query, n: int) -> list[dict]:
+    """Episodes matching any word of the query, best ts_rank_cd first."""
     from psycopg import sql
 
-    clauses, values = _filters(query)
-    params = {"text": query.text, "n": n}
-    rendered = []
-    for i, (clause, value) in enumerate(zip(clauses, values)):
-        rendered.append(sql.SQL(clause.as_string(conn).replace("%s", f"%(f{i})s")))
-        params[f"f{i}"] = value
-    filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in rendered)
+    clauses, params = _filters(query)
+    filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
     statement = sql.SQL(TEXT_HALF).format(filters=filters)
-    return conn.execute(statement, params, prepare=False).fetchall()
+    return conn.execute(statement, {**params, "text": query.text, "n": n}, prepare=False).fetchall()
 
 
 def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
