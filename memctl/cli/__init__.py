@@ -55,6 +55,7 @@ _app = typer.Typer(
     pretty_exceptions_show_locals=False,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="markdown",  # paragraphs reflow; [section] names are not taken for markup
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
