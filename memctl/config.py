@@ -212,6 +212,20 @@ def _validate(raw: dict[str, Any], path: Path) -> tuple[dict[str, dict[str, Any]
     return values, problems
 
 
+def read_section(path: Path, name: str) -> dict[str, Any] | None:
+    """One table of another TOML file (e.g. a retention policy), validated like the configuration.
+
+    None when the file has no such table; all problems reported at once.
+    """
+    table = _read_file(path).get(name)
+    if not isinstance(table, dict):
+        return None
+    values, problems = _validate({name: table}, path)
+    if problems:
+        raise ConfigError(f"{len(problems)} problem(s) in {path}:\n  " + "\n  ".join(problems))
+    return values.get(name, {})
+
+
 def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> Settings:
     """Effective settings: defaults, overlaid by the file, overlaid by the environment."""
     path = path or config_path()

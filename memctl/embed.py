@@ -165,6 +165,8 @@ def _as_vector(vector, model: models.Model):
     import numpy as np
     from pgvector import HalfVector, Vector
 
+    if hasattr(vector, "to_numpy"):  # copied from the table: already a pgvector Vector/HalfVector
+        vector = vector.to_numpy()
     values = np.asarray(vector, dtype=np.float32)
     if values.shape != (model.dims,):
         raise MemctlError(f"dimension mismatch: the embedder returned {values.shape[0]} dims, "

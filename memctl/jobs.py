@@ -22,6 +22,12 @@ LAST = """
 SELECT job, started_at, finished_at, outcome, rows, error FROM jobs
 WHERE job = %s AND (%s::text IS NULL OR outcome = %s) ORDER BY started_at DESC, id DESC LIMIT 1
 """
+LAST_COMPLETED = """
+SELECT job, started_at, finished_at, outcome, rows, error,
+       extract(epoch FROM now() - finished_at)::float8 AS age_s
+FROM jobs WHERE job = %s AND outcome = ANY(%s) ORDER BY finished_at DESC, id DESC LIMIT 1
+"""
+COMPLETED = ("ok", "partial")
 
 
 @dataclass
@@ -65,3 +71,8 @@ def list_jobs(conn, *, job: str | None = None, limit: int = 20) -> list[dict]:
 
 def last(conn, name: str, *, outcome: str | None = None) -> dict | None:
     return conn.execute(LAST, (name, outcome, outcome)).fetchone()
+
+
+def last_completed(conn, name: str, outcomes: tuple[str, ...] = COMPLETED) -> dict | None:
+    """The last run that finished its work (ok, or partial: it ran but left something), with age_s."""
+    return conn.execute(LAST_COMPLETED, (name, list(outcomes))).fetchone()

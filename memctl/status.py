@@ -1,10 +1,11 @@
-"""What state memory is in: counts, the embedding backlog, the last runs."""
+"""What state memory is in: counts, the embedding backlog, the last runs, and what needs attention."""
 
 from __future__ import annotations
 
 import datetime
 
 from memctl import jobs, models
+from memctl.config import SCHEMA, parse_duration
 
 COUNTS = """
 SELECT (SELECT count(*) FROM episodes) AS episodes,
@@ -16,9 +17,11 @@ FROM embed_queue WHERE model_id = %s
 """
 FAILED = "SELECT count(*) AS failed FROM embed_failures WHERE model_id = %s"
 UNREGISTERED = "SELECT count(*) AS pending FROM chunks"
+LATE_FACTOR = 2  # a scheduled job is late when its last success is older than twice its interval
 
 
-def collect(conn) -> dict:
+def collect(conn, settings=None) -> dict:
+    """Counts, backlog and last runs, plus `warnings`: a list of what an operator should look at."""
     report = dict(conn.execute(COUNTS).fetchone())
     model = models.active(conn)
     backfill = models.by_state(conn, "backfill")
@@ -32,5 +35,66 @@ def collect(conn) -> dict:
                       active_model=model.label, oldest_pending_age_s=round(float(age), 1) if age is not None else None)
     report["backfill_model"] = backfill.label if backfill else None
     report["last_embed"] = jobs.last(conn, "embed")
+    report["last_prune"] = jobs.last(conn, "prune")
     report["checked_at"] = datetime.datetime.now(datetime.timezone.utc)
+    report["warnings"] = warnings(conn, settings, report)
     return report
+
+
+def _schedule(settings, job: str) -> str:
+    value = settings.get("schedule", job) if settings is not None else None
+    return value or SCHEMA["schedule"][job][1]
+
+
+def _retention(settings) -> dict:
+    policy = settings.section("retention") if settings is not None else {}
+    policy.pop("keep_importance", None)
+    return policy
+
+
+def human(seconds: float) -> str:
+    """A duration as an operator reads it: 45s, 12m, 3.5h, 2.0d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _late(conn, job: str, schedule: str, *, never: str | None) -> str | None:
+    """A warning if the job's last completed run is older than LATE_FACTOR times its schedule."""
+    limit = LATE_FACTOR * parse_duration(schedule)
+    last = jobs.last_completed(conn, job)
+    if last is None:
+        attempt = jobs.last(conn, job)
+        if attempt is not None and attempt["outcome"] != "running":
+            return (f"{job} has never completed a run: the last one ended {attempt['outcome']}"
+                    + (f" ({attempt['error']})" if attempt["error"] else "") + f" (memctl jobs --job {job})")
+        return never
+    if last["age_s"] > limit:
+        return (f"the last successful {job} finished {human(last['age_s'])} ago, more than twice its schedule "
+                f"({schedule}, [schedule] {job}): is memctl-{job}.timer running? (memctl jobs --job {job})")
+    return None
+
+
+def warnings(conn, settings, report: dict) -> list[str]:
+    found = []
+    embed_every = _schedule(settings, "embed")
+    never_embedded = None
+    if report["pending"]:
+        never_embedded = (f"embed has never run and {report['pending']} chunk(s) wait for vectors: run memctl embed "
+                          "or enable memctl-embed.timer")
+    found.append(_late(conn, "embed", embed_every, never=never_embedded))
+    age = report["oldest_pending_age_s"]
+    if age is not None and age > LATE_FACTOR * parse_duration(embed_every):
+        found.append(f"the oldest chunk waiting for a vector was queued {human(age)} ago, more than twice the "
+                     f"embed schedule ({embed_every}): the worker is not keeping up or not running")
+    if report["failed"]:
+        found.append(f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
+                     "(memctl embed --retry-failed puts them back in the queue)")
+    policy = _retention(settings)
+    if policy:
+        never = ("prune has never run although a retention policy is set ([retention] "
+                 + ", ".join(f"{k} = {v}" for k, v in sorted(policy.items())) + "): memctl prune --yes "
+                 "or enable memctl-prune.timer")
+        found.append(_late(conn, "prune", _schedule(settings, "prune"), never=never))
+    return [w for w in found if w]

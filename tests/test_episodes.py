@@ -95,6 +95,18 @@ def test_identical_text_is_embedded_once(cli, conn):
     assert run["embedded"] == 2 and run["copied"] == 2
 
 
+def test_text_embedded_in_an_earlier_run_is_copied_not_embedded_again(cli, conn):
+    cli("episode", "add", "the same text twice")
+    assert cli("embed").exit_code == 0
+    cli("episode", "add", "the same text twice")
+    again = cli("embed", "-f", "json")
+    assert again.exit_code == 0, again.stderr
+    assert again.json()[0]["copied"] == 1 and again.json()[0]["embedded"] == 0
+    table = conn.execute("SELECT table_name FROM embedding_models").fetchone()["table_name"]
+    vectors = conn.execute(f'SELECT DISTINCT embedding::text AS v FROM "{table}"').fetchall()  # registry name
+    assert len(vectors) == 1
+
+
 def test_list_filters_and_delete(cli):
     a = cli("episode", "add", "alpha", "--agent", "a1", "--kind", "raw").stdout.strip()
     cli("episode", "add", "beta", "--agent", "a2", "--kind", "raw", "--source", "web")

@@ -107,13 +107,7 @@ def load(modules=None) -> typer.Typer:
         if name in _loaded:
             continue
         _loaded.add(name)
-        try:
-            module = importlib.import_module(f"memctl.cli.{name}")
-        except ModuleNotFoundError as exc:  # TODO(integration): strict once every module has landed
-            if exc.name != f"memctl.cli.{name}":
-                raise
-            continue
-        module.register(_app)
+        importlib.import_module(f"memctl.cli.{name}").register(_app)
     return _app
 
 

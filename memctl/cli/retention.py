@@ -27,10 +27,10 @@ BYTES_NOTE = ("bytes = logical size of the episode, chunk and vector rows (every
               "index entries are not counted")
 PLAN_COLUMNS = ["kind", "policy", "rows", "oldest", "newest", "chunks", "vectors", "bytes", "kept_by_importance",
                 "cutoff"]
-PRUNED_COLUMNS = ["kind", "policy", "rows", "chunks", "vectors", "bytes", "oldest", "newest", "remaining", "cutoff"]
-PURGE_COLUMNS = ["kind", "rows", "chunks", "vectors", "bytes", "oldest", "newest"]
+PRUNED_COLUMNS = ["kind", "policy", "rows", "chunks", "vectors", "oldest", "newest", "remaining", "cutoff"]
+PURGE_PLAN_COLUMNS = ["kind", "rows", "chunks", "vectors", "bytes", "oldest", "newest"]
+PURGED_COLUMNS = ["kind", "rows", "chunks", "vectors", "oldest", "newest", "remaining"]
 FACT_COLUMNS = ["namespace", "key", "value", "updated_at", "deleted"]
-TYPED_COLUMNS = ["type", *PURGE_COLUMNS, *FACT_COLUMNS]
 TABLE_COLUMNS = ["table", "bytes_before", "bytes_after", "dead_tuples_before", "dead_tuples_after"]
 JOB_COLUMNS = ["id", "job", "started_at", "finished_at", "outcome", "rows", "error"]
 
@@ -56,14 +56,14 @@ def _section(rows: list[dict], fmt: Format, columns: list[str]) -> None:
 def prune(
     yes: Yes = False,
     policy_file: Annotated[Optional[str], typer.Option(
-        "--policy", metavar="FILE", help="Read the [retention] table of this TOML file instead of the configuration's.")
-    ] = None,
+        "--policy", metavar="FILE",
+        help="Read the \\[retention] table of this TOML file instead of the configuration's.")] = None,
     batch_size: BatchSize = retention.DEFAULT_BATCH,
     vacuum: Annotated[bool, typer.Option(
         "--vacuum", help="After deleting, VACUUM (ANALYZE) the tables touched (slow on a large HNSW index).")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Delete episodes past their kind's maximum age ([retention], e.g. raw = "30d"; units s m h d w y).
+    """Delete episodes past their kind's maximum age (\\[retention], e.g. raw = "30d"; units s m h d w y).
 
     Kinds the policy does not name are kept; keep_importance = N keeps episodes of importance >= N whatever their
     age. Without --yes, a dry run: per kind the rows it would delete, their oldest and newest created_at and the
@@ -100,7 +100,7 @@ def prune(
 
 def _summary(verb: str, report: retention.Report) -> None:
     warn(f"{verb} {report.rows} episode(s), {report.chunks} chunk(s), {report.vectors} vector(s) "
-         f"({_mib(report.bytes)} of row data) in {report.batches} batch(es); longest transaction "
+         f"in {report.batches} batch(es); longest transaction "
          f"{report.max_transaction_s:.3f} s; {report.remaining} still matching")
     if report.rows:
         warn(("vacuumed. " if report.vacuumed else "") + SPACE_NOTE)
@@ -109,7 +109,8 @@ def _summary(verb: str, report: retention.Report) -> None:
 def purge(
     source: Annotated[str, typer.Option("--source", "-s", help="The source whose writes to remove.")],
     since: Annotated[Optional[str], typer.Option(
-        "--since", help="Only what it wrote since: a duration back from now (7d, 12h) or an ISO date/time.")] = None,
+        "--since", help="Only what it wrote since: a duration back from now (7d, 12h) or an ISO date/time "
+        "(facts: those it set since).")] = None,
     yes: Yes = False,
     delete_facts: Annotated[bool, typer.Option(
         "--facts", help="Also delete the facts this source last set (history keeps their values: "
@@ -126,8 +127,8 @@ def purge(
     conn = connect()
     if not yes:
         found = retention.purge_plan(conn, source, since)
-        _purge_output(fmt, found.kinds, found.facts, {"source": source, "since": found.since,
-                                                       "blocked": found.blocked, "dry_run": True})
+        _purge_output(fmt, found.kinds, found.facts, PURGE_PLAN_COLUMNS,
+                      {"source": source, "since": found.since, "blocked": found.blocked, "dry_run": True})
         _facts_note(source, found.facts, planned=True, delete_facts=delete_facts)
         warn(f"dry run, nothing deleted: {found.rows} episode(s) from {source!r} ({BYTES_NOTE}); "
              "run with --yes to delete")
@@ -136,26 +137,29 @@ def purge(
         return
     report = retention.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size)
     summary = {k: v for k, v in report.to_dict().items() if k not in ("kinds", "facts", "tables")}
-    _purge_output(fmt, report.kinds, report.facts, {"source": source, "dry_run": False, **summary},
+    _purge_output(fmt, report.kinds, report.facts, PURGED_COLUMNS, {"source": source, "dry_run": False, **summary},
                   tables=report.tables)
     _facts_note(source, report.facts, planned=False, delete_facts=delete_facts)
     _summary("purged", report)
+    if source not in sources.blocked_set(conn):
+        warn(f"{source!r} is not blocked and may write again: memctl source block {source!r} --reason ...")
     if report.outcome != "ok":
         warn(report.error)
         raise typer.Exit(EXIT_ERROR)
 
 
-def _purge_output(fmt: Format, kinds: list[dict], facts: list[dict], header: dict, tables=None) -> None:
+def _purge_output(fmt: Format, kinds: list[dict], facts: list[dict], columns: list[str], header: dict,
+                  tables=None) -> None:
     """Two sections, episodes per kind and facts: two tables; one json object; typed jsonl/csv rows."""
     if fmt is Format.table:
-        render(kinds, fmt, columns=PURGE_COLUMNS)
+        render(kinds, fmt, columns=columns)
         _section(facts, fmt, FACT_COLUMNS)
         _section(tables or [], fmt, TABLE_COLUMNS)
     elif fmt is Format.json:
         render_one({**header, "episodes": kinds, "facts": facts, **({"tables": tables} if tables else {})}, fmt)
     else:
         typed = [{"type": "episodes", **k} for k in kinds] + [{"type": "fact", **f} for f in facts]
-        render(typed, fmt, columns=TYPED_COLUMNS)
+        render(typed, fmt, columns=["type", *columns, *FACT_COLUMNS])
 
 
 def _facts_note(source: str, facts: list[dict], *, planned: bool, delete_facts: bool) -> None:

@@ -24,7 +24,7 @@ def status(
     """Episodes, chunks, the embedding backlog (pending, failed, oldest age), the active model, the last runs.
 
     Warns (on stderr, and as `warnings` in the report) when the last successful embed or prune is older than
-    twice its [schedule], when the oldest pending chunk is older than that, and when chunks failed to embed.
+    twice its \\[schedule], when the oldest pending chunk is older than that, and when chunks failed to embed.
     """
     report = status_mod.collect(connect(), settings())
     render_one(report, fmt)
