@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from memctl.errors import MemctlError, ModelMismatch, UsageError
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from memctl import episodes, models
 from memctl.config import Settings, parse_duration
-from memctl.errors import EmbedderUnavailable, ModelMismatch, UnknownModel, UsageError
+from memctl.errors import EmbedderUnavailable, UnknownModel, UsageError
 
 MODES = ("hybrid", "vector", "text")
 TS_CONFIG = "english"

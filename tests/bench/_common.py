@@ -64,6 +64,30 @@ def fresh_database(admin_url: str):
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
+         "consumer scaled certificate renewal backup restore latency index customer refund release").split()
+
+
+def local_or_hash(choice: str | None) -> str:
+    """The embedder a bench targets: as asked, else the local MiniLM when installed, else hash."""
+    if choice is not None:
+        return choice
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        return "hash"
+    return "local"
+
+
+def wall(cmd: list[str], env: dict) -> float:
+    """Wall time of one command run as a fresh process, its output discarded."""
+    import subprocess
+
+    start = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
 def timed(fn, *args, **kwargs) -> tuple[float, object]:
     start = time.perf_counter()
     result = fn(*args, **kwargs)

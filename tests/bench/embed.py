@@ -19,10 +19,8 @@ import json
 import os
 import random
 
-from _common import fresh_database, parser, server, timed
+from _common import WORDS, fresh_database, local_or_hash, parser, server, timed
 
-WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
-         "consumer scaled certificate renewal backup restore latency index customer refund release").split()
 
 
 def main() -> None:
@@ -31,14 +29,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--embedder", choices=["local", "hash"], default=None)
     args = p.parse_args()
-    name = args.embedder
-    if name is None:
-        try:
-            import sentence_transformers  # noqa: F401
-
-            name = "local"
-        except ImportError:
-            name = "hash"
+    name = local_or_hash(args.embedder)
     os.environ["MEMCTL_EMBEDDER"] = name
     os.environ["MEMCTL_EMBED_MODEL"] = "all-minilm" if name == "local" else "hash-embed"
     os.environ["MEMCTL_CONFIG"] = "/nonexistent/memctl.toml"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import fresh_database, median, parser, server
+from _common import fresh_database, median, parser, server, wall
 
 SERVICES = "nginx postgres redis kafka api gateway billing auth search worker scheduler cdn dns vpn".split()
 EVENTS = ("deploy failed", "restarted", "ran out of disk", "lagged behind", "hit the rate limit", "leaked memory",
@@ -83,10 +83,6 @@ def load(conn, settings, n: int, real: int) -> None:
     print(f"loaded {n} episodes ({real} embedded by all-minilm), 300 facts in {time.perf_counter() - started:.0f} s")
 
 
-def wall(cmd: list[str], env: dict) -> float:
-    start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
 
 
 def main() -> None:

@@ -23,10 +23,8 @@ import json
 import os
 import random
 
-from _common import fresh_database, parser, server, timed
+from _common import WORDS, fresh_database, local_or_hash, parser, server, timed
 
-WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
-         "consumer scaled certificate renewal backup restore latency index customer refund release").split()
 
 
 def main() -> None:
@@ -36,14 +34,7 @@ def main() -> None:
     p.add_argument("--slices", type=int, default=8)
     p.add_argument("--embedder", choices=["local", "hash"], default=None)
     args = p.parse_args()
-    name = args.embedder
-    if name is None:
-        try:
-            import sentence_transformers  # noqa: F401
-
-            name = "local"
-        except ImportError:
-            name = "hash"
+    name = local_or_hash(args.embedder)
     os.environ["MEMCTL_EMBEDDER"] = "hash"  # the active model; the target is `name`
     os.environ["MEMCTL_EMBED_MODEL"] = "hash-embed"
     os.environ["MEMCTL_CONFIG"] = "/nonexistent/memctl.toml"

@@ -16,7 +16,6 @@ query vector is given, so no embedder is involved) and an HNSW index. Then:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random

@@ -12,16 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from _common import fresh_database, median, parser, server
+from _common import fresh_database, median, parser, server, wall
 
 
-def wall(cmd: list[str], env: dict) -> float:
-    start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
 
 
 def main() -> None:
