@@ -22,7 +22,7 @@ CLAIM = """
 SELECT q.agent, q.chunk_id, c.content, c.content_hash
 FROM embed_queue q JOIN chunks c ON c.agent = q.agent AND c.id = q.chunk_id
 WHERE q.model_id = %s
-ORDER BY q.chunk_id
+ORDER BY q.agent, q.chunk_id  -- primary key order: no sort, however long the backlog
 LIMIT %s
 FOR UPDATE OF q SKIP LOCKED
 """
@@ -70,6 +70,7 @@ class RunResult:
         from dataclasses import asdict
 
         data = asdict(self)
+        data["elapsed_s"] = round(self.elapsed_s, 3)
         data["chunks_per_s"] = round(self.chunks / self.elapsed_s, 1) if self.elapsed_s else None
         return data
 
