@@ -28,6 +28,8 @@ ORDER BY e.id
 LIMIT %s
 """
 
+EPISODE = "SELECT id, agent, kind, source, created_at FROM episodes WHERE id = %s"
+
 
 @dataclass
 class StaleMention:
@@ -71,9 +73,7 @@ def find(conn, settings: Settings, key: str, *, namespace: str = facts.DEFAULT_N
             for row in search.vector_half(conn, model, vector, query, 10, settings.get("search", "ef_search")):
                 if row["distance"] > max_distance or (row["episode_id"], value) in found:
                     continue
-                episode = conn.execute(
-                    "SELECT id, agent, kind, source, created_at FROM episodes WHERE id = %s",
-                    (row["episode_id"],)).fetchone()
+                episode = conn.execute(EPISODE, (row["episode_id"],)).fetchone()
                 if episode:
                     found[(row["episode_id"], value)] = StaleMention(
                         old_value=value, found_by="meaning", distance=round(float(row["distance"]), 4),
