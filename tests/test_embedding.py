@@ -25,7 +25,7 @@ from memctl.embedding import (
     public_host,
 )
 from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError, UnknownModel, UsageError
-from tests.ollama_server import LEGACY_SCALE, OllamaTestServer
+from tests.ollama_server import LEGACY_SCALE
 
 HAVE_SENTENCE_TRANSFORMERS = importlib.util.find_spec("sentence_transformers") is not None
 needs_local = pytest.mark.skipif(not HAVE_SENTENCE_TRANSFORMERS, reason="sentence-transformers not installed (memctl[local])")
@@ -33,26 +33,10 @@ needs_local = pytest.mark.skipif(not HAVE_SENTENCE_TRANSFORMERS, reason="sentenc
 NOMIC = "nomic-embed-text"
 
 
-@pytest.fixture(scope="module")
-def server():
-    with OllamaTestServer() as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def healthy(request):
-    """Every test starts with no fault, the server up, and a fresh request log."""
-    if "server" not in request.fixturenames:
-        yield None
-        return
-    running = request.getfixturevalue("server")
-    running.clear()
-    running.up()
-    running.requests.clear()
-    yield running
-    running.clear()
-    running.up()
-    assert running.errors == [], "the test server itself failed"
+@pytest.fixture
+def server(ollama):
+    """The session's Ollama-protocol test server (tests/conftest.py), healthy, with an empty request log."""
+    return ollama
 
 
 def norm(vector):

@@ -88,6 +88,17 @@ def wall(cmd: list[str], env: dict) -> float:
     return time.perf_counter() - start
 
 
+def alternate(ours: list[str], base: list[str], env: dict, runs: int, warm: int = 2) -> tuple[list, list]:
+    """Wall times of two commands run alternately as fresh processes, after `warm` unmeasured rounds."""
+    for _ in range(warm):  # the page cache, the server's caches
+        wall(base, env), wall(ours, env)
+    mine, theirs = [], []
+    for _ in range(runs):
+        theirs.append(wall(base, env))
+        mine.append(wall(ours, env))
+    return mine, theirs
+
+
 def timed(fn, *args, **kwargs) -> tuple[float, object]:
     start = time.perf_counter()
     result = fn(*args, **kwargs)

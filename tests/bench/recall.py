@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import fresh_database, median, parser, server, wall
+from _common import alternate, fresh_database, median, parser, server
 
 SERVICES = "nginx postgres redis kafka api gateway billing auth search worker scheduler cdn dns vpn".split()
 EVENTS = ("deploy failed", "restarted", "ran out of disk", "lagged behind", "hit the rate limit", "leaked memory",
@@ -107,12 +107,7 @@ def main() -> None:
         kinds = [item["kind"] for item in shown["items"]]
         print(f"recall: {len(kinds)} items ({', '.join(f'{kinds.count(k)} {k}' for k in dict.fromkeys(kinds))}), "
               f"{shown['tokens']} tokens, counter: {shown['token_counter']}, mode {shown['mode']}")
-        for _ in range(2):  # warm the page cache and the server
-            wall(recall_cmd, env), wall(search_cmd, env)
-        ours, base = [], []
-        for _ in range(args.runs):
-            base.append(wall(search_cmd, env))
-            ours.append(wall(recall_cmd, env))
+        ours, base = alternate(recall_cmd, search_cmd, env, args.runs)
     print(f"memctl episode search: median {median(base) * 1000:.0f} ms")
     print(f"memctl recall:         median {median(ours) * 1000:.0f} ms")
     print(f"ratio (goal <= 1.3): {median(ours) / median(base):.2f}")

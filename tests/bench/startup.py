@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _common import fresh_database, median, parser, server, wall
+from _common import alternate, fresh_database, median, parser, server
 
 
 
@@ -29,12 +29,7 @@ def main() -> None:
         subprocess.run([exe, "fact", "set", "db.port", "5432"], env=env, check=True, stdout=subprocess.DEVNULL)
         bare = [sys.executable, "-c", f"import psycopg; psycopg.connect({url!r}).execute('select 1')"]
         ours = [exe, "fact", "get", "db.port"]
-        for _ in range(3):  # warm the page cache and the server
-            wall(bare, env), wall(ours, env)
-        base, memctl = [], []
-        for _ in range(args.runs):
-            base.append(wall(bare, env))
-            memctl.append(wall(ours, env))
+        memctl, base = alternate(ours, bare, env, args.runs, warm=3)
     print(f"bare psycopg connect+select: median {median(base) * 1000:.1f} ms")
     print(f"memctl fact get:             median {median(memctl) * 1000:.1f} ms")
     print(f"ratio (goal <= 1.5): {median(memctl) / median(base):.2f}")
