@@ -173,13 +173,14 @@ def bin_dir() -> Path:
 
 def _ensure_database(info: ServerInfo) -> None:
     import psycopg
+    from psycopg import sql
 
     admin = f"postgresql://postgres@/postgres?host={info.socket_dir}&port={info.port}"
     with psycopg.connect(admin, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
         if not exists:
             try:
-                conn.execute(f'CREATE DATABASE "{DATABASE}"')  # constant identifier
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
             except psycopg.errors.DuplicateDatabase:
                 pass
 

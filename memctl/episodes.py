@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 
 from memctl import chunking
 from memctl.config import Settings, parse_duration
-from memctl.errors import InvalidInput, NotFound
+from memctl.errors import InvalidInput, NotFound, UsageError
 
 DEFAULT_AGENT = "default"
 DEFAULT_KIND = "observation"
@@ -66,7 +66,11 @@ def parse_since(value: str) -> datetime.datetime:
     try:
         seconds = parse_duration(value)
     except ValueError:
-        return parse_time(value)
+        try:
+            return parse_time(value)
+        except InvalidInput:
+            raise UsageError(f"--since {value!r}: give a duration back from now (30m, 12h, 7d) "
+                             "or an ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
     return datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=seconds)
 
 

@@ -115,6 +115,8 @@ def test_list_filters_and_delete(cli):
     assert [r["content"] for r in cli("episode", "list", "--source", "web", "-f", "json").json()] == ["beta"]
     assert len(cli("episode", "list", "--since", "7d", "-f", "json").json()) == 2
     assert len(cli("episode", "list", "--limit", "1", "-f", "json").json()) == 1
+    bad_since = cli("episode", "list", "--since", "last week")
+    assert bad_since.exit_code == 2 and "duration" in bad_since.stderr and "ISO 8601" in bad_since.stderr
     deleted = cli("episode", "delete", a, "999999")
     assert deleted.exit_code == 0 and "999999" in deleted.stderr
     assert cli("episode", "show", a).exit_code == 4
