@@ -132,7 +132,6 @@ FREE_SECTIONS: dict[str, Callable[[Any], Any]] = {
     "retention": _duration,
 }
 DEFAULT_IMPORTANCE = {"conversation": 8, "observation": 4, "stay": 0}
-SECRET_KEYS = {"database_url"}
 
 ENV_OVERRIDES = {
     ("", "database_url"): "MEMCTL_DATABASE_URL",
@@ -258,13 +257,32 @@ def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> 
     return settings
 
 
-def mask_url(url: str | None) -> str | None:
-    """Hide the password of a libpq URL or key=value string."""
-    if not url:
-        return url
-    url = re.sub(r"(://[^:/@?]*:)([^@/]*)@", r"\1****@", url)
-    url = re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1****", url, flags=re.IGNORECASE)
-    return url
+MASK = "****"
+# user:password@ in any scheme://. The password runs to the last @ of the token, so an
+# unencoded @ or / in it is masked too (masking too much beats leaking).
+_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@?#]*:)[^\s]*@")
+# A secret in a URL's query string: ?password=...&..., up to the next & or # or space.
+_QUERY_SECRET = re.compile(
+    r"([?&](?:ssl)?(?:password|passwd|pwd)=|[?&](?:token|api[_-]?key|access[_-]?token|secret)=)[^&#\s]*",
+    re.IGNORECASE)
+# A libpq key=value string: password=secret or password='it''s quoted'.
+_KEYWORD_SECRET = re.compile(r"(?<![\w?&.-])((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'][^\s]*)",
+                             re.IGNORECASE)
+
+
+def mask_secrets(text: str | None) -> str | None:
+    """Hide the passwords in any text: URL userinfo, secrets in query strings, libpq password=... pairs.
+
+    For settings, error messages and run output alike; a text without them is returned unchanged.
+    """
+    if not text:
+        return text
+    text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+    text = _QUERY_SECRET.sub(rf"\1{MASK}", text)
+    return _KEYWORD_SECRET.sub(rf"\1{MASK}", text)
+
+
+mask_url = mask_secrets  # the older name, used for connection strings and database errors
 
 
 def shown_settings(settings: Settings) -> list[dict[str, Any]]:
@@ -272,8 +290,8 @@ def shown_settings(settings: Settings) -> list[dict[str, Any]]:
     rows = []
     for section in sorted(settings.values):
         for key, value in sorted(settings.values[section].items()):
-            if key in SECRET_KEYS:
-                value = mask_url(value)
+            if isinstance(value, str):  # every URL or DSN-valued setting, whatever its name
+                value = mask_secrets(value)
             name = f"{section}.{key}" if section else key
             origin = settings.origins.get((section, key), "file")
             rows.append({"setting": name, "value": value, "origin": origin})

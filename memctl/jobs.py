@@ -58,9 +58,27 @@ def record(conn, name: str) -> Iterator[Job]:
     _finish(conn, job)
 
 
+def _masked(value: Any) -> Any:
+    """The detail with every string masked (URL and DSN passwords), structure kept."""
+    from memctl.config import mask_secrets
+
+    if isinstance(value, str):
+        return mask_secrets(value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_masked(v) for v in value]
+    return value
+
+
 def _finish(conn, job: Job) -> None:
+    """Store the outcome; the error and detail masked first: an exception's text may carry a DSN."""
+    from memctl.config import mask_secrets
+
+    job.error = mask_secrets(job.error)
+    detail = json.dumps(_masked(job.detail), default=lambda v: mask_secrets(str(v)))
     try:
-        conn.execute(FINISH, (job.outcome, job.rows, job.error, json.dumps(job.detail, default=str), job.id))
+        conn.execute(FINISH, (job.outcome, job.rows, job.error, detail, job.id))
     except Exception:
         pass  # the database itself went away; the row stays 'running'
 

@@ -21,6 +21,7 @@ from memctl.errors import ConfigError, InvalidInput, MemctlError, NotFound, Unav
 from memctl.runbook_format import NOT_RUNBOOKS, Runbook, Step, check_name, parse  # noqa: F401 - the public API
 
 TAIL_BYTES = 64 * 1024
+MARKER_ROOM = 64  # "[N earlier bytes of output not kept]\n" fits
 SHELL = "/bin/sh"
 
 
@@ -201,27 +202,34 @@ def prepare(repository: Repository, name: str, *, from_step: int = 1, allow_dirt
 
 
 class _Tail:
-    """The last TAIL_BYTES of a run's output: the part kept in the record."""
+    """The last TAIL_BYTES of a run's output: the part kept in the record, passwords masked.
 
-    def __init__(self, limit: int = TAIL_BYTES):
-        self.limit, self.data, self.dropped = limit, bytearray(), 0
+    A little more than that is held, so a URL cut at the front of the tail is still
+    whole when it is masked; the cut to TAIL_BYTES comes after masking.
+    """
+
+    def __init__(self, limit: int = TAIL_BYTES, slack: int = 4096):
+        self.limit, self.keep, self.data, self.dropped = limit, limit + slack, bytearray(), 0
 
     def add(self, chunk: bytes) -> None:
         self.data += chunk
-        excess = len(self.data) - self.limit
+        excess = len(self.data) - self.keep
         if excess > 0:
             del self.data[:excess]
             self.dropped += excess
 
     def text(self) -> str:
-        marker = f"[{self.dropped} earlier bytes of output not kept]\n" if self.dropped else ""
-        budget = self.limit - len(marker.encode())
+        from memctl.config import mask_secrets
+
         text = bytes(self.data).replace(b"\x00", b"").decode("utf-8", "replace")  # text columns reject NUL
-        data = text.encode("utf-8")
-        if len(data) > budget:
-            data = data[len(data) - budget:].lstrip(bytes(range(0x80, 0xC0)))  # no half character at the cut
-            text = data.decode("utf-8")
-        return marker + text
+        data = mask_secrets(text).encode("utf-8")
+        if not self.dropped and len(data) <= self.limit:
+            return data.decode("utf-8")
+        budget = self.limit - MARKER_ROOM
+        # no half character at the cut
+        kept = data[len(data) - budget:].lstrip(bytes(range(0x80, 0xC0))) if len(data) > budget else data
+        dropped = self.dropped + len(data) - len(kept)
+        return f"[{dropped} earlier bytes of output not kept]\n" + kept.decode("utf-8")
 
 
 INSERT_RUN = """

@@ -148,3 +148,42 @@ def test_root_refuses_a_home_directory_for_embedded_data(monkeypatch):
 def test_database_down_is_exit_3_without_traceback(cli):
     result = cli("fact", "get", "x", env={"MEMCTL_DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none"})
     assert result.exit_code == 3 and "database unavailable" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "jsonl", "csv"])
+def test_config_show_masks_every_credential_in_every_format(cli, memctl_env, fmt):
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(
+        '[embedding]\nmodel = "m"\n[recall]\ntemplate = "https://127.0.0.1/t?password=qs3cret&x=1"\n')
+    env = {"OLLAMA_HOST": "http://ollama:oll4ma-pw@127.0.0.1:11434",
+           "MEMCTL_DATABASE_URL": "postgresql://memctl:db-pw-1@127.0.0.1:1/memctl?sslpassword=ssl-pw-2&sslmode=require"}
+    shown = cli("config", "show", "-f", fmt, env=env)
+    assert shown.exit_code == 0, shown.stderr
+    for secret in ("oll4ma-pw", "db-pw-1", "ssl-pw-2", "qs3cret"):
+        assert secret not in shown.stdout + shown.stderr
+    for kept in ("http://ollama:****@127.0.0.1:11434", "postgresql://memctl:****@127.0.0.1:1/memctl",
+                 "sslmode=require", "password=****&x=1"):
+        assert kept in shown.stdout  # masked, not dropped: the rest stays readable
+
+
+def test_config_show_masks_a_key_value_database_url(cli, memctl_env):
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(
+        "database_url = \"host=127.0.0.1 password='kv s3cret' dbname=memctl\"\n")
+    shown = cli("config", "show", "-f", "json", env={"MEMCTL_DATABASE_URL": ""})
+    assert shown.exit_code == 0, shown.stderr
+    [row] = [r for r in shown.json() if r["setting"] == "database_url"]
+    assert row == {"setting": "database_url", "value": "host=127.0.0.1 password=**** dbname=memctl", "origin": "file"}
+
+
+@pytest.mark.parametrize("text, masked", [
+    ("postgresql://u:pw@h/db and http://u:pw@h:1", "postgresql://u:****@h/db and http://u:****@h:1"),
+    ("postgresql://u:p@s/s@h/db", "postgresql://u:****@h/db"),
+    ("postgresql://:pw@h/db", "postgresql://:****@h/db"),
+    ("host=h password=pw port=5", "host=h password=**** port=5"),
+    ("host=h PASSWORD = 'a b\\' c' port=5", "host=h PASSWORD = **** port=5"),
+    ("postgresql://h/db?user=u&password=pw&sslmode=require", "postgresql://h/db?user=u&password=****&sslmode=require"),
+    ("http://h:1/?token=t#f", "http://h:1/?token=****#f"),
+    ("postgresql://u@h/db?sslmode=require", "postgresql://u@h/db?sslmode=require"),
+    ('password authentication failed for user "u"', 'password authentication failed for user "u"'),
+])
+def test_mask_secrets(text, masked):
+    assert config.mask_secrets(text) == masked

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
-from memctl import config, embed, models, retention
+from memctl import config, embed, jobs, models, retention
 from memctl.embedding import HashEmbedder
+from memctl.errors import MemctlError
 
 NOW = datetime.datetime.now(datetime.timezone.utc)
 POLICY = '[retention]\nraw = "30d"\nsummary = "365d"\n'
@@ -396,3 +397,18 @@ def test_jobs_lists_embed_prune_and_purge_runs(cli, memctl_env):
     assert [r["job"] for r in cli("jobs", "--job", "embed", "-f", "json").json()] == ["embed"]
     table = cli("jobs")
     assert table.exit_code == 0 and "finished_at" in table.stdout and "detail" not in table.stdout
+
+
+@pytest.mark.parametrize("error", [RuntimeError, MemctlError])
+def test_job_errors_and_details_are_stored_with_passwords_masked(conn, error):
+    message = "cannot reach postgresql://u:pw-db-7@127.0.0.1:1/db nor http://u:pw-ollama-8@127.0.0.1:2 (password=pw-kv-9)"
+    with pytest.raises(error):
+        with jobs.record(conn, "embed") as job:
+            job.detail = {"host": "http://u:pw-detail-6@127.0.0.1:3", "hosts": ["postgresql://u:pw-list-5@h/db"]}
+            raise error(message)
+    row = conn.execute("SELECT outcome, error, detail::text AS detail FROM jobs").fetchone()
+    assert row["outcome"] == "failed"
+    for secret in ("pw-db-7", "pw-ollama-8", "pw-kv-9", "pw-detail-6", "pw-list-5"):
+        assert secret not in row["error"] + row["detail"]
+    assert "postgresql://u:****@127.0.0.1:1/db" in row["error"] and "http://u:****@127.0.0.1:2" in row["error"]
+    assert json.loads(row["detail"])["host"] == "http://u:****@127.0.0.1:3"

@@ -320,6 +320,29 @@ def test_output_kept_per_run_is_bounded(cli, tmp_path):
     assert len(out.stderr) > 300000  # the whole output was streamed, only the record is bounded
 
 
+def test_run_records_keep_no_password_from_the_output(cli, tmp_path, conn):
+    said = ("echo 'connecting to postgresql://u:rb-pw-1@127.0.0.1:1/db and http://u:rb-pw-2@127.0.0.1:2'\n"
+            "echo 'host=127.0.0.1 password=rb-pw-3 dbname=x'\nexit 7")
+    repo = make_repo(tmp_path / "r", {"leaky.md": md("Leaky", [("Say", said)])})
+    root = Path(repo.working_tree_dir)
+    out = rb(cli, "run", "leaky", "--yes", "-f", "json", root=root)
+    assert out.exit_code == 1 and "rb-pw-1" in out.stderr  # the operator sees the live output
+    stored = conn.execute("SELECT r.output_tail, e.content FROM runbook_runs r "
+                          "JOIN episodes e ON e.agent = r.agent AND e.id = r.episode_id").fetchone()
+    for secret in ("rb-pw-1", "rb-pw-2", "rb-pw-3"):
+        assert secret not in stored["output_tail"] + stored["content"] + out.stdout
+    assert "postgresql://u:****@127.0.0.1:1/db" in stored["output_tail"] and "password=****" in stored["content"]
+
+
+def test_a_password_cut_at_the_front_of_the_kept_output_is_masked_whole():
+    tail = runbooks._Tail(limit=120, slack=60)  # keeps the last 120 - 64 (marker room) = 56 bytes
+    tail.add(b"x" * 200 + b" postgresql://u:cut-pw-0123456789@127.0.0.1/db ")
+    tail.add(b"y" * 27)  # a cut of the raw bytes would fall inside the password
+    text = tail.text()
+    assert len(text.encode()) <= 120 and text.startswith("[") and "earlier bytes of output not kept" in text
+    assert "6789" not in text and "****@127.0.0.1/db " + "y" * 27 in text
+
+
 def start_slow_run(memctl_env, tmp_path):
     """A `memctl runbook run` subprocess whose step has started (its pid in the file) and sleeps."""
     started = tmp_path / "started"
