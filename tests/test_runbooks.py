@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -405,6 +406,84 @@ def test_shipped_runbooks_parse_and_pass_sh_n():
             assert checked.returncode == 0, f"{name} step {step.number}: {checked.stderr}"
 
 
+# A connection string as an argument, where `ps` shows it: -d/--dbname of a client, a URL literal, a variable
+# that holds one, the output of `memctl db url`, or a password in the environment of a command.
+PG_CLIENT = r"(?:psql|pg_dump|pg_dumpall|pg_restore|pg_isready|vacuumdb|reindexdb|clusterdb|createdb|dropdb|pgbench)"
+DSN_ON_COMMAND_LINE = [
+    re.compile(PG_CLIENT + r"\b.*\s(?:-d|--dbname)(?:[\s=]|$)"),
+    re.compile(r"postgres(?:ql)?://"),
+    re.compile(r"\$\{?(?:MEMCTL_DATABASE_URL|url|dsn|conninfo|DATABASE_URL)\b", re.IGNORECASE),
+    re.compile(r"memctl\s+db\s+url"),
+    re.compile(r"PGPASSWORD"),
+]
+
+
+def dsn_arguments(command: str) -> list[str]:
+    """Commands of a step (continuation lines joined) that would pass a connection string on a command line."""
+    lines = command.replace("\\\n", " ").splitlines()
+    return [line for line in lines if any(p.search(line) for p in DSN_ON_COMMAND_LINE)]
+
+
+@pytest.mark.parametrize("line", ['psql -X -d "$target" -c x', 'pg_dump --dbname="$MEMCTL_DATABASE_URL"',
+                                  '"${PG_BIN:+$PG_BIN/}pg_restore" --no-owner -d "$db" x.dump',
+                                  'psql "${MEMCTL_DATABASE_URL}"', 'psql postgresql://u:p@h/db',
+                                  'pg_dump -Fc -f x -d "$(memctl db url)"', 'PGPASSWORD=x psql'])
+def test_the_dsn_scan_finds_a_connection_string_on_a_command_line(line):
+    assert dsn_arguments(f"dir=$(mktemp -d)\n{line}\necho end") == [line]
+    first, rest = line.split(" ", 1)
+    assert dsn_arguments(f"{first} \\\n  {rest}") == [f"{first}    {rest}"]  # continued on the next line
+
+
+def test_shipped_runbooks_never_put_a_dsn_on_a_command_line():
+    steps = 0
+    for path in sorted(SHIPPED.glob("*.md")):
+        for step in runbooks.parse(path.read_text(), path.name[:-3]).steps:
+            steps += 1
+            assert dsn_arguments(step.command) == [], f"{path.name} step {step.number}"
+    assert steps >= 10
+    connecting = [p.name for p in SHIPPED.glob("*.md") if "psql" in p.read_text() or "pg_dump" in p.read_text()]
+    for name in connecting:  # each step that connects gets the connection through a private service file
+        text = (SHIPPED / name).read_text()
+        assert text.count('pgenv="$(memctl config pg-service "$dir")"') == text.count("trap 'rm -rf \"$dir\"' EXIT")
+
+
+def test_pg_service_writes_the_connection_and_password_to_private_files(cli, db_url, tmp_path, monkeypatch):
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    url = make_conninfo(db_url, password="svc:p@ss\\w0rd", options="-c work_mem=7MB")
+    out = cli("config", "pg-service", str(tmp_path), env={"MEMCTL_DATABASE_URL": url})
+    assert out.exit_code == 0, out.stderr
+    assert "p@ss" not in out.stdout + out.stderr
+    exported = dict(line.split(";")[0].split("=", 1) for line in out.stdout.splitlines())
+    assert exported == {"PGSERVICEFILE": str(tmp_path.resolve() / "pg_service.conf"), "PGSERVICE": "memctl"}
+    for name in ("pg_service.conf", "pgpass"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600
+    assert "p@ss" not in (tmp_path / "pg_service.conf").read_text()
+    env = {**os.environ, **exported, "PGHOST": "127.0.0.1", "PGPORT": "1", "PGDATABASE": "elsewhere"}  # the file wins
+    proc = subprocess.run([str(pg_bin() / "psql"), "-X", "-At", "-c", "SELECT current_database(), "
+                           "current_setting('work_mem')"], env=env, capture_output=True, text=True)
+    assert proc.stdout.strip() == f"{conninfo_to_dict(db_url)['dbname']}|7MB", proc.stderr
+    for name, value in exported.items():
+        monkeypatch.setenv(name, value)
+    with psycopg.connect("") as conn:
+        assert conn.info.password == "svc:p@ss\\w0rd"  # libpq read it back from the passfile
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("service=prod", "names the libpq service 'prod'"),
+    ("postgresql://u:bad-pw@h/db?no_such_option=1", "not a valid connection string"),
+    ("host=h password='two\nlines'", "line break"),
+])
+def test_pg_service_refuses_what_libpq_files_cannot_hold(url, problem, tmp_path):
+    from memctl import pgservice
+    from memctl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=problem) as caught:
+        pgservice.write(url, tmp_path)
+    assert "bad-pw" not in str(caught.value) and list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture
 def shipped(tmp_path):
     """The shipped runbooks committed in a repository of their own (the checkout may be dirty)."""
@@ -451,7 +530,8 @@ def test_rebuild_hnsw_index_runbook(cli, shipped, conn):
     node = "SELECT pg_relation_filenode('rb_vectors_hnsw') AS f"
     before = conn.execute(node).fetchone()["f"]
 
-    env = {"MEMCTL_INDEX": "rb_vectors_hnsw", "PG_BIN": str(pg_bin())}
+    env = {"MEMCTL_INDEX": "rb_vectors_hnsw", "PG_BIN": str(pg_bin()),
+           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
     out = rb(cli, "run", "rebuild-hnsw-index", "--yes", "-f", "json", root=shipped, env=env)
     assert out.exit_code == 0, out.stderr
     assert conn.execute(node).fetchone()["f"] != before  # rebuilt

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
+from typing import Annotated
 
 import typer
 
@@ -28,3 +30,24 @@ def show(fmt: FormatOption = Format.table) -> None:
 def path() -> None:
     """Print the path of the configuration file (whether or not it exists)."""
     sys.stdout.write(f"{config_mod.config_path()}\n")
+
+
+@app.command("pg-service")
+def pg_service(
+    directory: Annotated[str, typer.Argument(help="An existing private directory (e.g. from mktemp -d).")],
+) -> None:
+    """Write the database connection as a libpq service file (and passfile, mode 0600) in DIRECTORY.
+
+    Prints shell assignments of PGSERVICEFILE and PGSERVICE, which psql, pg_dump and pg_restore then use,
+    so a shell step never puts the URL on a command line, where `ps` shows it:
+    `env=$(memctl config pg-service "$dir"); eval "$env"`. The database is the one memctl uses
+    (--database-url, MEMCTL_DATABASE_URL, the file, else the embedded one, started if needed). Remove
+    DIRECTORY afterwards (a trap): the passfile holds the password.
+    """
+    from memctl import embedded, pgservice
+    from memctl.cli.common import target, warn
+
+    chosen = target()
+    url = chosen.url or (embedded.start(report=warn).url if chosen.embedded else "")
+    for name, value in pgservice.write(url, directory).items():
+        sys.stdout.write(f"{name}={shlex.quote(value)}; export {name}\n")
