@@ -93,10 +93,21 @@ def pending(conn, directory: Path | None = None) -> list[Migration]:
     return [m for m in migrations if m.status == "pending"]
 
 
-def apply(conn, directory: Path | None = None) -> list[Migration]:
-    """Apply pending migrations; returns those applied by this call. `conn` is autocommit."""
+def apply(conn, directory: Path | None = None, report=None) -> list[Migration]:
+    """Apply pending migrations; returns those applied by this call. `conn` is autocommit.
+
+    First the server is checked (memctl.server.preflight): a PostgreSQL or pgvector too old, or a
+    `vector` extension this role may not create, is refused with what to do, before anything changes.
+    `report` receives warnings (e.g. a PostgreSQL newer than memctl was measured on).
+    """
+    from memctl import server
+
     conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
     try:
+        todo = pending(conn, directory)
+        for message in server.preflight(conn, schema_changes=bool(todo)):
+            if report is not None:
+                report(message)
         conn.execute(CREATE_TABLE)
         todo = pending(conn, directory)
         for migration in todo:

@@ -3,9 +3,16 @@
 The report (`report`) has one row per memctl relation: every table in the schema
 that holds memctl's migration record, each table's TOAST table, and every index
 of both. Each figure is a PostgreSQL function an operator can run in psql on the
-same `relation` name:
+same `relation` name, and none needs more than owning memctl's tables (no
+superuser, no pg_read_all_stats, no read of pg_toast):
 
-    rows         SELECT count(*) FROM <relation>                (tables and TOAST tables)
+    rows         SELECT count(*) FROM <relation>                (rows_source 'exact': a table whose heap
+                                                                 is at most 64 MiB, or any with --exact)
+                 pg_stat_all_tables.n_live_tup, else pg_class.reltuples
+                                                                (rows_source 'estimate': TOAST tables, which
+                                                                 only a superuser may count, larger tables,
+                                                                 tables this role may not read; 'unknown' and
+                                                                 rows None when neither exists); `note` says why
     heap_bytes   pg_relation_size(<relation>)                   (main fork only)
     toast_bytes  pg_total_relation_size(<toast relation>)       (TOAST heap and its index)
     index_bytes  pg_indexes_size(<relation>), for an index row pg_relation_size(<index>)
@@ -213,7 +220,8 @@ SELECT c.oid, format('%%I.%%I', n.nspname, c.relname) AS relation, n.nspname AS 
        coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0) AS toast_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
        pg_total_relation_size(c.oid) AS total_bytes,
-       s.n_dead_tup AS dead_tuples
+       s.n_dead_tup AS dead_tuples, s.n_live_tup AS live_tuples, c.reltuples,
+       has_table_privilege(c.oid, 'SELECT') AS readable
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
@@ -224,7 +232,8 @@ ORDER BY c.relname
 TOAST = """
 SELECT format('%%I.%%I', n.nspname, t.relname) AS relation, n.nspname AS schema, t.relname AS name,
        pg_relation_size(t.oid) AS heap_bytes, pg_indexes_size(t.oid) AS index_bytes,
-       pg_total_relation_size(t.oid) AS total_bytes, s.n_dead_tup AS dead_tuples
+       pg_total_relation_size(t.oid) AS total_bytes, s.n_dead_tup AS dead_tuples,
+       s.n_live_tup AS live_tuples, t.reltuples
 FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
 LEFT JOIN pg_stat_all_tables s ON s.relid = t.oid
 WHERE t.oid = %s
@@ -243,10 +252,8 @@ MAINTENANCE_WORK_MEM = "SELECT pg_size_bytes(current_setting('maintenance_work_m
 MEASURED_VECTOR = "SELECT avg(pg_column_size(subvector(embedding, 1, {dims}))) AS bytes " \
                   "FROM (SELECT embedding FROM {table} LIMIT 1000) s"
 GROWTH = """
-SELECT count(*) AS episodes,
-       count(*) FILTER (WHERE created_at >= now() - interval '7 days') AS last_7d,
-       count(*) FILTER (WHERE created_at >= now() - interval '30 days') AS last_30d
-FROM episodes
+SELECT count(*) FILTER (WHERE created_at >= now() - interval '7 days') AS last_7d, count(*) AS last_30d
+FROM episodes WHERE created_at >= now() - interval '30 days'
 """
 BY_GROUP_EPISODES = """
 SELECT {column} AS name, count(*) AS episodes, coalesce(sum(pg_column_size(e.*)), 0) AS bytes
@@ -262,6 +269,11 @@ FROM {table} v JOIN chunks c ON c.agent = v.agent AND c.id = v.chunk_id
 JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id GROUP BY 1
 """
 PROJECTION_DAYS = (30, 90, 365)
+EXACT_MAX_BYTES = 64 * MIB  # count(*) scans the heap: up to this size it stays quick, beyond it the report estimates
+NOTE_TOAST = "TOAST table: only a superuser may read pg_toast, so rows are the statistics' n_live_tup"
+NOTE_LARGE = "heap over {mib} MiB: rows are the statistics' estimate (size --exact counts)"
+NOTE_UNREADABLE = "no SELECT privilege on this table: rows are the statistics' estimate"
+NOTE_UNKNOWN = "no statistics yet (never vacuumed or analyzed, statistics reset)"
 
 
 def _count(conn, schema: str, name: str) -> int:
@@ -270,7 +282,32 @@ def _count(conn, schema: str, name: str) -> int:
     return conn.execute(sql.SQL(COUNT).format(sql.Identifier(schema, name)), prepare=False).fetchone()["n"]
 
 
-def _relations(conn) -> tuple[list[dict], dict[str, str]]:
+def _estimate(live: int | None, reltuples: float | None) -> int | None:
+    """n_live_tup (kept current by every insert and delete), else pg_class.reltuples (-1: never vacuumed)."""
+    if live:
+        return int(live)
+    if reltuples is not None and reltuples >= 0:
+        return int(reltuples)
+    return live  # 0 from the statistics, or None
+
+
+def row_count(conn, rel: dict, *, countable: bool, exact: bool = False) -> tuple[int | None, str, str | None]:
+    """(rows, 'exact' | 'estimate' | 'unknown', why it is not exact)."""
+    if not countable:
+        note = NOTE_TOAST
+    elif not rel["readable"]:
+        note = NOTE_UNREADABLE
+    elif exact or rel["heap_bytes"] <= EXACT_MAX_BYTES:
+        return _count(conn, rel["schema"], rel["name"]), "exact", None
+    else:
+        note = NOTE_LARGE.format(mib=EXACT_MAX_BYTES // MIB)
+    rows = _estimate(rel["live_tuples"], rel["reltuples"])
+    if rows is None:
+        return None, "unknown", NOTE_UNKNOWN
+    return rows, "estimate", note
+
+
+def _relations(conn, exact: bool = False) -> tuple[list[dict], dict[str, str]]:
     """The report rows, and each relation's bare name (to find a model's table and index)."""
     schema = conn.execute(SCHEMA).fetchone()["oid"]
     vector_tables = {m.table_name for m in models.all_models(conn)}
@@ -281,32 +318,33 @@ def _relations(conn) -> tuple[list[dict], dict[str, str]]:
     rows: list[dict] = []
     for t in tables:
         kind = "vectors" if t["name"] in vector_tables else "table"
-        rows.append(_row(t["relation"], kind, None, _count(conn, t["schema"], t["name"]), t["heap_bytes"],
-                         t["toast_bytes"], t["index_bytes"], t["total_bytes"], t["dead_tuples"]))
+        rows.append(_row(t["relation"], kind, None, row_count(conn, t, countable=True, exact=exact),
+                         t["heap_bytes"], t["toast_bytes"], t["index_bytes"], t["total_bytes"], t["dead_tuples"]))
         rows.extend(_index_rows(indexes, t["oid"], t["relation"]))
         if t["toast_oid"]:
             x = toast[t["toast_oid"]]
-            rows.append(_row(x["relation"], "toast", t["relation"], _count(conn, x["schema"], x["name"]),
+            rows.append(_row(x["relation"], "toast", t["relation"], row_count(conn, x, countable=False),
                              x["heap_bytes"], 0, x["index_bytes"], x["total_bytes"], x["dead_tuples"]))
             rows.extend(_index_rows(indexes, t["toast_oid"], x["relation"]))
     return rows, names
 
 
-def relations(conn) -> list[dict]:
+def relations(conn, exact: bool = False) -> list[dict]:
     """One row per memctl table, its TOAST table, and every index of both (see the module docstring)."""
-    return _relations(conn)[0]
+    return _relations(conn, exact)[0]
 
 
-def _row(relation, kind, parent, count, heap, toast, index, total, dead) -> dict:
+def _row(relation, kind, parent, counted, heap, toast, index, total, dead) -> dict:
+    count, source, note = counted
     return {"relation": relation, "kind": kind, "parent": parent, "rows": count, "heap_bytes": heap,
             "toast_bytes": toast, "index_bytes": index, "map_bytes": total - heap - toast - index,
-            "total_bytes": total, "dead_tuples": dead}
+            "total_bytes": total, "dead_tuples": dead, "rows_source": source, "note": note}
 
 
 def _index_rows(indexes: list[dict], table_oid: int, parent: str) -> list[dict]:
     return [{"relation": i["relation"], "kind": "index", "parent": parent, "rows": None, "heap_bytes": None,
              "toast_bytes": None, "index_bytes": i["index_bytes"], "map_bytes": None,
-             "total_bytes": i["total_bytes"], "dead_tuples": None}
+             "total_bytes": i["total_bytes"], "dead_tuples": None, "rows_source": None, "note": None}
             for i in indexes if i["table_oid"] == table_oid]
 
 
@@ -345,18 +383,19 @@ def _model_rows(conn, rels: list[dict], names: dict[str, str], limit: int) -> tu
             measured = conn.execute(statement, prepare=False).fetchone()["bytes"]
         hnsw = next((r for r in rels if r["kind"] == "index" and r["parent"] == rel["relation"]
                      and names[r["relation"]] == model.index_name), None)
-        warning = build_warning(model, count, limit)
+        warning = build_warning(model, count, limit) if count is not None else None
         if warning:
             warnings.append(warning)
         result.append({
             "model": model.label, "state": model.state, "relation": rel["relation"], "rows": count,
+            "rows_source": rel["rows_source"],
             "dims": model.dims, "storage": model.storage,
             "bytes_per_vector": bytes_per_vector(model.dims, model.storage),
             "measured_bytes_per_vector": round(float(measured), 1) if measured is not None else None,
             "table_bytes_per_row": round((rel["total_bytes"] - rel["index_bytes"]) / count, 1) if count else None,
             "index_bytes": hnsw["total_bytes"] if hnsw else None,
             "total_bytes": rel["total_bytes"],
-            "build_mem_bytes": build_memory(count, model.dims, model.storage),
+            "build_mem_bytes": build_memory(count, model.dims, model.storage) if count is not None else None,
             "maintenance_work_mem": limit,
         })
     return result, warnings
@@ -387,9 +426,12 @@ def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
     projected_bytes_<N>d = total_bytes + rows_per_day_30d * bytes_per_episode * N, where
     total_bytes sums pg_total_relation_size of every memctl table and bytes_per_episode is
     the total size (heap, TOAST, indexes) of episodes, chunks and the vector tables of the
-    models not retired, divided by the number of episodes.
+    models not retired, divided by the number of episodes (that table's `rows`, exact or estimated
+    as the relations section says). The 7- and 30-day counts use the created_at index.
     """
     counts = conn.execute(GROWTH).fetchone()
+    episodes = next(r for r in rels if r["kind"] == "table" and names[r["relation"]] == "episodes")
+    counts["episodes"] = episodes["rows"]
     per_episode_tables = {"episodes", "chunks"} | {m.table_name for m in models.all_models(conn)
                                                    if m.state != "retired"}
     tables = [r for r in rels if r["kind"] in ("table", "vectors")]
@@ -397,7 +439,7 @@ def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
     episode_bytes = sum(r["total_bytes"] for r in tables if names[r["relation"]] in per_episode_tables)
     per_episode = episode_bytes / counts["episodes"] if counts["episodes"] else 0.0
     rate_7, rate_30 = counts["last_7d"] / 7, counts["last_30d"] / 30
-    report = {"episodes": counts["episodes"], "last_7d": counts["last_7d"], "last_30d": counts["last_30d"],
+    report = {"episodes": counts["episodes"], "episodes_source": episodes["rows_source"], "last_7d": counts["last_7d"], "last_30d": counts["last_30d"],
               "rows_per_day_7d": round(rate_7, 2), "rows_per_day_30d": round(rate_30, 2),
               "bytes_per_episode": round(per_episode, 1), "total_bytes": total}
     for days in PROJECTION_DAYS:
@@ -405,9 +447,12 @@ def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
     return report
 
 
-def report(conn) -> dict:
-    """The whole size report: relations, models, kinds, agents, growth, and warnings."""
-    rels, names = _relations(conn)
+def report(conn, exact: bool = False) -> dict:
+    """The whole size report: relations, models, kinds, agents, growth, and warnings.
+
+    `exact`: count(*) every memctl table whatever its size (TOAST tables are always estimated).
+    """
+    rels, names = _relations(conn, exact)
     limit = maintenance_work_mem(conn)
     model_rows, warnings = _model_rows(conn, rels, names, limit)
     return {

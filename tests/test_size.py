@@ -84,7 +84,9 @@ def test_every_relation_figure_equals_psql(cli, loaded, db_url):
     size_json(cli, loaded)  # a first pass: scans may prune dead tuples; their statistics settle
     report = size_json(cli, loaded)
     rels = report["relations"]
+    toast_rows = {}
     with psycopg.connect(db_url, autocommit=True, row_factory=psycopg.rows.dict_row) as fresh:
+        superuser = fresh.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]
         for rel in rels:
             name = rel["relation"]
             if rel["kind"] == "index":
@@ -93,7 +95,16 @@ def test_every_relation_figure_equals_psql(cli, loaded, db_url):
                 assert (rel["index_bytes"], rel["total_bytes"]) == (sizes["i"], sizes["t"]), name
                 continue
             expected = fresh.execute(FIGURES, (name,)).fetchone()
-            expected["rows"] = fresh.execute(sql.SQL("SELECT count(*) AS n FROM " + name)).fetchone()["n"]
+            if rel["kind"] == "toast":  # only a superuser may count(*) a TOAST table: memctl reports the statistics
+                assert (rel["rows_source"], rel["note"]) == ("estimate", storage.NOTE_TOAST), name
+                expected["rows"] = fresh.execute("SELECT n_live_tup AS n FROM pg_stat_all_tables "
+                                                 "WHERE relid = %s::regclass", (name,)).fetchone()["n"]
+                if superuser:
+                    toast_rows[name] = (rel["rows"], fresh.execute(
+                        sql.SQL("SELECT count(*) AS n FROM " + name)).fetchone()["n"])
+            else:
+                assert (rel["rows_source"], rel["note"]) == ("exact", None), name
+                expected["rows"] = fresh.execute(sql.SQL("SELECT count(*) AS n FROM " + name)).fetchone()["n"]
             for key, value in expected.items():
                 assert rel[key] == value, (name, key, rel[key], value)
             assert rel["heap_bytes"] + rel["toast_bytes"] + rel["index_bytes"] + rel["map_bytes"] == rel["total_bytes"]
@@ -116,6 +127,39 @@ def test_every_relation_figure_equals_psql(cli, loaded, db_url):
     assert episodes["dead_tuples"] > 0 and episodes["toast_bytes"] > 0
     vector_table = next(r for r in rels if r["relation"] == vectors[0])
     assert vector_table["toast_bytes"] > vector_table["heap_bytes"]  # 768-dim vectors live in TOAST
+    vector_toast = next(r for r in rels if r["kind"] == "toast" and r["parent"] == vectors[0])
+    assert vector_toast["rows"] >= 2 * vector_table["rows"]  # 3,080-byte vectors: two 1,996-byte chunks each
+    for name, (reported, counted) in toast_rows.items():  # the statistics against count(*), as a superuser
+        assert reported == counted, (name, reported, counted)
+
+
+def test_large_tables_are_estimated_and_labelled_unless_exact(cli, loaded, monkeypatch):
+    """Past EXACT_MAX_BYTES of heap a count(*) would scan it: rows come from the statistics, labelled so."""
+    monkeypatch.setattr(storage, "EXACT_MAX_BYTES", 0)
+    report = size_json(cli, loaded)
+    live = {r["n"]: r["live"] for r in loaded.execute(
+        "SELECT relid::regclass::text AS n, n_live_tup AS live FROM pg_stat_all_tables").fetchall()}
+    tables = [r for r in report["relations"] if r["kind"] in ("table", "vectors")]
+    nonempty = [r for r in tables if r["heap_bytes"] > 0]
+    assert nonempty and all(r["rows_source"] == "estimate" and "--exact" in r["note"] for r in nonempty)
+    episodes = next(r for r in tables if r["relation"] == "public.episodes")
+    assert episodes["rows"] == live["episodes"] == 290  # 302 imported, 12 deleted
+    assert (report["growth"]["episodes"], report["growth"]["episodes_source"]) == (290, "estimate")
+    [model] = report["models"]
+    assert model["rows_source"] == "estimate"
+    exact = cli("size", "--exact", "-f", "json").json()
+    counted = [r for r in exact["relations"] if r["kind"] in ("table", "vectors")]
+    assert all(r["rows_source"] == "exact" and r["note"] is None for r in counted)
+    assert next(r for r in counted if r["relation"] == "public.episodes")["rows"] == 290
+    assert all(r["rows_source"] == "estimate" for r in exact["relations"] if r["kind"] == "toast")
+
+
+def test_row_estimate_falls_back_to_reltuples_then_unknown():
+    assert storage._estimate(120, 100.0) == 120
+    assert storage._estimate(0, 100.0) == 100  # statistics reset: the last VACUUM's or ANALYZE's count
+    assert storage._estimate(0, -1.0) == 0
+    assert storage._estimate(None, -1.0) is None
+    assert storage._estimate(None, None) is None
 
 
 def test_models_kinds_agents_and_growth(cli, loaded):

@@ -59,13 +59,17 @@ def migrate_(
     = False,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Apply pending sql/NNNN_*.sql files in order, each in a transaction, recording its checksum."""
+    """Apply pending sql/NNNN_*.sql files in order, each in a transaction, recording its checksum.
+
+    First checks the server: PostgreSQL 15 or newer, pgvector 0.8.0 or newer, and the `vector` extension
+    created in this database or creatable by this role; otherwise exits 1 saying what a superuser must run.
+    """
     conn = connect(migrate=False)
     if list_only:
         rows = [{"name": m.name, "status": m.status, "applied_at": m.applied_at, "checksum": m.checksum[:12]}
                 for m in migrate.plan(conn)]
         render(rows, fmt)
         return
-    applied = migrate.apply(conn)
+    applied = migrate.apply(conn, report=warn)
     warn(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
     render(({"name": m.name, "status": m.status} for m in applied), fmt)

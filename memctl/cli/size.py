@@ -31,12 +31,16 @@ def size(
     ctx: typer.Context,
     section: Annotated[Optional[Section], typer.Option(
         "--section", "-s", help="Print one section only (jsonl and csv print relations unless told).")] = None,
+    exact: Annotated[bool, typer.Option(
+        "--exact", help="count(*) every memctl table, however large (TOAST tables are always estimated).")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Disk used by memctl: relations, models, kinds, agents, growth; `size estimate` before any data.
 
     One row per memctl relation (tables, TOAST, indexes, each model's vector table), each figure as psql
-    reports it: rows = count(*); heap_bytes = pg_relation_size; toast_bytes = pg_total_relation_size of the TOAST table;
+    reports it: rows = count(*) for a table up to 64 MiB (rows_source exact), else the statistics' estimate
+    (n_live_tup, else reltuples; rows_source estimate, `note` says why; TOAST tables always, since only a
+    superuser may read pg_toast); heap_bytes = pg_relation_size; toast_bytes = pg_total_relation_size of the TOAST table;
     index_bytes = pg_indexes_size (an index row: its pg_relation_size); map_bytes = free space and visibility maps;
     total_bytes = pg_total_relation_size; dead_tuples = pg_stat_all_tables.n_dead_tup.
     Then per model (predicted vs measured bytes per vector), per kind and per agent (data bytes of the
@@ -47,7 +51,7 @@ def size(
         return
     from memctl import storage
 
-    report = storage.report(connect())
+    report = storage.report(connect(), exact=exact)
     for message in report["warnings"]:
         warn(message)
     if section is None and fmt in (Format.jsonl, Format.csv):

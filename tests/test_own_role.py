@@ -1,0 +1,273 @@
+"""memctl as a role that owns its database and nothing more: no superuser, no pg_read_all_stats, no pg_toast.
+
+Each test, as the test server's superuser, creates a role memctl_owner_<random> (LOGIN PASSWORD, no other
+attribute, member of no role), a database it owns (from template0: no extension in it), and, where the test
+says so, the vector extension in it, as a DBA would. memctl then runs against that database as that role,
+through a URL carrying the password. The embedded server trusts local connections (initdb --auth=trust),
+so there the password is not checked; what a role may do does not depend on how it authenticated, so the
+privilege behaviour is the one a password-authenticated role meets (the CI job checks passwords too).
+Against a MEMCTL_TEST_DATABASE_URL whose role is no superuser these tests skip: they need one to create
+roles and the extension.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
+
+from memctl import server
+
+OLD = "2020-01-01T00:00:00+00:00"
+
+
+@dataclass
+class Owner:
+    role: str
+    database: str
+    url: str  # as the role, with its password: never printed
+    admin_url: str  # as the superuser, in the role's database
+
+
+@pytest.fixture
+def admin(pg_server):
+    with psycopg.connect(pg_server, autocommit=True, row_factory=dict_row) as conn:
+        if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]:
+            pytest.skip("needs a superuser to create a role and the vector extension; "
+                        "MEMCTL_TEST_DATABASE_URL's role is not one")
+        yield conn
+
+
+@pytest.fixture
+def owner(admin, pg_server):
+    """A LOGIN PASSWORD role with no other attribute, owning a database without the vector extension."""
+    suffix = uuid.uuid4().hex[:10]
+    role, database, password = f"memctl_owner_{suffix}", f"memctl_own_{suffix}", secrets.token_urlsafe(18)
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+    try:
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(
+            sql.Identifier(database), sql.Identifier(role)))
+        yield Owner(role, database, make_conninfo(pg_server, dbname=database, user=role, password=password),
+                    make_conninfo(pg_server, dbname=database))
+    finally:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def create_extension(owner: Owner) -> None:
+    with psycopg.connect(owner.admin_url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION vector")
+
+
+@pytest.fixture
+def run(owner, tmp_path, monkeypatch):
+    """memctl in-process as the owner role: run("fact", "get", "k", input=...) -> Outcome."""
+    from typer.testing import CliRunner
+
+    from memctl.cli import app
+    from tests.conftest import Outcome
+
+    config = tmp_path / "config.toml"
+    config.write_text('[embedding]\ndimensions = 768\n\n[retention]\nraw = "30d"\n')
+    for key, value in {"MEMCTL_DATABASE_URL": owner.url, "MEMCTL_CONFIG": str(config),
+                       "MEMCTL_EMBEDDER": "hash", "MEMCTL_EMBED_MODEL": "hash-embed"}.items():
+        monkeypatch.setenv(key, value)
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | None = None) -> Outcome:
+        result = runner.invoke(app, list(args), input=input, catch_exceptions=False)
+        outcome = Outcome(result.exit_code, result.stdout, result.stderr)
+        assert owner.url not in outcome.stdout + outcome.stderr
+        return outcome
+
+    return invoke
+
+
+def ok(outcome):
+    assert outcome.exit_code == 0, outcome.stderr
+    return outcome
+
+
+def test_the_role_is_unprivileged(admin, owner):
+    row = admin.execute("""SELECT r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolreplication, r.rolbypassrls,
+        (SELECT count(*) FROM pg_auth_members m WHERE m.member = r.oid) AS memberships
+        FROM pg_roles r WHERE r.rolname = %s""", (owner.role,)).fetchone()
+    assert row == {"rolsuper": False, "rolcreaterole": False, "rolcreatedb": False, "rolreplication": False,
+                   "rolbypassrls": False, "memberships": 0}
+    with psycopg.connect(owner.url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # what `memctl size` used to run
+            conn.execute("SELECT count(*) FROM pg_toast.pg_toast_1255")  # pg_proc's TOAST table
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="create extension"):
+            conn.execute("CREATE EXTENSION vector")
+
+
+def test_every_command_works_as_the_database_owner(owner, run, tmp_path):
+    create_extension(owner)
+    refused = run("fact", "get", "db.host")
+    assert refused.exit_code == 1 and "schema is behind: run memctl db migrate" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    migrated = ok(run("db", "migrate", "-f", "json"))
+    assert {m["status"] for m in migrated.json()} == {"applied"} and len(migrated.json()) >= 5
+    assert "schema is up to date" in ok(run("db", "migrate")).stderr
+
+    ok(run("fact", "set", "db.host", "10.8.0.4:5432"))
+    assert ok(run("fact", "get", "db.host")).stdout.strip() == "10.8.0.4:5432"
+    disk = int(ok(run("episode", "add", "deploy failed: disk full on db7, rotating the logs fixed it")).stdout)
+    ok(run("episode", "add", "the kafka consumer lag alarm on host14 was a false positive"))
+    ok(run("episode", "add", "old raw note about a printer jam", "--kind", "raw", "--created-at", OLD))
+    long_text = " ".join(f"word{i}" for i in range(1500))  # a chunked, TOASTed episode
+    ok(run("episode", "import", "-", input=json.dumps({"content": long_text, "kind": "summary"}) + "\n"))
+    ok(run("embed"))
+
+    hits = ok(run("episode", "search", "disk full on db7", "-f", "json")).json()
+    assert hits[0]["id"] == disk
+    recalled = ok(run("recall", "the deploy failed with disk full: which db host?"))
+    assert "10.8.0.4:5432" in recalled.stdout and "disk full" in recalled.stdout
+
+    report = ok(run("size", "--format", "json")).json()
+    rels = report["relations"]
+    toast = [r for r in rels if r["kind"] == "toast"]
+    assert toast and all(r["rows_source"] == "estimate" and "pg_toast" in r["note"] for r in toast)
+    tables = [r for r in rels if r["kind"] in ("table", "vectors")]
+    assert all(r["rows_source"] == "exact" for r in tables)
+    by_name = {r["relation"]: r for r in rels}
+    assert by_name["public.episodes"]["rows"] == 4 and by_name["public.facts"]["rows"] == 1
+    [model] = report["models"]
+    assert (model["dims"], model["rows_source"]) == (768, "exact") and model["rows"] >= 5
+    vector_toast = next(r for r in toast if r["parent"] == model["relation"])
+    assert vector_toast["toast_bytes"] == 0 and vector_toast["total_bytes"] > 0
+
+    status = ok(run("status", "-f", "json")).json()
+    assert (status["episodes"], status["pending"]) == (4, 0)
+
+    planned = ok(run("prune", "-f", "json")).json()
+    assert [(p["kind"], p["rows"]) for p in planned] == [("raw", 1)]
+    ok(run("prune", "--yes", "--vacuum"))
+    assert ok(run("status", "-f", "json")).json()["episodes"] == 3
+    assert "printer" not in ok(run("episode", "list", "-f", "json")).stdout
+
+
+def test_a_full_model_change_as_the_database_owner(owner, run, monkeypatch):
+    create_extension(owner)
+    ok(run("db", "migrate"))
+    for i in range(12):
+        ok(run("episode", "add", f"incident {i}: host{i} ran out of disk and the logs were rotated"))
+    ok(run("embed"))
+    ok(run("reembed", "start", "--model", "nomic-embed-text"))
+    ok(run("reembed", "run"))
+    ok(run("reembed", "switch"))
+    monkeypatch.setenv("MEMCTL_EMBED_MODEL", "nomic-embed-text")
+    hits = ok(run("episode", "search", "host7 ran out of disk", "--mode", "vector", "-f", "json")).json()
+    assert "host7" in hits[0]["content"]
+    dropped = ok(run("reembed", "drop-old", "-f", "json")).json()
+    assert len(dropped) == 1 and dropped[0]["bytes_returned"] > 0
+
+
+def test_migrate_without_the_extension_says_what_a_superuser_must_run(owner, run):
+    refused = run("db", "migrate")
+    assert refused.exit_code == 1
+    assert "CREATE EXTENSION vector;" in refused.stderr
+    assert f'database "{owner.database}"' in refused.stderr and f'role "{owner.role}"' in refused.stderr
+    assert "template1" in refused.stderr and "superuser" in refused.stderr
+    assert "permission denied" not in refused.stderr and "Traceback" not in refused.stderr
+    with psycopg.connect(owner.admin_url, autocommit=True) as conn:  # refused before changing anything
+        assert conn.execute("SELECT to_regclass('memctl_migrations')").fetchone()[0] is None
+    create_extension(owner)  # what the message says; then migrate goes through
+    ok(run("db", "migrate"))
+    assert run("fact", "get", "absent").exit_code == 4  # migrated: a missing fact, not a missing schema
+
+
+def test_migrate_as_a_role_that_does_not_own_the_database(admin, owner, pg_server, run, monkeypatch):
+    """CONNECT but not owner: on PostgreSQL 15+ it may not create tables in public, and is told so."""
+    create_extension(owner)
+    other = f"memctl_guest_{uuid.uuid4().hex[:10]}"
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(other)))
+    try:
+        monkeypatch.setenv("MEMCTL_DATABASE_URL", make_conninfo(pg_server, dbname=owner.database, user=other))
+        refused = run("db", "migrate")
+        assert refused.exit_code == 1 and "Traceback" not in refused.stderr
+        assert f'role "{other}" may not create tables in schema "public"' in refused.stderr
+        assert f'ALTER DATABASE "{owner.database}" OWNER TO "{other}"' in refused.stderr
+    finally:
+        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(other)))  # none expected; be sure
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(other)))
+
+
+# ---------------------------------------------------------------------- versions
+
+
+def test_version_decisions():
+    assert server.parse_version("0.8.6") == (0, 8, 6) and server.parse_version("0.8.0-dev") == (0, 8, 0)
+    assert server.parse_version(None) is None and server.parse_version("x") is None
+    assert server.pgvector_problem((0, 8, 0)) is None and server.pgvector_problem((0, 8, 6)) is None
+    assert server.pgvector_problem((1, 0)) is None and server.pgvector_problem(None) is None
+    for old in ((0, 7, 4), (0, 5, 1), (0, 7)):
+        problem = server.pgvector_problem(old)
+        assert "older than 0.8.0" in problem and "iterative" in problem and "too few rows" in problem
+    assert server.server_problem(180006, "18.6") is None and server.server_problem(150000, "15.0") is None
+    assert "too old" in server.server_problem(140011, "14.11")
+    assert "15" in server.server_problem(130020, "13.20")
+    assert server.server_warning(180006, "18.6") is None and server.server_warning(150004, "15.4") is None
+    assert "newer than" in server.server_warning(190000, "19devel")
+
+
+def test_dba_messages_name_the_steps():
+    rights = {"role": "memctl", "database": "memctl", "superuser": False, "database_create": True,
+              "schema": "public", "schema_create": True}
+    absent = server.missing_extension(rights, None)
+    assert "not installed on this server" in absent and "0.8.0" in absent and "CREATE EXTENSION vector;" in absent
+    old = server.missing_extension(rights, {"version": (0, 7, 4), "superuser": True, "trusted": False})
+    assert "0.7.4 is older than 0.8.0" in old and "make install" in old
+    fine = {"version": (0, 8, 6), "superuser": True, "trusted": False}
+    assert "CREATE EXTENSION vector;" in server.missing_extension(rights, fine)
+    assert server.missing_extension({**rights, "superuser": True}, fine) is None
+    trusted = {**fine, "trusted": True}  # a trusted extension: CREATE on the database is enough
+    assert server.missing_extension(rights, trusted) is None
+    assert server.missing_extension({**rights, "database_create": False}, trusted) is not None
+    assert server.schema_problem(rights) is None
+    assert "search_path" in server.schema_problem({**rights, "schema": None, "schema_create": False})
+
+
+def test_versions_read_from_the_server(owner, conn):
+    """The embedded server: PostgreSQL 18, pgvector 0.8.6; nothing to warn about."""
+    num, text = server.server_version(conn)
+    assert num // 10000 >= server.MIN_SERVER and text.split(".")[0] == str(num // 10000)
+    assert server.pgvector_version(conn) >= server.MIN_PGVECTOR
+    assert server.available_pgvector(conn)["version"] >= server.MIN_PGVECTOR
+    assert server.version_warnings(conn) == []
+    with psycopg.connect(owner.url, autocommit=True) as bare:  # a database without the extension
+        assert server.pgvector_version(bare) is None
+        assert server.version_warnings(bare) == [
+            "the pgvector extension is not created in this database: run memctl db migrate"]
+        rights = server.rights(bare)
+        assert (rights["role"], rights["superuser"], rights["database_create"]) == (owner.role, False, True)
+        with pytest.raises(server.ServerRefused, match="CREATE EXTENSION vector;"):
+            server.preflight(bare, schema_changes=True)
+
+
+def test_sql_uses_nothing_newer_than_postgresql_15():
+    """memctl's SQL must run on 15-18: no syntax or views PostgreSQL 16+ added."""
+    newer = ("ANY_VALUE", "SYSTEM_USER", "JSON_TABLE", "JSON_EXISTS", "JSON_QUERY", "JSON_VALUE", "JSON_SERIALIZE",
+             "JSON_OBJECTAGG", "JSON_ARRAYAGG", "IS JSON", "PG_STAT_IO", "PG_STAT_CHECKPOINTER", "MERGE_ACTION",
+             "RANDOM_NORMAL", "PG_INPUT_IS_VALID", "ARRAY_SAMPLE",
+             "ARRAY_SHUFFLE", "RETURNING OLD", "RETURNING NEW", "UUIDV7", "PG_STAT_GET_BACKEND_IO", "WITHOUT OVERLAPS")
+    root = Path(__file__).parent.parent
+    texts = {p: p.read_text().upper() for p in root.glob("sql/**/*.sql")}
+    for path in root.glob("memctl/**/*.py"):  # the string constants: SQL, and help text, never Python names
+        tree = ast.parse(path.read_text())
+        texts[path] = "\n".join(n.value for n in ast.walk(tree)
+                                if isinstance(n, ast.Constant) and isinstance(n.value, str)).upper()
+    assert len(texts) > 30 and any("CREATE TABLE" in t for t in texts.values())
+    found = [(p.name, word) for p, text in texts.items() for word in newer if re.search(rf"\b{word}", text)]
+    assert found == []
