@@ -43,13 +43,28 @@ class Change:
         return asdict(self)
 
 
+# Where erased values can still be, after each kind of vacuum: said in the result, not only in the docs.
+LEFT_AFTER_VACUUM = ("the table files' free space (VACUUM makes the old row versions' space reusable without "
+                     "promising to overwrite it), WAL, WAL archives, backups, dumps and replicas, until those are "
+                     "overwritten, age out or are rebuilt")
+LEFT_AFTER_FULL = ("the file system's free blocks (VACUUM FULL deletes the old table files, it does not overwrite "
+                   "them), WAL, WAL archives, backups, dumps and replicas, until those age out or are rebuilt")
+LEFT_UNVACUUMED = ("the table files as dead row versions (not vacuumed: the connection is in a transaction), WAL, "
+                   "WAL archives, backups, dumps and replicas")
+
+
 @dataclass
 class Erasure:
+    """What an erasure did. The values are gone from every row; `still_in` says where their bytes may remain."""
+
     namespace: str
     key: str
     fact_removed: bool
     history_values_erased: int
     version: int
+    vacuum: str | None = None  # "VACUUM", "VACUUM FULL", or None (not run)
+    checkpoint: bool = False
+    still_in: str = LEFT_UNVACUUMED
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -172,11 +187,20 @@ WHERE namespace = %s AND key = %s AND (old_value IS NOT NULL OR new_value IS NOT
 """
 
 
-def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> Erasure:
+ERASED_TABLES = ("facts", "fact_history")
+CHECKPOINT = "CHECKPOINT"
+
+
+def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool = False) -> Erasure:
     """Remove the fact and every value its history held, keeping a record that an erasure happened.
 
-    The old row versions stay in the table files until VACUUM; erase runs it on
-    both tables so the values are gone from disk too, not only from queries.
+    The old row versions stay in the table files as dead tuples. On an
+    autocommit connection, VACUUM then makes their space reusable (without
+    promising to overwrite it; versions an open transaction still sees stay);
+    with `full`, VACUUM FULL rewrites both tables into new files (an exclusive
+    lock on them while it runs) and a CHECKPOINT lets the WAL that holds the old
+    values be recycled (skipped without the privilege: superuser or
+    pg_checkpoint). Neither reaches WAL archives, backups or replicas.
     """
     with conn.transaction():
         old, last = _lock(conn, namespace, key)
@@ -185,11 +209,32 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> Erasure
         removed = conn.execute(DELETE, (namespace, key)).rowcount > 0
         erased = conn.execute(ERASE_VALUES, (namespace, key)).rowcount
         conn.execute(HISTORY, (namespace, key, last + 1, "erase", None, None, None))
+    result = Erasure(namespace, key, removed, erased, last + 1)
     if not conn.autocommit:
-        return Erasure(namespace, key, removed, erased, last + 1)
-    conn.execute("VACUUM facts")
-    conn.execute("VACUUM fact_history")
-    return Erasure(namespace, key, removed, erased, last + 1)
+        return result
+    _vacuum(conn, full=full)
+    result.vacuum, result.still_in = ("VACUUM FULL", LEFT_AFTER_FULL) if full else ("VACUUM", LEFT_AFTER_VACUUM)
+    if full:
+        result.checkpoint = _checkpoint(conn)
+    return result
+
+
+def _vacuum(conn, *, full: bool) -> None:
+    from psycopg import sql
+
+    command = sql.SQL("VACUUM (FULL, ANALYZE) {}") if full else sql.SQL("VACUUM {}")
+    for table in ERASED_TABLES:
+        conn.execute(command.format(sql.Identifier(table)))
+
+
+def _checkpoint(conn) -> bool:
+    import psycopg
+
+    try:
+        conn.execute(CHECKPOINT)
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
 
 
 def export_rows(conn, *, namespace: str | None = None) -> Iterator[dict]:

@@ -73,6 +73,59 @@ def test_erase_removes_values_from_history_and_records_the_erasure(cli, conn):
     assert hits == 0
 
 
+FILENODES = "SELECT pg_relation_filenode('facts') AS facts, pg_relation_filenode('fact_history') AS history"
+# Where the value's bytes are in each table's main file, after a CHECKPOINT has written the pages out (0: absent).
+IN_FILES = """
+SELECT t, position(convert_to(%s, 'UTF8') IN pg_read_binary_file(pg_relation_filepath(t))) AS at
+FROM unnest(ARRAY['facts', 'fact_history']) AS t ORDER BY t
+"""
+CAN_READ_FILES = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+CAN_CHECKPOINT = "SELECT rolsuper OR pg_has_role(current_user, 'pg_checkpoint', 'MEMBER') AS ok FROM pg_roles " \
+                 "WHERE rolname = current_user"
+
+
+def test_erase_says_what_plain_vacuum_leaves_behind(cli, conn):
+    cli("fact", "set", "secret.token", "hunter2")
+    before = conn.execute(FILENODES).fetchone()
+    erased = cli("fact", "delete", "secret.token", "--erase", "-f", "json")
+    assert erased.exit_code == 0, erased.stderr
+    [row] = erased.json()
+    assert row["vacuum"] == "VACUUM" and row["checkpoint"] is False
+    for place in ("free space", "WAL archives", "backups", "replicas"):
+        assert place in row["still_in"] and place in erased.stderr
+    assert "gone from" not in erased.stderr and "--full rewrites the tables" in erased.stderr
+    assert conn.execute(FILENODES).fetchone() == before  # plain VACUUM rewrites nothing
+
+
+def test_erase_full_rewrites_both_tables_and_checkpoints(cli, conn):
+    cli("fact", "set", "secret.token", "hunter2-in-the-file")
+    cli("fact", "set", "secret.token", "hunter3-in-the-file")
+    superuser = conn.execute(CAN_READ_FILES).fetchone()["rolsuper"]
+    if superuser:
+        conn.execute("CHECKPOINT")
+        assert all(r["at"] > 0 for r in conn.execute(IN_FILES, ("-in-the-file",)).fetchall())
+    before = conn.execute(FILENODES).fetchone()
+    erased = cli("fact", "delete", "secret.token", "--erase", "--full", "-f", "json")
+    assert erased.exit_code == 0, erased.stderr
+    [row] = erased.json()
+    assert row["vacuum"] == "VACUUM FULL" and row["history_values_erased"] == 2
+    assert row["checkpoint"] is conn.execute(CAN_CHECKPOINT).fetchone()["ok"]
+    assert "WAL archives, backups, dumps and replicas" in row["still_in"] and "VACUUM FULL run" in erased.stderr
+    after = conn.execute(FILENODES).fetchone()
+    assert after["facts"] != before["facts"] and after["history"] != before["history"]  # rewritten into new files
+    if superuser:
+        conn.execute("CHECKPOINT")
+        assert [r["at"] for r in conn.execute(IN_FILES, ("-in-the-file",)).fetchall()] == [0, 0]
+    assert cli("fact", "get", "secret.token").exit_code == 4
+
+
+def test_full_needs_erase(cli):
+    cli("fact", "set", "k", "v")
+    out = cli("fact", "delete", "k", "--full")
+    assert out.exit_code == 2 and "--full needs --erase" in out.stderr
+    assert cli("fact", "get", "k").stdout == "v\n"
+
+
 def test_list_with_prefix_and_namespaces(cli):
     cli("fact", "set", "db.port", "1")
     cli("fact", "set", "db.host", "h")

@@ -18,6 +18,7 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="fact")
 
 Namespace = Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the key.")]
+ERASURE_COLUMNS = ["namespace", "key", "fact_removed", "history_values_erased", "version", "vacuum", "checkpoint"]
 Source = Annotated[Optional[str], typer.Option("--source", "-s", help="Who or what set this value.")]
 
 
@@ -77,21 +78,46 @@ def delete(
     namespace: Namespace = facts.DEFAULT_NAMESPACE,
     erase: Annotated[
         bool,
-        typer.Option("--erase", help="Also remove every value from the history (a record of the erasure stays) "
-                     "and VACUUM, so the values are gone from the database files too."),
+        typer.Option("--erase", help="Also clear every value from the history (a record of the erasure stays), "
+                     "then VACUUM both tables so the old row versions' space can be reused. VACUUM does not "
+                     "promise to overwrite that space, and does not touch WAL, archives, backups or replicas."),
+    ] = False,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="With --erase: VACUUM FULL facts and fact_history instead (rewrites them into "
+                     "new files; an exclusive lock on both while it runs), then CHECKPOINT so the WAL holding the "
+                     "old values can be recycled (needs superuser or pg_checkpoint)."),
     ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Delete KEY (its history stays), or with --erase remove it and its history's values."""
+    """Delete KEY (its history stays), or with --erase remove it and its history's values.
+
+    What --erase cannot reach: WAL already written, WAL archives, base backups, dumps and replicas keep the old
+    values until they age out or are rebuilt; copies in episodes stay too (run `memctl fact stale KEY` first,
+    while the history still knows the old values).
+    """
+    from memctl.errors import UsageError
+
+    if full and not erase:
+        raise UsageError("--full needs --erase")
     conn = connect()
     if erase:
-        result = facts.erase_fact(conn, key, namespace=namespace)
-        render([result.to_dict()], fmt)
+        result = facts.erase_fact(conn, key, namespace=namespace, full=full)
+        render([result.to_dict()], fmt, columns=ERASURE_COLUMNS if fmt is Format.table else None)
         warn(f"erased {key!r}: fact row {'removed' if result.fact_removed else 'already absent'}, "
-             f"{result.history_values_erased} history row(s) cleared; tables vacuumed")
+             f"{result.history_values_erased} history value(s) cleared; " + _vacuum_note(result))
     else:
         change = facts.delete_fact(conn, key, namespace=namespace)
         render([change.to_dict()], fmt, columns=["namespace", "key", "old_value", "version"])
+
+
+def _vacuum_note(result: facts.Erasure) -> str:
+    done = {None: "not vacuumed",
+            "VACUUM": "VACUUM run (space reusable, not necessarily overwritten; --full rewrites the tables)",
+            "VACUUM FULL": "VACUUM FULL run (tables rewritten)"}[result.vacuum]
+    if result.vacuum == "VACUUM FULL":
+        done += ", CHECKPOINT run" if result.checkpoint else ", CHECKPOINT skipped (needs superuser or pg_checkpoint)"
+    return f"{done}. The old values may remain in {result.still_in}"
 
 
 @app.command()
