@@ -163,24 +163,33 @@ def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResu
 
 
 def _as_vector(vector, model: models.Model):
-    import numpy as np
+    """A pgvector value of the model's storage type, from plain floats (no numpy: the base install lacks it)."""
     from pgvector import HalfVector, Vector
 
-    if hasattr(vector, "to_numpy"):  # copied from the table: already a pgvector Vector/HalfVector
-        vector = vector.to_numpy()
-    values = np.asarray(vector, dtype=np.float32)
-    if values.shape != (model.dims,):
-        raise MemctlError(f"dimension mismatch: the embedder returned {values.shape[0]} dims, "
+    if hasattr(vector, "to_list"):  # copied from the table: already a pgvector Vector/HalfVector
+        vector = vector.to_list()
+    values = [float(x) for x in vector]
+    if len(values) != model.dims:
+        raise MemctlError(f"dimension mismatch: the embedder returned {len(values)} dims, "
                           f"{model.label} stores {model.dims}")
     return HalfVector(values) if model.storage == "halfvec" else Vector(values)
 
 
 def run(conn, model: models.Model, embedder, *, batch_size: int, limit: int | None = None,
-        progress: Callable[[RunResult], None] | None = None) -> RunResult:
-    """Embed pending chunks of one model until none remain (or `limit` chunks are done)."""
+        progress: Callable[[RunResult], None] | None = None,
+        should_stop: Callable[[], str | None] | None = None) -> RunResult:
+    """Embed pending chunks of one model until none remain (or `limit` chunks are done).
+
+    `should_stop` is asked between batches (never inside one): a SIGTERM handler sets
+    it, so `systemctl stop` lets the batch in flight commit and then ends the run.
+    """
     result = RunResult(model=model.label)
     started = time.perf_counter()
     while limit is None or result.chunks < limit:
+        reason = should_stop() if should_stop is not None else None
+        if reason:
+            result.stopped_by = reason
+            break
         size = batch_size if limit is None else min(batch_size, limit - result.chunks)
         try:
             batch = run_batch(conn, model, embedder, size)
@@ -206,40 +215,51 @@ def retry_failed(conn, model: models.Model) -> int:
     return conn.execute(RETRY_FAILED, (model.id,)).rowcount
 
 
-def embedder_for(settings, model: models.Model, *, timeout: float | None = None):
-    """An embedder that makes exactly this model's vectors (name, model and dimensions from its row)."""
+def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | None = None,
+         retry: bool = False, progress=None, should_stop=None) -> tuple[list[RunResult], list[str]]:
+    """One worker pass: the active model (registered on first use), then a backfilling one.
+
+    The database knows its model: the configured embedder only chooses the first model
+    of an empty database. After a model change a worker still configured with the old
+    model embeds for the active one, with a warning (returned with the results).
+    Orphaned chunks (see models.ORPHANS) are queued before each model's run.
+    """
+    from memctl import jobs
     from memctl.embedding import make_embedder
 
-    dims = model.dims if model.embedder == "hash" else model.request_dims
-    return make_embedder(settings, embedder=model.embedder, model=model.model, dimensions=dims, timeout=timeout,
-                         configured_dimensions=False)
-
-
-def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | None = None,
-         retry: bool = False, progress=None) -> list[RunResult]:
-    """One worker pass: the active model (registered on first use), then a backfilling one."""
-    from memctl import jobs
-
+    warnings: list[str] = []
     with jobs.record(conn, "embed") as job:
         active = models.ensure_active(conn, configured_embedder, storage=settings.get("embedding", "storage"))
-        targets = [(active, configured_embedder)]
+        mismatch = models.mismatch_warning(active, configured_embedder)
+        if mismatch:
+            warnings.append(mismatch)
+        targets = [active]
         backfill = models.by_state(conn, "backfill")
         if backfill is not None:
-            targets.append((backfill, embedder_for(settings, backfill)))
+            targets.append(backfill)
         results = []
-        for model, embedder in targets:
+        requeued = 0
+        for model in targets:
+            reuse = models.matches(model, configured_embedder) and (
+                configured_embedder.name != "hash" or configured_embedder.dims() == model.dims)
+            embedder = configured_embedder if reuse else make_embedder(settings, registered=model)
             if retry:
                 retry_failed(conn, model)
-            result = run(conn, model, embedder, batch_size=batch_size, limit=limit, progress=progress)
+            requeued += models.queue_orphans(conn, model)
+            result = run(conn, model, embedder, batch_size=batch_size, limit=limit, progress=progress,
+                         should_stop=should_stop)
             results.append(result)
             if result.stopped_by:
                 break
+        if requeued:
+            warnings.append(f"queued {requeued} chunk(s) that had no vector, no queue row and no failure "
+                            "(written while a model was being registered)")
         job.rows = sum(r.chunks for r in results)
-        job.detail = {"runs": [r.to_dict() for r in results]}
+        job.detail = {"runs": [r.to_dict() for r in results], "requeued_orphans": requeued}
         stopped = next((r.stopped_by for r in results if r.stopped_by), None)
-        if stopped:
+        if stopped and not (should_stop is not None and should_stop()):
             job.outcome, job.error = "unavailable", stopped
         elif any(r.failed for r in results):
             job.outcome = "partial"
             job.error = f"{sum(r.failed for r in results)} chunk(s) refused by the model: see memctl status"
-    return results
+    return results, warnings

@@ -398,29 +398,46 @@ def make_embedder(
     model: str | None = None,
     dimensions: int | None = None,
     timeout: float | None = None,
-    configured_dimensions: bool = True,
+    registered: Any = None,
 ) -> Embedder:
-    """The configured embedder; keyword arguments (command-line options) win over settings.
+    """The one way to get an embedder; keyword arguments (command-line options) win over settings.
 
-    `configured_dimensions=False` ignores `[embedding] dimensions`: for an embedder
-    rebuilt from a registered model's row, whose own dimensions are authoritative.
+    - `registered`, a memctl.models.Model: an embedder that makes exactly that model's
+      vectors (name, model and dimensions from its row; the configuration only gives the
+      Ollama host and timeouts). Search, recall and the embed worker use this: the
+      database, not the configuration, knows which model its vectors came from.
+    - otherwise the configured embedder and model, or the one named by `embedder` and
+      `model` (a model to register: the first model of a database, or a re-embed target).
+      `[embedding] dimensions` applies only to the configured model itself: it describes
+      that model, not another one named on the command line.
     """
+    explicit_model = model
+    if registered is not None:
+        embedder, model = registered.embedder, registered.model
+        explicit_model = model
+        dimensions = registered.dims if registered.embedder == "hash" else registered.request_dims
+    else:
+        configured = _setting(settings, "model")
+        model = model or configured
+        if dimensions is None and model == configured and embedder in (None, _setting(settings, "embedder")):
+            dimensions = _setting(settings, "dimensions")
     name = embedder or _setting(settings, "embedder") or "ollama"
-    if dimensions is None and configured_dimensions:
-        dimensions = _setting(settings, "dimensions")
     if name == "ollama":
         return OllamaEmbedder(
-            model or _setting(settings, "model"),
+            model,
             host=_setting(settings, "ollama_host"),
             timeout=timeout if timeout is not None else _setting(settings, "timeout"),
             dimensions=dimensions,
         )
     if name == "local":
-        if model is not None and model.removesuffix(":latest") != LOCAL_MODEL:
+        if explicit_model is not None and explicit_model.removesuffix(":latest") != LOCAL_MODEL:
             raise UsageError(f"the local embedder has one model, {LOCAL_MODEL}; got {model!r}")
         if dimensions is not None and dimensions != LOCAL_DIMS:
             raise UsageError(f"the local embedder makes {LOCAL_DIMS}-dim vectors; got dimensions={dimensions}")
         return LocalEmbedder()
     if name == "hash":
-        return HashEmbedder(model or "hash-embed", dims=dimensions or LOCAL_DIMS)
+        from memctl.storage import known_dims
+
+        model = model or "hash-embed"
+        return HashEmbedder(model, dims=dimensions or known_dims(model) or LOCAL_DIMS)
     raise UsageError(f"unknown embedder {name!r}: choose one of {', '.join(EMBEDDERS)}")

@@ -304,21 +304,24 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
         # GIN indexes gather inserts in a pending list; a larger one for this
         # transaction merges it in fewer, larger passes.
         conn.execute("SET LOCAL gin_pending_list_limit = '64MB'")
-        queued = [r["id"] for r in conn.execute(QUEUED_MODELS).fetchall()]
         batch: list[NewEpisode] = []
         for episode in episodes:
             if episode.source in blocked:
                 sources.refuse(episode.source, blocked[episode.source])
             batch.append(episode)
             if len(batch) >= BATCH:
-                _copy_batch(conn, batch, now, size, overlap, queued, result, Jsonb)
+                _copy_batch(conn, batch, now, size, overlap, result, Jsonb)
                 batch = []
         if batch:
-            _copy_batch(conn, batch, now, size, overlap, queued, result, Jsonb)
+            _copy_batch(conn, batch, now, size, overlap, result, Jsonb)
     return result
 
 
-def _copy_batch(conn, batch, now, size, overlap, queued, result, Jsonb) -> None:
+def _copy_batch(conn, batch, now, size, overlap, result, Jsonb) -> None:
+    # The models are read per batch (READ COMMITTED sees one registered meanwhile);
+    # chunks copied before a registration committed are invisible to its ENQUEUE_ALL,
+    # and the embed worker re-queues them (models.queue_orphans).
+    queued = [r["id"] for r in conn.execute(QUEUED_MODELS).fetchall()]
     episode_ids = _take_ids(conn, EPISODE_SEQ, len(batch))
     chunk_rows = []
     with conn.cursor() as cur:

@@ -1,8 +1,9 @@
 """The embedding model registry: which model's vectors live in which table.
 
 One model, one vector space: a model's vectors live in a table of their own
-(sql/templates/vectors.sql), and a configured model that differs from the
-database's active one is refused, never mixed.
+(sql/templates/vectors.sql). The database's active model is what search, recall
+and the embed worker use; a configured model that differs from it gets a
+warning (mismatch_warning), never a mixed index.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from memctl.errors import MemctlError, ModelMismatch, UsageError
+from memctl.errors import MemctlError, UsageError
 
 MAX_VECTOR_INDEX_DIMS = 2000
 MAX_HALFVEC_INDEX_DIMS = 4000
@@ -54,6 +55,19 @@ INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %s, agent, id FROM ch
 ON CONFLICT DO NOTHING
 """
 LOCK = "SELECT pg_advisory_xact_lock(hashtext('memctl.embedding_models'))"
+# A chunk of this model with no vector, no queue row and no failure row is an orphan:
+# written by a transaction that began before the model was registered (its chunks were
+# invisible to ENQUEUE_ALL) and so never queued. The embed worker re-queues them.
+ORPHANS = """
+FROM chunks c
+WHERE NOT EXISTS (SELECT 1 FROM {table} v WHERE v.agent = c.agent AND v.chunk_id = c.id)
+  AND NOT EXISTS (SELECT 1 FROM embed_queue q WHERE q.model_id = %(id)s AND q.agent = c.agent AND q.chunk_id = c.id)
+  AND NOT EXISTS (SELECT 1 FROM embed_failures f
+                  WHERE f.model_id = %(id)s AND f.agent = c.agent AND f.chunk_id = c.id)
+"""
+COUNT_ORPHANS = "SELECT count(*) AS n " + ORPHANS
+QUEUE_ORPHANS = "INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %(id)s, c.agent, c.id " + ORPHANS + \
+    " ON CONFLICT DO NOTHING"
 
 
 def by_state(conn, state: str) -> Model | None:
@@ -122,6 +136,23 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
     return by_state(conn, state)
 
 
+def _orphans(conn, model: Model, statement: str):
+    from psycopg import sql
+
+    return conn.execute(sql.SQL(statement).format(table=sql.Identifier(model.table_name)), {"id": model.id},
+                        prepare=False)
+
+
+def count_orphans(conn, model: Model) -> int:
+    """Chunks that will never get a vector of this model unless re-queued (see ORPHANS)."""
+    return _orphans(conn, model, COUNT_ORPHANS).fetchone()["n"]
+
+
+def queue_orphans(conn, model: Model) -> int:
+    """Queue every orphaned chunk of this model; returns how many."""
+    return _orphans(conn, model, QUEUE_ORPHANS).rowcount
+
+
 def index_statement(model: Model, *, concurrently: bool):
     from psycopg import sql
 
@@ -135,15 +166,19 @@ def matches(model: Model, embedder) -> bool:
         embedder.request_dims is None or embedder.request_dims == model.dims)
 
 
-def check_configured(model: Model, embedder) -> None:
-    """Refuse a configured model that differs from the one the database's vectors were made with."""
-    if not matches(model, embedder):
-        raise ModelMismatch(
-            f"the database's vectors were made with {model.label}, but the configuration asks for "
-            f"{embedder.name}:{embedder.model}. Vectors of two models are never mixed: set "
-            f"MEMCTL_EMBEDDER={model.embedder} MEMCTL_EMBED_MODEL={model.model} to keep using it, or change "
-            f"models with `memctl reembed start --model {embedder.model}` (see `memctl reembed --help`)."
-        )
+def mismatch_warning(model: Model, embedder) -> str | None:
+    """One line when the configuration names another model than the database's active one.
+
+    Not a refusal: search, recall and the embed worker follow the database (which knows
+    what its vectors were made with), so a model switch does not break every process
+    still configured with the old model.
+    """
+    if matches(model, embedder):
+        return None
+    return (f"the configuration names {embedder.name}:{embedder.model}, but the database's active model is "
+            f"{model.label}: using {model.embedder}:{model.model}. To change models: "
+            f"`memctl reembed start --model {embedder.model}` (see `memctl reembed --help`); to silence this, "
+            f"set MEMCTL_EMBEDDER={model.embedder} MEMCTL_EMBED_MODEL={model.model}.")
 
 
 def require_active(conn) -> Model:
@@ -154,11 +189,14 @@ def require_active(conn) -> Model:
 
 
 def ensure_active(conn, embedder, *, storage: str = "vector") -> Model:
-    """The active model, registering the configured one on first use."""
+    """The active model, registering the configured one on first use.
+
+    Registration runs under the registry lock, so of two workers configured differently
+    on an empty database the first registers and the second gets the first's model.
+    """
     model = active(conn)
     if model is None:
-        return register(conn, embedder, state="active", storage=storage)
-    check_configured(model, embedder)
+        model = register(conn, embedder, state="active", storage=storage)
     return model
 
 

@@ -296,9 +296,10 @@ def find_episodes(conn, settings: Settings, request: Request) -> Episodes:
     if model is None:
         warning = "no embedding model registered yet (run memctl embed): text search only"
     else:
-        search.check_configured(settings, model)
+        mismatch = search.configured_warning(settings, model)
         embedder = search.query_embedder(settings, model)
         vector, warning = _query_vector(settings, model, embedder, request.observation)
+        warning = "; ".join(w for w in (mismatch, warning) if w) or None
     mode = "hybrid" if vector is not None else "text"
     query = search.Query(request.observation, k=min(1000, request.k * 3), agent=request.agent, mode=mode)
     outcome = search.search(conn, settings, query, vector=vector)

@@ -11,9 +11,9 @@
 
 Search keeps using the active model until `switch`; writes during the backfill are
 queued for both models (memctl.episodes). Texts are never rewritten: a model change
-touches only the vector tables. Between `switch` and the operator's configuration
-change, commands that embed with the configured model (search, the embed worker)
-refuse with a pointer to the new model (models.check_configured): nothing mixes.
+touches only the vector tables. After `switch`, search, recall and the embed worker
+follow the database's new active model even where the configuration still names the
+old one (with a warning: models.mismatch_warning), so nothing breaks and nothing mixes.
 """
 
 from __future__ import annotations
@@ -73,29 +73,19 @@ def backfill_model(conn) -> models.Model:
     return model
 
 
-def new_embedder(settings, *, model: str, embedder: str | None = None, dims: int | None = None):
-    """An embedder for a model not yet registered: the configured `dimensions` belong to the active model."""
-    from memctl.embedding import LOCAL_DIMS, HashEmbedder, OllamaEmbedder, make_embedder
-
-    name = embedder or settings.get("embedding", "embedder") or "ollama"
-    if name == "ollama":
-        return OllamaEmbedder(model, host=settings.get("embedding", "ollama_host"),
-                              timeout=settings.get("embedding", "timeout"), dimensions=dims)
-    if name == "hash":
-        return HashEmbedder(model, dims=dims or storage.known_dims(model) or 384)
-    if name == "local":
-        return make_embedder(settings, embedder="local", model=model, dimensions=dims or LOCAL_DIMS)
-    return make_embedder(settings, embedder=name, model=model, dimensions=dims)
-
-
 # ---------------------------------------------------------------------- start
 
 
-def start(conn, settings, *, model: str, embedder: str | None = None, dims: int | None = None,
+def start(conn, settings, *, model: str | None = None, embedder: str | None = None, dims: int | None = None,
           halfvec: bool = False) -> dict:
-    """Register `model` for backfill: its vector table, every chunk queued. Idempotent for the same model."""
+    """Register `model` (default: the configured one) for backfill: its vector table, every chunk queued.
+
+    Idempotent for the same model.
+    """
+    from memctl.embedding import make_embedder
+
     active = models.require_active(conn)
-    new = new_embedder(settings, model=model, embedder=embedder, dims=dims)
+    new = make_embedder(settings, embedder=embedder, model=model, dimensions=dims)
     kind = "halfvec" if halfvec else "vector"
     models.storage_for(new.dims(), kind)  # refuses what HNSW cannot index, saying what would fit
     probe = new.embed(["memctl dimension probe"]).vectors[0]  # the model exists and answers in these dims
@@ -187,8 +177,10 @@ def run(conn, settings, *, batch_size: int, limit: int | None = None, retry_fail
     """
     import json
 
+    from memctl.embedding import make_embedder
+
     model = backfill_model(conn)
-    embedder = embed.embedder_for(settings, model)
+    embedder = make_embedder(settings, registered=model)
     if not conn.execute(TRY_LOCK, (REEMBED_LOCK, model.id)).fetchone()["ok"]:
         raise MemctlError(f"`memctl reembed run` is already running for {model.label} "
                           f"(backend pid {lock_holder(conn, model)})")
@@ -196,6 +188,7 @@ def run(conn, settings, *, batch_size: int, limit: int | None = None, retry_fail
         with jobs.record(conn, "reembed") as job:
             if retry_failed:
                 embed.retry_failed(conn, model)
+            models.queue_orphans(conn, model)
             done_before = _vectors(conn, model)
             total = done_before + _count(conn, QUEUED, model.id)
 
@@ -320,8 +313,10 @@ def compare(conn, settings, *, sample: int = 20, queries: list[str] | None = Non
     if not texts:
         raise UsageError("no queries: store some episodes or give --queries FILE")
     ef = settings.get("search", "ef_search") or 100
-    old_vectors = _embed_all(embed.embedder_for(settings, active), texts)
-    new_vectors = _embed_all(embed.embedder_for(settings, new), texts)
+    from memctl.embedding import make_embedder
+
+    old_vectors = _embed_all(make_embedder(settings, registered=active), texts)
+    new_vectors = _embed_all(make_embedder(settings, registered=new), texts)
     rows = []
     for text, a_vec, b_vec in zip(texts, old_vectors, new_vectors):
         a, b = top_episodes(conn, active, a_vec, k, ef), top_episodes(conn, new, b_vec, k, ef)

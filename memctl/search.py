@@ -18,6 +18,7 @@ episodes not embedded yet.
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -82,10 +83,10 @@ class Outcome:
 
 VECTOR_HALF = """
 WITH hits AS MATERIALIZED (
-    SELECT v.agent, v.chunk_id, v.embedding <=> %(q)s::{type} AS distance
+    SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
     FROM {table} v {join}
     {where}
-    ORDER BY v.embedding <=> %(q)s::{type}
+    ORDER BY v.embedding <=> %(q)b::{type}
     LIMIT %(n)s
 )
 SELECT h.agent, h.chunk_id, h.distance, c.episode_id, c.content
@@ -96,11 +97,16 @@ JOIN_EPISODES = """JOIN chunks c0 ON c0.agent = v.agent AND c0.id = v.chunk_id
 JOIN episodes e ON e.agent = c0.agent AND e.id = c0.episode_id"""
 TEXT_HALF = """
 SELECT e.id AS episode_id, NULL::text AS content, ts_rank_cd(e.tsv, q.query) AS rank
-FROM episodes e,
-     (SELECT replace(websearch_to_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS query) q
+FROM episodes e, (SELECT %(tsquery)s::tsquery AS query) q
 WHERE e.tsv @@ q.query {filters}
 ORDER BY rank DESC, e.id DESC
 LIMIT %(n)s
+"""
+# Each piece of the query (a word, a "quoted phrase") becomes its own tsquery text:
+# lexemes as PostgreSQL's english configuration makes them, phrases with <->.
+PIECES = """
+SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q
+FROM unnest(%s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
 """
 EPISODE_ROWS = """
 SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content
@@ -132,21 +138,105 @@ def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_sear
         where=episodes.where(conditions))
     with conn.transaction():
         conn.execute(SET_SCAN, (str(ef_search),))
-        return conn.execute(statement, {**params, "q": _literal(vector), "n": n}, prepare=False).fetchall()
+        return conn.execute(statement, {**params, "q": _query_vector(conn, vector, model), "n": n},
+                            prepare=False).fetchall()
 
 
-def _literal(vector) -> str:
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+def _query_vector(conn, vector, model: models.Model):
+    """The query vector as a pgvector value, sent as a binary parameter (%b), not a text literal."""
+    from pgvector import HalfVector, Vector
+    from psycopg.adapt import PyFormat
+
+    try:
+        conn.adapters.get_dumper(Vector, PyFormat.BINARY)
+    except Exception:  # a connection opened without pgvector's types (db.connect(vector=False))
+        from memctl.db import register_vector
+
+        register_vector(conn)
+
+    values = vector.to_list() if hasattr(vector, "to_list") else [float(x) for x in vector]
+    return HalfVector(values) if model.storage == "halfvec" else Vector(values)
+
+
+@dataclass
+class Terms:
+    """A query split the way websearch syntax reads it: words and "phrases", each wanted or -excluded."""
+
+    wanted: list[str]
+    excluded: list[str]
+
+
+_TERM = re.compile(r'(-?)"([^"]*)"?|(\S+)')
+
+
+def split_terms(text: str) -> Terms:
+    """`deploy -nginx "disk full" -"dry run"`: wanted deploy and the phrase, excluded nginx and the phrase.
+
+    A lone `-` or a word like `api-v2` is not a negation (only a leading dash is), and
+    `or` is just a word: OR is already how wanted terms combine.
+    """
+    wanted, excluded = [], []
+    for match in _TERM.finditer(text):
+        negated, phrase, word = match.group(1), match.group(2), match.group(3)
+        if phrase is not None:
+            (excluded if negated else wanted).append(phrase)
+        elif word.startswith("-") and len(word) > 1:
+            excluded.append(word[1:])
+        else:
+            wanted.append(word)
+    return Terms([t for t in wanted if t.strip()], [t for t in excluded if t.strip()])
+
+
+def text_query(conn, text: str) -> str | None:
+    """The tsquery of the text half: any wanted piece, and none of the excluded ones.
+
+    `(w1 | w2 | 'disk' <-> 'full') & !'nginx' & !('dry' <-> 'run')`. None when no wanted
+    piece has a lexeme (only stopwords, or only exclusions): the text half then finds
+    nothing rather than everything.
+    """
+    terms = split_terms(text)
+    pieces = terms.wanted + terms.excluded
+    if not pieces:
+        return None
+    rows = conn.execute(PIECES, (pieces,), prepare=False).fetchall()
+    parsed = [r["q"] for r in rows]
+    wanted = [f"( {q} )" for q in parsed[: len(terms.wanted)] if q]
+    if not wanted:
+        return None
+    excluded = [f"!( {q} )" for q in parsed[len(terms.wanted):] if q]
+    query = "( " + " | ".join(wanted) + " )"
+    return " & ".join([query, *excluded])
+
+
+EXCLUDED_IDS = "SELECT id FROM episodes WHERE id = ANY(%s) AND tsv @@ %s::tsquery"
+
+
+def excluded_ids(conn, text: str, ids: list[int]) -> set[int]:
+    """Of these episodes, the ones holding an excluded (-word, -"phrase") piece of the query.
+
+    The text half never finds them; this keeps the vector half from bringing them back.
+    """
+    terms = split_terms(text)
+    if not terms.excluded or not ids:
+        return set()
+    rows = conn.execute(PIECES, (terms.excluded,), prepare=False).fetchall()
+    parts = [f"( {r['q']} )" for r in rows if r["q"]]
+    if not parts:
+        return set()
+    return {r["id"] for r in conn.execute(EXCLUDED_IDS, (list(ids), " | ".join(parts)), prepare=False)}
 
 
 def text_half(conn, query: Query, n: int) -> list[dict]:
-    """Episodes matching any word of the query, best ts_rank_cd first."""
+    """Episodes matching any wanted word of the query and no excluded one, best ts_rank_cd first."""
     from psycopg import sql
 
+    tsquery = text_query(conn, query.text)
+    if tsquery is None:
+        return []
     clauses, params = _filters(query)
     filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
     statement = sql.SQL(TEXT_HALF).format(filters=filters)
-    return conn.execute(statement, {**params, "text": query.text, "n": n}, prepare=False).fetchall()
+    return conn.execute(statement, {**params, "tsquery": tsquery, "n": n}, prepare=False).fetchall()
 
 
 def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
@@ -195,53 +285,92 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
 
 def query_embedder(settings: Settings, model: models.Model):
     """An embedder for the active model's query vectors, with the short search timeout."""
-    from memctl.embed import embedder_for
-
-    return embedder_for(settings, model, timeout=settings.get("embedding", "search_timeout"))
-
-
-def check_configured(settings: Settings, model: models.Model) -> None:
-    """Refuse a search configured for another model than the one the vectors were made with."""
     from memctl.embedding import make_embedder
 
-    configured = make_embedder(settings)
-    models.check_configured(model, configured)
+    return make_embedder(settings, registered=model, timeout=settings.get("embedding", "search_timeout"))
+
+
+def configured_warning(settings: Settings, model: models.Model) -> str | None:
+    """A warning when the configuration names another model than the database's (which search uses)."""
+    from memctl.embedding import make_embedder
+
+    return models.mismatch_warning(model, make_embedder(settings))
+
+
+EMBED_FAILURES = (EmbedderUnavailable, UnknownModel)
+MAX_CONSECUTIVE_FAILURES = 2  # then the embedder is taken as down for the rest of the batch
+
+
+@dataclass
+class QueryVectors:
+    vectors: list[list[float] | None]  # one per text; None where that text fell back to words
+    warning: str | None = None
+    degraded: int = 0
+
+
+def _sub_batch_size(settings: Settings, embedder) -> int:
+    limit = getattr(embedder, "max_batch", None) or settings.get("embedding", "batch_size") or 32
+    return max(1, int(limit))
+
+
+def embed_query_texts(settings: Settings, model: models.Model | None, texts: list[str],
+                      embedder=None) -> QueryVectors:
+    """Query vectors in sub-batches sized to the embedder, each under its own (search) timeout.
+
+    Only a sub-batch that really fails falls back to text search; after
+    MAX_CONSECUTIVE_FAILURES failures in a row the embedder counts as down and the
+    rest degrade at once, so a dead Ollama costs two timeouts, not one per sub-batch.
+    """
+    if model is None:
+        return QueryVectors([None] * len(texts), "no embedding model registered yet (run memctl embed): "
+                            "text search only", len(texts))
+    embedder = embedder or query_embedder(settings, model)
+    size = _sub_batch_size(settings, embedder)
+    vectors: list[list[float] | None] = []
+    failures, last_error = 0, None
+    for start in range(0, len(texts), size):
+        part = texts[start:start + size]
+        if failures >= MAX_CONSECUTIVE_FAILURES:
+            vectors.extend([None] * len(part))
+            continue
+        try:
+            vectors.extend(embedder.embed(part).vectors)
+            failures = 0
+        except EMBED_FAILURES as exc:
+            failures, last_error = failures + 1, exc
+            vectors.extend([None] * len(part))
+    degraded = sum(v is None for v in vectors)
+    warning = None
+    if degraded:
+        scope = "text search only" if degraded == len(texts) else \
+            f"{degraded} of {len(texts)} queries fell back to text search"
+        warning = f"embedder unavailable, {scope}: {last_error}"
+    return QueryVectors(vectors, warning, degraded)
 
 
 def embed_queries(settings: Settings, model: models.Model | None, texts: list[str], embedder=None):
     """Query vectors, or (None, warning) when the embedder is down, slow or missing the model."""
-    if model is None:
-        return None, "no embedding model registered yet (run memctl embed): text search only"
-    embedder = embedder or query_embedder(settings, model)
-    try:
-        return embedder.embed(texts).vectors, None
-    except (EmbedderUnavailable, UnknownModel) as exc:
-        return None, f"embedder unavailable, text search only: {exc}"
+    found = embed_query_texts(settings, model, texts, embedder)
+    if found.degraded:
+        return None, found.warning
+    return found.vectors, None
+
+
+def _vector_mode_refusal(warning: str | None) -> EmbedderUnavailable:
+    return EmbedderUnavailable(f"--mode vector needs the embedder, and it is unavailable: {warning}; "
+                               "use --mode hybrid or text to search by words")
 
 
 def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None,
            accessed_recency: bool | None = None, track: bool = False) -> Outcome:
-    """Run one query; `vector` skips embedding (batch search, benchmarks).
+    """Run one query; `vector` skips embedding (recall, benchmarks).
 
-    With `track`, the hits returned count as accessed (memctl.access), in one statement.
+    The database's active model embeds the query, whatever the configuration names
+    (a differing configuration adds a warning). With `track`, the hits returned count
+    as accessed (memctl.access), in one statement.
     """
-    query.check()
-    model = models.active(conn)
-    if model is not None and vector is None and query.mode != "text" and embedder is None:
-        check_configured(settings, model)
-    outcome = Outcome(mode=query.mode)
-    if query.mode != "text" and vector is None:
-        vectors, outcome.warning = embed_queries(settings, model, [query.text], embedder)
-        if vectors is None:
-            if query.mode == "vector":
-                raise EmbedderUnavailable(outcome.warning)
-            outcome.mode = "text"
-        else:
-            vector = vectors[0]
-    outcome = _run(conn, settings, query, model, vector, outcome)
-    if track:
-        _track(conn, [outcome])
-    return outcome
+    return search_batch(conn, settings, [query], embedder, track=track,
+                        vectors=None if vector is None else [vector])[0]
 
 
 def _track(conn, outcomes: list[Outcome]) -> None:
@@ -260,6 +389,9 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome) -> Outco
         text_rows = text_half(conn, query, n)
     ids = {r["episode_id"] for r in (vector_rows or []) + (text_rows or [])}
     rows = {r["id"]: r for r in conn.execute(EPISODE_ROWS, (list(ids),)).fetchall()} if ids else {}
+    if vector_rows:
+        for episode_id in excluded_ids(conn, query.text, list(rows)):
+            rows.pop(episode_id, None)
     now = datetime.datetime.now(datetime.timezone.utc)
     accessed = None
     if conf["recency_from"] == "accessed" and rows:
@@ -271,25 +403,39 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome) -> Outco
 
 
 def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, *,
-                 track: bool = False) -> list[Outcome]:
-    """Many queries on one connection, their vectors embedded in one batch; `track` as in search()."""
+                 track: bool = False, vectors: list | None = None) -> list[Outcome]:
+    """Many queries on one connection, their vectors embedded in sub-batches; `track` as in search().
+
+    A query whose sub-batch failed to embed runs on words alone (its outcome says so);
+    a query that asked for --mode vector is never answered by words: EmbedderUnavailable.
+    """
     for q in queries:
         q.check()
     model = models.active(conn)
     wanting = [i for i, q in enumerate(queries) if q.mode != "text"]
-    vectors, warning = (None, None)
-    if wanting:
+    notes: list[str] = []
+    by_index: dict[int, Any] = {}
+    if vectors is not None:
+        by_index = {i: v for i, v in zip(range(len(queries)), vectors) if v is not None}
+    elif wanting:
         if model is not None and embedder is None:
-            check_configured(settings, model)
-        vectors, warning = embed_queries(settings, model, [queries[i].text for i in wanting], embedder)
-    by_index = dict(zip(wanting, vectors)) if vectors else {}
+            mismatch = configured_warning(settings, model)
+            if mismatch:
+                notes.append(mismatch)
+        found = embed_query_texts(settings, model, [queries[i].text for i in wanting], embedder)
+        by_index = {i: v for i, v in zip(wanting, found.vectors) if v is not None}
+        if found.warning:
+            if any(queries[i].mode == "vector" and i not in by_index for i in wanting):
+                raise _vector_mode_refusal(found.warning)
+            notes.append(found.warning)
     outcomes = []
     for i, q in enumerate(queries):
         outcome = Outcome(mode=q.mode)
         if q.mode != "text" and i not in by_index:
             if q.mode == "vector":
-                raise EmbedderUnavailable(warning or "embedder unavailable")
-            outcome.mode, outcome.warning = "text", warning
+                raise _vector_mode_refusal("no query vector")
+            outcome.mode = "text"
+        outcome.warning = "; ".join(notes) or None
         outcomes.append(_run(conn, settings, q, model, by_index.get(i), outcome))
     if track:
         _track(conn, outcomes)

@@ -103,14 +103,19 @@ def test_a_chunk_the_model_rejects_is_split_or_marked_failed(cli, conn, ollama, 
     assert vector_count(conn) == 2
 
 
-def test_model_mismatch_is_refused_with_a_pointer(cli, ollama, ollama_env):
+def test_a_configured_model_other_than_the_database_s_warns_and_follows_the_database(cli, conn, ollama, ollama_env):
     add_many(cli, 1)
     cli("embed")
-    other = cli("embed", env={"MEMCTL_EMBED_MODEL": "nomic-embed-text"})
-    assert other.exit_code == 1
-    assert "reembed" in other.stderr and "all-minilm" in other.stderr
-    search = cli("episode", "search", "memory", env={"MEMCTL_EMBED_MODEL": "nomic-embed-text"})
-    assert search.exit_code == 1 and "reembed" in search.stderr
+    add_many(cli, 2, prefix="later")
+    other = cli("embed", "-f", "json", env={"MEMCTL_EMBED_MODEL": "nomic-embed-text"})
+    assert other.exit_code == 0, other.stderr
+    assert other.json()[0]["chunks"] == 2 and other.json()[0]["model"].startswith("ollama:all-minilm")
+    assert other.stderr.count("memctl:") == 1 and "reembed start --model nomic-embed-text" in other.stderr
+    assert {m for _, m, _ in ollama.embed_requests()} == {"all-minilm"}  # never the configured model
+    assert vector_count(conn) == 3
+    search = cli("episode", "search", "memory", "-f", "json", env={"MEMCTL_EMBED_MODEL": "nomic-embed-text"})
+    assert search.exit_code == 0 and "reembed start" in search.stderr
+    assert search.json()[0]["vector_rank"] is not None
 
 
 def test_two_workers_never_embed_a_chunk_twice(cli, db_url, ollama, ollama_env):
@@ -127,7 +132,7 @@ def test_two_workers_never_embed_a_chunk_twice(cli, db_url, ollama, ollama_env):
     def worker():
         try:
             with db.connect(db_url, vector=True) as c:
-                results.extend(embed.work(c, settings, make_embedder(settings), batch_size=5))
+                results.extend(embed.work(c, settings, make_embedder(settings), batch_size=5)[0])
         except Exception as exc:
             errors.append(exc)
 

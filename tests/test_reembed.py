@@ -116,13 +116,16 @@ def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, env, server):
     assert models.active(conn).model == "nomic-embed-text"
     assert [m.state for m in models.all_models(conn)] == ["retired", "active"]
 
-    # Until the configuration follows, search refuses with the pointer rather than mixing models.
-    stale = cli("episode", "search", "kafka alarm", "-f", "json")
-    assert stale.exit_code != 0 and "MEMCTL_EMBED_MODEL=nomic-embed-text" in stale.stderr
+    # A process still configured with the old model follows the database, with one warning line.
+    stale = cli("episode", "search", "kafka alarm on host14", "--mode", "vector", "-f", "json")
+    assert stale.exit_code == 0, stale.stderr
+    assert stale.stderr.count("memctl:") == 1 and "MEMCTL_EMBED_MODEL=nomic-embed-text" in stale.stderr
+    assert stale.json()[0]["id"] == 15
+    assert server.embed_requests()[-1][1] == "nomic-embed-text"  # embedded by the database's model
     after_env = {"MEMCTL_EMBED_MODEL": "nomic-embed-text"}
     found = cli("episode", "search", "kafka alarm on host14", "--mode", "vector", "-f", "json", env=after_env)
     assert found.exit_code == 0, found.stderr
-    assert found.json()[0]["id"] == 15
+    assert found.json()[0]["id"] == 15 and found.stderr == ""
     assert server.embed_requests()[-1][1] == "nomic-embed-text"  # the query was embedded by the new model
 
     old = models.by_state(conn, "retired")
@@ -137,6 +140,13 @@ def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, env, server):
     after = episodes_heap(conn)
     assert after == before  # the episodes table was never rewritten
     assert after["tuples"][:80] == original["tuples"]
+
+    # Writes and the embed worker still configured with the old model: the database's model.
+    assert cli("episode", "add", "kafka alarm again on host14").exit_code == 0
+    worker = cli("embed", "-f", "json")
+    assert worker.exit_code == 0, worker.stderr
+    assert worker.json()[0]["chunks"] == 1 and "nomic-embed-text" in worker.json()[0]["model"]
+    assert server.embed_requests()[-1][1] == "nomic-embed-text" and "reembed start" in worker.stderr
 
 
 def test_dimensions_hnsw_cannot_index_are_refused(cli, conn, env):

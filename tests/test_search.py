@@ -102,6 +102,7 @@ def test_ollama_down_or_slow_degrades_to_text_with_one_warning(cli, ollama, olla
     assert slow.exit_code == 0 and [r["id"] for r in slow.json()] == [episode]
     assert "did not answer" in slow.stderr
     ollama.clear()
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[embedding]\nsearch_timeout = 30\n")  # a loaded CI machine
     healthy = cli("episode", "search", "queue consumers", "-f", "json")
     assert healthy.stderr == "" and healthy.json()[0]["vector_rank"] == 1
 

@@ -35,7 +35,9 @@ def embed(
     """Embed pending chunks in batches. Exit 3 if the embedder is unreachable (rows stay pending).
 
     Several workers may run at once: no chunk is embedded twice, and a worker killed at any moment loses
-    nothing. The first run registers the configured model as the database's active model.
+    nothing. The first run registers the configured model as the database's active model; after that the
+    database's model is used whatever the configuration names (with a warning if it differs). SIGTERM
+    (`systemctl stop`) and Ctrl-C let the batch in flight commit, then stop (exit 0).
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -47,26 +49,82 @@ def embed(
     conn = connect(vector=True)
     embedder = make_embedder(st)
     progress = _progress if sys.stderr.isatty() else None
-    while True:
-        try:
-            results = embed_mod.work(conn, st, embedder, batch_size=size, limit=limit, retry=retry_failed,
-                                     progress=progress)
-        except Unavailable as exc:
+    stop = _StopFlag()
+    with stop.installed():
+        warned: set[str] = set()
+        while True:
+            try:
+                results, notes = embed_mod.work(conn, st, embedder, batch_size=size, limit=limit,
+                                                retry=retry_failed, progress=progress, should_stop=stop)
+            except Unavailable as exc:
+                if not loop:
+                    raise
+                warn(f"{exc}; retrying in {interval:g}s")
+                if stop.sleep(interval):
+                    break
+                continue
+            for note in notes:
+                if note not in warned:
+                    warn(note)
+                    warned.add(note)
+            render([r.to_dict() for r in results], fmt,
+                   columns=["model", "chunks", "embedded", "copied", "failed", "tokens", "elapsed_s", "chunks_per_s"])
+            if stop():
+                warn(f"stopped by {stop()} after the batch in flight committed; the rest stays pending")
+                return
+            stopped = next((r.stopped_by for r in results if r.stopped_by), None)
+            if stopped and not loop:
+                warn(f"stopped: {stopped}; the rest stays pending")
+                raise typer.Exit(EXIT_UNAVAILABLE)
             if not loop:
-                raise
-            warn(f"{exc}; retrying in {interval:g}s")
-            time.sleep(interval)
-            continue
-        render([r.to_dict() for r in results], fmt,
-               columns=["model", "chunks", "embedded", "copied", "failed", "tokens", "elapsed_s", "chunks_per_s"])
-        stopped = next((r.stopped_by for r in results if r.stopped_by), None)
-        if stopped and not loop:
-            warn(f"stopped: {stopped}; the rest stays pending")
-            raise typer.Exit(EXIT_UNAVAILABLE)
-        if not loop:
-            return
-        retry_failed = False
-        time.sleep(interval)
+                return
+            retry_failed = False
+            if stop.sleep(interval):
+                warn(f"stopped by {stop()}")
+                return
+
+
+class _StopFlag:
+    """Set by SIGTERM or SIGINT; asked between batches, and it cuts a --loop sleep short."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._event = threading.Event()
+        self.reason: str | None = None
+
+    def __call__(self) -> str | None:
+        return self.reason
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+
+        self.reason = signal.Signals(signum).name
+        self._event.set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep, or return True at once when a stop was asked."""
+        return self._event.wait(seconds)
+
+    def installed(self):
+        import contextlib
+        import signal
+
+        @contextlib.contextmanager
+        def handlers():
+            previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+            try:
+                for sig in previous:
+                    signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (an embedding test runner): no handlers
+                previous = {}
+            try:
+                yield self
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        return handlers()
 
 
 def _progress(result) -> None:

@@ -24,7 +24,9 @@ def register(root: typer.Typer) -> None:
 
 @app.command()
 def start(
-    model: Annotated[str, typer.Option("--model", "-m", help="The new model, e.g. nomic-embed-text.")],
+    model: Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="The new model, e.g. nomic-embed-text (default: the configured [embedding] model).")]
+    = None,
     embedder: Annotated[Optional[str], typer.Option(
         "--embedder", "-e", help="ollama, local or hash (default: the configured embedder).")] = None,
     dims: Annotated[Optional[int], typer.Option(
@@ -32,7 +34,7 @@ def start(
     halfvec: Annotated[bool, typer.Option("--halfvec", help="Store vectors as halfvec (up to 4,000 dims).")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Create the new model's vector table and queue every chunk for it.
+    """Create the new model's vector table and queue every chunk for it (the configured model by default).
 
     Refuses dimensions HNSW cannot index: over 2,000 as vector (use --halfvec up to 4,000) or
     over 4,000 (use --dims).

@@ -33,15 +33,13 @@ def timing(
     projected_s for every chunk, backlog_projected_s for the current backlog, tokens, and
     second_model_bytes, the disk a second model's vector table and index would take.
     """
-    from memctl import reembed, timing as timing_mod
+    from memctl import timing as timing_mod
     from memctl.embedding import LOCAL_MODEL, make_embedder
 
     st = settings()
-    if model is None and embedder is None:
-        emb = make_embedder(st)
-    else:
-        default = LOCAL_MODEL if embedder == "local" else st.get("embedding", "model")
-        emb = reembed.new_embedder(st, model=model or default, embedder=embedder)
+    if model is None and embedder == "local":
+        model = LOCAL_MODEL
+    emb = make_embedder(st, embedder=embedder, model=model)
     texts = timing_mod.read_texts(file) if file else None
     size = batch_size or st.get("embedding", "batch_size")
     render_one(timing_mod.measure(connect(), emb, sample=sample, batch_size=size, texts=texts), fmt)
