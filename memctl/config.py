@@ -31,6 +31,16 @@ def _duration(value: Any) -> str:
     return str(value)
 
 
+JOB_LOG_MIN = "1d"
+
+
+def _job_log_age(value: Any) -> str:
+    """[retention] jobs: at least a day, so no live run's row (an embed batch, a runbook step) is trimmed."""
+    if parse_duration(value) < parse_duration(JOB_LOG_MIN):
+        raise ValueError(f"the job log is kept at least {JOB_LOG_MIN}, got {value!r}")
+    return str(value)
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"expected a positive integer, got {value!r}")
@@ -132,6 +142,10 @@ FREE_SECTIONS: dict[str, Callable[[Any], Any]] = {
     "retention": _duration,
 }
 DEFAULT_IMPORTANCE = {"conversation": 8, "observation": 4, "stay": 0}
+# [retention] keys that are not episode kinds: keep_importance, and jobs (the maximum age of the job log,
+# jobs and runbook_runs rows). Only jobs has a default; it applies even when [retention] is empty.
+RETENTION_SPECIAL: dict[str, Callable[[Any], Any]] = {"keep_importance": _importance, "jobs": _job_log_age}
+RETENTION_DEFAULTS = {"jobs": "90d"}
 
 ENV_OVERRIDES = {
     ("", "database_url"): "MEMCTL_DATABASE_URL",
@@ -188,8 +202,8 @@ def _validate(raw: dict[str, Any], path: Path) -> tuple[dict[str, dict[str, Any]
             checker = FREE_SECTIONS.get(name)
             known = SCHEMA.get(name, {})
             for key, item in value.items():
-                if checker is not None and key == "keep_importance" and name == "retention":
-                    check = _importance
+                if checker is not None and name == "retention" and key in RETENTION_SPECIAL:
+                    check = RETENTION_SPECIAL[key]
                 elif checker is not None:
                     check = checker
                 elif key in known:
@@ -288,11 +302,13 @@ mask_url = mask_secrets  # the older name, used for connection strings and datab
 def shown_settings(settings: Settings) -> list[dict[str, Any]]:
     """Rows for `config show`: every effective setting, secrets masked."""
     rows = []
-    for section in sorted(settings.values):
-        for key, value in sorted(settings.values[section].items()):
+    values = {**settings.values, "retention": {**RETENTION_DEFAULTS, **settings.values.get("retention", {})}}
+    for section in sorted(values):
+        for key, value in sorted(values[section].items()):
             if isinstance(value, str):  # every URL or DSN-valued setting, whatever its name
                 value = mask_secrets(value)
             name = f"{section}.{key}" if section else key
-            origin = settings.origins.get((section, key), "file")
+            given = key in settings.values.get(section, {})
+            origin = settings.origins.get((section, key), "file" if given else "default")
             rows.append({"setting": name, "value": value, "origin": origin})
     return rows

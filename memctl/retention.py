@@ -24,6 +24,7 @@ from memctl.errors import ConfigError, NotFound, UsageError
 
 DEFAULT_BATCH = 2000
 KEEP_IMPORTANCE = "keep_importance"
+JOBS = "jobs"  # [retention] jobs: the job log's maximum age, not an episode kind
 
 
 # --- policy ------------------------------------------------------------------
@@ -34,19 +35,23 @@ class Policy:
     """Maximum age per kind (durations like '30d'); kinds not named are kept.
 
     keep_importance: episodes of importance >= N are kept whatever their age (all kinds).
+    jobs: the maximum age of the job log (jobs and runbook_runs rows), 90d unless set.
     """
 
     max_age: dict[str, str]
     keep_importance: int | None = None
+    jobs: str = field(default_factory=lambda: _default_job_age())
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> Policy:
         section = dict(section)
         keep = section.pop(KEEP_IMPORTANCE, None)
-        return cls(dict(sorted(section.items())), keep)
+        jobs = section.pop(JOBS, None) or _default_job_age()
+        return cls(dict(sorted(section.items())), keep, jobs)
 
     @property
     def empty(self) -> bool:
+        """No episode kind named: prune deletes no episode (the job log is trimmed all the same)."""
         return not self.max_age
 
     def cutoffs(self, now: datetime.datetime) -> dict[str, datetime.datetime]:
@@ -54,11 +59,26 @@ class Policy:
 
         return {kind: now - datetime.timedelta(seconds=parse_duration(age)) for kind, age in self.max_age.items()}
 
+    def job_log_cutoff(self, now: datetime.datetime) -> datetime.datetime:
+        from memctl.config import parse_duration
+
+        return now - datetime.timedelta(seconds=parse_duration(self.jobs))
+
     def require(self) -> None:
+        """Refuse a policy that names no episode kind (for callers that prune episodes only)."""
         if self.empty:
-            raise ConfigError('no retention policy: add a [retention] section to the configuration '
-                              '(e.g. raw = "30d", summary = "365d") or give one with --policy FILE; '
-                              "an empty policy is refused rather than read as 'delete nothing' or 'delete all'")
+            raise ConfigError(NO_EPISODE_POLICY)
+
+
+NO_EPISODE_POLICY = ('no episode retention policy: [retention] names no kind, so no episode is deleted; add e.g. '
+                     'raw = "30d", summary = "365d" to the configuration or give a file with --policy FILE '
+                     "(an empty policy never means 'delete all')")
+
+
+def _default_job_age() -> str:
+    from memctl.config import RETENTION_DEFAULTS
+
+    return RETENTION_DEFAULTS[JOBS]
 
 
 def policy_from_settings(settings) -> Policy:
@@ -155,8 +175,7 @@ def summarise(conn, selection: Selection, vector_tables: list[str]) -> list[dict
 
 
 def plan(conn, policy: Policy) -> list[dict]:
-    """Dry run of a prune: per kind of the policy, what it would delete."""
-    policy.require()
+    """Dry run of a prune: per kind of the policy, what it would delete (none for an empty policy)."""
     now = conn.execute(NOW).fetchone()["now"]
     tables = _vector_tables(conn)
     rows = []
@@ -176,6 +195,56 @@ def plan(conn, policy: Policy) -> list[dict]:
 def unnamed_kinds(conn, policy: Policy) -> list[dict]:
     """Kinds present in the database that the policy does not name (kept)."""
     return conn.execute(UNNAMED_KINDS, (list(policy.max_age),)).fetchall()
+
+
+# --- the job log ---------------------------------------------------------------
+
+# Rows started before the cutoff. A row still 'running' that old is from a killed
+# process (a live run is at most hours old, the cutoff at least a day): it goes too.
+# A younger row, running or not, is never selected.
+JOB_LOG_PLAN = """
+SELECT 'jobs' AS table, count(*) AS rows, count(*) FILTER (WHERE outcome = 'running') AS running,
+       min(started_at) AS oldest, max(started_at) AS newest
+FROM jobs WHERE started_at < %(cutoff)s
+UNION ALL
+SELECT 'runbook_runs', count(*), count(*) FILTER (WHERE outcome = 'running'), min(started_at), max(started_at)
+FROM runbook_runs WHERE started_at < %(cutoff)s
+"""
+DELETE_JOBS_BATCH = """
+DELETE FROM jobs WHERE id IN (
+    SELECT id FROM jobs WHERE started_at < %(cutoff)s ORDER BY started_at, id LIMIT %(limit)s)
+"""
+DELETE_RUNBOOK_RUNS_BATCH = """
+DELETE FROM runbook_runs WHERE (agent, id) IN (
+    SELECT agent, id FROM runbook_runs WHERE started_at < %(cutoff)s ORDER BY started_at, agent, id LIMIT %(limit)s)
+"""
+JOB_LOG_TABLES = {"jobs": DELETE_JOBS_BATCH, "runbook_runs": DELETE_RUNBOOK_RUNS_BATCH}
+
+
+def job_log_plan(conn, policy: Policy) -> list[dict]:
+    """Dry run of the job log trim: per table the rows older than [retention] jobs (and how many say 'running')."""
+    cutoff = policy.job_log_cutoff(conn.execute(NOW).fetchone()["now"])
+    rows = conn.execute(JOB_LOG_PLAN, {"cutoff": cutoff}).fetchall()
+    return [{**row, "policy": policy.jobs, "cutoff": cutoff} for row in rows]
+
+
+def trim_job_log(conn, policy: Policy, *, batch_size: int = DEFAULT_BATCH) -> list[dict]:
+    """Delete jobs and runbook_runs rows started before the cutoff, one short transaction per batch."""
+    if batch_size <= 0:
+        raise UsageError(f"the batch size must be positive, got {batch_size}")
+    cutoff = policy.job_log_cutoff(conn.execute(NOW).fetchone()["now"])
+    done = []
+    for table, statement in JOB_LOG_TABLES.items():
+        deleted = batches = 0
+        while True:
+            with conn.transaction():
+                conn.execute(ASYNC_COMMIT)
+                count = conn.execute(statement, {"cutoff": cutoff, "limit": batch_size}).rowcount
+            if not count:
+                break
+            deleted, batches = deleted + count, batches + 1
+        done.append({"table": table, "policy": policy.jobs, "cutoff": cutoff, "rows": deleted, "batches": batches})
+    return done
 
 
 # --- deleting in batches -----------------------------------------------------
@@ -348,6 +417,7 @@ class Report:
     outcome: str = "ok"
     error: str | None = None
     facts: list[dict] = field(default_factory=list)
+    job_log: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -381,10 +451,12 @@ def _detail(report: Report, **extra) -> dict:
 
 
 def prune(conn, policy: Policy, *, batch_size: int = DEFAULT_BATCH, run_vacuum: bool = False) -> Report:
-    """Delete every episode past its kind's maximum age, in batches; verify; record the run as job 'prune'."""
+    """Delete every episode past its kind's maximum age, in batches; verify; trim the job log; record as 'prune'.
+
+    An empty policy deletes no episode; the job log is trimmed all the same ([retention] jobs, 90d by default).
+    """
     from memctl import jobs
 
-    policy.require()
     with jobs.record(conn, "prune") as job:
         now = conn.execute(NOW).fetchone()["now"]
         selections = {kind: prune_selection(kind, cutoff, policy.keep_importance)
@@ -392,12 +464,16 @@ def prune(conn, policy: Policy, *, batch_size: int = DEFAULT_BATCH, run_vacuum: 
         report, _ = _run(conn, selections, batch_size=batch_size, run_vacuum=run_vacuum)
         for row in report.kinds:
             row.update(policy=policy.max_age[row["kind"]], cutoff=selections[row["kind"]].params["cutoff"])
+        report.job_log = trim_job_log(conn, policy, batch_size=batch_size)
+        if run_vacuum and any(t["rows"] for t in report.job_log):
+            vacuum(conn, list(JOB_LOG_TABLES))
         if report.remaining:
             report.outcome = "partial"
             report.error = (f"{report.remaining} episode(s) still match the policy after the prune "
                             "(written during it with an old created_at?); the next run deletes them")
         job.rows, job.outcome, job.error = report.rows, report.outcome, report.error
-        job.detail = _detail(report, policy=policy.max_age, keep_importance=policy.keep_importance)
+        job.detail = _detail(report, policy=policy.max_age, keep_importance=policy.keep_importance,
+                             job_log_policy=policy.jobs)
     return report
 
 

@@ -180,15 +180,93 @@ def test_missing_policy_file_is_refused(cli, tmp_path):
 
 
 @pytest.mark.parametrize("text", ["", "[retention]\n", "[retention]\nkeep_importance = 5\n"])
-def test_empty_policy_is_refused_and_nothing_is_recorded(cli, conn, memctl_env, text):
+def test_empty_policy_deletes_no_episode_but_still_trims_the_job_log(cli, conn, memctl_env, text):
     configure(memctl_env, text)
     load(cli, mixed())
-    for args in (("prune",), ("prune", "--yes")):
-        out = cli(*args)
-        assert out.exit_code == 1
-        assert "no retention policy" in out.stderr
+    old_job(conn, "embed", "ok", days=100)
+    dry = cli("prune", "-f", "json")
+    assert dry.exit_code == 0, dry.stderr
+    assert dry.json() == [] and "no episode retention policy" in dry.stderr and "delete all" in dry.stderr
+    assert "job log: 1 job row(s) and 0 runbook-run row(s)" in dry.stderr
+    done = cli("prune", "--yes", "-f", "json")
+    assert done.exit_code == 0, done.stderr
+    assert done.json() == [] and "no episode retention policy" in done.stderr
+    assert "job log: deleted 1 job row(s) and 0 runbook-run row(s)" in done.stderr
     assert scalar(conn, "SELECT count(*) FROM episodes") == 11
-    assert scalar(conn, "SELECT count(*) FROM jobs") == 0
+    assert [(j["job"], j["outcome"], j["rows"]) for j in cli("jobs", "-f", "json").json()] == [("prune", "ok", 0)]
+
+
+def old_job(conn, job: str, outcome: str, *, days: float) -> int:
+    """A job row started DAYS ago (finished then, unless still 'running')."""
+    return conn.execute("INSERT INTO jobs (job, started_at, finished_at, outcome) "
+                        "VALUES (%s, now() - make_interval(secs => %s), "
+                        "CASE WHEN %s <> 'running' THEN now() - make_interval(secs => %s) END, %s) RETURNING id",
+                        (job, days * 86400, outcome, days * 86400 - 60, outcome)).fetchone()["id"]
+
+
+def old_run(conn, name: str, outcome: str, *, days: float) -> None:
+    conn.execute("INSERT INTO runbook_runs (name, commit, steps, outcome, started_at) "
+                 "VALUES (%s, 'c0ffee', 1, %s, now() - make_interval(secs => %s))", (name, outcome, days * 86400))
+
+
+def job_log(conn) -> tuple[list, list]:
+    jobs_left = [(r["job"], r["outcome"]) for r in conn.execute("SELECT job, outcome FROM jobs ORDER BY started_at")]
+    runs_left = [(r["name"], r["outcome"]) for r in conn.execute(
+        "SELECT name, outcome FROM runbook_runs ORDER BY started_at")]
+    return jobs_left, runs_left
+
+
+def test_prune_trims_the_job_log_past_its_retention_in_batches(cli, conn, memctl_env):
+    configure(memctl_env, POLICY)
+    for _ in range(3):
+        old_job(conn, "embed", "ok", days=100)
+    old_job(conn, "embed", "running", days=95)  # a killed run
+    old_job(conn, "embed", "failed", days=10)
+    old_job(conn, "embed", "running", days=0.01)  # a live run
+    old_run(conn, "old-a", "ok", days=120)
+    old_run(conn, "old-b", "running", days=91)
+    old_run(conn, "recent", "running", days=1)
+    conn.execute("UPDATE jobs SET started_at = now() - interval '100 days' WHERE outcome = 'ok'")  # as in the issue
+
+    dry = cli("prune")
+    assert dry.exit_code == 0, dry.stderr
+    assert "job log: 4 job row(s) and 2 runbook-run row(s) started before" in dry.stderr
+    assert "2 of them still 'running' (left by killed processes)" in dry.stderr and "jobs = 90d" in dry.stderr
+    assert "runbook_runs" in dry.stdout and "running" in dry.stdout  # the second table
+    assert len(job_log(conn)[0]) == 6 and len(job_log(conn)[1]) == 3  # a dry run deletes nothing
+
+    done = cli("prune", "--yes", "--batch-size", "3")
+    assert done.exit_code == 0, done.stderr
+    assert "job log: deleted 4 job row(s) and 2 runbook-run row(s)" in done.stderr
+    jobs_left, runs_left = job_log(conn)
+    assert jobs_left == [("embed", "failed"), ("embed", "running"), ("prune", "ok")]
+    assert runs_left == [("recent", "running")]
+    [run] = cli("jobs", "--job", "prune", "-f", "json").json()
+    assert run["detail"]["job_log_policy"] == "90d"
+    assert [(t["table"], t["rows"], t["batches"]) for t in run["detail"]["job_log"]] == [
+        ("jobs", 4, 2), ("runbook_runs", 2, 1)]
+
+    configure(memctl_env, POLICY + 'jobs = "7d"\n')
+    plan = cli("prune", "-f", "json")
+    assert {r["kind"] for r in plan.json()} == {"raw", "summary"}  # jobs is not an episode kind
+    assert "jobs = 7d" in plan.stderr and "job log: 1 job row(s)" in plan.stderr
+    assert cli("prune", "--yes").exit_code == 0
+    assert job_log(conn)[0] == [("embed", "running"), ("prune", "ok"), ("prune", "ok")]
+
+
+@pytest.mark.parametrize("value", ['"1h"', '"ninety days"', "90"])
+def test_job_log_retention_is_a_duration_of_at_least_a_day(cli, memctl_env, value):
+    configure(memctl_env, f"[retention]\njobs = {value}\n")
+    out = cli("prune")
+    assert out.exit_code == 1 and "[retention] jobs" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_config_show_lists_the_job_log_default(cli, memctl_env):
+    shown = {r["setting"]: r for r in cli("config", "show", "-f", "json").json()}
+    assert (shown["retention.jobs"]["value"], shown["retention.jobs"]["origin"]) == ("90d", "default")
+    configure(memctl_env, '[retention]\njobs = "30d"\n')
+    shown = {r["setting"]: r for r in cli("config", "show", "-f", "json").json()}
+    assert (shown["retention.jobs"]["value"], shown["retention.jobs"]["origin"]) == ("30d", "file")
 
 
 def test_vacuum_needs_yes(cli, memctl_env):

@@ -32,6 +32,8 @@ PURGE_PLAN_COLUMNS = ["kind", "rows", "chunks", "vectors", "bytes", "oldest", "n
 PURGED_COLUMNS = ["kind", "rows", "chunks", "vectors", "oldest", "newest", "remaining"]
 FACT_COLUMNS = ["namespace", "key", "value", "updated_at", "deleted"]
 TABLE_COLUMNS = ["table", "bytes_before", "bytes_after", "dead_tuples_before", "dead_tuples_after"]
+JOB_LOG_PLAN_COLUMNS = ["table", "policy", "rows", "running", "oldest", "newest", "cutoff"]
+JOB_LOG_COLUMNS = ["table", "policy", "rows", "batches", "cutoff"]
 JOB_COLUMNS = ["id", "job", "started_at", "finished_at", "outcome", "rows", "error"]
 
 
@@ -63,39 +65,68 @@ def prune(
         "--vacuum", help="After deleting, VACUUM (ANALYZE) the tables touched (slow on a large HNSW index).")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Delete episodes past their kind's maximum age (\\[retention], e.g. raw = "30d"; units s m h d w y).
+    """Delete episodes past their kind's maximum age (\\[retention], e.g. raw = "30d"; units s m h d w y), and trim
+    the job log.
 
     Kinds the policy does not name are kept; keep_importance = N keeps episodes of importance >= N whatever their
     age. Without --yes, a dry run: per kind the rows it would delete, their oldest and newest created_at and the
     bytes they hold. With --yes, deletes in short batches (chunks and vectors of every model with their episodes),
     checks that no row still matches, and reports table sizes and dead tuples before and after; recorded in
-    `memctl jobs`. An empty policy is refused.
+    `memctl jobs`. A policy that names no kind deletes no episode (said on stderr), never all of them.
+
+    The job log (`memctl jobs` and runbook runs) keeps \\[retention] jobs (default 90d, at least 1d): older rows,
+    including 'running' rows left by killed processes, are deleted too, also when no episode policy is set. stdout
+    lists the episode kinds; the job log counts go to stderr (and a second table in table format).
     """
     if vacuum and not yes:
         raise UsageError("--vacuum needs --yes (a dry run deletes nothing to vacuum)")
     policy = retention.read_policy(policy_file) if policy_file else retention.policy_from_settings(settings())
-    policy.require()
     conn = connect()
-    keep = policy.keep_importance
     if not yes:
-        rows = retention.plan(conn, policy)
-        render(rows, fmt, columns=PLAN_COLUMNS)
-        kept = ", ".join(f"{r['kind']} ({r['rows']})" for r in retention.unnamed_kinds(conn, policy))
-        if keep is not None:
-            warn(f"episodes of importance >= {keep} are kept whatever their age (keep_importance)")
-        if kept:
-            warn(f"kinds without a policy are kept: {kept}")
-        total = sum(r["rows"] for r in rows)
-        warn(f"dry run, nothing deleted: {total} episode(s), {_mib(sum(r['bytes'] for r in rows))} ({BYTES_NOTE}); "
-             "run with --yes to delete")
+        _prune_plan(conn, policy, fmt)
         return
     report = retention.prune(conn, policy, batch_size=batch_size, run_vacuum=vacuum)
     render(report.kinds, fmt, columns=PRUNED_COLUMNS)
     _section(report.tables, fmt, TABLE_COLUMNS)
-    _summary("pruned", report)
+    _section(report.job_log, fmt, JOB_LOG_COLUMNS)
+    if policy.empty:
+        warn(retention.NO_EPISODE_POLICY)
+    else:
+        _summary("pruned", report)
+    warn("job log: deleted " + _job_log_counts(report.job_log) + f" started before {_cutoff(report.job_log)} "
+         f"([retention] jobs = {policy.jobs})")
     if report.outcome != "ok":
         warn(report.error)
         raise typer.Exit(EXIT_ERROR)
+
+
+def _prune_plan(conn, policy: retention.Policy, fmt: Format) -> None:
+    rows = retention.plan(conn, policy)
+    job_log = retention.job_log_plan(conn, policy)
+    render(rows, fmt, columns=PLAN_COLUMNS)
+    _section(job_log, fmt, JOB_LOG_PLAN_COLUMNS)
+    kept = ", ".join(f"{r['kind']} ({r['rows']})" for r in retention.unnamed_kinds(conn, policy))
+    if policy.empty:
+        warn(retention.NO_EPISODE_POLICY)
+    elif policy.keep_importance is not None:
+        warn(f"episodes of importance >= {policy.keep_importance} are kept whatever their age (keep_importance)")
+    if kept and not policy.empty:
+        warn(f"kinds without a policy are kept: {kept}")
+    running = sum(t["running"] for t in job_log)
+    warn(f"dry run, nothing deleted: {sum(r['rows'] for r in rows)} episode(s), "
+         f"{_mib(sum(r['bytes'] for r in rows))} ({BYTES_NOTE}); job log: " + _job_log_counts(job_log)
+         + f" started before {_cutoff(job_log)} ([retention] jobs = {policy.jobs})"
+         + (f", {running} of them still 'running' (left by killed processes)" if running else "")
+         + "; run with --yes to delete")
+
+
+def _job_log_counts(tables: list[dict]) -> str:
+    names = {"jobs": "job row(s)", "runbook_runs": "runbook-run row(s)"}
+    return " and ".join(f"{t['rows']} {names[t['table']]}" for t in tables)
+
+
+def _cutoff(tables: list[dict]) -> str:
+    return tables[0]["cutoff"].isoformat(timespec="seconds") if tables else "?"
 
 
 def _summary(verb: str, report: retention.Report) -> None:
@@ -136,7 +167,7 @@ def purge(
             warn(f"{source!r} is not blocked: memctl source block {source!r} --reason ... refuses its writes")
         return
     report = retention.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size)
-    summary = {k: v for k, v in report.to_dict().items() if k not in ("kinds", "facts", "tables")}
+    summary = {k: v for k, v in report.to_dict().items() if k not in ("kinds", "facts", "tables", "job_log")}
     _purge_output(fmt, report.kinds, report.facts, PURGED_COLUMNS, {"source": source, "dry_run": False, **summary},
                   tables=report.tables)
     _facts_note(source, report.facts, planned=False, delete_facts=delete_facts)
