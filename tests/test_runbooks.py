@@ -586,3 +586,15 @@ def test_rotate_retention_policy_runbook(cli, shipped, fake_memctl, memctl_env, 
     [backup] = list(tmp_path.glob("config.toml.before-*"))
     assert "30d" in backup.read_text()
     assert "retention.observation,90d" in out.json()["output_tail"]
+
+
+def test_rotate_retention_policy_refuses_a_policy_without_an_episode_kind(cli, shipped, fake_memctl, tmp_path):
+    env, log = fake_memctl
+    new = tmp_path / "new.toml"
+    new.write_text('[retention]\njobs = "30d"\nkeep_importance = 8\n')  # neither is a kind
+    out = rb(cli, "run", "rotate-retention-policy", "--yes", "-f", "json", root=shipped,
+             env={**env, "MEMCTL_NEW_CONFIG": str(new)})
+    assert out.exit_code == 1 and out.json()["failed_step"] == 2
+    assert "no [retention] rule for any episode kind" in out.stderr
+    assert "no episode kind has a retention rule in force" in out.stderr  # step 1, on the empty current config
+    assert not [c for c in log.read_text().splitlines() if c.startswith("prune")]

@@ -40,7 +40,8 @@ def pg_service(
 
     Prints shell assignments of PGSERVICEFILE and PGSERVICE, which psql, pg_dump and pg_restore then use,
     so a shell step never puts the URL on a command line, where `ps` shows it:
-    `env=$(memctl config pg-service "$dir"); eval "$env"`. The database is the one memctl uses
+    `pgenv="$(memctl config pg-service "$dir")"; eval "$pgenv"` (the assignment first, so that `sh -e` stops
+    if it fails; libpq does not expand a URL in PGDATABASE). The database is the one memctl uses
     (--database-url, MEMCTL_DATABASE_URL, the file, else the embedded one, started if needed). Remove
     DIRECTORY afterwards (a trap): the passfile holds the password.
     """

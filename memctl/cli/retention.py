@@ -18,7 +18,8 @@ source_app = typer.Typer(help="Blocked sources: writes (episode add/import, fact
 
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Delete. Without it, a dry run that deletes nothing.")]
 BatchSize = Annotated[int, typer.Option(
-    "--batch-size", min=1, help="Episodes per delete transaction (short transactions: no lock held for long).")]
+    "--batch-size", min=1, help="Episodes (and for prune, job log rows) per delete transaction (short transactions: "
+    "no lock held for long).")]
 
 SPACE_NOTE = ("deleted rows become dead tuples; once VACUUM has processed them (autovacuum will, or --vacuum) "
               "their space is reused by new rows, but the table files rarely shrink, so disk usage will not "
@@ -213,7 +214,9 @@ def jobs(
 ) -> None:
     """The job log: every embed, prune and purge run with start, end, outcome, rows affected and error.
 
-    json/jsonl also carry `detail` (e.g. a prune's table sizes before and after, its longest transaction).
+    json/jsonl also carry `detail` (e.g. a prune's table sizes before and after, its longest transaction). Errors
+    are stored with URL and DSN passwords masked. `memctl prune` deletes rows older than \\[retention] jobs
+    (default 90d).
     """
     rows = jobs_mod.list_jobs(connect(), job=job, limit=limit)
     render(rows, fmt, columns=JOB_COLUMNS if fmt in (Format.table, Format.csv) else None)
