@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
-from memctl import chunking
+from memctl import chunking, models
 from memctl.config import Settings, parse_duration
 from memctl.errors import InvalidInput, NotFound, UsageError
 
@@ -144,6 +144,7 @@ def add(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any
         return None
     sources.check_allowed(conn, episode.source)
     with conn.transaction():
+        conn.execute(models.WRITE_LOCK)
         row = conn.execute(INSERT_EPISODE, {**asdict(episode), "content_hash": episode.content_hash,
                                             "meta": Jsonb(episode.meta)}).fetchone()
         episode_id = row["id"]
@@ -304,6 +305,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
         # GIN indexes gather inserts in a pending list; a larger one for this
         # transaction merges it in fewer, larger passes.
         conn.execute("SET LOCAL gin_pending_list_limit = '64MB'")
+        conn.execute(models.WRITE_LOCK)
         batch: list[NewEpisode] = []
         for episode in episodes:
             if episode.source in blocked:
@@ -318,9 +320,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
 
 
 def _copy_batch(conn, batch, now, size, overlap, result, Jsonb) -> None:
-    # The models are read per batch (READ COMMITTED sees one registered meanwhile);
-    # chunks copied before a registration committed are invisible to its ENQUEUE_ALL,
-    # and the embed worker re-queues them (models.queue_orphans).
+    # Under models.WRITE_LOCK no model registers while this transaction runs.
     queued = [r["id"] for r in conn.execute(QUEUED_MODELS).fetchall()]
     episode_ids = _take_ids(conn, EPISODE_SEQ, len(batch))
     chunk_rows = []

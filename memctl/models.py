@@ -55,6 +55,10 @@ INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %s, agent, id FROM ch
 ON CONFLICT DO NOTHING
 """
 LOCK = "SELECT pg_advisory_xact_lock(hashtext('memctl.embedding_models'))"
+# Taken (shared) by every write that queues chunks, before it reads the model list: a
+# registration (exclusive, LOCK) then waits for writes in flight, and its ENQUEUE_ALL
+# sees their chunks; a write that starts later sees the new model.
+WRITE_LOCK = "SELECT pg_advisory_xact_lock_shared(hashtext('memctl.embedding_models'))"
 # A chunk of this model with no vector, no queue row and no failure row is an orphan:
 # written by a transaction that began before the model was registered (its chunks were
 # invisible to ENQUEUE_ALL) and so never queued. The embed worker re-queues them.

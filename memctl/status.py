@@ -33,6 +33,8 @@ def collect(conn, settings=None) -> dict:
         age = backlog["oldest_pending_age_s"]
         report.update(pending=backlog["pending"], failed=conn.execute(FAILED, (model.id,)).fetchone()["failed"],
                       active_model=model.label, oldest_pending_age_s=round(float(age), 1) if age is not None else None)
+    # Chunks no worker will ever embed unless re-queued (models.ORPHANS); `memctl embed` does that.
+    report["orphaned"] = sum(models.count_orphans(conn, m) for m in (model, backfill) if m is not None)
     report["backfill_model"] = backfill.label if backfill else None
     report["last_embed"] = jobs.last(conn, "embed")
     report["last_prune"] = jobs.last(conn, "prune")
@@ -88,6 +90,9 @@ def warnings(conn, settings, report: dict) -> list[str]:
     if age is not None and age > LATE_FACTOR * parse_duration(embed_every):
         found.append(f"the oldest chunk waiting for a vector was queued {human(age)} ago, more than twice the "
                      f"embed schedule ({embed_every}): the worker is not keeping up or not running")
+    if report.get("orphaned"):
+        found.append(f"{report['orphaned']} chunk(s) have no vector, no queue row and no failure (written while a "
+                     "model was being registered): the next memctl embed queues them")
     if report["failed"]:
         found.append(f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
                      "(memctl embed --retry-failed puts them back in the queue)")
@@ -97,4 +102,7 @@ def warnings(conn, settings, report: dict) -> list[str]:
                  + ", ".join(f"{k} = {v}" for k, v in sorted(policy.items())) + "): memctl prune --yes "
                  "or enable memctl-prune.timer")
         found.append(_late(conn, "prune", _schedule(settings, "prune"), never=never))
+    from memctl import server
+
+    found.extend(server.version_warnings(conn))
     return [w for w in found if w]
