@@ -162,8 +162,8 @@ def compare(
 def switch(fmt: FormatOption = Format.table) -> None:
     """Make the new model the active one, atomically. Refuses unless backfilled and indexed.
 
-    Afterwards change the configuration to the new model (printed on stderr): until then search and
-    `memctl embed` refuse with a pointer rather than mix two models.
+    Search, recall and `memctl embed` follow the database's active model at once, also where the
+    configuration still names the old one (they warn until it is changed: printed on stderr).
     """
     from memctl import reembed
 
@@ -172,9 +172,9 @@ def switch(fmt: FormatOption = Format.table) -> None:
     config = result["config"]
     warn(f"switched: {result['new']} is active, {result['old']} is retired "
          "(`memctl reembed drop-old` returns its space)")
-    warn(f"now point the configuration at the new model: {config['env']}")
+    warn(f"search, recall and embed use it now; to stop their warning, point the configuration at it: "
+         f"{config['env']}")
     warn("or in the config file:\n" + config["toml"].rstrip())
-    warn("until then, search and `memctl embed` refuse: the configured model no longer matches the active one")
 
 
 @app.command("drop-old")
