@@ -296,6 +296,15 @@ def mask_secrets(text: str | None) -> str | None:
     return _KEYWORD_SECRET.sub(rf"\1{MASK}", text)
 
 
+# user:password@host with no scheme (OLLAMA_HOST accepts a bare host:port): only for whole setting values,
+# since in free text it could be anything.
+_BARE_USERINFO = re.compile(r"^([^\s:/@]+:)[^\s]*@(?=[^\s@/]+$|[^\s@/]+/)")
+
+
+def _mask_setting(value: str) -> str:
+    return mask_secrets(_BARE_USERINFO.sub(rf"\1{MASK}@", value) if "://" not in value else value)
+
+
 mask_url = mask_secrets  # the older name, used for connection strings and database errors
 
 
@@ -306,7 +315,7 @@ def shown_settings(settings: Settings) -> list[dict[str, Any]]:
     for section in sorted(values):
         for key, value in sorted(values[section].items()):
             if isinstance(value, str):  # every URL or DSN-valued setting, whatever its name
-                value = mask_secrets(value)
+                value = _mask_setting(value)
             name = f"{section}.{key}" if section else key
             given = key in settings.values.get(section, {})
             origin = settings.origins.get((section, key), "file" if given else "default")

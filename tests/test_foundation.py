@@ -165,6 +165,12 @@ def test_config_show_masks_every_credential_in_every_format(cli, memctl_env, fmt
         assert kept in shown.stdout  # masked, not dropped: the rest stays readable
 
 
+def test_config_show_masks_a_bare_ollama_host_with_credentials(cli):
+    shown = cli("config", "show", "-f", "csv", env={"OLLAMA_HOST": "ollama:b4re-pw@127.0.0.1:11434"})
+    assert shown.exit_code == 0 and "b4re-pw" not in shown.stdout + shown.stderr
+    assert "embedding.ollama_host,ollama:****@127.0.0.1:11434,env OLLAMA_HOST" in shown.stdout
+
+
 def test_config_show_masks_a_key_value_database_url(cli, memctl_env):
     Path(memctl_env["MEMCTL_CONFIG"]).write_text(
         "database_url = \"host=127.0.0.1 password='kv s3cret' dbname=memctl\"\n")
