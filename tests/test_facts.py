@@ -244,3 +244,12 @@ def test_schema_behind_is_refused_on_a_server_database(cli, empty_db_url):
     applied = cli("db", "migrate", env={"MEMCTL_DATABASE_URL": empty_db_url})
     assert applied.exit_code == 0
     assert cli("fact", "get", "x", env={"MEMCTL_DATABASE_URL": empty_db_url}).exit_code == 4
+
+
+def test_erase_in_a_transaction_says_it_did_not_vacuum(db_url):
+    with db.connect(db_url, autocommit=False) as conn:
+        facts.set_fact(conn, "k", "old-value")
+        result = facts.erase_fact(conn, "k")
+        conn.commit()
+    assert (result.vacuum, result.checkpoint, result.history_values_erased) == (None, False, 1)
+    assert "not vacuumed" in result.still_in and "backups" in result.still_in
