@@ -88,13 +88,15 @@ class Layer:
     norm2_b: np.ndarray
 
 
-def _layer(t: dict[str, np.ndarray], i: int) -> Layer:
+def _layer(t: dict[str, np.ndarray], i: int, head_size: int) -> Layer:
     p = f"encoder.layer.{i}."
     a = p + "attention."
-    qkv = [t[f"{a}self.{n}.weight"] for n in ("query", "key", "value")]
+    # q, k and v in one matmul; q carries the 1/sqrt(head size) of the attention scores.
+    scale = np.float32(1.0 / math.sqrt(head_size))
+    qkv_w = np.concatenate([t[a + "self.query.weight"] * scale, t[a + "self.key.weight"], t[a + "self.value.weight"]])
     return Layer(
-        qkv_w=np.ascontiguousarray(np.concatenate(qkv).T),  # one matmul for q, k and v
-        qkv_b=np.concatenate([t[f"{a}self.{n}.bias"] for n in ("query", "key", "value")]),
+        qkv_w=np.ascontiguousarray(qkv_w.T),
+        qkv_b=np.concatenate([t[a + "self.query.bias"] * scale, t[a + "self.key.bias"], t[a + "self.value.bias"]]),
         out_w=t[a + "output.dense.weight"].T,
         out_b=t[a + "output.dense.bias"],
         norm1_w=t[a + "output.LayerNorm.weight"],
@@ -161,7 +163,7 @@ class Encoder:
         self.token_type = tensors["embeddings.token_type_embeddings.weight"]
         self.norm_w = tensors["embeddings.LayerNorm.weight"]
         self.norm_b = tensors["embeddings.LayerNorm.bias"]
-        self.layers = [_layer(tensors, i) for i in range(int(config["num_hidden_layers"]))]
+        self.layers = [_layer(tensors, i, self.hidden // self.heads) for i in range(int(config["num_hidden_layers"]))]
         self.sep_id = tokenizer.token_to_id("[SEP]")
         self.workers = max(1, min(2, os.cpu_count() or 1))
 
@@ -223,8 +225,10 @@ class Encoder:
             mask[row, : len(tokens)] = 1.0
         x = self.word[ids] + self.position[:length] + self.token_type[0]
         x = _layer_norm(x.reshape(n * length, h), self.norm_w, self.norm_b, self.eps)
-        # Padding gets the most negative float added to its scores, as transformers does.
-        bias = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :]
+        # Padding gets the most negative float added to its scores, as transformers does;
+        # a group of equal lengths (common once sorted) has none.
+        padded = bool(mask.min() == 0.0)
+        bias = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :] if padded else None
         for layer in self.layers:
             x = self._layer(x, layer, bias, n, length)
         x = x.reshape(n, length, h)
@@ -232,15 +236,15 @@ class Encoder:
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return pooled / np.maximum(norms, 1e-12)
 
-    def _layer(self, x: np.ndarray, w: Layer, bias: np.ndarray, n: int, length: int) -> np.ndarray:
+    def _layer(self, x: np.ndarray, w: Layer, bias: np.ndarray | None, n: int, length: int) -> np.ndarray:
         h, heads = self.hidden, self.heads
         size = h // heads
         qkv = x @ w.qkv_w
         qkv += w.qkv_b
         q, k, v = qkv.reshape(n, length, 3, heads, size).transpose(2, 0, 3, 1, 4)
-        scores = q @ k.transpose(0, 1, 3, 2)  # (n, heads, length, length)
-        scores *= np.float32(1.0 / math.sqrt(size))
-        scores += bias
+        scores = q @ k.transpose(0, 1, 3, 2)  # (n, heads, length, length), already scaled through q
+        if bias is not None:
+            scores += bias
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)

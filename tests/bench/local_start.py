@@ -1,0 +1,288 @@
+"""Local embedder start: a fresh `memctl episode search` with the local embedder ÷ the same through Ollama.
+
+Two databases hold the same N episodes with the same all-minilm vectors, one
+registered for the local embedder, one for Ollama's all-minilm (served by
+tests/ollama_server.py in this process, its model loaded and warm, as a running
+Ollama would be). Each search runs as a fresh process, alternating, --runs times;
+the ratio of the medians is printed. Goal: <= 2. Peak resident memory of one run
+of each is printed too (the child's ru_maxrss).
+
+`--impl numpy` runs memctl's CLI with LocalEmbedder switched to memctl.minilm in
+the child (a small shim, for as long as memctl/embedding.py still uses
+sentence-transformers); `--impl installed` runs the plain `memctl`. `--verify`
+chooses what the shim does about the sha256 of the weights: `full` hashes the
+90 MB file at every start (today's behaviour), `cached` remembers a verified
+(path, size, mtime, ctime, inode) in the user cache dir.
+
+A second measurement leaves memctl out: `python -c` that loads the model and
+embeds one query through memctl.minilm ÷ the same through sentence-transformers.
+
+A third is the embed worker's side: texts/s of memctl.minilm and of
+sentence-transformers (torch's default threads) in this process, on batches of 32
+and 64 chunks of about 200 words, alternating, median of --rounds.
+
+    python tests/bench/local_start.py [--episodes 200] [--runs 11] [--impl numpy|installed]
+        [--verify full|cached] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import alternate, fresh_database, median, parser, server
+
+QUERY = "nginx deploy failed on web-3 and the disk is almost full, what should I do?"
+SERVICES = "nginx postgres redis kafka api gateway billing auth search worker scheduler cdn dns vpn".split()
+EVENTS = ("deploy failed", "restarted", "ran out of disk", "lagged behind", "hit the rate limit", "leaked memory",
+          "lost its certificate", "timed out", "was scaled up", "rolled back", "paged the on-call", "was patched")
+FIXES = ("rotating logs fixed it", "a rollback fixed it", "we added an index", "restarting the pod helped",
+         "renewing the certificate fixed it", "nobody fixed it yet", "scaling out helped", "we paused the job")
+
+# Run in the child before memctl's CLI: LocalEmbedder on memctl.minilm, as the lead's switch will do.
+SHIM = r'''
+import hashlib, json, os, sys
+from pathlib import Path
+import memctl.embedding as E
+
+def _cache_file():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "memctl" / "verified-weights.json"
+
+def _key(path):
+    s = path.stat()
+    return [str(path), s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev, E.LOCAL_WEIGHTS_SHA256]
+
+def verify_cached(model_dir):
+    weights = model_dir / "model.safetensors"
+    key, cache = _key(weights), _cache_file()
+    try:
+        if json.loads(cache.read_text()) == key:
+            return
+    except (OSError, ValueError):
+        pass
+    E.verify_weights(model_dir)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(key))
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+
+def load_local_model(model_dir=None):
+    from memctl import minilm
+    model_dir = Path(model_dir) if model_dir is not None else E.bundled_model_dir()
+    key = model_dir.resolve()
+    with E._local_lock:
+        if key not in E._local_models:
+            (verify_cached if VERIFY == "cached" else E.verify_weights)(key)
+            E._local_models[key] = minilm.load(key)
+        return E._local_models[key]
+
+def count_tokens(self, text):
+    return self._model().count_tokens(text)
+
+def embed(self, texts):
+    import time
+    if not texts:
+        return E.EmbedResult(vectors=[])
+    started = time.perf_counter()
+    vectors = self._model().encode(list(texts))
+    E._check_shape(vectors, len(texts), E.LOCAL_DIMS, self.model)
+    return E.EmbedResult(vectors=vectors, elapsed_s=time.perf_counter() - started)
+
+E.load_local_model = load_local_model
+E.LocalEmbedder.count_tokens = count_tokens
+E.LocalEmbedder.embed = embed
+from memctl.cli import main
+sys.argv = ["memctl", *sys.argv[1:]]
+main()
+'''
+
+ENCODE_NUMPY = """
+import sys
+from memctl import minilm
+from memctl.embedding import bundled_model_dir
+minilm.load(bundled_model_dir()).encode([sys.argv[1]])
+"""
+ENCODE_ST = """
+import os, sys
+os.environ["HF_HUB_OFFLINE"] = "1"
+from sentence_transformers import SentenceTransformer
+from memctl.embedding import bundled_model_dir
+SentenceTransformer(str(bundled_model_dir()), device="cpu").encode([sys.argv[1]], normalize_embeddings=True)
+"""
+
+
+def sentence(rng: random.Random, i: int) -> str:
+    return (f"{rng.choice(SERVICES)} on web-{rng.randint(1, 40)} {rng.choice(EVENTS)}; "
+            f"{rng.choice(FIXES)} (ticket {i})")
+
+
+def load(url: str, settings, embedder, texts: list[str], vectors: list[list[float]]) -> None:
+    """The episodes, one chunk each, with the given vectors under `embedder`'s model."""
+    from pgvector import Vector
+    from psycopg import sql
+
+    from memctl import db, episodes, models
+
+    with db.connect(url, vector=True) as conn:
+        lines = (json.dumps({"content": t, "agent": f"agent{i % 3}"}).encode() for i, t in enumerate(texts))
+        result = episodes.ImportResult()
+        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+                                                                      result=result), result=result)
+        model = models.register(conn, embedder, state="active", build_index=True)
+        conn.execute("DELETE FROM embed_queue")
+        by_text = dict(zip(texts, vectors))
+        chunks = conn.execute("SELECT agent, id, content, content_hash FROM chunks ORDER BY id").fetchall()
+        with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} (agent, chunk_id, content_hash, embedding) FROM STDIN "
+                                                    "(FORMAT BINARY)").format(sql.Identifier(model.table_name))) as cp:
+            cp.set_types(["text", "int8", "bytea", "vector"])
+            for row in chunks:
+                cp.write_row((row["agent"], row["id"], row["content_hash"], Vector(by_text[row["content"]])))
+        conn.execute("VACUUM ANALYZE")
+
+
+# A small parent for the measured command: a child forked from this (large) bench process would
+# start its ru_maxrss at the bench's own size, which exec does not reset.
+RSS_PARENT = """
+import os, resource, subprocess, sys
+code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if code == 0 else -code)
+"""
+
+
+def peak_rss_mib(cmd: list[str], env: dict) -> float:
+    """Peak resident memory of one fresh run of cmd (the child's ru_maxrss, KiB on Linux)."""
+    out = subprocess.run([sys.executable, "-c", RSS_PARENT, *cmd], env=env, check=True, capture_output=True,
+                         text=True)
+    kib = int(out.stdout)
+    if kib <= 0:
+        raise SystemExit(f"{cmd[:3]}... exited with {-kib}")
+    return kib / 1024
+
+
+def check_search(cmd: list[str], env: dict, label: str) -> None:
+    """One run that must find vectors without a fallback warning: a text-only search would time nothing useful."""
+    out = subprocess.run([*cmd, "-f", "json"], env=env, capture_output=True, text=True)
+    if out.returncode != 0 or out.stderr.strip():
+        raise SystemExit(f"{label} search failed or warned (exit {out.returncode}): {out.stderr.strip()}")
+    hits = json.loads(out.stdout)
+    print(f"{label}: {len(hits) if isinstance(hits, list) else hits} hits, stderr empty")
+
+
+def chunk(rng: random.Random, words: int = 200) -> str:
+    parts: list[str] = []
+    while sum(len(p.split()) for p in parts) < words:
+        parts.append(sentence(rng, rng.randint(1, 99999)) + ".")
+    return " ".join(parts)
+
+
+def throughput(rounds: int) -> None:
+    """texts/s of both implementations on the same batches, alternating."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from sentence_transformers import SentenceTransformer
+
+    from memctl import minilm
+    from memctl.embedding import bundled_model_dir
+
+    ours = minilm.load(bundled_model_dir())
+    theirs = SentenceTransformer(str(bundled_model_dir()), device="cpu")
+    rng = random.Random(9)
+    texts = [chunk(rng) for _ in range(64)]
+    tokens = sum(min(len(ids), minilm.MAX_TOKENS) for ids in ours.token_ids(texts)) / len(texts)
+    print(f"\nthroughput, chunks of ~200 words ({tokens:.0f} tokens after truncation), median of {rounds}:")
+    ours.encode(texts[:8]), theirs.encode(texts[:8])
+    for size in (32, 64):
+        batch = texts[:size]
+        mine, ref = [], []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            theirs.encode(batch, batch_size=size, normalize_embeddings=True)
+            ref.append(size / (time.perf_counter() - started))
+            started = time.perf_counter()
+            ours.encode(batch)
+            mine.append(size / (time.perf_counter() - started))
+        print(f"  batch {size}: memctl.minilm {median(mine):.1f} texts/s, sentence-transformers "
+              f"{median(ref):.1f} texts/s, ratio {median(mine) / median(ref):.2f}")
+
+
+def report(name_a: str, a: list[float], name_b: str, b: list[float], goal: str) -> None:
+    print(f"  {name_a}: median {median(a) * 1000:.0f} ms")
+    print(f"  {name_b}: median {median(b) * 1000:.0f} ms")
+    print(f"  ratio ({goal}): {median(a) / median(b):.2f}")
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--episodes", type=int, default=200)
+    p.add_argument("--runs", type=int, default=11)
+    p.add_argument("--impl", choices=["numpy", "installed"], default="numpy")
+    p.add_argument("--verify", choices=["full", "cached"], default="cached")
+    p.add_argument("--rounds", type=int, default=3, help="throughput rounds (0: skip)")
+    args = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    os.environ["MEMCTL_CONFIG"] = "/nonexistent/memctl.toml"
+    os.environ.pop("MEMCTL_TEST_MINILM_PYTHON", None)  # the test server computes all-minilm in this process
+    from ollama_server import OllamaTestServer
+
+    from memctl import config
+    from memctl.embedding import LocalEmbedder, OllamaEmbedder, bundled_model_dir, file_sha256
+
+    exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
+    rng = random.Random(7)
+    texts = [sentence(rng, i) for i in range(args.episodes)]
+    settings = config.load()
+    reference = LocalEmbedder()
+    vectors = reference.embed(texts).vectors  # also warms the test server's all-minilm (same process)
+    with OllamaTestServer() as ollama, server(args.database_url) as admin, \
+            fresh_database(admin) as local_url, fresh_database(admin) as ollama_url:
+        load(local_url, settings, reference, texts, vectors)
+        load(ollama_url, settings, OllamaEmbedder("all-minilm", host=ollama.url), texts, vectors)
+        # The shim's verification cache goes to a temporary dir, not the operator's ~/.cache.
+        env = {**os.environ, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="memctl-bench-cache-")}
+        local_env = [f"MEMCTL_DATABASE_URL={local_url}", "MEMCTL_EMBEDDER=local", "MEMCTL_EMBED_MODEL=all-minilm"]
+        ollama_env = [f"MEMCTL_DATABASE_URL={ollama_url}", "MEMCTL_EMBEDDER=ollama", "MEMCTL_EMBED_MODEL=all-minilm",
+                      f"OLLAMA_HOST={ollama.url}"]
+        memctl_local = [exe] if args.impl == "installed" else [
+            sys.executable, "-c", f"VERIFY = {args.verify!r}\n{SHIM}"]
+        ours = ["env", *local_env, *memctl_local, "episode", "search", QUERY]
+        base = ["env", *ollama_env, exe, "episode", "search", QUERY]
+        check_search(ours, env, f"local ({args.impl})")
+        check_search(base, env, "ollama")
+        ollama.requests.clear()
+        mine, theirs = alternate(ours, base, env, args.runs)
+        assert ollama.requests, "the Ollama-protocol search never reached the test server"
+        rss_ours, rss_base = peak_rss_mib(ours, env), peak_rss_mib(base, env)
+
+        encode_numpy = [sys.executable, "-c", ENCODE_NUMPY, QUERY]
+        encode_st = [sys.executable, "-c", ENCODE_ST, QUERY]
+        numpy_s, st_s = alternate(encode_numpy, encode_st, env, max(3, args.runs // 2), warm=1)
+        rss_numpy, rss_st = peak_rss_mib(encode_numpy, env), peak_rss_mib(encode_st, env)
+    weights = bundled_model_dir() / "model.safetensors"
+    started = time.perf_counter()
+    file_sha256(weights)
+    sha_s = time.perf_counter() - started
+
+    print(f"\nfresh `memctl episode search` ({args.episodes} episodes, impl {args.impl}, verify {args.verify}):")
+    report("local embedder ", mine, "Ollama protocol", theirs, "goal <= 2")
+    print(f"  peak RSS: local {rss_ours:.0f} MiB, ollama client {rss_base:.0f} MiB")
+    print("\nfresh python: load the model + embed one query:")
+    report("memctl.minilm        ", numpy_s, "sentence-transformers", st_s, "lower is better")
+    print(f"  peak RSS: memctl.minilm {rss_numpy:.0f} MiB, sentence-transformers {rss_st:.0f} MiB")
+    print(f"\nsha256 of model.safetensors ({weights.stat().st_size / 2**20:.0f} MiB, page cache warm): "
+          f"{sha_s * 1000:.0f} ms")
+    if args.rounds:
+        throughput(args.rounds)
+
+
+if __name__ == "__main__":
+    main()
