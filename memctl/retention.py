@@ -64,12 +64,8 @@ class Policy:
 
         return now - datetime.timedelta(seconds=parse_duration(self.jobs))
 
-    def require(self) -> None:
-        """Refuse a policy that names no episode kind (for callers that prune episodes only)."""
-        if self.empty:
-            raise ConfigError(NO_EPISODE_POLICY)
 
-
+# Said (on stderr) by every prune whose policy names no kind: an empty policy deletes no episode.
 NO_EPISODE_POLICY = ('no episode retention policy: [retention] names no kind, so no episode is deleted; add e.g. '
                      'raw = "30d", summary = "365d" to the configuration or give a file with --policy FILE '
                      "(an empty policy never means 'delete all')")
@@ -240,9 +236,9 @@ def trim_job_log(conn, policy: Policy, *, batch_size: int = DEFAULT_BATCH) -> li
             with conn.transaction():
                 conn.execute(ASYNC_COMMIT)
                 count = conn.execute(statement, {"cutoff": cutoff, "limit": batch_size}).rowcount
-            if not count:
+            deleted, batches = deleted + count, batches + (count > 0)
+            if count < batch_size:
                 break
-            deleted, batches = deleted + count, batches + 1
         done.append({"table": table, "policy": policy.jobs, "cutoff": cutoff, "rows": deleted, "batches": batches})
     return done
 

@@ -479,7 +479,8 @@ def test_jobs_lists_embed_prune_and_purge_runs(cli, memctl_env):
 
 @pytest.mark.parametrize("error", [RuntimeError, MemctlError])
 def test_job_errors_and_details_are_stored_with_passwords_masked(conn, error):
-    message = "cannot reach postgresql://u:pw-db-7@127.0.0.1:1/db nor http://u:pw-ollama-8@127.0.0.1:2 (password=pw-kv-9)"
+    message = ("cannot reach postgresql://u:pw-db-7@127.0.0.1:1/db nor http://u:pw-ollama-8@127.0.0.1:2 "
+               "(password=pw-kv-9)")
     with pytest.raises(error):
         with jobs.record(conn, "embed") as job:
             job.detail = {"host": "http://u:pw-detail-6@127.0.0.1:3", "hosts": ["postgresql://u:pw-list-5@h/db"]}
