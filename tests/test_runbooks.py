@@ -545,6 +545,30 @@ def test_rebuild_hnsw_index_runbook(cli, shipped, conn):
     assert wrong.exit_code == 1 and "not an HNSW index" in wrong.stderr
 
 
+def test_runbook_clients_get_no_connection_string_and_the_passfile_is_removed(cli, shipped, conn, db_url, tmp_path):
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    conn.execute("CREATE TABLE rb_v (id int PRIMARY KEY, v vector(2))")
+    conn.execute("INSERT INTO rb_v SELECT i, ARRAY[i, i % 5]::vector FROM generate_series(1, 50) i")
+    conn.execute("CREATE INDEX rb_v_hnsw ON rb_v USING hnsw (v vector_l2_ops)")
+    wrappers, calls, tmp = tmp_path / "pgbin", tmp_path / "argv.log", tmp_path / "tmp"
+    wrappers.mkdir()
+    tmp.mkdir()
+    (wrappers / "psql").write_text(f'#!/bin/sh\nprintf "%s\\n" "psql $* service=$PGSERVICE" >> {calls}\n'
+                                   f'exec {pg_bin() / "psql"} "$@"\n')
+    (wrappers / "psql").chmod(0o755)
+    url = make_conninfo(db_url, password="argv-pw-1")
+    env = {"MEMCTL_INDEX": "rb_v_hnsw", "PG_BIN": str(wrappers), "TMPDIR": str(tmp), "MEMCTL_DATABASE_URL": url,
+           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    out = rb(cli, "run", "rebuild-hnsw-index", "--yes", "-f", "json", root=shipped, env=env)
+    assert out.exit_code == 0, out.stderr
+    argv = calls.read_text().splitlines()
+    assert len(argv) == 6 and all(line.endswith("service=memctl") for line in argv)
+    dbname = conninfo_to_dict(db_url)["dbname"]
+    assert not [line for line in argv if "argv-pw-1" in line or dbname in line or "host=" in line]
+    assert list(tmp.iterdir()) == []  # every step's service file and passfile were removed
+
+
 @pytest.fixture
 def fake_memctl(tmp_path):
     """A `memctl` on PATH that logs its arguments: fakes reembed and prune, passes the rest to the real one."""
