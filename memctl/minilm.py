@@ -11,7 +11,9 @@ the format is an 8-byte little-endian header length, a JSON header naming each
 tensor's dtype, shape and byte range, then the raw little-endian data. Only the
 embedding rows a text uses are paged in.
 
-This module never downloads anything and never imports torch.
+This module never downloads anything and never imports torch. Importing it
+imports numpy and tokenizers: an ImportError here means the `local` extra is
+not installed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from memctl.errors import MemctlError
 
@@ -169,8 +172,6 @@ class Encoder:
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> "Encoder":
-        from tokenizers import Tokenizer
-
         model_dir = Path(model_dir)
         try:
             config = json.loads((model_dir / "config.json").read_text())
