@@ -49,9 +49,10 @@ def _schedule(settings, job: str) -> str:
 
 
 def _retention(settings) -> dict:
-    policy = settings.section("retention") if settings is not None else {}
-    policy.pop("keep_importance", None)
-    return policy
+    """The episode kinds with a maximum age (not keep_importance, not the job log's own limit)."""
+    from memctl.retention import policy_from_settings
+
+    return policy_from_settings(settings).max_age if settings is not None else {}
 
 
 def human(seconds: float) -> str:

@@ -59,8 +59,8 @@ def settings() -> config_mod.Settings:
 
 
 def warn(message: str) -> None:
-    """Talk goes to stderr; stdout carries only data."""
-    sys.stderr.write(f"memctl: {message}\n")
+    """Talk goes to stderr; stdout carries only data. Credentials in URLs are masked, whoever wrote the message."""
+    sys.stderr.write(f"memctl: {config_mod.mask_secrets(message)}\n")
     sys.stderr.flush()
 
 
