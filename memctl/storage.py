@@ -21,6 +21,13 @@ superuser, no pg_read_all_stats, no read of pg_toast):
     total_bytes  pg_total_relation_size(<relation>)
     dead_tuples  pg_stat_all_tables.n_dead_tup                  (statistics, as psql shows them)
 
+The kinds and agents sections sum pg_column_size over episodes, chunks and vectors:
+every row while episodes is counted exactly; once it is estimated (a large table),
+over a Bernoulli sample of about GROUP_SAMPLE_ROWS episodes scaled by 100/percent
+(rows_source 'estimate', sample_percent). Measured on PostgreSQL 18.6 at 1M episodes
+(one chunk and one 384-dim vector each, 2.1 GB): the whole report 1.0-1.4 s, with
+--exact 8-14 s; the sampled kinds and agents within 1.5% of the exact figures.
+
 Estimates (`estimate`) model how PostgreSQL and pgvector lay the rows out; the
 constants were measured on PostgreSQL 18.6 + pgvector 0.8.6 (8 kB pages, HNSW
 m = 16, ef_construction = 64, agent 'default'):
@@ -256,18 +263,35 @@ SELECT count(*) FILTER (WHERE created_at >= now() - interval '7 days') AS last_7
 FROM episodes WHERE created_at >= now() - interval '30 days'
 """
 BY_GROUP_EPISODES = """
-SELECT {column} AS name, count(*) AS episodes, coalesce(sum(pg_column_size(e.*)), 0) AS bytes
-FROM episodes e GROUP BY 1
+SELECT e.kind, e.agent, count(*) AS episodes, 0 AS chunks, coalesce(sum(pg_column_size(e.*)), 0) AS bytes
+FROM episodes e GROUP BY 1, 2
 """
 BY_GROUP_CHUNKS = """
-SELECT {column} AS name, count(*) AS chunks, coalesce(sum(pg_column_size(c.*)), 0) AS bytes
-FROM chunks c JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id GROUP BY 1
+SELECT e.kind, e.agent, count(*) AS chunks, coalesce(sum(pg_column_size(c.*)), 0) AS bytes
+FROM chunks c JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id GROUP BY 1, 2
 """
 BY_GROUP_VECTORS = """
-SELECT {column} AS name, coalesce(sum(pg_column_size(v.*)), 0) AS bytes
+SELECT e.kind, e.agent, 0 AS chunks, coalesce(sum(pg_column_size(v.*)), 0) AS bytes
 FROM {table} v JOIN chunks c ON c.agent = v.agent AND c.id = v.chunk_id
-JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id GROUP BY 1
+JOIN episodes e ON e.agent = c.agent AND e.id = c.episode_id GROUP BY 1, 2
 """
+# A Bernoulli sample of episodes, each one's chunks and vectors looked up by index (the subqueries keep the
+# planner from hash-joining whole tables, which would cost what the sample saves).
+BY_GROUP_SAMPLED = """
+SELECT kind, agent, count(*) AS episodes, sum(chunks)::bigint AS chunks, sum(bytes)::bigint AS bytes FROM (
+    SELECT e.kind, e.agent,
+           (SELECT count(*) FROM chunks c WHERE c.agent = e.agent AND c.episode_id = e.id) AS chunks,
+           pg_column_size(e.*)
+           + (SELECT coalesce(sum(pg_column_size(c.*)), 0) FROM chunks c
+              WHERE c.agent = e.agent AND c.episode_id = e.id) {vectors} AS bytes
+    FROM episodes e TABLESAMPLE BERNOULLI ({percent}) REPEATABLE (0)
+) s GROUP BY 1, 2
+"""
+SAMPLED_VECTORS = """
+           + (SELECT coalesce(sum(pg_column_size(v.*)), 0) FROM chunks c
+              JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id
+              WHERE c.agent = e.agent AND c.episode_id = e.id)"""
+GROUP_SAMPLE_ROWS = 20_000  # episodes read for the kinds and agents sections once episodes is too large to count
 PROJECTION_DAYS = (30, 90, 365)
 EXACT_MAX_BYTES = 64 * MIB  # count(*) scans the heap: up to this size it stays quick, beyond it the report estimates
 NOTE_TOAST = "TOAST table: only a superuser may read pg_toast, so rows are the statistics' n_live_tup"
@@ -359,7 +383,8 @@ def build_warning(model: models.Model, rows: int, limit: int) -> str | None:
         return None
     return (f"an HNSW index build for {model.label} over {rows:,} rows needs about {need / MIB:,.0f} MiB, more than "
             f"maintenance_work_mem ({limit / MIB:,.0f} MiB): the build would slow sharply once the graph no longer "
-            f"fits; raise it for the build (ALTER SYSTEM SET maintenance_work_mem = '{_suggest(need)}')")
+            f"fits; raise it for memctl's role (ALTER ROLE CURRENT_USER SET maintenance_work_mem = "
+            f"'{_suggest(need)}', which needs no superuser and applies from the next connection)")
 
 
 def _suggest(need: int) -> str:
@@ -401,22 +426,43 @@ def _model_rows(conn, rels: list[dict], names: dict[str, str], limit: int) -> tu
     return result, warnings
 
 
-def _groups(conn, column: str) -> list[dict]:
+def sample_percent(episodes: dict, exact: bool) -> float | None:
+    """The share of episodes the kinds and agents sections read: None (all) unless episodes is estimated."""
+    if exact or episodes["rows_source"] == "exact" or not episodes["rows"]:
+        return None
+    percent = 100.0 * GROUP_SAMPLE_ROWS / episodes["rows"]
+    return round(percent, 4) if percent < 100 else None
+
+
+def _pairs(conn, percent: float | None) -> list[dict]:
+    """Episodes, chunks and data bytes per (kind, agent): every row, or a Bernoulli sample of `percent` %."""
     from psycopg import sql
 
-    col = sql.SQL("e.{}").format(sql.Identifier(column))
+    tables = [sql.Identifier(m.table_name) for m in models.all_models(conn)]
+    if percent:
+        vectors = sql.SQL("").join(sql.SQL(SAMPLED_VECTORS).format(table=t) for t in tables)
+        return conn.execute(sql.SQL(BY_GROUP_SAMPLED).format(vectors=vectors, percent=sql.Literal(percent)),
+                            prepare=False).fetchall()
+    rows = conn.execute(BY_GROUP_EPISODES).fetchall()
+    rows += [{**r, "episodes": 0} for r in conn.execute(BY_GROUP_CHUNKS).fetchall()]
+    for table in tables:
+        rows += [{**r, "episodes": 0}
+                 for r in conn.execute(sql.SQL(BY_GROUP_VECTORS).format(table=table), prepare=False).fetchall()]
+    return rows
+
+
+def _rollup(pairs: list[dict], column: str, percent: float | None) -> list[dict]:
+    """One section (per kind or per agent) from the (kind, agent) rows, scaled by 100/percent for a sample."""
+    scale = 100.0 / percent if percent else 1
     out: dict[str, dict] = {}
-    for row in conn.execute(sql.SQL(BY_GROUP_EPISODES).format(column=col)).fetchall():
-        out[row["name"]] = {column: row["name"], "episodes": row["episodes"], "chunks": 0, "bytes": row["bytes"]}
-    empty = {"episodes": 0, "chunks": 0, "bytes": 0}
-    for row in conn.execute(sql.SQL(BY_GROUP_CHUNKS).format(column=col)).fetchall():
-        group = out.setdefault(row["name"], {column: row["name"], **empty})
-        group["chunks"] = row["chunks"]
-        group["bytes"] += row["bytes"]
-    for model in models.all_models(conn):
-        statement = sql.SQL(BY_GROUP_VECTORS).format(column=col, table=sql.Identifier(model.table_name))
-        for row in conn.execute(statement, prepare=False).fetchall():
-            out.setdefault(row["name"], {column: row["name"], **empty})["bytes"] += row["bytes"]
+    for row in pairs:
+        group = out.setdefault(row[column], {column: row[column], "episodes": 0, "chunks": 0, "bytes": 0})
+        for key in ("episodes", "chunks", "bytes"):
+            group[key] += row[key]
+    for group in out.values():
+        for key in ("episodes", "chunks", "bytes"):
+            group[key] = int(round(group[key] * scale))
+        group["rows_source"], group["sample_percent"] = ("estimate", percent) if percent else ("exact", None)
     return sorted(out.values(), key=lambda r: (-r["bytes"], r[column]))
 
 
@@ -455,11 +501,14 @@ def report(conn, exact: bool = False) -> dict:
     rels, names = _relations(conn, exact)
     limit = maintenance_work_mem(conn)
     model_rows, warnings = _model_rows(conn, rels, names, limit)
+    episodes = next(r for r in rels if r["kind"] == "table" and names[r["relation"]] == "episodes")
+    percent = sample_percent(episodes, exact)
+    pairs = _pairs(conn, percent)
     return {
         "relations": rels,
         "models": model_rows,
-        "kinds": _groups(conn, "kind"),
-        "agents": _groups(conn, "agent"),
+        "kinds": _rollup(pairs, "kind", percent),
+        "agents": _rollup(pairs, "agent", percent),
         "growth": growth(conn, rels, names),
         "warnings": warnings,
     }

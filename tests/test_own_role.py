@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import secrets
 import uuid
@@ -148,6 +149,11 @@ def test_every_command_works_as_the_database_owner(owner, run, tmp_path):
     vector_toast = next(r for r in toast if r["parent"] == model["relation"])
     assert vector_toast["toast_bytes"] == 0 and vector_toast["total_bytes"] > 0
 
+    with psycopg.connect(owner.url, autocommit=True) as conn:  # what size suggests for a large index build
+        conn.execute("ALTER ROLE CURRENT_USER SET maintenance_work_mem = '96MB'")
+    [model] = ok(run("size", "--section", "models", "-f", "json")).json()
+    assert model["maintenance_work_mem"] == 96 * 2**20
+
     status = ok(run("status", "-f", "json")).json()
     assert (status["episodes"], status["pending"]) == (4, 0)
 
@@ -156,6 +162,17 @@ def test_every_command_works_as_the_database_owner(owner, run, tmp_path):
     ok(run("prune", "--yes", "--vacuum"))
     assert ok(run("status", "-f", "json")).json()["episodes"] == 3
     assert "printer" not in ok(run("episode", "list", "-f", "json")).stdout
+
+    ok(run("fact", "set", "db.host", "10.8.0.5:5432"))
+    ok(run("fact", "stale", "db.host"))
+    ok(run("fact", "delete", "db.host", "--erase"))  # runs VACUUM, which the owner may
+    assert run("fact", "get", "db.host").exit_code == 4
+    ok(run("episode", "add", "a noisy bot says hello", "--source", "noisy-bot"))
+    ok(run("purge", "--source", "noisy-bot", "--yes"))
+    ok(run("source", "block", "noisy-bot"))
+    assert run("episode", "add", "hello again", "--source", "noisy-bot").exit_code == 1
+    assert {"embed", "prune", "purge"} <= {j["job"] for j in ok(run("jobs", "-f", "json")).json()}
+    ok(run("embed", "timing", "--sample", "3"))
 
 
 def test_a_full_model_change_as_the_database_owner(owner, run, monkeypatch):
@@ -166,6 +183,8 @@ def test_a_full_model_change_as_the_database_owner(owner, run, monkeypatch):
     ok(run("embed"))
     ok(run("reembed", "start", "--model", "nomic-embed-text"))
     ok(run("reembed", "run"))
+    assert ok(run("reembed", "status", "-f", "json")).json()["state"] == "ready"
+    assert ok(run("reembed", "compare", "--sample", "3", "-k", "3", "-f", "json")).json()["queries"] == 3
     ok(run("reembed", "switch"))
     monkeypatch.setenv("MEMCTL_EMBED_MODEL", "nomic-embed-text")
     hits = ok(run("episode", "search", "host7 ran out of disk", "--mode", "vector", "-f", "json")).json()
@@ -239,14 +258,21 @@ def test_dba_messages_name_the_steps():
     assert "search_path" in server.schema_problem({**rights, "schema": None, "schema_create": False})
 
 
-def test_versions_read_from_the_server(owner, conn):
-    """The embedded server: PostgreSQL 18, pgvector 0.8.6; nothing to warn about."""
+def test_versions_read_from_the_server(conn, pg_server):
+    """The test server (embedded: PostgreSQL 18.6, pgvector 0.8.6; the CI job: 15): nothing to warn about."""
     num, text = server.server_version(conn)
     assert num // 10000 >= server.MIN_SERVER and text.split(".")[0] == str(num // 10000)
-    assert server.pgvector_version(conn) >= server.MIN_PGVECTOR
-    assert server.available_pgvector(conn)["version"] >= server.MIN_PGVECTOR
+    installed = server.pgvector_version(conn)
+    assert installed >= server.MIN_PGVECTOR
+    assert server.available_pgvector(conn)["version"] >= installed
     assert server.version_warnings(conn) == []
-    with psycopg.connect(owner.url, autocommit=True) as bare:  # a database without the extension
+    assert server.preflight(conn, schema_changes=False) == []
+    if not os.environ.get("MEMCTL_TEST_DATABASE_URL"):
+        assert (num // 100, installed) == (1800, (0, 8, 6))  # what embedded.py and DESIGN.md say
+
+
+def test_preflight_on_a_database_without_the_extension(owner):
+    with psycopg.connect(owner.url, autocommit=True) as bare:
         assert server.pgvector_version(bare) is None
         assert server.version_warnings(bare) == [
             "the pgvector extension is not created in this database: run memctl db migrate"]

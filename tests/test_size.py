@@ -136,6 +136,7 @@ def test_every_relation_figure_equals_psql(cli, loaded, db_url):
 def test_large_tables_are_estimated_and_labelled_unless_exact(cli, loaded, monkeypatch):
     """Past EXACT_MAX_BYTES of heap a count(*) would scan it: rows come from the statistics, labelled so."""
     monkeypatch.setattr(storage, "EXACT_MAX_BYTES", 0)
+    monkeypatch.setattr(storage, "GROUP_SAMPLE_ROWS", 150)
     report = size_json(cli, loaded)
     live = {r["n"]: r["live"] for r in loaded.execute(
         "SELECT relid::regclass::text AS n, n_live_tup AS live FROM pg_stat_all_tables").fetchall()}
@@ -147,7 +148,15 @@ def test_large_tables_are_estimated_and_labelled_unless_exact(cli, loaded, monke
     assert (report["growth"]["episodes"], report["growth"]["episodes_source"]) == (290, "estimate")
     [model] = report["models"]
     assert model["rows_source"] == "estimate"
+    # Kinds and agents from a Bernoulli sample of about GROUP_SAMPLE_ROWS episodes, scaled up.
     exact = cli("size", "--exact", "-f", "json").json()
+    assert {r["rows_source"] for r in exact["kinds"] + exact["agents"]} == {"exact"}
+    for section in ("kinds", "agents"):
+        rows = report[section]
+        assert {(r["rows_source"], r["sample_percent"]) for r in rows} == {("estimate", round(100 * 150 / 290, 4))}
+        assert sum(r["episodes"] for r in rows) == pytest.approx(290, rel=0.2)
+        assert sum(r["chunks"] for r in rows) == pytest.approx(sum(r["chunks"] for r in exact[section]), rel=0.2)
+        assert sum(r["bytes"] for r in rows) == pytest.approx(sum(r["bytes"] for r in exact[section]), rel=0.25)
     counted = [r for r in exact["relations"] if r["kind"] in ("table", "vectors")]
     assert all(r["rows_source"] == "exact" and r["note"] is None for r in counted)
     assert next(r for r in counted if r["relation"] == "public.episodes")["rows"] == 290
@@ -160,6 +169,19 @@ def test_row_estimate_falls_back_to_reltuples_then_unknown():
     assert storage._estimate(0, -1.0) == 0
     assert storage._estimate(None, -1.0) is None
     assert storage._estimate(None, None) is None
+    never = {"live_tuples": None, "reltuples": -1.0, "readable": True, "heap_bytes": 0}
+    assert storage.row_count(None, never, countable=False) == (None, "unknown", storage.NOTE_UNKNOWN)
+    assert storage.row_count(None, {**never, "readable": False}, countable=True)[1:] == ("unknown", storage.NOTE_UNKNOWN)
+    seen = {**never, "live_tuples": 7, "readable": False}
+    assert storage.row_count(None, seen, countable=True) == (7, "estimate", storage.NOTE_UNREADABLE)
+
+
+def test_group_sample_share():
+    assert storage.sample_percent({"rows": 1_000_000, "rows_source": "estimate"}, exact=False) == 2.0
+    assert storage.sample_percent({"rows": 1_000_000, "rows_source": "estimate"}, exact=True) is None
+    assert storage.sample_percent({"rows": 1_000_000, "rows_source": "exact"}, exact=False) is None
+    assert storage.sample_percent({"rows": 15_000, "rows_source": "estimate"}, exact=False) is None  # all of them
+    assert storage.sample_percent({"rows": None, "rows_source": "unknown"}, exact=False) is None
 
 
 def test_models_kinds_agents_and_growth(cli, loaded):
@@ -182,6 +204,7 @@ def test_models_kinds_agents_and_growth(cli, loaded):
         SELECT (SELECT sum(pg_column_size(e.*)) FROM episodes e) + (SELECT sum(pg_column_size(c.*)) FROM chunks c)
              + (SELECT sum(pg_column_size(v.*)) FROM {} v) AS n""".replace("{}", model["relation"])).fetchone()["n"]
     assert sum(r["bytes"] for r in report["kinds"]) == sum(r["bytes"] for r in report["agents"]) == data
+    assert {(r["rows_source"], r["sample_percent"]) for r in report["kinds"] + report["agents"]} == {("exact", None)}
     assert by_kind["summary"]["bytes"] > by_kind["observation"]["bytes"]  # the two long texts
 
     growth = report["growth"]
