@@ -18,6 +18,7 @@ pgvector; `version_warnings` reports it for `status`.
 from __future__ import annotations
 
 import re
+import shlex
 
 from memctl.errors import MemctlError
 
@@ -98,7 +99,7 @@ def server_problem(version_num: int, text: str) -> str | None:
     """Why memctl refuses this PostgreSQL, or None."""
     if version_num // 10000 < MIN_SERVER:
         return (f"PostgreSQL {text} is too old: memctl needs PostgreSQL {MIN_SERVER} or newer "
-                f"(measured on {MIN_SERVER} to {MAX_MEASURED_SERVER}); upgrade the server, or leave --database-url "
+                f"(supported: {MIN_SERVER} to {MAX_MEASURED_SERVER}); upgrade the server, or leave --database-url "
                 "unset to use the embedded PostgreSQL 18")
     return None
 
@@ -146,7 +147,7 @@ def missing_extension(r: dict, available: dict | None) -> str | None:
         return None
     return (f"the pgvector extension is not created in database \"{database}\", and role \"{role}\" may not create "
             "it (pgvector needs a superuser). Ask a superuser to run, connected to that database "
-            f"(psql -d {database}):\n"
+            f"(psql -d {shlex.quote(database)}):\n"
             f"    CREATE EXTENSION vector;\n"
             "(or once in template1, so databases created later have it: psql -d template1 -c 'CREATE EXTENSION "
             "vector;'), then run memctl db migrate again")
