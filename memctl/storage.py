@@ -485,7 +485,8 @@ def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
     episode_bytes = sum(r["total_bytes"] for r in tables if names[r["relation"]] in per_episode_tables)
     per_episode = episode_bytes / counts["episodes"] if counts["episodes"] else 0.0
     rate_7, rate_30 = counts["last_7d"] / 7, counts["last_30d"] / 30
-    report = {"episodes": counts["episodes"], "episodes_source": episodes["rows_source"], "last_7d": counts["last_7d"], "last_30d": counts["last_30d"],
+    report = {"episodes": counts["episodes"], "episodes_source": episodes["rows_source"],
+              "last_7d": counts["last_7d"], "last_30d": counts["last_30d"],
               "rows_per_day_7d": round(rate_7, 2), "rows_per_day_30d": round(rate_30, 2),
               "bytes_per_episode": round(per_episode, 1), "total_bytes": total}
     for days in PROJECTION_DAYS:

@@ -41,7 +41,8 @@ def size(
     One row per memctl relation (tables, TOAST, indexes, each model's vector table), each figure as psql
     reports it: rows = count(*) for a table up to 64 MiB (rows_source exact), else the statistics' estimate
     (n_live_tup, else reltuples; rows_source estimate, `note` says why; TOAST tables always, since only a
-    superuser may read pg_toast); heap_bytes = pg_relation_size; toast_bytes = pg_total_relation_size of the TOAST table;
+    superuser may read pg_toast); heap_bytes = pg_relation_size; toast_bytes = pg_total_relation_size of
+    the TOAST table;
     index_bytes = pg_indexes_size (an index row: its pg_relation_size); map_bytes = free space and visibility maps;
     total_bytes = pg_total_relation_size; dead_tuples = pg_stat_all_tables.n_dead_tup.
     Then per model (predicted vs measured bytes per vector), per kind and per agent (data bytes of the
