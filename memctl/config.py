@@ -122,6 +122,10 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "recency_from": (_choice("created", "accessed"), "created"),
         "ef_search": (_positive_int, 100),
     },
+    # Secrets in what is written (memctl.redact): replaced by [REDACTED:<kind>], the write refused, or kept.
+    "redaction": {
+        "mode": (_choice("redact", "block", "off"), "redact"),
+    },
     "schedule": {
         "embed": (_duration, "5m"),
         "prune": (_duration, "1d"),

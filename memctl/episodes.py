@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Iterator
 
-from memctl import chunking, models
+from memctl import chunking, jsonl, models, redact
 from memctl.config import Settings, parse_duration
 from memctl.errors import InvalidInput, NotFound, UsageError
 
@@ -131,9 +131,23 @@ WHERE c.agent = %s AND c.episode_id = %s AND m.state IN ('active', 'backfill')
 """
 
 
+def redacted(episode: NewEpisode, redactor: redact.Redactor) -> NewEpisode:
+    """The episode with every secret in its text and meta replaced (or refused, in block mode)."""
+    content = redactor.text(episode.content, "episode text")
+    meta = redactor.value(episode.meta, "episode meta") if episode.meta else episode.meta
+    if content is episode.content and meta == episode.meta:
+        return episode
+    return replace(episode, content=content, meta=meta)
+
+
 def add(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
-        importance: Any = None, created_at: Any = None, meta: Any = None) -> int | None:
-    """Store one episode; returns its id, or None when the write policy drops it (importance 0)."""
+        importance: Any = None, created_at: Any = None, meta: Any = None,
+        redactor: redact.Redactor | None = None) -> int | None:
+    """Store one episode; returns its id, or None when the write policy drops it (importance 0).
+
+    Secrets are redacted first ([redaction] mode), so none reaches the table, the chunks or the
+    embedder; `redactor` (default: one from the settings) counts what was replaced.
+    """
     from psycopg.types.json import Jsonb
 
     from memctl import sources
@@ -142,6 +156,7 @@ def add(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any
                        created_at=created_at, meta=meta)
     if episode.importance == 0:
         return None
+    episode = redacted(episode, redactor if redactor is not None else redact.Redactor.from_settings(settings))
     sources.check_allowed(conn, episode.source)
     with conn.transaction():
         conn.execute(models.WRITE_LOCK)
@@ -228,20 +243,22 @@ class ImportResult:
     dropped: int = 0  # importance 0 by policy
     chunks: int = 0
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
+    redactor: redact.Redactor | None = None  # what was redacted; default: from the settings
 
 
 def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: bool,
                 result: ImportResult) -> Iterator[NewEpisode]:
-    """Validated episodes from JSONL; a bad line raises (naming it) unless skip_invalid."""
-    for number, raw in enumerate(lines, start=1):
+    """Validated episodes from JSONL (memctl.jsonl); a bad line raises (naming it) unless skip_invalid."""
+    def skip(error: jsonl.LineError) -> None:
+        if not skip_invalid:
+            raise jsonl.LineError(error.number, f"{error.reason}; nothing was imported")
+        result.skipped.append((error.number, error.reason))
+
+    for number, item in jsonl.read(lines, fields=FIELDS, required=("content",), on_error=skip):
         try:
-            episode = _parse_line(settings, raw)
+            episode = _from_record(settings, item)
         except InvalidInput as exc:
-            if not skip_invalid:
-                raise InvalidInput(f"line {number}: {exc}; nothing was imported") from None
-            result.skipped.append((number, str(exc)))
-            continue
-        if episode is None:
+            skip(jsonl.at(number, exc))
             continue
         if episode.importance == 0:
             result.dropped += 1
@@ -249,24 +266,7 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
         yield episode
 
 
-def _parse_line(settings: Settings, raw: bytes) -> NewEpisode | None:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"not valid UTF-8 (byte {exc.start})") from None
-    if not text.strip():
-        return None
-    try:
-        item = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(item, dict):
-        raise InvalidInput("expected a JSON object")
-    unknown = set(item) - set(FIELDS)
-    if unknown:
-        raise InvalidInput(f"unknown field(s): {', '.join(sorted(unknown))}")
-    if "content" not in item:
-        raise InvalidInput("'content' is required")
+def _from_record(settings: Settings, item: dict) -> NewEpisode:
     return validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                     agent=item.get("agent"), importance=item.get("importance"), created_at=item.get("created_at"),
                     meta=item.get("meta"))
@@ -293,11 +293,16 @@ def _take_ids(conn, sequence_query: str, count: int) -> list[int]:
 
 
 def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *, result: ImportResult) -> ImportResult:
-    """Load episodes with binary COPY, in one transaction: all of them or none."""
+    """Load episodes with binary COPY, in one transaction: all of them or none.
+
+    Every episode is redacted on its way in (result.redactor, default from the settings).
+    """
     from psycopg.types.json import Jsonb
 
     from memctl import sources
 
+    if result.redactor is None:
+        result.redactor = redact.Redactor.from_settings(settings)
     now = datetime.datetime.now(datetime.timezone.utc)
     size, overlap = chunk_size(settings), settings.get("chunking", "overlap")
     blocked = sources.blocked_set(conn)
@@ -310,7 +315,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
         for episode in episodes:
             if episode.source in blocked:
                 sources.refuse(episode.source, blocked[episode.source])
-            batch.append(episode)
+            batch.append(redacted(episode, result.redactor))
             if len(batch) >= BATCH:
                 _copy_batch(conn, batch, now, size, overlap, result, Jsonb)
                 batch = []

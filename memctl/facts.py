@@ -10,6 +10,7 @@ import datetime
 from dataclasses import asdict, dataclass
 from typing import Iterable, Iterator
 
+from memctl import jsonl, redact
 from memctl.errors import InvalidInput, NotFound
 
 DEFAULT_NAMESPACE = "default"
@@ -123,10 +124,13 @@ def validate(key: str, value: str, namespace: str, source: str | None) -> None:
         raise InvalidInput("a namespace must not be empty")
 
 
-def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None) -> Change:
+def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
+             redactor: redact.Redactor | None = None) -> Change:
+    """Set a fact; a secret in the value is redacted first, or refused (`redactor`, default: [redaction] mode)."""
     from memctl import sources
 
     validate(key, value, namespace, source)
+    value = (redactor if redactor is not None else redact.Redactor.configured()).text(value, f"value of fact {key!r}")
     sources.check_allowed(conn, source)
     with conn.transaction():
         return _set_in_tx(conn, key, value, namespace, source)
@@ -242,50 +246,44 @@ def export_rows(conn, *, namespace: str | None = None) -> Iterator[dict]:
         yield {"namespace": fact.namespace, "key": fact.key, "value": fact.value, "source": fact.source}
 
 
-def parse_import(lines: Iterable[bytes]) -> list[dict]:
-    """Parse JSONL fact records; any bad line fails the whole import, naming the line."""
-    import json
+IMPORT_FIELDS = ("key", "value", "namespace", "source", "version", "updated_at")
 
+
+def parse_import(lines: Iterable[bytes]) -> list[dict]:
+    """Parse JSONL fact records (memctl.jsonl); any bad line fails the whole import, naming the line."""
     records = []
-    for number, raw in enumerate(lines, start=1):
+    for number, item in jsonl.read(lines, fields=IMPORT_FIELDS):
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidInput(f"line {number}: not valid UTF-8") from None
-        if not text.strip():
-            continue
-        try:
-            item = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"line {number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(item, dict):
-            raise InvalidInput(f"line {number}: expected a JSON object")
-        unknown = set(item) - {"key", "value", "namespace", "source", "version", "updated_at"}
-        if unknown:
-            raise InvalidInput(f"line {number}: unknown field(s) {', '.join(sorted(unknown))}")
-        record = {
-            "key": item.get("key"),
-            "value": item.get("value"),
-            "namespace": item.get("namespace") or DEFAULT_NAMESPACE,
-            "source": item.get("source"),
-        }
-        for field in ("key", "value"):
-            if not isinstance(record[field], str):
-                raise InvalidInput(f"line {number}: '{field}' must be a string")
-        for field in ("namespace", "source"):
-            if record[field] is not None and not isinstance(record[field], str):
-                raise InvalidInput(f"line {number}: '{field}' must be a string")
-        try:
-            validate(record["key"], record["value"], record["namespace"], record["source"])
+            records.append(_record(item))
         except InvalidInput as exc:
-            raise InvalidInput(f"line {number}: {exc}") from None
-        records.append(record)
+            raise jsonl.at(number, exc) from None
     return records
 
 
-def import_facts(conn, records: list[dict], *, source: str | None = None) -> list[Change]:
-    """Set every record in one transaction: all of them or none."""
+def _record(item: dict) -> dict:
+    record = {
+        "key": item.get("key"),
+        "value": item.get("value"),
+        "namespace": item.get("namespace") or DEFAULT_NAMESPACE,
+        "source": item.get("source"),
+    }
+    for field in ("key", "value"):
+        if not isinstance(record[field], str):
+            raise InvalidInput(f"'{field}' must be a string")
+    for field in ("namespace", "source"):
+        if record[field] is not None and not isinstance(record[field], str):
+            raise InvalidInput(f"'{field}' must be a string")
+    validate(record["key"], record["value"], record["namespace"], record["source"])
+    return record
+
+
+def import_facts(conn, records: list[dict], *, source: str | None = None,
+                 redactor: redact.Redactor | None = None) -> list[Change]:
+    """Set every record in one transaction: all of them or none; values redacted first."""
     from memctl import sources
+
+    redactor = redactor if redactor is not None else redact.Redactor.configured()
+    records = [{**r, "value": redactor.text(r["value"], f"value of fact {r['key']!r}")} for r in records]
 
     blocked = sources.blocked_set(conn)
     for record in records:

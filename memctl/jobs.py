@@ -58,12 +58,18 @@ def record(conn, name: str) -> Iterator[Job]:
     _finish(conn, job)
 
 
-def _masked(value: Any) -> Any:
-    """The detail with every string masked (URL and DSN passwords), structure kept."""
+def _clean(text: str | None) -> str | None:
+    """URL and DSN passwords masked, every other secret redacted (memctl.redact), whatever [redaction] mode says."""
     from memctl.config import mask_secrets
+    from memctl.redact import redact_text
 
+    return redact_text(mask_secrets(text))
+
+
+def _masked(value: Any) -> Any:
+    """The detail with every string masked and redacted, structure kept."""
     if isinstance(value, str):
-        return mask_secrets(value)
+        return _clean(value)
     if isinstance(value, dict):
         return {k: _masked(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -72,11 +78,9 @@ def _masked(value: Any) -> Any:
 
 
 def _finish(conn, job: Job) -> None:
-    """Store the outcome; the error and detail masked first: an exception's text may carry a DSN."""
-    from memctl.config import mask_secrets
-
-    job.error = mask_secrets(job.error)
-    detail = json.dumps(_masked(job.detail), default=lambda v: mask_secrets(str(v)))
+    """Store the outcome; the error and detail masked first: an exception's text may carry a DSN or a token."""
+    job.error = _clean(job.error)
+    detail = json.dumps(_masked(job.detail), default=lambda v: _clean(str(v)))
     try:
         conn.execute(FINISH, (job.outcome, job.rows, job.error, detail, job.id))
     except Exception:

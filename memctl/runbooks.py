@@ -202,7 +202,7 @@ def prepare(repository: Repository, name: str, *, from_step: int = 1, allow_dirt
 
 
 class _Tail:
-    """The last TAIL_BYTES of a run's output: the part kept in the record, passwords masked.
+    """The last TAIL_BYTES of a run's output: the part kept in the record, passwords masked, secrets redacted.
 
     A little more than that is held, so a URL cut at the front of the tail is still
     whole when it is masked; the cut to TAIL_BYTES comes after masking.
@@ -221,8 +221,12 @@ class _Tail:
     def text(self) -> str:
         from memctl.config import mask_secrets
 
+        from memctl.redact import redact_text
+
         text = bytes(self.data).replace(b"\x00", b"").decode("utf-8", "replace")  # text columns reject NUL
-        data = mask_secrets(text).encode("utf-8")
+        # Secrets (tokens, keys, URL passwords) become [REDACTED:<kind>] markers, whatever [redaction] mode
+        # says: a run record is a log, and a log never holds a secret.
+        data = redact_text(mask_secrets(text)).encode("utf-8")
         if not self.dropped and len(data) <= self.limit:
             return data.decode("utf-8")
         budget = self.limit - MARKER_ROOM

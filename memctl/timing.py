@@ -16,11 +16,10 @@ The projections divide the corpus by that throughput:
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from memctl import models, storage
+from memctl import jsonl, models, storage
 from memctl.errors import InvalidInput, UsageError
 
 SAMPLE = "SELECT content FROM chunks ORDER BY random() LIMIT %s"
@@ -40,27 +39,33 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 def read_texts(path: str | Path) -> list[str]:
-    """Texts from a file: JSONL lines with "content" (or "text"/"query"), else one text per line."""
+    """Texts from a file: JSONL lines with "content" (or "text"/"query"), else one text per line.
+
+    A line that starts with "{" is JSON, read by memctl.jsonl (a malformed one fails, naming the line).
+    """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = Path(path).read_bytes().splitlines()
+    except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc}") from None
     texts = []
-    for line in lines:
-        line = line.strip()
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise jsonl.LineError(number, f"not valid UTF-8 (byte {exc.start})") from None
         if not line:
             continue
-        if line.startswith("{"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if isinstance(record, dict):
-                value = next((record[k] for k in ("content", "text", "query") if isinstance(record.get(k), str)), None)
-                if value and value.strip():
-                    texts.append(value)
-                continue
-        texts.append(line)
+        if not line.startswith("{"):
+            texts.append(line)
+            continue
+        try:
+            record = jsonl.parse(line, required=())
+        except InvalidInput as exc:
+            raise jsonl.at(number, exc) from None
+        if isinstance(record, dict):
+            value = next((record[k] for k in ("content", "text", "query") if isinstance(record.get(k), str)), None)
+            if value and value.strip():
+                texts.append(value)
     if not texts:
         raise InvalidInput(f"{path} holds no texts")
     return texts

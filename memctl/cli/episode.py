@@ -47,8 +47,14 @@ def add(
     meta: Annotated[Optional[str], typer.Option("--meta", help="A JSON object stored with the episode.")] = None,
 ) -> None:
     """Store an episode and print its id. It is searchable by words at once, by meaning after `memctl embed`."""
-    new_id = episodes.add(connect(), settings(), read_text_arg(text), kind=kind, source=source, agent=agent,
-                          importance=importance, created_at=created_at, meta=_meta(meta))
+    from memctl import redact
+
+    st = settings()
+    redactor = redact.Redactor.from_settings(st)
+    new_id = episodes.add(connect(), st, read_text_arg(text), kind=kind, source=source, agent=agent,
+                          importance=importance, created_at=created_at, meta=_meta(meta), redactor=redactor)
+    if redactor.note():
+        warn(redactor.note())
     if new_id is None:
         warn(f"not stored: importance 0 for kind {kind or episodes.DEFAULT_KIND!r} (write policy [importance])")
         return
@@ -76,6 +82,8 @@ def import_(
     finally:
         if handle is not sys.stdin.buffer:
             handle.close()
+    if result.redactor is not None and result.redactor.note():
+        warn(result.redactor.note())
     for number, reason in result.skipped[:20]:
         warn(f"skipped line {number}: {reason}")
     if len(result.skipped) > 20:
@@ -172,22 +180,15 @@ def search(
 
 
 def _search_batch(conn, path: str, *, track: bool = True) -> None:
+    from memctl import jsonl
     from memctl.cli.render import to_json
 
-    handle = sys.stdin.buffer if path == "-" else _open(path)
+    handle = jsonl.open_input(path)
+    fields = ("query", "agent", "k", "kind", "source", "since", "mode")
     queries = []
-    for number, raw in enumerate(handle, start=1):
-        if not raw.strip():
-            continue
-        try:
-            item = json.loads(raw)
-            if not isinstance(item, dict) or not isinstance(item.get("query"), str):
-                raise ValueError("expected an object with a string 'query'")
-            unknown = set(item) - {"query", "agent", "k", "kind", "source", "since", "mode"}
-            if unknown:
-                raise ValueError(f"unknown field(s): {', '.join(sorted(unknown))}")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"line {number}: {exc}") from None
+    for number, item in jsonl.read(handle, fields=fields, required=("query",)):
+        if not isinstance(item["query"], str):
+            raise jsonl.LineError(number, "'query' must be a string")
         queries.append(search_mod.Query(item["query"], k=item.get("k", 5), agent=item.get("agent"),
                                         kind=item.get("kind"), source=item.get("source"), since=item.get("since"),
                                         mode=item.get("mode", "hybrid")))
