@@ -83,6 +83,18 @@ def _importance(value: Any) -> int:
     return value
 
 
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _kinds(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(k, str) and k.strip() for k in value):
+        raise ValueError(f"expected a list of episode kinds, e.g. [\"raw\"], got {value!r}")
+    return list(value)
+
+
 def _choice(*options: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in options:
@@ -140,6 +152,15 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "episode_line": (_string, None),
         "runbook_line": (_string, None),
     },
+    # memctl summarize: off until a chat model is named. kinds None = every kind with a [retention] limit
+    # except summary; context = the num_ctx asked of Ollama (capped at the model's context_length).
+    "summarize": {
+        "model": (_string, None),
+        "kinds": (_kinds, None),
+        "after": (_duration, "7d"),
+        "timeout": (_positive_number, 600.0),
+        "context": (_positive_int, 4096),
+    },
 }
 FREE_SECTIONS: dict[str, Callable[[Any], Any]] = {
     "importance": _importance,
@@ -150,6 +171,9 @@ DEFAULT_IMPORTANCE = {"conversation": 8, "observation": 4, "stay": 0}
 # jobs and runbook_runs rows). Only jobs has a default; it applies even when [retention] is empty.
 RETENTION_SPECIAL: dict[str, Callable[[Any], Any]] = {"keep_importance": _importance, "jobs": _job_log_age}
 RETENTION_DEFAULTS = {"jobs": "90d"}
+# require_summary: with [summarize] model set, prune keeps episodes of summarized kinds that no summary holds yet.
+RETENTION_SPECIAL["require_summary"] = _bool
+RETENTION_DEFAULTS["require_summary"] = True
 
 ENV_OVERRIDES = {
     ("", "database_url"): "MEMCTL_DATABASE_URL",

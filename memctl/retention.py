@@ -25,6 +25,7 @@ from memctl.errors import ConfigError, NotFound, UsageError
 DEFAULT_BATCH = 2000
 KEEP_IMPORTANCE = "keep_importance"
 JOBS = "jobs"  # [retention] jobs: the job log's maximum age, not an episode kind
+REQUIRE_SUMMARY = "require_summary"  # [retention] require_summary: prune waits for summaries (not a kind)
 
 
 # --- policy ------------------------------------------------------------------
@@ -36,18 +37,22 @@ class Policy:
 
     keep_importance: episodes of importance >= N are kept whatever their age (all kinds).
     jobs: the maximum age of the job log (jobs and runbook_runs rows), 90d unless set.
+    require_summary: with [summarize] model set, episodes of summarized kinds that no summary
+    holds yet are kept (the caller names those kinds: see memctl.summarize.awaited_kinds).
     """
 
     max_age: dict[str, str]
     keep_importance: int | None = None
     jobs: str = field(default_factory=lambda: _default_job_age())
+    require_summary: bool = True
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> Policy:
         section = dict(section)
         keep = section.pop(KEEP_IMPORTANCE, None)
         jobs = section.pop(JOBS, None) or _default_job_age()
-        return cls(dict(sorted(section.items())), keep, jobs)
+        require_summary = section.pop(REQUIRE_SUMMARY, True)
+        return cls(dict(sorted(section.items())), keep, jobs, require_summary)
 
     @property
     def empty(self) -> bool:
@@ -100,6 +105,10 @@ def read_policy(path: str | Path) -> Policy:
 PRUNE_WHERE = "e.kind = %(kind)s AND e.created_at < %(cutoff)s AND (%(keep)s::int IS NULL OR e.importance < %(keep)s)"
 PURGE_WHERE = "e.source = %(source)s AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s)"
 PURGE_KIND_WHERE = PURGE_WHERE + " AND e.kind = %(kind)s"
+# An episode some summary was built from (summary_sources has no foreign key to it: the lineage outlives it).
+SUMMARIZED = "EXISTS (SELECT 1 FROM summary_sources l WHERE l.agent = e.agent AND l.source_id = e.id)"
+PRUNE_SUMMARIZED_WHERE = PRUNE_WHERE + " AND " + SUMMARIZED
+PRUNE_UNSUMMARIZED_WHERE = PRUNE_WHERE + " AND NOT " + SUMMARIZED
 
 
 @dataclass
@@ -108,8 +117,19 @@ class Selection:
     params: dict[str, Any]
 
 
-def prune_selection(kind: str, cutoff: datetime.datetime, keep: int | None) -> Selection:
-    return Selection(PRUNE_WHERE, {"kind": kind, "cutoff": cutoff, "keep": keep})
+def prune_selection(kind: str, cutoff: datetime.datetime, keep: int | None, *,
+                    await_summary: bool = False) -> Selection:
+    """A kind past its age; with await_summary only the episodes some summary was built from."""
+    where = PRUNE_SUMMARIZED_WHERE if await_summary else PRUNE_WHERE
+    return Selection(where, {"kind": kind, "cutoff": cutoff, "keep": keep})
+
+
+def kept_for_summary(conn, kind: str, cutoff: datetime.datetime, keep: int | None) -> int:
+    """Episodes of a kind past its age that prune keeps because no summary holds them yet."""
+    from psycopg import sql
+
+    query = sql.SQL("SELECT count(*) AS n FROM episodes e WHERE {}").format(sql.SQL(PRUNE_UNSUMMARIZED_WHERE))
+    return conn.execute(query, {"kind": kind, "cutoff": cutoff, "keep": keep}).fetchone()["n"]
 
 
 def purge_selection(source: str, since: datetime.datetime | None) -> Selection:
@@ -170,13 +190,18 @@ def summarise(conn, selection: Selection, vector_tables: list[str]) -> list[dict
     return conn.execute(query, selection.params, prepare=False).fetchall()
 
 
-def plan(conn, policy: Policy) -> list[dict]:
-    """Dry run of a prune: per kind of the policy, what it would delete (none for an empty policy)."""
+def plan(conn, policy: Policy, *, await_summary: frozenset[str] = frozenset()) -> list[dict]:
+    """Dry run of a prune: per kind of the policy, what it would delete (none for an empty policy).
+
+    Kinds in await_summary lose only the episodes a summary holds; kept_for_summary counts the others.
+    """
     now = conn.execute(NOW).fetchone()["now"]
     tables = _vector_tables(conn)
     rows = []
     for kind, cutoff in policy.cutoffs(now).items():
-        found = summarise(conn, prune_selection(kind, cutoff, policy.keep_importance), tables)
+        held = kind in await_summary
+        selection = prune_selection(kind, cutoff, policy.keep_importance, await_summary=held)
+        found = summarise(conn, selection, tables)
         row = found[0] if found else {"rows": 0, "oldest": None, "newest": None, "chunks": 0, "vectors": 0,
                                       "bytes": 0}
         kept = 0
@@ -184,7 +209,8 @@ def plan(conn, policy: Policy) -> list[dict]:
             kept = conn.execute(KEPT_BY_IMPORTANCE, (kind, cutoff, policy.keep_importance)).fetchone()["n"]
         rows.append({"kind": kind, "policy": policy.max_age[kind], "cutoff": cutoff, "rows": row["rows"],
                      "oldest": row["oldest"], "newest": row["newest"], "chunks": row["chunks"],
-                     "vectors": row["vectors"], "bytes": row["bytes"], "kept_by_importance": kept})
+                     "vectors": row["vectors"], "bytes": row["bytes"], "kept_by_importance": kept,
+                     "kept_for_summary": kept_for_summary(conn, kind, cutoff, policy.keep_importance) if held else 0})
     return rows
 
 
@@ -414,6 +440,7 @@ class Report:
     error: str | None = None
     facts: list[dict] = field(default_factory=list)
     job_log: list[dict] = field(default_factory=list)
+    summaries: list[dict] = field(default_factory=list)  # purge: summaries built from the source's episodes
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -446,20 +473,26 @@ def _detail(report: Report, **extra) -> dict:
     return {**extra, **detail}
 
 
-def prune(conn, policy: Policy, *, batch_size: int = DEFAULT_BATCH, run_vacuum: bool = False) -> Report:
+def prune(conn, policy: Policy, *, batch_size: int = DEFAULT_BATCH, run_vacuum: bool = False,
+          await_summary: frozenset[str] = frozenset()) -> Report:
     """Delete every episode past its kind's maximum age, in batches; verify; trim the job log; record as 'prune'.
 
     An empty policy deletes no episode; the job log is trimmed all the same ([retention] jobs, 90d by default).
+    Kinds in await_summary lose only episodes some summary holds; each kind's row says how many it kept
+    (kept_for_summary).
     """
     from memctl import jobs
 
     with jobs.record(conn, "prune") as job:
         now = conn.execute(NOW).fetchone()["now"]
-        selections = {kind: prune_selection(kind, cutoff, policy.keep_importance)
-                      for kind, cutoff in policy.cutoffs(now).items()}
+        cutoffs = policy.cutoffs(now)
+        selections = {kind: prune_selection(kind, cutoff, policy.keep_importance, await_summary=kind in await_summary)
+                      for kind, cutoff in cutoffs.items()}
         report, _ = _run(conn, selections, batch_size=batch_size, run_vacuum=run_vacuum)
         for row in report.kinds:
-            row.update(policy=policy.max_age[row["kind"]], cutoff=selections[row["kind"]].params["cutoff"])
+            kind = row["kind"]
+            kept = kept_for_summary(conn, kind, cutoffs[kind], policy.keep_importance) if kind in await_summary else 0
+            row.update(policy=policy.max_age[kind], cutoff=cutoffs[kind], kept_for_summary=kept)
         report.job_log = trim_job_log(conn, policy, batch_size=batch_size)
         if run_vacuum and any(t["rows"] for t in report.job_log):
             vacuum(conn, list(JOB_LOG_TABLES))
@@ -469,7 +502,7 @@ def prune(conn, policy: Policy, *, batch_size: int = DEFAULT_BATCH, run_vacuum: 
                             "(written during it with an old created_at?); the next run deletes them")
         job.rows, job.outcome, job.error = report.rows, report.outcome, report.error
         job.detail = _detail(report, policy=policy.max_age, keep_importance=policy.keep_importance,
-                             job_log_policy=policy.jobs)
+                             job_log_policy=policy.jobs, awaiting_summary=sorted(await_summary))
     return report
 
 
@@ -491,6 +524,7 @@ class PurgePlan:
     blocked: bool
     kinds: list[dict]
     facts: list[dict]
+    summaries: list[dict] = field(default_factory=list)  # built from the source's episodes: purged with them
 
     @property
     def rows(self) -> int:
@@ -520,7 +554,10 @@ def purge_plan(conn, source: str, since: str | datetime.datetime | None = None) 
     when = _since(since)
     kinds = summarise(conn, purge_selection(source, when), _vector_tables(conn))
     blocked = conn.execute(IS_BLOCKED, (source,)).fetchone() is not None
-    return PurgePlan(source, when, blocked, kinds, _source_facts(conn, source, when))
+    from memctl import summarize
+
+    return PurgePlan(source, when, blocked, kinds, _source_facts(conn, source, when),
+                     summarize.built_from(conn, source, when))
 
 
 def purge(conn, source: str, since: str | datetime.datetime | None = None, *, delete_facts: bool = False,
@@ -538,22 +575,40 @@ def purge(conn, source: str, since: str | datetime.datetime | None = None, *, de
     _check_source(source)
     when = _since(since)
     with jobs.record(conn, "purge") as job:
+        # Summaries first: found through the lineage while the sources still exist (and again after, by the
+        # source names each summary records, for one written meanwhile): a poisoned source must not live on.
+        summaries = _purge_summaries(conn, source, when, batch_size)
         query = sql.SQL(KINDS_OF).format(where=sql.SQL(PURGE_WHERE))
         kinds = [r["kind"] for r in conn.execute(query, {"source": source, "since": when}).fetchall()]
         selections = {kind: purge_kind_selection(source, when, kind) for kind in kinds}
         report, _ = _run(conn, selections, batch_size=batch_size, run_vacuum=False)
+        report.summaries = summaries + _purge_summaries(conn, source, when, batch_size)
         report.facts = _source_facts(conn, source, when)
         if delete_facts:
             _delete_facts(conn, report.facts, source)
         if report.remaining:
             report.outcome = "partial"
             report.error = f"{report.remaining} episode(s) from {source!r} were written during the purge and remain"
-        job.rows = report.rows + sum(f["deleted"] for f in report.facts)
+        job.rows = report.rows + len(report.summaries) + sum(f["deleted"] for f in report.facts)
         job.outcome, job.error = report.outcome, report.error
         job.detail = _detail(report, source=source, since=when)
         # keys only: the job log must not keep a copy of the values being removed
         job.detail["facts"] = [{k: f[k] for k in ("namespace", "key", "deleted")} for f in report.facts]
     return report
+
+
+SUMMARIES_WHERE = "e.kind = 'summary' AND e.id = ANY(%(ids)s)"
+
+
+def _purge_summaries(conn, source: str, since: datetime.datetime | None, batch_size: int) -> list[dict]:
+    """Delete the summaries built from `source`'s episodes (their lineage rows cascade); the ones deleted."""
+    from memctl import summarize
+
+    found = summarize.built_from(conn, source, since)
+    if found:
+        selection = Selection(SUMMARIES_WHERE, {"ids": [s["id"] for s in found]})
+        delete_selected(conn, "summary", selection, Deleted(), batch_size=batch_size)
+    return found
 
 
 def _delete_facts(conn, found: list[dict], source: str) -> None:

@@ -1,4 +1,4 @@
-"""systemd units for the scheduled jobs (embed every 5 minutes, prune daily).
+"""systemd units for the scheduled jobs (embed every 5 minutes; summarize, then prune, daily).
 
 The templates live in the repository's systemd/ directory (packaged as
 memctl/systemd_units). Rendering fills in three values; each is checked so that
@@ -19,7 +19,7 @@ from pathlib import Path
 import memctl
 from memctl.errors import MemctlError, UsageError
 
-SERVICES = ("memctl-embed", "memctl-prune")
+SERVICES = ("memctl-embed", "memctl-summarize", "memctl-prune")
 UNIT_NAMES = tuple(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer"))
 TIMERS = tuple(f"{name}.timer" for name in SERVICES)
 DEFAULT_USER = "memctl"

@@ -24,6 +24,16 @@ computed by one of, in this order:
 "nomic-embed-text" (768 dims, 2,048 tokens) is always a deterministic
 HashEmbedder stand-in, not the real network.
 
+Chat: "llama3.2:3b" (``CHAT_MODELS``; /api/chat, /api/show with ``llama.context_length``
+4,096, /api/tags) is a deterministic extractive stand-in, not a language model: it
+answers with the first sentence of each line of the last user message. Like Ollama it
+reads at most ``options.num_ctx`` tokens (default 4,096, capped at the model's
+context); unlike Ollama, which cuts a longer prompt silently, it then says so in its
+answer ("the input exceeds the context length ...", ``prompt_eval_count`` = the
+limit) and notes it in ``chat_overflows``. The transport faults (``inject``, ``down``)
+apply to chat as to embedding; ``inject_answer("empty" | "refusal" | "long")`` makes
+the next chat answers bad in content instead.
+
 Token counts (context check and ``prompt_eval_count``) use a documented
 estimate, ``ceil(words * 1.3)`` with a minimum of 1 per input, not a tokenizer.
 Like recent Ollama versions, ``truncate`` is accepted and ignored: input over
@@ -52,6 +62,28 @@ FAULTS = (None, "500", "404", "400", "401", "slow")
 CONTEXT_ERROR = "the input length exceeds the context length"
 # /api/embeddings (legacy) does not normalise; scaling the unit vectors makes that visible.
 LEGACY_SCALE = 7.5
+
+
+ANSWER_FAULTS = (None, "empty", "refusal", "long")
+CHAT_DEFAULT_NUM_CTX = 4096  # Ollama's default num_ctx when a request sets none
+REFUSAL = "I'm sorry, but I can't help with that request."
+
+
+@dataclass
+class ChatSpec:
+    context: int = 4096
+    family: str = "llama"
+
+
+CHAT_MODELS = {"llama3.2:3b": ChatSpec()}
+
+
+def first_sentences(text: str) -> str:
+    """The extractive stand-in's answer: the first sentence of each non-empty line."""
+    import re
+
+    lines = (line.strip() for line in text.splitlines())
+    return "\n".join(re.split(r"(?<=[.!?])\s+", line, maxsplit=1)[0] for line in lines if line)
 
 
 MINILM_PYTHON_ENV = "MEMCTL_TEST_MINILM_PYTHON"
@@ -215,6 +247,10 @@ class OllamaTestServer:
         self.delay_s = 5.0
         self.requests: list[tuple[str, str | None, int]] = []
         self.errors: list[str] = []
+        self.chat_models: dict[str, ChatSpec] = dict(CHAT_MODELS)
+        self.answer_fault: str | None = None
+        self.answer_times: int | None = None
+        self.chat_overflows: list[tuple[int, int]] = []  # (prompt tokens, limit) of each chat over its context
         self.port = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -307,6 +343,27 @@ class OllamaTestServer:
 
     def clear(self) -> None:
         self.inject(None)
+        self.inject_answer(None)
+        self.chat_overflows.clear()
+
+    def inject_answer(self, fault: str | None, times: int | None = None) -> None:
+        """Make the next `times` chat answers (all with None) empty, a refusal, or longer than the input."""
+        if fault not in ANSWER_FAULTS:
+            raise ValueError(f"unknown answer fault {fault!r}: one of {ANSWER_FAULTS}")
+        with self._lock:
+            self.answer_fault, self.answer_times = fault, times
+
+    def _take_answer_fault(self) -> str | None:
+        with self._lock:
+            fault = self.answer_fault
+            if fault is not None and self.answer_times is not None:
+                self.answer_times -= 1
+                if self.answer_times <= 0:
+                    self.answer_fault, self.answer_times = None, None
+            return fault
+
+    def chat_requests(self) -> list[tuple[str, str | None, int]]:
+        return [r for r in self.requests if r[0] == "/api/chat"]
 
     def embed_requests(self) -> list[tuple[str, str | None, int]]:
         return [r for r in self.requests if r[0] == "/api/embed"]
@@ -351,7 +408,7 @@ class OllamaTestServer:
         return body
 
     def _record(self, path: str, body: dict[str, Any]) -> None:
-        raw = body.get("input", body.get("prompt"))
+        raw = body.get("input", body.get("prompt", body.get("messages")))
         n_inputs = len(raw) if isinstance(raw, list) else (1 if isinstance(raw, str) and raw else 0)
         with self._lock:
             self.requests.append((path, body.get("model"), n_inputs))
@@ -373,6 +430,7 @@ class OllamaTestServer:
             ("POST", "/api/embed"): self._embed,
             ("POST", "/api/embeddings"): self._embeddings,
             ("POST", "/api/show"): self._show,
+            ("POST", "/api/chat"): self._chat,
             ("GET", "/api/tags"): lambda _: self._tags(),
             ("GET", "/api/version"): lambda _: {"version": "0.12.0"},
         }
@@ -437,7 +495,74 @@ class OllamaTestServer:
         self._check_context(spec, [prompt])
         return {"embedding": [x * LEGACY_SCALE for x in unit(list(spec.embed([prompt])[0]))]}
 
+    def _chat_model(self, body: dict[str, Any]) -> ChatSpec | None:
+        name = body.get("model")
+        if not isinstance(name, str):
+            return None
+        with self._lock:
+            return self.chat_models.get(name, self.chat_models.get(name.removesuffix(":latest")))
+
+    def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter_ns()
+        spec = self._chat_model(body)
+        if spec is None:
+            if body.get("model") in self.models or str(body.get("model")).removesuffix(":latest") in self.models:
+                raise HttpError(400, f'"{body.get("model")}" does not support chat')
+            raise HttpError(404, f'model "{body.get("model")}" not found, try pulling it first')
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise HttpError(400, "invalid messages")
+        texts = [str(m.get("content") or "") for m in messages]
+        user = next((t for m, t in zip(reversed(messages), reversed(texts)) if m.get("role") == "user"), "")
+        options = body.get("options") or {}
+        limit = min(int(options.get("num_ctx") or CHAT_DEFAULT_NUM_CTX), spec.context)
+        tokens = sum(estimate_tokens(t) for t in texts if t)
+        fault = self._take_answer_fault()
+        if tokens > limit:
+            with self._lock:
+                self.chat_overflows.append((tokens, limit))
+            content = (f"the input exceeds the context length: {tokens} tokens, more than {limit}; "
+                       "only the last part was read")
+            tokens = limit
+        elif fault == "empty":
+            content = ""
+        elif fault == "refusal":
+            content = REFUSAL
+        elif fault == "long":
+            content = f"{user}\n{user}\nIn addition, further details follow."
+        else:
+            content = first_sentences(user)
+        return {
+            "model": body["model"],
+            "created_at": "2025-01-01T00:00:00Z",
+            "message": {"role": "assistant", "content": content},
+            "done": True,
+            "done_reason": "stop",
+            "total_duration": time.perf_counter_ns() - started,
+            "load_duration": 1000,
+            "prompt_eval_count": tokens,
+            "eval_count": estimate_tokens(content) if content else 0,
+        }
+
     def _show(self, body: dict[str, Any]) -> dict[str, Any]:
+        chat = self._chat_model(body)
+        if chat is not None:
+            return {
+                "license": "",
+                "modelfile": f"FROM {body['model']}\n",
+                "parameters": "",
+                "template": "{{ .Prompt }}",
+                "details": {**_details(ModelSpec(0, chat.context, lambda t: [], chat.family)),
+                            "parameter_size": "3.2B", "quantization_level": "Q4_K_M"},
+                "model_info": {
+                    "general.architecture": chat.family,
+                    "general.parameter_count": 3_212_749_888,
+                    f"{chat.family}.context_length": chat.context,
+                    f"{chat.family}.embedding_length": 3072,
+                },
+                "capabilities": ["completion"],
+                "modified_at": "2025-01-01T00:00:00Z",
+            }
         spec = self._model(body)
         arch = spec.family
         return {
@@ -471,6 +596,16 @@ class OllamaTestServer:
                     "details": _details(spec),
                 }
                 for name, spec in items
+            ] + [
+                {
+                    "name": name if ":" in name else f"{name}:latest",
+                    "model": name if ":" in name else f"{name}:latest",
+                    "modified_at": "2025-01-01T00:00:00Z",
+                    "size": 2_019_393_189,
+                    "digest": hashlib.sha256(name.encode()).hexdigest(),
+                    "details": _details(ModelSpec(0, chat.context, lambda t: [], chat.family)),
+                }
+                for name, chat in sorted(self.chat_models.items())
             ]
         }
 

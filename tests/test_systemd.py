@@ -18,7 +18,7 @@ from memctl.errors import UsageError
 # A real executable: systemd-analyze verify refuses an ExecStart= binary that does not exist.
 REAL_BIN = str(Path(sys.executable).parent / "memctl") if (Path(sys.executable).parent / "memctl").is_file() \
     else sys.executable
-JOBS = {"memctl-embed": "embed", "memctl-prune": "prune --yes"}
+JOBS = {"memctl-embed": "embed", "memctl-summarize": "summarize --skip-if-off", "memctl-prune": "prune --yes"}
 MAX_EXPOSURE = 4.0
 # The CLI must never open a database: this URL would fail at once if it did.
 NO_DB_ENV = {"MEMCTL_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"}
@@ -100,8 +100,9 @@ def test_embed_timer_runs_every_5_minutes(analyze, unit_dir):
     assert timer["WantedBy"] == ["timers.target"]
 
 
-def test_prune_timer_is_daily_persistent_and_randomized(analyze, unit_dir):
-    timer = _directives((unit_dir / "memctl-prune.timer").read_text())
+@pytest.mark.parametrize("job", ["memctl-summarize", "memctl-prune"])
+def test_daily_timers_are_daily_persistent_and_randomized(analyze, unit_dir, job):
+    timer = _directives((unit_dir / f"{job}.timer").read_text())
     times = _elapses(analyze, _one(timer, "OnCalendar"))
     assert [(b - a).total_seconds() for a, b in zip(times, times[1:])] == [86400, 86400]
     assert _one(timer, "Persistent") == "true"
@@ -133,8 +134,27 @@ def test_service_runs_the_job_as_the_user_with_network_and_one_state_dir(unit_di
     assert not (set(service.get("ReadWritePaths", [])) | set(service.get("BindPaths", [])))
 
 
-def test_prune_is_low_priority(unit_dir):
-    service = _directives((unit_dir / "memctl-prune.service").read_text())
+def _seconds(span: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)(s|min|h)", span).groups()
+    return int(number) * {"s": 1, "min": 60, "h": 3600}[unit]
+
+
+def test_summarize_runs_before_prune(analyze, unit_dir):
+    """The latest summarize start (its calendar time plus the random delay) comes before the earliest prune;
+    if both are started together (Persistent= catching up at boot), Before= makes prune wait."""
+    summarize = _directives((unit_dir / "memctl-summarize.timer").read_text())
+    prune = _directives((unit_dir / "memctl-prune.timer").read_text())
+    start = _elapses(analyze, _one(summarize, "OnCalendar"))[0]
+    next_prune = min(t for t in _elapses(analyze, _one(prune, "OnCalendar")) if t > start)
+    latest = start.timestamp() + _seconds(_one(summarize, "RandomizedDelaySec"))
+    assert latest <= next_prune.timestamp() and (next_prune - start).total_seconds() < 86400
+    service = _directives((unit_dir / "memctl-summarize.service").read_text())
+    assert _one(service, "Before") == "memctl-prune.service"
+
+
+@pytest.mark.parametrize("job", ["memctl-summarize", "memctl-prune"])
+def test_maintenance_is_low_priority(unit_dir, job):
+    service = _directives((unit_dir / f"{job}.service").read_text())
     assert int(_one(service, "Nice")) > 0
     assert _one(service, "IOSchedulingClass") == "idle"
 
@@ -195,14 +215,14 @@ def test_write_units_writes_each_file(tmp_path):
     assert sorted(p.name for p in (tmp_path / "new" / "dir").iterdir()) == sorted(units)
 
 
-def test_templates_dir_holds_the_four_units():
+def test_templates_dir_holds_every_unit():
     assert sorted(p.name for p in systemd.templates_dir().iterdir()) == sorted(systemd.UNIT_NAMES)
 
 
 def test_enable_commands_hint_useradd_only_for_a_missing_user():
     assert systemd.enable_commands("root") == [
         "systemctl daemon-reload",
-        "systemctl enable --now memctl-embed.timer memctl-prune.timer",
+        "systemctl enable --now memctl-embed.timer memctl-summarize.timer memctl-prune.timer",
     ]
     commands = systemd.enable_commands("memctl-no-such-user")
     assert commands[0].startswith("useradd --system ") and commands[0].endswith(" memctl-no-such-user")
@@ -242,7 +262,8 @@ def test_cli_install_dry_run_writes_nothing_and_prints_the_commands(tmp_path):
     assert list(tmp_path.iterdir()) == []
     lines = result.stdout.splitlines()
     assert lines[0].startswith("useradd --system ")
-    assert lines[1:] == ["systemctl daemon-reload", "systemctl enable --now memctl-embed.timer memctl-prune.timer"]
+    assert lines[1:] == ["systemctl daemon-reload",
+                         "systemctl enable --now memctl-embed.timer memctl-summarize.timer memctl-prune.timer"]
     assert str(tmp_path / "memctl-embed.service") in result.stderr
 
 

@@ -92,10 +92,11 @@ NOUNS = {
     "episode": "episode", "embed": "embed", "status": "status",
     "prune": "retention", "purge": "retention", "jobs": "retention", "source": "retention",
     "runbook": "runbook", "size": "size", "reembed": "reembed", "recall": "recall", "systemd": "systemd",
+    "summarize": "summarize",
 }
 EXTRA = {"embed": ["timing"]}  # modules that add commands to another noun's sub-app
-ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "runbook", "size", "reembed", "recall",
-         "db", "config", "systemd"]
+ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "summarize", "runbook", "size", "reembed",
+         "recall", "db", "config", "systemd"]
 _loaded: set[str] = set()
 
 

@@ -101,13 +101,24 @@ def _open(path: str):
 
 @app.command()
 def show(episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOption = Format.table) -> None:
-    """One episode with its chunks and their embedding state."""
-    row = episodes.show(connect(), episode_id)
+    """One episode with its chunks and their embedding state, and its lineage: a summary's `sources` (id,
+    created_at, content hash, whether it still exists) and the summaries it is in (`summarized_in`)."""
+    from memctl import summarize
+
+    conn = connect()
+    row = episodes.show(conn, episode_id)
+    row.update(summarize.lineage(conn, row["agent"], episode_id))
     if fmt is Format.table:
-        chunks = row.pop("chunks")
+        chunks, sources, summarized_in = row.pop("chunks"), row.pop("sources"), row.pop("summarized_in")
+        row["summarized_in"] = ", ".join(str(s["id"]) for s in summarized_in) or None
+        if sources:
+            row["sources"] = f"{len(sources)} ({sum(not s['exists'] for s in sources)} deleted since)"
         render_one(row, fmt)
         sys.stdout.write("\n")
         render(chunks, fmt)
+        if sources:
+            sys.stdout.write("\n")
+            render(sources, fmt)
     else:
         render_one(row, fmt)
 

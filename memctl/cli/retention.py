@@ -27,8 +27,9 @@ SPACE_NOTE = ("deleted rows become dead tuples; once VACUUM has processed them (
 BYTES_NOTE = ("bytes = logical size of the episode, chunk and vector rows (every model), not file bytes; "
               "index entries are not counted")
 PLAN_COLUMNS = ["kind", "policy", "rows", "oldest", "newest", "chunks", "vectors", "bytes", "kept_by_importance",
-                "cutoff"]
-PRUNED_COLUMNS = ["kind", "policy", "rows", "chunks", "vectors", "oldest", "newest", "remaining", "cutoff"]
+                "kept_for_summary", "cutoff"]
+PRUNED_COLUMNS = ["kind", "policy", "rows", "chunks", "vectors", "oldest", "newest", "remaining", "kept_for_summary",
+                  "cutoff"]
 PURGE_PLAN_COLUMNS = ["kind", "rows", "chunks", "vectors", "bytes", "oldest", "newest"]
 PURGED_COLUMNS = ["kind", "rows", "chunks", "vectors", "oldest", "newest", "remaining"]
 FACT_COLUMNS = ["namespace", "key", "value", "updated_at", "deleted"]
@@ -81,12 +82,15 @@ def prune(
     """
     if vacuum and not yes:
         raise UsageError("--vacuum needs --yes (a dry run deletes nothing to vacuum)")
+    from memctl import summarize
+
     policy = retention.read_policy(policy_file) if policy_file else retention.policy_from_settings(settings())
+    awaited = summarize.awaited_kinds(settings(), policy)
     conn = connect()
     if not yes:
-        _prune_plan(conn, policy, fmt)
+        _prune_plan(conn, policy, fmt, awaited)
         return
-    report = retention.prune(conn, policy, batch_size=batch_size, run_vacuum=vacuum)
+    report = retention.prune(conn, policy, batch_size=batch_size, run_vacuum=vacuum, await_summary=awaited)
     render(report.kinds, fmt, columns=PRUNED_COLUMNS)
     _section(report.tables, fmt, TABLE_COLUMNS)
     _section(report.job_log, fmt, JOB_LOG_COLUMNS)
@@ -94,6 +98,7 @@ def prune(
         warn(retention.NO_EPISODE_POLICY)
     else:
         _summary("pruned", report)
+    _kept_for_summary(report.kinds, awaited, planned=False)
     warn("job log: deleted " + _job_log_counts(report.job_log) + f" started before {_cutoff(report.job_log)} "
          f"([retention] jobs = {policy.jobs})")
     if report.outcome != "ok":
@@ -101,8 +106,19 @@ def prune(
         raise typer.Exit(EXIT_ERROR)
 
 
-def _prune_plan(conn, policy: retention.Policy, fmt: Format) -> None:
-    rows = retention.plan(conn, policy)
+def _kept_for_summary(rows: list[dict], awaited: frozenset[str], *, planned: bool) -> None:
+    """Say how many episodes prune keeps, and why, while summaries are missing."""
+    kept = {r["kind"]: r["kept_for_summary"] for r in rows if r.get("kept_for_summary")}
+    if not kept:
+        return
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kept.items()))
+    warn(f"{'would keep' if planned else 'kept'} {counts} episode(s) past their age that no summary holds yet "
+         "([summarize] model is set: memctl summarize writes them; [retention] require_summary = false "
+         "deletes them unsummarized)")
+
+
+def _prune_plan(conn, policy: retention.Policy, fmt: Format, awaited: frozenset[str] = frozenset()) -> None:
+    rows = retention.plan(conn, policy, await_summary=awaited)
     job_log = retention.job_log_plan(conn, policy)
     render(rows, fmt, columns=PLAN_COLUMNS)
     _section(job_log, fmt, JOB_LOG_PLAN_COLUMNS)
@@ -113,6 +129,7 @@ def _prune_plan(conn, policy: retention.Policy, fmt: Format) -> None:
         warn(f"episodes of importance >= {policy.keep_importance} are kept whatever their age (keep_importance)")
     if kept and not policy.empty:
         warn(f"kinds without a policy are kept: {kept}")
+    _kept_for_summary(rows, awaited, planned=True)
     running = sum(t["running"] for t in job_log)
     warn(f"dry run, nothing deleted: {sum(r['rows'] for r in rows)} episode(s), "
          f"{_mib(sum(r['bytes'] for r in rows))} ({BYTES_NOTE}); job log: " + _job_log_counts(job_log)
@@ -160,8 +177,10 @@ def purge(
     if not yes:
         found = retention.purge_plan(conn, source, since)
         _purge_output(fmt, found.kinds, found.facts, PURGE_PLAN_COLUMNS,
-                      {"source": source, "since": found.since, "blocked": found.blocked, "dry_run": True})
+                      {"source": source, "since": found.since, "blocked": found.blocked, "dry_run": True,
+                       "summaries": found.summaries})
         _facts_note(source, found.facts, planned=True, delete_facts=delete_facts)
+        _summaries_note(source, found.summaries, planned=True)
         warn(f"dry run, nothing deleted: {found.rows} episode(s) from {source!r} ({BYTES_NOTE}); "
              "run with --yes to delete")
         if not found.blocked:
@@ -169,6 +188,7 @@ def purge(
         return
     report = retention.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size)
     summary = {k: v for k, v in report.to_dict().items() if k not in ("kinds", "facts", "tables", "job_log")}
+    _summaries_note(source, report.summaries, planned=False)
     _purge_output(fmt, report.kinds, report.facts, PURGED_COLUMNS, {"source": source, "dry_run": False, **summary},
                   tables=report.tables)
     _facts_note(source, report.facts, planned=False, delete_facts=delete_facts)
@@ -192,6 +212,15 @@ def _purge_output(fmt: Format, kinds: list[dict], facts: list[dict], columns: li
     else:
         typed = [{"type": "episodes", **k} for k in kinds] + [{"type": "fact", **f} for f in facts]
         render(typed, fmt, columns=["type", *columns, *FACT_COLUMNS])
+
+
+def _summaries_note(source: str, summaries: list[dict], *, planned: bool) -> None:
+    if not summaries:
+        return
+    ids = ", ".join(str(s["id"]) for s in summaries[:10]) + (" ..." if len(summaries) > 10 else "")
+    warn(f"{'would also delete' if planned else 'also deleted'} {len(summaries)} summar"
+         f"{'y' if len(summaries) == 1 else 'ies'} built from {source!r}'s episodes (ids {ids}), so the source does "
+         "not live on inside them; the next memctl summarize rebuilds those windows from what remains")
 
 
 def _facts_note(source: str, facts: list[dict], *, planned: bool, delete_facts: bool) -> None:

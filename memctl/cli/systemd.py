@@ -12,7 +12,8 @@ from memctl import systemd
 from memctl.cli.common import warn
 
 app = typer.Typer(
-    help="systemd units that run `memctl embed` every 5 minutes and `memctl prune --yes` daily.",
+    help="systemd units that run `memctl embed` every 5 minutes, and `memctl summarize` then `memctl prune --yes` "
+    "daily.",
     no_args_is_help=True,
 )
 
@@ -46,7 +47,7 @@ def render(
     user: UserOption = systemd.DEFAULT_USER,
     env_file: EnvFileOption = systemd.DEFAULT_ENV_FILE,
 ) -> None:
-    """Render the four units with the paths filled in."""
+    """Render the units (embed, summarize, prune: a service and a timer each) with the paths filled in."""
     units = _render(bin_path, user, env_file)
     if out is None:
         sys.stdout.write("\n".join(f"# --- {name} ---\n{text}" for name, text in units.items()))

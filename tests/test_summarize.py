@@ -1,0 +1,343 @@
+"""Summaries with lineage, through the CLI against the Ollama-protocol test server's extractive chat stand-in.
+
+The first tests follow issue 12's "How it will be checked" steps 1-8 in order; the rest cover long windows,
+faults, purge, the prune switch, backdated episodes and the status warning.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import pytest
+
+from memctl import config, summarize
+from tests.ollama_server import first_sentences
+
+NOW = datetime.datetime.now(datetime.timezone.utc)
+CONFIG = '[retention]\nraw = "30d"\nsummary = "365d"\n\n[summarize]\nmodel = "llama3.2:3b"\n'
+AGENTS = ("ops", "web")
+DAYS = (33, 38, 44, 49, 54, 59)  # six days, 33-60 days old
+VPN = ("The VPN gateway at 10.8.0.1 drops connections every 90 minutes: MTU mismatch. "
+       "Lowering the tunnel MTU to 1380 fixed it.")
+
+
+def day_at(age_days: int, minute: int) -> str:
+    day = (NOW - datetime.timedelta(days=age_days)).date()
+    return datetime.datetime.combine(day, datetime.time(9, 0), datetime.timezone.utc).replace(
+        minute=minute % 60, hour=9 + minute // 60).isoformat()
+
+
+def window_rows(agent: str, age: int, *, count: int = 10, words: int = 0) -> list[dict]:
+    filler = " ".join(f"detail{n} of the check went as expected" for n in range(words))
+    rows = []
+    for i in range(count):
+        text = f"Episode {i} of {agent} {age} days ago: restarted worker {i} after error E{age}{i}. {filler}".strip()
+        if (agent, age, i) == ("ops", 38, 4):
+            text = VPN
+        rows.append({"content": text, "kind": "raw", "agent": agent, "source": f"agent:{agent}",
+                     "created_at": day_at(age, i * 5), "importance": 3 + i % 5})
+    return rows
+
+
+def load(cli, rows: list[dict]) -> None:
+    out = cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows))
+    assert out.exit_code == 0, out.stderr
+
+
+def scalar(conn, query, params=None):
+    return next(iter(conn.execute(query, params).fetchone().values()))
+
+
+def summaries(conn) -> int:
+    return scalar(conn, "SELECT count(*) FROM episodes WHERE kind = 'summary'")
+
+
+@pytest.fixture
+def setup(cli, ollama_env, ollama):
+    """Step 1: 120 raw episodes of two agents over six days 33-60 days old, 10 from two days ago."""
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
+    rows = [r for agent in AGENTS for age in DAYS for r in window_rows(agent, age)]
+    recent = [{"content": f"Recent note {i}: cache warmed.", "kind": "raw", "agent": "ops", "source": "agent:ops",
+               "created_at": (NOW - datetime.timedelta(days=2, minutes=i)).isoformat()} for i in range(10)]
+    load(cli, rows + recent)
+    return ollama
+
+
+def test_issue_steps_dry_run_summarize_lineage_prune_recall(cli, conn, setup):
+    ollama = setup
+    # 2. --dry-run lists the windows and writes nothing (and asks no model).
+    dry = cli("summarize", "--dry-run", "-f", "json")
+    assert dry.exit_code == 0, dry.stderr
+    plan = dry.json()
+    assert len(plan) == 12 and {r["episodes"] for r in plan} == {10}
+    assert {r["agent"] for r in plan} == set(AGENTS) and all(r["tokens_in"] > 0 for r in plan)
+    assert all(r["window_start"][11:19] == "00:00:00" for r in plan)
+    assert "dry run, nothing written" in dry.stderr
+    assert summaries(conn) == 0 and ollama.chat_requests() == []
+
+    # 3. Exactly 12 summaries; a second run writes none.
+    first = cli("summarize", "-f", "json")
+    assert first.exit_code == 0, first.stderr
+    written = first.json()
+    assert len(written) == 12 and {w["sources"] for w in written} == {10}
+    assert all(w["tokens_in"] > 0 and 0 < w["tokens_out"] < w["tokens_in"] for w in written)
+    assert summaries(conn) == 12 and scalar(conn, "SELECT count(*) FROM summary_sources") == 120
+    assert ollama.chat_overflows == []
+    again = cli("summarize", "-f", "json")
+    assert again.exit_code == 0 and again.json() == [] and summaries(conn) == 12
+    jobs = cli("jobs", "--job", "summarize", "-f", "json").json()
+    assert [(j["outcome"], j["rows"]) for j in jobs] == [("ok", 0), ("ok", 12)]
+
+    # The summary is an episode: kind, source, window end, highest importance, window and model in meta.
+    vpn = conn.execute("SELECT * FROM episodes WHERE kind = 'summary' AND content LIKE '%%10.8.0.1%%'").fetchall()
+    assert len(vpn) == 1
+    summary = vpn[0]
+    assert "The VPN gateway at 10.8.0.1 drops connections every 90 minutes: MTU mismatch." in summary["content"]
+    assert summary["source"] == "summarize:llama3.2:3b" and summary["agent"] == "ops"
+    start = datetime.datetime.fromisoformat(summary["meta"]["window_start"])
+    assert summary["created_at"] == start + datetime.timedelta(days=1)
+    assert datetime.datetime.fromisoformat(summary["meta"]["window_end"]) == summary["created_at"]
+    assert summary["meta"]["model"] == "llama3.2:3b" and summary["meta"]["parts"] == 1
+    assert summary["importance"] == 7  # the highest of 3..7
+    assert scalar(conn, "SELECT count(*) FROM chunks WHERE agent = 'ops' AND episode_id = %s", (summary["id"],)) >= 1
+
+    # 4. The summary lists its 10 sources; a source names the summary.
+    shown = cli("episode", "show", str(summary["id"]), "-f", "json")
+    assert shown.exit_code == 0, shown.stderr
+    sources = shown.json()["sources"]
+    assert len(sources) == 10 and all(s["exists"] for s in sources)
+    source_ids = [s["id"] for s in sources]
+    vpn_source = scalar(conn, "SELECT id FROM episodes WHERE content = %s", (VPN,))
+    assert vpn_source in source_ids
+    source_doc = cli("episode", "show", str(vpn_source), "-f", "json").json()
+    assert [s["id"] for s in source_doc["summarized_in"]] == [summary["id"]] and source_doc["sources"] == []
+    table = cli("episode", "show", str(summary["id"]))
+    assert table.exit_code == 0 and "10 (0 deleted since)" in table.stdout and str(vpn_source) in table.stdout
+
+    # 5. Prune deletes the 120 summarized raw episodes, keeps the 10 recent ones and 5 unsummarized 40-day-old
+    # ones, keeps every summary, and the lineage still lists the deleted sources.
+    load(cli, [{"content": f"Late note {i}: disk at 81%.", "kind": "raw", "agent": "web", "source": "agent:web",
+                "created_at": day_at(40, i)} for i in range(5)])
+    plan = {r["kind"]: r for r in cli("prune", "-f", "json").json()}
+    assert (plan["raw"]["rows"], plan["raw"]["kept_for_summary"]) == (120, 5)
+    pruned = cli("prune", "--yes", "-f", "json")
+    assert pruned.exit_code == 0, pruned.stderr
+    raw = {r["kind"]: r for r in pruned.json()}["raw"]
+    assert (raw["rows"], raw["kept_for_summary"], raw["remaining"]) == (120, 5, 0)
+    assert "kept 5 raw episode(s) past their age that no summary holds yet" in pruned.stderr
+    assert scalar(conn, "SELECT count(*) FROM episodes WHERE kind = 'raw'") == 15
+    assert scalar(conn, "SELECT count(*) FROM episodes WHERE content LIKE 'Late note%%'") == 5
+    assert summaries(conn) == 12
+    after = cli("episode", "show", str(summary["id"]), "-f", "json").json()["sources"]
+    assert [s["id"] for s in after] == source_ids and not any(s["exists"] for s in after)
+    assert all(len(s["content_hash"]) == 64 for s in after)
+
+    # 6. Recall about the VPN surfaces the summary (the raw episode is gone).
+    assert cli("embed").exit_code == 0
+    recalled = cli("recall", "why does the VPN gateway drop connections?", "-f", "json")
+    assert recalled.exit_code == 0, recalled.stderr
+    assert summary["id"] in [i.get("id") for i in recalled.json()["items"] if i["kind"] == "episode"]
+
+    # The 5 late episodes get their summary on the next run, and prune then deletes them.
+    late = cli("summarize", "-f", "json").json()
+    assert [(w["agent"], w["sources"]) for w in late] == [("web", 5)]
+
+
+def test_chat_down_exits_3_and_writes_nothing(cli, conn, setup):
+    setup.down()
+    out = cli("summarize")
+    assert out.exit_code == 3 and "unreachable" in out.stderr
+    assert summaries(conn) == 0
+    assert cli("jobs", "--job", "summarize", "-f", "json").json()[0]["outcome"] == "unavailable"
+
+
+@pytest.mark.parametrize("fault", ["500", "slow"])
+def test_chat_failing_or_slow_exits_3_and_writes_nothing(cli, conn, setup, ollama_env, fault):
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG + "timeout = 0.5\n")
+    setup.inject(fault, delay_s=3)
+    out = cli("summarize")
+    assert out.exit_code == 3, out.stderr
+    assert summaries(conn) == 0
+
+
+@pytest.mark.parametrize("fault, said", [("empty", "empty summary"), ("refusal", "refusal"),
+                                         ("long", "longer than its input")])
+def test_a_bad_answer_fails_its_window_alone(cli, conn, setup, fault, said):
+    setup.inject_answer(fault, times=1)
+    out = cli("summarize", "-f", "json")
+    assert out.exit_code == 1 and said in out.stderr
+    assert len(out.json()) == 11 and summaries(conn) == 11
+    job = cli("jobs", "--job", "summarize", "-f", "json").json()[0]
+    assert job["outcome"] == "partial" and said in job["error"]
+    assert len(job["detail"]["failed"]) == 1 and said in job["detail"]["failed"][0]["error"]
+    retry = cli("summarize", "-f", "json")
+    assert retry.exit_code == 0 and len(retry.json()) == 1 and summaries(conn) == 12
+
+
+def test_an_empty_answer_for_every_window_writes_no_summary(cli, conn, setup):
+    setup.inject_answer("empty")
+    out = cli("summarize")
+    assert out.exit_code == 1 and "12 window(s) failed" in out.stderr
+    assert summaries(conn) == 0
+
+
+def test_unknown_model_exits_1_with_the_pull_hint(cli, conn, setup, ollama_env):
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG.replace("llama3.2:3b", "qwen3:8b"))
+    out = cli("summarize")
+    assert out.exit_code == 1 and "ollama pull qwen3:8b" in out.stderr
+    assert summaries(conn) == 0
+
+
+def test_no_model_is_a_configuration_error_and_the_timer_skips(cli, ollama_env):
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text('[retention]\nraw = "30d"\n')
+    out = cli("summarize")
+    assert out.exit_code == 1 and "[summarize] model" in out.stderr
+    skipped = cli("summarize", "--skip-if-off")
+    assert skipped.exit_code == 0 and "summaries are off" in skipped.stderr
+
+
+def test_systemd_render_includes_the_summarize_timer(cli):
+    out = cli("systemd", "render", "--bin", "/opt/memctl/bin/memctl")
+    assert out.exit_code == 0, out.stderr
+    assert "# --- memctl-summarize.timer ---" in out.stdout
+    assert "ExecStart=/opt/memctl/bin/memctl summarize --skip-if-off\n" in out.stdout
+
+
+def test_a_long_window_is_summarized_in_parts_without_overflowing_the_context(cli, conn, ollama_env, ollama):
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
+    rows = window_rows("ops", 40, count=60, words=12)  # ~100 words each: about 3 requests' worth
+    rows.append({"content": "Huge dump: " + " ".join(f"line{n} value {n}." for n in range(4000)), "kind": "raw",
+                 "agent": "ops", "source": "agent:ops", "created_at": day_at(40, 200)})
+    load(cli, rows)
+    out = cli("summarize", "-f", "json")
+    assert out.exit_code == 0, out.stderr
+    [written] = out.json()
+    assert written["sources"] == 61
+    meta = conn.execute("SELECT meta, content FROM episodes WHERE id = %s", (written["summary_id"],)).fetchone()
+    assert meta["meta"]["parts"] >= 3 and meta["meta"]["rounds"] >= 2
+    assert len(ollama.chat_requests()) == meta["meta"]["requests"] > meta["meta"]["parts"]
+    assert ollama.chat_overflows == []  # no request exceeded the context: nothing was cut
+    # Every episode's first sentence made it through the parts and the summary of the parts.
+    for i in (0, 30, 59):
+        assert f"Episode {i} of ops 40 days ago: restarted worker {i} after error E40{i}." in meta["content"]
+    assert "(piece 1 of" in meta["content"]  # the huge episode went in pieces, not truncated
+
+
+def test_the_stand_in_says_when_its_context_is_exceeded(ollama):
+    import ollama as client_mod
+
+    client = client_mod.Client(host=ollama.url)
+    text = "\n".join(f"Line {n} says something. And more." for n in range(1200))
+    answer = client.chat(model="llama3.2:3b", messages=[{"role": "user", "content": text}])
+    assert "exceeds the context length" in answer.message.content and answer.prompt_eval_count == 4096
+    assert ollama.chat_overflows and ollama.chat_overflows[0][1] == 4096
+    ok = client.chat(model="llama3.2:3b", messages=[{"role": "user", "content": "A b. C d.\nE f. G."}])
+    assert ok.message.content == first_sentences("A b. C d.\nE f. G.") == "A b.\nE f."
+    shown = client.show("llama3.2:3b")
+    assert shown.modelinfo["llama.context_length"] == 4096
+    assert "llama3.2:3b" in [m.model for m in client.list().models]
+
+
+def test_an_answer_read_from_a_truncated_prompt_fails_the_window(cli, conn, ollama_env, ollama):
+    """Text whose tokens memctl underestimates (one-letter words: 2 characters, but a token each) overflows the
+    model's context; Ollama would cut the prompt silently. The answer's prompt_eval_count gives it away."""
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
+    load(cli, [{"content": "Dense: " + "x " * 1000, "kind": "raw", "agent": "ops", "source": "agent:ops",
+                "created_at": day_at(40, i)} for i in range(10)])
+    out = cli("summarize")
+    assert out.exit_code == 1 and "may have read the input truncated" in out.stderr
+    assert ollama.chat_overflows and summaries(conn) == 0
+
+
+def test_purge_deletes_the_summaries_built_from_the_source_and_says_so(cli, conn, setup):
+    assert cli("summarize").exit_code == 0
+    dry = cli("purge", "--source", "agent:ops", "-f", "json")
+    assert dry.exit_code == 0 and len(dry.json()["summaries"]) == 6 and "would also delete 6 summaries" in dry.stderr
+    assert summaries(conn) == 12
+    done = cli("purge", "--source", "agent:ops", "--yes", "-f", "json")
+    assert done.exit_code == 0, done.stderr
+    assert "also deleted 6 summaries built from 'agent:ops'" in done.stderr
+    assert len(done.json()["summaries"]) == 6
+    left = conn.execute("SELECT DISTINCT agent FROM episodes WHERE kind = 'summary'").fetchall()
+    assert [r["agent"] for r in left] == ["web"] and summaries(conn) == 6
+    assert scalar(conn, "SELECT count(*) FROM summary_sources WHERE agent = 'ops'") == 0
+
+
+def test_purge_finds_summaries_after_prune_deleted_the_sources(cli, conn, setup):
+    assert cli("summarize").exit_code == 0
+    assert cli("prune", "--yes").exit_code == 0
+    assert scalar(conn, "SELECT count(*) FROM episodes WHERE source = 'agent:web'") == 0
+    done = cli("purge", "--source", "agent:web", "--yes", "-f", "json")
+    assert done.exit_code == 0 and len(done.json()["summaries"]) == 6
+    assert scalar(conn, "SELECT count(*) FROM episodes WHERE kind = 'summary' AND agent = 'web'") == 0
+
+
+def test_require_summary_false_lets_prune_delete_unsummarized_episodes(cli, conn, setup, ollama_env):
+    kept = {r["kind"]: r for r in cli("prune", "-f", "json").json()}["raw"]
+    assert (kept["rows"], kept["kept_for_summary"]) == (0, 120)
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG.replace('summary = "365d"\n',
+                                                                'summary = "365d"\nrequire_summary = false\n'))
+    plan = {r["kind"]: r for r in cli("prune", "-f", "json").json()}["raw"]
+    assert (plan["rows"], plan["kept_for_summary"]) == (120, 0)
+    assert cli("prune", "--yes").exit_code == 0
+    assert scalar(conn, "SELECT count(*) FROM episodes WHERE kind = 'raw'") == 10
+
+
+def test_without_a_model_prune_does_not_wait(cli, conn, setup, ollama_env):
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text('[retention]\nraw = "30d"\nsummary = "365d"\n')
+    assert {r["kind"]: r for r in cli("prune", "-f", "json").json()}["raw"]["rows"] == 120
+
+
+def test_episodes_backdated_into_a_summarized_window_get_an_addendum(cli, conn, setup):
+    assert cli("summarize", "--agent", "ops", "-f", "json").exit_code == 0
+    assert summaries(conn) == 6
+    first = scalar(conn, "SELECT id FROM episodes WHERE kind = 'summary' AND content LIKE '%%10.8.0.1%%'")
+    load(cli, [{"content": "Backdated: the VPN MTU was set on the spare gateway too.", "kind": "raw",
+                "agent": "ops", "source": "agent:ops", "created_at": day_at(38, 200)}])
+    plan = cli("summarize", "--agent", "ops", "--dry-run", "-f", "json").json()
+    assert [(r["episodes"], r["addendum_to"]) for r in plan] == [(1, first)]
+    added = cli("summarize", "--agent", "ops", "-f", "json").json()
+    assert [w["sources"] for w in added] == [1]
+    meta = conn.execute("SELECT meta FROM episodes WHERE id = %s", (added[0]["summary_id"],)).fetchone()["meta"]
+    assert meta["addendum_to"] == first
+    assert cli("summarize", "--agent", "ops", "-f", "json").json() == []  # nothing summarized twice
+    assert scalar(conn, "SELECT count(*) FROM (SELECT source_id FROM summary_sources GROUP BY 1 "
+                        "HAVING count(*) > 1) d") == 0
+
+
+def test_older_than_limit_and_agent_choose_the_windows(cli, conn, setup):
+    assert len(cli("summarize", "--dry-run", "--older-than", "50d", "-f", "json").json()) == 4
+    assert len(cli("summarize", "--dry-run", "--older-than", "1d", "-f", "json").json()) == 13
+    assert len(cli("summarize", "--dry-run", "--agent", "web", "-f", "json").json()) == 6
+    out = cli("summarize", "--limit", "2", "-f", "json").json()
+    assert len(out) == 2 and summaries(conn) == 2
+    assert cli("summarize", "--older-than", "soon").exit_code == 2
+
+
+def test_overdue_warns_until_the_windows_are_summarized(cli, conn, setup, ollama_env):
+    settings = config.load(Path(ollama_env["MEMCTL_CONFIG"]))
+    warning = summarize.overdue(conn, settings)
+    assert warning is not None and "120 episode(s) of raw" in warning and "memctl summarize" in warning
+    assert cli("summarize").exit_code == 0
+    assert summarize.overdue(conn, settings) is None
+    off = config.load(Path(ollama_env["MEMCTL_CONFIG"]), environ={})
+    off.values["summarize"]["model"] = None
+    assert summarize.overdue(conn, off) is None
+
+
+def test_summarize_config_is_validated(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[summarize]\nmodel = "llama3.2:3b"\nkinds = "raw"\nafter = "soon"\n'
+                    '[retention]\nrequire_summary = "yes"\n')
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(path)
+    message = str(caught.value)
+    assert "[summarize] kinds" in message and "[summarize] after" in message
+    assert "[retention] require_summary" in message
+    path.write_text('[summarize]\nkinds = ["raw", "conversation"]\n[retention]\nraw = "30d"\nsummary = "1y"\n')
+    settings = config.load(path)
+    assert summarize.kinds(settings) == ["raw", "conversation"]
+    path.write_text('[retention]\nraw = "30d"\nsummary = "1y"\nconversation = "90d"\nkeep_importance = 9\n')
+    assert summarize.kinds(config.load(path)) == ["conversation", "raw"]
