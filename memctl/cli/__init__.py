@@ -88,6 +88,7 @@ def root(
 # Each noun's module, imported only when that noun runs: start-up time is paid
 # per command, not for the whole tool (memctl fact get must start fast).
 NOUNS = {
+    "export": "transfer", "import": "transfer", "redact": "redact",
     "db": "db", "config": "config", "fact": "fact",
     "episode": "episode", "embed": "embed", "status": "status",
     "prune": "retention", "purge": "retention", "jobs": "retention", "source": "retention",
@@ -96,7 +97,7 @@ NOUNS = {
 }
 EXTRA = {"embed": ["timing"]}  # modules that add commands to another noun's sub-app
 ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "summarize", "runbook", "size", "reembed",
-         "recall", "db", "config", "systemd"]
+         "recall", "redact", "transfer", "db", "config", "systemd"]
 _loaded: set[str] = set()
 
 

@@ -1,0 +1,77 @@
+"""memctl export / memctl import: the whole memory as one JSONL stream, out and in."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from memctl import episodes, jsonl, transfer
+from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.render import Format, render
+from memctl.errors import InvalidInput
+
+
+def register(root: typer.Typer) -> None:
+    root.command("export")(export)
+    root.command("import")(import_)
+
+
+def export(
+    out: Annotated[str, typer.Option("--out", "-o", help="File to write, or '-' for stdout.")] = "-",
+    agent: Annotated[Optional[str], typer.Option("--agent", "-a", help="Only this agent's episodes and runs.")] = None,
+    since: Annotated[Optional[str], typer.Option(
+        "--since", help="Only episodes, lineage and runs newer than a duration (7d) or ISO date.")] = None,
+    vectors: Annotated[bool, typer.Option(
+        "--vectors", help="Add the active model's vectors, so an import into a database with that model "
+                          "need not embed again.")] = False,
+) -> None:
+    """Write facts with their history, episodes, summary lineage, blocked sources and runbook runs as JSONL.
+
+    A header line first (format version, memctl version, models), then one object per record, from one
+    consistent snapshot, streamed in constant memory. Facts and blocked sources are always exported whole.
+    """
+    when = episodes.parse_since(since) if since else None
+    conn = connect(vector=False)
+    if out == "-":
+        result = transfer.export(conn, sys.stdout.write, agent=agent, since=when, vectors=vectors)
+    else:
+        partial = f"{out}.partial"
+        try:
+            with open(partial, "w", encoding="utf-8") as handle:
+                result = transfer.export(conn, handle.write, agent=agent, since=when, vectors=vectors)
+            os.replace(partial, out)
+        except OSError as exc:
+            raise InvalidInput(f"cannot write {out}: {exc.strerror}") from None
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    counts = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in result.to_dict().items())
+    warn(f"exported {counts}")
+
+
+def import_(
+    file: Annotated[str, typer.Argument(help="An export (memctl export), or '-' for stdin.")],
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Load an export into this database, empty or not, in one transaction.
+
+    Episodes already here (same agent, content hash and created_at) are skipped, fact histories merged in
+    version order, lineage and runs remapped to the new episode ids, secrets redacted. A corrupt or unknown
+    line fails the import, names the line, and leaves nothing behind; an export of a newer format is refused.
+    """
+    from memctl import redact
+
+    st = settings()
+    redactor = redact.Redactor.from_settings(st)
+    handle = jsonl.open_input(file)
+    try:
+        result = transfer.import_stream(connect(), st, handle, redactor=redactor)
+    finally:
+        if handle is not sys.stdin.buffer:
+            handle.close()
+    if redactor.note():
+        warn(redactor.note())
+    render([result.to_dict()], fmt)
