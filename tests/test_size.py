@@ -310,7 +310,9 @@ def test_build_memory_model_predicts_the_notice(conn):
     conn.execute("CREATE INDEX ON t USING hnsw (embedding vector_cosine_ops)")
     [fits] = [int(n.split("after ")[1].split()[0]) for n in notices if "no longer fits" in n]
     predicted = 1024 * 1024 // (storage.build_memory(1, 384))
-    assert abs(fits - predicted) <= 5
+    # Measured 466 rows on PostgreSQL 18.6 (predicted 466), 452-454 on 15.20: PostgreSQL 16 made memory chunk
+    # headers smaller, so on 15 the same graph takes about 3% more memory.
+    assert abs(fits - predicted) <= (5 if conn.info.server_version >= 160000 else 18)
     model = models.Model(1, "hash", "m", 384, "vector", None, "t", "active")
     assert storage.build_warning(model, 700, 1024 * 1024) is not None
     assert storage.build_warning(model, 400, 1024 * 1024) is None
