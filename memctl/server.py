@@ -7,7 +7,7 @@ template1, which databases created later copy). `preflight` checks this before
 `db migrate` changes anything and, when the role cannot go on, says exactly what a
 superuser must run instead of PostgreSQL's bare "permission denied".
 
-Versions: PostgreSQL 15 to 18 (measured: 18.6 embedded, 15 by the CI job);
+Versions: PostgreSQL 15 to 18 (measured: 18.6 embedded, Debian's 15.20);
 memctl's SQL uses nothing newer than PostgreSQL 15. pgvector 0.8.0 or newer:
 search sets `hnsw.iterative_scan` (added in 0.8.0); without iterative scan a
 filtered vector search returns too few rows (measured at 100k rows, a filter to
