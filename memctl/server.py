@@ -120,7 +120,11 @@ def pgvector_problem(version: tuple[int, ...] | None) -> str | None:
             "too few rows (measured: 4 of 10 at a filter to 10% of rows)")
 
 
-def upgrade_path(database: str, created: bool) -> str:
+def upgrade_path(database: str, created: bool, available: tuple[int, ...] | None = None) -> str:
+    """How to reach MIN_PGVECTOR: install a newer pgvector unless `available` already is, then update."""
+    if created and available is not None and available >= MIN_PGVECTOR:
+        return (f"the server already has pgvector {_text(available)}: as a superuser connected to database "
+                f"\"{database}\", run ALTER EXTENSION vector UPDATE;")
     steps = (f"install pgvector {_text(MIN_PGVECTOR)} or newer on the server (the distribution's package, e.g. "
              "postgresql-NN-pgvector, or from source: make && make install with PG_CONFIG set to that server's "
              "pg_config), restart sessions")
@@ -180,7 +184,9 @@ def preflight(conn, *, schema_changes: bool) -> list[str]:
         problem = missing_extension(r, available_pgvector(conn))
     else:
         problem = pgvector_problem(installed)
-        problem = problem and f"{problem}; {upgrade_path(r['database'], created=True)}"
+        if problem:
+            available = (available_pgvector(conn) or {}).get("version")
+            problem = f"{problem}; {upgrade_path(r['database'], created=True, available=available)}"
     if problem:
         raise ServerRefused(problem)
     if schema_changes:
@@ -200,5 +206,6 @@ def version_warnings(conn) -> list[str]:
     else:
         problem = pgvector_problem(installed)
         if problem:
-            found.append(f"{problem}; {upgrade_path(rights(conn)['database'], created=True)}")
+            available = (available_pgvector(conn) or {}).get("version")
+            found.append(f"{problem}; {upgrade_path(rights(conn)['database'], created=True, available=available)}")
     return found

@@ -257,6 +257,11 @@ def test_dba_messages_name_the_steps():
     assert server.missing_extension(rights, trusted) is None
     assert server.missing_extension({**rights, "database_create": False}, trusted) is not None
     assert server.schema_problem(rights) is None
+    created_old = server.upgrade_path("memctl", created=True, available=(0, 8, 6))
+    assert "already has pgvector 0.8.6" in created_old and "ALTER EXTENSION vector UPDATE;" in created_old
+    both = server.upgrade_path("memctl", created=True, available=(0, 7, 4))
+    assert "install pgvector 0.8.0 or newer" in both and "ALTER EXTENSION vector UPDATE;" in both
+    assert "ALTER EXTENSION" not in server.upgrade_path("memctl", created=False)
     assert "search_path" in server.schema_problem({**rights, "schema": None, "schema_create": False})
 
 
