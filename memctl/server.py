@@ -23,7 +23,7 @@ import shlex
 from memctl.errors import MemctlError
 
 MIN_SERVER = 15
-MAX_MEASURED_SERVER = 18
+MAX_SERVER = 18
 MIN_PGVECTOR = (0, 8, 0)
 EXTENSION = "vector"
 
@@ -99,15 +99,15 @@ def server_problem(version_num: int, text: str) -> str | None:
     """Why memctl refuses this PostgreSQL, or None."""
     if version_num // 10000 < MIN_SERVER:
         return (f"PostgreSQL {text} is too old: memctl needs PostgreSQL {MIN_SERVER} or newer "
-                f"(supported: {MIN_SERVER} to {MAX_MEASURED_SERVER}); upgrade the server, or leave --database-url "
+                f"(supported: {MIN_SERVER} to {MAX_SERVER}); upgrade the server, or leave --database-url "
                 "unset to use the embedded PostgreSQL 18")
     return None
 
 
 def server_warning(version_num: int, text: str) -> str | None:
-    if version_num // 10000 > MAX_MEASURED_SERVER:
-        return (f"PostgreSQL {text} is newer than the versions memctl was measured on "
-                f"({MIN_SERVER} to {MAX_MEASURED_SERVER})")
+    if version_num // 10000 > MAX_SERVER:
+        return (f"PostgreSQL {text} is newer than the versions memctl supports ({MIN_SERVER} to "
+                f"{MAX_SERVER}): not tested")
     return None
 
 
