@@ -201,6 +201,8 @@ class Encoder:
 
         Texts go through the network in groups of similar length (sorted), so
         little compute is spent on padding; the order is restored at the end.
+        With more than one group, `workers` threads (at most 2) run groups side
+        by side, each with one BLAS thread: numpy releases the GIL in both.
         """
         ids = self.token_ids(texts)
         out = np.empty((len(ids), self.hidden), dtype=np.float32)
@@ -305,6 +307,9 @@ _lock = threading.Lock()
 def load(model_dir: Path | str) -> Encoder:
     """The encoder for model_dir, loaded once per process."""
     key = Path(model_dir).resolve()
+    # tokenizers warns on stderr in a process forked after it used its thread pool; a
+    # library must not talk, and tokenizing is a rounding error beside the network.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with _lock:
         if key not in _encoders:
             _encoders[key] = Encoder.from_dir(key)

@@ -176,7 +176,7 @@ encoder = minilm.load(sys.argv[1])
 vector = encoder.encode(["how did we fix the disk full deploy?"])[0]
 count = encoder.count_tokens("how did we fix the disk full deploy?")
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "sentence_transformers", "transformers",
-                                                               "safetensors", "onnxruntime", "scipy"})
+                                                               "safetensors", "onnxruntime", "scipy", "huggingface_hub"})
 print(json.dumps({"dims": len(vector), "count": count, "heavy": heavy}))
 """
 
