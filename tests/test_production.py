@@ -286,3 +286,22 @@ def test_the_helper_process_gives_the_in_process_vectors(monkeypatch):
     local = LocalEmbedder().embed(texts).vectors
     for a, b in zip(served, local):
         assert dot(a, b) == pytest.approx(1.0, abs=1e-6)
+
+
+# ------------------------------------------------------------ the test database's role
+
+
+@pytest.mark.superuser("it checks that the superuser marker asks the server")
+def test_the_superuser_marker_runs_only_for_a_superuser(pg_role):
+    assert pg_role.superuser
+
+
+def test_an_unprivileged_test_role_has_what_the_suite_needs(pg_role, pg_server):
+    """The operator's own server (tests/ci/own-postgres.sh): CREATEDB, and `vector` made once in template1."""
+    if pg_role.superuser:
+        pytest.skip("the test role is a superuser, which has every privilege this checks")
+    import psycopg
+
+    with psycopg.connect(pg_server) as conn:
+        createdb = conn.execute("SELECT rolcreatedb FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+    assert createdb and pg_role.vector_in_template1 and not pg_role.embedded
