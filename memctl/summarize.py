@@ -473,9 +473,9 @@ WHERE e.kind = ANY(%s) AND e.created_at < now() - make_interval(secs => %s)
 """
 
 
-def overdue(conn, settings: Settings) -> str | None:
+def overdue(conn, settings: Settings | None) -> str | None:
     """A warning when episodes should have been summarized two days ago and are not (None when all is well)."""
-    if model(settings) is None or not kinds(settings):
+    if settings is None or model(settings) is None or not kinds(settings):
         return None
     after = settings.get("summarize", "after")
     late = parse_duration(after) + 86400 + OVERDUE_GRACE_S  # its whole window is past `after`, plus two runs

@@ -31,8 +31,8 @@ reads at most ``options.num_ctx`` tokens (default 4,096, capped at the model's
 context); unlike Ollama, which cuts a longer prompt silently, it then says so in its
 answer ("the input exceeds the context length ...", ``prompt_eval_count`` = the
 limit) and notes it in ``chat_overflows``. The transport faults (``inject``, ``down``)
-apply to chat as to embedding; ``inject_answer("empty" | "refusal" | "long")`` makes
-the next chat answers bad in content instead.
+apply to chat as to embedding; ``inject_answer("empty" | "refusal" | "long" | "hang",
+after=N)`` makes the chat answers after the next N bad in content, or held, instead.
 
 Token counts (context check and ``prompt_eval_count``) use a documented
 estimate, ``ceil(words * 1.3)`` with a minimum of 1 per input, not a tokenizer.
@@ -64,7 +64,7 @@ CONTEXT_ERROR = "the input length exceeds the context length"
 LEGACY_SCALE = 7.5
 
 
-ANSWER_FAULTS = (None, "empty", "refusal", "long")
+ANSWER_FAULTS = (None, "empty", "refusal", "long", "hang")
 CHAT_DEFAULT_NUM_CTX = 4096  # Ollama's default num_ctx when a request sets none
 REFUSAL = "I'm sorry, but I can't help with that request."
 
@@ -250,6 +250,7 @@ class OllamaTestServer:
         self.chat_models: dict[str, ChatSpec] = dict(CHAT_MODELS)
         self.answer_fault: str | None = None
         self.answer_times: int | None = None
+        self.answer_after = 0  # good answers to give before the answer fault starts
         self.chat_overflows: list[tuple[int, int]] = []  # (prompt tokens, limit) of each chat over its context
         self.port = 0
         self._lock = threading.Lock()
@@ -346,15 +347,19 @@ class OllamaTestServer:
         self.inject_answer(None)
         self.chat_overflows.clear()
 
-    def inject_answer(self, fault: str | None, times: int | None = None) -> None:
-        """Make the next `times` chat answers (all with None) empty, a refusal, or longer than the input."""
+    def inject_answer(self, fault: str | None, times: int | None = None, after: int = 0) -> None:
+        """After `after` good answers, make the next `times` chat answers (all with None) empty, a refusal,
+        longer than the input, or "hang": held for delay_s (stop() cuts it short), then answered normally."""
         if fault not in ANSWER_FAULTS:
             raise ValueError(f"unknown answer fault {fault!r}: one of {ANSWER_FAULTS}")
         with self._lock:
-            self.answer_fault, self.answer_times = fault, times
+            self.answer_fault, self.answer_times, self.answer_after = fault, times, after
 
     def _take_answer_fault(self) -> str | None:
         with self._lock:
+            if self.answer_after > 0:
+                self.answer_after -= 1
+                return None
             fault = self.answer_fault
             if fault is not None and self.answer_times is not None:
                 self.answer_times -= 1
@@ -518,6 +523,8 @@ class OllamaTestServer:
         limit = min(int(options.get("num_ctx") or CHAT_DEFAULT_NUM_CTX), spec.context)
         tokens = sum(estimate_tokens(t) for t in texts if t)
         fault = self._take_answer_fault()
+        if fault == "hang":
+            self._stopping.wait(self.delay_s)
         if tokens > limit:
             with self._lock:
                 self.chat_overflows.append((tokens, limit))

@@ -341,3 +341,50 @@ def test_summarize_config_is_validated(tmp_path):
     assert summarize.kinds(settings) == ["raw", "conversation"]
     path.write_text('[retention]\nraw = "30d"\nsummary = "1y"\nconversation = "90d"\nkeep_importance = 9\n')
     assert summarize.kinds(config.load(path)) == ["conversation", "raw"]
+
+
+def _wait_for(condition, what: str, limit_s: float = 120) -> None:
+    """Poll until condition() holds; the limit only keeps a broken run from hanging, it asserts no timing."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_kill_9_loses_at_most_the_window_in_flight_and_a_rerun_finishes(cli, conn, setup, ollama_env):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    ollama = setup
+    exe = Path(sys.executable).parent / "memctl"
+    if not exe.exists():
+        pytest.skip("no installed memctl beside this Python")
+    ollama.inject(None, delay_s=30)
+    ollama.inject_answer("hang", after=5)  # five windows answered, the sixth held
+    try:
+        proc = subprocess.Popen([str(exe), "summarize"], env={**os.environ, **ollama_env},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_for(lambda: len(ollama.chat_requests()) >= 6 or proc.poll() is not None, "the sixth chat request")
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        ollama.inject_answer(None)
+        ollama.delay_s = 5.0
+    # Each window was its own transaction: the five answered windows are there, whole; the sixth left nothing.
+    assert summaries(conn) == 5 and scalar(conn, "SELECT count(*) FROM summary_sources") == 50
+    _wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+                             (summarize.LOCK_CLASS,)) == 0, "the killed session's window lock to go")
+    rerun = cli("summarize", "-f", "json")
+    assert rerun.exit_code == 0, rerun.stderr
+    assert len(rerun.json()) == 7 and summaries(conn) == 12
+    assert scalar(conn, "SELECT count(DISTINCT source_id) FROM summary_sources") == 120
+    outcomes = [j["outcome"] for j in cli("jobs", "--job", "summarize", "-f", "json").json()]
+    assert outcomes == ["ok", "running"]  # the killed run's row says so

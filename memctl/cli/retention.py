@@ -71,7 +71,8 @@ def prune(
     the job log.
 
     Kinds the policy does not name are kept; keep_importance = N keeps episodes of importance >= N whatever their
-    age. Without --yes, a dry run: per kind the rows it would delete, their oldest and newest created_at and the
+    age. With \\[summarize] model set, episodes of summarized kinds that no summary holds yet are kept (counted in
+    kept_for_summary; \\[retention] require_summary = false turns this off). Without --yes, a dry run: per kind the rows it would delete, their oldest and newest created_at and the
     bytes they hold. With --yes, deletes in short batches (chunks and vectors of every model with their episodes),
     checks that no row still matches, and reports table sizes and dead tuples before and after; recorded in
     `memctl jobs`. A policy that names no kind deletes no episode (said on stderr), never all of them.
@@ -169,7 +170,8 @@ def purge(
 ) -> None:
     """Remove what a source wrote: its episodes with their chunks and vectors, and (--facts) the facts it last set.
 
-    For the day a web page or a ticket turns out to have written instructions into memory. Without --yes, a dry
+    For the day a web page or a ticket turns out to have written instructions into memory. The summaries built
+    from its episodes are deleted too (found through their lineage), so it does not live on inside them. Without --yes, a dry
     run: episodes per kind and the facts whose current value came from SOURCE. Block the source too
     (`memctl source block SOURCE`) so it cannot write again. Recorded in `memctl jobs`.
     """
@@ -237,11 +239,12 @@ def _facts_note(source: str, facts: list[dict], *, planned: bool, delete_facts: 
 
 
 def jobs(
-    job: Annotated[Optional[str], typer.Option("--job", "-j", help="Only this job: embed, prune or purge.")] = None,
+    job: Annotated[Optional[str], typer.Option(
+        "--job", "-j", help="Only this job: embed, summarize, prune or purge.")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many, newest first.")] = 20,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """The job log: every embed, prune and purge run with start, end, outcome, rows affected and error.
+    """The job log: every embed, summarize, prune and purge run with start, end, outcome, rows affected and error.
 
     json/jsonl also carry `detail` (e.g. a prune's table sizes before and after, its longest transaction). Errors
     are stored with URL and DSN passwords masked. `memctl prune` deletes rows older than \\[retention] jobs
