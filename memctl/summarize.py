@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memctl.config import Settings, parse_duration
-from memctl.embedding import DEFAULT_OLLAMA_HOST, OllamaEmbedder, estimate_tokens
-from memctl.errors import ConfigError, EmbedInputRejected, MemctlError, UsageError
+from memctl.embedding import OllamaEmbedder, estimate_tokens
+from memctl.errors import ConfigError, EmbedInputRejected, MemctlError, Unavailable, UsageError
 
 SUMMARY_KIND = "summary"
 SOURCE_PREFIX = "summarize:"
@@ -110,8 +110,8 @@ class OllamaChat(OllamaEmbedder):
 
 
 def make_chat(settings: Settings, name: str) -> OllamaChat:
-    host = settings.get("embedding", "ollama_host") or DEFAULT_OLLAMA_HOST
-    return OllamaChat(name, host=host, timeout=settings.get("summarize", "timeout"))
+    """The chat client at [embedding] ollama_host / OLLAMA_HOST, as the embedder uses."""
+    return OllamaChat(name, host=settings.get("embedding", "ollama_host"), timeout=settings.get("summarize", "timeout"))
 
 
 # --- windows ------------------------------------------------------------------
@@ -354,10 +354,17 @@ def _write(conn, settings: Settings, name: str, window: Window, episodes: list[d
         if window.addendum_to is not None:
             meta["addendum_to"] = window.addendum_to
         header = f"Summary of {len(ids)} episode(s) of agent {window.agent} on {window.day} (UTC):"
-        summary_id = episodes_mod.add(conn, settings, f"{header}\n{summary.text}", kind=SUMMARY_KIND,
-                                      source=f"{SOURCE_PREFIX}{name}", agent=window.agent,
-                                      importance=max(e["importance"] for e in episodes),
-                                      created_at=window.end, meta=meta)
+        try:
+            summary_id = episodes_mod.add(conn, settings, f"{header}\n{summary.text}", kind=SUMMARY_KIND,
+                                          source=f"{SOURCE_PREFIX}{name}", agent=window.agent,
+                                          importance=max(e["importance"] for e in episodes),
+                                          created_at=window.end, meta=meta)
+        except Unavailable:
+            raise
+        except MemctlError as exc:  # a blocked source, a write policy: this window's summary is refused
+            raise WindowFailed(f"the summary was refused: {exc}") from None
+        if summary_id is None:
+            raise WindowFailed("the summary was not stored (importance 0 by the write policy)")
         with conn.cursor() as cur:
             cur.executemany(INSERT_SOURCE, [(window.agent, summary_id, e["id"], e["created_at"], e["content_hash"])
                                             for e in episodes])

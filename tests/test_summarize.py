@@ -388,3 +388,10 @@ def test_kill_9_loses_at_most_the_window_in_flight_and_a_rerun_finishes(cli, con
     assert scalar(conn, "SELECT count(DISTINCT source_id) FROM summary_sources") == 120
     outcomes = [j["outcome"] for j in cli("jobs", "--job", "summarize", "-f", "json").json()]
     assert outcomes == ["ok", "running"]  # the killed run's row says so
+
+
+def test_a_blocked_summarize_source_fails_every_window_and_writes_nothing(cli, conn, setup):
+    assert cli("source", "block", "summarize:llama3.2:3b", "--reason", "testing").exit_code == 0
+    out = cli("summarize", "--agent", "web")
+    assert out.exit_code == 1 and "the summary was refused" in out.stderr and "blocked" in out.stderr
+    assert summaries(conn) == 0 and scalar(conn, "SELECT count(*) FROM summary_sources") == 0
