@@ -34,6 +34,9 @@ LOCK_CLASS = 0x6D73756D  # "msum": advisory lock namespace, one lock per (agent,
 OVERDUE_GRACE_S = 2 * 86400  # the timer runs daily: two missed days make summaries overdue
 OUTPUT_SHARE = 4  # a quarter of the context is left for the answer (num_predict)
 MARGIN_TOKENS = 64  # the chat template's own tokens around the messages
+# Characters / 4 is an estimate: logs full of numbers, addresses or non-English text run denser. Planning
+# prompts at 80% of the room keeps them inside the context at down to about 3 characters per token.
+ESTIMATE_SAFETY = 0.8
 UTC = datetime.timezone.utc
 
 SYSTEM_PROMPT = (
@@ -46,8 +49,12 @@ SYSTEM_PROMPT = (
 ENTRIES = "one per line, each with its time (UTC), [source] and text"
 PART_SUMMARIES = "summaries of consecutive parts of that day, each after a line naming the part"
 # An answer that declines instead of summarizing.
-_REFUSAL = re.compile(r"^\W*(i'?m sorry|i am sorry|sorry\b|i can(?:no|')t\b|i cannot\b|i am unable|i'?m unable|"
-                      r"i won'?t\b|i will not\b|as an ai\b|i'?m not able|i am not able)", re.IGNORECASE)
+_REFUSAL = re.compile(r"^\W*(i'?m sorry|i am sorry|sorry\b|i apologi[sz]e|i can(?:no|')t\b|i cannot\b|i am unable|"
+                      r"i'?m unable|i won'?t\b|i will not\b|as an ai\b|i'?m not able|i am not able|"
+                      r"unfortunately,? i\b)", re.IGNORECASE)
+# An answer about the request itself: a server that says it could not read all of it.
+_OVERFLOW = re.compile(r"exceeds? the context|context (?:length|window) (?:was )?exceeded|input (?:was )?truncated",
+                       re.IGNORECASE)
 
 
 # --- settings ---------------------------------------------------------------
@@ -212,7 +219,8 @@ class Budget:
         return self.num_ctx - self.num_predict
 
     def user_room(self, system: str) -> int:
-        return self.prompt_room - estimate_tokens(system) - MARGIN_TOKENS
+        """Estimated tokens the user message may take."""
+        return int(self.prompt_room * ESTIMATE_SAFETY) - estimate_tokens(system) - MARGIN_TOKENS
 
 
 def _flat(text: str) -> str:
@@ -268,6 +276,8 @@ def check_answer(answer: Answer, user: str, budget: Budget) -> str:
         raise WindowFailed(f"the answer was cut at {budget.num_predict} tokens (num_predict)")
     if not answer.text:
         raise WindowFailed("the model answered with an empty summary")
+    if _OVERFLOW.search(answer.text[:200]):
+        raise WindowFailed(f"the model says its input did not fit: {answer.text[:80]!r}")
     if _REFUSAL.match(answer.text):
         raise WindowFailed(f"the model answered with a refusal, not a summary: {answer.text[:80]!r}")
     if estimate_tokens(answer.text) > estimate_tokens(user):

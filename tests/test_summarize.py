@@ -395,3 +395,53 @@ def test_a_blocked_summarize_source_fails_every_window_and_writes_nothing(cli, c
     out = cli("summarize", "--agent", "web")
     assert out.exit_code == 1 and "the summary was refused" in out.stderr and "blocked" in out.stderr
     assert summaries(conn) == 0 and scalar(conn, "SELECT count(*) FROM summary_sources") == 0
+
+
+# --- pure logic ----------------------------------------------------------------
+
+
+def test_budget_caps_the_context_and_leaves_a_quarter_for_the_answer():
+    budget = summarize.Budget.for_model(131072, 4096)
+    assert (budget.num_ctx, budget.num_predict, budget.prompt_room) == (4096, 1024, 3072)
+    assert summarize.Budget.for_model(2048, 4096).num_ctx == 2048
+    assert summarize.Budget.for_model(None, 8192).num_ctx == 8192
+    assert budget.user_room("x" * 400) == int(3072 * summarize.ESTIMATE_SAFETY) - 100 - summarize.MARGIN_TOKENS
+    with pytest.raises(config.ConfigError):
+        summarize.Budget.for_model(256, 4096)
+
+
+def test_groups_pack_lines_in_order_within_the_room_and_split_nothing():
+    lines = [f"line {i} " + "w" * (i * 37 % 200) for i in range(50)]
+    packed = summarize.groups(lines, 300)
+    assert [line for group in packed for line in group] == lines
+    assert all(sum(summarize.estimate_tokens(x) + 1 for x in g) <= 300 for g in packed if len(g) > 1)
+
+
+def test_a_long_episode_goes_in_pieces_that_keep_every_word():
+    text = " ".join(f"word{n}" for n in range(3000))
+    episode = {"created_at": NOW, "source": "s", "content": text}
+    lines = summarize.episode_lines([episode], 500)
+    assert len(lines) > 1 and all(summarize.estimate_tokens(line) <= 500 for line in lines)
+    assert " ".join(line.split(") ", 1)[1] for line in lines).split() == text.split()
+
+
+@pytest.mark.parametrize("text, why", [
+    ("", "empty"), ("   ", "empty"), ("I'm sorry, but I can't help with that.", "refusal"),
+    ("As an AI, I cannot summarize logs.", "refusal"), ("word " * 100, "longer than its input"),
+    ("The input exceeds the context length of 4096 tokens.", "did not fit"),
+])
+def test_answers_that_are_no_summary_are_refused(text, why):
+    budget = summarize.Budget.for_model(4096, 4096)
+    answer = summarize.Answer(text.strip(), 100, 10, "stop")
+    with pytest.raises(summarize.WindowFailed, match=why):
+        summarize.check_answer(answer, "one two three four five six seven eight nine ten " * 3, budget)
+
+
+def test_an_answer_cut_at_num_predict_or_read_truncated_is_refused():
+    budget = summarize.Budget.for_model(4096, 4096)
+    user = "x " * 400
+    with pytest.raises(summarize.WindowFailed, match="cut at 1024"):
+        summarize.check_answer(summarize.Answer("x.", 100, 1024, "length"), user, budget)
+    with pytest.raises(summarize.WindowFailed, match="truncated"):
+        summarize.check_answer(summarize.Answer("x.", 4096, 2, "stop"), user, budget)
+    assert summarize.check_answer(summarize.Answer("x y.", 3000, 2, "stop"), user, budget) == "x y."
