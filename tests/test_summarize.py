@@ -445,3 +445,14 @@ def test_an_answer_cut_at_num_predict_or_read_truncated_is_refused():
     with pytest.raises(summarize.WindowFailed, match="truncated"):
         summarize.check_answer(summarize.Answer("x.", 4096, 2, "stop"), user, budget)
     assert summarize.check_answer(summarize.Answer("x y.", 3000, 2, "stop"), user, budget) == "x y."
+
+
+def test_table_and_csv_output(cli, conn, setup):
+    dry = cli("summarize", "--dry-run", "--agent", "ops")
+    assert dry.exit_code == 0 and dry.stdout.splitlines()[0].split()[:5] == ["agent", "window_start", "window_end",
+                                                                            "episodes", "tokens_in"]
+    out = cli("summarize", "--agent", "ops", "-f", "csv")
+    assert out.exit_code == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "summary_id,agent,window_start,window_end,sources,tokens_in,tokens_out" and len(lines) == 7
+    assert "wrote 6 summaries" in out.stderr
