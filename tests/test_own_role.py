@@ -1,13 +1,16 @@
 """memctl as a role that owns its database and nothing more: no superuser, no pg_read_all_stats, no pg_toast.
 
-Each test, as the test server's superuser, creates a role memctl_owner_<random> (LOGIN PASSWORD, no other
-attribute, member of no role), a database it owns (from template0: no extension in it), and, where the test
-says so, the vector extension in it, as a DBA would. memctl then runs against that database as that role,
-through a URL carrying the password. The embedded server trusts local connections (initdb --auth=trust),
-so there the password is not checked; what a role may do does not depend on how it authenticated, so the
-privilege behaviour is the one a password-authenticated role meets (the CI job checks passwords too).
-Against a MEMCTL_TEST_DATABASE_URL whose role is no superuser these tests skip: they need one to create
-roles and the extension.
+On a test server where the tests are superuser (the embedded one), each test creates a role
+memctl_owner_<random> (LOGIN PASSWORD, no other attribute, member of no role) and a database it owns from
+template0, and creates the vector extension in it as a DBA would where the test needs it. memctl then
+runs against that database as that role, through a URL carrying the password. The embedded server trusts
+local connections (initdb --auth=trust), so there the password is not checked; what a role may do does
+not depend on how it authenticated (measured too on PostgreSQL 15.20 with scram-sha-256).
+
+On a MEMCTL_TEST_DATABASE_URL whose role is no superuser (the CI job), that role is the unprivileged one:
+each test creates its own database (CREATEDB, which the suite needs anyway) from template1, which has
+the extension there, or from template0 for the tests of a database without it. The tests that must
+create a role or the extension skip, saying so.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from psycopg.rows import dict_row
 from memctl import server
 
 OLD = "2020-01-01T00:00:00+00:00"
+NEEDS_SUPERUSER = "needs a superuser to {}; MEMCTL_TEST_DATABASE_URL's role is not one (pg_roles.rolsuper)"
 
 
 @dataclass
@@ -37,32 +41,68 @@ class Owner:
     role: str
     database: str
     url: str  # as the role, with its password: never printed
-    admin_url: str  # as the superuser, in the role's database
+    password: str | None
+    admin_url: str | None  # as a superuser in the role's database; None when the tests have none
+    dedicated: bool  # a role made for this test (else the test server's own unprivileged role)
 
 
 @pytest.fixture
-def admin(pg_server):
+def server_admin(pg_server):
+    """(connection as the tests' role, is it a superuser?)"""
     with psycopg.connect(pg_server, autocommit=True, row_factory=dict_row) as conn:
-        if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]:
-            pytest.skip("needs a superuser to create a role and the vector extension; "
-                        "MEMCTL_TEST_DATABASE_URL's role is not one")
-        yield conn
+        yield conn, conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]
 
 
 @pytest.fixture
-def owner(admin, pg_server):
-    """A LOGIN PASSWORD role with no other attribute, owning a database without the vector extension."""
+def admin(server_admin):
+    conn, superuser = server_admin
+    if not superuser:
+        pytest.skip(NEEDS_SUPERUSER.format("create a second role"))
+    return conn
+
+
+def _owner(server_admin, pg_server, *, vector: bool):
+    admin, superuser = server_admin
     suffix = uuid.uuid4().hex[:10]
-    role, database, password = f"memctl_owner_{suffix}", f"memctl_own_{suffix}", secrets.token_urlsafe(18)
+    database = f"memctl_own_{suffix}"
+    if not superuser:
+        in_template1 = psycopg.connect(make_conninfo(pg_server, dbname="template1"), autocommit=True).execute(
+            "SELECT count(*) FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
+        if vector and not in_template1:
+            pytest.skip(NEEDS_SUPERUSER.format("create the vector extension, which template1 does not have"))
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(database), sql.Identifier("template1" if vector else "template0")))
+        try:
+            role = admin.execute("SELECT current_user AS r").fetchone()["r"]
+            yield Owner(role, database, make_conninfo(pg_server, dbname=database), None, None, False)
+        finally:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+        return
+    role, password = f"memctl_owner_{suffix}", secrets.token_urlsafe(18)
     admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
     try:
         admin.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(
             sql.Identifier(database), sql.Identifier(role)))
-        yield Owner(role, database, make_conninfo(pg_server, dbname=database, user=role, password=password),
-                    make_conninfo(pg_server, dbname=database))
+        owner = Owner(role, database, make_conninfo(pg_server, dbname=database, user=role, password=password),
+                      password, make_conninfo(pg_server, dbname=database), True)
+        if vector:
+            create_extension(owner)
+        yield owner
     finally:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
         admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture
+def owner(server_admin, pg_server):
+    """A database without the vector extension, owned by an unprivileged role."""
+    yield from _owner(server_admin, pg_server, vector=False)
+
+
+@pytest.fixture
+def vector_owner(server_admin, pg_server):
+    """A database with the vector extension (created by a superuser), owned by an unprivileged role."""
+    yield from _owner(server_admin, pg_server, vector=True)
 
 
 def create_extension(owner: Owner) -> None:
@@ -71,8 +111,9 @@ def create_extension(owner: Owner) -> None:
 
 
 @pytest.fixture
-def run(owner, tmp_path, monkeypatch):
-    """memctl in-process as the owner role: run("fact", "get", "k", input=...) -> Outcome."""
+def run(request, tmp_path, monkeypatch):
+    """memctl in-process as the test's owner (vector_owner or owner): run("fact", "get", "k") -> Outcome."""
+    owner = request.getfixturevalue("vector_owner" if "vector_owner" in request.fixturenames else "owner")
     from typer.testing import CliRunner
 
     from memctl.cli import app
@@ -88,7 +129,7 @@ def run(owner, tmp_path, monkeypatch):
     def invoke(*args: str, input: str | None = None) -> Outcome:
         result = runner.invoke(app, list(args), input=input, catch_exceptions=False)
         outcome = Outcome(result.exit_code, result.stdout, result.stderr)
-        assert owner.url not in outcome.stdout + outcome.stderr
+        assert owner.password is None or owner.password not in outcome.stdout + outcome.stderr
         return outcome
 
     return invoke
@@ -99,12 +140,18 @@ def ok(outcome):
     return outcome
 
 
-def test_the_role_is_unprivileged(admin, owner):
+def test_the_role_is_unprivileged(server_admin, owner):
+    admin, _ = server_admin
     row = admin.execute("""SELECT r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolreplication, r.rolbypassrls,
-        (SELECT count(*) FROM pg_auth_members m WHERE m.member = r.oid) AS memberships
+        (SELECT count(*) FROM pg_auth_members m WHERE m.member = r.oid) AS memberships,
+        pg_has_role(r.oid, 'pg_read_all_stats', 'USAGE') OR pg_has_role(r.oid, 'pg_read_all_data', 'USAGE')
+            AS reads_all
         FROM pg_roles r WHERE r.rolname = %s""", (owner.role,)).fetchone()
-    assert row == {"rolsuper": False, "rolcreaterole": False, "rolcreatedb": False, "rolreplication": False,
-                   "rolbypassrls": False, "memberships": 0}
+    if owner.dedicated:
+        assert row == {"rolsuper": False, "rolcreaterole": False, "rolcreatedb": False, "rolreplication": False,
+                       "rolbypassrls": False, "memberships": 0, "reads_all": False}
+    else:  # the CI job's role: CREATEDB for the suite's databases, nothing else that matters here
+        assert (row["rolsuper"], row["rolreplication"], row["rolbypassrls"], row["reads_all"]) == (False,) * 4
     with psycopg.connect(owner.url, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # what `memctl size` used to run
             conn.execute("SELECT count(*) FROM pg_toast.pg_toast_1255")  # pg_proc's TOAST table
@@ -112,8 +159,7 @@ def test_the_role_is_unprivileged(admin, owner):
             conn.execute("CREATE EXTENSION vector")
 
 
-def test_every_command_works_as_the_database_owner(owner, run, tmp_path):
-    create_extension(owner)
+def test_every_command_works_as_the_database_owner(vector_owner, run):
     refused = run("fact", "get", "db.host")
     assert refused.exit_code == 1 and "schema is behind: run memctl db migrate" in refused.stderr
     assert "Traceback" not in refused.stderr
@@ -149,8 +195,10 @@ def test_every_command_works_as_the_database_owner(owner, run, tmp_path):
     vector_toast = next(r for r in toast if r["parent"] == model["relation"])
     assert vector_toast["toast_bytes"] == 0 and vector_toast["total_bytes"] > 0
 
-    with psycopg.connect(owner.url, autocommit=True) as conn:  # what size suggests for a large index build
-        conn.execute("ALTER ROLE CURRENT_USER SET maintenance_work_mem = '96MB'")
+    # What size suggests before a large index build; for a role the test does not drop, only in this database.
+    scope = sql.SQL("" if vector_owner.dedicated else "IN DATABASE {}").format(sql.Identifier(vector_owner.database))
+    with psycopg.connect(vector_owner.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER ROLE CURRENT_USER {} SET maintenance_work_mem = '96MB'").format(scope))
     [model] = ok(run("size", "--section", "models", "-f", "json")).json()
     assert model["maintenance_work_mem"] == 96 * 2**20
 
@@ -175,8 +223,7 @@ def test_every_command_works_as_the_database_owner(owner, run, tmp_path):
     ok(run("embed", "timing", "--sample", "3"))
 
 
-def test_a_full_model_change_as_the_database_owner(owner, run, monkeypatch):
-    create_extension(owner)
+def test_a_full_model_change_as_the_database_owner(vector_owner, run, monkeypatch):
     ok(run("db", "migrate"))
     for i in range(12):
         ok(run("episode", "add", f"incident {i}: host{i} ran out of disk and the logs were rotated"))
@@ -200,16 +247,18 @@ def test_migrate_without_the_extension_says_what_a_superuser_must_run(owner, run
     assert f'database "{owner.database}"' in refused.stderr and f'role "{owner.role}"' in refused.stderr
     assert "template1" in refused.stderr and "superuser" in refused.stderr
     assert "permission denied" not in refused.stderr and "Traceback" not in refused.stderr
-    with psycopg.connect(owner.admin_url, autocommit=True) as conn:  # refused before changing anything
+    with psycopg.connect(owner.url, autocommit=True) as conn:  # refused before changing anything
         assert conn.execute("SELECT to_regclass('memctl_migrations')").fetchone()[0] is None
+    if owner.admin_url is None:
+        return  # no superuser to do what the message says
     create_extension(owner)  # what the message says; then migrate goes through
     ok(run("db", "migrate"))
     assert run("fact", "get", "absent").exit_code == 4  # migrated: a missing fact, not a missing schema
 
 
-def test_migrate_as_a_role_that_does_not_own_the_database(admin, owner, pg_server, run, monkeypatch):
+def test_migrate_as_a_role_that_does_not_own_the_database(admin, vector_owner, pg_server, run, monkeypatch):
     """CONNECT but not owner: on PostgreSQL 15+ it may not create tables in public, and is told so."""
-    create_extension(owner)
+    owner = vector_owner
     other = f"memctl_guest_{uuid.uuid4().hex[:10]}"
     password = secrets.token_urlsafe(18)
     admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(other), sql.Literal(password)))
