@@ -103,7 +103,8 @@ def warnings(conn, settings, report: dict) -> list[str]:
                  + ", ".join(f"{k} = {v}" for k, v in sorted(policy.items())) + "): memctl prune --yes "
                  "or enable memctl-prune.timer")
         found.append(_late(conn, "prune", _schedule(settings, "prune"), never=never))
-    from memctl import server
+    from memctl import server, summarize
 
+    found.append(summarize.overdue(conn, settings))
     found.extend(server.version_warnings(conn))
     return [w for w in found if w]
