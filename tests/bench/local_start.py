@@ -272,7 +272,9 @@ def main() -> None:
     file_sha256(weights)
     sha_s = time.perf_counter() - started
 
-    print(f"\nfresh `memctl episode search` ({args.episodes} episodes, impl {args.impl}, verify {args.verify}):")
+    impl = f"memctl.minilm through the shim, weights verified: {args.verify}" if args.impl == "numpy" else \
+        "the installed memctl's LocalEmbedder"
+    print(f"\nfresh `memctl episode search` ({args.episodes} episodes; local: {impl}):")
     report("local embedder ", mine, "Ollama protocol", theirs, "goal <= 2")
     print(f"  peak RSS: local {rss_ours:.0f} MiB, ollama client {rss_base:.0f} MiB")
     print("\nfresh python: load the model + embed one query:")
