@@ -7,6 +7,7 @@ worker; it never waits for an embedding.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
@@ -34,7 +35,7 @@ class NewEpisode:
     created_at: datetime.datetime | None
     meta: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def content_hash(self) -> bytes:
         return hashlib.sha256(self.content.encode("utf-8")).digest()
 

@@ -79,10 +79,24 @@ GATES = {
 }
 
 
+# A commit id, a sha256 sum, a UUID, a trace id: hex with separators. No plugin used here matches
+# one unless a keyword (key, token, secret, ...) is near, so such a token alone is no reason to run them.
+_HEXISH = re.compile(r"[(\[\"'`]*(?:sha\d{1,3}[:=-])?[0-9a-fA-F][0-9a-fA-F:.\-]*[)\]\"'`,.;:]*")
+_KEYWORDS = _any("key", "pw", "pass", "token", "secret", "cloudant", "auth")
+
+
 def _candidate(text: str, low: str) -> bool:
-    """Could any detector match at all? A token of 16+ characters, a URL, a key line, a password pair or a quote."""
-    return ("://" in text or "private key" in low or "putty" in low or "password" in low
-            or _QUOTED.search(text) is not None or max(map(len, text.split()), default=0) >= 16)
+    """Could any detector match at all? A long token, a URL, a key line, a password pair or a quote."""
+    if "://" in text or "private key" in low or "putty" in low or "password" in low or _QUOTED.search(text):
+        return True
+    tokens = text.split()
+    if max(map(len, tokens), default=0) < 16:
+        return False
+    long = [t for t in tokens if len(t) >= 16]
+    if "[REDACTED:" in text:
+        long = [t for t in long if len(_MARKER.sub("", t)) >= 16]
+    plain = [t for t in long if not _HEXISH.fullmatch(t)]
+    return bool(plain) or (bool(long) and _KEYWORDS(text, low))
 
 
 # A value that is already masked or a placeholder is not a secret.

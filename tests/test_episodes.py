@@ -200,3 +200,49 @@ def test_validate_library_defaults():
     assert (episode.kind, episode.agent, episode.importance) == ("observation", "default", 4)
     with pytest.raises(InvalidInput):
         episodes.validate(settings, "text", importance=True)
+
+
+def test_every_jsonl_reader_reports_a_bad_line_alike(cli, tmp_path):
+    """One reader (memctl.jsonl): the same broken line 2 gets the same message from every command."""
+    broken = '{"content": "x", "query": "x"'
+
+    def two_lines(first: str):
+        path = tmp_path / f"in{len(list(tmp_path.iterdir()))}.jsonl"
+        path.write_text(f"{first}\n{broken}\n")
+        return str(path)
+
+    outcomes = {
+        "episode import": cli("episode", "import", two_lines('{"content": "ok"}')),
+        "fact import": cli("fact", "import", two_lines('{"key": "a", "value": "b"}')),
+        "search --batch": cli("episode", "search", "--batch", two_lines('{"query": "ok"}')),
+        "embed timing --file": cli("embed", "timing", "--file", two_lines('{"content": "ok"}')),
+        "import": cli("import", two_lines('{"type": "header", "format": 1}')),
+    }
+    for name, outcome in outcomes.items():
+        assert outcome.exit_code == 1, name
+        assert "line 2: not valid JSON" in outcome.stderr, (name, outcome.stderr)
+
+
+def test_the_reader_skips_blank_lines_and_counts_them(tmp_path):
+    from memctl import jsonl as reader
+
+    lines = [b'{"a": 1}\n', b"\n", b"  \n", b'{"a": 2}\n']
+    assert list(reader.read(lines, fields={"a"})) == [(1, {"a": 1}), (4, {"a": 2})]
+    errors = []
+    items = list(reader.read([b'{"a": 1}', b"[1]", b'{"b": 2}', b"\xff"], fields={"a"}, on_error=errors.append))
+    assert items == [(1, {"a": 1})]
+    assert [str(e) for e in errors] == ["line 2: expected a JSON object", "line 3: unknown field(s): b",
+                                       "line 4: not valid UTF-8 (byte 0)"]
+
+
+def test_import_redacts_content_and_meta(cli, conn):
+    token = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
+    data = jsonl({"content": f"pushed with {token}", "meta": {"cmd": f"git push https://x:{token}@github.com/a/b"}},
+                 {"content": "nothing secret here"})
+    result = cli("episode", "import", "-", "-f", "json", input=data)
+    assert result.exit_code == 0 and result.json()[0]["imported"] == 2
+    assert "redacted 2 secret(s)" in result.stderr and token not in result.stderr
+    rows = conn.execute("SELECT content, meta::text AS meta FROM episodes ORDER BY id").fetchall()
+    assert rows[0]["content"] == "pushed with [REDACTED:github-token]" and token not in rows[0]["meta"]
+    assert rows[1]["content"] == "nothing secret here"
+    assert token not in "".join(r["content"] for r in conn.execute("SELECT content FROM chunks").fetchall())

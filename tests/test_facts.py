@@ -253,3 +253,18 @@ def test_erase_in_a_transaction_says_it_did_not_vacuum(db_url):
         conn.commit()
     assert (result.vacuum, result.checkpoint, result.history_values_erased) == (None, False, 1)
     assert "not vacuumed" in result.still_in and "backups" in result.still_in
+
+
+def test_set_and_import_redact_the_value_and_its_history(cli, conn, tmp_path):
+    token = "xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx"
+    assert cli("fact", "set", "alerts.slack", token).exit_code == 0
+    data = json.dumps({"key": "db.url", "value": "postgresql://app:s3cr3tPass@db.internal/app"}) + "\n"
+    assert cli("fact", "import", "-", input=data).exit_code == 0
+    assert cli("fact", "get", "alerts.slack").stdout.strip() == "[REDACTED:slack-token]"
+    assert cli("fact", "get", "db.url").stdout.strip() == "postgresql://app:[REDACTED:url-password]@db.internal/app"
+    stored = conn.execute("SELECT string_agg(coalesce(new_value, ''), ' ') AS v FROM fact_history").fetchone()["v"]
+    assert token not in stored and "s3cr3tPass" not in stored
+    (tmp_path / "config.toml").write_text('[redaction]\nmode = "block"\n')
+    refused = cli("fact", "set", "alerts.slack", token)
+    assert refused.exit_code == 1 and "slack-token" in refused.stderr and token not in refused.stderr
+    assert cli("fact", "get", "alerts.slack").stdout.strip() == "[REDACTED:slack-token]"

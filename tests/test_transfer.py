@@ -1,0 +1,165 @@
+"""memctl export / import: the whole memory as one JSONL stream, round trip exact, nothing half-imported."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from tests.conftest import TEMPLATE
+
+GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
+
+
+@pytest.fixture
+def other_db(pg_server):
+    """A second fresh, migrated database (the import target)."""
+    name = f"memctl_t2_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
+    yield make_conninfo(pg_server, dbname=name)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def counts(url: str) -> dict:
+    from memctl import db
+
+    with db.connect(url) as conn:
+        return conn.execute(
+            "SELECT (SELECT count(*) FROM episodes) AS episodes, (SELECT count(*) FROM chunks) AS chunks,"
+            " (SELECT count(*) FROM facts) AS facts, (SELECT count(*) FROM fact_history) AS history,"
+            " (SELECT count(*) FROM blocked_sources) AS blocked, (SELECT count(*) FROM embed_queue) AS queued,"
+            " (SELECT count(*) FROM embedding_models) AS models").fetchone()
+
+
+def records(text: str, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, text.splitlines()) if r["type"] == kind]
+
+
+def comparable(export: str) -> dict:
+    """What a round trip must keep exactly: episodes (not ids), facts with history, blocked sources."""
+    episodes = sorted((r["agent"], r["kind"], r["source"], r["created_at"], r["content"], r["importance"],
+                       json.dumps(r["meta"], sort_keys=True)) for r in records(export, "episode"))
+    facts = sorted(json.dumps({k: v for k, v in r.items()}, sort_keys=True) for r in records(export, "fact"))
+    blocked = sorted((r["source"], r["reason"]) for r in records(export, "blocked_source"))
+    return {"episodes": episodes, "facts": facts, "blocked": blocked}
+
+
+def populate(cli) -> None:
+    start = datetime.datetime(2026, 8, 1, tzinfo=datetime.timezone.utc)
+    lines = [json.dumps({"content": f"episode {i}: deploy {i % 7} rotated logs on web{i % 5}",
+                         "agent": f"agent{i % 3}", "kind": ["raw", "conversation", "observation"][i % 3],
+                         "source": "ticket-bot" if i < 10 else f"src{i % 4}", "importance": 1 + i % 10,
+                         "created_at": (start + datetime.timedelta(minutes=i)).isoformat(),
+                         "meta": {"n": i}}) + "\n" for i in range(300)]
+    assert cli("episode", "import", "-", input="".join(lines)).exit_code == 0
+    for i in range(20):
+        assert cli("fact", "set", f"svc{i}.host", f"10.8.0.{i}", "--source", "inventory").exit_code == 0
+        assert cli("fact", "set", f"svc{i}.host", f"10.8.1.{i}").exit_code == 0
+    cli("fact", "delete", "svc19.host")
+    assert cli("source", "block", "ticket-bot", "--reason", "wrote instructions").exit_code == 0
+
+
+def test_round_trip_with_vectors_needs_no_embedding(cli, db_url, other_db, ollama_env, ollama, tmp_path):
+    populate(cli)
+    assert cli("embed").exit_code == 0
+    plain = cli("export")
+    assert plain.exit_code == 0, plain.stderr
+    header = json.loads(plain.stdout.splitlines()[0])
+    assert header["type"] == "header" and header["format"] == 1 and header["models"][0]["model"] == "all-minilm"
+    assert len(records(plain.stdout, "episode")) == 300 and "chunks" not in records(plain.stdout, "episode")[0]
+    history = {r["key"]: len(r["history"]) for r in records(plain.stdout, "fact")}
+    assert history == {**{f"svc{i}.host": 2 for i in range(19)}, "svc19.host": 3}
+    path = tmp_path / "with-vectors.jsonl"
+    assert cli("export", "--vectors", "--out", str(path)).exit_code == 0
+    assert all(c["embedding"] for r in records(path.read_text(), "episode") for c in r["chunks"])
+    ollama.requests.clear()
+    loaded = cli("import", str(path), "-f", "json", env={"MEMCTL_DATABASE_URL": other_db})
+    assert loaded.exit_code == 0, loaded.stderr
+    summary = loaded.json()[0]
+    assert summary["episodes"] == 300 and summary["queued"] == 0 and summary["vectors"] == summary["chunks"] > 0
+    target = counts(other_db)
+    assert (target["episodes"], target["queued"], target["models"], target["blocked"]) == (300, 0, 1, 1)
+    status = cli("status", "-f", "json", env={"MEMCTL_DATABASE_URL": other_db}).json()
+    assert status["pending"] == 0
+    assert cli("embed", env={"MEMCTL_DATABASE_URL": other_db}).exit_code == 0
+    assert ollama.embed_requests() == []  # nothing was embedded again
+    again = cli("export", env={"MEMCTL_DATABASE_URL": other_db})
+    assert comparable(again.stdout) == comparable(plain.stdout)
+    # search on the target uses the imported vectors
+    hits = cli("episode", "search", "deploy 3 rotated logs", "--mode", "vector", "-f", "json",
+               env={"MEMCTL_DATABASE_URL": other_db})
+    assert hits.exit_code == 0 and hits.json()
+
+
+def test_import_into_a_populated_database_deduplicates_and_merges(cli, db_url, other_db, tmp_path):
+    populate(cli)
+    path = tmp_path / "export.jsonl"
+    assert cli("export", "--out", str(path)).exit_code == 0
+    env = {"MEMCTL_DATABASE_URL": other_db}
+    assert cli("fact", "set", "svc0.host", "10.9.9.9", env=env).exit_code == 0  # the target's own, later change
+    assert cli("episode", "add", "only in the target", env=env).exit_code == 0
+    first = cli("import", str(path), "-f", "json", env=env).json()[0]
+    second = cli("import", str(path), "-f", "json", env=env).json()[0]
+    assert first["episodes"] == 300 and second["episodes"] == 0 and second["duplicates"] == 300
+    assert second["fact_changes"] == 0 and second["blocked_sources"] == 0
+    target = counts(other_db)
+    assert target["episodes"] == 301 and target["facts"] == 19
+    history = cli("fact", "history", "svc0.host", "-f", "json", env=env).json()
+    assert [h["version"] for h in history] == [1, 2, 3]  # merged after the target's own version, in order
+    assert cli("fact", "get", "svc0.host", env=env).stdout.strip() == "10.9.9.9"  # the later change stays
+    assert cli("fact", "get", "svc1.host", env=env).stdout.strip() == "10.8.1.1"
+
+
+def test_a_corrupt_line_fails_the_import_names_it_and_leaves_nothing(cli, other_db, tmp_path):
+    populate(cli)
+    lines = cli("export").stdout.splitlines()
+    lines[6] = lines[6][: len(lines[6]) // 2]  # line 7 cut in half
+    result = cli("import", "-", input="\n".join(lines) + "\n", env={"MEMCTL_DATABASE_URL": other_db})
+    assert result.exit_code == 1 and "line 7" in result.stderr
+    assert counts(other_db) == {"episodes": 0, "chunks": 0, "facts": 0, "history": 0, "blocked": 0, "queued": 0,
+                                "models": 0}
+    lines = cli("export").stdout.splitlines()
+    lines[300] = json.dumps({"type": "episodee", "content": "x"})
+    unknown = cli("import", "-", input="\n".join(lines) + "\n", env={"MEMCTL_DATABASE_URL": other_db})
+    assert unknown.exit_code == 1 and "line 301" in unknown.stderr and "unknown record type" in unknown.stderr
+    assert counts(other_db)["episodes"] == 0
+
+
+def test_a_newer_format_is_refused_and_a_headerless_file_too(cli, other_db):
+    env = {"MEMCTL_DATABASE_URL": other_db}
+    newer = json.dumps({"type": "header", "format": 99, "memctl": "9.0"}) + "\n"
+    result = cli("import", "-", input=newer, env=env)
+    assert result.exit_code == 1 and "format 99" in result.stderr and "upgrade memctl" in result.stderr
+    bare = cli("import", "-", input=json.dumps({"type": "fact", "namespace": "d", "key": "k", "history": []}) + "\n",
+               env=env)
+    assert bare.exit_code == 1 and "line 1" in bare.stderr and "header" in bare.stderr
+
+
+def test_import_redacts_and_drops_the_vectors_of_a_redacted_text(cli, conn, tmp_path):
+    assert cli("episode", "add", "first").exit_code == 0
+    assert cli("embed").exit_code == 0
+    export = cli("export", "--vectors").stdout.splitlines()
+    header = json.loads(export[0])
+    episode = {"type": "episode", "id": 77, "agent": "default", "kind": "raw", "source": None, "importance": 3,
+               "created_at": "2026-08-11T09:30:00+00:00", "meta": {}, "content": f"pushed with {GITHUB}",
+               "chunks": [{"seq": 0, "content": f"pushed with {GITHUB}", "embedding": [0.1] * header["vectors"]["dims"]}]}
+    fact = {"type": "fact", "namespace": "default", "key": "tok", "value": GITHUB, "source": None, "version": 1,
+            "updated_at": "2026-08-11T09:30:00+00:00",
+            "history": [{"version": 1, "op": "set", "old_value": None, "new_value": GITHUB, "source": None,
+                         "changed_at": "2026-08-11T09:30:00+00:00"}]}
+    data = "\n".join([export[0], json.dumps(fact), json.dumps(episode)]) + "\n"
+    result = cli("import", "-", "-f", "json", input=data)
+    assert result.exit_code == 0, result.stderr
+    assert "redacted 3 secret(s)" in result.stderr and GITHUB not in result.stderr + result.stdout
+    summary = result.json()[0]
+    assert summary["vectors"] == 0 and summary["queued"] == 1
+    from tests.test_redact import all_text
+
+    assert GITHUB not in all_text(conn) and "[REDACTED:github-token]" in all_text(conn)
