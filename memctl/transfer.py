@@ -301,7 +301,10 @@ class _Described:
 class _Loader:
     def __init__(self, conn, settings: Settings, result: ImportResult):
         self.conn, self.settings, self.result = conn, settings, result
-        self.ids: dict[tuple[str, int], int] = {}  # (agent, id in the file) -> id here
+        # (agent, id in the file) -> id here, kept in a temporary table: memory stays flat at any size
+        for statement in ID_MAP:
+            conn.execute(statement)
+        self.mapped: list[tuple[str, int, int]] = []
         self.batch: list[tuple[dict, episodes.NewEpisode]] = []
         self.model: models.Model | None = None  # whose vectors the file's chunks carry, when usable here
         self.queued: list[int] = []
@@ -355,14 +358,14 @@ class _Loader:
 
     def _summary_source(self, item: dict) -> None:
         agent = item["agent"]
-        summary = self.ids.get((agent, item["summary_id"]))
+        summary = self.new_id(agent, item["summary_id"])
         if summary is None:
             raise InvalidInput(f"summary_source: summary {item['summary_id']} of agent {agent!r} is not in the file")
         try:
             digest = bytes.fromhex(item["source_hash"])
         except (TypeError, ValueError):
             raise InvalidInput("summary_source: source_hash must be hex") from None
-        source = self.ids.get((agent, item["source_id"]))
+        source = self.new_id(agent, item["source_id"])
         if source is None:  # pruned before the export: an id that names no episode here
             found = self.conn.execute(FIND_EPISODE, (agent, digest, item["source_created_at"])).fetchone()
             source = found["id"] if found else -abs(item["source_id"])
@@ -371,18 +374,36 @@ class _Loader:
 
     def _runbook_run(self, item: dict) -> None:
         row = {name: item.get(name) for name in FIELDS["runbook_run"][0] if name != "type"}
-        row["episode_id"] = self.ids.get((item["agent"], item.get("episode_id"))) if item.get("episode_id") else None
+        row["episode_id"] = self.new_id(item["agent"], item.get("episode_id")) if item.get("episode_id") else None
         row["dirty"] = bool(row["dirty"])
         row["from_step"] = row["from_step"] or 1
         row["output_tail"] = redact.redact_text(row["output_tail"] or "")
         self.result.runbook_runs += self.conn.execute(INSERT_RUN, row).rowcount
 
+    def new_id(self, agent: str, old_id: Any) -> int | None:
+        if isinstance(old_id, bool) or not isinstance(old_id, int):
+            raise InvalidInput(f"an episode id must be an integer, got {old_id!r}")
+        row = self.conn.execute(LOOK_UP_ID, (agent, old_id)).fetchone()
+        return row["new_id"] if row else None
+
     def flush(self) -> None:
         if self.batch:
             _insert_episodes(self, self.batch)
             self.batch = []
+        if self.mapped:
+            with self.conn.cursor() as cur, cur.copy(COPY_IDS) as copy:
+                for row in self.mapped:
+                    copy.write_row(row)
+            self.mapped = []
 
 
+ID_MAP = (
+    "DROP TABLE IF EXISTS pg_temp.memctl_import_ids",
+    "CREATE TEMPORARY TABLE memctl_import_ids (agent text, old_id bigint, new_id bigint) ON COMMIT DROP",
+    "CREATE INDEX ON memctl_import_ids (agent, old_id)",
+)
+COPY_IDS = "COPY memctl_import_ids (agent, old_id, new_id) FROM STDIN"
+LOOK_UP_ID = "SELECT new_id FROM memctl_import_ids WHERE agent = %s AND old_id = %s"
 INSERT_BLOCKED = """
 INSERT INTO blocked_sources (source, reason, blocked_at) VALUES (%s, %s, coalesce(%s::timestamptz, now()))
 ON CONFLICT (source) DO NOTHING
@@ -416,19 +437,19 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[dict, episodes.NewEpisod
     times = list({ep.created_at for _, ep in batch})
     known = {(r["agent"], bytes(r["content_hash"]), r["created_at"]): r["id"]
              for r in conn.execute(EXISTING, (times,)).fetchall()}
-    fresh = []
+    fresh, repeated = [], []
     for item, ep in batch:
         key = (ep.agent, ep.content_hash, ep.created_at)
         if key in known:
-            loader.ids[(ep.agent, item["id"])] = known[key]
+            repeated.append((ep.agent, item["id"], key))
             result.duplicates += 1
             continue
         fresh.append((item, ep))
-        known[key] = -1  # a duplicate within the file itself
+        known[key] = None  # a second copy in this batch maps to the id the first one gets below
     new_ids = episodes._take_ids(conn, episodes.EPISODE_SEQ, len(fresh))
     chunk_rows, vector_rows = [], []
     for new_id, (item, ep) in zip(new_ids, fresh):
-        loader.ids[(ep.agent, item["id"])] = new_id
+        loader.mapped.append((ep.agent, item["id"], new_id))
         known[(ep.agent, ep.content_hash, ep.created_at)] = new_id
         given = item.get("chunks") if loader.model is not None else None
         if given and all(isinstance(c, dict) and isinstance(c.get("content"), str) for c in given):
@@ -437,6 +458,7 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[dict, episodes.NewEpisod
         else:
             for seq, text in enumerate(chunking.chunk_text(ep.content, loader.chunk_size, loader.overlap)):
                 chunk_rows.append((ep.agent, new_id, seq, text, None))
+    loader.mapped.extend((agent, old_id, known[key]) for agent, old_id, key in repeated)
     chunk_ids = episodes._take_ids(conn, episodes.CHUNK_SEQ, len(chunk_rows))
     with conn.cursor() as cur:
         with cur.copy(episodes.COPY_EPISODES) as copy:

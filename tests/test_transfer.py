@@ -115,6 +115,12 @@ def test_import_into_a_populated_database_deduplicates_and_merges(cli, db_url, o
     assert [h["version"] for h in history] == [1, 2, 3]  # merged after the target's own version, in order
     assert cli("fact", "get", "svc0.host", env=env).stdout.strip() == "10.9.9.9"  # the later change stays
     assert cli("fact", "get", "svc1.host", env=env).stdout.strip() == "10.8.1.1"
+    lines = path.read_text().splitlines()
+    copy = json.loads(lines[-1] if '"episode"' in lines[-1] else next(x for x in lines if '"type":"episode"' in x))
+    twice = "\n".join([lines[0], json.dumps({**copy, "id": 10**9, "created_at": "2030-01-01T00:00:00+00:00"}),
+                       json.dumps({**copy, "id": 10**9 + 1, "created_at": "2030-01-01T00:00:00+00:00"})]) + "\n"
+    inner = cli("import", "-", "-f", "json", input=twice, env=env).json()[0]
+    assert (inner["episodes"], inner["duplicates"]) == (1, 1)
 
 
 def test_a_corrupt_line_fails_the_import_names_it_and_leaves_nothing(cli, other_db, tmp_path):
@@ -163,3 +169,38 @@ def test_import_redacts_and_drops_the_vectors_of_a_redacted_text(cli, conn, tmp_
     from tests.test_redact import all_text
 
     assert GITHUB not in all_text(conn) and "[REDACTED:github-token]" in all_text(conn)
+
+
+def test_lineage_and_runbook_runs_are_remapped_to_the_new_ids(cli, conn, other_db):
+    from memctl import db
+
+    env = {"MEMCTL_DATABASE_URL": other_db}
+    assert cli("episode", "add", "only in the target, taking id 1 there", env=env).exit_code == 0
+    ids = [int(cli("episode", "add", text, "--created-at", when).stdout) for text, when in (
+        ("web1 disk full at 03:10", "2026-08-01T03:10:00Z"), ("rotated nginx logs", "2026-08-01T03:20:00Z"),
+        ("pruned source", "2026-08-01T03:30:00Z"), ("summary: disk full, logs rotated", "2026-08-02T00:00:00Z"))]
+    first, second, pruned, summary = ids
+    conn.execute("INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash) "
+                 "SELECT agent, %s, id, created_at, content_hash FROM episodes WHERE id = ANY(%s)",
+                 (summary, [first, second, pruned]))
+    conn.execute("INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail, episode_id) "
+                 "VALUES ('default', 'rotate-logs', 'abc123', 2, 'ok', 'done', %s)", (second,))
+    assert cli("episode", "delete", str(pruned)).exit_code == 0
+    export = cli("export").stdout
+    assert len(records(export, "summary_source")) == 3 and len(records(export, "runbook_run")) == 1
+    result = cli("import", "-", "-f", "json", input=export, env=env)
+    assert result.exit_code == 0, result.stderr
+    assert (result.json()[0]["summary_sources"], result.json()[0]["runbook_runs"]) == (3, 1)
+    with db.connect(other_db) as target:
+        new = {r["content"]: r["id"] for r in target.execute("SELECT id, content FROM episodes").fetchall()}
+        lineage = target.execute("SELECT summary_id, source_id FROM summary_sources ORDER BY source_id").fetchall()
+        run = target.execute("SELECT name, episode_id FROM runbook_runs").fetchone()
+    summary_here = new["summary: disk full, logs rotated"]
+    assert sorted(r["source_id"] for r in lineage) == sorted(
+        [-pruned, new["web1 disk full at 03:10"], new["rotated nginx logs"]])
+    assert {r["summary_id"] for r in lineage} == {summary_here}
+    assert run == {"name": "rotate-logs", "episode_id": new["rotated nginx logs"]}
+    shown = cli("episode", "show", str(summary_here), "-f", "json", env=env).json()
+    assert sorted(s["exists"] for s in shown["sources"]) == [False, True, True]
+    again = cli("import", "-", "-f", "json", input=export, env=env).json()[0]
+    assert (again["summary_sources"], again["runbook_runs"], again["episodes"]) == (0, 0, 0)

@@ -113,8 +113,16 @@ def main() -> None:
                 "MEMCTL_EMBED_MODEL": "hash-embed"}
 
     def memctl(url, *argv, config=None):
+        """Run memctl; returns (stdout, peak RSS in MiB of that process alone)."""
         env = {**base_env, "MEMCTL_DATABASE_URL": url, **({"MEMCTL_CONFIG": str(config)} if config else {})}
-        return subprocess.run([exe, *argv], env=env, check=True, capture_output=True, text=True)
+        with tempfile.TemporaryFile() as out:
+            proc = subprocess.Popen([exe, *argv], env=env, stdout=out, stderr=subprocess.DEVNULL)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode:
+                raise SystemExit(f"memctl {argv[0]} failed with {proc.returncode}")
+            out.seek(0)
+            return out.read().decode(), usage.ru_maxrss / 1024
 
     with server(args.database_url) as admin:
         with fresh_database(admin) as source:
@@ -124,12 +132,12 @@ def main() -> None:
             if args.vectors:
                 memctl(source, "embed", "--batch-size", "256")
             extra = ["--vectors"] if args.vectors else []
-            exported, _ = timed(memctl, source, "export", "--out", str(export_file), *extra)
+            exported, (_, export_rss) = timed(memctl, source, "export", "--out", str(export_file), *extra)
             base_out, size = copy_out(source)
         records = sum(1 for _ in export_file.open()) - 1
         with fresh_database(admin) as target:
-            imported, proc = timed(memctl, target, "import", str(export_file), "-f", "json")
-            summary = json.loads(proc.stdout)[0]
+            imported, (stdout, import_rss) = timed(memctl, target, "import", str(export_file), "-f", "json")
+            summary = json.loads(stdout)[0]
             base_in = copy_in(target, data)
         with fresh_database(admin) as target:
             unredacted, _ = timed(memctl, target, "import", str(export_file), "-f", "json", config=off)
@@ -142,6 +150,7 @@ def main() -> None:
     print(f"memctl export:   {exported:.2f} s  ({records / exported:,.0f} records/s, process start included)")
     print(f"COPY TO STDOUT:  {base_out:.2f} s  ({records / base_out:,.0f} rows/s)")
     print(f"export ratio: {base_out / exported:.2f}")
+    print(f"peak RSS: export {export_rss:.0f} MiB, import {import_rss:.0f} MiB")
     print(f"memctl import:   {imported:.2f} s  ({records / imported:,.0f} records/s, redaction on)")
     print(f"  redaction off: {unredacted:.2f} s  ({records / unredacted:,.0f} records/s)")
     print(f"binary COPY in (episodes only): {base_in:.2f} s  ({args.rows / base_in:,.0f} rows/s)")
