@@ -4,12 +4,19 @@ One upsert per call, into episode_access (sql/0007_access.sql), never into
 episodes. Tracking is best effort: an episode deleted meanwhile is skipped, and
 a read-only database (a standby) leaves the counts alone rather than failing
 the read that asked.
+
+A read connection to a replica ([database] read_url) is routed to the primary
+with route_to_primary(): its accesses are written there, and the primary is
+opened only when a call has something to record. A primary that cannot be
+reached costs the counts of that invocation and one note, never the read.
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import Iterable
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 # Rows are written in key order so that two concurrent calls lock them in the
 # same order (no deadlock); an id returned twice in one call counts twice.
@@ -35,18 +42,68 @@ WHERE episode_id = ANY(%s) ORDER BY agent, episode_id
 """
 
 
+@dataclass
+class _Route:
+    open_primary: Callable[[], Any]
+    note: Callable[[str], None] | None
+    primary: Any = None
+    failed: bool = False
+
+    def writer(self):
+        """The primary's connection, opened at the first call; None (noted once) when it cannot be."""
+        from memctl.errors import MemctlError
+
+        if self.primary is None and not self.failed:
+            try:
+                self.primary = self.open_primary()
+            except MemctlError as exc:
+                self.failed = True
+                self._note(f"access counts not recorded: the primary is unreachable ({exc})")
+        return self.primary
+
+    def _note(self, message: str) -> None:
+        if self.note is not None:
+            self.note(message)
+
+
+# read connection -> its route; weak, so a closed and dropped connection leaves no entry behind
+_ROUTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def route_to_primary(read_conn, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None) -> None:
+    """Write the accesses recorded on `read_conn` (a replica) through `open_primary()` instead.
+
+    `open_primary` runs at most once, at the first record() with something to write; `note`
+    receives one line if it fails (the counts of this connection are then skipped).
+    """
+    _ROUTES[read_conn] = _Route(open_primary, note)
+
+
 def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
-    """Count one access of each (agent, episode id) now; returns the rows written."""
+    """Count one access of each (agent, episode id) now; returns the rows written.
+
+    On a connection routed with route_to_primary() the rows are written on the primary.
+    """
     import psycopg
 
     pairs = list(episodes)
     if not pairs:
         return 0
     params = {"agents": [agent for agent, _ in pairs], "ids": [int(i) for _, i in pairs]}
+    route = _ROUTES.get(conn)
+    if route is not None:
+        conn = route.writer()
+        if conn is None:
+            return 0
     try:
         return conn.execute(RECORD, params, prepare=False).rowcount
     except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.ForeignKeyViolation):
         return 0  # a standby, or an episode deleted between the read and this write
+    except psycopg.OperationalError as exc:
+        if route is None:
+            raise
+        route._note(f"access counts not recorded on the primary: {str(exc).strip().splitlines()[0]}")
+        return 0
 
 
 def last_accessed(conn, episode_ids: list[int]) -> dict[int, datetime.datetime]:

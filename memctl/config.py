@@ -111,6 +111,10 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "database_url": (_string, None),
         "runbooks": (_string, None),
     },
+    # read_url: a streaming replica for the read-only commands (episode search, recall, fact get/list, size).
+    "database": {
+        "read_url": (_string, None),
+    },
     "embedding": {
         "embedder": (_choice("ollama", "local", "hash"), "ollama"),
         "model": (_string, "nomic-embed-text"),
@@ -178,6 +182,7 @@ RETENTION_DEFAULTS["require_summary"] = True
 ENV_OVERRIDES = {
     ("", "database_url"): "MEMCTL_DATABASE_URL",
     ("", "runbooks"): "MEMCTL_RUNBOOKS",
+    ("database", "read_url"): "MEMCTL_READ_DATABASE_URL",
     ("embedding", "embedder"): "MEMCTL_EMBEDDER",
     ("embedding", "model"): "MEMCTL_EMBED_MODEL",
     ("embedding", "ollama_host"): "OLLAMA_HOST",

@@ -1,4 +1,8 @@
-"""Connections: which database, one connect(), and the schema check on open."""
+"""Connections: which database, one connect(), and the schema check on open.
+
+Writes go to the primary (resolve, open_database). Commands that only read may go to a
+replica named by [database] read_url (resolve_read, open_replica), which is checked, never migrated.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from memctl import config as config_mod
-from memctl.errors import DatabaseUnavailable
+from memctl.errors import DatabaseUnavailable, SchemaBehind
 
 APPLICATION_NAME = "memctl"
 
@@ -29,6 +33,20 @@ def resolve(url_option: str | None, settings: config_mod.Settings) -> Target:
 
     info = embedded.status()
     return Target(info.url if info.running else "", True, "embedded")
+
+
+@dataclass
+class ReadTarget:
+    url: str
+    origin: str
+
+
+def resolve_read(settings: config_mod.Settings) -> ReadTarget | None:
+    """[database] read_url, or MEMCTL_READ_DATABASE_URL; None: reads go to the primary."""
+    url = settings.get("database", "read_url")
+    if not url:
+        return None
+    return ReadTarget(url, settings.origins.get(("database", "read_url"), "file"))
 
 
 def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout: int = 10):
@@ -74,6 +92,25 @@ def open_database(target: Target, *, report: Callable[[str], None] | None = None
     conn = connect(target.url)
     if migrate:
         migrate_mod.ensure_current(conn, auto=target.embedded)
+    if vector:
+        register_vector(conn)
+    return conn
+
+
+def open_replica(target: ReadTarget, *, vector: bool = False):
+    """Connect to the read replica and check its schema is current; never migrates (a standby is read-only)."""
+    from memctl import migrate as migrate_mod
+
+    try:
+        conn = connect(target.url)
+    except DatabaseUnavailable as exc:
+        raise DatabaseUnavailable(f"read replica ({target.origin}): {exc}") from None
+    try:
+        migrate_mod.ensure_current(conn, auto=False)
+    except SchemaBehind as exc:
+        conn.close()
+        raise SchemaBehind(f"read replica ({target.origin}): {exc} on the primary; the replica has not replayed "
+                           "it yet, or read_url is not a replica of this primary") from None
     if vector:
         register_vector(conn)
     return conn

@@ -81,6 +81,30 @@ def connect(*, vector: bool = False, migrate: bool = True):
     return conn
 
 
+def connect_read(*, vector: bool = False):
+    """For commands that only read: the replica named by [database] read_url, else connect().
+
+    Accesses recorded on the replica are written to the primary, opened only when there is
+    something to record. A replica that is down or behind the primary's schema is reported
+    on stderr and the primary answers instead.
+    """
+    from memctl import access, db
+    from memctl.errors import DatabaseUnavailable, SchemaBehind
+
+    st = state()
+    replica = db.resolve_read(st.settings)
+    if replica is None:
+        return connect(vector=vector)
+    try:
+        conn = db.open_replica(replica, vector=vector)
+    except (DatabaseUnavailable, SchemaBehind) as exc:
+        warn(f"{exc}; reading from the primary")
+        return connect(vector=vector)
+    st._conns.append(conn)
+    access.route_to_primary(conn, connect, note=warn)
+    return conn
+
+
 def read_text_arg(value: str) -> str:
     """TEXT or '-' for stdin, decoded strictly as UTF-8."""
     from memctl.errors import InvalidInput

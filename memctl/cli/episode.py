@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl import episodes, search as search_mod
-from memctl.cli.common import FormatOption, connect, read_text_arg, settings, warn
+from memctl.cli.common import FormatOption, connect, connect_read, read_text_arg, settings, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import InvalidInput, UsageError
 
@@ -172,8 +172,9 @@ def search(
 
     With the embedder down or slower than the search timeout, falls back to text search with a warning.
     Every hit returned counts as an access of that episode unless --no-track.
+    With [database] read_url set, it reads from that replica and counts the accesses on the primary.
     """
-    conn = connect(vector=True)
+    conn = connect_read(vector=True)
     if batch is not None:
         _search_batch(conn, batch, track=not no_track)
         return

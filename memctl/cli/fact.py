@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl import facts
-from memctl.cli.common import FormatOption, connect, warn
+from memctl.cli.common import FormatOption, connect, connect_read, warn
 from memctl.cli.render import Format, render, render_one
 
 app = typer.Typer(help="Facts: what is true now, by key, with the history of every change.", no_args_is_help=True)
@@ -46,7 +46,7 @@ def get(
     ] = None,
 ) -> None:
     """Print the bare value of KEY (so $(memctl fact get KEY) works); exit 4 if missing."""
-    fact = facts.get_fact(connect(), key, namespace=namespace)
+    fact = facts.get_fact(connect_read(), key, namespace=namespace)
     if fmt is None:
         sys.stdout.write(fact.value + "\n")
     else:
@@ -61,8 +61,8 @@ def list_(
     fmt: FormatOption = Format.table,
 ) -> None:
     """List facts, sorted by key."""
-    rows = (f.to_dict() for f in facts.list_facts(connect(), namespace=None if all_namespaces else namespace,
-                                                   prefix=prefix))
+    rows = (f.to_dict() for f in facts.list_facts(connect_read(), namespace=None if all_namespaces else namespace,
+                                                        prefix=prefix))
     render(rows, fmt)
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import connect, read_text_arg, settings, warn
+from memctl.cli.common import connect_read, read_text_arg, settings, warn
 
 
 class RecallFormat(str, Enum):
@@ -57,7 +57,7 @@ def recall(
 
     request = recall_mod.Request(read_text_arg(observation), agent=agent, namespace=namespace, k=k,
                                  max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track)
-    result = recall_mod.recall(connect(vector=True), settings(), request)
+    result = recall_mod.recall(connect_read(vector=True), settings(), request)
     for message in result.warnings:
         warn(message)
     if fmt is RecallFormat.text:
