@@ -17,7 +17,8 @@ AWS = "AKIAIOSFODNN7EXAMPLE"
 DB_PASSWORD = "s3cr3tPass"
 COMMIT = "3f2c1a9e8b7d6c5f4e3a2b1c0d9e8f7a6b5c4d3e"
 KEY_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"
-PRIVATE_KEY = f"-----BEGIN OPENSSH PRIVATE KEY-----\n{KEY_BODY}\nQyNTUxOQAAACBFeGFtcGxl\n-----END OPENSSH PRIVATE KEY-----"
+PRIVATE_KEY = (f"-----BEGIN OPENSSH PRIVATE KEY-----\n{KEY_BODY}\nQyNTUxOQAAACBFeGFtcGxl\n"
+               "-----END OPENSSH PRIVATE KEY-----")
 EPISODE = (f"deploy of {COMMIT} failed: pushed with {GITHUB}, aws key {AWS}, "
            f"db postgresql://app:{DB_PASSWORD}@db.internal:5432/app")
 ALL_VALUES = [GITHUB, AWS, DB_PASSWORD, KEY_BODY, "QyNTUxOQAAACBFeGFtcGxl"]

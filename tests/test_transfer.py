@@ -155,7 +155,8 @@ def test_import_redacts_and_drops_the_vectors_of_a_redacted_text(cli, conn, tmp_
     header = json.loads(export[0])
     episode = {"type": "episode", "id": 77, "agent": "default", "kind": "raw", "source": None, "importance": 3,
                "created_at": "2026-08-11T09:30:00+00:00", "meta": {}, "content": f"pushed with {GITHUB}",
-               "chunks": [{"seq": 0, "content": f"pushed with {GITHUB}", "embedding": [0.1] * header["vectors"]["dims"]}]}
+               "chunks": [{"seq": 0, "content": f"pushed with {GITHUB}",
+                           "embedding": [0.1] * header["vectors"]["dims"]}]}
     fact = {"type": "fact", "namespace": "default", "key": "tok", "value": GITHUB, "source": None, "version": 1,
             "updated_at": "2026-08-11T09:30:00+00:00",
             "history": [{"version": 1, "op": "set", "old_value": None, "new_value": GITHUB, "source": None,

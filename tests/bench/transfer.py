@@ -38,6 +38,14 @@ SECRET = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 COMMIT = "3f2c1a9e8b7d6c5f4e3a2b1c0d9e8f7a6b5c4d3e"
 
 
+WRAPPER = """
+import resource, subprocess, sys
+code = subprocess.run(sys.argv[2:]).returncode
+open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(code)
+"""
+
+
 def dataset(n: int) -> list[dict]:
     data = episode_rows(n)
     for i, row in enumerate(data):
@@ -52,7 +60,8 @@ def copy_out(url: str) -> tuple[float, int]:
     import psycopg
 
     queries = [
-        "COPY (SELECT id, agent, kind, source, importance, created_at, meta, content FROM episodes ORDER BY id) TO STDOUT",
+        "COPY (SELECT id, agent, kind, source, importance, created_at, meta, content FROM episodes ORDER BY id) "
+        "TO STDOUT",
         "COPY (SELECT namespace, key, value, source, version, updated_at FROM facts ORDER BY namespace, key) TO STDOUT",
         "COPY (SELECT namespace, key, version, op, old_value, new_value, source, changed_at FROM fact_history "
         "ORDER BY namespace, key, version) TO STDOUT",
@@ -113,16 +122,18 @@ def main() -> None:
                 "MEMCTL_EMBED_MODEL": "hash-embed"}
 
     def memctl(url, *argv, config=None):
-        """Run memctl; returns (stdout, peak RSS in MiB of that process alone)."""
+        """Run memctl; returns (stdout, peak RSS in MiB of that process alone).
+
+        Through a small Python wrapper: a child forked straight from this process would start its
+        high-water mark at this process's size (the data set), which Linux keeps across exec.
+        """
         env = {**base_env, "MEMCTL_DATABASE_URL": url, **({"MEMCTL_CONFIG": str(config)} if config else {})}
-        with tempfile.TemporaryFile() as out:
-            proc = subprocess.Popen([exe, *argv], env=env, stdout=out, stderr=subprocess.DEVNULL)
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            if proc.returncode:
-                raise SystemExit(f"memctl {argv[0]} failed with {proc.returncode}")
-            out.seek(0)
-            return out.read().decode(), usage.ru_maxrss / 1024
+        rss = workdir / "rss"
+        proc = subprocess.run([sys.executable, "-c", WRAPPER, str(rss), exe, *argv], env=env, capture_output=True,
+                              text=True)
+        if proc.returncode:
+            raise SystemExit(f"memctl {argv[0]} failed ({proc.returncode}): {proc.stderr[-500:]}")
+        return proc.stdout, int(rss.read_text()) / 1024
 
     with server(args.database_url) as admin:
         with fresh_database(admin) as source:
