@@ -26,6 +26,17 @@ def test_distribute_refuses_a_server_without_citus(conn):
         cluster.distribute(conn)
 
 
+SETTINGS = "SELECT DISTINCT current_setting('hnsw.ef_search', true) AS ef, " \
+           "current_setting('hnsw.iterative_scan', true) AS scan FROM {} WHERE {}"
+
+
+def test_scan_settings_apply_on_one_server(conn):
+    with conn.transaction():
+        cluster.set_scan(conn, 7)
+        rows = conn.execute(sql.SQL(SETTINGS).format(sql.SQL("(VALUES (1)) v(x)"), sql.SQL("true"))).fetchall()
+    assert rows == [{"ef": "7", "scan": "relaxed_order"}]
+
+
 def _drop_memctl_tables(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         tables = [r[0] for r in conn.execute(
@@ -116,3 +127,20 @@ def test_a_vector_query_filtered_by_agent_is_routed_to_one_shard(citus):
         assert "Task Count: 1\n" in routed, routed
         fanned = "\n".join(r["QUERY PLAN"] for r in conn.execute(query.format(table, sql.SQL("true"), table)))
         assert "Task Count: 1\n" not in fanned, fanned
+
+
+@needs_cluster
+def test_scan_settings_reach_the_shards(citus):
+    _cli("db", "migrate")
+    for agent in ("ops", "dev", "qa"):
+        _cli("episode", "add", f"certificate expired for {agent}", "--agent", agent)
+    with db.connect(citus) as conn:
+        cluster.distribute(conn)
+        for where in ("agent = 'ops'", "true"):  # routed to one shard, fanned out to all
+            query = sql.SQL(SETTINGS).format(sql.Identifier("episodes"), sql.SQL(where))
+            with conn.transaction():
+                conn.execute("SELECT set_config('hnsw.ef_search', '7', true)")
+                assert conn.execute(query).fetchall() != [{"ef": "7", "scan": "relaxed_order"}]  # not forwarded
+            with conn.transaction():
+                cluster.set_scan(conn, 7)
+                assert conn.execute(query).fetchall() == [{"ef": "7", "scan": "relaxed_order"}], where
