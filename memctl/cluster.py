@@ -188,3 +188,25 @@ def set_scan(conn, ef_search: int) -> None:
     conn.execute(PROPAGATE_SET)
     conn.execute(ITERATIVE_SCAN)
     conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(int(ef_search))))
+
+
+# Bytes per memctl table and node, shards included (citus_shards.shard_size is each shard's
+# pg_total_relation_size on its node; a reference table has a copy on every node).
+NODE_SIZES = """
+SELECT s.table_name::text AS "table", s.citus_table_type AS type, s.nodename || ':' || s.nodeport AS node,
+       count(*) AS shards, sum(s.shard_size)::bigint AS bytes
+FROM citus_shards s JOIN pg_class c ON c.oid = s.table_name
+WHERE c.relnamespace = current_schema()::regnamespace
+GROUP BY 1, 2, 3 ORDER BY 1, 3
+"""
+TOTAL_SIZE = "SELECT citus_total_relation_size(%s) AS bytes"
+
+
+def node_sizes(conn) -> list[dict]:
+    """What memctl's Citus tables cost on each node: table, type, node (host:port), shards, bytes."""
+    return conn.execute(NODE_SIZES).fetchall()
+
+
+def total_size(conn, table: str) -> int:
+    """citus_total_relation_size: the table's shards on every node, indexes and TOAST included (one copy)."""
+    return conn.execute(TOTAL_SIZE, (table,)).fetchone()["bytes"]

@@ -144,3 +144,21 @@ def test_scan_settings_reach_the_shards(citus):
             with conn.transaction():
                 cluster.set_scan(conn, 7)
                 assert conn.execute(query).fetchall() == [{"ef": "7", "scan": "relaxed_order"}], where
+
+
+@needs_cluster
+def test_node_sizes_add_up_to_the_cluster_totals(citus):
+    _cli("db", "migrate")
+    for i in range(40):
+        _cli("episode", "add", f"disk full on db{i:02d}, rotated logs " + "x" * 400, "--agent", f"agent{i % 7}")
+    _cli("embed")
+    with db.connect(citus) as conn:
+        cluster.distribute(conn)
+        rows = cluster.node_sizes(conn)
+        nodes = {r["node"] for r in rows if r["table"] == "episodes"}
+        assert len(nodes) == 2, rows  # the shards are on the two workers
+        for table in ("episodes", "chunks"):
+            assert sum(r["bytes"] for r in rows if r["table"] == table) == cluster.total_size(conn, table)
+            assert sum(r["shards"] for r in rows if r["table"] == table) == 32  # citus.shard_count's default
+        assert conn.execute("SELECT pg_total_relation_size('episodes') AS n").fetchone()["n"] < \
+            cluster.total_size(conn, "episodes")  # the coordinator's shell is not the data
