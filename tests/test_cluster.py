@@ -24,6 +24,7 @@ needs_cluster = pytest.mark.skipif(not CITUS_URL, reason="needs a Citus cluster:
 def test_distribute_refuses_a_server_without_citus(conn):
     with pytest.raises(cluster.NotCitus, match="extension citus is not created"):
         cluster.distribute(conn)
+    assert cluster.adopt(conn, "chunks") is False  # one server: nothing to adopt into
 
 
 SETTINGS = "SELECT DISTINCT current_setting('hnsw.ef_search', true) AS ef, " \
@@ -162,3 +163,21 @@ def test_node_sizes_add_up_to_the_cluster_totals(citus):
             assert sum(r["shards"] for r in rows if r["table"] == table) == 32  # citus.shard_count's default
         assert conn.execute("SELECT pg_total_relation_size('episodes') AS n").fetchone()["n"] < \
             cluster.total_size(conn, "episodes")  # the coordinator's shell is not the data
+
+
+@needs_cluster
+def test_adopt_distributes_a_model_table_made_after_distribute(citus, monkeypatch):
+    _cli("db", "migrate")
+    _cli("episode", "add", "disk full on db01", "--agent", "ops")
+    _cli("embed")
+    with db.connect(citus) as conn:
+        cluster.distribute(conn)
+    monkeypatch.setenv("MEMCTL_EMBED_MODEL", "hash-embed-2")
+    _cli("reembed", "start")  # creates the new model's vector table as a plain table: reembed does not adopt it yet
+    with db.connect(citus) as conn:
+        new = conn.execute("SELECT table_name FROM embedding_models WHERE state = 'backfill'").fetchone()["table_name"]
+        assert cluster.adopt(conn, new)
+        tables = _tables(conn)
+        assert tables[new]["type"] == "distributed" and tables[new]["col"] == "agent"
+        assert tables[new]["colocation_id"] == tables["episodes"]["colocation_id"]
+        assert {p.action for p in cluster.distribute(conn)} <= {"already", "kept"}
