@@ -104,6 +104,9 @@ def test_distribute_places_every_table_and_keeps_the_data(citus):
     fanned = _cli("episode", "search", text, "--mode", "vector", "-k", "4", "-f", "json").stdout
     assert sorted(h["id"] for h in json.loads(fanned)) == sorted(ids)
     assert json.loads(fanned)[0]["id"] == ids[2]
+    with db.connect(citus) as conn:  # both searches counted their hits (an INSERT ... SELECT on the shards)
+        counts = {r["episode_id"]: r["access_count"] for r in conn.execute("SELECT * FROM episode_access")}
+    assert counts == {ids[0]: 1, ids[1]: 1, ids[2]: 2, ids[3]: 1}
     # what memctl writes after distributing lands on the shards too
     later = int(_cli("episode", "add", "disk full on db09", "--agent", "agent9").stdout)
     with db.connect(citus) as conn:
