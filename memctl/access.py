@@ -58,7 +58,7 @@ class _Route:
                 self.primary = self.open_primary()
             except MemctlError as exc:
                 self.failed = True
-                self._note(f"access counts not recorded: the primary is unreachable ({exc})")
+                self._note(f"access counts not recorded: cannot open the primary ({exc})")
         return self.primary
 
     def _note(self, message: str) -> None:

@@ -188,7 +188,7 @@ def test_an_unreachable_primary_costs_the_access_counts_and_one_note(cli, db_url
     found = cli("episode", "search", "certificate expired", "-f", "json", env=env)
     assert found.exit_code == 0, found.stderr
     assert [h["id"] for h in found.json()] == [first]
-    assert "access counts not recorded: the primary is unreachable" in found.stderr
+    assert "access counts not recorded: cannot open the primary (database unavailable" in found.stderr
     assert sum("access counts" in line for line in found.stderr.splitlines()) == 1, found.stderr
     # nothing to record, so the primary is never asked for: no note
     quiet = cli("episode", "search", "certificate expired", "-f", "json", "--no-track", env=env)
@@ -236,3 +236,4 @@ def test_read_url_is_a_setting_masked_in_config_show(cli, tmp_path):
     shown = cli("config", "show", "-f", "json", env=env)
     assert "pw2" not in shown.stdout and "s3cret" not in shown.stdout
     assert {r["setting"]: r["origin"] for r in shown.json()}["database.read_url"] == "env MEMCTL_READ_DATABASE_URL"
+
