@@ -156,3 +156,14 @@ def test_bad_mode_is_a_configuration_error(cli, tmp_path):
     mode(tmp_path, "loud")
     result = cli("episode", "add", "x")
     assert result.exit_code == 1 and "[redaction] mode" in result.stderr
+
+
+def test_fact_set_and_import_say_what_they_redacted_never_the_value(cli):
+    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    done = cli("fact", "set", "deploy.token", token)
+    assert done.exit_code == 0, done.stderr
+    assert "redacted 1 secret" in done.stderr or "1 secret" in done.stderr
+    assert "github" in done.stderr and token not in done.stderr + done.stdout
+    imported = cli("fact", "import", "-", input=json.dumps({"key": "ci.token", "value": f"token {token}"}) + "\n")
+    assert imported.exit_code == 0 and "github" in imported.stderr and token not in imported.stderr
+    assert token not in cli("fact", "get", "ci.token").stdout

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl import facts
-from memctl.cli.common import FormatOption, connect, connect_read, warn
+from memctl.cli.common import FormatOption, connect, connect_read, settings, warn
 from memctl.cli.render import Format, render, render_one
 
 app = typer.Typer(help="Facts: what is true now, by key, with the history of every change.", no_args_is_help=True)
@@ -33,7 +33,11 @@ def set_(
     """Set KEY to VALUE; prints the key, the old value, the new value and the version."""
     from memctl.cli.common import read_text_arg
 
-    change = facts.set_fact(connect(), key, read_text_arg(value), namespace=namespace, source=source)
+    redactor = _redactor()
+    change = facts.set_fact(connect(), key, read_text_arg(value), namespace=namespace, source=source,
+                            redactor=redactor)
+    if redactor.note():
+        warn(redactor.note())
     render([change.to_dict()], fmt, columns=["namespace", "key", "old_value", "new_value", "version"])
 
 
@@ -148,7 +152,10 @@ def import_(
             from memctl.errors import InvalidInput
 
             raise InvalidInput(f"cannot read {file}: {exc.strerror}") from None
-    changes = facts.import_facts(connect(), records, source=source)
+    redactor = _redactor()
+    changes = facts.import_facts(connect(), records, source=source, redactor=redactor)
+    if redactor.note():
+        warn(redactor.note())
     warn(f"imported {len(changes)} fact(s)")
     render((c.to_dict() for c in changes), fmt, columns=["namespace", "key", "old_value", "new_value", "version"])
 
@@ -173,3 +180,10 @@ def stale(
     if fmt is Format.table:
         rows = [{**r, "chunk": " ".join(r["chunk"].split())[:60]} for r in rows]
     render(rows, fmt)
+
+
+def _redactor():
+    """The write's redactor, so the CLI can say what it replaced (count and kinds, never a value)."""
+    from memctl import redact
+
+    return redact.Redactor.from_settings(settings())
