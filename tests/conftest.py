@@ -34,6 +34,8 @@ from psycopg.conninfo import make_conninfo
 from tests.ollama_server import local_embedder_available
 
 TEMPLATE = "memctl_test_template"
+# The local embedder remembers verified weights in the user cache dir: tests keep their own.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="memctl-test-cache-")
 
 
 def _admin_url() -> tuple[str, object]:

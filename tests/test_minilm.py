@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+np = pytest.importorskip("numpy", reason="needs memctl[local] (numpy); CI runs the tests marked local in .venv")
 
 from memctl import minilm
 from memctl.errors import MemctlError

@@ -174,6 +174,8 @@ def _apply(case: str, ollama, memctl_env) -> dict:
 
 @pytest.mark.parametrize("case", list(MATRIX))
 def test_fault_matrix_exit_codes_and_never_a_traceback(case, cli, memctl_bin, ollama, ollama_env):
+    if case == "extra-missing" and importlib.util.find_spec("tokenizers") is not None:
+        pytest.skip("the local extra is installed here: the missing-extra case runs in the production venv")
     for text in ("web1 disk full: rotated nginx logs", "the redis replica lagged behind"):
         assert cli("episode", "add", text).exit_code == 0
     if case != "extra-missing":  # with a model registered, embed would follow the database's model

