@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from _common import fresh_database, parser, server, timed
-from import_ import rows as episode_rows
+from import_ import baseline_copy, rows as episode_rows
 
 SECRET = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 COMMIT = "3f2c1a9e8b7d6c5f4e3a2b1c0d9e8f7a6b5c4d3e"
@@ -81,25 +81,8 @@ def copy_out(url: str) -> tuple[float, int]:
 
 
 def copy_in(url: str, data: list[dict]) -> float:
-    import psycopg
-    from psycopg.types.json import Jsonb
-
-    tuples = [(r["agent"], r["kind"], r["content"], hashlib.sha256(r["content"].encode()).digest(), r["source"],
-               r["importance"], datetime.datetime.fromisoformat(r["created_at"]), Jsonb({})) for r in data]
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE episodes_baseline (LIKE episodes INCLUDING ALL)")
-
-        def copy():
-            with conn.transaction(), conn.cursor() as cur:
-                cur.execute("SET LOCAL gin_pending_list_limit = '64MB'")
-                with cur.copy("COPY episodes_baseline (agent, kind, content, content_hash, source, importance, "
-                              "created_at, meta) FROM STDIN (FORMAT BINARY)") as cp:
-                    cp.set_types(["text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb"])
-                    for t in tuples:
-                        cp.write_row(t)
-
-        seconds, _ = timed(copy)
-        return seconds
+    """Raw binary COPY of the same episodes into a copy of the table: import_.py's baseline."""
+    return baseline_copy(url, data)
 
 
 def main() -> None:
