@@ -50,6 +50,27 @@ def _admin_url() -> tuple[str, object]:
     return info.url, home
 
 
+def drop_database(conn, name: str, seconds: float = 30) -> None:
+    """DROP DATABASE, ending the sessions still in it.
+
+    WITH (FORCE) refuses a role without pg_signal_backend when an autovacuum worker is
+    in the database (PostgreSQL 15 counts it as another role's process); a plain DROP
+    DATABASE stops autovacuum itself, so the two are tried in turn until one succeeds.
+    """
+    import time
+
+    statements = [sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)"), sql.SQL("DROP DATABASE IF EXISTS {}")]
+    deadline = time.monotonic() + seconds
+    for attempt in range(1_000):
+        try:
+            conn.execute(statements[attempt % 2].format(sql.Identifier(name)))
+            return
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectInUse):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _db_url(admin: str, name: str) -> str:
     return make_conninfo(admin, dbname=name)
 
@@ -61,13 +82,13 @@ def pg_server():
     from memctl import db, migrate
 
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(TEMPLATE)))
+        drop_database(conn, TEMPLATE)
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
     with db.connect(_db_url(admin, TEMPLATE)) as conn:
         migrate.apply(conn)
     yield admin
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(TEMPLATE)))
+        drop_database(conn, TEMPLATE)
     if home is not None:
         from memctl import embedded
 
@@ -124,7 +145,7 @@ def db_url(pg_server):
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
     yield _db_url(pg_server, name)
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_database(conn, name)
 
 
 @pytest.fixture
@@ -135,7 +156,7 @@ def empty_db_url(pg_server):
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield _db_url(pg_server, name)
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_database(conn, name)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from memctl import server
+from tests.conftest import drop_database
 
 OLD = "2020-01-01T00:00:00+00:00"
 NEEDS_SUPERUSER = "needs a superuser to {}; MEMCTL_TEST_DATABASE_URL's role is not one (pg_roles.rolsuper)"
@@ -76,7 +77,7 @@ def _owner(server_admin, pg_server, *, vector: bool):
             role = admin.execute("SELECT current_user AS r").fetchone()["r"]
             yield Owner(role, database, make_conninfo(pg_server, dbname=database), None, None, False)
         finally:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+            drop_database(admin, database)
         return
     role, password = f"memctl_owner_{suffix}", secrets.token_urlsafe(18)
     admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
@@ -89,7 +90,7 @@ def _owner(server_admin, pg_server, *, vector: bool):
             create_extension(owner)
         yield owner
     finally:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+        drop_database(admin, database)
         admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
