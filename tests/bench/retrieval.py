@@ -1,0 +1,166 @@
+"""Evidence recall@k of `memctl episode search` on LoCoMo-format conversations, through the CLI.
+
+Runs what an operator runs, as fresh processes: `memctl episode import` of every
+dialogue turn (agent = the conversation's sample_id, kind = conversation,
+created_at = its session's date), `memctl embed`, then one `memctl episode
+search --batch - --format jsonl --no-track` with every question of categories
+1-4 that has evidence turns, filtered to its conversation's agent. A question
+scores the share of its evidence turns found in its top k. Prints recall per
+category (1 single-hop, 2 multi-hop, 3 temporal, 4 open-domain) and the mean.
+
+By default it uses a fresh database on a temporary embedded server and the
+local embedder with all-minilm (the network of Ollama's all-minilm); --embedder
+ollama uses an Ollama-protocol server (OLLAMA_HOST or --ollama-host).
+
+The configuration file it writes sets `[embedding] search_timeout = 300`, so
+the query embeddings of the whole batch never hit the 2 s search timeout and
+the vector half really runs (the bench measures ranking, not the timeout).
+--variant runs the same questions again with [search] settings changed
+("rrf_k=10 candidates=100"), on the same loaded database, so variants compare
+in one run. --conversations picks conversations by sample_id (a split to tune
+on, another held out); only those are loaded.
+
+    python tests/bench/retrieval.py [--data ../shared/eval/locomo-dev.json] [-k 10]
+        [--conversations conv-26,conv-30] [--variant "rrf_k=60"] [--embedder local|ollama]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+from _common import fresh_database, parser, server
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_DATA = REPO.parent / "shared" / "eval" / "locomo-dev.json"
+CATEGORIES = {1: "single-hop", 2: "multi-hop", 3: "temporal", 4: "open-domain"}
+
+
+def load_locomo(path: Path, wanted: set[str] | None):
+    """(episode rows, (agent, text) -> dialogue ids, questions) of the chosen conversations."""
+    rows, turn_ids, questions = [], defaultdict(set), []
+    for sample in json.loads(path.read_text()):
+        agent = sample["sample_id"]
+        if wanted is not None and agent not in wanted:
+            continue
+        conv = sample["conversation"]
+        for key, turns in conv.items():
+            if not re.fullmatch(r"session_\d+", key) or not isinstance(turns, list):
+                continue
+            when = datetime.strptime(conv[f"{key}_date_time"], "%I:%M %p on %d %B, %Y").isoformat() + "+00:00"
+            for t in turns:
+                text = f'{t["speaker"]}: {t["text"]}'
+                if t.get("blip_caption"):
+                    text += f' [shares a photo of {t["blip_caption"]}]'
+                rows.append({"content": text, "kind": "conversation", "source": "locomo", "agent": agent,
+                             "created_at": when})
+                turn_ids[(agent, text)].add(t["dia_id"])
+        for qa in sample["qa"]:
+            evidence = {e for e in qa.get("evidence", []) if re.fullmatch(r"D\d+:\d+", e)}
+            if qa.get("category") in CATEGORIES and evidence:
+                questions.append((agent, qa["question"], evidence, qa["category"]))
+    return rows, turn_ids, questions
+
+
+def memctl_command(explicit: str | None) -> list[str]:
+    if explicit:
+        return [explicit]
+    beside = Path(sys.executable).with_name("memctl")
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "memctl"]
+
+
+def write_config(path: Path, variant: str) -> None:
+    """[embedding] search_timeout = 300 and the variant's [search] settings ("key=value key=value")."""
+    lines = ["[embedding]", "search_timeout = 300", "", "[search]"]
+    for item in variant.split():
+        key, _, value = item.partition("=")
+        if not re.fullmatch(r"[a-z_]+", key) or not value:
+            raise SystemExit(f"--variant: expected key=value, got {item!r}")
+        lines.append(f"{key} = {value if re.fullmatch(r'[0-9.]+|true|false', value) else json.dumps(value)}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def ask(memctl: list[str], env: dict, questions, k: int) -> tuple[list[dict], float, str]:
+    batch = "".join(json.dumps({"query": q, "agent": agent, "k": k}) + "\n" for agent, q, _, _ in questions)
+    started = time.perf_counter()
+    done = subprocess.run(memctl + ["episode", "search", "--batch", "-", "--format", "jsonl", "--no-track"],
+                          input=batch, text=True, capture_output=True, env=env)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"memctl episode search failed ({done.returncode}): {done.stderr.strip()}")
+    answers = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert len(answers) == len(questions), f"{len(questions)} questions, {len(answers)} answers"
+    return answers, elapsed, done.stderr.strip()
+
+
+def score(questions, answers, turn_ids, k: int) -> tuple[dict[int, list[float]], list[float]]:
+    by_category: dict[int, list[float]] = defaultdict(list)
+    scores = []
+    for (agent, _, evidence, category), answer in zip(questions, answers):
+        found = set().union(*(turn_ids.get((agent, hit["content"]), set()) for hit in answer["results"][:k]))
+        s = len(evidence & found) / len(evidence)
+        scores.append(s)
+        by_category[category].append(s)
+    return by_category, scores
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo-format JSON (default: %(default)s)")
+    p.add_argument("-k", type=int, default=10)
+    p.add_argument("--conversations", help="comma-separated sample_ids to load and ask (default: all)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="[search] settings for another run on the same data, e.g. 'rrf_k=10' (repeatable)")
+    p.add_argument("--embedder", choices=("local", "ollama"), default="local")
+    p.add_argument("--model", default="all-minilm")
+    p.add_argument("--ollama-host", default=os.environ.get("OLLAMA_HOST"))
+    p.add_argument("--memctl", help="the memctl command (default: the one beside this Python)")
+    args = p.parse_args()
+    wanted = set(args.conversations.split(",")) if args.conversations else None
+    rows, turn_ids, questions = load_locomo(args.data, wanted)
+    if not questions:
+        raise SystemExit("no questions: check --data and --conversations")
+    memctl = memctl_command(args.memctl)
+    scratch = Path(tempfile.mkdtemp(prefix="memctl-retrieval-"))
+    try:
+        with server(args.database_url) as admin, fresh_database(admin) as url:
+            env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_EMBEDDER": args.embedder,
+                   "MEMCTL_EMBED_MODEL": args.model, "MEMCTL_CONFIG": str(scratch / "memctl.toml"),
+                   "HF_HUB_OFFLINE": "1"}
+            if args.ollama_host:
+                env["OLLAMA_HOST"] = args.ollama_host
+            write_config(scratch / "memctl.toml", "")
+            (scratch / "turns.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            started = time.perf_counter()
+            for step in (["episode", "import", str(scratch / "turns.jsonl")], ["embed"]):
+                subprocess.run(memctl + step, env=env, check=True, stdout=subprocess.DEVNULL)
+            convs = len({r["agent"] for r in rows})
+            print(f"{args.data.name}: {convs} conversations, {len(rows)} turns, {len(questions)} questions; "
+                  f"loaded and embedded ({args.embedder} {args.model}) in {time.perf_counter() - started:.0f} s")
+            for variant in [""] + args.variant:
+                write_config(scratch / "memctl.toml", variant)
+                answers, elapsed, stderr = ask(memctl, env, questions, args.k)
+                by_category, scores = score(questions, answers, turn_ids, args.k)
+                vector_ran = sum(1 for a in answers for h in a["results"] if h.get("vector_rank") is not None)
+                label = variant or "defaults"
+                print(f"[{label}] recall@{args.k} by category: " + " ".join(
+                    f"{c} {CATEGORIES[c]}={sum(v) / len(v):.3f} (n={len(v)})" for c, v in sorted(by_category.items()))
+                      + f"; batch {elapsed:.1f} s" + ("" if vector_ran else "; VECTOR HALF DID NOT RUN"))
+                if stderr:
+                    print(f"  stderr: {stderr[:300]}")
+                print(f"[{label}] mean recall@{args.k}: {sum(scores) / len(scores):.3f}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
