@@ -167,3 +167,26 @@ def test_labelled_retrieval_set_hybrid_at_least_the_better_half(cli, conn, memct
     print("recall@5", scores)
     assert scores["vector"] > scores["text"]  # paraphrases: words alone miss most of them
     assert scores["hybrid"] >= max(scores["vector"], scores["text"])
+
+
+LOG = json.loads((Path(__file__).parent / "data" / "retrieval_log.json").read_text())
+
+
+@pytest.mark.local
+def test_operations_log_set_hybrid_at_least_the_better_half(cli, conn, memctl_env, monkeypatch):
+    pytest.importorskip("sentence_transformers", reason="the retrieval set needs the local embedder (memctl[local])")
+    monkeypatch.setenv("MEMCTL_EMBEDDER", "local")
+    monkeypatch.setenv("MEMCTL_EMBED_MODEL", "all-minilm")
+    ids = [add(cli, text, "--created-at", when) for when, text in LOG["episodes"]]
+    assert cli("embed").exit_code == 0
+    settings = config.load()
+    scores = {}
+    for mode in ("hybrid", "vector", "text"):
+        total = 0.0
+        for question in LOG["questions"]:
+            found = {h.id for h in search.search(conn, settings, search.Query(question["q"], k=5, mode=mode)).hits}
+            wanted = {ids[a - 1] for a in question["answers"]}
+            total += len(found & wanted) / len(wanted)
+        scores[mode] = total / len(LOG["questions"])
+    print("recall@5", scores)
+    assert scores["hybrid"] >= max(scores["vector"], scores["text"])
