@@ -192,12 +192,12 @@ def model_dims(model: str, settings=None) -> int:
     if dims is not None:
         return dims
     if settings is not None:
-        from memctl.embedding import OllamaEmbedder
+        from memctl.embedding import make_embedder
         from memctl.errors import MemctlError
 
         try:
-            return OllamaEmbedder(model, host=settings.get("embedding", "ollama_host"),
-                                  timeout=settings.get("embedding", "search_timeout")).dims()
+            return make_embedder(settings, embedder="ollama", model=model,
+                                 timeout=settings.get("embedding", "search_timeout")).dims()
         except MemctlError:
             pass
     raise UsageError(f"unknown model {model!r} (not in memctl's list, not on the Ollama server): give --dims")
