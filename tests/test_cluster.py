@@ -21,6 +21,12 @@ needs_cluster = pytest.mark.skipif(not CITUS_URL, reason="needs a Citus cluster:
                                                          "coordinator (bash tests/ci/citus.sh prints one)")
 
 
+def test_db_distribute_refuses_a_server_without_citus(cli):
+    refused = cli("db", "distribute")
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert "not a Citus database: the extension citus is not created here" in refused.stderr
+
+
 def test_distribute_refuses_a_server_without_citus(conn):
     with pytest.raises(cluster.NotCitus, match="extension citus is not created"):
         cluster.distribute(conn)
@@ -79,9 +85,9 @@ def test_distribute_places_every_table_and_keeps_the_data(citus):
     ids = [int(_cli("episode", "add", f"disk full on db0{i}, rotated logs", "--agent", f"agent{i}").stdout)
            for i in range(4)]
     _cli("embed")
+    first = [cluster.Placement(**row) for row in json.loads(_cli("db", "distribute", "-f", "json").stdout)]
+    assert {p.action for p in first if p.type != "coordinator"} == {"done"}
     with db.connect(citus) as conn:
-        first = cluster.distribute(conn)
-        assert {p.action for p in first if p.type != "coordinator"} == {"done"}
         assert {p.table for p in first if p.type == "coordinator"} == {"facts", "fact_history", "jobs"}
         again = cluster.distribute(conn)
         assert [(p.table, p.action) for p in again] == [

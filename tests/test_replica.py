@@ -237,3 +237,23 @@ def test_read_url_is_a_setting_masked_in_config_show(cli, tmp_path):
     assert "pw2" not in shown.stdout and "s3cret" not in shown.stdout
     assert {r["setting"]: r["origin"] for r in shown.json()}["database.read_url"] == "env MEMCTL_READ_DATABASE_URL"
 
+
+
+def _episode_rows(outcome) -> int:
+    assert outcome.exit_code == 0, outcome.stderr
+    return next(r["rows"] for r in outcome.json()
+                if r["kind"] == "table" and r["relation"].split(".")[-1] == "episodes")
+
+
+def test_size_reads_the_standby(cli, db_url, pg_server, standby):
+    for text in ("first outage", "second outage"):
+        assert cli("episode", "add", text).exit_code == 0
+    _replayed(pg_server, standby)
+    read = {"MEMCTL_READ_DATABASE_URL": standby.url(db_url)}
+    _pause(standby, pg_server, True)
+    try:
+        assert cli("episode", "add", "third outage").exit_code == 0
+        assert _episode_rows(cli("size", "-s", "relations", "-f", "json", "--exact", env=read)) == 2
+        assert _episode_rows(cli("size", "-s", "relations", "-f", "json", "--exact")) == 3
+    finally:
+        _pause(standby, pg_server, False)

@@ -73,3 +73,20 @@ def migrate_(
     applied = migrate.apply(conn, report=warn)
     warn(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
     render(({"name": m.name, "status": m.status} for m in applied), fmt)
+
+
+@app.command()
+def distribute(fmt: FormatOption = Format.table) -> None:
+    """On a Citus coordinator: distribute memctl's tables by agent, co-located with episodes (run after migrate).
+
+    Episodes, chunks, every model's vector table, the embed queue and failures, access records, summary
+    lineage and runbook runs become distributed by agent; migrations, models and blocked sources become
+    reference tables; facts, their history and the job log stay on the coordinator. Rows already there move
+    to the shards. Idempotent; refuses (exit 1) on a server without Citus.
+    """
+    from memctl import cluster
+
+    placements = cluster.distribute(connect())
+    done = sum(p.action == "done" for p in placements)
+    warn(f"{done} table(s) placed now" if done else "every table already in place")
+    render((p.to_dict() for p in placements), fmt)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.common import FormatOption, connect_read, settings, warn
 from memctl.cli.render import Format, render, render_one
 
 app = typer.Typer(invoke_without_command=True)
@@ -54,7 +54,7 @@ def size(
         return
     from memctl import storage
 
-    report = storage.report(connect(), exact=exact)
+    report = storage.report(connect_read(), exact=exact)  # [database] read_url: from the replica
     for message in report["warnings"]:
         warn(message)
     if section is None and fmt in (Format.jsonl, Format.csv):
