@@ -137,6 +137,14 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "importance_weight": (_number, 0.2),
         "recency_from": (_choice("created", "accessed"), "created"),
         "ef_search": (_positive_int, 100),
+        "fusion": (_choice("weighted", "rrf"), "weighted"),
+        "text_weight": (_fraction, 0.5),
+        "context_weight": (_number, 0.5),
+        "context_kinds": (_string, "conversation"),
+        "context_window": (_duration, "1h"),
+        "common_terms": (_fraction, 0.1),
+        "bm25_k1": (_positive_number, 1.2),
+        "bm25_b": (_fraction, 0.5),
     },
     # Secrets in what is written (memctl.redact): replaced by [REDACTED:<kind>], the write refused, or kept.
     "redaction": {
