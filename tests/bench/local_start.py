@@ -7,12 +7,8 @@ Ollama would be). Each search runs as a fresh process, alternating, --runs times
 the ratio of the medians is printed. Goal: <= 2. Peak resident memory of one run
 of each is printed too (the child's ru_maxrss).
 
-`--impl numpy` runs memctl's CLI with LocalEmbedder switched to memctl.minilm in
-the child (a small shim, for as long as memctl/embedding.py still uses
-sentence-transformers); `--impl installed` runs the plain `memctl`. `--verify`
-chooses what the shim does about the sha256 of the weights: `full` hashes the
-90 MB file at every start (today's behaviour), `cached` remembers a verified
-(path, size, mtime, ctime, inode) in the user cache dir.
+The local search runs the installed `memctl` (LocalEmbedder on memctl.minilm,
+weights verified once per file identity, remembered in a temporary cache dir).
 
 A second measurement leaves memctl out: `python -c` that loads the model and
 embeds one query through memctl.minilm ÷ the same through sentence-transformers.
@@ -21,8 +17,7 @@ A third is the embed worker's side: texts/s of memctl.minilm and of
 sentence-transformers (torch's default threads) in this process, on batches of 32
 and 64 chunks of about 200 words, alternating, median of --rounds.
 
-    python tests/bench/local_start.py [--episodes 200] [--runs 11] [--impl numpy|installed]
-        [--verify full|cached] [--rounds 3]
+    python tests/bench/local_start.py [--episodes 200] [--runs 11] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -45,67 +40,6 @@ EVENTS = ("deploy failed", "restarted", "ran out of disk", "lagged behind", "hit
           "lost its certificate", "timed out", "was scaled up", "rolled back", "paged the on-call", "was patched")
 FIXES = ("rotating logs fixed it", "a rollback fixed it", "we added an index", "restarting the pod helped",
          "renewing the certificate fixed it", "nobody fixed it yet", "scaling out helped", "we paused the job")
-
-# Run in the child before memctl's CLI: LocalEmbedder on memctl.minilm, as the lead's switch will do.
-SHIM = r'''
-import hashlib, json, os, sys
-from pathlib import Path
-import memctl.embedding as E
-
-def _cache_file():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "memctl" / "verified-weights.json"
-
-def _key(path):
-    s = path.stat()
-    return [str(path), s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev, E.LOCAL_WEIGHTS_SHA256]
-
-def verify_cached(model_dir):
-    weights = model_dir / "model.safetensors"
-    key, cache = _key(weights), _cache_file()
-    try:
-        if json.loads(cache.read_text()) == key:
-            return
-    except (OSError, ValueError):
-        pass
-    E.verify_weights(model_dir)
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(key))
-        os.replace(tmp, cache)
-    except OSError:
-        pass
-
-def load_local_model(model_dir=None):
-    from memctl import minilm
-    model_dir = Path(model_dir) if model_dir is not None else E.bundled_model_dir()
-    key = model_dir.resolve()
-    with E._local_lock:
-        if key not in E._local_models:
-            (verify_cached if VERIFY == "cached" else E.verify_weights)(key)
-            E._local_models[key] = minilm.load(key)
-        return E._local_models[key]
-
-def count_tokens(self, text):
-    return self._model().count_tokens(text)
-
-def embed(self, texts):
-    import time
-    if not texts:
-        return E.EmbedResult(vectors=[])
-    started = time.perf_counter()
-    vectors = self._model().encode(list(texts))
-    E._check_shape(vectors, len(texts), E.LOCAL_DIMS, self.model)
-    return E.EmbedResult(vectors=vectors, elapsed_s=time.perf_counter() - started)
-
-E.load_local_model = load_local_model
-E.LocalEmbedder.count_tokens = count_tokens
-E.LocalEmbedder.embed = embed
-from memctl.cli import main
-sys.argv = ["memctl", *sys.argv[1:]]
-main()
-'''
 
 ENCODE_NUMPY = """
 import sys
@@ -225,8 +159,6 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--episodes", type=int, default=200)
     p.add_argument("--runs", type=int, default=11)
-    p.add_argument("--impl", choices=["numpy", "installed"], default="numpy")
-    p.add_argument("--verify", choices=["full", "cached"], default="cached")
     p.add_argument("--rounds", type=int, default=3, help="throughput rounds (0: skip)")
     args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -247,16 +179,14 @@ def main() -> None:
             fresh_database(admin) as local_url, fresh_database(admin) as ollama_url:
         load(local_url, settings, reference, texts, vectors)
         load(ollama_url, settings, OllamaEmbedder("all-minilm", host=ollama.url), texts, vectors)
-        # The shim's verification cache goes to a temporary dir, not the operator's ~/.cache.
+        # The verified-weights cache goes to a temporary dir, not the operator's ~/.cache.
         env = {**os.environ, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="memctl-bench-cache-")}
         local_env = [f"MEMCTL_DATABASE_URL={local_url}", "MEMCTL_EMBEDDER=local", "MEMCTL_EMBED_MODEL=all-minilm"]
         ollama_env = [f"MEMCTL_DATABASE_URL={ollama_url}", "MEMCTL_EMBEDDER=ollama", "MEMCTL_EMBED_MODEL=all-minilm",
                       f"OLLAMA_HOST={ollama.url}"]
-        memctl_local = [exe] if args.impl == "installed" else [
-            sys.executable, "-c", f"VERIFY = {args.verify!r}\n{SHIM}"]
-        ours = ["env", *local_env, *memctl_local, "episode", "search", QUERY]
+        ours = ["env", *local_env, exe, "episode", "search", QUERY]
         base = ["env", *ollama_env, exe, "episode", "search", QUERY]
-        check_search(ours, env, f"local ({args.impl})")
+        check_search(ours, env, "local")
         check_search(base, env, "ollama")
         ollama.requests.clear()
         mine, theirs = alternate(ours, base, env, args.runs)
@@ -272,9 +202,7 @@ def main() -> None:
     file_sha256(weights)
     sha_s = time.perf_counter() - started
 
-    impl = f"memctl.minilm through the shim, weights verified: {args.verify}" if args.impl == "numpy" else \
-        "the installed memctl's LocalEmbedder"
-    print(f"\nfresh `memctl episode search` ({args.episodes} episodes; local: {impl}):")
+    print(f"\nfresh `memctl episode search` ({args.episodes} episodes; local: memctl.minilm):")
     report("local embedder ", mine, "Ollama protocol", theirs, "goal <= 2")
     print(f"  peak RSS: local {rss_ours:.0f} MiB, ollama client {rss_base:.0f} MiB")
     print("\nfresh python: load the model + embed one query:")
