@@ -68,13 +68,9 @@ def _clean(text: str | None) -> str | None:
 
 def _masked(value: Any) -> Any:
     """The detail with every string masked and redacted, structure kept."""
-    if isinstance(value, str):
-        return _clean(value)
-    if isinstance(value, dict):
-        return {k: _masked(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_masked(v) for v in value]
-    return value
+    from memctl.redact import redact_value
+
+    return redact_value(value, _clean)
 
 
 def _finish(conn, job: Job) -> None:

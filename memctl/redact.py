@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from memctl.errors import InvalidInput
 
@@ -245,14 +245,15 @@ def redact_text(text: str | None) -> str | None:
     return replace(text, found) if found else text
 
 
-def redact_value(value: Any) -> Any:
-    """Every string in a JSON-like value redacted, structure kept."""
+def redact_value(value: Any, text: Callable[[str], str | None] | None = None) -> Any:
+    """Every string in a JSON-like value redacted (or passed through `text`), structure kept."""
+    clean = text or redact_text
     if isinstance(value, str):
-        return redact_text(value)
+        return clean(value)
     if isinstance(value, dict):
-        return {k: redact_value(v) for k, v in value.items()}
+        return {k: redact_value(v, clean) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [redact_value(v) for v in value]
+        return [redact_value(v, clean) for v in value]
     return value
 
 
