@@ -16,16 +16,30 @@ in more than `common_terms` of all episodes (and in more than
 COMMON_MIN_ROWS of them) is left out of the match when the vector half runs:
 its idf is small, so it barely ranks, and matching it is what made the text
 half slow (every row holding it had to be ranked).
+
+With the vector half running, the text half also matches only the query's
+rarest words, as many as fit in a budget of `match_rows` episodes together
+(none when even the rarest is in more); the other words still score the
+episodes found, but do not find episodes themselves. This is the essential-terms idea of MaxScore with a cost
+bound instead of a score bound: an episode holding only the commoner words has
+at most their (small) idf, and the vector half finds it if it is about the
+query. The text half's cost stays near `match_rows` rows whatever the words.
+
+The statistics (episode count, average length, common lexemes) are read once per
+process and database and kept STATS_TTL seconds: they change with ANALYZE, not
+with each episode. Rare terms are counted for every batch.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 
 COMMON_MIN_ROWS = 1000  # below this many rows, matching a word is cheap whatever its share
 SAMPLE_ROWS = 2000  # episodes sampled for the average length
+STATS_TTL = 60.0  # seconds term statistics are reused within one process
 
 STATS = """
 SELECT c.reltuples::float8 AS reltuples, s.most_common_elems::text::text[] AS lexemes,
@@ -37,14 +51,15 @@ WHERE c.oid = 'episodes'::regclass
 """
 COUNT_ALL = "SELECT count(*)::float8 AS n FROM episodes"
 AVERAGE_LENGTH = "SELECT avg(length(tsv))::float8 AS avgdl FROM episodes TABLESAMPLE SYSTEM (%s)"
-COUNT_TERMS = """
-SELECT t.ord, (SELECT count(*) FROM episodes e WHERE e.tsv @@ t.q::tsquery)::float8 AS df
-FROM unnest(%s::text[]) WITH ORDINALITY AS t(q, ord) ORDER BY t.ord
-"""
-# The score of one episode (alias e) for the terms and weights given as parameters.
-SCORE = """(SELECT coalesce(sum(t.idf), 0) FROM unnest(%(terms)s::tsquery[], %(idf)s::float8[]) AS t(q, idf)
-  WHERE {tsv} @@ t.q) * (%(k1)s::float8 + 1)
+# One GIN scan of the rare terms together, one count per term (a plain aggregate, which Citus
+# pushes down to the shards; a correlated subquery per term it cannot plan).
+COUNT_TERMS = "SELECT {counts} FROM episodes e WHERE e.tsv @@ %(any)s::tsquery"
+COUNT_ONE = "count(*) FILTER (WHERE e.tsv @@ {q}::tsquery)::float8 AS {name}"
+# The score of one episode for the plan's terms and weights (named parameters t0.., w0..): one
+# CASE per term, so each row costs a few tsquery matches and no subquery.
+SCORE = """({terms}) * (%(k1)s::float8 + 1)
   / (1 + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * length({tsv}) / %(avgdl)s::float8))"""
+TERM = "CASE WHEN {tsv} @@ {term}::tsquery THEN {weight}::float8 ELSE 0 END"
 
 _LEXEME = re.compile(r"'((?:[^']|'')*)'")
 
@@ -57,6 +72,31 @@ class TermStats:
     avgdl: float
     common: dict[str, float]
     counted: dict[str, float] = field(default_factory=dict)
+    common_queries: list[str] = field(default_factory=list)  # the common lexemes as tsquery texts
+
+    def __post_init__(self):
+        if not self.common_queries:
+            self.common_queries = [quote(lexeme) for lexeme in self.common]
+
+
+_CACHE: dict[tuple, tuple[float, TermStats]] = {}
+
+
+def cached_term_stats(conn, ttl: float = STATS_TTL) -> TermStats:
+    """term_stats, the statistics reused for `ttl` seconds per database.
+
+    The counts of rare terms are not reused across calls (each call gets an empty `counted`):
+    an episode just added must be found by its rare words at once.
+    """
+    info = conn.info
+    key = (info.host, info.port, info.dbname, info.user)
+    now = time.monotonic()
+    hit = _CACHE.get(key)
+    if hit is None or now - hit[0] >= ttl:
+        hit = (now, term_stats(conn))
+        _CACHE[key] = hit
+    stats = hit[1]
+    return TermStats(n=stats.n, avgdl=stats.avgdl, common=stats.common, common_queries=stats.common_queries)
 
 
 def term_stats(conn) -> TermStats:
@@ -70,6 +110,11 @@ def term_stats(conn) -> TermStats:
     return TermStats(n=max(n, 1.0), avgdl=avgdl or 1.0, common=common)
 
 
+def quote(lexeme: str) -> str:
+    """deploy -> 'deploy', as PostgreSQL writes a one-lexeme tsquery."""
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
 def single_lexeme(tsquery: str) -> str | None:
     """'deploy' -> deploy; None for a phrase or several lexemes."""
     match = _LEXEME.fullmatch(tsquery.strip())
@@ -80,8 +125,16 @@ def document_frequencies(conn, stats: TermStats, terms: list[str]) -> list[float
     """df of each term (a tsquery text): from the statistics when common, else counted."""
     wanted = [t for t in dict.fromkeys(terms) if t not in stats.counted and single_lexeme(t) not in stats.common]
     if wanted:
-        for row in conn.execute(COUNT_TERMS, (wanted,), prepare=False).fetchall():
-            stats.counted[wanted[row["ord"] - 1]] = row["df"]
+        from psycopg import sql
+
+        params = {f"q{i}": t for i, t in enumerate(wanted)}
+        params["any"] = " | ".join(f"( {t} )" for t in wanted)
+        statement = sql.SQL(COUNT_TERMS).format(counts=sql.SQL(", ").join(
+            sql.SQL(COUNT_ONE).format(q=sql.Placeholder(f"q{i}"), name=sql.Identifier(f"df{i}"))
+            for i in range(len(wanted))))
+        row = conn.execute(statement, params, prepare=False).fetchone()
+        for i, term in enumerate(wanted):
+            stats.counted[term] = row[f"df{i}"]
     out = []
     for t in terms:
         lexeme = single_lexeme(t)
@@ -90,6 +143,7 @@ def document_frequencies(conn, stats: TermStats, terms: list[str]) -> list[float
 
 
 def idf(n: float, df: float) -> float:
+    n = max(n, df)  # statistics older than the count (a table that grew since ANALYZE)
     return math.log(1 + (n - df + 0.5) / (df + 0.5))
 
 
@@ -97,16 +151,22 @@ def idf(n: float, df: float) -> float:
 class Plan:
     """What the text half matches and how it weighs each term."""
 
-    terms: list[str]  # tsquery texts, one per wanted word or phrase kept
+    terms: list[str]  # tsquery texts, one per wanted word or phrase kept: they score
     weights: list[float]  # their idf
-    left_out: list[str]  # wanted terms too common to match
+    left_out: list[str]  # wanted terms too common to match or score
+    matched: list[str] = field(default_factory=list)  # the kept terms that find episodes
 
 
-def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | None) -> Plan:
-    """Weigh the wanted terms; with common_share, leave out those in more than that share of episodes."""
+def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | None,
+         match_rows: float | None = None) -> Plan:
+    """Weigh the wanted terms; with common_share, leave out those in more than that share of episodes.
+
+    With match_rows, only the rarest kept terms whose document frequencies add up to at most
+    match_rows find episodes (none, when even the rarest is in more); without it every kept term does.
+    """
     terms = list(dict.fromkeys(t for t in wanted if t))
     dfs = document_frequencies(conn, stats, terms)
-    kept, weights, left_out = [], [], []
+    kept, weights, left_out, frequency = [], [], [], {}
     for term, df in zip(terms, dfs):
         if df == 0:
             continue
@@ -115,8 +175,32 @@ def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | Non
             continue
         kept.append(term)
         weights.append(idf(stats.n, df))
-    return Plan(kept, weights, left_out)
+        frequency[term] = df
+    matched = list(kept)
+    if match_rows is not None:
+        matched, total = [], 0.0
+        for term in sorted(kept, key=lambda t: frequency[t]):
+            if total + frequency[term] > match_rows:
+                break
+            matched.append(term)
+            total += frequency[term]
+    return Plan(kept, weights, left_out, matched)
+
+
+def score(p: Plan, tsv: str = "e.tsv"):
+    """The SQL (psycopg.sql) of the BM25 score of the row whose tsvector is `tsv`, for plan p's terms."""
+    from psycopg import sql
+
+    column = sql.SQL(tsv)
+    terms = sql.SQL(" + ").join(
+        sql.SQL(TERM).format(tsv=column, term=sql.Placeholder(f"t{i}"), weight=sql.Placeholder(f"w{i}"))
+        for i in range(len(p.terms))) if p.terms else sql.SQL("0")
+    return sql.SQL(SCORE).format(terms=terms, tsv=column)
 
 
 def parameters(p: Plan, stats: TermStats, k1: float, b: float) -> dict:
-    return {"terms": p.terms, "idf": p.weights, "k1": k1, "b": b, "avgdl": stats.avgdl}
+    """The named parameters of score(p)."""
+    values = {"k1": k1, "b": b, "avgdl": stats.avgdl}
+    for i, (term, weight) in enumerate(zip(p.terms, p.weights)):
+        values[f"t{i}"], values[f"w{i}"] = term, weight
+    return values

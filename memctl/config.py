@@ -143,6 +143,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "context_kinds": (_string, "conversation"),
         "context_window": (_duration, "1h"),
         "common_terms": (_fraction, 0.1),
+        "match_rows": (_positive_int, 1000),
         "bm25_k1": (_positive_number, 1.2),
         "bm25_b": (_fraction, 0.5),
     },

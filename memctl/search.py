@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from memctl import bm25, episodes, models
@@ -41,6 +41,7 @@ DEFAULTS = {
     "context_kinds": "conversation",  # kinds whose entries are read in context (comma-separated)
     "context_window": "1h",  # neighbours further apart in time are not context
     "common_terms": 0.1,  # leave out words in more than this share of episodes (hybrid)
+    "match_rows": 1000,  # only the rarest words, holding about this many episodes together, find (hybrid)
     "bm25_k1": 1.2,
     "bm25_b": 0.5,
 }
@@ -97,6 +98,7 @@ class Outcome:
     warning: str | None = None
 
 
+# The vector half alone (model comparisons, stale-fact checks): the nearest chunks by the HNSW index.
 VECTOR_HALF = """
 WITH hits AS MATERIALIZED (
     SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
@@ -111,51 +113,112 @@ ORDER BY h.distance
 """
 JOIN_EPISODES = """JOIN chunks c0 ON c0.agent = v.agent AND c0.id = v.chunk_id
 JOIN episodes e ON e.agent = c0.agent AND e.id = c0.episode_id"""
-TEXT_HALF = """
-SELECT e.id AS episode_id, NULL::text AS content, {score} AS rank
-FROM episodes e
-WHERE e.tsv @@ %(match)s::tsquery {filters}
-ORDER BY rank DESC, e.id DESC
-LIMIT %(n)s
-"""
 # Each piece of the query (a word, a "quoted phrase") becomes its own tsquery text:
 # lexemes as PostgreSQL's english configuration makes them, phrases with <->.
 PIECES = """
 SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q
 FROM unnest(%s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
 """
-# Every candidate (and context neighbour) scored by both halves: its best chunk's
-# exact distance to the query vector and its BM25 score, so fusion never has to
-# guess the half an episode was not found by.
-SCORES = """
-SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content,
-       {distance} AS distance, {score} AS text_score
-FROM episodes e WHERE e.id = ANY(%(ids)s)
+# The same, with the document frequency of each wanted piece that is not a common lexeme (those
+# come from the statistics): one GIN scan per rare piece, joined rather than a correlated subquery,
+# so Citus can plan it too.
+PIECES_COUNTED = """
+WITH p AS MATERIALIZED (
+    SELECT p.ord, phraseto_tsquery('english', p.piece) AS q
+    FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord)
+),
+rare AS MATERIALIZED (
+    SELECT ord, q FROM p WHERE ord <= %(wanted)s AND numnode(q) > 0 AND NOT q::text = ANY(%(common)s)
+),
+counted AS (
+    SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q GROUP BY r.ord
+)
+SELECT p.ord, p.q::text AS q, r.ord IS NOT NULL AS rare, coalesce(c.df, 0) AS df
+FROM p LEFT JOIN rare r USING (ord) LEFT JOIN counted c USING (ord)
+ORDER BY p.ord
 """
+# hnsw.* for the transaction, on every node it reaches: Citus forwards SET LOCAL (never set_config)
+# to the workers once citus.propagate_set_commands is 'local'; on one server that is a placeholder.
+# One simple-protocol round trip; ef_search is an integer formatted in, never text from outside.
+SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL hnsw.iterative_scan = relaxed_order; "
+                 "SET LOCAL hnsw.ef_search = {ef}")
+
+# One statement per query: both halves, the context neighbours and every candidate scored by
+# both halves (so fusion never guesses the half an episode was not found by). Its parts:
+VECTOR_CTE = """
+vec AS MATERIALIZED (
+    SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
+    FROM {table} v {join}
+    {where}
+    ORDER BY v.embedding <=> %(q)b::{type}
+    LIMIT %(n)s
+),
+vhits AS MATERIALIZED (
+    SELECT DISTINCT ON (c.agent, c.episode_id) c.agent, c.episode_id AS id, h.distance, c.content AS chunk
+    FROM vec h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id
+    ORDER BY c.agent, c.episode_id, h.distance
+)"""
+TEXT_CTE = """
+thits AS MATERIALIZED (
+    SELECT e.agent, e.id, {score} AS text_score
+    FROM episodes e
+    WHERE e.tsv @@ %(match)s::tsquery {filters}
+    ORDER BY text_score DESC, e.id DESC
+    LIMIT %(n)s
+)"""
+# Found by either half, one row per episode with what each half said of it.
+FOUND_BOTH = """
+found AS MATERIALIZED (
+    SELECT coalesce(vh.agent, th.agent) AS agent, coalesce(vh.id, th.id) AS id, vh.distance, vh.chunk, th.text_score
+    FROM vhits vh FULL JOIN thits th ON th.agent = vh.agent AND th.id = vh.id
+)"""
+FOUND_VECTOR = """
+found AS MATERIALIZED (SELECT agent, id, distance, chunk, NULL::float8 AS text_score FROM vhits)"""
+FOUND_TEXT = """
+found AS MATERIALIZED (SELECT agent, id, NULL::float8 AS distance, NULL::text AS chunk, text_score FROM thits)"""
+# The entries just before and after a found episode in its agent's log (by id), when they are of
+# the same kind, close in time and pass the query's filters; they join the candidates.
+NEAR_CTE = """
+near AS MATERIALIZED (
+    SELECT c.agent, c.id, b.id AS before, a.id AS after
+    FROM found f JOIN episodes c ON c.agent = f.agent AND c.id = f.id
+    LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
+                       WHERE e.agent = c.agent AND e.id < c.id ORDER BY e.id DESC LIMIT 1) b
+           ON b.kind = c.kind AND abs(extract(epoch FROM c.created_at - b.created_at)) <= %(window)s {before}
+    LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
+                       WHERE e.agent = c.agent AND e.id > c.id ORDER BY e.id LIMIT 1) a
+           ON a.kind = c.kind AND abs(extract(epoch FROM a.created_at - c.created_at)) <= %(window)s {after}
+    WHERE c.kind = ANY(%(kinds)s)
+),
+every AS (
+    SELECT f.agent, f.id, f.distance, f.chunk, f.text_score, ARRAY[nb.before, nb.after] AS neighbours
+    FROM found f LEFT JOIN near nb ON nb.agent = f.agent AND nb.id = f.id
+    UNION ALL
+    SELECT DISTINCT nb.agent, n.id, NULL::float8, NULL::text, NULL::float8, NULL::bigint[]
+    FROM near nb CROSS JOIN LATERAL (VALUES (nb.before), (nb.after)) n(id)
+    WHERE n.id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM found f WHERE f.agent = nb.agent AND f.id = n.id)
+)"""
+NO_NEAR = """
+every AS (SELECT agent, id, distance, chunk, text_score, NULL::bigint[] AS neighbours FROM found)"""
+HYBRID = """
+WITH {ctes},{found},{near}
+SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content,
+       {distance} AS distance, x.distance AS vector_distance, x.chunk,
+       {text_score} AS text_score, x.text_score IS NOT NULL AS text_found, x.neighbours
+FROM every x JOIN episodes e ON e.agent = x.agent AND e.id = x.id
+{excluded}
+"""
+# The exact distance of an episode found by words alone: its best chunk's.
 DISTANCE = """(SELECT min(v.embedding <=> %(q)b::{type}) FROM chunks c
   JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id WHERE c.agent = e.agent AND c.episode_id = e.id)"""
-# The entries just before and after an episode in its agent's log (by id), when
-# they are of the same kind, close in time and pass the query's filters.
-NEIGHBOURS = """
-SELECT c.id, b.id AS before, a.id AS after
-FROM episodes c
-LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
-                   WHERE e.agent = c.agent AND e.id < c.id ORDER BY e.id DESC LIMIT 1) b
-       ON b.kind = c.kind AND abs(extract(epoch FROM c.created_at - b.created_at)) <= %(window)s {before}
-LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
-                   WHERE e.agent = c.agent AND e.id > c.id ORDER BY e.id LIMIT 1) a
-       ON a.kind = c.kind AND abs(extract(epoch FROM a.created_at - c.created_at)) <= %(window)s {after}
-WHERE c.id = ANY(%(ids)s) AND c.kind = ANY(%(kinds)s)
-"""
-SET_SCAN = "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', %s, true)"
 
 
 def _filters(query: Query):
     return episodes.filters(agent=query.agent, kind=query.kind, source=query.source, since=query.since)
 
 
-def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_search: int) -> list[dict]:
-    """The nearest chunks by the active model's HNSW index, iterative scan on, filters applied."""
+def _vector_where(query: Query):
+    """The vector half's filters and whether they need the episodes joined, with their parameters."""
     from psycopg import sql
 
     conditions, params = [], {}
@@ -167,14 +230,25 @@ def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_sear
         extra, values = episodes.filters(kind=query.kind, source=query.source, since=query.since)
         conditions += extra
         params.update(values)
+    return episodes.where(conditions), sql.SQL(JOIN_EPISODES) if needs_join else sql.SQL(""), params
+
+
+def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_search: int) -> list[dict]:
+    """The nearest chunks by the active model's HNSW index, iterative scan on, filters applied."""
+    from psycopg import sql
+
+    where, join, params = _vector_where(query)
     statement = sql.SQL(VECTOR_HALF).format(
-        type=sql.SQL(model.storage), table=sql.Identifier(model.table_name),
-        join=sql.SQL(JOIN_EPISODES) if needs_join else sql.SQL(""),
-        where=episodes.where(conditions))
+        type=sql.SQL(model.storage), table=sql.Identifier(model.table_name), join=join, where=where)
     with conn.transaction():
-        conn.execute(SET_SCAN, (str(ef_search),))
+        set_scan(conn, ef_search)
         return conn.execute(statement, {**params, "q": _query_vector(conn, vector, model), "n": n},
                             prepare=False).fetchall()
+
+
+def set_scan(conn, ef_search: int) -> None:
+    """Iterative HNSW scan and ef_search for the current transaction, on every node it reaches."""
+    conn.execute(SCAN_SETTINGS.format(ef=int(ef_search)))
 
 
 def _query_vector(conn, vector, model: models.Model):
@@ -222,13 +296,23 @@ def split_terms(text: str) -> Terms:
     return Terms([t for t in wanted if t.strip()], [t for t in excluded if t.strip()])
 
 
-def pieces(conn, text: str) -> Terms:
-    """The query's wanted and excluded pieces as tsquery texts ('' for a piece of stopwords only)."""
+def pieces(conn, text: str, stats: bm25.TermStats | None = None) -> Terms:
+    """The query's wanted and excluded pieces as tsquery texts ('' for a piece of stopwords only).
+
+    With `stats`, the same statement counts the wanted pieces' document frequencies into
+    stats.counted (all but the common lexemes, which the statistics know).
+    """
     terms = split_terms(text)
     every = terms.wanted + terms.excluded
     if not every:
         return Terms([], [])
-    parsed = [r["q"] for r in conn.execute(PIECES, (every,), prepare=False).fetchall()]
+    if stats is None or not terms.wanted:
+        parsed = [r["q"] for r in conn.execute(PIECES, (every,), prepare=False).fetchall()]
+    else:
+        rows = conn.execute(PIECES_COUNTED, {"pieces": every, "wanted": len(terms.wanted),
+                                             "common": stats.common_queries}).fetchall()  # prepared once used
+        parsed = [r["q"] for r in rows]
+        stats.counted.update((r["q"], r["df"]) for r in rows if r["rare"])
     return Terms(parsed[: len(terms.wanted)], parsed[len(terms.wanted):])
 
 
@@ -246,78 +330,112 @@ def text_query(conn, text: str) -> str | None:
     return match_query(parsed.wanted, parsed.excluded)
 
 
-EXCLUDED_IDS = "SELECT id FROM episodes WHERE id = ANY(%s) AND tsv @@ %s::tsquery"
-
-
-def excluded_ids(conn, text: str, ids: list[int], parsed: Terms | None = None) -> set[int]:
-    """Of these episodes, the ones holding an excluded (-word, -"phrase") piece of the query.
-
-    The text half never finds them; this keeps the vector half and context from bringing them back.
-    """
-    parsed = parsed or pieces(conn, text)
-    parts = [f"( {q} )" for q in parsed.excluded if q]
-    if not parts or not ids:
-        return set()
-    return {r["id"] for r in conn.execute(EXCLUDED_IDS, (list(ids), " | ".join(parts)), prepare=False)}
-
-
 def setting(settings: Settings, key: str) -> Any:
     value = settings.get("search", key)
     return DEFAULTS[key] if value is None else value
 
 
-def text_half(conn, query: Query, n: int, plan: bm25.Plan, stats: bm25.TermStats, settings: Settings,
-              excluded: list[str]) -> list[dict]:
-    """Episodes matching any kept term of the query and no excluded piece, best BM25 first."""
+def _kinds(settings: Settings) -> list[str]:
+    return [k.strip() for k in str(setting(settings, "context_kinds")).split(",") if k.strip()]
+
+
+@dataclass
+class Halves:
+    """What one query runs: the vector half (model and vector), the text half (plan), context."""
+
+    model: models.Model | None = None
+    vector: Any = None
+    plan: bm25.Plan | None = None  # scores with its terms; matches with plan.matched when `match`
+    stats: bm25.TermStats | None = None
+    match: bool = False
+    excluded: list[str] = field(default_factory=list)
+    context: bool = False
+
+
+def statement(query: Query, halves: Halves, settings: Settings, n: int):
+    """The one statement of a query (psycopg.sql) and its parameters; None when no half can run."""
     from psycopg import sql
 
-    match = match_query(plan.terms, excluded)
-    if match is None:
-        return []
-    clauses, params = _filters(query)
-    filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
-    score = sql.SQL(bm25.SCORE).format(tsv=sql.SQL("e.tsv"))
-    statement = sql.SQL(TEXT_HALF).format(score=score, filters=filters)
-    values = bm25.parameters(plan, stats, setting(settings, "bm25_k1"), setting(settings, "bm25_b"))
-    return conn.execute(statement, {**params, **values, "match": match, "n": n}, prepare=False).fetchall()
-
-
-def score_rows(conn, ids: list[int], model, vector, plan: bm25.Plan | None, stats, settings) -> dict[int, dict]:
-    """Episode rows with both halves' scores (distance None without a vector or chunk vectors)."""
-    from psycopg import sql
-
-    params: dict[str, Any] = {"ids": list(ids)}
-    distance = sql.SQL("NULL::float8")
-    if vector is not None and model is not None:
-        distance = sql.SQL(DISTANCE).format(type=sql.SQL(model.storage), table=sql.Identifier(model.table_name))
-        params["q"] = _query_vector(conn, vector, model)
-    score = sql.SQL("0::float8")
-    if plan is not None and plan.terms:
-        score = sql.SQL(bm25.SCORE).format(tsv=sql.SQL("e.tsv"))
-        params.update(bm25.parameters(plan, stats, setting(settings, "bm25_k1"), setting(settings, "bm25_b")))
-    statement = sql.SQL(SCORES).format(distance=distance, score=score)
-    return {r["id"]: r for r in conn.execute(statement, params, prepare=False).fetchall()}
-
-
-def neighbours(conn, query: Query, ids: list[int], settings: Settings) -> dict[int, list[int]]:
-    """Episode id -> the ids of its context neighbours, for episodes of the context kinds."""
-    from psycopg import sql
-
-    kinds = [k.strip() for k in str(setting(settings, "context_kinds")).split(",") if k.strip()]
-    if not kinds or not ids or setting(settings, "context_weight") == 0:
-        return {}
-    parts = {}
-    params: dict[str, Any] = {}
-    for alias in ("b", "a"):
-        clauses, values = episodes.filters(agent=query.agent, kind=query.kind, source=query.source,
-                                           since=query.since, alias=alias)
-        parts["before" if alias == "b" else "after"] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
+    parts = []
+    params: dict[str, Any] = {"n": n}
+    vector = halves.vector is not None and halves.model is not None
+    scoring = halves.plan is not None and bool(halves.plan.terms)
+    if vector:
+        model = halves.model
+        where, join, values = _vector_where(query)
+        parts.append(sql.SQL(VECTOR_CTE).format(type=sql.SQL(model.storage),
+                                                table=sql.Identifier(model.table_name), join=join, where=where))
         params.update(values)
-    window = parse_duration(str(setting(settings, "context_window")))
-    statement = sql.SQL(NEIGHBOURS).format(**parts)
-    rows = conn.execute(statement, {**params, "ids": list(ids), "kinds": kinds, "window": window},
-                        prepare=False).fetchall()
-    return {r["id"]: [i for i in (r["before"], r["after"]) if i is not None] for r in rows}
+    score = sql.SQL("0::float8")
+    if scoring:
+        score = bm25.score(halves.plan, "e.tsv")
+        params.update(bm25.parameters(halves.plan, halves.stats, setting(settings, "bm25_k1"),
+                                      setting(settings, "bm25_b")))
+    match = match_query(halves.plan.matched, halves.excluded) if scoring and halves.match else None
+    if match is not None:
+        clauses, values = _filters(query)
+        params.update(values)
+        params["match"] = match
+        parts.append(sql.SQL(TEXT_CTE).format(score=score,
+                                              filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
+    if not parts:
+        return None, params
+    found = FOUND_BOTH if vector and match is not None else FOUND_VECTOR if vector else FOUND_TEXT
+    near = sql.SQL(NO_NEAR)
+    if halves.context:
+        filters = {}
+        for alias, name in (("b", "before"), ("a", "after")):
+            clauses, values = episodes.filters(agent=query.agent, kind=query.kind, source=query.source,
+                                               since=query.since, alias=alias)
+            filters[name] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
+            params.update(values)
+        near = sql.SQL(NEAR_CTE).format(**filters)
+        params.update(kinds=_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
+    distance = sql.SQL("NULL::float8")
+    if vector:
+        exact = sql.SQL(DISTANCE).format(type=sql.SQL(halves.model.storage),
+                                         table=sql.Identifier(halves.model.table_name))
+        distance = sql.SQL("coalesce(x.distance, {})").format(exact)
+    text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if scoring else score
+    excluded = sql.SQL("")
+    unwanted = [f"( {q} )" for q in halves.excluded if q]
+    if unwanted:
+        excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery")
+        params["excluded"] = " | ".join(unwanted)
+    text = sql.SQL(HYBRID).format(ctes=sql.SQL(",").join(parts), found=sql.SQL(found), near=near,
+                                  distance=distance, text_score=text_score, excluded=excluded)
+    return text, params
+
+
+def run_statement(conn, query: Query, halves: Halves, settings: Settings, n: int):
+    """(vector rows, text rows, scored, context) of one query, from its one statement.
+
+    vector rows and text rows are None for a half that did not run; their order is their half's ranking.
+    """
+    text, params = statement(query, halves, settings, n)
+    vector_ran = halves.vector is not None and halves.model is not None
+    text_ran = halves.plan is not None and halves.match
+    if text is None:
+        return ([] if vector_ran else None), ([] if text_ran or halves.plan is not None else None), {}, {}
+    if vector_ran:
+        params["q"] = _query_vector(conn, halves.vector, halves.model)
+        with conn.transaction():
+            set_scan(conn, settings.get("search", "ef_search"))
+            rows = conn.execute(text, params, prepare=False).fetchall()
+    else:
+        rows = conn.execute(text, params, prepare=False).fetchall()
+    scored = {r["id"]: r for r in rows}
+    vector_rows = None
+    if vector_ran:
+        vector_rows = [{"episode_id": r["id"], "content": r["chunk"]}
+                       for r in sorted((r for r in rows if r["vector_distance"] is not None),
+                                       key=lambda r: (r["vector_distance"], -r["id"]))]
+    text_rows = None
+    if halves.plan is not None:
+        text_rows = [{"episode_id": r["id"]}
+                     for r in sorted((r for r in rows if r["text_found"]), key=lambda r: (-r["text_score"], -r["id"]))]
+    context = {r["id"]: [i for i in r["neighbours"] if i is not None] for r in rows if r["neighbours"]}
+    return vector_rows, text_rows, scored, context
 
 
 def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
@@ -482,29 +600,46 @@ def _track(conn, outcomes: list[Outcome]) -> None:
     access.record(conn, [(h.agent, h.id) for o in outcomes for h in o.hits])
 
 
+def _narrowed(plan: bm25.Plan) -> bool:
+    """Whether the plan leaves a wanted word out of what finds episodes."""
+    return bool(plan.left_out) or len(plan.matched) < len(plan.terms)
+
+
 def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Outcome:
     conf = settings.section("search")
     n = max(conf["candidates"], query.k * 4)
-    vector_rows = text_rows = None
-    if outcome.mode in ("hybrid", "vector") and model is not None and vector is not None:
-        vector_rows = vector_half(conn, model, vector, query, n, conf["ef_search"])
-    parsed = pieces(conn, query.text)
-    plan = stats = None
-    if outcome.mode in ("hybrid", "text") and any(parsed.wanted):
-        if "stats" not in cache:
-            cache["stats"] = bm25.term_stats(conn)
-        stats = cache["stats"]
-        # words in nearly every episode are left out only when the vector half has found something
-        share = setting(settings, "common_terms") if vector_rows else None
-        plan = bm25.plan(conn, stats, parsed.wanted, common_share=share)
-    if outcome.mode in ("hybrid", "text"):
-        text_rows = text_half(conn, query, n, plan, stats, settings, parsed.excluded) if plan else []
-    candidates = {r["episode_id"] for r in (vector_rows or []) + (text_rows or [])}
-    context = {} if setting(settings, "fusion") == "rrf" else neighbours(conn, query, list(candidates), settings)
-    candidates |= {j for near in context.values() for j in near}
-    candidates -= excluded_ids(conn, query.text, list(candidates), parsed)
-    scored = score_rows(conn, list(candidates), model, vector if vector_rows is not None else None, plan, stats,
-                        settings) if candidates else {}
+    vector_runs = outcome.mode in ("hybrid", "vector") and model is not None and vector is not None
+    wants_text = outcome.mode in ("hybrid", "text")
+    if wants_text and "stats" not in cache:
+        cache["stats"] = bm25.cached_term_stats(conn)
+    parsed = pieces(conn, query.text, cache["stats"] if wants_text else None)
+    halves = Halves(model=model if vector_runs else None, vector=vector if vector_runs else None,
+                    excluded=parsed.excluded,
+                    context=setting(settings, "fusion") != "rrf" and bool(_kinds(settings))
+                    and setting(settings, "context_weight") != 0)
+    if wants_text and any(parsed.wanted):
+        halves.stats = cache["stats"]
+        # with the vector half running, words in nearly every episode are left out, and only the
+        # rarest words find episodes (memctl.bm25); on words alone, every word counts
+        hybrid = vector_runs
+        halves.plan = bm25.plan(conn, halves.stats, parsed.wanted,
+                                common_share=setting(settings, "common_terms") if hybrid else None,
+                                match_rows=setting(settings, "match_rows") if hybrid else None)
+        halves.match = True
+    vector_rows, text_rows, scored, context = run_statement(conn, query, halves, settings, n)
+    if vector_runs and halves.plan is not None and not vector_rows and _narrowed(halves.plan):
+        # the vector half found nothing (nothing embedded yet, or not under these filters): the
+        # words are all there is, so every one of them finds, as on words alone
+        halves.plan = bm25.plan(conn, halves.stats, parsed.wanted, common_share=None)
+        _, text_rows, scored, context = run_statement(conn, query, replace(halves, model=None, vector=None),
+                                                      settings, n)
+    if outcome.mode == "text" or (outcome.mode == "hybrid" and not vector_runs):
+        vector_rows = None
+    if outcome.mode == "vector":
+        text_rows = None
+    elif text_rows is None:
+        text_rows = []
+    candidates = set(scored)
     now = datetime.datetime.now(datetime.timezone.utc)
     accessed = None
     if conf["recency_from"] == "accessed" and scored:
