@@ -190,3 +190,72 @@ def test_operations_log_set_hybrid_at_least_the_better_half(cli, conn, memctl_en
         scores[mode] = total / len(LOG["questions"])
     print("recall@5", scores)
     assert scores["hybrid"] >= max(scores["vector"], scores["text"])
+
+
+def _import(cli, rows):
+    lines = "".join(json.dumps(r) + "\n" for r in rows)
+    result = cli("episode", "import", "-", input=lines)
+    assert result.exit_code == 0, result.stderr
+
+
+def test_only_the_rarest_words_find_within_match_rows_and_the_others_still_score(cli, conn, memctl_env):
+    # "widget" is in 40 episodes, "sprocket" in 3; with match_rows = 10 only sprocket finds
+    _import(cli, [{"content": f"widget inventory note {i}"} for i in range(40)]
+            + [{"content": f"sprocket order {i}"} for i in range(2)] + [{"content": "sprocket and widget order"}])
+    assert cli("embed").exit_code == 0
+    conn.execute("ANALYZE episodes")
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nmatch_rows = 10\ncandidates = 50\n")
+    settings = config.load()
+    stats = search.bm25.term_stats(conn)
+    wanted = search.pieces(conn, "widget sprocket", stats).wanted
+    plan = search.bm25.plan(conn, stats, wanted, common_share=None, match_rows=10)
+    assert plan.terms == ["'widget'", "'sprocket'"] and plan.matched == ["'sprocket'"]
+    assert search.bm25.document_frequencies(conn, stats, plan.terms) == pytest.approx([41, 3])
+    # words the statistics do not know are counted exactly, in the statement that parses the query
+    unknown = search.bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={})
+    search.pieces(conn, 'widget sprocket -order "sprocket order"', unknown)
+    assert unknown.counted == {"'widget'": 41, "'sprocket'": 3, "'sprocket' <-> 'order'": 2}
+    hits = search.search(conn, settings, search.Query("widget sprocket", k=50)).hits
+    by_words = {h.id for h in hits if h.text_rank is not None}
+    assert len(by_words) == 3 and all("sprocket" in h.content for h in hits if h.id in by_words)
+    both = next(h for h in hits if h.content == "sprocket and widget order")
+    single = [h for h in hits if h.content.startswith("sprocket order")]
+    assert both.text_score > max(h.text_score for h in single)  # widget scores what sprocket found
+    # on words alone every word finds again
+    text_only = search.search(conn, settings, search.Query("widget sprocket", k=50, mode="text")).hits
+    assert len(text_only) == 43
+
+
+def test_words_all_find_when_the_vector_half_finds_nothing(cli, conn, memctl_env):
+    _import(cli, [{"content": f"widget inventory note {i}", "agent": "old"} for i in range(30)])
+    assert cli("embed").exit_code == 0  # a model is registered and these are embedded
+    fresh = [add(cli, f"widget shipped {i}", "--agent", "new") for i in range(3)]  # not embedded yet
+    conn.execute("ANALYZE episodes")
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nmatch_rows = 5\n")
+    found = cli("episode", "search", "widget", "--agent", "new", "-f", "json")
+    assert found.exit_code == 0, found.stderr
+    assert sorted(r["id"] for r in found.json()) == fresh
+    assert all(r["vector_rank"] is None and r["text_rank"] is not None for r in found.json())
+
+
+def test_an_episode_added_after_a_search_is_found_by_its_rare_word_at_once(cli, conn):
+    add(cli, "the usual deploy notes")
+    settings = config.load()
+    assert search.search(conn, settings, search.Query("zebracorn", mode="text")).hits == []
+    episode = add(cli, "a zebracorn appeared in the logs")
+    hits = search.search(conn, settings, search.Query("zebracorn", mode="text")).hits
+    assert [h.id for h in hits] == [episode]
+
+
+def test_one_statement_serves_every_mode_with_negation_and_context(cli, conn):
+    before = add(cli, "we talked about the database migration", "--kind", "conversation")
+    answer = add(cli, "it finished at noon", "--kind", "conversation")
+    noise = add(cli, "database migration dry run", "--kind", "raw")
+    assert cli("embed").exit_code == 0
+    settings = config.load()
+    for mode in ("hybrid", "text", "vector"):
+        hits = search.search(conn, settings, search.Query('database migration -"dry run"', k=10, mode=mode)).hits
+        ids = [h.id for h in hits]
+        assert noise not in ids, mode
+        if mode != "vector":
+            assert before in ids and answer in ids, mode  # the answer came in as the neighbour's context
