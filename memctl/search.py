@@ -14,9 +14,15 @@ context neighbours of episodes of the context kinds), scored by both halves:
 
 fusion = "rrf" keeps reciprocal rank fusion (rrf_k) instead. The vector half
 runs on the active model's HNSW index with iterative scan, so filters never
-starve it; the text half matches any wanted word (OR), leaves out words in
-nearly every episode when the vector half has found something, ranks by BM25,
-and finds episodes not embedded yet.
+starve it; the text half matches any wanted word (OR), ranks by BM25, and finds
+episodes not embedded yet. With the vector half running, the text half leaves
+out words in nearly every episode and matches only the query's rarest words, up
+to `match_rows` episodes (memctl.bm25); when the vector half then finds nothing,
+the query runs again on all its words.
+
+A query costs two statements: one parses it and counts its rare words, one runs
+both halves, the context neighbours and the scoring of every candidate by both
+halves (HYBRID), inside a transaction that sets the HNSW scan.
 """
 
 from __future__ import annotations
