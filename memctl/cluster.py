@@ -160,6 +160,19 @@ def _check(table: str, kind: str, current: dict, anchor: dict | None) -> None:
                       f"undistribute it (SELECT undistribute_table('{table}')) and run memctl db distribute again")
 
 
+DISTRIBUTED_TABLE = """
+SELECT 1 FROM pg_dist_partition
+WHERE logicalrelid = to_regclass(quote_ident(%s)) AND partmethod = 'h'
+"""
+
+
+def is_distributed(conn, table: str = ANCHOR) -> bool:
+    """Whether `table` is a distributed table here (False on a server without Citus)."""
+    if citus_version(conn) is None:
+        return False
+    return conn.execute(DISTRIBUTED_TABLE, (table,)).fetchone() is not None
+
+
 def adopt(conn, table: str) -> bool:
     """Distribute a table memctl just created (a new model's vector table) when episodes is distributed.
 

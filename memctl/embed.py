@@ -1,6 +1,7 @@
 """The embed worker: fills pending vectors in batches, never blocking writes.
 
-Each batch is one transaction: claim queue rows with FOR UPDATE SKIP LOCKED,
+Each batch is one transaction: claim queue rows with FOR UPDATE SKIP LOCKED
+(agent by agent, which a Citus cluster requires),
 embed their texts, write the vectors, delete the queue rows, commit. Several
 workers never take the same chunk, and a worker killed at any moment rolls
 back, leaving its chunks pending for the next run. Identical chunk text is
@@ -18,11 +19,19 @@ from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError
 
 MAX_SPLIT_DEPTH = 6
 
+# Claimed one agent at a time: the next agent with queued work (keyset on the primary key, an
+# index lookup; no lock), then that agent's rows, locked. On Citus a FOR UPDATE must name one
+# shard (an equality filter on agent), so a claim across agents is refused there; per agent it
+# is routed. A worker whose agent is all locked by another worker moves on to the next agent,
+# and a batch not filled by one agent is topped up from the next ones: the order is the
+# primary key's, as one claim across agents would give.
+FIRST_AGENT = "SELECT agent FROM embed_queue WHERE model_id = %s ORDER BY agent LIMIT 1"
+NEXT_AGENT = "SELECT agent FROM embed_queue WHERE model_id = %s AND agent > %s ORDER BY agent LIMIT 1"
 CLAIM = """
 SELECT q.agent, q.chunk_id, c.content, c.content_hash
 FROM embed_queue q JOIN chunks c ON c.agent = q.agent AND c.id = q.chunk_id
-WHERE q.model_id = %s
-ORDER BY q.agent, q.chunk_id  -- primary key order: no sort, however long the backlog
+WHERE q.model_id = %s AND q.agent = %s
+ORDER BY q.chunk_id  -- primary key order: no sort, however long the backlog
 LIMIT %s
 FOR UPDATE OF q SKIP LOCKED
 """
@@ -30,10 +39,7 @@ EXISTING = """
 SELECT DISTINCT ON (content_hash) content_hash, embedding FROM {table} WHERE content_hash = ANY(%s)
 """
 COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STDIN (FORMAT BINARY)"
-DONE = """
-DELETE FROM embed_queue q USING unnest(%s::text[], %s::bigint[]) AS d(agent, chunk_id)
-WHERE q.model_id = %s AND q.agent = d.agent AND q.chunk_id = d.chunk_id
-"""
+DONE = "DELETE FROM embed_queue WHERE model_id = %s AND agent = %s AND chunk_id = ANY(%s)"  # one agent: routed
 FAIL = """
 INSERT INTO embed_failures (model_id, agent, chunk_id, error) VALUES (%s, %s, %s, %s)
 ON CONFLICT (model_id, agent, chunk_id) DO UPDATE SET error = excluded.error, failed_at = now()
@@ -119,7 +125,7 @@ def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResu
     table = sql.Identifier(model.table_name)
     result = BatchResult()
     with conn.transaction():
-        rows = conn.execute(CLAIM, (model.id, batch_size), prepare=False).fetchall()
+        rows = claim(conn, model, batch_size)
         result.claimed = len(rows)
         if not rows:
             return result
@@ -158,8 +164,30 @@ def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResu
             for chunk_id, error in result.failed:
                 agent = next(r["agent"] for r in rows if r["chunk_id"] == chunk_id)
                 cur.execute(FAIL, (model.id, agent, chunk_id, error[:2000]))
-        conn.execute(DONE, ([r["agent"] for r in rows], [r["chunk_id"] for r in rows], model.id))
+        for agent, chunk_ids in _by_agent(rows).items():
+            conn.execute(DONE, (model.id, agent, chunk_ids))
     return result
+
+
+def claim(conn, model: models.Model, batch_size: int) -> list[dict]:
+    """Lock up to batch_size queued chunks of the model (inside the caller's transaction), agent by agent."""
+    rows: list[dict] = []
+    agent = None
+    while len(rows) < batch_size:
+        following = conn.execute(*((FIRST_AGENT, (model.id,)) if agent is None
+                                   else (NEXT_AGENT, (model.id, agent)))).fetchone()
+        if following is None:
+            break
+        agent = following["agent"]
+        rows += conn.execute(CLAIM, (model.id, agent, batch_size - len(rows)), prepare=False).fetchall()
+    return rows
+
+
+def _by_agent(rows: list[dict]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for r in rows:
+        grouped.setdefault(r["agent"], []).append(r["chunk_id"])
+    return grouped
 
 
 def _as_vector(vector, model: models.Model):

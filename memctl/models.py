@@ -119,6 +119,8 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
     """Create a model's row and vector table and queue every existing chunk for it."""
     from psycopg import sql
 
+    from memctl import cluster
+
     dims = embedder.dims()
     storage = storage_for(dims, storage)
     with conn.transaction():
@@ -133,6 +135,7 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
         conn.execute(sql.SQL(template("vectors.sql")).format(
             table=sql.Identifier(table), fk=sql.Identifier(f"{table}_chunk_fk"),
             hash_index=sql.Identifier(f"{table}_hash"), type=sql.SQL(storage), dims=sql.Literal(dims)))
+        cluster.adopt(conn, table)  # on Citus: distributed by agent beside chunks, before any row or index
         if build_index:
             model = Model(model_id, embedder.name, embedder.model, dims, storage, embedder.request_dims, table, state)
             conn.execute(index_statement(model, concurrently=False))

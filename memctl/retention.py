@@ -345,6 +345,54 @@ class Deleted:
                 "oldest": self.oldest.get(kind), "newest": self.newest.get(kind)}
 
 
+# On Citus (episodes distributed by agent) a batch is selected without a lock across the shards,
+# then deleted agent by agent, each statement routed to that agent's shard: Citus refuses a
+# FOR UPDATE across shards, and the transaction statistics that count the cascade's deletes stay
+# on the workers. So the vectors and chunks are deleted explicitly (their rowcounts are the
+# report), after the agent's queue rows are locked, in the same order as on one server.
+SELECT_BATCH = """
+SELECT e.agent, e.id, e.created_at FROM episodes e
+WHERE {where} AND e.created_at >= %(after_t)s AND (e.created_at, e.id) > (%(after_t)s, %(after_id)s)
+ORDER BY e.created_at, e.id LIMIT %(limit)s
+"""
+LOCK_AGENT_QUEUE = """
+SELECT 1 FROM embed_queue q JOIN chunks c ON c.agent = q.agent AND c.id = q.chunk_id
+WHERE q.agent = %(agent)s AND c.agent = %(agent)s AND c.episode_id = ANY(%(ids)s)
+ORDER BY q.chunk_id, q.model_id
+FOR UPDATE OF q
+"""
+DELETE_AGENT_VECTORS = """
+DELETE FROM {table} v WHERE v.agent = %(agent)s
+  AND v.chunk_id IN (SELECT c.id FROM chunks c WHERE c.agent = %(agent)s AND c.episode_id = ANY(%(ids)s))
+"""
+DELETE_AGENT_CHUNKS = "DELETE FROM chunks WHERE agent = %(agent)s AND episode_id = ANY(%(ids)s)"
+DELETE_AGENT_EPISODES = "DELETE FROM episodes WHERE agent = %(agent)s AND id = ANY(%(ids)s)"
+
+
+def _delete_batch_by_agent(conn, query, params: dict, vector_tables: list[str]) -> tuple[dict, list[int]]:
+    """One batch on Citus: (the batch row DELETE_BATCH would return, [chunks, vectors] deleted)."""
+    from psycopg import sql
+
+    rows = conn.execute(query, params, prepare=False).fetchall()
+    batch = {"selected": len(rows), "deleted": 0}
+    if not rows:
+        return batch, [0, 0]
+    last = rows[-1]
+    batch.update(oldest=rows[0]["created_at"], last_t=last["created_at"], last_id=last["id"])
+    ids: dict[str, list[int]] = {}
+    for r in rows:
+        ids.setdefault(r["agent"], []).append(r["id"])
+    chunks = vectors = 0
+    for agent in sorted(ids):
+        one = {"agent": agent, "ids": ids[agent]}
+        conn.execute(LOCK_AGENT_QUEUE, one).fetchall()
+        for table in vector_tables:
+            vectors += conn.execute(sql.SQL(DELETE_AGENT_VECTORS).format(table=sql.Identifier(table)), one).rowcount
+        chunks += conn.execute(DELETE_AGENT_CHUNKS, one).rowcount
+        batch["deleted"] += conn.execute(DELETE_AGENT_EPISODES, one).rowcount
+    return batch, [chunks, vectors]
+
+
 def _deleted_in_tx(conn, tables: list[str]) -> list[int]:
     return [r["n"] for r in conn.execute(DELETED_IN_TX, (tables,)).fetchall()]
 
@@ -353,21 +401,28 @@ def delete_selected(conn, kind: str, selection: Selection, done: Deleted, *, bat
     """Delete every episode of one kind the selection matches, one short transaction per batch."""
     from psycopg import sql
 
+    from memctl import cluster
+
     if batch_size <= 0:
         raise UsageError(f"the batch size must be positive, got {batch_size}")
     counted = ["chunks", *_vector_tables(conn)]
-    query = sql.SQL(DELETE_BATCH).format(where=sql.SQL(selection.where))
+    by_agent = cluster.is_distributed(conn)
+    query = sql.SQL(SELECT_BATCH if by_agent else DELETE_BATCH).format(where=sql.SQL(selection.where))
     after_t, after_id = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc), 0
     while True:
         params = {**selection.params, "after_t": after_t, "after_id": after_id, "limit": batch_size}
         started = time.perf_counter()
         with conn.transaction():
             conn.execute(ASYNC_COMMIT)
-            before = _deleted_in_tx(conn, counted)
-            batch = conn.execute(query, params, prepare=False).fetchone()
+            if by_agent:
+                batch, counts = _delete_batch_by_agent(conn, query, params, counted[1:])
+            else:
+                before = _deleted_in_tx(conn, counted)
+                batch = conn.execute(query, params, prepare=False).fetchone()
             if not batch["selected"]:
                 break
-            counts = [n - b for n, b in zip(_deleted_in_tx(conn, counted), before)]
+            if not by_agent:
+                counts = [n - b for n, b in zip(_deleted_in_tx(conn, counted), before)]
         done.max_transaction_s = max(done.max_transaction_s, time.perf_counter() - started)
         done.note(kind, batch, counts[0], sum(counts[1:]))
         after_t, after_id = batch["last_t"], batch["last_id"]
