@@ -213,6 +213,8 @@ WHERE c.relnamespace = current_schema()::regnamespace
 GROUP BY 1, 2, 3 ORDER BY 1, 3
 """
 TOTAL_SIZE = "SELECT citus_total_relation_size(%s) AS bytes"
+CITUS_TABLE = "SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass(quote_ident(%s))"
+LOCAL_SIZE = "SELECT coalesce(pg_total_relation_size(to_regclass(quote_ident(%s))), 0) AS bytes"
 
 
 def node_sizes(conn) -> list[dict]:
@@ -223,3 +225,67 @@ def node_sizes(conn) -> list[dict]:
 def total_size(conn, table: str) -> int:
     """citus_total_relation_size: the table's shards on every node, indexes and TOAST included (one copy)."""
     return conn.execute(TOTAL_SIZE, (table,)).fetchone()["bytes"]
+
+
+def relation_size(conn, table: str) -> int:
+    """A table's bytes with indexes and TOAST: its shards' on Citus, pg_total_relation_size otherwise (0 if absent)."""
+    if citus_version(conn) is not None and conn.execute(CITUS_TABLE, (table,)).fetchone() is not None:
+        return total_size(conn, table)
+    return conn.execute(LOCAL_SIZE, (table,)).fetchone()["bytes"]
+
+
+# One shard placement's figures, run on its node (run_command_on_placements puts the shard's name
+# for %s): the heap, TOAST, every index (by its name without the shard id suffix), the statistics.
+PLACEMENT_FIGURES = """
+SELECT json_build_object(
+    'heap', pg_relation_size(t.oid), 'toast', coalesce(pg_total_relation_size(nullif(t.reltoastrelid, 0)), 0),
+    'indexes_total', pg_indexes_size(t.oid), 'total', pg_total_relation_size(t.oid),
+    'live', s.n_live_tup, 'dead', s.n_dead_tup,
+    'indexes', (SELECT json_object_agg(regexp_replace(i.relname, '_[0-9]+$', ''), pg_relation_size(i.oid))
+                FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = t.oid))
+FROM pg_class t LEFT JOIN pg_stat_all_tables s ON s.relid = t.oid WHERE t.oid = '%s'::regclass
+"""
+PLACEMENTS = "SELECT shardid, nodename, nodeport, success, result FROM run_command_on_placements(%s, %s)"
+CITUS_TABLES = """
+SELECT c.relname AS name, p.partmethod AS method FROM pg_class c JOIN pg_dist_partition p ON p.logicalrelid = c.oid
+WHERE c.relnamespace = current_schema()::regnamespace ORDER BY 1
+"""
+
+
+def placement_figures(conn) -> dict[str, dict]:
+    """Per Citus table of memctl's schema, its bytes summed over every shard placement on every node.
+
+    {table: {type, shards, placements, nodes, heap_bytes, toast_bytes, index_bytes, total_bytes,
+    live_tuples (one copy of each shard), dead_tuples (every copy), indexes: {name: bytes}}}; the
+    totals equal citus_total_relation_size (a reference table counts its copy on every node).
+    Empty on a server without Citus.
+    """
+    import json
+
+    if citus_version(conn) is None:
+        return {}
+    out = {}
+    for table in conn.execute(CITUS_TABLES).fetchall():
+        rows = conn.execute(PLACEMENTS, (table["name"], PLACEMENT_FIGURES), prepare=False).fetchall()
+        failed = [r for r in rows if not r["success"]]
+        if failed:
+            raise MemctlError(f"reading {table['name']}'s shard on {failed[0]['nodename']}:{failed[0]['nodeport']} "
+                              f"failed: {failed[0]['result']}")
+        figures = {"type": "distributed" if table["method"] == "h" else "reference", "shards": 0,
+                   "placements": len(rows), "nodes": len({(r["nodename"], r["nodeport"]) for r in rows}),
+                   "heap_bytes": 0, "toast_bytes": 0, "index_bytes": 0, "total_bytes": 0, "live_tuples": 0,
+                   "dead_tuples": 0, "indexes": {}}
+        seen = set()
+        for r in rows:
+            one = json.loads(r["result"])
+            for key, name in (("heap", "heap_bytes"), ("toast", "toast_bytes"), ("indexes_total", "index_bytes"),
+                              ("total", "total_bytes"), ("dead", "dead_tuples")):
+                figures[name] += one[key] or 0
+            if r["shardid"] not in seen:  # live rows: one copy of each shard
+                seen.add(r["shardid"])
+                figures["live_tuples"] += one["live"] or 0
+            for index, size in (one["indexes"] or {}).items():
+                figures["indexes"][index] = figures["indexes"].get(index, 0) + size
+        figures["shards"] = len(seen)
+        out[table["name"]] = figures
+    return out

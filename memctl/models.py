@@ -55,6 +55,9 @@ INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %s, agent, id FROM ch
 ON CONFLICT DO NOTHING
 """
 LOCK = "SELECT pg_advisory_xact_lock(hashtext('memctl.embedding_models'))"
+# On Citus a transaction that writes embedding_models (a reference table) after reading or writing
+# distributed tables must use one connection per node from its start; on one server a placeholder.
+SEQUENTIAL = "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'"
 # Taken (shared) by every write that queues chunks, before it reads the model list: a
 # registration (exclusive, LOCK) then waits for writes in flight, and its ENQUEUE_ALL
 # sees their chunks; a write that starts later sees the new model.
@@ -72,6 +75,12 @@ WHERE NOT EXISTS (SELECT 1 FROM {table} v WHERE v.agent = c.agent AND v.chunk_id
 COUNT_ORPHANS = "SELECT count(*) AS n " + ORPHANS
 QUEUE_ORPHANS = "INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %(id)s, c.agent, c.id " + ORPHANS + \
     " ON CONFLICT DO NOTHING"
+
+
+def lock_registry(conn) -> None:
+    """The registry lock (exclusive) for the current transaction; call it first in the transaction."""
+    conn.execute(SEQUENTIAL)
+    conn.execute(LOCK)
 
 
 def by_state(conn, state: str) -> Model | None:
@@ -124,7 +133,7 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
     dims = embedder.dims()
     storage = storage_for(dims, storage)
     with conn.transaction():
-        conn.execute(LOCK)
+        lock_registry(conn)
         existing = by_state(conn, state)
         if existing is not None:
             return existing
@@ -221,7 +230,7 @@ def activate(conn, model: Model) -> Model | None:
     """
     if model.state != "backfill":
         raise MemctlError(f"{model.label} is {model.state}, not being backfilled")
-    conn.execute(LOCK)
+    conn.execute(LOCK)  # the caller began its transaction with lock_registry
     row = conn.execute(RETIRE_ACTIVE).fetchone()
     if conn.execute(ACTIVATE, (model.id,)).rowcount != 1:
         raise MemctlError(f"{model.label} is no longer being backfilled")
@@ -237,6 +246,6 @@ def remove(conn, model: Model) -> None:
 
     if model.state == "active":
         raise MemctlError(f"{model.label} is the active model: it cannot be dropped")
-    conn.execute(LOCK)
+    lock_registry(conn)
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(model.table_name)))
     conn.execute(DELETE_MODEL, (model.id,))

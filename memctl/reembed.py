@@ -22,7 +22,7 @@ import re
 import time
 from typing import Callable
 
-from memctl import embed, jobs, models, storage
+from memctl import cluster, embed, jobs, models, storage
 from memctl.errors import EmbedderUnavailable, MemctlError, NotFound, UsageError
 
 REEMBED_LOCK = 0x6D656D72  # "memr": a session lock held by `reembed run`, second key the model id
@@ -46,7 +46,6 @@ INDEX_STATE = """
 SELECT i.indisvalid AS valid FROM pg_index i WHERE i.indexrelid = to_regclass(quote_ident(%s))
 """
 DROP_INDEX = "DROP INDEX CONCURRENTLY IF EXISTS {}"
-TABLE_SIZE = "SELECT coalesce(pg_total_relation_size(to_regclass(quote_ident(%s))), 0) AS bytes"
 JOB_PROGRESS = "UPDATE jobs SET rows = %s, detail = %s::jsonb WHERE id = %s"
 LAST_RUN = """
 SELECT started_at, finished_at, outcome, rows, detail FROM jobs
@@ -346,7 +345,7 @@ def switch(conn) -> dict:
     from psycopg import sql
 
     with conn.transaction():
-        conn.execute(models.LOCK)
+        models.lock_registry(conn)
         new = backfill_model(conn)
         problems = []
         pending, failed = _count(conn, QUEUED, new.id), _count(conn, FAILED, new.id)
@@ -374,14 +373,14 @@ def switch(conn) -> dict:
 
 
 def _drop(conn, model: models.Model) -> dict:
+    size = cluster.relation_size(conn, model.table_name)  # its shards' on Citus
     with conn.transaction():
-        size = conn.execute(TABLE_SIZE, (model.table_name,)).fetchone()["bytes"]
         models.remove(conn, model)
     return {"model": model.label, "state": model.state, "relation": model.table_name, "bytes_returned": size}
 
 
 def drop_old(conn) -> list[dict]:
-    """Drop retired models' tables; the size each had (pg_total_relation_size) is the space returned."""
+    """Drop retired models' tables; the size each had (cluster.relation_size: its shards' on Citus) is the space returned."""
     retired = [m for m in models.all_models(conn) if m.state == "retired"]
     if not retired:
         return []

@@ -455,8 +455,17 @@ def table_stats(conn, tables: list[str]) -> list[dict]:
     This session's own counters are flushed first (pg_stat_force_next_flush,
     PG 15+); other sessions' counters may lag by a second or so.
     """
+    from memctl import cluster
+
     conn.execute(FLUSH_STATS)
-    return conn.execute(TABLE_STATS, (list(tables),)).fetchall()
+    rows = conn.execute(TABLE_STATS, (list(tables),)).fetchall()
+    shards = cluster.placement_figures(conn)  # on Citus: the workers' figures, not the coordinator's shells
+    for row in rows:
+        if row["table"] in shards:
+            figures = shards[row["table"]]
+            row.update(bytes=figures["total_bytes"], live_tuples=figures["live_tuples"],
+                       dead_tuples=figures["dead_tuples"])
+    return rows
 
 
 def vacuum(conn, tables: list[str]) -> None:

@@ -333,15 +333,21 @@ def row_count(conn, rel: dict, *, countable: bool, exact: bool = False) -> tuple
 
 def _relations(conn, exact: bool = False) -> tuple[list[dict], dict[str, str]]:
     """The report rows, and each relation's bare name (to find a model's table and index)."""
+    from memctl import cluster
+
     schema = conn.execute(SCHEMA).fetchone()["oid"]
     vector_tables = {m.table_name for m in models.all_models(conn)}
     tables = conn.execute(TABLES, (schema,)).fetchall()
+    citus = cluster.placement_figures(conn)  # on Citus the coordinator's tables are empty shells
     toast = {t["toast_oid"]: conn.execute(TOAST, (t["toast_oid"],)).fetchone() for t in tables if t["toast_oid"]}
     indexes = conn.execute(INDEXES, ([t["oid"] for t in tables] + list(toast),)).fetchall()
     names = {r["relation"]: r["name"] for r in [*tables, *toast.values(), *indexes]}
     rows: list[dict] = []
     for t in tables:
         kind = "vectors" if t["name"] in vector_tables else "table"
+        if t["name"] in citus:
+            rows.extend(_citus_rows(conn, t, kind, citus[t["name"]], indexes, exact))
+            continue
         rows.append(_row(t["relation"], kind, None, row_count(conn, t, countable=True, exact=exact),
                          t["heap_bytes"], t["toast_bytes"], t["index_bytes"], t["total_bytes"], t["dead_tuples"]))
         rows.extend(_index_rows(indexes, t["oid"], t["relation"]))
@@ -351,6 +357,25 @@ def _relations(conn, exact: bool = False) -> tuple[list[dict], dict[str, str]]:
                              x["heap_bytes"], 0, x["index_bytes"], x["total_bytes"], x["dead_tuples"]))
             rows.extend(_index_rows(indexes, t["toast_oid"], x["relation"]))
     return rows, names
+
+
+NOTE_CITUS = ("Citus {type} table: bytes and dead tuples summed over its {placements} shard placement(s) on "
+              "{nodes} node(s) (size --section nodes per node); TOAST is in toast_bytes")
+
+
+def _citus_rows(conn, table: dict, kind: str, figures: dict, indexes: list[dict], exact: bool) -> list[dict]:
+    """A Citus table's row and its indexes' rows, from its shards on the workers (cluster.placement_figures)."""
+    shards = {**table, "heap_bytes": figures["heap_bytes"], "live_tuples": figures["live_tuples"], "reltuples": None}
+    rows_, source, note = row_count(conn, shards, countable=True, exact=exact)
+    where = NOTE_CITUS.format(**figures)
+    row = _row(table["relation"], kind, None, (rows_, source, f"{note}; {where}" if note else where),
+               figures["heap_bytes"], figures["toast_bytes"], figures["index_bytes"], figures["total_bytes"],
+               figures["dead_tuples"])
+    out = [row]
+    for index in _index_rows(indexes, table["oid"], table["relation"]):
+        size = figures["indexes"].get(index["relation"].rsplit(".", 1)[-1].strip('"'))
+        out.append({**index, "index_bytes": size, "total_bytes": size})
+    return out
 
 
 def relations(conn, exact: bool = False) -> list[dict]:
@@ -499,6 +524,8 @@ def report(conn, exact: bool = False) -> dict:
 
     `exact`: count(*) every memctl table whatever its size (TOAST tables are always estimated).
     """
+    from memctl import cluster
+
     rels, names = _relations(conn, exact)
     limit = maintenance_work_mem(conn)
     model_rows, warnings = _model_rows(conn, rels, names, limit)
@@ -511,5 +538,6 @@ def report(conn, exact: bool = False) -> dict:
         "kinds": _rollup(pairs, "kind", percent),
         "agents": _rollup(pairs, "agent", percent),
         "growth": growth(conn, rels, names),
+        "nodes": cluster.node_sizes(conn) if cluster.citus_version(conn) else [],  # Citus: bytes per table and node
         "warnings": warnings,
     }

@@ -20,6 +20,7 @@ class Section(str, Enum):
     kinds = "kinds"
     agents = "agents"
     growth = "growth"
+    nodes = "nodes"
 
 
 def register(root: typer.Typer) -> None:
@@ -49,6 +50,8 @@ def size(
     episode, chunk and vector rows; from a sample of about 20,000 episodes, scaled, once episodes is
     estimated), and growth: rows per day over 7 and 30 days and the projected size in
     30, 90 and 365 days (total + rows_per_day_30d x bytes_per_episode x days).
+    On a Citus coordinator the tables' figures are their shards' on the workers, summed (a reference table's
+    copy on every node included), and `nodes` gives bytes per table and node.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -75,6 +78,9 @@ def size(
         sys.stdout.write("\n")
     sys.stdout.write("growth:\n")
     render([report["growth"]], fmt)
+    if report["nodes"]:
+        sys.stdout.write("\nnodes:\n")
+        render(report["nodes"], fmt)
 
 
 @app.command()
