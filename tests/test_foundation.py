@@ -130,6 +130,11 @@ def test_embedded_server_lifecycle_and_psql(own_home, memctl_bin):
     out = subprocess.run([psql, url, "-Atc", "SELECT value FROM facts WHERE key = 'db.port'"],
                          capture_output=True, text=True)
     assert out.stdout.strip() == "5432", out.stderr
+    # the new server got a quarter of the memory, not PostgreSQL's 128 MB, and kept it across the restart
+    out = subprocess.run([psql, url, "-Atc", "SELECT setting::int * 8 / 1024, source FROM pg_settings "
+                                             "WHERE name = 'shared_buffers'"], capture_output=True, text=True)
+    assert out.stdout.strip() == f"{embedded.shared_buffers_mb()}|configuration file", out.stderr
+    assert embedded.shared_buffers_mb() > 128 or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") < 2**31
     assert memctl_bin("db", "stop", env=env).exit_code == 0
     assert memctl_bin("db", "status", "-f", "json", env=env).json()["embedded_running"] is False
     assert memctl_bin("fact", "get", "db.port", env=env).stdout == "5432\n"  # started again, data kept
