@@ -125,6 +125,16 @@ PIECES = """
 SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q
 FROM unnest(%s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
 """
+PIECES_PROBED = """
+SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q, false AS rare, 0::float8 AS df, {probe} AS context
+FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
+"""
+# Whether any episode the query could reach is of a context kind: without one, the query's statement
+# leaves the neighbours out (they cost a third of its planning).
+# One index probe per kind, in the order of episodes_kind_created_idx, so a generic (prepared) plan
+# keeps to the index too.
+PROBE = """EXISTS (SELECT 1 FROM unnest(%(kinds)s::text[]) AS k(kind) CROSS JOIN LATERAL (
+    SELECT 1 FROM episodes e WHERE e.kind = k.kind {filters} ORDER BY e.kind, e.created_at LIMIT 1) x)"""
 # The same, with the document frequency of each wanted piece that is not a common lexeme (those
 # come from the statistics): one GIN scan per rare piece, joined rather than a correlated subquery,
 # so Citus can plan it too.
@@ -139,7 +149,7 @@ rare AS MATERIALIZED (
 counted AS (
     SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q GROUP BY r.ord
 )
-SELECT p.ord, p.q::text AS q, r.ord IS NOT NULL AS rare, coalesce(c.df, 0) AS df
+SELECT p.ord, p.q::text AS q, r.ord IS NOT NULL AS rare, coalesce(c.df, 0) AS df, {probe} AS context
 FROM p LEFT JOIN rare r USING (ord) LEFT JOIN counted c USING (ord)
 ORDER BY p.ord
 """
@@ -302,24 +312,46 @@ def split_terms(text: str) -> Terms:
     return Terms([t for t in wanted if t.strip()], [t for t in excluded if t.strip()])
 
 
-def pieces(conn, text: str, stats: bm25.TermStats | None = None) -> Terms:
+@dataclass
+class Parsed(Terms):
+    context: bool = True  # an episode of a context kind is within the query's reach
+
+
+def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple[list[str], Query] | None = None,
+           ) -> Parsed:
     """The query's wanted and excluded pieces as tsquery texts ('' for a piece of stopwords only).
 
     With `stats`, the same statement counts the wanted pieces' document frequencies into
-    stats.counted (all but the common lexemes, which the statistics know).
+    stats.counted (all but the common lexemes, which the statistics know). With `probe`
+    (context kinds, query), it also says whether an episode of those kinds passes the query's
+    agent and kind filters.
     """
+    from psycopg import sql
+
     terms = split_terms(text)
     every = terms.wanted + terms.excluded
     if not every:
-        return Terms([], [])
-    if stats is None or not terms.wanted:
+        return Parsed([], [])
+    if stats is None and probe is None:
         parsed = [r["q"] for r in conn.execute(PIECES, (every,), prepare=False).fetchall()]
+        return Parsed(parsed[: len(terms.wanted)], parsed[len(terms.wanted):])
+    params: dict[str, Any] = {"pieces": every}
+    check = sql.SQL("true")
+    if probe is not None:
+        kinds, query = probe
+        clauses, values = episodes.filters(agent=query.agent, kind=query.kind)
+        check = sql.SQL(PROBE).format(filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses))
+        params.update(values, kinds=kinds)
+    if stats is None or not terms.wanted:
+        statement = sql.SQL(PIECES_PROBED).format(probe=check)
     else:
-        rows = conn.execute(PIECES_COUNTED, {"pieces": every, "wanted": len(terms.wanted),
-                                             "common": stats.common_queries}).fetchall()  # prepared once used
-        parsed = [r["q"] for r in rows]
+        statement = sql.SQL(PIECES_COUNTED).format(probe=check)
+        params.update(wanted=len(terms.wanted), common=stats.common_queries)
+    rows = conn.execute(statement, params).fetchall()  # prepared once used
+    if stats is not None:
         stats.counted.update((r["q"], r["df"]) for r in rows if r["rare"])
-    return Terms(parsed[: len(terms.wanted)], parsed[len(terms.wanted):])
+    parsed = [r["q"] for r in rows]
+    return Parsed(parsed[: len(terms.wanted)], parsed[len(terms.wanted):], context=rows[0]["context"])
 
 
 def match_query(wanted: list[str], excluded: list[str]) -> str | None:
@@ -480,33 +512,37 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
 
 def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dict] | None, scored: dict,
          candidates: set[int], context: dict[int, list[int]], now: datetime.datetime,
-         accessed: dict | None = None) -> list[Hit]:
+         accessed: dict | None = None, k: int | None = None) -> list[Hit]:
+    """The candidates as hits, best first (the first k when given)."""
     conf = settings.section("search")
     half_life = parse_duration(conf["recency_half_life"])
-    by_vector = _ranks(vector_rows or [])
-    by_text = _ranks(text_rows or [])
+    recency_weight, importance_weight = conf["recency_weight"], conf["importance_weight"]
     relevance_of = relevances(settings, vector_rows, text_rows, scored, context)
-    hits = []
+    ranked = []
     for episode_id in candidates:
         row = scored.get(episode_id)
         if row is None or episode_id not in relevance_of:
             continue  # deleted meanwhile, excluded, or (rrf) found by neither half
-        v, t = by_vector.get(episode_id), by_text.get(episode_id)
-        relevance = relevance_of[episode_id]
         anchor = (accessed or {}).get(episode_id) or row["created_at"]
-        age = max(0.0, (now - anchor).total_seconds())
-        recency = 0.5 ** (age / half_life)
-        importance_term = row["importance"] / 10
-        score = relevance + conf["recency_weight"] * recency + conf["importance_weight"] * importance_term
+        recency = 0.5 ** (max(0.0, (now - anchor).total_seconds()) / half_life)
+        score = relevance_of[episode_id] + recency_weight * recency + importance_weight * row["importance"] / 10
+        ranked.append((round(score, 6), episode_id, recency))
+    ranked.sort(key=lambda r: (-r[0], -r[1]))
+    by_vector = _ranks(vector_rows or [])
+    by_text = _ranks(text_rows or [])
+    hits = []
+    for score, episode_id, recency in ranked[:k]:
+        row = scored[episode_id]
+        v, t = by_vector.get(episode_id), by_text.get(episode_id)
         hits.append(Hit(
-            id=episode_id, score=round(score, 6), agent=row["agent"], kind=row["kind"], source=row["source"],
+            id=episode_id, score=score, agent=row["agent"], kind=row["kind"], source=row["source"],
             importance=row["importance"], created_at=row["created_at"], content=row["content"],
-            relevance=round(relevance, 6), recency=round(recency, 6), importance_term=importance_term,
+            relevance=round(relevance_of[episode_id], 6), recency=round(recency, 6),
+            importance_term=row["importance"] / 10,
             vector_rank=v[0] if v else None, text_rank=t[0] if t else None,
             distance=None if row["distance"] is None else round(float(row["distance"]), 6),
             text_score=round(float(row["text_score"]), 6) if row["text_score"] else None,
             chunk=v[1]["content"] if v else None))
-    hits.sort(key=lambda h: (-h.score, -h.id))
     return hits
 
 
@@ -618,11 +654,12 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
     wants_text = outcome.mode in ("hybrid", "text")
     if wants_text and "stats" not in cache:
         cache["stats"] = bm25.cached_term_stats(conn)
-    parsed = pieces(conn, query.text, cache["stats"] if wants_text else None)
+    kinds = _kinds(settings)
+    context = setting(settings, "fusion") != "rrf" and bool(kinds) and setting(settings, "context_weight") != 0
+    parsed = pieces(conn, query.text, cache["stats"] if wants_text else None,
+                    probe=(kinds, query) if context else None)
     halves = Halves(model=model if vector_runs else None, vector=vector if vector_runs else None,
-                    excluded=parsed.excluded,
-                    context=setting(settings, "fusion") != "rrf" and bool(_kinds(settings))
-                    and setting(settings, "context_weight") != 0)
+                    excluded=parsed.excluded, context=context and parsed.context)
     if wants_text and any(parsed.wanted):
         halves.stats = cache["stats"]
         # with the vector half running, words in nearly every episode are left out, and only the
@@ -652,7 +689,7 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
         from memctl import access
 
         accessed = access.last_accessed(conn, list(scored))
-    outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed)[: query.k]
+    outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k)
     return outcome
 
 
