@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -63,12 +66,12 @@ def citus(monkeypatch, tmp_path):
     _drop_memctl_tables(CITUS_URL)
 
 
-def _cli(*args: str):
+def _cli(*args: str, input: str | None = None):
     from typer.testing import CliRunner
 
     from memctl.cli import app
 
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    result = CliRunner().invoke(app, list(args), input=input, catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     return result
 
@@ -175,18 +178,203 @@ def test_node_sizes_add_up_to_the_cluster_totals(citus):
 
 
 @needs_cluster
-def test_adopt_distributes_a_model_table_made_after_distribute(citus, monkeypatch):
+def test_reembed_start_after_distribute_makes_a_distributed_model_table(citus, monkeypatch):
     _cli("db", "migrate")
     _cli("episode", "add", "disk full on db01", "--agent", "ops")
     _cli("embed")
     with db.connect(citus) as conn:
         cluster.distribute(conn)
     monkeypatch.setenv("MEMCTL_EMBED_MODEL", "hash-embed-2")
-    _cli("reembed", "start")  # creates the new model's vector table as a plain table: reembed does not adopt it yet
+    _cli("reembed", "start")  # models.register distributes the new model's table (cluster.adopt)
     with db.connect(citus) as conn:
         new = conn.execute("SELECT table_name FROM embedding_models WHERE state = 'backfill'").fetchone()["table_name"]
-        assert cluster.adopt(conn, new)
         tables = _tables(conn)
         assert tables[new]["type"] == "distributed" and tables[new]["col"] == "agent"
         assert tables[new]["colocation_id"] == tables["episodes"]["colocation_id"]
+        assert conn.execute("SELECT count(*) AS n FROM embed_queue WHERE model_id = "
+                            "(SELECT id FROM embedding_models WHERE state = 'backfill')").fetchone()["n"] == 1
         assert {p.action for p in cluster.distribute(conn)} <= {"already", "kept"}
+
+
+# --- the issue's checks, steps 1-6, through the CLI on the 3,010-episode ops corpus -------------------
+
+DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())
+AGENTS = ("ops", "web", "db", "ci", "net")
+LABELLED_AGENT = "ops"
+CORPUS_ROWS = 3010
+OLD_RAW = 300  # kind raw, 40-50 days old: what a 30-day raw policy prunes
+PURGED = 40  # written by the source purged in step 4
+PURGED_SOURCE = "ticket:spam-import"
+SERVICES = ("billing-api", "auth", "search-indexer", "mailer", "thumbnailer", "gateway", "scheduler", "exporter")
+HOSTS = ("app1", "app2", "app3", "batch1", "edge1", "edge2", "mon1")
+
+
+def ops_filler(rng, n: int) -> str:
+    """One routine operations log line: telemetry and chores, sharing no content word with the ten questions."""
+    svc, host, other = rng.choice(SERVICES), rng.choice(HOSTS), rng.choice(SERVICES)
+    return rng.choice([
+        f"{svc} health check on {host} answered in {rng.randint(3, 90)} ms",
+        f"Scaled {svc} from {rng.randint(2, 4)} to {rng.randint(5, 9)} replicas ahead of the batch window",
+        f"Scheduled {svc} export finished in {rng.randint(2, 40)} minutes with {rng.randint(1000, 99999)} rows",
+        f"Deployed {svc} 1.{rng.randint(0, 30)}.{rng.randint(0, 9)} to {host}; smoke tests passed",
+        f"Ticket OPS-{rng.randint(1000, 9999)}: renamed a panel of the {svc} dashboard",
+        f"Upgraded the {svc} base image on {host}; {rng.randint(2, 30)} packages updated",
+        f"{host} CPU at {rng.randint(60, 95)}% for {rng.randint(2, 15)} minutes while {svc} reindexed; no action",
+        f"Moved {svc} metrics scraping for {other} to a {rng.randint(10, 60)} s interval",
+        f"Feature flag {svc}.beta-{rng.randint(1, 40)} enabled for {rng.randint(1, 50)}% of traffic",
+    ]) + f" (entry {n})"
+
+
+def ops_corpus() -> list[dict]:
+    """The 30 labelled episodes (agent ops, recent) and routine filler across five agents: 3,010 rows."""
+    import datetime
+    import random
+
+    rng = random.Random(14)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    rows = [{"content": text, "agent": LABELLED_AGENT, "kind": "note",
+             "created_at": (now - datetime.timedelta(days=1 + i % 10)).isoformat()}
+            for i, text in enumerate(DATA["episodes"])]
+    for n in range(CORPUS_ROWS - len(rows)):
+        row = {"content": ops_filler(rng, n), "agent": AGENTS[n % len(AGENTS)], "kind": "note",
+               "created_at": (now - datetime.timedelta(days=rng.uniform(0, 20))).isoformat()}
+        if n < OLD_RAW:
+            row.update(kind="raw", created_at=(now - datetime.timedelta(days=40 + n % 10)).isoformat())
+        elif n < OLD_RAW + PURGED:
+            row["source"] = PURGED_SOURCE
+        rows.append(row)
+    return rows
+
+
+# Ten paraphrased questions, one answer each: the set's second half (questions 11-20). "Found" = the answer
+# in the top 5 with --agent. On one server these find 9 of 10 both with the 30 episodes alone and in this
+# corpus; the first half's "release ... night" and "cache throwing data away" miss even among the 30 alone
+# (search ranking, issue 11, not the cluster).
+QUESTIONS = DATA["questions"][10:]
+
+
+def _count(conn, query: str, *params) -> int:
+    return conn.execute(query, params).fetchone()["n"]
+
+
+def _ops_env(monkeypatch, ollama) -> None:
+    for key, value in {"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm",
+                       "OLLAMA_HOST": ollama.url}.items():
+        monkeypatch.setenv(key, value)
+
+
+@needs_cluster
+@pytest.mark.real_minilm
+def test_search_and_the_issue_checks_1_to_6_on_the_ops_corpus(citus, ollama, monkeypatch, tmp_path):
+    """Search-dependent (steps 3 and 6): rerun with -k search after a change to memctl/search.py."""
+    _ops_env(monkeypatch, ollama)
+    # 1. migrate, distribute: episodes, chunks and the active vector table distributed by agent
+    _cli("db", "migrate")
+    _cli("db", "distribute")
+    # 2. import the corpus, embed with real all-MiniLM vectors (the first embed registers the model: adopted)
+    corpus = ops_corpus()
+    imported = json.loads(_cli("episode", "import", "-", "-f", "json",
+                               input="".join(json.dumps(r) + "\n" for r in corpus)).stdout)
+    assert imported[0]["imported"] == CORPUS_ROWS
+    embedded = json.loads(_cli("embed", "-f", "json").stdout)
+    assert sum(r["chunks"] for r in embedded) == CORPUS_ROWS and all(r["failed"] == 0 for r in embedded)
+    with db.connect(citus) as conn:
+        model = conn.execute("SELECT table_name FROM embedding_models WHERE state = 'active'").fetchone()["table_name"]
+        tables = _tables(conn)
+        for name in ("episodes", "chunks", model):
+            assert tables[name]["type"] == "distributed" and tables[name]["col"] == "agent", name
+            assert tables[name]["colocation_id"] == tables["episodes"]["colocation_id"], name
+        assert _count(conn, sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(model))) == CORPUS_ROWS
+        assert _count(conn, "SELECT count(*) AS n FROM embed_queue") == 0
+        ids = {r["content"]: r["id"] for r in conn.execute(
+            "SELECT id, content FROM episodes WHERE agent = %s", (LABELLED_AGENT,))}
+    # 3. paraphrased questions, --agent: routed to the agent's shard
+    found = []
+    for question in QUESTIONS:
+        hits = json.loads(_cli("episode", "search", question["q"], "--agent", LABELLED_AGENT, "-k", "5",
+                               "-f", "json").stdout)
+        assert {h["agent"] for h in hits} == {LABELLED_AGENT}
+        found.append(ids[DATA["episodes"][question["answers"][0] - 1]] in {h["id"] for h in hits})
+    assert sum(found) >= 9, [q["q"] for q, ok in zip(QUESTIONS, found) if not ok]
+    # 5. size: every table's totals are its shards' (citus_total_relation_size, and per node)
+    report = json.loads(_cli("size", "-f", "json").stdout)
+    nodes = report["nodes"]
+    assert {n["node"] for n in nodes if n["table"] == "episodes"} == {"127.0.0.1:55442", "127.0.0.1:55443"}
+    with db.connect(citus) as conn:
+        for rel in (r for r in report["relations"] if r["kind"] in ("table", "vectors")):
+            name = rel["relation"].split(".", 1)[1]
+            if name in ("facts", "fact_history", "jobs"):
+                continue  # plain tables on the coordinator
+            assert rel["total_bytes"] == cluster.total_size(conn, name) == sum(
+                n["bytes"] for n in nodes if n["table"] == name), name
+        assert report["growth"]["total_bytes"] > 10 * conn.execute(
+            "SELECT pg_total_relation_size('episodes') AS n").fetchone()["n"]  # not the coordinator's shells
+    episodes_row = next(r for r in report["relations"] if r["relation"] == "public.episodes")
+    assert episodes_row["rows"] == CORPUS_ROWS
+    # 4. prune (raw older than 30 days) and purge (one source) delete what they should, and only that
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[retention]\nraw = "30d"\n')
+    pruned = json.loads(_cli("prune", "--policy", str(policy), "--yes", "--batch-size", "70", "-f", "json").stdout)
+    assert [(k["kind"], k["rows"], k["chunks"], k["vectors"], k["remaining"]) for k in pruned] == [
+        ("raw", OLD_RAW, OLD_RAW, OLD_RAW, 0)]
+    purged = json.loads(_cli("purge", "--source", PURGED_SOURCE, "--yes", "-f", "json").stdout)
+    assert (purged["rows"], purged["chunks"], purged["vectors"], purged["remaining"]) == (PURGED,) * 3 + (0,)
+    left = CORPUS_ROWS - OLD_RAW - PURGED
+    with db.connect(citus) as conn:
+        assert _count(conn, "SELECT count(*) AS n FROM episodes") == left
+        assert _count(conn, "SELECT count(*) AS n FROM episodes WHERE kind = 'raw' OR source = %s",
+                      PURGED_SOURCE) == 0
+        assert _count(conn, "SELECT count(*) AS n FROM chunks") == left
+        assert _count(conn, sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(model))) == left
+        assert _count(conn, "SELECT count(*) AS n FROM episodes WHERE agent = %s", LABELLED_AGENT) == 30 + sum(
+            1 for r in corpus[30:] if r["agent"] == LABELLED_AGENT and r["kind"] == "note"
+            and r.get("source") != PURGED_SOURCE)
+    # 6. a model change from start to drop-old; search answers after the switch
+    _cli("reembed", "start", "--model", "nomic-embed-text")
+    _cli("reembed", "run")
+    assert json.loads(_cli("reembed", "compare", "-f", "json").stdout)
+    _cli("reembed", "switch")
+    monkeypatch.setenv("MEMCTL_EMBED_MODEL", "nomic-embed-text")
+    dropped = json.loads(_cli("reembed", "drop-old", "-f", "json").stdout)
+    assert [d["relation"] for d in dropped] == [model] and dropped[0]["bytes_returned"] > 0
+    with db.connect(citus) as conn:
+        new = conn.execute("SELECT table_name FROM embedding_models WHERE state = 'active'").fetchone()["table_name"]
+        tables = _tables(conn)
+        assert model not in tables and tables[new]["type"] == "distributed" and tables[new]["col"] == "agent"
+        assert tables[new]["colocation_id"] == tables["episodes"]["colocation_id"]
+        assert _count(conn, sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(new))) == left
+    text = DATA["episodes"][5]  # the test server's nomic stand-in: the same text is the nearest vector
+    for mode in ("vector", "hybrid"):
+        hits = json.loads(_cli("episode", "search", text, "--agent", LABELLED_AGENT, "--mode", mode, "-k", "3",
+                               "-f", "json").stdout)
+        assert hits[0]["id"] == ids[text], mode
+        assert mode == "hybrid" or hits[0]["vector_rank"] == 1
+
+
+@needs_cluster
+def test_two_embed_workers_at_once_on_the_cluster(citus, ollama, monkeypatch, memctl_bin):
+    _ops_env(monkeypatch, ollama)
+    _cli("db", "migrate")
+    _cli("db", "distribute")
+    rows = [{"content": f"worker test {n}: {text}", "agent": AGENTS[n % len(AGENTS)]}
+            for n, text in enumerate(DATA["episodes"] * 3)]
+    _cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows))
+    _cli("embed", "--limit", "1")  # registers the model; one chunk embedded
+    ollama.requests.clear()
+    ollama.inject("slow", delay_s=0.05)  # keep both workers busy at once
+    env = {k: os.environ[k] for k in ("MEMCTL_DATABASE_URL", "MEMCTL_CONFIG", "MEMCTL_EMBEDDER",
+                                      "MEMCTL_EMBED_MODEL", "OLLAMA_HOST")}
+    procs = [subprocess.Popen([sys.executable, "-m", "memctl", "embed", "--batch-size", "4", "-f", "json"],
+                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1].decode() for o in outs]
+    per_worker = [sum(r["chunks"] for r in json.loads(out)) for out, _ in outs]
+    assert sum(per_worker) == len(rows) - 1 and all(n > 0 for n in per_worker), per_worker
+    assert sum(n for _, _, n in ollama.embed_requests()) == len(rows) - 1  # no chunk embedded twice
+    with db.connect(citus) as conn:
+        table = sql.Identifier(conn.execute(
+            "SELECT table_name FROM embedding_models WHERE state = 'active'").fetchone()["table_name"])
+        assert _count(conn, sql.SQL("SELECT count(*) AS n FROM {}").format(table)) == len(rows)
+        assert _count(conn, "SELECT count(*) AS n FROM embed_queue") == 0
+        assert _count(conn, "SELECT count(*) AS n FROM embed_failures") == 0
