@@ -83,7 +83,7 @@ def _tables(conn) -> dict[str, dict]:
 
 
 @needs_cluster
-def test_distribute_places_every_table_and_keeps_the_data(citus):
+def test_distribute_places_every_table_keeps_the_data_and_search_finds_it(citus):
     _cli("db", "migrate")
     ids = [int(_cli("episode", "add", f"disk full on db0{i}, rotated logs", "--agent", f"agent{i}").stdout)
            for i in range(4)]
@@ -199,7 +199,9 @@ def test_reembed_start_after_distribute_makes_a_distributed_model_table(citus, m
 # --- the issue's checks, steps 1-6, through the CLI on the 3,010-episode ops corpus -------------------
 
 DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())
-AGENTS = ("ops", "web", "db", "ci", "net")
+# Six agents, three on each worker (hash of agent -> one of citus.shard_count's 32 shards, placed on the two
+# workers in turn): with a handful of agents the hash alone can put every one on the same node.
+AGENTS = ("ops", "mail", "web", "auth", "db", "edge")
 LABELLED_AGENT = "ops"
 CORPUS_ROWS = 3010
 OLD_RAW = 300  # kind raw, 40-50 days old: what a 30-day raw policy prunes
@@ -225,8 +227,8 @@ def ops_filler(rng, n: int) -> str:
     ]) + f" (entry {n})"
 
 
-def ops_corpus() -> list[dict]:
-    """The 30 labelled episodes (agent ops, recent) and routine filler across five agents: 3,010 rows."""
+def ops_corpus(size: int = CORPUS_ROWS) -> list[dict]:
+    """The 30 labelled episodes (agent ops, recent) and routine filler across six agents: 3,010 rows."""
     import datetime
     import random
 
@@ -235,7 +237,7 @@ def ops_corpus() -> list[dict]:
     rows = [{"content": text, "agent": LABELLED_AGENT, "kind": "note",
              "created_at": (now - datetime.timedelta(days=1 + i % 10)).isoformat()}
             for i, text in enumerate(DATA["episodes"])]
-    for n in range(CORPUS_ROWS - len(rows)):
+    for n in range(size - len(rows)):
         row = {"content": ops_filler(rng, n), "agent": AGENTS[n % len(AGENTS)], "kind": "note",
                "created_at": (now - datetime.timedelta(days=rng.uniform(0, 20))).isoformat()}
         if n < OLD_RAW:
@@ -288,6 +290,12 @@ def test_search_and_the_issue_checks_1_to_6_on_the_ops_corpus(citus, ollama, mon
         assert _count(conn, "SELECT count(*) AS n FROM embed_queue") == 0
         ids = {r["content"]: r["id"] for r in conn.execute(
             "SELECT id, content FROM episodes WHERE agent = %s", (LABELLED_AGENT,))}
+        per_shard = {r["shardid"]: int(r["result"]) for r in conn.execute(
+            "SELECT shardid, result FROM run_command_on_shards('episodes', 'SELECT count(*) FROM %s')")}
+        per_node: dict[str, int] = {}
+        for r in conn.execute("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'episodes'::regclass"):
+            per_node[r["nodeport"]] = per_node.get(r["nodeport"], 0) + per_shard[r["shardid"]]
+        assert sum(per_node.values()) == CORPUS_ROWS and min(per_node.values()) > CORPUS_ROWS // 4, per_node
     # 3. paraphrased questions, --agent: routed to the agent's shard
     found = []
     for question in QUESTIONS:
