@@ -85,12 +85,22 @@ def require_coordinator(conn) -> str:
     return version
 
 
+# Tables whose primary key carries agent: a table a later migration adds is distributed without being named here.
+KEYED_BY_AGENT = """
+SELECT c.relname FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(k.conkey)
+WHERE k.contype = 'p' AND c.relnamespace = current_schema()::regnamespace AND a.attname = 'agent'
+ORDER BY c.relname
+"""
+
+
 def plan(conn) -> list[tuple[str, str]]:
     """(table, type) for every memctl table present, in the order they must be placed."""
     present = {row["relname"] for row in conn.execute(PRESENT)}
     vectors = [row["table_name"] for row in conn.execute(VECTOR_TABLES)] if "embedding_models" in present else []
-    wanted = [(t, "distributed") for t in (*DISTRIBUTED[:2], *vectors, *DISTRIBUTED[2:])] + [
-        (t, "reference") for t in REFERENCE]
+    known = [*DISTRIBUTED[:2], *vectors, *DISTRIBUTED[2:]]
+    later = [row["relname"] for row in conn.execute(KEYED_BY_AGENT) if row["relname"] not in known]
+    wanted = [(t, "distributed") for t in (*known, *later)] + [(t, "reference") for t in REFERENCE]
     return [(table, kind) for table, kind in wanted if table in present]
 
 
@@ -176,7 +186,8 @@ def is_distributed(conn, table: str = ANCHOR) -> bool:
 def adopt(conn, table: str) -> bool:
     """Distribute a table memctl just created (a new model's vector table) when episodes is distributed.
 
-    For the code that creates such tables (reembed start, a migration); False on a single server.
+    For the code that creates such tables (models.register); False on a single server. Tables a
+    migration adds are placed by `memctl db migrate`, which runs distribute() again on a cluster.
     """
     if citus_version(conn) is None:
         return False

@@ -17,7 +17,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from typer.testing import CliRunner
+
 from memctl import cluster, db, migrate
+from memctl.cli import app
 
 CITUS_URL = os.environ.get("MEMCTL_TEST_CITUS_URL")
 needs_cluster = pytest.mark.skipif(not CITUS_URL, reason="needs a Citus cluster: set MEMCTL_TEST_CITUS_URL to its "
@@ -67,10 +70,6 @@ def citus(monkeypatch, tmp_path):
 
 
 def _cli(*args: str, input: str | None = None):
-    from typer.testing import CliRunner
-
-    from memctl.cli import app
-
     result = CliRunner().invoke(app, list(args), input=input, catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     return result
@@ -391,10 +390,6 @@ def test_two_embed_workers_at_once_on_the_cluster(citus, ollama, monkeypatch, me
 @needs_cluster
 def test_search_recall_facts_sources_runbooks_status_and_jobs_on_the_cluster(citus, tmp_path):
     """Search-dependent (recall): rerun with -k search after a change to memctl/search.py."""
-    from typer.testing import CliRunner
-
-    from memctl.cli import app
-
     _cli("db", "migrate")
     _cli("db", "distribute")
     _cli("fact", "set", "db.host", "10.8.0.4")
@@ -425,3 +420,22 @@ def test_search_recall_facts_sources_runbooks_status_and_jobs_on_the_cluster(cit
     assert (status["episodes"], status["chunks"], status["pending"]) == (3, 3, 1)  # + the run's episode
     jobs = json.loads(_cli("jobs", "-f", "json").stdout)
     assert [j["job"] for j in jobs if j["outcome"] == "ok"][:1] == ["embed"]
+
+
+@needs_cluster
+def test_db_migrate_after_distribute_places_a_table_a_later_migration_adds(citus):
+    _cli("db", "migrate")
+    _cli("db", "distribute")
+    with db.connect(citus) as conn:  # what a later migration would add: keyed by agent, referencing episodes
+        conn.execute("CREATE TABLE episode_notes (agent text NOT NULL, episode_id bigint NOT NULL, note text, "
+                     "PRIMARY KEY (agent, episode_id), FOREIGN KEY (agent, episode_id) REFERENCES episodes "
+                     "(agent, id) ON DELETE CASCADE)")
+    migrated = CliRunner().invoke(app, ["db", "migrate"], catch_exceptions=False)
+    assert migrated.exit_code == 0 and "distributed by agent or made reference tables: episode_notes" in \
+        migrated.stderr
+    with db.connect(citus) as conn:
+        tables = _tables(conn)
+        assert tables["episode_notes"]["type"] == "distributed" and tables["episode_notes"]["col"] == "agent"
+        assert tables["episode_notes"]["colocation_id"] == tables["episodes"]["colocation_id"]
+    again = CliRunner().invoke(app, ["db", "migrate"], catch_exceptions=False)
+    assert again.exit_code == 0 and "distributed" not in again.stderr

@@ -61,6 +61,7 @@ def migrate_(
 ) -> None:
     """Apply pending sql/NNNN_*.sql files in order, each in a transaction, recording its checksum.
 
+    After `db distribute` (a Citus coordinator), tables a migration added are placed as distribute places them.
     First checks the server: PostgreSQL 15 or newer, pgvector 0.8.0 or newer, and the `vector` extension
     created in this database or creatable by this role; otherwise exits 1 saying what a superuser must run.
     """
@@ -72,6 +73,12 @@ def migrate_(
         return
     applied = migrate.apply(conn, report=warn)
     warn(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+    from memctl import cluster
+
+    if cluster.is_distributed(conn):  # a Citus cluster: tables a migration added go where their kind belongs
+        placed = [p.table for p in cluster.distribute(conn) if p.action == "done"]
+        if placed:
+            warn(f"distributed by agent or made reference tables: {', '.join(placed)}")
     render(({"name": m.name, "status": m.status} for m in applied), fmt)
 
 
