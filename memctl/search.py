@@ -131,25 +131,25 @@ FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
 """
 # Whether any episode the query could reach is of a context kind: without one, the query's statement
 # leaves the neighbours out (they cost a third of its planning).
-# One index probe per kind, in the order of episodes_kind_created_idx, so a generic (prepared) plan
-# keeps to the index too.
-PROBE = """EXISTS (SELECT 1 FROM unnest(%(kinds)s::text[]) AS k(kind) CROSS JOIN LATERAL (
-    SELECT 1 FROM episodes e WHERE e.kind = k.kind {filters} ORDER BY e.kind, e.created_at LIMIT 1) x)"""
+# The kinds are the configuration's, written into the statement so that its prepared (generic) plan
+# still knows how rare they are and probes episodes_kind_created_idx rather than scanning.
+PROBE = "EXISTS (SELECT 1 FROM episodes e WHERE e.kind = ANY({kinds}) {filters})"
 # The same, with the document frequency of each wanted piece that is not a common lexeme (those
 # come from the statistics): one GIN scan per rare piece, joined rather than a correlated subquery,
-# so Citus can plan it too.
+# so Citus can plan it too (the tsqueries stay text inside: Citus ships a CTE's rows to the
+# workers as text, and the empty tsquery of a stopword does not read back).
 PIECES_COUNTED = """
 WITH p AS MATERIALIZED (
-    SELECT p.ord, phraseto_tsquery('english', p.piece) AS q
+    SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q
     FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord)
 ),
 rare AS MATERIALIZED (
-    SELECT ord, q FROM p WHERE ord <= %(wanted)s AND numnode(q) > 0 AND NOT q::text = ANY(%(common)s)
+    SELECT ord, q FROM p WHERE ord <= %(wanted)s AND numnode(q::tsquery) > 0 AND NOT q = ANY(%(common)s)
 ),
 counted AS (
-    SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q GROUP BY r.ord
+    SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q::tsquery GROUP BY r.ord
 )
-SELECT p.ord, p.q::text AS q, r.ord IS NOT NULL AS rare, coalesce(c.df, 0) AS df, {probe} AS context
+SELECT p.ord, p.q, r.ord IS NOT NULL AS rare, coalesce(c.df, 0) AS df, {probe} AS context
 FROM p LEFT JOIN rare r USING (ord) LEFT JOIN counted c USING (ord)
 ORDER BY p.ord
 """
@@ -171,7 +171,7 @@ vec AS MATERIALIZED (
 ),
 vhits AS MATERIALIZED (
     SELECT DISTINCT ON (c.agent, c.episode_id) c.agent, c.episode_id AS id, h.distance, c.content AS chunk
-    FROM vec h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id
+    FROM vec h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id {agent_c}
     ORDER BY c.agent, c.episode_id, h.distance
 )"""
 TEXT_CTE = """
@@ -197,7 +197,7 @@ found AS MATERIALIZED (SELECT agent, id, NULL::float8 AS distance, NULL::text AS
 NEAR_CTE = """
 near AS MATERIALIZED (
     SELECT c.agent, c.id, b.id AS before, a.id AS after
-    FROM found f JOIN episodes c ON c.agent = f.agent AND c.id = f.id
+    FROM found f JOIN episodes c ON c.agent = f.agent AND c.id = f.id {agent_c}
     LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
                        WHERE e.agent = c.agent AND e.id < c.id ORDER BY e.id DESC LIMIT 1) b
            ON b.kind = c.kind AND abs(extract(epoch FROM c.created_at - b.created_at)) <= %(window)s {before}
@@ -221,12 +221,15 @@ WITH {ctes},{found},{near}
 SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content,
        {distance} AS distance, x.distance AS vector_distance, x.chunk,
        {text_score} AS text_score, x.text_score IS NOT NULL AS text_found, x.neighbours
-FROM every x JOIN episodes e ON e.agent = x.agent AND e.id = x.id
+FROM every x JOIN episodes e ON e.agent = x.agent AND e.id = x.id {agent_e}
 {excluded}
 """
 # The exact distance of an episode found by words alone: its best chunk's.
 DISTANCE = """(SELECT min(v.embedding <=> %(q)b::{type}) FROM chunks c
-  JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id WHERE c.agent = e.agent AND c.episode_id = e.id)"""
+  JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id WHERE c.agent = e.agent AND c.episode_id = e.id {agent_c})"""
+# With an agent filter, every part of the statement says so itself: Citus then plans the whole
+# statement for the one shard that holds the agent (it prunes shards per subquery, by its own conditions).
+AGENT = " AND {}.agent = %(agent)s"
 
 
 def _filters(query: Query):
@@ -340,8 +343,9 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
     if probe is not None:
         kinds, query = probe
         clauses, values = episodes.filters(agent=query.agent, kind=query.kind)
-        check = sql.SQL(PROBE).format(filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses))
-        params.update(values, kinds=kinds)
+        check = sql.SQL(PROBE).format(kinds=sql.Literal(list(kinds)),
+                                      filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses))
+        params.update(values)
     if stats is None or not terms.wanted:
         statement = sql.SQL(PIECES_PROBED).format(probe=check)
     else:
@@ -397,11 +401,15 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
     parts = []
     params: dict[str, Any] = {"n": n}
     vector = halves.vector is not None and halves.model is not None
+    agent_c = agent_e = sql.SQL("")
+    if query.agent is not None:
+        agent_c, agent_e = sql.SQL(AGENT.format("c")), sql.SQL(AGENT.format("e"))
+        params["agent"] = query.agent
     scoring = halves.plan is not None and bool(halves.plan.terms)
     if vector:
         model = halves.model
         where, join, values = _vector_where(query)
-        parts.append(sql.SQL(VECTOR_CTE).format(type=sql.SQL(model.storage),
+        parts.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage),
                                                 table=sql.Identifier(model.table_name), join=join, where=where))
         params.update(values)
     score = sql.SQL("0::float8")
@@ -427,11 +435,11 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
                                                since=query.since, alias=alias)
             filters[name] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
             params.update(values)
-        near = sql.SQL(NEAR_CTE).format(**filters)
+        near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)
         params.update(kinds=_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
     distance = sql.SQL("NULL::float8")
     if vector:
-        exact = sql.SQL(DISTANCE).format(type=sql.SQL(halves.model.storage),
+        exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(halves.model.storage),
                                          table=sql.Identifier(halves.model.table_name))
         distance = sql.SQL("coalesce(x.distance, {})").format(exact)
     text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if scoring else score
@@ -440,7 +448,7 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
     if unwanted:
         excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery")
         params["excluded"] = " | ".join(unwanted)
-    text = sql.SQL(HYBRID).format(ctes=sql.SQL(",").join(parts), found=sql.SQL(found), near=near,
+    text = sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(parts), found=sql.SQL(found), near=near,
                                   distance=distance, text_score=text_score, excluded=excluded)
     return text, params
 
