@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -439,3 +440,39 @@ def test_db_migrate_after_distribute_places_a_table_a_later_migration_adds(citus
         assert tables["episode_notes"]["colocation_id"] == tables["episodes"]["colocation_id"]
     again = CliRunner().invoke(app, ["db", "migrate"], catch_exceptions=False)
     assert again.exit_code == 0 and "distributed" not in again.stderr
+
+
+SHARD_NAME = re.compile(r"\b([a-z_0-9]+?)_(\d{5,})\b")
+
+
+@needs_cluster
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="search's statement still sends one subquery (chunks joined with the HNSW half's "
+                          "intermediate result) to every shard: it needs agent = %(agent)s in each subquery; "
+                          "remove this mark when it passes")
+def test_search_with_agent_sends_every_remote_command_to_that_agent_s_shards(citus):
+    """Search-dependent: a search or recall with --agent is answered by the agent's shard alone."""
+    from memctl import config, search
+
+    _cli("db", "migrate")
+    _cli("db", "distribute")
+    for agent in AGENTS:
+        _cli("episode", "add", f"disk full on {agent}-db01, rotated the nginx logs", "--agent", agent)
+    _cli("embed")
+    with db.connect(citus, vector=True) as conn:
+        mine = {r["id"] for r in conn.execute(
+            "SELECT get_shard_id_for_distribution_column(logicalrelid, 'ops') AS id FROM pg_dist_partition "
+            "WHERE partmethod = 'h'")}
+        every = {r["shardid"] for r in conn.execute("SELECT shardid FROM pg_dist_shard")}
+        settings = config.load()
+        commands: list[str] = []
+        conn.add_notice_handler(lambda d: commands.append(d.message_primary or ""))
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+        for mode in ("vector", "hybrid", "text"):
+            commands.clear()
+            hits = search.search(conn, settings, search.Query("why is the disk full on db01", k=3, agent="ops",
+                                                              mode=mode)).hits
+            assert {h.agent for h in hits} == {"ops"}, mode
+            touched = {int(m.group(2)) for c in commands for m in SHARD_NAME.finditer(c)} & every
+            assert touched and touched <= mine, (mode, sorted(touched - mine)[:5], len(commands))
