@@ -445,13 +445,8 @@ def test_db_migrate_after_distribute_places_a_table_a_later_migration_adds(citus
 SHARD_NAME = re.compile(r"\b([a-z_0-9]+?)_(\d{5,})\b")
 
 
-@needs_cluster
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="search's statement still sends one subquery (chunks joined with the HNSW half's "
-                          "intermediate result) to every shard: it needs agent = %(agent)s in each subquery; "
-                          "remove this mark when it passes")
-def test_search_with_agent_sends_every_remote_command_to_that_agent_s_shards(citus):
-    """Search-dependent: a search or recall with --agent is answered by the agent's shard alone."""
+def _remote_shards(citus, mode: str) -> tuple[set[int], set[int], int]:
+    """(shards one search with --agent ops touched, the shards it may touch, remote commands it issued)."""
     from memctl import config, search
 
     _cli("db", "migrate")
@@ -460,19 +455,36 @@ def test_search_with_agent_sends_every_remote_command_to_that_agent_s_shards(cit
         _cli("episode", "add", f"disk full on {agent}-db01, rotated the nginx logs", "--agent", agent)
     _cli("embed")
     with db.connect(citus, vector=True) as conn:
-        mine = {r["id"] for r in conn.execute(
-            "SELECT get_shard_id_for_distribution_column(logicalrelid, 'ops') AS id FROM pg_dist_partition "
-            "WHERE partmethod = 'h'")}
+        mine = {r["id"] for r in conn.execute(  # the agent's shard of each distributed table, and reference tables
+            "SELECT CASE WHEN partmethod = 'h' THEN get_shard_id_for_distribution_column(logicalrelid, 'ops') "
+            "ELSE (SELECT shardid FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) END AS id "
+            "FROM pg_dist_partition p")}
         every = {r["shardid"] for r in conn.execute("SELECT shardid FROM pg_dist_shard")}
         settings = config.load()
         commands: list[str] = []
         conn.add_notice_handler(lambda d: commands.append(d.message_primary or ""))
         conn.execute("SET citus.log_remote_commands = on")
         conn.execute("SET client_min_messages = log")
-        for mode in ("vector", "hybrid", "text"):
-            commands.clear()
-            hits = search.search(conn, settings, search.Query("why is the disk full on db01", k=3, agent="ops",
-                                                              mode=mode)).hits
-            assert {h.agent for h in hits} == {"ops"}, mode
-            touched = {int(m.group(2)) for c in commands for m in SHARD_NAME.finditer(c)} & every
-            assert touched and touched <= mine, (mode, sorted(touched - mine)[:5], len(commands))
+        hits = search.search(conn, settings, search.Query("why is the disk full on db01", k=3, agent="ops",
+                                                          mode=mode)).hits
+        assert hits and {h.agent for h in hits} == {"ops"}
+    touched = {int(m.group(2)) for c in commands for m in SHARD_NAME.finditer(c)} & every
+    return touched, mine, len(commands)
+
+
+@needs_cluster
+def test_search_vector_with_agent_sends_every_remote_command_to_that_agent_s_shards(citus):
+    """Search-dependent: the vector half with --agent is answered by the agent's shard alone."""
+    touched, mine, commands = _remote_shards(citus, "vector")
+    assert touched and touched <= mine, (sorted(touched - mine)[:5], commands)
+
+
+@needs_cluster
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="the text half counts its rare words' document frequencies over every agent's episodes "
+                          "(search.PIECES_COUNTED), one task per shard; remove this mark when that is routed")
+@pytest.mark.parametrize("mode", ["hybrid", "text"])
+def test_search_text_with_agent_sends_every_remote_command_to_that_agent_s_shards(citus, mode):
+    """Search-dependent: hybrid and text with --agent, answered by the agent's shard alone."""
+    touched, mine, commands = _remote_shards(citus, mode)
+    assert touched and touched <= mine, (sorted(touched - mine)[:5], commands)
