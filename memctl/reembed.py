@@ -380,7 +380,7 @@ def _drop(conn, model: models.Model) -> dict:
 
 
 def drop_old(conn) -> list[dict]:
-    """Drop retired models' tables; the size each had (cluster.relation_size: its shards' on Citus) is the space returned."""
+    """Drop retired models' tables; the size each had is the space returned (on Citus: its shards')."""
     retired = [m for m in models.all_models(conn) if m.state == "retired"]
     if not retired:
         return []

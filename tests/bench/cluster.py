@@ -104,8 +104,10 @@ def search_times(url: str, settings, questions: list[str], vectors: list, agent:
     return times
 
 
-EPISODES_PER_SHARD = "SELECT shardid, result::bigint AS n FROM run_command_on_shards('episodes', 'SELECT count(*) FROM %s')"
-SHARD_NODES = "SELECT shardid, nodename || ':' || nodeport AS node FROM citus_shards WHERE table_name = 'episodes'::regclass"
+EPISODES_PER_SHARD = ("SELECT shardid, result::bigint AS n "
+                      "FROM run_command_on_shards('episodes', 'SELECT count(*) FROM %s')")
+SHARD_NODES = ("SELECT shardid, nodename || ':' || nodeport AS node "
+               "FROM citus_shards WHERE table_name = 'episodes'::regclass")
 
 
 def rows_per_node(url: str) -> dict[str, int]:
