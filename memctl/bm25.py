@@ -46,13 +46,17 @@ STATS_TTL = 60.0  # seconds term statistics are reused within one process
 
 STATS = """
 SELECT c.reltuples::float8 AS reltuples, s.most_common_elems::text::text[] AS lexemes,
-       s.most_common_elem_freqs AS freqs
+       s.most_common_elem_freqs AS freqs, a.most_common_vals::text::text[] AS agents,
+       a.most_common_freqs AS agent_freqs,
+       EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS citus
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'tsv'
+LEFT JOIN pg_stats a ON a.schemaname = n.nspname AND a.tablename = c.relname AND a.attname = 'agent'
 WHERE c.oid = 'episodes'::regclass
 """
 COUNT_ALL = "SELECT count(*)::float8 AS n FROM episodes"
+COUNT_AGENT = "SELECT count(*)::float8 AS n FROM episodes WHERE agent = %s"
 AVERAGE_LENGTH = "SELECT avg(length(tsv))::float8 AS avgdl FROM episodes TABLESAMPLE SYSTEM (%s)"
 # One GIN scan of the rare terms together, one count per term (a plain aggregate, which Citus
 # pushes down to the shards; a correlated subquery per term it cannot plan).
@@ -76,6 +80,8 @@ class TermStats:
     common: dict[str, float]
     counted: dict[str, float] = field(default_factory=dict)
     common_queries: list[str] = field(default_factory=list)  # the common lexemes as tsquery texts
+    agents: dict[str, float] = field(default_factory=dict)  # the most common agents' shares of episodes
+    citus: bool = False  # the database is a Citus coordinator: count within an agent's shard
 
     def __post_init__(self):
         if not self.common_queries:
@@ -99,7 +105,8 @@ def cached_term_stats(conn, ttl: float = STATS_TTL) -> TermStats:
         hit = (now, term_stats(conn))
         _CACHE[key] = hit
     stats = hit[1]
-    return TermStats(n=stats.n, avgdl=stats.avgdl, common=stats.common, common_queries=stats.common_queries)
+    return TermStats(n=stats.n, avgdl=stats.avgdl, common=stats.common, common_queries=stats.common_queries,
+                     agents=stats.agents, citus=stats.citus)
 
 
 def term_stats(conn) -> TermStats:
@@ -110,7 +117,16 @@ def term_stats(conn) -> TermStats:
     common = dict(zip(row["lexemes"] or [], row["freqs"] or []))
     percent = 100.0 if n <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / n)
     avgdl = conn.execute(AVERAGE_LENGTH, (percent,)).fetchone()["avgdl"]
-    return TermStats(n=max(n, 1.0), avgdl=avgdl or 1.0, common=common)
+    agents = dict(zip(row["agents"] or [], row["agent_freqs"] or []))
+    return TermStats(n=max(n, 1.0), avgdl=avgdl or 1.0, common=common, agents=agents, citus=row["citus"])
+
+
+def agent_share(conn, stats: TermStats, agent: str) -> float:
+    """The agent's share of all episodes: from the statistics for a common agent, else counted."""
+    if agent in stats.agents:
+        return stats.agents[agent]
+    count = conn.execute(COUNT_AGENT, (agent,)).fetchone()["n"]
+    return min(1.0, count / stats.n)
 
 
 def quote(lexeme: str) -> str:

@@ -259,3 +259,19 @@ def test_one_statement_serves_every_mode_with_negation_and_context(cli, conn):
         assert noise not in ids, mode
         if mode != "vector":
             assert before in ids and answer in ids, mode  # the answer came in as the neighbour's context
+
+
+def test_rare_words_counted_in_one_agent_are_scaled_to_the_whole_table(cli, conn):
+    # scoped counting is what a Citus coordinator uses, so that a query for one agent stays on its shard
+    _import(cli, [{"content": f"sprocket {i}" if i < 3 else f"gear {i}", "agent": "a"} for i in range(10)]
+            + [{"content": "sprocket b" if i < 1 else f"gear b{i}", "agent": "b"} for i in range(30)])
+    conn.execute("ANALYZE episodes")
+    stats = search.bm25.term_stats(conn)
+    assert stats.citus is False and stats.agents == pytest.approx({"b": 0.75, "a": 0.25})
+    unknown = search.bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={}, agents=stats.agents)
+    search.pieces(conn, "sprocket", unknown, scope="a")
+    assert unknown.counted == {"'sprocket'": pytest.approx(3 / 0.25)}
+    whole = search.bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={})
+    search.pieces(conn, "sprocket", whole)
+    assert whole.counted == {"'sprocket'": 4}
+    assert search.bm25.agent_share(conn, whole, "b") == pytest.approx(0.75)  # counted: not in its statistics

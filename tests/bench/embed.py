@@ -52,7 +52,7 @@ def main() -> None:
         lines = (json.dumps({"content": t}).encode() for t in texts)
         episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                       result=result), result=result)
-        ours, runs = timed(embed.work, conn, settings, embedder, batch_size=args.batch_size)
+        ours, (runs, _warnings) = timed(embed.work, conn, settings, embedder, batch_size=args.batch_size)
         done = sum(r.chunks for r in runs)
         assert done == args.chunks, f"worker embedded {done} of {args.chunks}"
     after, _ = timed(direct)
