@@ -350,9 +350,12 @@ def start_slow_run(memctl_env, tmp_path):
     repo = make_repo(tmp_path / "r", {"slow.md": md("Slow", [("Wait", f"echo $$ > {started}.tmp\n"
                                                                        f"mv {started}.tmp {started}\n"
                                                                        "exec sleep 600")])})
+    # SIGINT at its default in the child, as in a terminal: a suite started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and Ctrl-C would then never reach memctl
     proc = subprocess.Popen([str(VENV_BIN / "memctl"), "runbook", "run", "slow", "--yes", "--repo",
                              repo.working_tree_dir], env={**os.environ, **memctl_env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for _ in range(600):
         if started.exists() or proc.poll() is not None:
             break
