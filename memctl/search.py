@@ -377,12 +377,6 @@ def match_query(wanted: list[str], excluded: list[str]) -> str | None:
     return " & ".join(["( " + " | ".join(kept) + " )", *(f"!( {q} )" for q in excluded if q)])
 
 
-def text_query(conn, text: str) -> str | None:
-    """The tsquery of the text half: any wanted piece, and none of the excluded ones."""
-    parsed = pieces(conn, text)
-    return match_query(parsed.wanted, parsed.excluded)
-
-
 def setting(settings: Settings, key: str) -> Any:
     value = settings.get("search", key)
     return DEFAULTS[key] if value is None else value
@@ -398,9 +392,8 @@ class Halves:
 
     model: models.Model | None = None
     vector: Any = None
-    plan: bm25.Plan | None = None  # scores with its terms; matches with plan.matched when `match`
+    plan: bm25.Plan | None = None  # the text half: scores with plan.terms, finds with plan.matched
     stats: bm25.TermStats | None = None
-    match: bool = False
     excluded: list[str] = field(default_factory=list)
     context: bool = False
 
@@ -428,7 +421,7 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
         score = bm25.score(halves.plan, "e.tsv")
         params.update(bm25.parameters(halves.plan, halves.stats, setting(settings, "bm25_k1"),
                                       setting(settings, "bm25_b")))
-    match = match_query(halves.plan.matched, halves.excluded) if scoring and halves.match else None
+    match = match_query(halves.plan.matched, halves.excluded) if scoring else None
     if match is not None:
         clauses, values = _filters(query)
         params.update(values)
@@ -471,9 +464,8 @@ def run_statement(conn, query: Query, halves: Halves, settings: Settings, n: int
     """
     text, params = statement(query, halves, settings, n)
     vector_ran = halves.vector is not None and halves.model is not None
-    text_ran = halves.plan is not None and halves.match
     if text is None:
-        return ([] if vector_ran else None), ([] if text_ran or halves.plan is not None else None), {}, {}
+        return ([] if vector_ran else None), ([] if halves.plan is not None else None), {}, {}
     if vector_ran:
         params["q"] = _query_vector(conn, halves.vector, halves.model)
         with conn.transaction():
@@ -692,7 +684,6 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
         halves.plan = bm25.plan(conn, halves.stats, parsed.wanted,
                                 common_share=setting(settings, "common_terms") if hybrid else None,
                                 match_rows=setting(settings, "match_rows") if hybrid else None)
-        halves.match = True
     vector_rows, text_rows, scored, context = run_statement(conn, query, halves, settings, n)
     if vector_runs and halves.plan is not None and not vector_rows and _narrowed(halves.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the
