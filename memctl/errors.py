@@ -19,6 +19,17 @@ class UsageError(MemctlError):
     exit_code = EXIT_USAGE
 
 
+class BadValue(UsageError):
+    """A value fails its check where it enters (an option, a JSONL field, a setting): exit 2.
+
+    `field` names what was wrong (the option, or the record's field); the message says why.
+    """
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
 class InvalidInput(MemctlError):
     """Data the caller supplied cannot be stored (NUL, empty text, bad JSONL line)."""
 

@@ -10,11 +10,11 @@ import datetime
 from dataclasses import asdict, dataclass
 from typing import Iterable, Iterator
 
-from memctl import jsonl, redact
-from memctl.errors import InvalidInput, NotFound
+from memctl import gate, jsonl, redact
+from memctl.errors import BadValue, InvalidInput, NotFound
 
-DEFAULT_NAMESPACE = "default"
-MAX_KEY = 255
+DEFAULT_NAMESPACE = gate.DEFAULT_NAMESPACE
+MAX_KEY = gate.MAX_KEY
 
 
 @dataclass
@@ -71,34 +71,12 @@ class Erasure:
         return asdict(self)
 
 
-def check_key(key: str) -> None:
-    if not key:
-        raise InvalidInput("a fact key must not be empty")
-    if len(key) > MAX_KEY:
-        raise InvalidInput(f"a fact key has at most {MAX_KEY} characters (got {len(key)})")
-    check_text(key, "key")
-
-
-def check_text(value: str | None, what: str) -> None:
-    if value is not None and "\x00" in value:
-        raise InvalidInput(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store")
+check_key = gate.check_key
 
 
 LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s, 0))"
 CURRENT = "SELECT value, version FROM facts WHERE namespace = %s AND key = %s"
 LAST_VERSION = "SELECT coalesce(max(version), 0) AS v FROM fact_history WHERE namespace = %s AND key = %s"
-UPSERT = """
-INSERT INTO facts (namespace, key, value, source, version, updated_at)
-VALUES (%(namespace)s, %(key)s, %(value)s, %(source)s, %(version)s, now())
-ON CONFLICT (namespace, key) DO UPDATE
-   SET value = excluded.value, source = excluded.source, version = excluded.version, updated_at = now()
-"""
-HISTORY = """
-INSERT INTO fact_history (namespace, key, version, op, old_value, new_value, source)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
-"""
-
-
 def _lock(conn, namespace: str, key: str) -> tuple[str | None, int]:
     """Lock the key for this transaction; return (current value, last version ever used)."""
     conn.execute(LOCK_KEY, (namespace, key))
@@ -107,33 +85,38 @@ def _lock(conn, namespace: str, key: str) -> tuple[str | None, int]:
     return (row["value"] if row else None), max(last, row["version"] if row else 0)
 
 
-def _set_in_tx(conn, key: str, value: str, namespace: str, source: str | None) -> Change:
-    old, last = _lock(conn, namespace, key)
+def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
+    old, last = _lock(conn, fact.namespace, fact.key)
     version = last + 1
-    conn.execute(UPSERT, {"namespace": namespace, "key": key, "value": value, "source": source, "version": version})
-    conn.execute(HISTORY, (namespace, key, version, "set", old, value, source))
-    return Change(namespace, key, "set", old, value, version, source)
+    gate.put_fact(conn, fact, version)
+    gate.insert_history(conn, admit.history(fact, version, "set", old, fact.value, fact.source))
+    return Change(fact.namespace, fact.key, "set", old, fact.value, version, fact.source)
 
 
 def validate(key: str, value: str, namespace: str, source: str | None) -> None:
-    check_key(key)
-    check_text(value, "value")
-    check_text(namespace, "namespace")
-    check_text(source, "source")
-    if not namespace:
-        raise InvalidInput("a namespace must not be empty")
+    """The gate's checks of a fact's fields (BadValue naming the field), without redaction."""
+    gate.check_key(key)
+    gate.check_value(value)
+    gate.name(namespace, "namespace")
+    gate.name(source, "source", optional=True)
 
 
 def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
-             redactor: redact.Redactor | None = None) -> Change:
-    """Set a fact; a secret in the value is redacted first, or refused (`redactor`, default: [redaction] mode)."""
-    from memctl import sources
-
-    validate(key, value, namespace, source)
-    value = (redactor if redactor is not None else redact.Redactor.configured()).text(value, f"value of fact {key!r}")
-    sources.check_allowed(conn, source)
+             redactor: redact.Redactor | None = None, settings=None) -> Change:
+    """Set a fact through the gate: a secret in the value is redacted first, or refused (`redactor`, default:
+    [redaction] mode), and a blocked source is refused."""
+    admit = _gate(conn, redactor, settings)
+    fact = admit.fact(namespace, key, value, source)
     with conn.transaction():
-        return _set_in_tx(conn, key, value, namespace, source)
+        return _set_in_tx(conn, fact, admit)
+
+
+def _gate(conn, redactor: redact.Redactor | None, settings, *, bulk: bool = False) -> gate.Gate:
+    from memctl import config
+
+    settings = settings if settings is not None else config.load()
+    return gate.Gate(conn, settings, redactor if redactor is not None else redact.Redactor.from_settings(settings),
+                     bulk=bulk)
 
 
 GET = "SELECT namespace, key, value, source, version, updated_at FROM facts WHERE namespace = %s AND key = %s"
@@ -175,13 +158,16 @@ def history(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> list[dict]
 DELETE = "DELETE FROM facts WHERE namespace = %s AND key = %s"
 
 
-def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None) -> Change:
+def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
+                settings=None) -> Change:
+    admit = _gate(conn, None, settings)
+    fact = admit.fact(namespace, key, None, source)
     with conn.transaction():
         old, last = _lock(conn, namespace, key)
         if old is None:
             raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
         conn.execute(DELETE, (namespace, key))
-        conn.execute(HISTORY, (namespace, key, last + 1, "delete", old, None, source))
+        gate.insert_history(conn, admit.history(fact, last + 1, "delete", old, None, source))
     return Change(namespace, key, "delete", old, None, last + 1, source)
 
 
@@ -206,13 +192,15 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
     values be recycled (skipped without the privilege: superuser or
     pg_checkpoint). Neither reaches WAL archives, backups or replicas.
     """
+    admit = gate.Gate(conn, None, redact.Redactor("off"))  # an erasure record holds no value to check
+    fact = admit.fact(namespace, key, None, None)
     with conn.transaction():
         old, last = _lock(conn, namespace, key)
         if old is None and last == 0:
             raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
         removed = conn.execute(DELETE, (namespace, key)).rowcount > 0
         erased = conn.execute(ERASE_VALUES, (namespace, key)).rowcount
-        conn.execute(HISTORY, (namespace, key, last + 1, "erase", None, None, None))
+        gate.insert_history(conn, admit.history(fact, last + 1, "erase", None, None, None))
     result = Erasure(namespace, key, removed, erased, last + 1)
     if not conn.autocommit:
         return result
@@ -255,7 +243,7 @@ def parse_import(lines: Iterable[bytes]) -> list[dict]:
     for number, item in jsonl.read(lines, fields=IMPORT_FIELDS):
         try:
             records.append(_record(item))
-        except InvalidInput as exc:
+        except (InvalidInput, BadValue) as exc:
             raise jsonl.at(number, exc) from None
     return records
 
@@ -269,31 +257,18 @@ def _record(item: dict) -> dict:
     }
     for field in ("key", "value"):
         if not isinstance(record[field], str):
-            raise InvalidInput(f"'{field}' must be a string")
+            raise BadValue(f"{field}: must be a string", field)
     for field in ("namespace", "source"):
         if record[field] is not None and not isinstance(record[field], str):
-            raise InvalidInput(f"'{field}' must be a string")
+            raise BadValue(f"{field}: must be a string", field)
     validate(record["key"], record["value"], record["namespace"], record["source"])
     return record
 
 
 def import_facts(conn, records: list[dict], *, source: str | None = None,
-                 redactor: redact.Redactor | None = None) -> list[Change]:
-    """Set every record in one transaction: all of them or none; values redacted first."""
-    from memctl import sources
-
-    redactor = redactor if redactor is not None else redact.Redactor.configured()
-    records = [{**r, "value": redactor.text(r["value"], f"value of fact {r['key']!r}")} for r in records]
-
-    blocked = sources.blocked_set(conn)
-    for record in records:
-        effective = record["source"] or source
-        if effective in blocked:
-            sources.refuse(effective, blocked[effective])
-    changes = []
+                 redactor: redact.Redactor | None = None, settings=None) -> list[Change]:
+    """Set every record in one transaction through the gate: all of them or none."""
+    admit = _gate(conn, redactor, settings, bulk=True)
+    admitted = [admit.fact(r["namespace"], r["key"], r["value"], r["source"] or source) for r in records]
     with conn.transaction():
-        for record in records:
-            changes.append(
-                _set_in_tx(conn, record["key"], record["value"], record["namespace"], record["source"] or source)
-            )
-    return changes
+        return [_set_in_tx(conn, fact, admit) for fact in admitted]

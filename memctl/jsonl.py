@@ -9,6 +9,7 @@ caller did while validating the record (`at(number, exc)`).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable, Iterable, Iterator
 
 from memctl.errors import InvalidInput
@@ -17,15 +18,18 @@ from memctl.errors import InvalidInput
 class LineError(InvalidInput):
     """A bad JSONL line: the message names it."""
 
-    def __init__(self, number: int, reason: str):
+    def __init__(self, number: int, reason: str, exit_code: int | None = None):
         super().__init__(f"line {number}: {reason}")
         self.number = number
         self.reason = reason
+        if exit_code is not None:
+            self.exit_code = exit_code  # a bad value (BadValue, exit 2) stays one with its line named
 
 
 def at(number: int, exc: Exception | str) -> LineError:
-    """The error for line `number`, from a validation error raised while handling it."""
-    return LineError(number, exc.reason if isinstance(exc, LineError) else str(exc))
+    """The error for line `number`, from a validation error raised while handling it (its exit code kept)."""
+    code = getattr(exc, "exit_code", None)
+    return LineError(number, exc.reason if isinstance(exc, LineError) else str(exc), code)
 
 
 def parse(raw: bytes | str, *, fields: Iterable[str] | None = None, required: Iterable[str] = ()) -> Any:
@@ -43,6 +47,8 @@ def parse(raw: bytes | str, *, fields: Iterable[str] | None = None, required: It
         item = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if _SURROGATE_ESCAPE.search(text) and not _encodable(item):
+        raise InvalidInput("a \\uD800-\\uDFFF escape that is not a surrogate pair: not text UTF-8 can hold")
     if fields is None and not required:
         return item
     if not isinstance(item, dict):
@@ -55,6 +61,25 @@ def parse(raw: bytes | str, *, fields: Iterable[str] | None = None, required: It
         if name not in item:
             raise InvalidInput(f"'{name}' is required")
     return item
+
+
+# JSON may spell a UTF-16 surrogate as an escape; alone (not as a pair) it decodes to a str no UTF-8
+# text column, hash or request can carry. Only a line holding such an escape is walked.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _encodable(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_encodable(k) and _encodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_encodable(v) for v in value)
+    return True
 
 
 def read(lines: Iterable[bytes | str], *, fields: Iterable[str] | None = None, required: Iterable[str] = (),

@@ -14,14 +14,13 @@ tables are vacuumed; job errors and details and run output are redacted.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
-from memctl import episodes, facts, models
-from memctl.redact import find, redact_text, redact_value
+from memctl import facts, models
+from memctl.redact import Redactor, find, redact_named, redact_text, redact_value
 
 
 @dataclass
@@ -43,6 +42,10 @@ class Scan:
     history: dict[int, set[str]] = field(default_factory=dict)  # fact_history id -> columns to clear
     jobs: set[int] = field(default_factory=set)
     runs: set[tuple[str, int]] = field(default_factory=set)
+    # Secrets in names that are keys (an agent, a fact's namespace or key, a blocked source): reported,
+    # not rewritten, since other rows refer to them by name; rename or delete them by hand.
+    names: list[Hit] = field(default_factory=list)
+    blocked: set[str] = field(default_factory=set)  # blocked sources whose reason holds a secret
 
 
 @dataclass
@@ -61,14 +64,27 @@ class Fixed:
 
 
 ITERSIZE = 2000
+# Every column the write gate (memctl.gate) redacts, and the job log.
 SOURCES = {
-    "episodes": "SELECT agent, id, content, meta::text AS meta FROM episodes",
+    "episodes": "SELECT agent, id, kind, source, content, meta::text AS meta FROM episodes",
     "chunks": "SELECT agent, id, episode_id, content FROM chunks",
-    "facts": "SELECT namespace, key, value FROM facts",
-    "fact_history": "SELECT id, namespace, key, old_value, new_value FROM fact_history",
+    "facts": "SELECT namespace, key, value, source FROM facts",
+    "fact_history": "SELECT id, namespace, key, old_value, new_value, source FROM fact_history",
     "jobs": "SELECT id, error, detail::text AS detail FROM jobs",
-    "runbook_runs": "SELECT agent, id, output_tail FROM runbook_runs",
+    "runbook_runs": "SELECT agent, id, name, output_tail FROM runbook_runs",
+    "summary_sources": "SELECT DISTINCT agent FROM summary_sources",
+    "blocked_sources": "SELECT source, reason FROM blocked_sources",
 }
+# Columns found by scan() but rewritten by fix() only through the row they belong to.
+NAME_COLUMNS = {"episodes": ("agent",), "facts": ("namespace", "key"), "fact_history": ("namespace", "key"),
+                "runbook_runs": ("agent", "name"), "summary_sources": ("agent",), "blocked_sources": ("source",)}
+
+
+def _named_kinds(key: str, value: str | None) -> str | None:
+    """A fact value under a key that names a secret is one (the gate's rule), else what find() sees."""
+    if value and redact_named(key, value) != redact_text(value):
+        return "secret-named"
+    return _kinds(value)
 
 
 def _kinds(text: str | None) -> str | None:
@@ -88,10 +104,22 @@ def _rows(conn, table: str) -> Iterator[dict]:
         yield from cur
 
 
+def _names(conn, result: Scan) -> None:
+    for table, columns in NAME_COLUMNS.items():
+        for row in _rows(conn, table):
+            for column in columns:
+                kinds = _kinds(row[column])
+                if kinds:
+                    hit = Hit(table, str(row.get("id", "-")), column, kinds)
+                    result.hits.append(hit)
+                    result.names.append(hit)
+
+
 def scan(conn) -> Scan:
     result = Scan()
+    _names(conn, result)
     for row in _rows(conn, "episodes"):
-        for column in ("content", "meta"):
+        for column in ("content", "meta", "kind", "source"):
             kinds = _kinds(row[column])
             if kinds:
                 result.hits.append(Hit("episodes", str(row["id"]), column, kinds))
@@ -102,13 +130,14 @@ def scan(conn) -> Scan:
             result.hits.append(Hit("chunks", str(row["id"]), "content", kinds))
             result.episodes.add((row["agent"], row["episode_id"]))
     for row in _rows(conn, "facts"):
-        kinds = _kinds(row["value"])
-        if kinds:
-            result.hits.append(Hit("facts", f"{row['namespace']}/{row['key']}", "value", kinds))
-            result.facts.add((row["namespace"], row["key"]))
+        for column in ("value", "source"):
+            kinds = _named_kinds(row["key"], row[column]) if column == "value" else _kinds(row[column])
+            if kinds:
+                result.hits.append(Hit("facts", f"{row['namespace']}/{row['key']}", column, kinds))
+                result.facts.add((row["namespace"], row["key"]))
     for row in _rows(conn, "fact_history"):
-        for column in ("old_value", "new_value"):
-            kinds = _kinds(row[column])
+        for column in ("old_value", "new_value", "source"):
+            kinds = _kinds(row[column]) if column == "source" else _named_kinds(row["key"], row[column])
             if kinds:
                 result.hits.append(Hit("fact_history", str(row["id"]), column, kinds))
                 result.history.setdefault(row["id"], set()).add(column)
@@ -118,6 +147,11 @@ def scan(conn) -> Scan:
             if kinds:
                 result.hits.append(Hit("jobs", str(row["id"]), column, kinds))
                 result.jobs.add(row["id"])
+    for row in _rows(conn, "blocked_sources"):
+        kinds = _kinds(row["reason"])
+        if kinds:
+            result.hits.append(Hit("blocked_sources", "-", "reason", kinds))
+            result.blocked.add(row["source"])
     for row in _rows(conn, "runbook_runs"):
         kinds = _kinds(row["output_tail"])
         if kinds:
@@ -126,13 +160,17 @@ def scan(conn) -> Scan:
     return result
 
 
-GET_EPISODE = "SELECT content, meta FROM episodes WHERE agent = %s AND id = %s FOR UPDATE"
-SET_EPISODE = "UPDATE episodes SET content = %s, content_hash = %s, meta = %s WHERE agent = %s AND id = %s"
+GET_EPISODE = "SELECT kind, source, content, meta FROM episodes WHERE agent = %s AND id = %s FOR UPDATE"
+SET_EPISODE = """
+UPDATE episodes SET kind = %s, source = %s, content = %s, content_hash = %s, meta = %s WHERE agent = %s AND id = %s
+"""
+SET_REASON = "UPDATE blocked_sources SET reason = %s WHERE source = %s"
 DROP_CHUNKS = "DELETE FROM chunks WHERE agent = %s AND episode_id = %s"
-SET_FACT = "UPDATE facts SET value = %s WHERE namespace = %s AND key = %s"
-GET_FACT = "SELECT value FROM facts WHERE namespace = %s AND key = %s FOR UPDATE"
+SET_FACT = "UPDATE facts SET value = %s, source = %s WHERE namespace = %s AND key = %s"
+GET_FACT = "SELECT value, source FROM facts WHERE namespace = %s AND key = %s FOR UPDATE"
 CLEAR_OLD = "UPDATE fact_history SET old_value = NULL WHERE id = %s"
 CLEAR_NEW = "UPDATE fact_history SET new_value = NULL WHERE id = %s"
+CLEAR_SOURCE = "UPDATE fact_history SET source = NULL WHERE id = %s"
 GET_JOB = "SELECT error, detail FROM jobs WHERE id = %s FOR UPDATE"
 SET_JOB = "UPDATE jobs SET error = %s, detail = %s::jsonb WHERE id = %s"
 GET_RUN = "SELECT output_tail FROM runbook_runs WHERE agent = %s AND id = %s FOR UPDATE"
@@ -152,17 +190,20 @@ def fix(conn, settings, found: Scan) -> Fixed:
             conn.execute(facts.LOCK_KEY, (namespace, key))
             row = conn.execute(GET_FACT, (namespace, key)).fetchone()
             if row is not None:
-                conn.execute(SET_FACT, (redact_text(row["value"]), namespace, key))
+                conn.execute(SET_FACT, (redact_named(key, row["value"]), redact_text(row["source"]), namespace, key))
                 done.facts += 1
         for history_id, columns in sorted(found.history.items()):
             for column in sorted(columns):
-                conn.execute(CLEAR_OLD if column == "old_value" else CLEAR_NEW, (history_id,))
+                clear = {"old_value": CLEAR_OLD, "new_value": CLEAR_NEW, "source": CLEAR_SOURCE}[column]
+                conn.execute(clear, (history_id,))
                 done.history_values_cleared += 1
         for job_id in sorted(found.jobs):
             row = conn.execute(GET_JOB, (job_id,)).fetchone()
             if row is not None:
                 conn.execute(SET_JOB, (redact_text(row["error"]), json.dumps(redact_value(row["detail"])), job_id))
                 done.jobs += 1
+        for source in sorted(found.blocked):
+            conn.execute(SET_REASON, (redact_text(_reason(conn, source)), source))
         for agent, run_id in sorted(found.runs):
             row = conn.execute(GET_RUN, (agent, run_id)).fetchone()
             if row is not None:
@@ -174,18 +215,22 @@ def fix(conn, settings, found: Scan) -> Fixed:
     return done
 
 
+def _reason(conn, source: str) -> str | None:
+    row = conn.execute("SELECT reason FROM blocked_sources WHERE source = %s", (source,)).fetchone()
+    return row["reason"] if row else None
+
+
 def _fix_episode(conn, settings, agent: str, episode_id: int, done: Fixed, Jsonb: Any) -> None:
+    from memctl import gate
+
     row = conn.execute(GET_EPISODE, (agent, episode_id)).fetchone()
     if row is None:
         return
-    content = redact_text(row["content"])
-    conn.execute(SET_EPISODE, (content, hashlib.sha256(content.encode("utf-8")).digest(),
-                               Jsonb(redact_value(row["meta"])), agent, episode_id))
+    # Through the gate in redact mode, whatever [redaction] says: --fix replaces what it found.
+    episode = gate.Gate(conn, settings, Redactor("redact")).stored_episode(agent, row["content"], row["meta"])
+    conn.execute(SET_EPISODE, (redact_text(row["kind"]), redact_text(row["source"]), episode.content,
+                               episode.content_hash, Jsonb(episode.meta), agent, episode_id))
     conn.execute(DROP_CHUNKS, (agent, episode_id))  # vectors, queue and failure rows cascade
-    with conn.cursor() as cur:
-        for seq, text in enumerate(episodes.chunks_of(settings, content)):
-            cur.execute(episodes.INSERT_CHUNK, (agent, episode_id, seq, text,
-                                                hashlib.sha256(text.encode("utf-8")).digest()))
-            done.chunks += 1
-    done.queued += conn.execute(episodes.ENQUEUE_EPISODE, (agent, episode_id)).rowcount
+    done.queued += gate.insert_chunks(conn, episode, episode_id)
+    done.chunks += len(episode.chunks)
     done.episodes += 1

@@ -236,26 +236,11 @@ class _Tail:
         return f"[{dropped} earlier bytes of output not kept]\n" + kept.decode("utf-8")
 
 
-INSERT_RUN = """
-INSERT INTO runbook_runs (agent, name, commit, dirty, steps, from_step)
-VALUES (%(agent)s, %(name)s, %(commit)s, %(dirty)s, %(steps)s, %(from_step)s)
-RETURNING id, started_at
-"""
 FINISH_RUN = """
 UPDATE runbook_runs
    SET finished_at = now(), outcome = %(outcome)s, failed_step = %(failed_step)s, exit_code = %(exit_code)s,
        duration_s = %(duration_s)s, output_tail = %(output_tail)s
  WHERE agent = %(agent)s AND id = %(id)s
-RETURNING *
-"""
-# The run's own row can vanish during the run: restoring the memory database
-# from a dump replaces runbook_runs. Then the finished record is written again
-# (with a new id: the restored identity sequence knows nothing of the old one).
-REINSERT_RUN = """
-INSERT INTO runbook_runs (agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
-                          failed_step, exit_code, duration_s, output_tail)
-VALUES (%(agent)s, %(name)s, %(commit)s, %(dirty)s, %(started_at)s, now(), %(outcome)s, %(steps)s,
-        %(from_step)s, %(failed_step)s, %(exit_code)s, %(duration_s)s, %(output_tail)s)
 RETURNING *
 """
 SET_EPISODE = "UPDATE runbook_runs SET episode_id = %s WHERE agent = %s AND id = %s"
@@ -270,9 +255,12 @@ def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: 
     their output (stdout and stderr together) goes to on_output as it comes.
     Returns the recorded run, with episode_id or episode_error.
     """
-    record = {"agent": agent, "name": runbook.name, "commit": runbook.commit, "dirty": runbook.dirty,
-              "steps": len(runbook.steps), "from_step": from_step}
-    record.update(conn.execute(INSERT_RUN, record).fetchone())
+    from memctl import gate
+
+    admitted = gate.Gate(conn, settings).run_record(
+        {"agent": agent, "name": runbook.name, "commit": runbook.commit, "dirty": runbook.dirty,
+         "steps": len(runbook.steps), "from_step": from_step})
+    record = {**admitted.row, **gate.insert_run(conn, admitted).fetchone()}
     tail, clock = _Tail(), time.monotonic()
 
     def emit(data: bytes) -> None:
@@ -324,10 +312,21 @@ def exit_text(code: int | None) -> str:
 
 
 def _finish(conn, record: dict, failed: Step | None, code: int | None, tail: _Tail, clock: float) -> dict:
+    from memctl import gate
+
     values = {**record, "outcome": "failed" if failed else "ok", "failed_step": failed.number if failed else None,
               "exit_code": code, "duration_s": round(time.monotonic() - clock, 3), "output_tail": tail.text()}
-    row = conn.execute(FINISH_RUN, values).fetchone() or conn.execute(REINSERT_RUN, values).fetchone()
+    row = conn.execute(FINISH_RUN, values).fetchone()
+    if row is None:  # the row vanished during the run (a restore): written again, through the gate
+        row = gate.insert_run(conn, gate.Gate(conn, None, redact_off()).run_record(values), "reinsert").fetchone()
     return dict(row)
+
+
+def redact_off():
+    """The run's output is redacted by _Tail already; its other fields are the runbook's own."""
+    from memctl.redact import Redactor
+
+    return Redactor("off")
 
 
 def _add_episode(conn, settings, runbook: Runbook, run: dict) -> dict:

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-from memctl.errors import Blocked, InvalidInput, NotFound
+from memctl import gate, redact
+from memctl.errors import NotFound
 
-CHECK = "SELECT reason FROM blocked_sources WHERE source = %s"
 ALL = "SELECT source, reason, blocked_at FROM blocked_sources ORDER BY source"
-BLOCK = """
-INSERT INTO blocked_sources (source, reason) VALUES (%s, %s)
-ON CONFLICT (source) DO UPDATE SET reason = excluded.reason
-RETURNING source, reason, blocked_at
-"""
 UNBLOCK = "DELETE FROM blocked_sources WHERE source = %s RETURNING source"
 
 
-def refuse(source: str, reason: str | None) -> None:
-    because = f": {reason}" if reason else ""
-    raise Blocked(f"source {source!r} is blocked{because} (memctl source unblock {source!r} to allow it again)")
+refuse = gate.refuse
 
 
 def check_allowed(conn, source: str | None) -> None:
-    if source is None:
-        return
-    row = conn.execute(CHECK, (source,)).fetchone()
-    if row is not None:
-        refuse(source, row["reason"])
+    """The gate's rule, for a caller that only asks."""
+    gate.Gate(conn, None, redact.Redactor("off")).allow(source)
 
 
 def blocked_set(conn) -> dict[str, str | None]:
@@ -32,9 +22,8 @@ def blocked_set(conn) -> dict[str, str | None]:
 
 
 def block(conn, source: str, reason: str | None = None) -> dict:
-    if not source or "\x00" in source:
-        raise InvalidInput("a source must be a non-empty string without NUL characters")
-    return conn.execute(BLOCK, (source, reason)).fetchone()
+    row = gate.insert_blocked(conn, gate.Gate(conn, None, redact.Redactor()).blocked_source(source, reason))
+    return {"source": row["source"], "reason": row["reason"], "blocked_at": row["blocked_at"]}
 
 
 def unblock(conn, source: str) -> None:

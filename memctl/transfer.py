@@ -18,7 +18,12 @@ constant whatever the row count. `--agent` and `--since` filter episodes, lineag
 runs; facts and blocked sources are global and always exported whole.
 
 Import runs in one transaction: a corrupt or unknown line fails it, naming the line, and
-nothing is left behind. Episodes are deduplicated by (agent, content hash, created_at), fact
+nothing is left behind. Every record passes the write gate (memctl.gate): a record from a
+source blocked in this database refuses the import; the file's own blocked sources are
+added and refuse later writes, while the file's records from them (accepted where they were
+written, before the block) are restored as they were. Chunks are made anew from each
+episode's admitted text: a vector in the file is kept only for a chunk whose text is exactly
+the chunk made here. Episodes are deduplicated by (agent, content hash, created_at), fact
 histories merged in version order, lineage and run records remapped to the new episode ids,
 every text redacted on the way in. Vectors are used when the target's active model is the
 header's (or the target has none yet: the model is registered from the header, no embedder
@@ -27,15 +32,16 @@ needed); otherwise, or when redaction changed an episode, its chunks are made an
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from memctl import __version__, chunking, episodes, facts, jsonl, models, redact
+from memctl import __version__, facts, gate, jsonl, models, redact
 from memctl.config import Settings
-from memctl.errors import InvalidInput
+from memctl.errors import BadValue, Blocked, InvalidInput
 
 FORMAT = 1
 TYPES = ("header", "blocked_source", "fact", "episode", "summary_source", "runbook_run")
@@ -206,6 +212,8 @@ class ImportResult:
     queued: int = 0  # chunks queued for embedding
     summary_sources: int = 0
     runbook_runs: int = 0
+    dropped: int = 0  # importance 0 by the write policy
+    chunks_remade: int = 0  # episodes whose file chunks differed from the chunks made here: vectors not used
     redactor: redact.Redactor = field(default_factory=redact.Redactor)
 
     def to_dict(self) -> dict:
@@ -274,8 +282,10 @@ def import_stream(conn, settings: Settings, lines: Iterable[bytes], *,
         loader = _Loader(conn, settings, result)
         for number, item in records(lines):
             try:
-                loader.add(item)
-            except InvalidInput as exc:
+                loader.add(number, item)
+            except jsonl.LineError:
+                raise
+            except (InvalidInput, BadValue, Blocked) as exc:
                 raise jsonl.at(number, exc) from None
             except (psycopg.DataError, psycopg.IntegrityError) as exc:
                 # A value of the wrong type or range: the record (or, for episodes, the batch it ends) is refused.
@@ -295,6 +305,7 @@ class _Described:
     model: str
     request_dims: int | None
     size: int
+    storage: str = "vector"
 
     def dims(self) -> int:
         return self.size
@@ -303,93 +314,105 @@ class _Described:
 class _Loader:
     def __init__(self, conn, settings: Settings, result: ImportResult):
         self.conn, self.settings, self.result = conn, settings, result
+        self.gate = gate.Gate(conn, settings, result.redactor, bulk=True)
         # (agent, id in the file) -> id here, kept in a temporary table: memory stays flat at any size
         for statement in ID_MAP:
             conn.execute(statement)
         self.mapped: list[tuple[str, int, int]] = []
-        self.batch: list[tuple[dict, episodes.NewEpisode]] = []
+        self.batch: list[tuple[dict, gate.Episode]] = []
         self.model: models.Model | None = None  # whose vectors the file's chunks carry, when usable here
         self.index_later: models.Model | None = None  # registered by this import, its index not built yet
         self.queued: list[int] = []
-        self.chunk_size = episodes.chunk_size(settings)
-        self.overlap = settings.get("chunking", "overlap")
+        self.now = datetime.datetime.now(datetime.timezone.utc)
 
-    def add(self, item: dict) -> None:
+    def add(self, number: int, item: dict) -> None:
         kind = item["type"]
         if kind != "episode" and self.batch:
             self.flush()
-        getattr(self, f"_{kind}")(item)
+        if kind == "episode":
+            self._episode(number, item)
+        else:
+            getattr(self, f"_{kind}")(item)
 
     def _header(self, item: dict) -> None:
         described = item.get("vectors")
         if described:
-            self.model = self._usable_model(described)
-        self.queued = [r["id"] for r in self.conn.execute(episodes.QUEUED_MODELS).fetchall()]
+            self.model = self._usable_model(_described(described))
+        self.queued = gate.queued_models(self.conn)
 
-    def _usable_model(self, described: dict) -> models.Model | None:
+    def _usable_model(self, described: _Described) -> models.Model | None:
         active = models.active(self.conn)
         if active is None:
             # The index is built once the vectors are in: inserting into an HNSW index one vector at a time
             # ran at about 300 rows/s (measured, 20,000 rows of 384 dims); a build after the load is far faster.
-            self.index_later = models.register(
-                self.conn, _Described(described["embedder"], described["model"], described.get("request_dims"),
-                                      described["dims"]), state="active", storage=described.get("storage") or "vector",
-                build_index=False)
+            self.index_later = models.register(self.conn, described, state="active", storage=described.storage,
+                                               build_index=False)
             return self.index_later
-        same = (active.embedder, active.model, active.dims) == (described["embedder"], described["model"],
-                                                               described["dims"])
+        same = (active.embedder, active.model, active.dims) == (described.name, described.model, described.size)
         return active if same else None
 
     def _blocked_source(self, item: dict) -> None:
-        if not isinstance(item["source"], str) or not item["source"]:
-            raise InvalidInput("blocked_source: source must be a non-empty string")
-        if self.conn.execute(INSERT_BLOCKED, (item["source"], item.get("reason"),
-                                              item.get("blocked_at"))).rowcount:
-            self.result.blocked_sources += 1
+        blocked = self.gate.blocked_source(item["source"], item.get("reason"), item.get("blocked_at"))
+        self.result.blocked_sources += gate.insert_blocked(self.conn, blocked, keep_existing=True)
 
     def _fact(self, item: dict) -> None:
-        merge_fact(self.conn, item, self.result)
+        merge_fact(self.conn, self.gate, item, self.result)
 
-    def _episode(self, item: dict) -> None:
+    def _episode(self, number: int, item: dict) -> None:
+        """Checked here; admitted through the gate at flush, once duplicates of what is stored are set aside."""
         if isinstance(item["id"], bool) or not isinstance(item["id"], int):
-            raise InvalidInput("episode: id must be an integer")
-        episode = episodes.validate(self.settings, item["content"], kind=item.get("kind"), source=item.get("source"),
-                                    agent=item["agent"], importance=item.get("importance"),
-                                    created_at=item["created_at"], meta=item.get("meta"))
-        clean = episodes.redacted(episode, self.result.redactor)
-        if clean is not episode:
-            item = {**item, "chunks": None}  # vectors of the secret's text are not kept
-        self.batch.append((item, clean))
+            raise BadValue("episode: id: must be an integer", "id")
+        given = _given_chunks(item.get("chunks"))
+        episode = gate.validate(self.settings, item["content"], kind=item.get("kind"), source=item.get("source"),
+                                agent=item["agent"], importance=item.get("importance"),
+                                created_at=item["created_at"], meta=item.get("meta"))
+        episode.line = number
+        self.batch.append((item["id"], episode, given))
         if len(self.batch) >= BATCH:
             self.flush()
+
+    def admit(self, episode: gate.NewEpisode) -> gate.Episode | None:
+        try:
+            return self.gate.episode(episode)
+        except (InvalidInput, BadValue, Blocked) as exc:
+            raise jsonl.at(episode.line, exc) from None
+
+    def vectors(self, episode: gate.Episode, given: list[dict] | None) -> list | None:
+        """The file's vectors, only when its chunks are exactly the chunks made here from the admitted text."""
+        if self.model is None or not given or episode.redacted:
+            return None
+        if [c["content"] for c in sorted(given, key=lambda c: c["seq"])] != episode.chunks:
+            self.result.chunks_remade += 1
+            return None
+        vectors = [_vector_text(c["embedding"], self.model.dims) for c in sorted(given, key=lambda c: c["seq"])]
+        return None if any(v is None for v in vectors) else vectors
 
     def _summary_source(self, item: dict) -> None:
         agent = item["agent"]
         summary = self.new_id(agent, item["summary_id"])
         if summary is None:
             raise InvalidInput(f"summary_source: summary {item['summary_id']} of agent {agent!r} is not in the file")
-        try:
-            digest = bytes.fromhex(item["source_hash"])
-        except (TypeError, ValueError):
-            raise InvalidInput("summary_source: source_hash must be hex") from None
+        row = self.gate.lineage(agent, summary, item["source_id"], item["source_created_at"], item["source_hash"])
         source = self.new_id(agent, item["source_id"])
         if source is None:  # pruned before the export: an id that names no episode here
-            found = self.conn.execute(FIND_EPISODE, (agent, digest, item["source_created_at"])).fetchone()
-            source = found["id"] if found else -abs(item["source_id"])
-        self.result.summary_sources += self.conn.execute(
-            INSERT_LINEAGE, (agent, summary, source, item["source_created_at"], digest)).rowcount
+            found = self.conn.execute(FIND_EPISODE, (row.agent, row.source_hash, row.source_created_at)).fetchone()
+            source = found["id"] if found else -abs(row.source_id)
+        row = gate.Lineage(row.agent, row.summary_id, source, row.source_created_at, row.source_hash)
+        self.result.summary_sources += gate.insert_lineage(self.conn, [row])
 
     def _runbook_run(self, item: dict) -> None:
         row = {name: item.get(name) for name in FIELDS["runbook_run"][0] if name != "type"}
         row["episode_id"] = self.new_id(item["agent"], item.get("episode_id")) if item.get("episode_id") else None
         row["dirty"] = bool(row["dirty"])
         row["from_step"] = row["from_step"] or 1
-        row["output_tail"] = redact.redact_text(row["output_tail"] or "")
-        self.result.runbook_runs += self.conn.execute(INSERT_RUN, row).rowcount
+        row["output_tail"] = row["output_tail"] or ""
+        self.result.runbook_runs += gate.insert_run(self.conn, self.gate.run_record(row), "import").rowcount
 
     def new_id(self, agent: str, old_id: Any) -> int | None:
         if isinstance(old_id, bool) or not isinstance(old_id, int):
-            raise InvalidInput(f"an episode id must be an integer, got {old_id!r}")
+            raise BadValue(f"an episode id must be an integer, got {old_id!r}", "id")
+        if not isinstance(agent, str):
+            raise BadValue(f"agent: must be a string, got {agent!r}", "agent")
         row = self.conn.execute(LOOK_UP_ID, (agent, old_id)).fetchone()
         return row["new_id"] if row else None
 
@@ -404,6 +427,43 @@ class _Loader:
             self.mapped = []
 
 
+def _described(described: Any) -> _Described:
+    """The header's `vectors`: the model the file's chunk vectors were made with."""
+    if not isinstance(described, dict):
+        raise BadValue("header: vectors must be an object describing a model", "vectors")
+    for name, kind in (("embedder", str), ("model", str), ("dims", int)):
+        if isinstance(described.get(name), bool) or not isinstance(described.get(name), kind):
+            raise BadValue(f"header: vectors.{name} must be a {kind.__name__}", f"vectors.{name}")
+    storage = described.get("storage") or "vector"
+    if storage not in ("vector", "halfvec"):
+        raise BadValue(f"header: vectors.storage must be vector or halfvec, got {storage!r}", "vectors.storage")
+    request = described.get("request_dims")
+    if request is not None and (isinstance(request, bool) or not isinstance(request, int)):
+        raise BadValue("header: vectors.request_dims must be an integer", "vectors.request_dims")
+    return _Described(described["embedder"], described["model"], request, described["dims"], storage)
+
+
+def _given_chunks(chunks: Any) -> list[dict] | None:
+    """An exported episode's chunks, checked for shape: {seq: int, content: str, embedding: list|null}."""
+    if chunks is None:
+        return None
+    if not isinstance(chunks, list):
+        raise BadValue("episode: chunks must be a list", "chunks")
+    seen = set()
+    for index, chunk in enumerate(chunks):
+        if not isinstance(chunk, dict):
+            raise BadValue(f"episode: chunks[{index}] must be an object", "chunks")
+        seq = chunk.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0 or seq in seen:
+            raise BadValue(f"episode: chunks[{index}].seq must be a distinct integer >= 0, got {seq!r}", "chunks")
+        seen.add(seq)
+        if not isinstance(chunk.get("content"), str):
+            raise BadValue(f"episode: chunks[{index}].content must be a string", "chunks")
+        if chunk.get("embedding") is not None and not isinstance(chunk["embedding"], list):
+            raise BadValue(f"episode: chunks[{index}].embedding must be a list of numbers or null", "chunks")
+    return chunks
+
+
 ID_MAP = (
     "DROP TABLE IF EXISTS pg_temp.memctl_import_ids",
     "CREATE TEMPORARY TABLE memctl_import_ids (agent text, old_id bigint, new_id bigint) ON COMMIT DROP",
@@ -411,98 +471,60 @@ ID_MAP = (
 )
 COPY_IDS = "COPY memctl_import_ids (agent, old_id, new_id) FROM STDIN"
 LOOK_UP_ID = "SELECT new_id FROM memctl_import_ids WHERE agent = %s AND old_id = %s"
-INSERT_BLOCKED = """
-INSERT INTO blocked_sources (source, reason, blocked_at) VALUES (%s, %s, coalesce(%s::timestamptz, now()))
-ON CONFLICT (source) DO NOTHING
-"""
 FIND_EPISODE = "SELECT id FROM episodes WHERE agent = %s AND content_hash = %s AND created_at = %s LIMIT 1"
-INSERT_LINEAGE = """
-INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash)
-VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING
-"""
-INSERT_RUN = """
-INSERT INTO runbook_runs (agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
-                          failed_step, exit_code, duration_s, output_tail, episode_id)
-SELECT %(agent)s, %(name)s, %(commit)s, %(dirty)s, %(started_at)s, %(finished_at)s, %(outcome)s, %(steps)s,
-       %(from_step)s, %(failed_step)s, %(exit_code)s, %(duration_s)s, %(output_tail)s, %(episode_id)s
-WHERE NOT EXISTS (SELECT 1 FROM runbook_runs WHERE agent = %(agent)s AND name = %(name)s
-                  AND started_at = %(started_at)s)
-"""
 # By created_at, which is indexed (content_hash is not); the hash is compared here.
 EXISTING = """
 SELECT agent, content_hash, created_at, id FROM episodes WHERE created_at = ANY(%s)
 """
-COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STDIN"
 
 
-def _insert_episodes(loader: _Loader, batch: list[tuple[dict, episodes.NewEpisode]]) -> None:
-    """Insert a batch with COPY: new episodes only, their chunks (with the file's vectors when usable), queue rows."""
-    from psycopg import sql
-    from psycopg.types.json import Jsonb
+def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, list | None]]) -> None:
+    """New episodes only (deduplicated by agent, content hash and created_at), through the gate's COPY writer.
 
+    A record already stored (as it is in the file, or as the gate would store it) is a duplicate and
+    stores nothing, so a backup can be imported again whatever was blocked since; every other record
+    passes the gate, which refuses a blocked source and redacts.
+    """
     conn, result = loader.conn, loader.result
-    times = list({ep.created_at for _, ep in batch})
+    times = list({ep.created_at for _, ep, _ in batch})
     known = {(r["agent"], bytes(r["content_hash"]), r["created_at"]): r["id"]
              for r in conn.execute(EXISTING, (times,)).fetchall()}
-    fresh, repeated = [], []
-    for item, ep in batch:
-        key = (ep.agent, ep.content_hash, ep.created_at)
+    fresh, vectors, repeated = [], [], []
+    for old_id, raw, given in batch:
+        key = (raw.agent, raw.content_hash, raw.created_at)
+        ep = None
+        if key not in known:
+            ep = loader.admit(raw)
+            if ep is None:  # importance 0: the write policy stores nothing
+                result.dropped += 1
+                continue
+            key = (ep.agent, ep.content_hash, ep.created_at)
         if key in known:
-            repeated.append((ep.agent, item["id"], key))
+            repeated.append((raw.agent, old_id, key))
             result.duplicates += 1
             continue
-        fresh.append((item, ep))
+        fresh.append((old_id, ep, raw.agent))  # ids are mapped under the file's agent name
+        vectors.append(loader.vectors(ep, given))
         known[key] = None  # a second copy in this batch maps to the id the first one gets below
-    new_ids = episodes._take_ids(conn, episodes.EPISODE_SEQ, len(fresh))
-    chunk_rows, vector_rows = [], []
-    for new_id, (item, ep) in zip(new_ids, fresh):
-        loader.mapped.append((ep.agent, item["id"], new_id))
+    copied = gate.copy_episodes(conn, [ep for _, ep, _ in fresh], now=loader.now, queued=loader.queued,
+                                vectors=vectors, model=loader.model)
+    for new_id, (old_id, ep, agent) in zip(copied.ids, fresh):
+        loader.mapped.append((agent, old_id, new_id))
         known[(ep.agent, ep.content_hash, ep.created_at)] = new_id
-        given = item.get("chunks") if loader.model is not None else None
-        if given and all(isinstance(c, dict) and isinstance(c.get("content"), str) for c in given):
-            for chunk in given:
-                chunk_rows.append((ep.agent, new_id, chunk["seq"], chunk["content"], chunk.get("embedding")))
-        else:
-            for seq, text in enumerate(chunking.chunk_text(ep.content, loader.chunk_size, loader.overlap)):
-                chunk_rows.append((ep.agent, new_id, seq, text, None))
     loader.mapped.extend((agent, old_id, known[key]) for agent, old_id, key in repeated)
-    chunk_ids = episodes._take_ids(conn, episodes.CHUNK_SEQ, len(chunk_rows))
-    with conn.cursor() as cur:
-        with cur.copy(episodes.COPY_EPISODES) as copy:
-            copy.set_types(episodes.EPISODE_TYPES)
-            for new_id, (_, ep) in zip(new_ids, fresh):
-                copy.write_row((new_id, ep.agent, ep.kind, ep.content, ep.content_hash, ep.source, ep.importance,
-                                ep.created_at, Jsonb(ep.meta)))
-        with cur.copy(episodes.COPY_CHUNKS) as copy:
-            copy.set_types(episodes.CHUNK_TYPES)
-            for chunk_id, (agent, episode_id, seq, text, vector) in zip(chunk_ids, chunk_rows):
-                digest = hashlib.sha256(text.encode("utf-8")).digest()
-                copy.write_row((chunk_id, agent, episode_id, seq, text, digest))
-                if vector is not None:
-                    vector_rows.append((agent, chunk_id, digest, _vector_text(vector)))
-        if vector_rows:
-            table = sql.Identifier(loader.model.table_name)
-            with cur.copy(sql.SQL(COPY_VECTORS).format(table=table)) as copy:
-                for row in vector_rows:
-                    copy.write_row(row)
-        with_vector = {row[1] for row in vector_rows}
-        with cur.copy(episodes.COPY_QUEUE) as copy:
-            copy.set_types(["int4", "text", "int8"])
-            for model_id in loader.queued:
-                skip = with_vector if loader.model is not None and model_id == loader.model.id else set()
-                for chunk_id, row in zip(chunk_ids, chunk_rows):
-                    if chunk_id not in skip:
-                        copy.write_row((model_id, row[0], chunk_id))
-                        result.queued += 1
     result.episodes += len(fresh)
-    result.chunks += len(chunk_rows)
-    result.vectors += len(vector_rows)
+    result.chunks += copied.chunks
+    result.vectors += copied.vectors
+    result.queued += copied.queued
 
 
-def _vector_text(vector: Any) -> str:
-    """pgvector's text form; the server checks every element (a non-number fails the import, naming the line)."""
-    if not isinstance(vector, list) or not vector:
-        raise InvalidInput("episode: a chunk's embedding must be a list of numbers")
+def _vector_text(vector: Any, dims: int) -> str | None:
+    """pgvector's text form of a chunk's vector (None: the chunk has none and is queued)."""
+    if vector is None:
+        return None
+    if not isinstance(vector, list) or len(vector) != dims or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+        raise BadValue(f"episode: a chunk's embedding must be a list of {dims} finite numbers", "chunks")
     return json.dumps(vector)
 
 
@@ -512,63 +534,50 @@ KEY_HISTORY = """
 SELECT version, op, old_value, new_value, source, changed_at FROM fact_history
 WHERE namespace = %s AND key = %s ORDER BY version, id
 """
-INSERT_HISTORY = """
-INSERT INTO fact_history (namespace, key, version, op, old_value, new_value, source, changed_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-"""
-PUT_FACT = """
-INSERT INTO facts (namespace, key, value, source, version, updated_at) VALUES (%s, %s, %s, %s, %s, %s)
-ON CONFLICT (namespace, key) DO UPDATE
-   SET value = excluded.value, source = excluded.source, version = excluded.version, updated_at = excluded.updated_at
-"""
-OPS = ("set", "delete", "erase")
 
 
-def merge_fact(conn, item: dict, result: ImportResult) -> None:
-    """Add a key's history: as it is on an empty key; else the entries not yet here, after the last version."""
-    namespace, key, history = item["namespace"], item["key"], item["history"]
-    if not isinstance(namespace, str) or not namespace or not isinstance(key, str):
-        raise InvalidInput("fact: namespace and key must be non-empty strings")
-    facts.check_key(key)
+def _history_entries(admit: gate.Gate, fact: gate.FactValue, history: Any) -> list[gate.HistoryEntry]:
+    """A fact record's history, each entry through the gate, in version order."""
     if not isinstance(history, list) or not history:
-        raise InvalidInput(f"fact {key!r}: history must be a non-empty list")
-    redactor = result.redactor
+        raise BadValue(f"fact {fact.key!r}: history must be a non-empty list", "history")
     entries = []
-    for entry in sorted(history, key=lambda e: e.get("version") or 0 if isinstance(e, dict) else 0):
-        if not isinstance(entry, dict) or entry.get("op") not in OPS or not isinstance(entry.get("version"), int):
-            raise InvalidInput(f"fact {key!r}: a history entry needs an integer version and op set|delete|erase")
-        for name in ("old_value", "new_value", "source"):
-            if entry.get(name) is not None and not isinstance(entry[name], str):
-                raise InvalidInput(f"fact {key!r}: history {name} must be a string or null")
+    for index, entry in enumerate(history):
+        if not isinstance(entry, dict):
+            raise BadValue(f"fact {fact.key!r}: history[{index}] must be an object", "history")
         if entry.get("changed_at") is None:
-            raise InvalidInput(f"fact {key!r}: a history entry needs changed_at")
-        entries.append({**entry, "changed_at": episodes.parse_time(entry["changed_at"]),
-                        "old_value": redactor.text(entry.get("old_value"), f"history of fact {key!r}"),
-                        "new_value": redactor.text(entry.get("new_value"), f"history of fact {key!r}")})
-    value = item.get("value")
-    if value is not None:
-        facts.validate(key, value, namespace, item.get("source"))
-        value = redactor.text(value, f"value of fact {key!r}")
+            raise BadValue(f"fact {fact.key!r}: history[{index}] needs changed_at", "history")
+        entries.append(admit.history(fact, entry.get("version"), entry.get("op"), entry.get("old_value"),
+                                     entry.get("new_value"), entry.get("source"), entry["changed_at"]))
+    return sorted(entries, key=lambda e: e.version)
+
+
+def merge_fact(conn, admit: gate.Gate, item: dict, result: ImportResult) -> None:
+    """Add a key's history: as it is on an empty key; else the entries not yet here, after the last version."""
+    fact = admit.fact(item["namespace"], item["key"], item.get("value"), item.get("source"))
+    entries = _history_entries(admit, fact, item["history"])
+    version = item.get("version")
+    if version is not None:
+        version = gate.integer(version, "version", 1, 2**62)
+    updated_at = None if item.get("updated_at") is None else gate.parse_time(item["updated_at"], "updated_at")
+    namespace, key = fact.namespace, fact.key
     conn.execute(facts.LOCK_KEY, (namespace, key))
     here = conn.execute(KEY_HISTORY, (namespace, key)).fetchall()
     seen = {(h["op"], h["old_value"], h["new_value"], h["changed_at"]) for h in here}
-    new = [e for e in entries if (e["op"], e["old_value"], e["new_value"], e["changed_at"]) not in seen] \
-        if here else entries
+    new = [e for e in entries if (e.op, e.old_value, e.new_value, e.changed_at) not in seen] if here else entries
     if not new:
         return
     last = max((h["version"] for h in here), default=0)
     for offset, entry in enumerate(new, start=1):
-        version = entry["version"] if not here else last + offset
-        conn.execute(INSERT_HISTORY, (namespace, key, version, entry["op"], entry["old_value"], entry["new_value"],
-                                      entry.get("source"), entry["changed_at"]))
+        if here:
+            entry = dataclasses.replace(entry, version=last + offset)
+        gate.insert_history(conn, entry)
     result.fact_changes += len(new)
     result.facts += 1
     newest_here = max((h["changed_at"] for h in here), default=None)
-    if here and newest_here >= new[-1]["changed_at"]:
+    if here and newest_here >= new[-1].changed_at:
         return  # this database's own later change stays the current value
-    version = item.get("version") if not here else last + len(new)
-    if value is None:
+    version = version if not here else last + len(new)
+    if fact.value is None:
         conn.execute(facts.DELETE, (namespace, key))
     else:
-        conn.execute(PUT_FACT, (namespace, key, value, item.get("source"), version or new[-1]["version"],
-                                item.get("updated_at") or new[-1]["changed_at"]))
+        gate.put_fact(conn, fact, version or new[-1].version, updated_at or new[-1].changed_at)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from memctl import chunking, config, episodes
-from memctl.errors import InvalidInput
+from memctl.errors import BadValue, InvalidInput
 
 
 def count(conn, table: str) -> int:
@@ -34,18 +34,19 @@ def test_add_from_stdin_and_invalid_utf8(cli):
     assert bad.exit_code == 1 and "UTF-8" in bad.stderr and bad.stdout == ""
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["   "], "empty"),
-    (["a\x00b"], "NUL"),
-    (["x", "--importance", "11"], "0 to 10"),
-    (["x", "--importance", "-1"], "0 to 10"),
-    (["x", "--created-at", "last tuesday"], "ISO 8601"),
-    (["x", "--meta", "[1,2]"], "JSON object"),
-    (["x", "--meta", "{bad"], "not valid JSON"),
+@pytest.mark.parametrize("args,needle,code", [
+    (["   "], "empty", 1),
+    (["a\x00b"], "NUL", 1),
+    (["x", "--importance", "11"], "--importance", 2),
+    (["x", "--importance", "-1"], "--importance", 2),
+    (["x", "--created-at", "last tuesday"], "ISO 8601", 2),
+    (["x", "--meta", "[1,2]"], "JSON object", 2),
+    (["x", "--meta", "{bad"], "not valid JSON", 2),
 ])
-def test_bad_input_gets_a_clear_error_and_stores_nothing(cli, conn, args, needle):
+def test_bad_input_gets_a_clear_error_and_stores_nothing(cli, conn, args, needle, code):
+    """Bad text is bad input (exit 1); a bad value of an option is a usage error (exit 2)."""
     result = cli("episode", "add", *args)
-    assert result.exit_code == 1, result.stdout
+    assert result.exit_code == code, result.stdout
     assert needle in result.stderr
     assert result.stdout == ""
     assert count(conn, "episodes") == 0
@@ -163,8 +164,10 @@ def test_import_fails_whole_on_line_n_and_leaves_nothing(cli, conn):
     ([1, 2], "JSON object"),
 ])
 def test_import_names_the_problem(cli, line, needle):
+    """A bad field value is a usage error (2), a line that is no episode record bad input (1): both named."""
     result = cli("episode", "import", "-", input=jsonl({"content": "fine"}, line))
-    assert result.exit_code == 1 and "line 2" in result.stderr and needle in result.stderr
+    expected = 2 if needle in ("0 to 10", "ISO 8601") else 1
+    assert result.exit_code == expected and "line 2" in result.stderr and needle in result.stderr
 
 
 def test_import_skip_invalid_reports_line_numbers(cli, conn):
@@ -198,8 +201,10 @@ def test_validate_library_defaults():
     settings = config.load(environ={})
     episode = episodes.validate(settings, "text")
     assert (episode.kind, episode.agent, episode.importance) == ("observation", "default", 4)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(BadValue, match="importance"):
         episodes.validate(settings, "text", importance=True)
+    with pytest.raises(InvalidInput, match="empty"):
+        episodes.validate(settings, "  ")
 
 
 def test_every_jsonl_reader_reports_a_bad_line_alike(cli, tmp_path):

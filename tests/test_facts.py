@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from memctl import db, facts
-from memctl.errors import InvalidInput, NotFound
+from memctl.errors import BadValue, InvalidInput, NotFound
 
 
 def test_set_prints_old_and_new_value_and_version(cli):
@@ -59,12 +59,12 @@ def test_delete_keeps_history_and_versions_continue(cli):
 
 
 def test_erase_removes_values_from_history_and_records_the_erasure(cli, conn):
-    cli("fact", "set", "secret.token", "hunter2")
-    cli("fact", "set", "secret.token", "hunter3")
-    erased = cli("fact", "delete", "secret.token", "--erase", "-f", "json")
+    cli("fact", "set", "ops.note", "hunter2")
+    cli("fact", "set", "ops.note", "hunter3")
+    erased = cli("fact", "delete", "ops.note", "--erase", "-f", "json")
     assert erased.exit_code == 0, erased.stderr
     assert erased.json()[0]["history_values_erased"] == 2 and erased.json()[0]["fact_removed"] is True
-    rows = conn.execute("SELECT op, old_value, new_value FROM fact_history WHERE key = 'secret.token' "
+    rows = conn.execute("SELECT op, old_value, new_value FROM fact_history WHERE key = 'ops.note' "
                         "ORDER BY version").fetchall()
     assert [r["op"] for r in rows] == ["set", "set", "erase"]
     assert all(r["old_value"] is None and r["new_value"] is None for r in rows)
@@ -85,9 +85,9 @@ CAN_CHECKPOINT = "SELECT rolsuper OR pg_has_role(current_user, 'pg_checkpoint', 
 
 
 def test_erase_says_what_plain_vacuum_leaves_behind(cli, conn):
-    cli("fact", "set", "secret.token", "hunter2")
+    cli("fact", "set", "ops.note", "hunter2")
     before = conn.execute(FILENODES).fetchone()
-    erased = cli("fact", "delete", "secret.token", "--erase", "-f", "json")
+    erased = cli("fact", "delete", "ops.note", "--erase", "-f", "json")
     assert erased.exit_code == 0, erased.stderr
     [row] = erased.json()
     assert row["vacuum"] == "VACUUM" and row["checkpoint"] is False
@@ -98,14 +98,14 @@ def test_erase_says_what_plain_vacuum_leaves_behind(cli, conn):
 
 
 def test_erase_full_rewrites_both_tables_and_checkpoints(cli, conn):
-    cli("fact", "set", "secret.token", "hunter2-in-the-file")
-    cli("fact", "set", "secret.token", "hunter3-in-the-file")
+    cli("fact", "set", "ops.note", "hunter2-in-the-file")
+    cli("fact", "set", "ops.note", "hunter3-in-the-file")
     superuser = conn.execute(CAN_READ_FILES).fetchone()["rolsuper"]
     if superuser:
         conn.execute("CHECKPOINT")
         assert all(r["at"] > 0 for r in conn.execute(IN_FILES, ("-in-the-file",)).fetchall())
     before = conn.execute(FILENODES).fetchone()
-    erased = cli("fact", "delete", "secret.token", "--erase", "--full", "-f", "json")
+    erased = cli("fact", "delete", "ops.note", "--erase", "--full", "-f", "json")
     assert erased.exit_code == 0, erased.stderr
     [row] = erased.json()
     assert row["vacuum"] == "VACUUM FULL" and row["history_values_erased"] == 2
@@ -116,7 +116,7 @@ def test_erase_full_rewrites_both_tables_and_checkpoints(cli, conn):
     if superuser:
         conn.execute("CHECKPOINT")
         assert [r["at"] for r in conn.execute(IN_FILES, ("-in-the-file",)).fetchall()] == [0, 0]
-    assert cli("fact", "get", "secret.token").exit_code == 4
+    assert cli("fact", "get", "ops.note").exit_code == 4
 
 
 def test_full_needs_erase(cli):
@@ -149,9 +149,9 @@ def test_every_format_renders(cli, fmt):
 
 
 def test_bad_keys_and_nul_are_refused(cli):
-    assert cli("fact", "set", "", "v").exit_code == 1
+    assert cli("fact", "set", "", "v").exit_code == 2  # a bad value of the KEY argument
     too_long = cli("fact", "set", "k" * 256, "v")
-    assert too_long.exit_code == 1 and "255" in too_long.stderr
+    assert too_long.exit_code == 2 and "255" in too_long.stderr
     nul = cli("fact", "set", "k", "a\x00b")
     assert nul.exit_code == 1 and "NUL" in nul.stderr
     assert cli("fact", "set", "k" * 255, "ok").exit_code == 0
@@ -222,8 +222,10 @@ def test_import_with_a_bad_line_fails_whole_and_names_the_line(cli, conn):
 def test_library_errors_are_typed(conn):
     with pytest.raises(NotFound):
         facts.get_fact(conn, "missing")
-    with pytest.raises(InvalidInput):
+    with pytest.raises(BadValue, match="key"):
         facts.set_fact(conn, "", "v")
+    with pytest.raises(InvalidInput, match="NUL"):
+        facts.set_fact(conn, "k", "a\x00b")
 
 
 def test_password_never_printed(cli):
