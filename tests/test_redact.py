@@ -49,18 +49,132 @@ def test_labelled_secret_lines_are_found_and_replaced(record):
     out = redact.replace(record["text"], found)
     assert all(value not in out for value in record["secrets"]), out
     assert f"[REDACTED:{record['kinds'][0]}]" in out
+    assert redact.redact_text(out) == out  # idempotent
+    with pytest.raises(redact.SecretRefused) as refused:
+        redact.Redactor("block").text(record["text"], "episode text")
+    assert record["kinds"][0] in str(refused.value)
+    assert not any(value in str(refused.value) for value in record["secrets"])
 
 
 def test_labelled_everyday_lines_are_untouched():
     clean = [r["text"] for r in LABELLED if not r["kinds"]]
-    assert len(clean) >= 25
+    assert len(clean) >= 90
     touched = {text: redact.redact_text(text) for text in clean if redact.redact_text(text) != text}
     assert touched == {}
+    block = redact.Redactor("block")
+    assert [block.text(text) for text in clean] == clean and block.count == 0
 
 
 def test_redaction_is_idempotent():
     once = redact.redact_text(EPISODE)
     assert redact.redact_text(once) == once and redact.find(once) == []
+
+
+# The five shapes of issue 19, finding 10, and where the secret is in each.
+FINDING_10 = [
+    ("db password: hunter2", "hunter2", "password"),
+    ("export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+     "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "secret-keyword"),
+    ("Authorization: Bearer sk-proj-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56", "sk-proj-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56",
+     "openai-token"),
+    ("OPENAI_API_KEY=sk-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78", "sk-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78",
+     "openai-token"),
+    ("mysql -phunter2 -u root shop", "hunter2", "password"),
+]
+
+
+@pytest.mark.parametrize("text, secret, kind", FINDING_10, ids=[k for _, _, k in FINDING_10])
+def test_the_shapes_of_finding_10_keep_their_name_and_lose_their_value(text, secret, kind):
+    out = redact.redact_text(text)
+    assert secret not in out and f"[REDACTED:{kind}]" in out
+    assert out.split("[REDACTED:")[0] == text.split(secret)[0]  # the name stays, only the value goes
+
+
+def test_block_mode_refuses_each_shape_of_finding_10_and_a_secret_named_fact(cli, conn, tmp_path):
+    mode(tmp_path, "block")
+    for text, secret, kind in FINDING_10:
+        result = cli("episode", "add", text)
+        assert result.exit_code == 1 and kind in result.stderr and "block" in result.stderr, (text, result.stderr)
+        assert secret not in result.stderr + result.stdout
+    fact = cli("fact", "set", "db.password", "hunter2")
+    assert fact.exit_code == 1 and "secret-named" in fact.stderr and "hunter2" not in fact.stderr + fact.stdout
+    counts = conn.execute("SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM facts) AS f").fetchone()
+    assert counts == {"e": 0, "f": 0}
+    assert cli("fact", "set", "db.host", "10.8.0.4").exit_code == 0
+    assert cli("episode", "add", "ssh -p 2222 deploy@web1; token count: 512; primary key: id").exit_code == 0
+
+
+def test_a_fact_whose_key_names_a_secret_is_stored_redacted(cli, conn):
+    done = cli("fact", "set", "db.password", "hunter2")
+    assert done.exit_code == 0 and "secret-named" in done.stderr and "hunter2" not in done.stderr + done.stdout
+    cli("fact", "set", "db.password_policy.min_length", "12")
+    cli("fact", "set", "db.password_file", "/run/secrets/db")
+    values = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM facts").fetchall()}
+    assert values == {"db.password": "[REDACTED:secret-named]", "db.password_policy.min_length": "12",
+                      "db.password_file": "/run/secrets/db"}
+    assert "hunter2" not in all_text(conn)
+
+
+SECRET_NAMES = ["db.password", "api_token", "aws.secret_access_key", "openai_api_key", "PGPASSWORD", "clientSecret",
+                "smtp.pass", "GITHUB_TOKEN", "x-api-key", "deploy.token", "db.passwd", "wifi.passphrase",
+                "ldap.credentials", "jwt_secret", "stripe.secret_key", "http_auth", "private_key", "password2"]
+OTHER_NAMES = ["db.host", "token_count", "max_tokens", "primary_key", "ssh_key", "public_key", "sort_key",
+               "password_policy.min_length", "password_file", "access_key_id", "secret_name", "auth", "keys",
+               "passwords", "page_token", "eos_token", "token_type", "credentials_file", "cache.key", "bypass"]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_secret_name_true(name):
+    assert redact.secret_name(name)
+
+
+@pytest.mark.parametrize("name", OTHER_NAMES)
+def test_secret_name_false(name):
+    assert not redact.secret_name(name)
+
+
+def test_named_replaces_a_secret_named_value_whole_else_scans_it():
+    r = redact.Redactor()
+    assert r.named("db.password", "hunter2", "value of fact 'db.password'") == "[REDACTED:secret-named]"
+    assert r.named("deploy.token", GITHUB) == "[REDACTED:github-token]"  # one known secret keeps its kind
+    assert r.named("wifi.passphrase", "correct horse battery staple") == "[REDACTED:secret-named]"
+    for placeholder in ("${DB_PASSWORD}", "<password>", "***", "xxx", "op://infra/db/password", "/run/secrets/db",
+                        "rotated, see the vault", "stored in the vault under db/prod"):
+        assert r.named("db.password", placeholder) == placeholder
+    assert r.named("db.host", "10.8.0.4") == "10.8.0.4"
+    url = r.named("db.url", f"postgresql://app:{DB_PASSWORD}@db/app")
+    assert url == "postgresql://app:[REDACTED:url-password]@db/app"
+    assert r.named("db.password", None) is None and r.named("db.password", "") == ""
+    assert r.kinds == {"secret-named": 2, "github-token": 1, "url-password": 1}
+    assert redact.Redactor("off").named("db.password", "hunter2") == "hunter2"
+    with pytest.raises(redact.SecretRefused) as refused:
+        redact.Redactor("block").named("db.password", "hunter2", "value of fact 'db.password'")
+    assert "secret-named" in str(refused.value) and "hunter2" not in str(refused.value)
+    assert redact.Redactor("block").named("db.host", "10.8.0.4") == "10.8.0.4"
+
+
+def test_one_walk_for_values_by_name_and_text():
+    meta = {"password": "hunter2", "hosts": ["web1", f"pushed with {GITHUB}"], "port": 5432, "ok": True,
+            "nested": {"api_key": "abc123def456", "note": "ssh -p 2222 web1"}, "pair": ("x", None),
+            "token_count": "512"}
+    expected = {"password": "[REDACTED:secret-named]", "hosts": ["web1", "pushed with [REDACTED:github-token]"],
+                "port": 5432, "ok": True, "nested": {"api_key": "[REDACTED:secret-named]", "note": "ssh -p 2222 web1"},
+                "pair": ["x", None], "token_count": "512"}
+    assert redact.redact_value(meta) == expected
+    redactor = redact.Redactor()
+    assert redactor.value(meta, "episode meta") == expected
+    assert redactor.kinds == {"secret-named": 2, "github-token": 1}
+    assert redact.redact_value([f"a {GITHUB}", {"k": "v"}], str.upper) == [f"A {GITHUB}".upper(), {"k": "V"}]
+    with pytest.raises(redact.SecretRefused):
+        redact.Redactor("block").value({"nested": [{"db_password": "hunter2"}]})
+
+
+def test_ordinary_prose_skips_every_detector():
+    """The cheap gate keeps find() fast on what most writes are: prose and log lines with no secret shape."""
+    prose = [e if isinstance(e, str) else e[1] for name in ("retrieval.json", "retrieval_log.json")
+             for e in json.loads((Path(__file__).parent / "data" / name).read_text())["episodes"]]
+    skipped = [text for text in prose if not redact._candidate(text, text.lower())]
+    assert len(prose) >= 50 and len(skipped) >= 0.8 * len(prose)
 
 
 def test_every_write_path_redacts_before_the_database_and_the_embedder(cli, conn, ollama_env):
