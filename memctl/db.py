@@ -89,7 +89,17 @@ def open_database(target: Target, *, report: Callable[[str], None] | None = None
         from memctl import embedded
 
         target.url = embedded.start(report=report).url
-    conn = connect(target.url)
+    try:
+        conn = connect(target.url)
+    except DatabaseUnavailable:
+        if not target.embedded:
+            raise
+        # Found running while another memctl was still creating its database (or stopped since):
+        # wait for that start to finish, then connect once more.
+        from memctl import embedded
+
+        target.url = embedded.await_start(report=report).url
+        conn = connect(target.url)
     if migrate:
         migrate_mod.ensure_current(conn, auto=target.embedded)
     if vector:

