@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memctl import models
+from memctl import lineage, models
 from memctl.errors import ConfigError, NotFound, UsageError
 
 DEFAULT_BATCH = 2000
@@ -105,10 +105,9 @@ def read_policy(path: str | Path) -> Policy:
 PRUNE_WHERE = "e.kind = %(kind)s AND e.created_at < %(cutoff)s AND (%(keep)s::int IS NULL OR e.importance < %(keep)s)"
 PURGE_WHERE = "e.source = %(source)s AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s)"
 PURGE_KIND_WHERE = PURGE_WHERE + " AND e.kind = %(kind)s"
-# An episode some summary was built from (summary_sources has no foreign key to it: the lineage outlives it).
-SUMMARIZED = "EXISTS (SELECT 1 FROM summary_sources l WHERE l.agent = e.agent AND l.source_id = e.id)"
-PRUNE_SUMMARIZED_WHERE = PRUNE_WHERE + " AND " + SUMMARIZED
-PRUNE_UNSUMMARIZED_WHERE = PRUNE_WHERE + " AND NOT " + SUMMARIZED
+# An episode some summary was built from: the lineage's one definition (memctl.lineage).
+PRUNE_SUMMARIZED_WHERE = PRUNE_WHERE + " AND " + lineage.SUMMARIZED
+PRUNE_UNSUMMARIZED_WHERE = PRUNE_WHERE + " AND " + lineage.UNSUMMARIZED
 
 
 @dataclass

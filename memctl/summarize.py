@@ -10,9 +10,15 @@ may have read truncated fails its window.
 A summary is an episode (kind 'summary', source 'summarize:<model>', created_at
 at the window's end, importance the highest of its sources), written through
 memctl.episodes so chunking, embed queueing and the write lock apply, together
-with its lineage rows (summary_sources) in one transaction per window: a killed
-run loses at most the window in flight, and a rerun never summarizes an episode
-twice. The lineage has no foreign key to the sources, so it outlives them.
+with its lineage rows (summary_sources, memctl.lineage) in one transaction per
+window: a killed run loses at most the window in flight, and a rerun never
+summarizes an episode twice.
+
+Memory does not grow with the window: its episodes are recorded in a temporary
+table (id, time, content hash) by one statement, then read back in pages of
+about PAGE_BYTES and fed to the parts as they fill; the parts' summaries wait
+in another temporary table between rounds. The lineage rows and the re-check in
+the writing transaction are computed in SQL from the recorded input.
 """
 
 from __future__ import annotations
@@ -21,14 +27,15 @@ import datetime
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Iterator
 
+from memctl import lineage as lineage_mod
 from memctl.config import Settings, parse_duration
 from memctl.embedding import OllamaEmbedder, estimate_tokens
 from memctl.errors import ConfigError, EmbedInputRejected, MemctlError, Unavailable, UsageError
 
-SUMMARY_KIND = "summary"
-SOURCE_PREFIX = "summarize:"
+SUMMARY_KIND = lineage_mod.SUMMARY_KIND
+SOURCE_PREFIX = lineage_mod.SOURCE_PREFIX
 JOB = "summarize"
 LOCK_CLASS = 0x6D73756D  # "msum": advisory lock namespace, one lock per (agent, day)
 OVERDUE_GRACE_S = 2 * 86400  # the timer runs daily: two missed days make summaries overdue
@@ -38,6 +45,9 @@ MARGIN_TOKENS = 64  # the chat template's own tokens around the messages
 # prompts at 80% of the room keeps them inside the context at down to about 3 characters per token.
 ESTIMATE_SAFETY = 0.8
 UTC = datetime.timezone.utc
+PAGE_BYTES = 1 << 20  # a page of a window's episodes holds about this much text (or one longer episode)
+PAGE_ROWS = 2000  # ... and at most this many episodes
+PARTS_PAGE = 32  # part summaries read back per query (each at most one answer, num_predict tokens)
 
 SYSTEM_PROMPT = (
     "You summarize an AI agent's memory log so that the agent can read the summary later in place of the "
@@ -123,22 +133,17 @@ def make_chat(settings: Settings, name: str) -> OllamaChat:
 
 # --- windows ------------------------------------------------------------------
 
+# Statements name the lineage's rule where it applies ({unsummarized}, {summarized}): constant fragments
+# composed once, here; values are always parameters.
 WINDOWS = """
 SELECT e.agent, date_trunc('day', e.created_at AT TIME ZONE 'UTC') AS day, count(*) AS episodes,
        sum(length(e.content)) AS chars
 FROM episodes e
 WHERE e.kind = ANY(%(kinds)s) AND e.created_at < %(before)s AND (%(agent)s::text IS NULL OR e.agent = %(agent)s)
-  AND NOT EXISTS (SELECT 1 FROM summary_sources l WHERE l.agent = e.agent AND l.source_id = e.id)
+  AND {unsummarized}
 GROUP BY 1, 2 ORDER BY 2, 1
 LIMIT %(limit)s
-"""
-WINDOW_EPISODES = """
-SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content, e.content_hash
-FROM episodes e
-WHERE e.agent = %(agent)s AND e.created_at >= %(start)s AND e.created_at < %(end)s AND e.kind = ANY(%(kinds)s)
-  AND NOT EXISTS (SELECT 1 FROM summary_sources l WHERE l.agent = e.agent AND l.source_id = e.id)
-ORDER BY e.created_at, e.id
-"""
+""".format(unsummarized=lineage_mod.UNSUMMARIZED)
 # A window summarized before: episodes backdated into it later get a summary of their own (an addendum).
 EARLIER_SUMMARY = """
 SELECT id FROM episodes
@@ -227,43 +232,58 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def episode_lines(episodes: list[dict], room: int) -> list[str]:
-    """One line per episode (time, [source], text); a text longer than the room goes in several lines."""
-    lines = []
+def episode_lines(episodes: Iterable[dict], room: int) -> Iterator[str]:
+    """One line per episode (time, [source], text), as they are read; a text longer than the room goes in
+    several lines."""
     for ep in episodes:
         prefix = f"{ep['created_at'].astimezone(UTC):%Y-%m-%d %H:%M} [{ep['source'] or '-'}]"
         text = _flat(ep["content"])
-        if estimate_tokens(f"{prefix} {text}") <= room:
-            lines.append(f"{prefix} {text}")
+        line = f"{prefix} {text}"
+        if estimate_tokens(line) <= room:
+            yield line
             continue
         pieces = _split(text, max(64, (room - estimate_tokens(prefix) - 8) * 4))
-        lines += [f"{prefix} (piece {i} of {len(pieces)}) {p}" for i, p in enumerate(pieces, 1)]
-    return lines
+        for i, piece in enumerate(pieces, 1):
+            yield f"{prefix} (piece {i} of {len(pieces)}) {piece}"
 
 
 def _split(text: str, size: int) -> list[str]:
-    """Pieces of at most `size` characters, cut at a space where there is one."""
-    pieces = []
-    while len(text) > size:
-        cut = text.rfind(" ", size // 2, size)
-        cut = size if cut <= 0 else cut
-        pieces.append(text[:cut].strip())
-        text = text[cut:].strip()
-    return pieces + ([text] if text else [])
+    """Pieces of at most `size` characters, cut at a space where there is one.
+
+    Linear in the text: each piece is sliced once out of the whole text and the search for a space looks back
+    at most half a piece; what remains after a piece is never copied."""
+    text = text.strip()
+    pieces, start, end = [], 0, len(text)
+    while end - start > size:
+        cut = text.rfind(" ", start + size // 2, start + size)
+        cut = start + size if cut < 0 else cut
+        pieces.append(text[start:cut].strip())
+        start = cut
+        while start < end and text[start].isspace():
+            start += 1
+    return pieces + ([text[start:]] if start < end else [])
 
 
-def groups(lines: list[str], room: int) -> list[list[str]]:
-    """Consecutive lines packed into groups whose text fits the room."""
-    packed: list[list[str]] = [[]]
+def groups(lines: Iterable[str], room: int) -> Iterator[list[str]]:
+    """Consecutive lines packed into groups whose text fits the room, each group as soon as it is full."""
+    group: list[str] = []
     used = 0
     for line in lines:
         cost = estimate_tokens(line) + 1
-        if packed[-1] and used + cost > room:
-            packed.append([])
-            used = 0
-        packed[-1].append(line)
+        if group and used + cost > room:
+            yield group
+            group, used = [], 0
+        group.append(line)
         used += cost
-    return packed
+    if group:
+        yield group
+
+
+def _labelled(texts: Iterable[str], count: int) -> Iterator[str]:
+    """The lines of part summaries, each part after a line naming it."""
+    for i, text in enumerate(texts, 1):
+        yield f"Part {i} of {count}:"
+        yield from text.splitlines()
 
 
 def check_answer(answer: Answer, user: str, budget: Budget) -> str:
@@ -296,25 +316,30 @@ class Summary:
     tokens_out: int = 0
 
 
-def summarize_window(chat: OllamaChat, budget: Budget, agent: str, day: str, episodes: list[dict]) -> Summary:
-    """Ask the model for one summary of the window: in one request, or parts first and then their summaries."""
+def summarize_window(conn, chat: OllamaChat, budget: Budget, agent: str, day: str,
+                     episodes: Iterable[dict]) -> Summary:
+    """Ask the model for one summary of the window: in one request, or parts first and then their summaries
+    in rounds. Episodes are consumed as the parts fill; the parts' summaries wait in a temporary table."""
     result = Summary("")
+    parts = Parts(conn)
     system = SYSTEM_PROMPT.format(agent=agent, day=day, what=ENTRIES)
     room = budget.user_room(system)
-    batches = groups(episode_lines(episodes, room), room)
-    result.parts = len(batches)
-    texts = [_ask(chat, budget, system, "\n".join(b), result) for b in batches]
+    for batch in groups(episode_lines(episodes, room), room):
+        parts.add(1, _ask(chat, budget, system, "\n".join(batch), result))
+    result.parts = parts.count(1)
+    if not result.parts:
+        raise WindowFailed("the window has no episodes left to summarize")
     system = SYSTEM_PROMPT.format(agent=agent, day=day, what=PART_SUMMARIES)
     room = budget.user_room(system)
-    while len(texts) > 1:
-        result.rounds += 1
-        labelled = [f"Part {i} of {len(texts)}:\n{t}" for i, t in enumerate(texts, 1)]
-        merged = groups([line for block in labelled for line in block.splitlines()], room)
-        if len(merged) >= len(texts):
-            raise WindowFailed(f"the summaries of {len(texts)} parts do not shrink into the context of "
+    while (count := parts.count(result.rounds)) > 1:
+        merged = sum(1 for _ in groups(_labelled(parts.texts(result.rounds), count), room))
+        if merged >= count:
+            raise WindowFailed(f"the summaries of {count} parts do not shrink into the context of "
                                f"{budget.num_ctx} tokens")
-        texts = [_ask(chat, budget, system, "\n".join(g), result) for g in merged]
-    result.text = texts[0]
+        for group in groups(_labelled(parts.texts(result.rounds), count), room):
+            parts.add(result.rounds + 1, _ask(chat, budget, system, "\n".join(group), result))
+        result.rounds += 1
+    result.text = next(parts.texts(result.rounds))
     return result
 
 
@@ -329,55 +354,146 @@ def _ask(chat: OllamaChat, budget: Budget, system: str, user: str, result: Summa
     return check_answer(answer, user, budget)
 
 
+# --- a window's input and its parts, in temporary tables -----------------------
+
+# The window's episodes as one statement's snapshot saw them: the lineage is written from this record and the
+# sources are re-checked against it, so an episode backdated into the window meanwhile is never claimed (the
+# next run summarizes it in an addendum). upto: bytes of content up to and including the episode, in time
+# order (content is never empty, so it grows strictly): the key pages of about PAGE_BYTES are cut by.
+CREATE_INPUT = """
+CREATE TEMPORARY TABLE IF NOT EXISTS summarize_input (
+    upto bigint PRIMARY KEY, id bigint NOT NULL, created_at timestamptz NOT NULL, content_hash bytea NOT NULL,
+    kind text NOT NULL, source text, importance smallint NOT NULL)
+"""
+CLEAR_INPUT = "TRUNCATE summarize_input"
+RECORD_INPUT = """
+INSERT INTO summarize_input (upto, id, created_at, content_hash, kind, source, importance)
+SELECT sum(octet_length(e.content)) OVER (ORDER BY e.created_at, e.id), e.id, e.created_at, e.content_hash,
+       e.kind, e.source, e.importance
+FROM episodes e
+WHERE e.agent = %(agent)s AND e.created_at >= %(start)s AND e.created_at < %(end)s AND e.kind = ANY(%(kinds)s)
+  AND {unsummarized}
+""".format(unsummarized=lineage_mod.UNSUMMARIZED)
+# The next page: the episodes up to `bytes` past `base`, or the next one alone when it is longer. A source
+# deleted since it was recorded comes back without content.
+INPUT_PAGE = """
+SELECT i.upto, i.created_at, i.source, e.content
+FROM summarize_input i LEFT JOIN episodes e ON e.agent = %(agent)s AND e.id = i.id
+WHERE i.upto > %(base)s::bigint
+  AND i.upto <= greatest(%(base)s::bigint + %(bytes)s::bigint,
+                         (SELECT min(upto) FROM summarize_input WHERE upto > %(base)s::bigint))
+ORDER BY i.upto LIMIT %(rows)s
+"""
+CREATE_PARTS = """
+CREATE TEMPORARY TABLE IF NOT EXISTS summarize_parts (
+    round integer, seq integer, text text NOT NULL, PRIMARY KEY (round, seq))
+"""
+CLEAR_PARTS = "TRUNCATE summarize_parts"
+ADD_PART = "INSERT INTO summarize_parts (round, seq, text) VALUES (%s, %s, %s)"
+PARTS_OF_ROUND = "SELECT seq, text FROM summarize_parts WHERE round = %s AND seq > %s ORDER BY seq LIMIT %s"
+DROP_SCRATCH = "DROP TABLE IF EXISTS pg_temp.summarize_input, pg_temp.summarize_parts"
+
+
+def record_input(conn, window: Window, kinds_: list[str]) -> int:
+    """Record the window's episodes that no summary holds yet; how many there are."""
+    conn.execute(CREATE_INPUT)
+    conn.execute(CLEAR_INPUT)
+    return conn.execute(RECORD_INPUT, {"agent": window.agent, "start": window.start, "end": window.end,
+                                       "kinds": kinds_}).rowcount
+
+
+def input_episodes(conn, agent: str) -> Iterator[dict]:
+    """The recorded episodes in time order (created_at, source, content), read a page at a time."""
+    base = 0
+    while True:
+        page = conn.execute(INPUT_PAGE, {"agent": agent, "base": base, "bytes": PAGE_BYTES,
+                                         "rows": PAGE_ROWS}).fetchall()
+        if not page:
+            return
+        base = page[-1]["upto"]
+        for row in page:
+            if row["content"] is None:
+                raise WindowFailed("a source episode was deleted while summarizing")
+            yield row
+        del page
+
+
+class Parts:
+    """One window's part summaries, round by round, in a temporary table rather than in memory."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.counts: dict[int, int] = {}
+        conn.execute(CREATE_PARTS)
+        conn.execute(CLEAR_PARTS)
+
+    def add(self, round_: int, text: str) -> None:
+        self.counts[round_] = self.count(round_) + 1
+        self.conn.execute(ADD_PART, (round_, self.counts[round_], text))
+
+    def count(self, round_: int) -> int:
+        return self.counts.get(round_, 0)
+
+    def texts(self, round_: int) -> Iterator[str]:
+        seq = 0
+        while rows := self.conn.execute(PARTS_OF_ROUND, (round_, seq, PARTS_PAGE)).fetchall():
+            yield from (r["text"] for r in rows)
+            seq = rows[-1]["seq"]
+
+
 # --- writing a summary --------------------------------------------------------
 
 TRY_LOCK = "SELECT pg_try_advisory_lock(%s, hashtext(%s)) AS ok"
 UNLOCK = "SELECT pg_advisory_unlock(%s, hashtext(%s))"
+# The recorded sources, locked against delete until the summary commits: how many are unchanged, how many
+# some summary holds already (another run finished them).
 RECHECK = """
-SELECT e.id, e.content_hash,
-       EXISTS (SELECT 1 FROM summary_sources l WHERE l.agent = e.agent AND l.source_id = e.id) AS summarized
-FROM episodes e WHERE e.agent = %s AND e.id = ANY(%s)
-FOR SHARE OF e
-"""
-INSERT_SOURCE = """
-INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash) VALUES (%s, %s, %s, %s, %s)
+WITH held AS (
+    SELECT e.content_hash = i.content_hash AS unchanged, {summarized} AS summarized
+    FROM summarize_input i JOIN episodes e ON e.agent = %(agent)s AND e.id = i.id
+    FOR SHARE OF e)
+SELECT count(*) FILTER (WHERE unchanged) AS unchanged, count(*) FILTER (WHERE summarized) AS summarized FROM held
+""".format(summarized=lineage_mod.SUMMARIZED)
+# What the summary's meta says of its sources (names in code point order, as Python sorts them).
+INPUT_FACTS = """
+SELECT max(importance) AS importance,
+       array_agg(DISTINCT source COLLATE "C" ORDER BY source COLLATE "C") FILTER (WHERE source <> '') AS source_names,
+       array_agg(DISTINCT kind COLLATE "C" ORDER BY kind COLLATE "C") AS kinds
+FROM summarize_input
 """
 
 
-def _write(conn, settings: Settings, name: str, window: Window, episodes: list[dict], summary: Summary) -> int | None:
+def _write(conn, settings: Settings, name: str, window: Window, sources: int, summary: Summary) -> int | None:
     """Summary episode and lineage in one transaction; None if another run summarized these episodes meanwhile."""
-    from memctl import episodes as episodes_mod
+    from memctl import episodes as episodes_mod, gate
 
-    ids = [e["id"] for e in episodes]
     with conn.transaction():
-        now = {r["id"]: r for r in conn.execute(RECHECK, (window.agent, ids)).fetchall()}
-        if any(r["summarized"] for r in now.values()):
+        held = conn.execute(RECHECK, {"agent": window.agent}).fetchone()
+        if held["summarized"]:
             return None
-        changed = [i for i, e in zip(ids, episodes)
-                   if i not in now or bytes(now[i]["content_hash"]) != bytes(e["content_hash"])]
-        if changed:
-            raise WindowFailed(f"{len(changed)} source episode(s) were deleted or changed while summarizing")
+        if held["unchanged"] != sources:
+            raise WindowFailed(f"{sources - held['unchanged']} source episode(s) were deleted or changed while "
+                               "summarizing")
+        facts = conn.execute(INPUT_FACTS).fetchone()
         meta = {"window_start": window.start.isoformat(), "window_end": window.end.isoformat(), "model": name,
-                "sources": len(ids), "source_names": sorted({e["source"] for e in episodes if e["source"]}),
-                "kinds": sorted({e["kind"] for e in episodes}), "parts": summary.parts, "rounds": summary.rounds,
-                "requests": summary.requests, "tokens_in": summary.tokens_in, "tokens_out": summary.tokens_out}
+                "sources": sources, "source_names": facts["source_names"] or [], "kinds": facts["kinds"],
+                "parts": summary.parts, "rounds": summary.rounds, "requests": summary.requests,
+                "tokens_in": summary.tokens_in, "tokens_out": summary.tokens_out}
         if window.addendum_to is not None:
             meta["addendum_to"] = window.addendum_to
-        header = f"Summary of {len(ids)} episode(s) of agent {window.agent} on {window.day} (UTC):"
+        header = f"Summary of {sources} episode(s) of agent {window.agent} on {window.day} (UTC):"
         try:
             summary_id = episodes_mod.add(conn, settings, f"{header}\n{summary.text}", kind=SUMMARY_KIND,
                                           source=f"{SOURCE_PREFIX}{name}", agent=window.agent,
-                                          importance=max(e["importance"] for e in episodes),
-                                          created_at=window.end, meta=meta)
+                                          importance=facts["importance"], created_at=window.end, meta=meta)
         except Unavailable:
             raise
         except MemctlError as exc:  # a blocked source, a write policy: this window's summary is refused
             raise WindowFailed(f"the summary was refused: {exc}") from None
         if summary_id is None:
             raise WindowFailed("the summary was not stored (importance 0 by the write policy)")
-        with conn.cursor() as cur:
-            cur.executemany(INSERT_SOURCE, [(window.agent, summary_id, e["id"], e["created_at"], e["content_hash"])
-                                            for e in episodes])
+        admit = gate.Gate(conn, settings)
+        gate.insert_window_lineage(conn, admit.window_lineage(window.agent, summary_id))
     return summary_id
 
 
@@ -406,6 +522,7 @@ def run(conn, settings: Settings, *, older_than: str | None = None, agent: str |
         budget = Budget.for_model(chat.context_tokens(), settings.get("summarize", "context"))
         for window in windows(conn, settings, older_than=older_than, agent=agent, limit=limit):
             _one(conn, settings, chat, name, budget, window, result)
+        conn.execute(DROP_SCRATCH)
         job.rows = len(result.written)
         job.detail = {"model": name, "num_ctx": budget.num_ctx, "written": result.written, "failed": result.failed,
                       "skipped": result.skipped}
@@ -422,18 +539,17 @@ def _one(conn, settings, chat, name, budget, window: Window, result: RunResult) 
         result.skipped += 1
         return
     try:
-        episodes = conn.execute(WINDOW_EPISODES, {"agent": window.agent, "start": window.start, "end": window.end,
-                                                  "kinds": kinds(settings)}).fetchall()
-        if not episodes:
+        sources = record_input(conn, window, kinds(settings))
+        if not sources:
             result.skipped += 1
             return
-        summary = summarize_window(chat, budget, window.agent, window.day, episodes)
-        summary_id = _write(conn, settings, name, window, episodes, summary)
+        summary = summarize_window(conn, chat, budget, window.agent, window.day, input_episodes(conn, window.agent))
+        summary_id = _write(conn, settings, name, window, sources, summary)
         if summary_id is None:
             result.skipped += 1
             return
         result.written.append({"summary_id": summary_id, "agent": window.agent, "window_start": window.start,
-                               "window_end": window.end, "sources": len(episodes), "tokens_in": summary.tokens_in,
+                               "window_end": window.end, "sources": sources, "tokens_in": summary.tokens_in,
                                "tokens_out": summary.tokens_out, "parts": summary.parts})
     except WindowFailed as exc:
         result.failed.append({"agent": window.agent, "window_start": window.start.isoformat(),
@@ -442,52 +558,18 @@ def _one(conn, settings, chat, name, budget, window: Window, result: RunResult) 
         conn.execute(UNLOCK, (LOCK_CLASS, key))
 
 
-# --- lineage -----------------------------------------------------------------
+# --- lineage: memctl.lineage, under the names callers know ---------------------
 
-SOURCES_OF = """
-SELECT l.source_id AS id, l.source_created_at AS created_at, encode(l.source_hash, 'hex') AS content_hash,
-       e.id IS NOT NULL AS exists
-FROM summary_sources l LEFT JOIN episodes e ON e.agent = l.agent AND e.id = l.source_id
-WHERE l.agent = %s AND l.summary_id = %s ORDER BY l.source_created_at, l.source_id
-"""
-SUMMARIZED_IN = """
-SELECT l.summary_id AS id, s.created_at, s.source FROM summary_sources l
-JOIN episodes s ON s.agent = l.agent AND s.id = l.summary_id
-WHERE l.agent = %s AND l.source_id = %s ORDER BY l.summary_id
-"""
-
-
-def lineage(conn, agent: str, episode_id: int) -> dict:
-    """An episode's place in the lineage: the sources a summary was built from, the summaries built from it."""
-    return {"sources": conn.execute(SOURCES_OF, (agent, episode_id)).fetchall(),
-            "summarized_in": conn.execute(SUMMARIZED_IN, (agent, episode_id)).fetchall()}
-
-
-# Summaries built from a source's episodes: through the lineage while those episodes exist, and by the source
-# names each summary records, once prune has deleted them. With since, by the sources' created_at (or, for a
-# summary whose sources are gone, its window's end).
-BUILT_FROM = """
-SELECT s.id, s.agent, s.created_at, s.meta->>'window_start' AS window_start FROM episodes s
-WHERE s.kind = 'summary' AND s.source LIKE 'summarize:%%' AND (
-    EXISTS (SELECT 1 FROM summary_sources l JOIN episodes e ON e.agent = l.agent AND e.id = l.source_id
-            WHERE l.agent = s.agent AND l.summary_id = s.id AND e.source = %(source)s
-              AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s))
-    OR (s.meta->'source_names' ? %(source)s AND (%(since)s::timestamptz IS NULL OR s.created_at > %(since)s)))
-ORDER BY s.agent, s.id
-"""
-
-
-def built_from(conn, source: str, since: datetime.datetime | None = None) -> list[dict]:
-    return conn.execute(BUILT_FROM, {"source": source, "since": since}).fetchall()
+lineage = lineage_mod.lineage
+built_from = lineage_mod.built_from
 
 
 # --- status ------------------------------------------------------------------
 
 OVERDUE = """
 SELECT count(*) AS n, min(e.created_at) AS oldest FROM episodes e
-WHERE e.kind = ANY(%s) AND e.created_at < now() - make_interval(secs => %s)
-  AND NOT EXISTS (SELECT 1 FROM summary_sources l WHERE l.agent = e.agent AND l.source_id = e.id)
-"""
+WHERE e.kind = ANY(%s) AND e.created_at < now() - make_interval(secs => %s) AND {unsummarized}
+""".format(unsummarized=lineage_mod.UNSUMMARIZED)
 
 
 def overdue(conn, settings: Settings | None) -> str | None:

@@ -397,6 +397,108 @@ def test_a_blocked_summarize_source_fails_every_window_and_writes_nothing(cli, c
     assert summaries(conn) == 0 and scalar(conn, "SELECT count(*) FROM summary_sources") == 0
 
 
+def test_a_window_larger_than_a_page_is_summarized_whole(cli, conn, ollama_env, ollama, monkeypatch):
+    """Pages of a few episodes (and one episode longer than a page, alone in its page): every episode is read,
+    summarized in parts and held by the lineage."""
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
+    monkeypatch.setattr(summarize, "PAGE_BYTES", 2000)
+    monkeypatch.setattr(summarize, "PAGE_ROWS", 7)
+    rows = window_rows("ops", 40, count=60, words=12)
+    rows.insert(30, {"content": "Long entry. " + "word " * 1000, "kind": "raw", "agent": "ops", "source": "agent:ops",
+                     "created_at": day_at(40, 147)})
+    load(cli, rows)
+    out = cli("summarize", "-f", "json")
+    assert out.exit_code == 0, out.stderr
+    [written] = out.json()
+    assert written["sources"] == 61
+    meta = conn.execute("SELECT meta, content FROM episodes WHERE id = %s", (written["summary_id"],)).fetchone()
+    assert meta["meta"]["parts"] > 1 and meta["meta"]["sources"] == 61
+    assert scalar(conn, "SELECT count(*) FROM summary_sources l JOIN episodes e ON e.agent = l.agent "
+                        "AND e.id = l.source_id AND e.kind = 'raw' WHERE l.summary_id = %s",
+                  (written["summary_id"],)) == 61
+    for i in range(60):  # every page reached the model, in time order
+        assert f"Episode {i} of ops 40 days ago: restarted worker {i} after error E40{i}." in meta["content"]
+    assert meta["content"].index("Episode 29 of") < meta["content"].index("Long entry.") < \
+        meta["content"].index("Episode 30 of")
+
+
+class _Meddling(summarize.OllamaChat):
+    """The real client to the test server; runs `meddle` once, at the first request (the input is recorded)."""
+
+    def __init__(self, url: str, meddle) -> None:
+        super().__init__("llama3.2:3b", host=url, timeout=30)
+        self.meddle = meddle
+
+    def chat(self, *args, **kwargs):
+        if self.meddle is not None:
+            self.meddle, meddle = None, self.meddle
+            meddle()
+        return super().chat(*args, **kwargs)
+
+
+def test_an_episode_backdated_into_a_window_while_it_is_summarized_is_not_claimed(cli, conn, db_url, ollama_env,
+                                                                                   ollama):
+    from memctl import db, episodes
+
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
+    load(cli, window_rows("ops", 40))
+    settings = config.load(Path(ollama_env["MEMCTL_CONFIG"]))
+    added = []
+
+    def backdate():
+        with db.connect(db_url) as other:
+            added.append(episodes.add(other, settings, "Backdated meanwhile: the spare gateway was patched.",
+                                      kind="raw", agent="ops", source="agent:ops", created_at=day_at(40, 7)))
+
+    result = summarize.run(conn, settings, chat=_Meddling(ollama.url, backdate))
+    assert [w["sources"] for w in result.written] == [10] and added[0] is not None
+    summary_id = result.written[0]["summary_id"]
+    assert scalar(conn, "SELECT count(*) FROM summary_sources WHERE source_id = %s", (added[0],)) == 0
+    assert "Backdated meanwhile" not in scalar(conn, "SELECT content FROM episodes WHERE id = %s", (summary_id,))
+    addendum = summarize.run(conn, settings, chat=summarize.OllamaChat("llama3.2:3b", host=ollama.url))
+    assert [w["sources"] for w in addendum.written] == [1]
+    assert scalar(conn, "SELECT summary_id FROM summary_sources WHERE source_id = %s", (added[0],)) == \
+        addendum.written[0]["summary_id"]
+
+
+def test_a_source_deleted_while_its_window_is_summarized_fails_the_window(cli, conn, db_url, ollama_env, ollama):
+    from memctl import db
+
+    Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
+    load(cli, window_rows("ops", 40))
+    settings = config.load(Path(ollama_env["MEMCTL_CONFIG"]))
+
+    def delete_one():
+        with db.connect(db_url) as other:
+            other.execute("DELETE FROM episodes WHERE id = (SELECT min(id) FROM episodes WHERE agent = 'ops')")
+
+    result = summarize.run(conn, settings, chat=_Meddling(ollama.url, delete_one))
+    assert result.written == [] and len(result.failed) == 1
+    assert "1 source episode(s) were deleted or changed" in result.failed[0]["error"]
+    assert summaries(conn) == 0 and scalar(conn, "SELECT count(*) FROM summary_sources") == 0
+    retry = summarize.run(conn, settings, chat=summarize.OllamaChat("llama3.2:3b", host=ollama.url))
+    assert [w["sources"] for w in retry.written] == [9]
+
+
+def test_the_already_summarized_rule_has_one_definition():
+    """Every "some summary holds this episode" check composes memctl.lineage's fragment; none spells it out."""
+    import re
+
+    import memctl
+
+    spelled = re.compile(r"FROM\s+summary_sources\s+\w+\s+WHERE\s+\w+\.agent\s*=\s*\w+\.agent\s+AND\s+"
+                         r"\w+\.source_id\s*=\s*\w+\.id", re.IGNORECASE)
+    found = {path.name: len(spelled.findall(path.read_text()))
+             for path in Path(memctl.__file__).parent.rglob("*.py") if spelled.search(path.read_text())}
+    assert found == {"lineage.py": 1}
+    from memctl import lineage, retention
+
+    assert lineage.SUMMARIZED in retention.PRUNE_SUMMARIZED_WHERE
+    assert lineage.UNSUMMARIZED in retention.PRUNE_UNSUMMARIZED_WHERE
+    for statement in (summarize.WINDOWS, summarize.RECORD_INPUT, summarize.RECHECK, summarize.OVERDUE):
+        assert lineage.SUMMARIZED in statement
+
+
 # --- pure logic ----------------------------------------------------------------
 
 
@@ -412,7 +514,8 @@ def test_budget_caps_the_context_and_leaves_a_quarter_for_the_answer():
 
 def test_groups_pack_lines_in_order_within_the_room_and_split_nothing():
     lines = [f"line {i} " + "w" * (i * 37 % 200) for i in range(50)]
-    packed = summarize.groups(lines, 300)
+    packed = list(summarize.groups(lines, 300))
+    assert len(packed) > 1 and all(packed)
     assert [line for group in packed for line in group] == lines
     assert all(sum(summarize.estimate_tokens(x) + 1 for x in g) <= 300 for g in packed if len(g) > 1)
 
@@ -420,9 +523,54 @@ def test_groups_pack_lines_in_order_within_the_room_and_split_nothing():
 def test_a_long_episode_goes_in_pieces_that_keep_every_word():
     text = " ".join(f"word{n}" for n in range(3000))
     episode = {"created_at": NOW, "source": "s", "content": text}
-    lines = summarize.episode_lines([episode], 500)
+    lines = list(summarize.episode_lines([episode], 500))
     assert len(lines) > 1 and all(summarize.estimate_tokens(line) <= 500 for line in lines)
     assert " ".join(line.split(") ", 1)[1] for line in lines).split() == text.split()
+
+
+class _Counted(str):
+    """A str that counts the characters its slices, strips and searches touch: the work a split does."""
+
+    work = 0
+
+    def __getitem__(self, key):
+        part = str.__getitem__(self, key)
+        _Counted.work += len(part)
+        return _Counted(part)
+
+    def strip(self, chars=None):
+        _Counted.work += len(self)
+        return _Counted(str.strip(self, chars))
+
+    def rfind(self, sub, start=0, end=None):
+        _Counted.work += (len(self) if end is None else end) - start
+        return str.rfind(self, sub, start, end)
+
+
+def _split_work(text: str, size: int) -> tuple[list[str], int]:
+    _Counted.work = 0
+    pieces = summarize._split(_Counted(text), size)
+    return [str(p) for p in pieces], _Counted.work
+
+
+def test_splitting_a_10_mb_text_is_linear_and_loses_no_character():
+    import random
+
+    rng = random.Random(7)
+    vocabulary = ["".join(rng.choices("abcdefghij0123456789.:/", k=rng.randint(1, 40))) for _ in range(5000)]
+    text = " ".join(rng.choices(vocabulary, k=520_000))[:10_000_000].strip()
+    size = 9000  # a part's room at num_ctx 4096, in characters
+    pieces, work = _split_work(text, size)
+    assert " ".join(pieces) == text  # every cut at a space: nothing lost, nothing added
+    assert all(0 < len(p) <= size for p in pieces) and len(pieces) >= len(text) // size
+    tenth, tenth_work = _split_work(text[:1_000_000], size)
+    assert " ".join(tenth) == text[:1_000_000].strip()
+    # Linear: the work is a few passes over the text, and ten times the text is about ten times the work (a
+    # split that copies the remainder after each piece does ~len/size passes: ~1,100 here, and 100x the work).
+    assert work <= 4 * len(text) and work / tenth_work < 12
+    solid = "x" * 10_000_000  # no space to cut at: cut at the size, every character kept
+    pieces, work = _split_work(solid, size)
+    assert "".join(pieces) == solid and {len(p) for p in pieces[:-1]} == {size} and work <= 4 * len(solid)
 
 
 @pytest.mark.parametrize("text, why", [
