@@ -14,7 +14,6 @@ parameters the connection string leaves out still come from them.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from memctl.errors import ConfigError
@@ -38,13 +37,10 @@ def _parse(conninfo: str) -> dict[str, str]:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Create or replace PATH readable by its owner only (mode 0600 from the first byte)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode("utf-8"))
-    finally:
-        os.close(fd)
+    """Create or replace PATH readable by its owner only (mode 0600 from the first byte), atomically."""
+    from memctl import files
+
+    files.write_text(path, text)
 
 
 def _passfile_line(password: str) -> str:

@@ -13,7 +13,6 @@ import pwd
 import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import memctl
@@ -112,15 +111,10 @@ def write_units(units: dict[str, str], out_dir: Path, *, create: bool = True) ->
 
 
 def _write_atomically(path: Path, text: str) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from memctl import files
+
+    with files.atomic_write(path, mode=0o644) as handle:  # units hold no secret: systemd reads them as root
+        handle.write(text)
     return path
 
 

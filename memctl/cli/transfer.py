@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated, Optional
 
@@ -37,17 +36,14 @@ def export(
     conn = connect(vector=False)
     if out == "-":
         result = transfer.export(conn, sys.stdout.write, agent=agent, since=when, vectors=vectors)
-    else:
-        partial = f"{out}.partial"
+    else:  # private (0600) from the first byte, fsynced, renamed into place whole
+        from memctl import files
+
         try:
-            with open(partial, "w", encoding="utf-8") as handle:
+            with files.atomic_write(out) as handle:
                 result = transfer.export(conn, handle.write, agent=agent, since=when, vectors=vectors)
-            os.replace(partial, out)
         except OSError as exc:
             raise InvalidInput(f"cannot write {out}: {exc.strerror}") from None
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
     counts = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in result.to_dict().items())
     warn(f"exported {counts}")
 
