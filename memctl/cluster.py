@@ -198,22 +198,6 @@ def adopt(conn, table: str) -> bool:
     return True
 
 
-PROPAGATE_SET = "SET LOCAL citus.propagate_set_commands = 'local'"
-ITERATIVE_SCAN = "SET LOCAL hnsw.iterative_scan = relaxed_order"
-
-
-def set_scan(conn, ef_search: int) -> None:
-    """hnsw.iterative_scan and hnsw.ef_search for the current transaction, on every node it reaches.
-
-    Citus forwards SET LOCAL statements to the workers a transaction uses once
-    citus.propagate_set_commands is 'local', and never forwards set_config(). On a server
-    without Citus the first statement only sets a placeholder, so this is for one server too.
-    """
-    conn.execute(PROPAGATE_SET)
-    conn.execute(ITERATIVE_SCAN)
-    conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(int(ef_search))))
-
-
 # Bytes per memctl table and node, shards included (citus_shards.shard_size is each shard's
 # pg_total_relation_size on its node; a reference table has a copy on every node).
 NODE_SIZES = """

@@ -44,13 +44,6 @@ SETTINGS = "SELECT DISTINCT current_setting('hnsw.ef_search', true) AS ef, " \
            "current_setting('hnsw.iterative_scan', true) AS scan FROM {} WHERE {}"
 
 
-def test_scan_settings_apply_on_one_server(conn):
-    with conn.transaction():
-        cluster.set_scan(conn, 7)
-        rows = conn.execute(sql.SQL(SETTINGS).format(sql.SQL("(VALUES (1)) v(x)"), sql.SQL("true"))).fetchall()
-    assert rows == [{"ef": "7", "scan": "relaxed_order"}]
-
-
 def _drop_memctl_tables(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         tables = [r[0] for r in conn.execute(
@@ -63,6 +56,7 @@ def _drop_memctl_tables(url: str) -> None:
 @pytest.fixture
 def citus(monkeypatch, tmp_path):
     _drop_memctl_tables(CITUS_URL)
+    (tmp_path / "config.toml").touch()  # a file MEMCTL_CONFIG names must exist
     for key, value in {"MEMCTL_DATABASE_URL": CITUS_URL, "MEMCTL_CONFIG": str(tmp_path / "config.toml"),
                        "MEMCTL_EMBEDDER": "hash", "MEMCTL_EMBED_MODEL": "hash-embed"}.items():
         monkeypatch.setenv(key, value)
@@ -143,20 +137,30 @@ def test_a_vector_query_filtered_by_agent_is_routed_to_one_shard(citus):
 
 
 @needs_cluster
-def test_scan_settings_reach_the_shards(citus):
+def test_search_runs_its_vector_statement_under_the_scan_settings_on_every_shard(citus):
+    """What search's own transaction sets, read on the shards right after its vector statement, in it
+    (tests/test_search.py's scan_witness); on one server, test_search checks the same."""
+    from memctl import config, search
+    from tests.test_search import scan_witness
+
     _cli("db", "migrate")
+    _cli("db", "distribute")
     for agent in ("ops", "dev", "qa"):
         _cli("episode", "add", f"certificate expired for {agent}", "--agent", agent)
-    with db.connect(citus) as conn:
-        cluster.distribute(conn)
-        for where in ("agent = 'ops'", "true"):  # routed to one shard, fanned out to all
-            query = sql.SQL(SETTINGS).format(sql.Identifier("episodes"), sql.SQL(where))
-            with conn.transaction():
+    _cli("embed")
+    Path(os.environ["MEMCTL_CONFIG"]).write_text("[search]\nef_search = 7\n")
+    settings = config.load()
+    wanted = [{"ef": "7", "scan": "relaxed_order"}]
+    with db.connect(citus, vector=True) as conn:
+        for agent, where in (("ops", "agent = 'ops'"), (None, "true")):  # routed to one shard, fanned out to all
+            probe = sql.SQL(SETTINGS).format(sql.Identifier("episodes"), sql.SQL(where))
+            with conn.transaction():  # the probe tells: set_config() is not forwarded to the workers
                 conn.execute("SELECT set_config('hnsw.ef_search', '7', true)")
-                assert conn.execute(query).fetchall() != [{"ef": "7", "scan": "relaxed_order"}]  # not forwarded
-            with conn.transaction():
-                cluster.set_scan(conn, 7)
-                assert conn.execute(query).fetchall() == [{"ef": "7", "scan": "relaxed_order"}], where
+                assert conn.execute(probe).fetchall() != wanted
+            seen = scan_witness(conn, probe)
+            for mode in ("vector", "hybrid"):
+                assert search.search(conn, settings, search.Query("certificate expired", agent=agent, mode=mode)).hits
+            assert seen == [wanted, wanted], where
 
 
 @needs_cluster

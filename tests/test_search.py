@@ -1,13 +1,17 @@
-"""Hybrid search: text before embedding, filters, degradation, batch, weighting, and a labelled retrieval set."""
+"""Hybrid search: text before embedding, filters, degradation, batch, weighting, the HNSW scan settings its
+transactions run under, and labelled retrieval sets (one that only the text half answers)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
 
-from memctl import config, search
+from memctl import config, models, search
 
 DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())
 
@@ -275,3 +279,89 @@ def test_rare_words_counted_in_one_agent_are_scaled_to_the_whole_table(cli, conn
     search.pieces(conn, "sprocket", whole)
     assert whole.counted == {"'sprocket'": 4}
     assert search.bm25.agent_share(conn, whole, "b") == pytest.approx(0.75)  # counted: not in its statistics
+
+
+
+TOKENS = json.loads((Path(__file__).parent / "data" / "retrieval_tokens.json").read_text())
+# Measured with all-MiniLM-L6-v2 (19 questions): hybrid 0.947, text 0.947, vector 0.474, and hybrid with the
+# text half switched off (TEXT_HALF_OFF) 0.474: the floor sits between, with room for one more miss.
+TOKENS_FLOOR = 0.85
+TEXT_HALF_OFF = "[search]\ntext_weight = 0.0\ncontext_weight = 0.0\n"
+
+
+def _recall_at(conn, settings, data: dict, ids: list[int], mode: str, k: int) -> float:
+    """Mean share of each question's answers among its first k hits."""
+    total = 0.0
+    for question in data["questions"]:
+        found = {h.id for h in search.search(conn, settings, search.Query(question["q"], k=k, mode=mode)).hits}
+        wanted = {ids[a - 1] for a in question["answers"]}
+        total += len(found & wanted) / len(wanted)
+    return total / len(data["questions"])
+
+
+@pytest.mark.local
+def test_exact_tokens_set_is_answered_by_the_text_half(cli, conn, memctl_env, monkeypatch):
+    """Twins that differ only in a ticket id, host, error code or version: the words pick the one named.
+
+    Fails when the text half stops counting (text_weight = 0, or BM25 broken): embeddings alone
+    rank the twins by chance.
+    """
+    pytest.importorskip("sentence_transformers", reason="the retrieval set needs the local embedder (memctl[local])")
+    monkeypatch.setenv("MEMCTL_EMBEDDER", "local")
+    monkeypatch.setenv("MEMCTL_EMBED_MODEL", "all-minilm")
+    ids = [add(cli, text, "--created-at", when) for when, text in TOKENS["episodes"]]
+    assert cli("embed").exit_code == 0
+    conn.execute("ANALYZE episodes")  # the term statistics (common words) as a served database has them
+    settings = config.load()
+    scores = {mode: _recall_at(conn, settings, TOKENS, ids, mode, 1) for mode in ("hybrid", "vector", "text")}
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(TEXT_HALF_OFF)
+    scores["hybrid, text half off"] = _recall_at(conn, config.load(), TOKENS, ids, "hybrid", 1)
+    print("recall@1", scores)
+    assert scores["hybrid"] >= TOKENS_FLOOR
+    # the set needs the words: without them the same search falls below the floor
+    assert scores["vector"] < TOKENS_FLOOR and scores["hybrid, text half off"] < TOKENS_FLOOR
+
+
+# The HNSW scan settings in force, read on the search's connection inside its transaction.
+SCAN_NOW = "SELECT current_setting('hnsw.ef_search') AS ef, current_setting('hnsw.iterative_scan') AS scan"
+
+
+def scan_witness(conn, probe: str | sql.Composable = SCAN_NOW) -> list[list[dict]]:
+    """From now on, after each statement on `conn` that compares vectors (`<=>`), the rows of `probe`
+    run right after it on the same connection, in the same transaction: the settings that statement ran under.
+    """
+    seen: list[list[dict]] = []
+
+    class Witnessed(psycopg.Cursor):
+        def execute(self, query, params=None, **kwargs):
+            result = super().execute(query, params, **kwargs)
+            text = query.as_string(self.connection) if isinstance(query, sql.Composable) else str(query)
+            if "<=>" in text:
+                seen.append(psycopg.Cursor(self.connection, row_factory=dict_row).execute(probe).fetchall())
+            return result
+
+    conn.cursor_factory = Witnessed
+    return seen
+
+
+def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn, memctl_env):
+    for text in ("backup finished", "backup failed on db-2", "lunch at noon"):
+        add(cli, text, "--agent", "ops")
+    assert cli("embed").exit_code == 0
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nef_search = 7\n")
+    settings = config.load()
+    seen = scan_witness(conn)
+    for mode in ("hybrid", "vector"):  # one statement each, run_statement's transaction
+        assert search.search(conn, settings, search.Query("backup", mode=mode, agent="ops")).hits
+    model = models.active(conn)
+    vectors, _ = search.embed_queries(settings, model, ["backup"])
+    assert search.vector_half(conn, model, vectors[0], search.Query("backup"), 5, 7)  # fact stale, reembed compare
+    assert seen == [[{"ef": "7", "scan": "relaxed_order"}]] * 3
+    # SET LOCAL: the session outside search's transactions keeps pgvector's defaults
+    assert conn.execute(SCAN_NOW).fetchone() == {"ef": "40", "scan": "off"}
+
+
+def test_search_defaults_are_the_config_schema_s(memctl_env):
+    loaded = config.load().section("search")  # an empty configuration file: every [search] key at its default
+    bare = config.Settings(Path("/none"), False)  # settings handed to search without a [search] table
+    assert {key: search.setting(bare, key) for key in loaded} == loaded  # no second copy to drift
