@@ -6,6 +6,7 @@ are collected and reported together, naming the file and the key.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -16,14 +17,29 @@ from memctl.errors import ConfigError
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdwy])\s*$")
+# The longest duration anything takes (--since, [retention], [schedule], half-lives, windows). Every
+# duration is subtracted from now somewhere, and now minus 1000 years is still a date both Python
+# (year 1 at least) and PostgreSQL can hold, with room to spare; no retention, window or schedule
+# needs more. Past it, "99999999d" would end in an OverflowError instead of a message.
+MAX_DURATION = "1000y"
+MAX_DURATION_S = 1000 * DURATION_UNITS["y"]
+
+
+class DurationTooLong(ValueError):
+    """A well-formed duration past MAX_DURATION (callers that fall back to a date on ValueError can tell)."""
 
 
 def parse_duration(text: str) -> float:
-    """'30d' -> seconds. Units: s, m, h, d, w, y."""
+    """'30d' -> seconds. Units: s, m, h, d, w, y; at most MAX_DURATION."""
     match = _DURATION.match(str(text))
     if not match:
         raise ValueError(f"not a duration: {text!r} (use a number and one of s, m, h, d, w, y, e.g. 30d)")
-    return float(match.group(1)) * DURATION_UNITS[match.group(2)]
+    seconds = float(match.group(1)) * DURATION_UNITS[match.group(2)]
+    if not seconds <= MAX_DURATION_S:
+        shown = str(text).strip()
+        shown = shown if len(shown) <= 30 else shown[:27] + "..."
+        raise DurationTooLong(f"duration {shown!r} is longer than {MAX_DURATION}, the longest memctl takes")
+    return seconds
 
 
 def _duration(value: Any) -> str:
@@ -41,10 +57,28 @@ def _job_log_age(value: Any) -> str:
     return str(value)
 
 
+INT_MAX = 2**31 - 1  # PostgreSQL's integer: every count memctl sends as a parameter fits it
+
+
 def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"expected a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= INT_MAX:
+        raise ValueError(f"expected a positive integer (at most {INT_MAX}), got {value!r}")
     return value
+
+
+def _int_range(low: int, high: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"expected an integer from {low} to {high}, got {value!r}")
+        return value
+
+    return check
+
+
+def _positive_duration(value: Any) -> str:
+    if parse_duration(value) <= 0:
+        raise ValueError(f"expected a duration longer than 0, got {value!r}")
+    return str(value)
 
 
 def _non_negative_int(value: Any) -> int:
@@ -54,14 +88,14 @@ def _non_negative_int(value: Any) -> int:
 
 
 def _positive_number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"expected a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"expected a positive finite number, got {value!r}")
     return float(value)
 
 
 def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"expected a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
     return float(value)
 
 
@@ -131,12 +165,12 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
     },
     "search": {
         "rrf_k": (_positive_int, 60),
-        "candidates": (_positive_int, 50),
-        "recency_half_life": (_duration, "30d"),
+        "candidates": (_int_range(1, 10000), 50),
+        "recency_half_life": (_positive_duration, "30d"),
         "recency_weight": (_number, 0.2),
         "importance_weight": (_number, 0.2),
         "recency_from": (_choice("created", "accessed"), "created"),
-        "ef_search": (_positive_int, 100),
+        "ef_search": (_int_range(1, 1000), 100),  # pgvector's range for hnsw.ef_search
         "fusion": (_choice("weighted", "rrf"), "weighted"),
         "text_weight": (_fraction, 0.5),
         "context_weight": (_number, 0.5),
@@ -224,7 +258,7 @@ def config_path() -> Path:
     return Path(base) / "memctl" / "config.toml"
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _read_file(path: Path, named_by: str | None = None) -> dict[str, Any]:
     import tomllib
 
     try:
@@ -232,8 +266,11 @@ def _read_file(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        by = f" (named by {named_by})" if named_by else ""
+        raise ConfigError(f"{path}{by}: cannot read: {exc.strerror}") from None
 
 
 def _validate(raw: dict[str, Any], path: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -282,10 +319,17 @@ def read_section(path: Path, name: str) -> dict[str, Any] | None:
 
 
 def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> Settings:
-    """Effective settings: defaults, overlaid by the file, overlaid by the environment."""
+    """Effective settings: defaults, overlaid by the file, overlaid by the environment.
+
+    A file that is named (`path`, or MEMCTL_CONFIG) must be readable: running on defaults because
+    of a typo in a unit's Environment= line would be silent. Only the default path may be missing
+    (MEMCTL_CONFIG=/dev/null names an empty configuration).
+    """
+    from_env = path is None and bool(os.environ.get("MEMCTL_CONFIG"))
+    named = path is not None or from_env
     path = path or config_path()
     env = os.environ if environ is None else environ
-    settings = Settings(path=path, file_exists=path.is_file())
+    settings = Settings(path=path, file_exists=named or path.exists())
     for section, keys in SCHEMA.items():
         for key, (_, default) in keys.items():
             settings.values.setdefault(section, {})[key] = default
@@ -295,7 +339,7 @@ def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> 
         settings.origins[("importance", kind)] = "default"
     settings.values["retention"] = {}
     if settings.file_exists:
-        file_values, problems = _validate(_read_file(path), path)
+        file_values, problems = _validate(_read_file(path, "MEMCTL_CONFIG" if from_env else None), path)
         if problems:
             raise ConfigError(f"{len(problems)} problem(s) in the configuration:\n  " + "\n  ".join(problems))
         for section, keys in file_values.items():
@@ -363,3 +407,8 @@ def shown_settings(settings: Settings) -> list[dict[str, Any]]:
             origin = settings.origins.get((section, key), "file" if given else "default")
             rows.append({"setting": name, "value": value, "origin": origin})
     return rows
+
+
+def default(section: str, key: str) -> Any:
+    """A known setting's default, from SCHEMA (for code handed settings that may lack it)."""
+    return SCHEMA[section][key][1]

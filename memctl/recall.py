@@ -86,6 +86,7 @@ class Request:
     observation: str
     agent: str | None = None
     namespace: str = "default"
+    shared: tuple[str, ...] = ()  # namespaces whose facts are read too (an agent's MCP server: read-only ones)
     k: int = 5
     max_tokens: int | None = None  # None: [recall] max_tokens
     min_score: float | None = None  # None: [recall] min_score
@@ -220,7 +221,7 @@ WITH obs AS (
     SELECT namespace, key, value, source, version, updated_at,
            tsvector_to_array(to_tsvector('english', translate(key, %(from)s, %(to)s))) AS key_words,
            tsvector_to_array(to_tsvector('english', translate(left(value, 100000), %(from)s, %(to)s))) AS value_words
-    FROM facts WHERE namespace = %(namespace)s
+    FROM facts WHERE namespace = ANY(%(namespaces)s)
 )
 SELECT f.namespace, f.key, f.value, f.source, f.version, f.updated_at,
        (SELECT count(*) FROM unnest(f.key_words) w WHERE w = ANY(obs.words)) AS key_hits,
@@ -234,9 +235,11 @@ def _verbatim(key: str, text: str) -> bool:
     return re.search(r"(?<![\w.])" + re.escape(key.lower()) + r"(?!\w)", text) is not None
 
 
-def match_facts(conn, observation: str, namespace: str) -> list[dict]:
-    """Facts sharing a word with the observation, best first, each with its `score`."""
-    params = {"text": observation, "namespace": namespace, "from": SPLIT_CHARS[0], "to": SPLIT_CHARS[1]}
+def match_facts(conn, observation: str, namespace: str, also: tuple[str, ...] = ()) -> list[dict]:
+    """Facts of the namespace (and of the namespaces `also` names) sharing a word with the observation,
+    best first, each with its `score`."""
+    params = {"text": observation, "namespaces": [namespace, *also], "from": SPLIT_CHARS[0],
+              "to": SPLIT_CHARS[1]}
     lowered = observation.lower()
     found = []
     for row in conn.execute(FACT_MATCHES, params, prepare=False):
@@ -395,7 +398,7 @@ def recall(conn, settings: Settings, request: Request) -> Recall:
     max_tokens, min_score = check(request, settings)
     form = template(settings)
     now = datetime.datetime.now(datetime.timezone.utc)
-    fact_rows = match_facts(conn, request.observation, request.namespace)
+    fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared))
     found = find_episodes(conn, settings, request)
     outcome = found.outcome
     hits = [h for h in outcome.hits if _related(h, found.max_distance)]

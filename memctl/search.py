@@ -28,29 +28,19 @@ halves (HYBRID), inside a transaction that sets the HNSW scan.
 from __future__ import annotations
 
 import datetime
+import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from memctl import bm25, episodes, models
-from memctl.config import Settings, parse_duration
-from memctl.errors import EmbedderUnavailable, UnknownModel, UsageError
+from memctl import bm25, episodes, gate, models
+from memctl.config import DurationTooLong, Settings, default, parse_duration
+from memctl.errors import BadValue, EmbedderUnavailable, MemctlError, UnknownModel, UsageError
 
 MODES = ("hybrid", "vector", "text")
 TS_CONFIG = "english"
-# [search] settings beyond memctl.config's schema, with their defaults (chosen on
-# the LoCoMo tuning split and the operations sets; see tests/bench/retrieval.py).
-DEFAULTS = {
-    "fusion": "weighted",  # or "rrf": reciprocal rank fusion with rrf_k
-    "text_weight": 0.5,  # share of the BM25 score (÷ the best) against cosine similarity
-    "context_weight": 0.5,  # share of the best neighbour's score an episode adds
-    "context_kinds": "conversation",  # kinds whose entries are read in context (comma-separated)
-    "context_window": "1h",  # neighbours further apart in time are not context
-    "common_terms": 0.1,  # leave out words in more than this share of episodes (hybrid)
-    "match_rows": 1000,  # only the rarest words, holding about this many episodes together, find (hybrid)
-    "bm25_k1": 1.2,
-    "bm25_b": 0.5,
-}
+# The [search] settings and their defaults are memctl.config's schema (the defaults chosen on the
+# LoCoMo tuning split and the operations sets; see tests/bench/retrieval.py).
 
 
 @dataclass
@@ -62,6 +52,7 @@ class Query:
     source: str | None = None
     since: str | None = None
     mode: str = "hybrid"
+    until: str | None = None  # exclusive
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -70,8 +61,62 @@ class Query:
             raise UsageError("the query is empty")
         if "\x00" in self.text:
             raise UsageError("the query contains a NUL character")
-        if not 1 <= int(self.k) <= 1000:
-            raise UsageError(f"k must be between 1 and 1000, got {self.k}")
+        for name in ("text", "agent", "kind", "source"):
+            gate.utf8(getattr(self, name), "query" if name == "text" else name, BadValue)
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
+            raise UsageError(f"k must be an integer from 1 to {MAX_K}, got {self.k!r}")
+
+
+MAX_K = 1000
+BATCH_FIELDS = ("query", "agent", "k", "kind", "source", "since", "until", "mode")
+
+
+def batch_query(item: dict, number: int) -> Query:
+    """One line of `episode search --batch`, every field checked where it enters.
+
+    A field given must hold its type (leave it out for the default): query a non-empty string, k an
+    integer from 1 to MAX_K (not "3", not 2.5, not true), agent/kind/source strings without NUL, since a
+    duration or ISO 8601 date/time, mode one of MODES. BadValue names the line and the field.
+    """
+    def bad(name: str, why: str) -> BadValue:
+        return BadValue(f"line {number}: field {name}: {why}", name)
+
+    def shown(value: Any) -> str:
+        text = json.dumps(value, default=str)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    for name in (n for n in ("query", "agent", "kind", "source", "since", "until", "mode") if n in item):
+        value = item[name]
+        if not isinstance(value, str) or not value.strip():
+            raise bad(name, f"must be a non-empty string, got {shown(value)}")
+        if "\x00" in value:
+            raise bad(name, "contains a NUL character (\\0)")
+        try:
+            gate.utf8(value, name, BadValue)
+        except BadValue:
+            raise bad(name, "is not valid UTF-8 text (a lone surrogate)") from None
+    k = item.get("k", 5)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise bad("k", f"must be an integer from 1 to {MAX_K}, got {shown(k)}")
+    mode = item.get("mode", "hybrid")
+    if mode not in MODES:
+        raise bad("mode", f"must be one of {', '.join(MODES)}, got {shown(mode)}")
+    for name in ("since", "until"):
+        when = item.get(name)
+        if when is None:
+            continue
+        try:
+            parse_duration(when)
+        except DurationTooLong as exc:
+            raise bad(name, str(exc)) from None
+        except ValueError:
+            try:
+                episodes.parse_since(when)
+            except MemctlError:
+                raise bad(name, f"{shown(when)} is neither a duration back from now (30m, 12h, 7d) nor an "
+                                "ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
+    return Query(item["query"], k=k, agent=item.get("agent"), kind=item.get("kind"), source=item.get("source"),
+                 since=item.get("since"), until=item.get("until"), mode=mode)
 
 
 @dataclass
@@ -157,7 +202,7 @@ ORDER BY p.ord
 """
 # hnsw.* for the transaction, on every node it reaches: Citus forwards SET LOCAL (never set_config)
 # to the workers once citus.propagate_set_commands is 'local'; on one server that is a placeholder.
-# One simple-protocol round trip; ef_search is an integer formatted in, never text from outside.
+# One simple-protocol round trip, run by set_scan (SET takes no parameters: ef_search is a sql.Literal).
 SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL hnsw.iterative_scan = relaxed_order; "
                  "SET LOCAL hnsw.ef_search = {ef}")
 
@@ -235,7 +280,8 @@ AGENT = " AND {}.agent = %(agent)s"
 
 
 def _filters(query: Query):
-    return episodes.filters(agent=query.agent, kind=query.kind, source=query.source, since=query.since)
+    return episodes.filters(agent=query.agent, kind=query.kind, source=query.source, since=query.since,
+                            until=query.until)
 
 
 def _vector_where(query: Query):
@@ -246,9 +292,10 @@ def _vector_where(query: Query):
     if query.agent is not None:  # on the vector table itself: the index scan filters as it goes
         conditions.append(sql.SQL("v.agent = {}").format(sql.Placeholder("agent")))
         params["agent"] = query.agent
-    needs_join = any(v is not None for v in (query.kind, query.source, query.since))
+    needs_join = any(v is not None for v in (query.kind, query.source, query.since, query.until))
     if needs_join:
-        extra, values = episodes.filters(kind=query.kind, source=query.source, since=query.since)
+        extra, values = episodes.filters(kind=query.kind, source=query.source, since=query.since,
+                                         until=query.until)
         conditions += extra
         params.update(values)
     return episodes.where(conditions), sql.SQL(JOIN_EPISODES) if needs_join else sql.SQL(""), params
@@ -268,8 +315,13 @@ def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_sear
 
 
 def set_scan(conn, ef_search: int) -> None:
-    """Iterative HNSW scan and ef_search for the current transaction, on every node it reaches."""
-    conn.execute(SCAN_SETTINGS.format(ef=int(ef_search)))
+    """Iterative HNSW scan and ef_search for the current transaction, on every node it reaches.
+
+    The one place search's transactions (vector_half, run_statement) get them.
+    """
+    from psycopg import sql
+
+    conn.execute(sql.SQL(SCAN_SETTINGS).format(ef=sql.Literal(int(ef_search))))
 
 
 def _query_vector(conn, vector, model: models.Model):
@@ -378,8 +430,9 @@ def match_query(wanted: list[str], excluded: list[str]) -> str | None:
 
 
 def setting(settings: Settings, key: str) -> Any:
+    """A [search] setting; its default in memctl.config's schema when `settings` lacks it."""
     value = settings.get("search", key)
-    return DEFAULTS[key] if value is None else value
+    return default("search", key) if value is None else value
 
 
 def _kinds(settings: Settings) -> list[str]:
@@ -436,7 +489,7 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
         filters = {}
         for alias, name in (("b", "before"), ("a", "after")):
             clauses, values = episodes.filters(agent=query.agent, kind=query.kind, source=query.source,
-                                               since=query.since, alias=alias)
+                                               since=query.since, until=query.until, alias=alias)
             filters[name] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
             params.update(values)
         near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)

@@ -18,6 +18,7 @@ FROM embed_queue WHERE model_id = %s
 FAILED = "SELECT count(*) AS failed FROM embed_failures WHERE model_id = %s"
 UNREGISTERED = "SELECT count(*) AS pending FROM chunks"
 LATE_FACTOR = 2  # a scheduled job is late when its last success is older than twice its interval
+FAILED_OUTCOMES = ("failed", "unavailable")
 
 
 def collect(conn, settings=None) -> dict:
@@ -79,6 +80,20 @@ def _late(conn, job: str, schedule: str, *, never: str | None) -> str | None:
     return None
 
 
+def _failed_last(conn, job: str, pending: int) -> str | None:
+    """A warning when the job's last run ended failed or unavailable after an earlier one completed.
+
+    (With no completed run at all, _late says so.) Ollama down for one timer run is worth a look too:
+    the warning stands until a run completes.
+    """
+    last = jobs.last(conn, job)
+    if last is None or last["outcome"] not in FAILED_OUTCOMES or jobs.last_completed(conn, job) is None:
+        return None
+    waiting = f"; {pending} chunk(s) wait for vectors" if pending else ""
+    return (f"the last {job} run ended {last['outcome']}" + (f": {last['error']}" if last["error"] else "")
+            + f"{waiting} (memctl jobs --job {job})")
+
+
 def warnings(conn, settings, report: dict) -> list[str]:
     found = []
     embed_every = _schedule(settings, "embed")
@@ -87,6 +102,7 @@ def warnings(conn, settings, report: dict) -> list[str]:
         never_embedded = (f"embed has never run and {report['pending']} chunk(s) wait for vectors: run memctl embed "
                           "or enable memctl-embed.timer")
     found.append(_late(conn, "embed", embed_every, never=never_embedded))
+    found.append(_failed_last(conn, "embed", report["pending"]))
     age = report["oldest_pending_age_s"]
     if age is not None and age > LATE_FACTOR * parse_duration(embed_every):
         found.append(f"the oldest chunk waiting for a vector was queued {human(age)} ago, more than twice the "

@@ -16,11 +16,13 @@ The projections divide the corpus by that throughput:
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 from memctl import jsonl, models, storage
-from memctl.errors import InvalidInput, UsageError
+from memctl.errors import BadValue, InvalidInput, UsageError
 
 SAMPLE = "SELECT content FROM chunks ORDER BY random() LIMIT %s"
 CHUNKS = "SELECT count(*) AS n FROM chunks"
@@ -38,15 +40,34 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+TEXT_FIELDS = ("content", "text", "query")
+
+
+def _record_text(record: Any, number: int) -> str:
+    """The text of one JSONL record: its first text field, which must be a non-empty string."""
+    if not isinstance(record, dict):
+        raise BadValue(f"line {number}: expected a JSON object with \"content\"", "content")
+    name = next((k for k in TEXT_FIELDS if k in record), None)
+    if name is None:
+        raise BadValue(f"line {number}: field content: missing (give \"content\", \"text\" or \"query\")",
+                       "content")
+    value = record[name]
+    if not isinstance(value, str) or not value.strip():
+        shown = json.dumps(value)[:60]
+        raise BadValue(f"line {number}: field {name}: must be a non-empty string, got {shown}", name)
+    return value
+
+
 def read_texts(path: str | Path) -> list[str]:
     """Texts from a file: JSONL lines with "content" (or "text"/"query"), else one text per line.
 
-    A line that starts with "{" is JSON, read by memctl.jsonl (a malformed one fails, naming the line).
+    A line that starts with "{" is JSON, read by memctl.jsonl (a malformed one fails, naming the
+    line); its text field must be a non-empty string (BadValue naming the line and the field).
     """
     try:
         lines = Path(path).read_bytes().splitlines()
     except OSError as exc:
-        raise InvalidInput(f"cannot read {path}: {exc}") from None
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
     texts = []
     for number, raw in enumerate(lines, start=1):
         try:
@@ -62,10 +83,7 @@ def read_texts(path: str | Path) -> list[str]:
             record = jsonl.parse(line, required=())
         except InvalidInput as exc:
             raise jsonl.at(number, exc) from None
-        if isinstance(record, dict):
-            value = next((record[k] for k in ("content", "text", "query") if isinstance(record.get(k), str)), None)
-            if value and value.strip():
-                texts.append(value)
+        texts.append(_record_text(record, number))
     if not texts:
         raise InvalidInput(f"{path} holds no texts")
     return texts

@@ -188,6 +188,7 @@ class Outcome:
 def memctl_env(db_url, tmp_path, monkeypatch):
     """Environment for a memctl run against this test's database and an empty config."""
     config = tmp_path / "config.toml"
+    config.touch()  # a file MEMCTL_CONFIG names must exist
     env = {
         "MEMCTL_DATABASE_URL": db_url,
         "MEMCTL_CONFIG": str(config),

@@ -167,3 +167,35 @@ def test_kill_9_mid_batch_loses_nothing(memctl_bin, memctl_env, cli, conn, ollam
     after = cli("embed", "-f", "json")
     assert after.exit_code == 0 and after.json()[0]["chunks"] == 30
     assert vector_count(conn) == 31
+
+
+def _wait_for(condition, seconds: float = 60) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline and not condition():
+        time.sleep(0.1)
+    assert condition(), "the loop never got there"
+
+
+def test_embed_loop_idle_passes_print_nothing_and_share_one_job_row(cli, conn, ollama, ollama_env):
+    add_many(cli, 1)
+    assert cli("embed").exit_code == 0
+
+    def embed_jobs() -> list[tuple[int, int | None]]:
+        return [(r["rows"], r["detail"].get("idle_passes")) for r in
+                conn.execute("SELECT rows, detail FROM jobs WHERE job = 'embed' ORDER BY id").fetchall()]
+
+    env = {**os.environ, **ollama_env}
+    proc = subprocess.Popen([sys.executable, "-m", "memctl", "embed", "--loop", "--interval", "1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (embed_jobs()[-1][1] or 0) >= 3)
+        add_many(cli, 2, prefix="while looping")
+        _wait_for(lambda: len(embed_jobs()) == 4 and embed_jobs()[-1][1] is not None)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    jobs = embed_jobs()
+    assert [rows for rows, _ in jobs] == [1, 0, 2, 0] and jobs[1][1] >= 3  # one row per idle streak
+    assert out.count("chunks_per_s") == 1  # one table: the pass that had work
+    assert err.count("nothing to embed") == 1 and "Traceback" not in err

@@ -115,6 +115,7 @@ def own_home(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("MEMCTL_HOME", str(home))
     monkeypatch.delenv("MEMCTL_DATABASE_URL", raising=False)
+    (tmp_path / "none.toml").touch()  # a file MEMCTL_CONFIG names must exist
     monkeypatch.setenv("MEMCTL_CONFIG", str(tmp_path / "none.toml"))
     yield home
     embedded.stop()

@@ -87,14 +87,14 @@ def _requirement_closure(roots: list[str]) -> set[str]:
 
 
 @production_only
-def test_the_production_venv_has_the_base_install_and_pytest_only():
+def test_the_production_venv_has_the_base_install_and_the_test_tools_only():
     for module in HEAVY:
         assert importlib.util.find_spec(module) is None, f"{module} is importable in the production venv"
     from packaging.utils import canonicalize_name
 
     installed = {canonicalize_name(d.metadata["Name"]) for d in importlib.metadata.distributions()}
-    allowed = _requirement_closure(["memctl", "pytest"]) | {"pip", "setuptools", "wheel"}
-    assert installed - allowed == set(), "installed beyond memctl's base dependencies and pytest's"
+    allowed = _requirement_closure(["memctl", "pytest", "hypothesis"]) | {"pip", "setuptools", "wheel"}
+    assert installed - allowed == set(), "installed beyond memctl's base dependencies and the test tools'"
 
 
 @production_only
@@ -116,9 +116,12 @@ def dot(a, b):
 @production_only
 def test_the_local_embedder_without_its_extra_is_one_clear_line(memctl_bin, memctl_env):
     assert memctl(memctl_bin, "episode", "add", "the disk filled up").exit_code == 0
-    outcome = memctl(memctl_bin, "embed", env={"MEMCTL_EMBEDDER": "local", "MEMCTL_EMBED_MODEL": "all-minilm"})
-    assert outcome.exit_code == 1
+    local = {"MEMCTL_EMBEDDER": "local", "MEMCTL_EMBED_MODEL": "all-minilm"}
+    outcome = memctl(memctl_bin, "embed", env=local)
+    assert outcome.exit_code == 3  # an embedder that cannot load is unavailable, like one that is down
     assert len(outcome.stderr.splitlines()) == 1 and "memctl[local]" in outcome.stderr, outcome.stderr
+    found = memctl(memctl_bin, "episode", "search", "disk filled", "-f", "json", "--no-track", env=local)
+    assert found.exit_code == 0 and "disk filled" in found.stdout  # search degrades to words, as promised
 
 
 # ------------------------------------------------------------ the fault matrix
@@ -293,9 +296,53 @@ def test_the_helper_process_gives_the_in_process_vectors(monkeypatch):
 # ------------------------------------------------------------ the test database's role
 
 
-@pytest.mark.superuser("it checks that the superuser marker asks the server")
-def test_the_superuser_marker_runs_only_for_a_superuser(pg_role):
-    assert pg_role.superuser
+class _Marked:
+    """What conftest's _requirements reads of pytest's request: a test's markers and the pg_role fixture."""
+
+    def __init__(self, marker, role):
+        self.node = self
+        self._marker, self._role = marker, role
+
+    def get_closest_marker(self, name: str):
+        return self._marker if name == self._marker.name else None
+
+    def getfixturevalue(self, name: str):
+        assert name == "pg_role", name
+        return self._role
+
+
+def test_the_superuser_marker_skips_exactly_the_roles_the_server_says_are_no_superuser(pg_server, pg_role):
+    """conftest's own marker check and pg_roles reading, for the tests' role and (as a superuser) a plain one."""
+    import uuid
+
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from tests import conftest
+
+    requirements, read_role = conftest._requirements.__wrapped__, conftest.pg_role.__wrapped__
+    marker = pytest.mark.superuser("a test of the marker").mark
+    plain = f"memctl_plain_{uuid.uuid4().hex[:10]}"
+    roles = [pg_role]
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        if pg_role.superuser:  # a login role with no attribute: what the server says of it decides
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(plain)))
+        try:
+            if pg_role.superuser:
+                roles.append(read_role(make_conninfo(pg_server, user=plain)))
+            assert [r.superuser for r in roles] == ([True, False] if pg_role.superuser else [False])
+            for role in roles:
+                if role.superuser:  # runs (a skip raised here would skip this test, not fail it)
+                    try:
+                        requirements(_Marked(marker, role))
+                    except pytest.skip.Exception as exc:
+                        pytest.fail(f"the marker skipped a superuser: {exc}")
+                else:
+                    with pytest.raises(pytest.skip.Exception, match=f"the test role {role.name!r} is not one"):
+                        requirements(_Marked(marker, role))
+        finally:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(plain)))
 
 
 def test_an_unprivileged_test_role_has_what_the_suite_needs(pg_role, pg_server):

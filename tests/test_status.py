@@ -60,6 +60,20 @@ def test_a_recent_failed_run_does_not_hide_an_old_success(cli, conn):
     assert code == 1 and "last successful embed finished 2.0h ago" in report["warnings"][0]
 
 
+def test_a_failed_last_embed_fails_the_check_until_a_run_completes(cli, conn):
+    assert cli("episode", "add", "the deploy failed: disk full").exit_code == 0
+    run_job(conn, "embed", finished_ago="3 minutes")  # recent enough: not late
+    run_job(conn, "embed", outcome="unavailable", finished_ago="1 minute")
+    conn.execute("UPDATE jobs SET error = 'ollama unreachable at http://127.0.0.1:11434' WHERE outcome = 'unavailable'")
+    code, report, stderr = check(cli)
+    assert code == 1 and report["warnings"] == [
+        "the last embed run ended unavailable: ollama unreachable at http://127.0.0.1:11434; 1 chunk(s) wait for "
+        "vectors (memctl jobs --job embed)"]
+    assert "warning: the last embed run ended unavailable" in stderr
+    run_job(conn, "embed", finished_ago="10 seconds")
+    assert check(cli)[0] == 0
+
+
 def test_an_old_embedding_backlog_warns(cli, conn):
     assert cli("embed").exit_code == 0  # registers the model, nothing pending yet
     assert cli("episode", "add", "a fresh memory").exit_code == 0

@@ -116,3 +116,102 @@ def read_text_arg(value: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"stdin is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
+
+
+# --- option values, checked where they enter (typer callbacks: exit 2 naming the option) -------------
+
+
+def _option(param) -> str:
+    return max(param.opts, key=len) if getattr(param, "opts", None) else f"--{param.name}"
+
+
+def since_value(param: typer.CallbackParam, value: str | None) -> str | None:
+    """--since: a duration back from now (at most config.MAX_DURATION) or an ISO 8601 date/time."""
+    from memctl.errors import BadValue, MemctlError
+
+    if value is None:
+        return None
+    option = _option(param)
+    try:
+        config_mod.parse_duration(value)
+        return value
+    except config_mod.DurationTooLong as exc:
+        raise BadValue(f"{option}: {exc}; give an ISO 8601 date/time for older", option) from None
+    except ValueError:
+        pass
+    from memctl.episodes import parse_time
+
+    try:
+        parse_time(value)
+    except MemctlError:
+        raise BadValue(f"{option} {value!r}: give a duration back from now (30m, 12h, 7d) or an ISO 8601 "
+                       "date/time (2026-08-11T09:30:00Z)", option) from None
+    return value
+
+
+def duration_value(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A duration option (e.g. --older-than 7d): a number and one of s, m, h, d, w, y, at most 1000y."""
+    from memctl.errors import BadValue
+
+    if value is None:
+        return None
+    try:
+        config_mod.parse_duration(value)
+    except ValueError as exc:
+        option = _option(param)
+        raise BadValue(f"{option}: {exc}", option) from None
+    return value
+
+
+def time_value(param: typer.CallbackParam, value: str | None) -> str | None:
+    """An ISO 8601 date/time option (e.g. --created-at); a time without a zone is UTC."""
+    from memctl.errors import BadValue, MemctlError
+
+    if value is None:
+        return None
+    from memctl.episodes import parse_time
+
+    try:
+        parse_time(value)
+    except MemctlError:
+        option = _option(param)
+        raise BadValue(f"{option} {value[:80]!r}: not an ISO 8601 date/time (e.g. 2026-08-11T09:30:00Z)",
+                       option) from None
+    return value
+
+
+def json_object(option: str, value: str | None) -> dict | None:
+    """A JSON object given as an option's value (e.g. --meta '{"ticket": 12}'), parsed."""
+    import json
+
+    from memctl.errors import BadValue
+
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise BadValue(f"{option} is not valid JSON: {exc.msg} at column {exc.colno}", option) from None
+    if not isinstance(parsed, dict):
+        raise BadValue(f"{option} must be a JSON object ({{...}}), got {type(parsed).__name__}", option)
+    return parsed
+
+
+def json_object_value(param: typer.CallbackParam, value: str | None) -> str | None:
+    """Callback: the option's value must be a JSON object (parse it with json_object)."""
+    json_object(_option(param), value)
+    return value
+
+
+def choice_value(*choices: str):
+    """A callback refusing anything but one of `choices`."""
+
+    def check(param: typer.CallbackParam, value: str | None) -> str | None:
+        from memctl.errors import BadValue
+
+        if value is not None and value not in choices:
+            option = _option(param)
+            raise BadValue(f"{option} {value!r}: choose one of {', '.join(choices)}", option)
+        return value
+
+    return check

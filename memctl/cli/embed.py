@@ -12,6 +12,12 @@ from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import EXIT_UNAVAILABLE, Unavailable
 
+MAX_BATCH = 10_000  # chunks per embedder call: far past any useful batch (Ollama gains little past 64)
+# A pass claims, embeds and commits; an idle pass costs a few queries. One second between passes keeps a
+# --loop worker responsive without spinning (--interval 0 once wrote 25,000 job rows in ten minutes).
+MIN_INTERVAL = 1.0
+COLUMNS = ["model", "chunks", "embedded", "copied", "failed", "tokens", "elapsed_s", "chunks_per_s"]
+
 app = typer.Typer(help="Embed pending chunks (run by a systemd timer or with --loop).",
                   invoke_without_command=True)
 
@@ -24,15 +30,21 @@ def register(root: typer.Typer) -> None:
 def embed(
     ctx: typer.Context,
     batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "-b", help="Chunks per embedder call (default [embedding] batch_size, 32).")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Stop after this many chunks.")] = None,
+        "--batch-size", "-b", min=1, max=MAX_BATCH,
+        help="Chunks per embedder call (default [embedding] batch_size, 32).")] = None,
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", "-n", min=1, help="Stop after this many chunks.")] = None,
     loop: Annotated[bool, typer.Option("--loop", help="Keep running: embed, sleep --interval, repeat.")] = False,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between passes with --loop.")] = 30.0,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=MIN_INTERVAL, help="Seconds between passes with --loop.")] = 30.0,
     retry_failed: Annotated[bool, typer.Option(
         "--retry-failed", help="Put chunks the model refused back in the queue first.")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Embed pending chunks in batches. Exit 3 if the embedder is unreachable (rows stay pending).
+
+    A pass with nothing to embed prints nothing and adds no row to `memctl jobs`: a streak of idle passes
+    is one row (detail.idle_passes) whose finished_at moves forward, so `memctl status` sees the worker run.
 
     Several workers may run at once: no chunk is embedded twice, and a worker killed at any moment loses
     nothing. The first run registers the configured model as the database's active model; after that the
@@ -52,6 +64,7 @@ def embed(
     stop = _StopFlag()
     with stop.installed():
         warned: set[str] = set()
+        said_idle = False
         while True:
             try:
                 results, notes = embed_mod.work(conn, st, embedder, batch_size=size, limit=limit,
@@ -67,8 +80,11 @@ def embed(
                 if note not in warned:
                     warn(note)
                     warned.add(note)
-            render([r.to_dict() for r in results], fmt,
-                   columns=["model", "chunks", "embedded", "copied", "failed", "tokens", "elapsed_s", "chunks_per_s"])
+            if results or (not loop and fmt is Format.json):  # an idle pass is quiet (json: one `[]` document)
+                render([r.to_dict() for r in results], fmt, columns=COLUMNS)
+            elif not said_idle and (loop or sys.stderr.isatty()):
+                warn(f"nothing to embed; checking again every {interval:g}s" if loop else "nothing to embed")
+                said_idle = True
             if stop():
                 warn(f"stopped by {stop()} after the batch in flight committed; the rest stays pending")
                 return

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated, Optional
 
 import typer
 
 from memctl import episodes, search as search_mod
-from memctl.cli.common import FormatOption, connect, connect_read, read_text_arg, settings, warn
+from memctl.cli.common import (FormatOption, choice_value, connect, connect_read, json_object, json_object_value,
+                               read_text_arg, settings, since_value, time_value, warn)
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import InvalidInput, UsageError
 
@@ -19,20 +19,15 @@ app = typer.Typer(help="Episodes: what happened, stored at once, embedded in the
 Agent = Annotated[Optional[str], typer.Option("--agent", "-a", help="Agent the episode belongs to.")]
 Kind = Annotated[Optional[str], typer.Option("--kind", help="Kind, e.g. conversation, observation, summary.")]
 SourceOpt = Annotated[Optional[str], typer.Option("--source", "-s", help="Where it came from (purgeable by source).")]
-Since = Annotated[Optional[str], typer.Option("--since", help="Only newer than a duration (7d, 12h) or ISO date.")]
+Since = Annotated[Optional[str], typer.Option(
+    "--since", callback=since_value, help="Only newer than a duration (7d, 12h; at most 1000y) or ISO date.")]
+Until = Annotated[Optional[str], typer.Option(
+    "--until", callback=since_value, help="Only older than a duration (7d) or ISO date (exclusive).")]
+MAX_LIST = 1_000_000  # rows episode list prints at most: far past a screen, short of PostgreSQL's bigint LIMIT
 
 
 def register(root: typer.Typer) -> None:
     root.add_typer(app, name="episode")
-
-
-def _meta(value: str | None):
-    if value is None:
-        return None
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"--meta is not valid JSON: {exc.msg}") from None
 
 
 @app.command()
@@ -42,9 +37,12 @@ def add(
     source: SourceOpt = None,
     agent: Agent = None,
     importance: Annotated[Optional[int], typer.Option(
-        "--importance", "-i", help="0..10; default from [importance] in the config by kind. 0 is not stored.")] = None,
-    created_at: Annotated[Optional[str], typer.Option("--created-at", help="ISO 8601 time (default now).")] = None,
-    meta: Annotated[Optional[str], typer.Option("--meta", help="A JSON object stored with the episode.")] = None,
+        "--importance", "-i", min=0, max=10,
+        help="0..10; default from [importance] in the config by kind. 0 is not stored.")] = None,
+    created_at: Annotated[Optional[str], typer.Option(
+        "--created-at", callback=time_value, help="ISO 8601 time (default now).")] = None,
+    meta: Annotated[Optional[str], typer.Option(
+        "--meta", callback=json_object_value, help="A JSON object stored with the episode.")] = None,
 ) -> None:
     """Store an episode and print its id. It is searchable by words at once, by meaning after `memctl embed`."""
     from memctl import redact
@@ -52,7 +50,8 @@ def add(
     st = settings()
     redactor = redact.Redactor.from_settings(st)
     new_id = episodes.add(connect(), st, read_text_arg(text), kind=kind, source=source, agent=agent,
-                          importance=importance, created_at=created_at, meta=_meta(meta), redactor=redactor)
+                          importance=importance, created_at=created_at, meta=json_object("--meta", meta),
+                          redactor=redactor)
     if redactor.note():
         warn(redactor.note())
     if new_id is None:
@@ -126,7 +125,8 @@ def show(episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOp
 @app.command("list")
 def list_(
     agent: Agent = None, kind: Kind = None, source: SourceOpt = None, since: Since = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many, newest first.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=MAX_LIST, help="At most this many, newest first.")]
+    = 50,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Episodes, newest first."""
@@ -158,11 +158,15 @@ def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], fmt: Form
 @app.command()
 def search(
     query: Annotated[Optional[str], typer.Argument(help="What to look for, in words; '-' reads stdin.")] = None,
-    k: Annotated[int, typer.Option("-k", "--k", help="How many episodes to return.")] = 5,
-    agent: Agent = None, kind: Kind = None, source: SourceOpt = None, since: Since = None,
-    mode: Annotated[str, typer.Option("--mode", "-m", help="hybrid (default), vector or text.")] = "hybrid",
+    k: Annotated[int, typer.Option("-k", "--k", min=1, max=search_mod.MAX_K, help="How many episodes to return.")]
+    = 5,
+    agent: Agent = None, kind: Kind = None, source: SourceOpt = None, since: Since = None, until: Until = None,
+    mode: Annotated[str, typer.Option(
+        "--mode", "-m", callback=choice_value(*search_mod.MODES), help="hybrid (default), vector or text.")]
+    = "hybrid",
     batch: Annotated[Optional[str], typer.Option(
-        "--batch", help="JSONL file or '-' of queries (query, optional agent, k, kind, source, since, mode): "
+        "--batch", help="JSONL file or '-' of queries (query, optional agent, k, kind, source, since, until, "
+                        "mode): "
                         "writes one JSON line per query, in order.")] = None,
     no_track: Annotated[bool, typer.Option(
         "--no-track", help="Read only: do not count the hits as accessed (access_count, last_accessed_at).")] = False,
@@ -180,7 +184,8 @@ def search(
         return
     if query is None:
         raise UsageError("give a QUERY or --batch FILE")
-    q = search_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, mode=mode)
+    q = search_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, until=until,
+                         mode=mode)
     outcome = search_mod.search(conn, settings(), q, track=not no_track)
     if outcome.warning:
         warn(outcome.warning)
@@ -196,14 +201,8 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
     from memctl.cli.render import to_json
 
     handle = jsonl.open_input(path)
-    fields = ("query", "agent", "k", "kind", "source", "since", "mode")
-    queries = []
-    for number, item in jsonl.read(handle, fields=fields, required=("query",)):
-        if not isinstance(item["query"], str):
-            raise jsonl.LineError(number, "'query' must be a string")
-        queries.append(search_mod.Query(item["query"], k=item.get("k", 5), agent=item.get("agent"),
-                                        kind=item.get("kind"), source=item.get("source"), since=item.get("since"),
-                                        mode=item.get("mode", "hybrid")))
+    queries = [search_mod.batch_query(item, number)
+               for number, item in jsonl.read(handle, fields=search_mod.BATCH_FIELDS, required=("query",))]
     outcomes = search_mod.search_batch(conn, settings(), queries, track=track)
     warning = next((o.warning for o in outcomes if o.warning), None)
     if warning:

@@ -165,7 +165,7 @@ def stale(
     key: str,
     namespace: Namespace = facts.DEFAULT_NAMESPACE,
     max_distance: Annotated[float, typer.Option(
-        "--max-distance", help="Cosine distance under which a chunk counts as meaning the old value.")] = 0.35,
+        "--max-distance", min=0.0, max=2.0, help="Cosine distance under which a chunk counts as meaning the old value.")] = 0.35,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Episodes that mention a value KEY used to have, by words and by meaning: copies of a corrected fact."""

@@ -11,6 +11,9 @@ import typer
 from memctl.cli.common import connect_read, read_text_arg, settings, warn
 
 
+MAX_K = 100  # memctl.recall.check's bound, checked here too so the error names -k
+
+
 class RecallFormat(str, Enum):
     text = "text"
     json = "json"
@@ -27,9 +30,10 @@ def recall(
     agent: Annotated[Optional[str], typer.Option("--agent", "-a", help="Only this agent's episodes.")] = None,
     namespace: Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the facts.")] = "default",
     max_tokens: Annotated[Optional[int], typer.Option(
-        "--max-tokens", help="Budget for the whole block, header included (default: recall.max_tokens, 1000).",
+        "--max-tokens", min=1, help="Budget for the whole block, header included (default: recall.max_tokens, 1000).",
         show_default=False)] = None,
-    k: Annotated[int, typer.Option("-k", "--k", help="At most this many facts, episodes and runbooks each.")] = 5,
+    k: Annotated[int, typer.Option(
+        "-k", "--k", min=1, max=MAX_K, help="At most this many facts, episodes and runbooks each.")] = 5,
     min_score: Annotated[Optional[float], typer.Option(
         "--min-score", help="Drop items scoring below this (facts and runbooks 0..1, episodes the search score).",
         show_default=False)] = None,

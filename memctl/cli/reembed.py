@@ -30,7 +30,7 @@ def start(
     embedder: Annotated[Optional[str], typer.Option(
         "--embedder", "-e", help="ollama, local or hash (default: the configured embedder).")] = None,
     dims: Annotated[Optional[int], typer.Option(
-        "--dims", help="Ask the model for fewer dimensions (Ollama's `dimensions`).")] = None,
+        "--dims", min=1, help="Ask the model for fewer dimensions (Ollama's `dimensions`).")] = None,
     halfvec: Annotated[bool, typer.Option("--halfvec", help="Store vectors as halfvec (up to 4,000 dims).")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -85,8 +85,8 @@ def _duration(seconds: float) -> str:
 @app.command()
 def run(
     batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "-b", help="Chunks per embedder call (default [embedding] batch_size).")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Stop after this many chunks.")] = None,
+        "--batch-size", "-b", min=1, help="Chunks per embedder call (default [embedding] batch_size).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=1, help="Stop after this many chunks.")] = None,
     retry_failed: Annotated[bool, typer.Option(
         "--retry-failed", help="Queue again the chunks the new model refused.")] = False,
     progress: Annotated[Optional[bool], typer.Option(
@@ -136,10 +136,11 @@ def status(fmt: FormatOption = Format.table) -> None:
 
 @app.command()
 def compare(
-    sample: Annotated[int, typer.Option("--sample", "-n", help="Sample queries: first sentences of episodes.")] = 20,
+    sample: Annotated[int, typer.Option(
+        "--sample", "-n", min=1, help="Sample queries: first sentences of episodes.")] = 20,
     queries: Annotated[Optional[str], typer.Option(
         "--queries", "-q", help="A file of queries: one per line, or JSONL with \"query\".")] = None,
-    k: Annotated[int, typer.Option("-k", help="Top-k episodes compared per query.")] = 10,
+    k: Annotated[int, typer.Option("-k", min=1, max=1000, help="Top-k episodes compared per query.")] = 10,
     fmt: FormatOption = Format.table,
 ) -> None:
     """For sample queries, the overlap (0..1) of the active and the new model's vector top-k episodes."""

@@ -9,7 +9,7 @@ import typer
 
 from memctl import jobs as jobs_mod
 from memctl import retention, sources
-from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.common import FormatOption, connect, settings, since_value, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import EXIT_ERROR, UsageError
 
@@ -159,7 +159,8 @@ def _summary(verb: str, report: retention.Report) -> None:
 def purge(
     source: Annotated[str, typer.Option("--source", "-s", help="The source whose writes to remove.")],
     since: Annotated[Optional[str], typer.Option(
-        "--since", help="Only what it wrote since: a duration back from now (7d, 12h) or an ISO date/time "
+        "--since", callback=since_value,
+        help="Only what it wrote since: a duration back from now (7d, 12h) or an ISO date/time "
         "(facts: those it set since).")] = None,
     yes: Yes = False,
     delete_facts: Annotated[bool, typer.Option(

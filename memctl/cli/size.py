@@ -85,8 +85,8 @@ def size(
 
 @app.command()
 def estimate(
-    rows: Annotated[int, typer.Option("--rows", "-n", help="How many chunks (vectors) to size for.")],
-    dims: Annotated[Optional[int], typer.Option("--dims", "-d", help="Vector dimensions.")] = None,
+    rows: Annotated[int, typer.Option("--rows", "-n", min=0, help="How many chunks (vectors) to size for.")],
+    dims: Annotated[Optional[int], typer.Option("--dims", "-d", min=1, help="Vector dimensions.")] = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", help="A model name (common models known; else asked of Ollama).")] = None,
     halfvec: Annotated[bool, typer.Option("--halfvec", help="Store as halfvec (2 bytes a dimension).")] = False,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl import summarize as summarize_mod
-from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.common import FormatOption, connect, duration_value, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import EXIT_ERROR
 
@@ -21,7 +21,7 @@ def register(root: typer.Typer) -> None:
 
 def summarize(
     older_than: Annotated[Optional[str], typer.Option(
-        "--older-than", metavar="D", help="Only windows wholly older than this (e.g. 7d) [default: \\[summarize] "
+        "--older-than", metavar="D", callback=duration_value, help="Only windows wholly older than this (e.g. 7d) [default: \\[summarize] "
         "after, 7d].", show_default=False)] = None,
     agent: Annotated[Optional[str], typer.Option("--agent", "-a", help="Only this agent's windows.")] = None,
     dry_run: Annotated[bool, typer.Option(

@@ -168,7 +168,7 @@ def main() -> None:
         pa.error("--citus-url (or MEMCTL_TEST_CITUS_URL) is required")
     name = local_or_hash(args.embedder)
     env = {"MEMCTL_EMBEDDER": name, "MEMCTL_EMBED_MODEL": "all-minilm" if name == "local" else "hash-embed",
-           "MEMCTL_CONFIG": "/nonexistent/memctl.toml"}
+           "MEMCTL_CONFIG": "/dev/null"}
     os.environ.update(env)
     from memctl import config
     from memctl.embedding import make_embedder

@@ -32,7 +32,7 @@ def main() -> None:
     name = local_or_hash(args.embedder)
     os.environ["MEMCTL_EMBEDDER"] = name
     os.environ["MEMCTL_EMBED_MODEL"] = "all-minilm" if name == "local" else "hash-embed"
-    os.environ["MEMCTL_CONFIG"] = "/nonexistent/memctl.toml"
+    os.environ["MEMCTL_CONFIG"] = "/dev/null"
     from memctl import config, db, embed, episodes
     from memctl.embedding import make_embedder
 

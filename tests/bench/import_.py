@@ -75,7 +75,7 @@ def main() -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in data))
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     with server(args.database_url) as admin, fresh_database(admin) as url:
-        env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": str(workdir / "none.toml")}
+        env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null"}
         ours, proc = timed(subprocess.run, [exe, "episode", "import", str(path), "-f", "json"], env=env,
                            check=True, capture_output=True, text=True)
         summary = json.loads(proc.stdout)[0]

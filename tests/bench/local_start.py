@@ -162,7 +162,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="throughput rounds (0: skip)")
     args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    os.environ["MEMCTL_CONFIG"] = "/nonexistent/memctl.toml"
+    os.environ["MEMCTL_CONFIG"] = "/dev/null"
     os.environ.pop("MEMCTL_TEST_MINILM_PYTHON", None)  # the test server computes all-minilm in this process
     from ollama_server import OllamaTestServer
 

@@ -92,7 +92,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=11)
     args = p.parse_args()
     env = {**os.environ, "MEMCTL_EMBEDDER": "local", "MEMCTL_EMBED_MODEL": "all-minilm",
-           "MEMCTL_CONFIG": "/nonexistent/memctl.toml", "MEMCTL_RUNBOOKS": str(RUNBOOKS)}
+           "MEMCTL_CONFIG": "/dev/null", "MEMCTL_RUNBOOKS": str(RUNBOOKS)}
     os.environ.update({k: env[k] for k in ("MEMCTL_EMBEDDER", "MEMCTL_EMBED_MODEL", "MEMCTL_CONFIG")})
     from memctl import config, db
 

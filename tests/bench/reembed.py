@@ -37,7 +37,7 @@ def main() -> None:
     name = local_or_hash(args.embedder)
     os.environ["MEMCTL_EMBEDDER"] = "hash"  # the active model; the target is `name`
     os.environ["MEMCTL_EMBED_MODEL"] = "hash-embed"
-    os.environ["MEMCTL_CONFIG"] = "/nonexistent/memctl.toml"
+    os.environ["MEMCTL_CONFIG"] = "/dev/null"
     from memctl import config, db, embed, episodes, reembed
     from memctl.embedding import make_embedder
 

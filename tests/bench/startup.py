@@ -25,7 +25,7 @@ def main() -> None:
     args = p.parse_args()
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     with server(args.database_url) as admin, fresh_database(admin) as url:
-        env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/nonexistent/memctl.toml"}
+        env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null"}
         subprocess.run([exe, "fact", "set", "db.port", "5432"], env=env, check=True, stdout=subprocess.DEVNULL)
         bare = [sys.executable, "-c", f"import psycopg; psycopg.connect({url!r}).execute('select 1')"]
         ours = [exe, "fact", "get", "db.port"]

@@ -101,7 +101,7 @@ def main() -> None:
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     off = workdir / "off.toml"
     off.write_text('[redaction]\nmode = "off"\n')
-    base_env = {**os.environ, "MEMCTL_CONFIG": str(workdir / "none.toml"), "MEMCTL_EMBEDDER": "hash",
+    base_env = {**os.environ, "MEMCTL_CONFIG": "/dev/null", "MEMCTL_EMBEDDER": "hash",
                 "MEMCTL_EMBED_MODEL": "hash-embed"}
 
     def memctl(url, *argv, config=None):
