@@ -19,6 +19,8 @@ class MemctlGroup(TyperGroup):
 
     def invoke(self, ctx):
         try:
+            protected = getattr(ctx, "_protected_args", None)
+            _check_arguments([*(ctx.protected_args if protected is None else protected), *ctx.args])
             return super().invoke(ctx)
         except MemctlError as exc:
             warn(str(exc))
@@ -35,6 +37,19 @@ class MemctlGroup(TyperGroup):
             raise typer.Exit(code) from None
         finally:
             common.close_all()
+
+
+def _check_arguments(args: list[str]) -> None:
+    """An argument that is not UTF-8 (Python keeps its bytes as lone surrogates) is refused here, once."""
+    from memctl.errors import BadValue
+
+    for number, arg in enumerate(args, start=1):
+        if isinstance(arg, str) and not arg.isascii():
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadValue(f"argument {number} is not valid UTF-8: memctl takes UTF-8 text",
+                               f"argument {number}") from None
 
 
 def _database_error_code(exc: Exception) -> int | None:
@@ -93,11 +108,11 @@ NOUNS = {
     "episode": "episode", "embed": "embed", "status": "status",
     "prune": "retention", "purge": "retention", "jobs": "retention", "source": "retention",
     "runbook": "runbook", "size": "size", "reembed": "reembed", "recall": "recall", "systemd": "systemd",
-    "summarize": "summarize",
+    "summarize": "summarize", "mcp": "mcp",
 }
 EXTRA = {"embed": ["timing"]}  # modules that add commands to another noun's sub-app
 ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "summarize", "runbook", "size", "reembed",
-         "recall", "redact", "transfer", "db", "config", "systemd"]
+         "recall", "redact", "transfer", "db", "config", "systemd", "mcp"]
 _loaded: set[str] = set()
 
 
