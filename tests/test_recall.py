@@ -11,6 +11,7 @@ import pytest
 from memctl import config, recall
 from memctl.embedding import estimate_tokens
 from memctl.errors import ConfigError
+from tests.conftest import needs_local_embedder
 
 HEADER = "Relevant memory (facts are current; episodes are past events):"
 
@@ -319,7 +320,7 @@ def test_ollama_real_minilm_gates_unrelated_episodes_and_long_observations_still
 
 @pytest.mark.local
 def test_local_embedder_counts_with_its_tokenizer(cli, memctl_env, monkeypatch):
-    pytest.importorskip("sentence_transformers")
+    needs_local_embedder()
     monkeypatch.setenv("MEMCTL_EMBEDDER", "local")
     monkeypatch.setenv("MEMCTL_EMBED_MODEL", "all-minilm")
     fact(cli, "db.host", "10.8.0.4")

