@@ -44,7 +44,7 @@ def _admin_url() -> tuple[str, object]:
         return given, None
     home = Path(tempfile.mkdtemp(prefix="memctl-test-pg-"))
     os.environ["MEMCTL_HOME"] = str(home)
-    from memctl import embedded
+    from memctl.db import embedded
 
     info = embedded.start()
     return info.url, home
@@ -79,7 +79,8 @@ def _db_url(admin: str, name: str) -> str:
 def pg_server():
     """(admin URL, cleanup) for the server every test database lives on."""
     admin, home = _admin_url()
-    from memctl import db, migrate
+    from memctl import db
+    from memctl.db import migrate
 
     with psycopg.connect(admin, autocommit=True) as conn:
         drop_database(conn, TEMPLATE)
@@ -90,7 +91,7 @@ def pg_server():
     with psycopg.connect(admin, autocommit=True) as conn:
         drop_database(conn, TEMPLATE)
     if home is not None:
-        from memctl import embedded
+        from memctl.db import embedded
 
         embedded.stop()
         shutil.rmtree(home, ignore_errors=True)

@@ -55,7 +55,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
-from memctl.embedding import HashEmbedder, LocalEmbedder
+from memctl.embedding.embedders import HashEmbedder, LocalEmbedder
 
 EmbedFn = Callable[[list[str]], list[list[float]]]
 FAULTS = (None, "500", "404", "400", "401", "slow")

@@ -20,8 +20,9 @@ from psycopg import sql
 
 from typer.testing import CliRunner
 
-from memctl import cluster, db, migrate
+from memctl import db
 from memctl.cli import app
+from memctl.db import cluster, migrate
 
 CITUS_URL = os.environ.get("MEMCTL_TEST_CITUS_URL")
 needs_cluster = pytest.mark.skipif(not CITUS_URL, reason="needs a Citus cluster: set MEMCTL_TEST_CITUS_URL to its "
@@ -140,7 +141,9 @@ def test_a_vector_query_filtered_by_agent_is_routed_to_one_shard(citus):
 def test_search_runs_its_vector_statement_under_the_scan_settings_on_every_shard(citus):
     """What search's own transaction sets, read on the shards right after its vector statement, in it
     (tests/test_search.py's scan_witness); on one server, test_search checks the same."""
-    from memctl import config, search
+    from memctl import config
+    from memctl.reading import search
+    from memctl.reading.query import Query
     from tests.test_search import scan_witness
 
     _cli("db", "migrate")
@@ -159,7 +162,7 @@ def test_search_runs_its_vector_statement_under_the_scan_settings_on_every_shard
                 assert conn.execute(probe).fetchall() != wanted
             seen = scan_witness(conn, probe)
             for mode in ("vector", "hybrid"):
-                assert search.search(conn, settings, search.Query("certificate expired", agent=agent, mode=mode)).hits
+                assert search.search(conn, settings, Query("certificate expired", agent=agent, mode=mode)).hits
             assert seen == [wanted, wanted], where
 
 
@@ -275,7 +278,7 @@ def _ops_env(monkeypatch, ollama) -> None:
 @needs_cluster
 @pytest.mark.real_minilm
 def test_search_and_the_issue_checks_1_to_6_on_the_ops_corpus(citus, ollama, monkeypatch, tmp_path):
-    """Search-dependent (steps 3 and 6): rerun with -k search after a change to memctl/search.py."""
+    """Search-dependent (steps 3 and 6): rerun with -k search after a change to memctl/reading/search.py."""
     _ops_env(monkeypatch, ollama)
     # 1. migrate, distribute: episodes, chunks and the active vector table distributed by agent
     _cli("db", "migrate")
@@ -398,7 +401,7 @@ def test_two_embed_workers_at_once_on_the_cluster(citus, ollama, monkeypatch, me
 
 @needs_cluster
 def test_search_recall_facts_sources_runbooks_status_and_jobs_on_the_cluster(citus, tmp_path):
-    """Search-dependent (recall): rerun with -k search after a change to memctl/search.py."""
+    """Search-dependent (recall): rerun with -k search after a change to memctl/reading/search.py."""
     _cli("db", "migrate")
     _cli("db", "distribute")
     _cli("fact", "set", "db.host", "10.8.0.4")
@@ -455,7 +458,9 @@ SHARD_NAME = re.compile(r"\b([a-z_0-9]+?)_(\d{5,})\b")
 
 def _remote_shards(citus, mode: str) -> tuple[set[int], set[int], int]:
     """(shards one search with --agent ops touched, the shards it may touch, remote commands it issued)."""
-    from memctl import config, search
+    from memctl import config
+    from memctl.reading import search
+    from memctl.reading.query import Query
 
     _cli("db", "migrate")
     _cli("db", "distribute")
@@ -471,7 +476,7 @@ def _remote_shards(citus, mode: str) -> tuple[set[int], set[int], int]:
         settings = config.load()
         commands: list[str] = []
         conn.add_notice_handler(lambda d: commands.append(d.message_primary or ""))
-        query = search.Query("why is the disk full on db01", k=3, agent="ops", mode=mode)
+        query = Query("why is the disk full on db01", k=3, agent="ops", mode=mode)
         # the term statistics (episode count, average length) are read once per process and
         # database, from every shard; what is routed is each query
         search.search(conn, settings, query)

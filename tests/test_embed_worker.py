@@ -90,7 +90,7 @@ def test_unknown_model_is_a_clear_error(cli, ollama, ollama_env):
 def test_a_chunk_the_model_rejects_is_split_or_marked_failed(cli, conn, ollama, ollama_env):
     # a 40-token context: ordinary chunks are split and averaged; a chunk whose every half is too long
     # (a single huge "word") is marked failed with its error, not retried forever
-    from memctl.embedding import HashEmbedder
+    from memctl.embedding.embedders import HashEmbedder
 
     tiny = HashEmbedder("tiny", 384)
     ollama.add_model("tiny-context", 384, 40, lambda texts: tiny.embed(texts).vectors)
@@ -123,8 +123,9 @@ def test_two_workers_never_embed_a_chunk_twice(cli, db_url, ollama, ollama_env):
     cli("embed")
     add_many(cli, 60, prefix="parallel")
     ollama.inject("slow", delay_s=0.05)  # keep both workers busy at once
-    from memctl import config, embed
-    from memctl.embedding import make_embedder
+    from memctl import config
+    from memctl.embedding import worker as embed_worker
+    from memctl.embedding.embedders import make_embedder
 
     settings = config.load()
     results, errors = [], []
@@ -132,7 +133,7 @@ def test_two_workers_never_embed_a_chunk_twice(cli, db_url, ollama, ollama_env):
     def worker():
         try:
             with db.connect(db_url, vector=True) as c:
-                results.extend(embed.work(c, settings, make_embedder(settings), batch_size=5)[0])
+                results.extend(embed_worker.work(c, settings, make_embedder(settings), batch_size=5)[0])
         except Exception as exc:
             errors.append(exc)
 

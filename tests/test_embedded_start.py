@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from memctl import embedded
+from memctl.db import embedded
 
 STARTERS = 4
 READY = "database system is ready to accept connections"

@@ -13,8 +13,9 @@ import ollama
 import pytest
 
 import memctl
-from memctl import config, embedding
-from memctl.embedding import (
+from memctl import config
+from memctl.embedding import embedders
+from memctl.embedding.embedders import (
     EmbedResult,
     HashEmbedder,
     LocalEmbedder,
@@ -242,7 +243,7 @@ def test_hash_embedder_empty_text_is_a_fixed_unit_vector():
 
 
 def defaults(tmp_path):
-    return config.load(tmp_path / "absent.toml", environ={})
+    return config.load(Path("/dev/null"), environ={})
 
 
 def test_make_embedder_follows_settings_and_options(tmp_path):
@@ -265,14 +266,14 @@ def test_make_embedder_rejects_unknown_names_and_bad_local_options(tmp_path):
 
 
 def test_ollama_host_from_settings_and_environment(tmp_path, monkeypatch):
-    settings = config.load(tmp_path / "absent.toml", environ={"OLLAMA_HOST": "http://10.0.0.9:11434"})
+    settings = config.load(Path("/dev/null"), environ={"OLLAMA_HOST": "http://10.0.0.9:11434"})
     assert make_embedder(settings).host == "http://10.0.0.9:11434"
     monkeypatch.delenv("OLLAMA_HOST", raising=False)
     assert OllamaEmbedder("m").host == "http://127.0.0.1:11434"
 
 
 def test_importing_the_module_stays_light():
-    code = "import sys, memctl.embedding; print(sorted({'ollama', 'httpx', 'torch', 'sentence_transformers'} & set(sys.modules)))"
+    code = "import sys, memctl.embedding.embedders; print(sorted({'ollama', 'httpx', 'torch', 'sentence_transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -316,8 +317,8 @@ def test_local_refuses_tampered_weights(tmp_path):
 def test_local_without_tokenizers_says_how_to_install(tmp_path, monkeypatch):
     copy = _copy_model(bundled_model_dir(), tmp_path / "model", copy_weights=False)
     monkeypatch.setitem(sys.modules, "tokenizers", None)
-    monkeypatch.delitem(sys.modules, "memctl.minilm", raising=False)
-    monkeypatch.delattr(memctl, "minilm", raising=False)
+    monkeypatch.delitem(sys.modules, "memctl.embedding.minilm", raising=False)
+    monkeypatch.delattr(memctl.embedding, "minilm", raising=False)
     with pytest.raises(MemctlError, match=r"memctl\[local\]"):
         load_local_model(copy)
 
@@ -328,8 +329,8 @@ def test_verified_weights_are_hashed_again_only_when_the_file_changes(tmp_path, 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     copy = _copy_model(bundled_model_dir(), tmp_path / "model", copy_weights=True)
     hashed = []
-    real = embedding.file_sha256
-    monkeypatch.setattr(embedding, "file_sha256", lambda path: hashed.append(path) or real(path))
+    real = embedders.file_sha256
+    monkeypatch.setattr(embedders, "file_sha256", lambda path: hashed.append(path) or real(path))
     verify_weights(copy)
     verify_weights(copy)
     assert len(hashed) == 1

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from memctl import chunking, config, episodes
+from memctl import config
 from memctl.errors import BadValue, InvalidInput
+from memctl.records import chunking, episodes
 
 
 def count(conn, table: str) -> int:

@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
-from memctl import db, facts
+from memctl import db
 from memctl.errors import BadValue, InvalidInput, NotFound
+from memctl.records import facts
 
 
 def test_set_prints_old_and_new_value_and_version(cli):
@@ -199,7 +200,7 @@ def test_export_into_a_fresh_database_and_import_back(cli, db_url, empty_db_url,
     dump = tmp_path / "facts.jsonl"
     dump.write_text(exported.stdout)
     with db.connect(empty_db_url) as c:
-        from memctl import migrate
+        from memctl.db import migrate
 
         migrate.apply(c)
     imported = cli("fact", "import", str(dump), env={"MEMCTL_DATABASE_URL": empty_db_url})

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memctl import __version__, config, db, embedded, migrate
+from memctl import __version__, config, db
+from memctl.db import embedded, migrate
 from memctl.errors import ConfigError, MemctlError
 
 

@@ -33,8 +33,13 @@ from hypothesis.control import currently_in_test_context
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from memctl import config, episodes, facts, jsonl, runbook_format, search, timing, transfer
+from memctl import config, jsonl
+from memctl.embedding import timing
 from memctl.errors import MemctlError
+from memctl.reading import search
+from memctl.reading.query import Query, split_terms
+from memctl.records import episodes, facts, runbook_format
+from memctl.upkeep import import_
 from tests.conftest import TEMPLATE, drop_database
 from tests.fuzz_profiles import share
 
@@ -225,7 +230,7 @@ def test_fact_jsonl(data):
 def test_search_query_values(query):
     """What episode search --batch makes of a JSONL line: Query(...).check() refuses, never crashes."""
     ran()
-    q = search.Query(query.get("query"), k=query.get("k", 5), agent=query.get("agent"), kind=query.get("kind"),
+    q = Query(query.get("query"), k=query.get("k", 5), agent=query.get("agent"), kind=query.get("kind"),
                      source=query.get("source"), since=query.get("since"), mode=query.get("mode", "hybrid"))
     only_memctl_errors(q.check)
 
@@ -284,7 +289,7 @@ EXPORTS = weighted((3, WHOLE_EXPORTS), (1, streams(lines(EXPORT_RECORDS))))
 @given(data=EXPORTS)
 def test_export_records(data):
     ran()
-    only_memctl_errors(lambda: list(transfer.records(io.BytesIO(data))))
+    only_memctl_errors(lambda: list(import_.records(io.BytesIO(data))))
 
 
 # --- configuration, durations -----------------------------------------------------------------------------
@@ -521,13 +526,13 @@ def test_runbook_format_reads_a_well_formed_runbook(title, steps, numbered_list)
 @given(text=QUERIES)
 def test_split_terms(text):
     ran()
-    terms = search.split_terms(text)
+    terms = split_terms(text)
     for piece in terms.wanted + terms.excluded:
         assert isinstance(piece, str) and piece.strip() and piece in text
 
 
 def test_split_terms_reads_the_documented_syntax():
-    terms = search.split_terms('deploy -nginx "disk full" -"dry run" api-v2 - or "unbalanced')
+    terms = split_terms('deploy -nginx "disk full" -"dry run" api-v2 - or "unbalanced')
     assert terms.wanted == ["deploy", "disk full", "api-v2", "-", "or", "unbalanced"]
     assert terms.excluded == ["nginx", "dry run"]
 
@@ -663,7 +668,7 @@ def test_search_finds_the_seeded_episodes(seeded):
     """The search properties below run against episodes a plain query does find (by words and by meaning)."""
     conn, settings = seeded
     for mode in ("text", "hybrid", "vector"):
-        outcome = search.search(conn, settings, search.Query("disk full", mode=mode))
+        outcome = search.search(conn, settings, Query("disk full", mode=mode))
         assert outcome.hits and outcome.mode == mode, mode
 
 
@@ -678,7 +683,7 @@ def test_search_with_accepted_settings(seeded, tmp_path, document, mode):
     loaded = only_memctl_errors(config.load, path, environ={"MEMCTL_EMBEDDER": "hash", "OLLAMA_HOST": NOWHERE,
                                                             "MEMCTL_EMBED_MODEL": "hash-embed"})
     assume(isinstance(loaded, config.Settings))
-    only_memctl_errors(search.search, conn, loaded, search.Query("disk full", mode=mode))
+    only_memctl_errors(search.search, conn, loaded, Query("disk full", mode=mode))
 
 
 # Edges the properties reach only now and then, run on every run (each refused, or run without a crash).
@@ -700,7 +705,7 @@ def test_setting_edges_refused_or_usable(shared, tmp_path, document):
     for name, value in _numbers(loaded):
         assert math.isfinite(value), f"{name} = {value!r} accepted"
     for mode in ("text", "hybrid", "vector"):
-        only_memctl_errors(search.search, conn, loaded, search.Query("disk full", mode=mode))
+        only_memctl_errors(search.search, conn, loaded, Query("disk full", mode=mode))
 
 
 @given(text=QUERIES, mode=MODES)
@@ -708,7 +713,7 @@ def test_setting_edges_refused_or_usable(shared, tmp_path, document):
 def test_search_query_syntax(seeded, text, mode):
     ran()
     conn, settings = seeded
-    outcome = only_memctl_errors(search.search, conn, settings, search.Query(text, mode=mode))
+    outcome = only_memctl_errors(search.search, conn, settings, Query(text, mode=mode))
     if not isinstance(outcome, MemctlError):
         assert all(isinstance(h.id, int) for h in outcome.hits)
 

@@ -1,9 +1,10 @@
-"""The one gate: no statement writes a memory table outside memctl/gate.py, and every side door is shut.
+"""The one gate: no statement writes a memory table outside memctl/records/store.py, and every side door is shut.
 
 The first test reads the library's source: a new INSERT or COPY into a memory table anywhere but
-the gate fails it, so a path around the gate cannot be added unnoticed. The others reproduce the
-side doors found when memctl was tried as an attacker would (issue 19): each must be refused or
-redacted, with nothing half written.
+the gate's writers (memctl/records/store.py, which take only records memctl.records.gate admitted)
+fails it, so a path around the gate cannot be added unnoticed. The others reproduce the side doors
+found when memctl was tried as an attacker would (issue 19): each must be refused or redacted, with
+nothing half written.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pathlib import Path
 import pytest
 
 import memctl
-from memctl import gate
+from memctl.records import gate, store
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 PACKAGE = Path(memctl.__file__).parent
-WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?(" + "|".join(gate.MEMORY_TABLES) + r")\b",
+WRITERS = PACKAGE / "records" / "store.py"
+WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?(" + "|".join(store.MEMORY_TABLES) + r")\b",
                    re.IGNORECASE)
 
 
@@ -38,16 +40,16 @@ def test_only_the_gate_writes_memory_tables():
         for line, text in _statements(path):
             for match in WRITE.finditer(text):
                 where = f"{path.relative_to(PACKAGE.parent)}:{line}: {match.group(0)}"
-                (inside if path.name == "gate.py" and path.parent.name in ("memctl", "records") else outside).append(
-                    where)
-    assert not outside, "memory tables written around the gate (move the statement into memctl/gate.py " \
+                (inside if path == WRITERS else outside).append(where)
+    assert not outside, "memory tables written around the gate (move the statement into memctl/records/store.py " \
                         "and pass the record through gate.Gate):\n" + "\n".join(outside)
     written = {WRITE.search(w).group(1).lower() for w in inside}
-    assert written == set(gate.MEMORY_TABLES), f"the gate no longer writes {set(gate.MEMORY_TABLES) - written}"
+    assert written == set(store.MEMORY_TABLES), \
+        f"the gate's writers (memctl/records/store.py) no longer write {set(store.MEMORY_TABLES) - written}"
 
 
 def test_the_pattern_catches_a_side_door():
-    """The scan above would see the kind of statement transfer.py used to hold."""
+    """The scan above would see the kind of statement the import (then transfer.py) used to hold."""
     door = 'COPY episodes (id, agent, kind, content) FROM STDIN (FORMAT BINARY)'
     assert WRITE.search(door) and WRITE.search("insert into fact_history (namespace) values (%s)")
     assert not WRITE.search("INSERT INTO jobs (job) VALUES (%s)")
@@ -57,7 +59,7 @@ def test_writers_take_only_admitted_records(conn, settings_obj):
     raw = gate.validate(settings_obj, "not through the gate", source="anywhere")
     with pytest.raises(TypeError, match="admitted"):
         with conn.transaction():
-            gate.insert_episode(conn, raw)
+            store.insert_episode(conn, raw)
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 0
 
 
@@ -218,7 +220,7 @@ def test_export_file_is_private_from_the_first_byte_and_whole(cli, tmp_path):
 
 
 def test_an_export_that_fails_leaves_the_old_file(cli, tmp_path, monkeypatch):
-    from memctl import transfer
+    from memctl.upkeep import export as export_mod
 
     out = tmp_path / "memory.jsonl"
     out.write_text("the previous export\n")
@@ -227,7 +229,7 @@ def test_an_export_that_fails_leaves_the_old_file(cli, tmp_path, monkeypatch):
         write('{"type": "header"}\n')
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(transfer, "export", broken)
+    monkeypatch.setattr(export_mod, "export", broken)
     result = cli("export", "--out", str(out))
     assert result.exit_code == 1 and "No space left" in result.stderr
     assert out.read_text() == "the previous export\n"

@@ -25,7 +25,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from memctl import config, episodes, facts
+from memctl import config
+from memctl.records import episodes, facts
 
 TOOLS = {"remember", "search", "recall", "episode_get", "fact_get", "fact_list", "fact_set", "fact_history",
          "runbook_list", "runbook_show"}
@@ -351,7 +352,7 @@ def test_block_mode_refuses_the_write(conn, memctl_env, log):
 
 
 def test_a_blocked_source_is_refused(conn, memctl_env, log):
-    from memctl import sources
+    from memctl.records import sources
 
     sources.block(conn, "mcp:a", "runaway agent")
 
@@ -626,9 +627,9 @@ def test_other_commands_do_not_import_the_sdk(memctl_env):
                           text=True, timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
-    assert "memctl.facts" in imported
+    assert "memctl.records.facts" in imported
     assert not {name for name in imported if name.split(".")[0] in ("mcp", "mcp_types")}
-    assert "memctl.mcp_protocol" not in imported and "memctl.mcp_server" not in imported
+    assert "memctl.mcp.protocol" not in imported and "memctl.mcp.tools" not in imported
 
 
 def test_bad_options_exit_2_before_serving(memctl_env):

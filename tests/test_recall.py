@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from memctl import config, recall
-from memctl.embedding import estimate_tokens
+from memctl import config
+from memctl.embedding.embedders import estimate_tokens
 from memctl.errors import ConfigError
+from memctl.reading import recall
 from tests.conftest import needs_local_embedder
 
 HEADER = "Relevant memory (facts are current; episodes are past events):"
@@ -163,7 +164,7 @@ def test_near_duplicate_episodes_collapse_onto_the_best(cli):
 
 
 def test_access_counts_rise_for_what_recall_and_search_returned(cli, conn, memory):
-    from memctl import access
+    from memctl.records import access
 
     ids, _ = memory
 
@@ -328,7 +329,7 @@ def test_local_embedder_counts_with_its_tokenizer(cli, memctl_env, monkeypatch):
     assert cli("embed").exit_code == 0
     doc = run(cli, "db.host deploy disk", "-f", "json", "--max-tokens", "60").json()
     assert doc["token_counter"] == "all-minilm tokenizer"
-    from memctl.embedding import LocalEmbedder
+    from memctl.embedding.embedders import LocalEmbedder
 
     tokens = LocalEmbedder().count_tokens
     assert [i["tokens"] for i in doc["items"]] == [tokens(i["text"] + "\n") for i in doc["items"]]

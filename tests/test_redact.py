@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from memctl import jobs, redact, runbooks
+from memctl import redact
 from memctl.errors import MemctlError
+from memctl.records import jobs, runbooks
+from memctl.redact import detect
 
 LABELLED = [json.loads(line) for line in (Path(__file__).parent / "data" / "secrets_labelled.jsonl").open()]
 SECRETS = [r for r in LABELLED if r["kinds"]]
@@ -173,7 +175,7 @@ def test_ordinary_prose_skips_every_detector():
     """The cheap gate keeps find() fast on what most writes are: prose and log lines with no secret shape."""
     prose = [e if isinstance(e, str) else e[1] for name in ("retrieval.json", "retrieval_log.json")
              for e in json.loads((Path(__file__).parent / "data" / name).read_text())["episodes"]]
-    skipped = [text for text in prose if not redact._candidate(text, text.lower())]
+    skipped = [text for text in prose if not detect.candidate(text, text.lower())]
     assert len(prose) >= 50 and len(skipped) >= 0.8 * len(prose)
 
 

@@ -18,8 +18,10 @@ import time
 
 import pytest
 
-from memctl import db, models, reembed
-from memctl.embedding import HashEmbedder
+from memctl import db
+from memctl.embedding import models
+from memctl.embedding.embedders import HashEmbedder
+from memctl.upkeep import reembed
 from tests.conftest import local_embedder_installed
 from tests.ollama_server import OllamaTestServer
 
@@ -284,7 +286,7 @@ def test_paraphrases_are_found_after_the_switch(cli, conn, env, server):
     meaning-based search over to the new model's table; it says nothing of nomic's own quality.
     The old model stays the word-hash stand-in, which cannot find these paraphrases.
     """
-    from memctl.embedding import LocalEmbedder
+    from memctl.embedding.embedders import LocalEmbedder
 
     local = LocalEmbedder()
     server.add_model("nomic-embed-text", 768, 2048,

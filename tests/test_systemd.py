@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from memctl import systemd
 from memctl.errors import UsageError
+from memctl.upkeep import systemd
 
 # A real executable: systemd-analyze verify refuses an ExecStart= binary that does not exist.
 REAL_BIN = str(Path(sys.executable).parent / "memctl") if (Path(sys.executable).parent / "memctl").is_file() \

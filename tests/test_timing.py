@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from memctl import storage, timing
+from memctl.embedding import footprint, timing
 from tests.ollama_server import OllamaTestServer
 
 FIELDS = {"p50_ms", "p95_ms", "per_s", "projected_s", "backlog", "backlog_projected_s", "tokens", "sample_tokens",
@@ -33,7 +33,7 @@ def test_timing_fields_and_projections(cli):
     assert (report["backlog"], report["backlog_of"]) == (30, "new model")
     assert report["sample_tokens"] > 0
     assert report["tokens"] == round(report["sample_tokens"] / 10 * 30)
-    assert report["second_model_bytes"] == storage.table_bytes(30, 384) + storage.index_bytes(30, 384)
+    assert report["second_model_bytes"] == footprint.table_bytes(30, 384) + footprint.index_bytes(30, 384)
 
     assert cli("embed").exit_code == 0
     after = cli("embed", "timing", "--sample", "5", "-f", "json").json()

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from memctl import config, models
-from memctl.embedding import LocalEmbedder
+from memctl import config
+from memctl.embedding import models
+from memctl.embedding.embedders import LocalEmbedder
 
 COUNTED = ("episodes", "chunks", "embed_queue", "jobs", "facts", "episode_access")
 

@@ -88,8 +88,9 @@ def connect_read(*, vector: bool = False):
     something to record. A replica that is down or behind the primary's schema is reported
     on stderr and the primary answers instead.
     """
-    from memctl import access, db
+    from memctl import db
     from memctl.errors import DatabaseUnavailable, SchemaBehind
+    from memctl.records import access
 
     st = state()
     replica = db.resolve_read(st.settings)
@@ -139,7 +140,7 @@ def since_value(param: typer.CallbackParam, value: str | None) -> str | None:
         raise BadValue(f"{option}: {exc}; give an ISO 8601 date/time for older", option) from None
     except ValueError:
         pass
-    from memctl.episodes import parse_time
+    from memctl.records.episodes import parse_time
 
     try:
         parse_time(value)
@@ -169,7 +170,7 @@ def time_value(param: typer.CallbackParam, value: str | None) -> str | None:
 
     if value is None:
         return None
-    from memctl.episodes import parse_time
+    from memctl.records.episodes import parse_time
 
     try:
         parse_time(value)

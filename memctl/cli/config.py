@@ -45,8 +45,8 @@ def pg_service(
     (--database-url, MEMCTL_DATABASE_URL, the file, else the embedded one, started if needed). Remove
     DIRECTORY afterwards (a trap): the passfile holds the password.
     """
-    from memctl import embedded, pgservice
     from memctl.cli.common import target, warn
+    from memctl.db import embedded, pgservice
 
     chosen = target()
     url = chosen.url or (embedded.start(report=warn).url if chosen.embedded else "")

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from memctl import embedded, migrate
 from memctl.cli.common import FormatOption, connect, target, warn
 from memctl.cli.render import Format, render, render_one
+from memctl.db import embedded, migrate
 
 app = typer.Typer(help="Database: the embedded server and schema migrations.", no_args_is_help=True)
 
@@ -73,7 +73,7 @@ def migrate_(
         return
     applied = migrate.apply(conn, report=warn)
     warn(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
-    from memctl import cluster
+    from memctl.db import cluster
 
     if cluster.is_distributed(conn):  # a Citus cluster: tables a migration added go where their kind belongs
         placed = [p.table for p in cluster.distribute(conn) if p.action == "done"]
@@ -91,7 +91,7 @@ def distribute(fmt: FormatOption = Format.table) -> None:
     reference tables; facts, their history and the job log stay on the coordinator. Rows already there move
     to the shards. Idempotent; refuses (exit 1) on a server without Citus.
     """
-    from memctl import cluster
+    from memctl.db import cluster
 
     placements = cluster.distribute(connect())
     done = sum(p.action == "done" for p in placements)

@@ -53,8 +53,8 @@ def embed(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from memctl import embed as embed_mod
-    from memctl.embedding import make_embedder
+    from memctl.embedding import worker as embed_mod
+    from memctl.embedding.embedders import make_embedder
 
     st = settings()
     size = batch_size or st.get("embedding", "batch_size")

@@ -7,11 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl import episodes, search as search_mod
 from memctl.cli.common import (FormatOption, choice_value, connect, connect_read, json_object, json_object_value,
                                read_text_arg, settings, since_value, time_value, warn)
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import InvalidInput, UsageError
+from memctl.reading import query as query_mod, search as search_mod
+from memctl.records import episodes
 
 app = typer.Typer(help="Episodes: what happened, stored at once, embedded in the background, searched by "
                        "meaning and by words.", no_args_is_help=True)
@@ -102,11 +103,11 @@ def _open(path: str):
 def show(episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOption = Format.table) -> None:
     """One episode with its chunks and their embedding state, and its lineage: a summary's `sources` (id,
     created_at, content hash, whether it still exists) and the summaries it is in (`summarized_in`)."""
-    from memctl import summarize
+    from memctl.records import lineage
 
     conn = connect()
     row = episodes.show(conn, episode_id)
-    row.update(summarize.lineage(conn, row["agent"], episode_id))
+    row.update(lineage.lineage(conn, row["agent"], episode_id))
     if fmt is Format.table:
         chunks, sources, summarized_in = row.pop("chunks"), row.pop("sources"), row.pop("summarized_in")
         row["summarized_in"] = ", ".join(str(s["id"]) for s in summarized_in) or None
@@ -158,11 +159,11 @@ def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], fmt: Form
 @app.command()
 def search(
     query: Annotated[Optional[str], typer.Argument(help="What to look for, in words; '-' reads stdin.")] = None,
-    k: Annotated[int, typer.Option("-k", "--k", min=1, max=search_mod.MAX_K, help="How many episodes to return.")]
+    k: Annotated[int, typer.Option("-k", "--k", min=1, max=query_mod.MAX_K, help="How many episodes to return.")]
     = 5,
     agent: Agent = None, kind: Kind = None, source: SourceOpt = None, since: Since = None, until: Until = None,
     mode: Annotated[str, typer.Option(
-        "--mode", "-m", callback=choice_value(*search_mod.MODES), help="hybrid (default), vector or text.")]
+        "--mode", "-m", callback=choice_value(*query_mod.MODES), help="hybrid (default), vector or text.")]
     = "hybrid",
     batch: Annotated[Optional[str], typer.Option(
         "--batch", help="JSONL file or '-' of queries (query, optional agent, k, kind, source, since, until, "
@@ -184,7 +185,7 @@ def search(
         return
     if query is None:
         raise UsageError("give a QUERY or --batch FILE")
-    q = search_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, until=until,
+    q = query_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, until=until,
                          mode=mode)
     outcome = search_mod.search(conn, settings(), q, track=not no_track)
     if outcome.warning:
@@ -201,8 +202,8 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
     from memctl.cli.render import to_json
 
     handle = jsonl.open_input(path)
-    queries = [search_mod.batch_query(item, number)
-               for number, item in jsonl.read(handle, fields=search_mod.BATCH_FIELDS, required=("query",))]
+    queries = [query_mod.batch_query(item, number)
+               for number, item in jsonl.read(handle, fields=query_mod.BATCH_FIELDS, required=("query",))]
     outcomes = search_mod.search_batch(conn, settings(), queries, track=track)
     warning = next((o.warning for o in outcomes if o.warning), None)
     if warning:

@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl import facts
 from memctl.cli.common import FormatOption, connect, connect_read, settings, warn
 from memctl.cli.render import Format, render, render_one
+from memctl.records import facts
 
 app = typer.Typer(help="Facts: what is true now, by key, with the history of every change.", no_args_is_help=True)
 
@@ -169,8 +169,8 @@ def stale(
     fmt: FormatOption = Format.table,
 ) -> None:
     """Episodes that mention a value KEY used to have, by words and by meaning: copies of a corrected fact."""
-    from memctl import stale as stale_mod
     from memctl.cli.common import settings
+    from memctl.reading import stale as stale_mod
 
     mentions, warning = stale_mod.find(connect(vector=True), settings(), key, namespace=namespace,
                                        max_distance=max_distance)

@@ -36,16 +36,17 @@ def mcp(
     runbook_show. None deletes, purges or runs a runbook. stdout carries the protocol only; messages go to
     stderr. Start one server per agent: `claude mcp add memctl -- memctl mcp --agent deploy-bot`.
     """
-    from memctl import db, mcp_server
+    from memctl import db
+    from memctl.mcp import tools
 
-    scope = mcp_server.Scope.make(agent=agent, namespace=namespace, shared=shared_namespace, read_only=read_only,
+    scope = tools.Scope.make(agent=agent, namespace=namespace, shared=shared_namespace, read_only=read_only,
                                   source=source)
-    session = mcp_server.Session(settings(), scope, lambda: db.open_database(target(), report=warn, vector=True))
-    warn(f"mcp: {scope.describe()}; {len(mcp_server.offered(scope))} tools over stdio")
-    from memctl import mcp_protocol
+    session = tools.Session(settings(), scope, lambda: db.open_database(target(), report=warn, vector=True))
+    warn(f"mcp: {scope.describe()}; {len(tools.offered(scope))} tools over stdio")
+    from memctl.mcp import protocol
 
     try:
-        mcp_protocol.serve(session)
+        protocol.serve(session)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     finally:

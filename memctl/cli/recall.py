@@ -11,7 +11,7 @@ import typer
 from memctl.cli.common import connect_read, read_text_arg, settings, warn
 
 
-MAX_K = 100  # memctl.recall.check's bound, checked here too so the error names -k
+MAX_K = 100  # memctl.reading.recall.check's bound, checked here too so the error names -k
 
 
 class RecallFormat(str, Enum):
@@ -56,8 +56,8 @@ def recall(
 
     With nothing relevant, prints nothing and exits 0. Episodes returned count as accessed unless --no-track.
     """
-    from memctl import recall as recall_mod
     from memctl.cli.render import to_json
+    from memctl.reading import recall as recall_mod
 
     request = recall_mod.Request(read_text_arg(observation), agent=agent, namespace=namespace, k=k,
                                  max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track)

@@ -39,7 +39,7 @@ def start(
     Refuses dimensions HNSW cannot index: over 2,000 as vector (use --halfvec up to 4,000) or
     over 4,000 (use --dims).
     """
-    from memctl import reembed
+    from memctl.upkeep import reembed
 
     result = reembed.start(connect(vector=True), settings(), model=model, embedder=embedder, dims=dims,
                            halfvec=halfvec)
@@ -99,7 +99,7 @@ def run(
     Resumable and safe to kill at any moment: run it again to continue. Search keeps using the active
     model; writes meanwhile are queued for both models. Exit 3 if the embedder is unreachable.
     """
-    from memctl import reembed
+    from memctl.upkeep import reembed
 
     st = settings()
     show = sys.stderr.isatty() if progress is None else progress
@@ -129,7 +129,7 @@ def run(
 @app.command()
 def status(fmt: FormatOption = Format.table) -> None:
     """Done / total, rate, ETA, index state and the next step of a model change."""
-    from memctl import reembed
+    from memctl.upkeep import reembed
 
     render_one(reembed.status(connect()), fmt)
 
@@ -144,7 +144,8 @@ def compare(
     fmt: FormatOption = Format.table,
 ) -> None:
     """For sample queries, the overlap (0..1) of the active and the new model's vector top-k episodes."""
-    from memctl import reembed, timing
+    from memctl.embedding import timing
+    from memctl.upkeep import reembed
 
     texts = timing.read_texts(queries) if queries else None
     result = reembed.compare(connect(vector=True), settings(), sample=sample, queries=texts, k=k)
@@ -166,7 +167,7 @@ def switch(fmt: FormatOption = Format.table) -> None:
     Search, recall and `memctl embed` follow the database's active model at once, also where the
     configuration still names the old one (they warn until it is changed: printed on stderr).
     """
-    from memctl import reembed
+    from memctl.upkeep import reembed
 
     result = reembed.switch(connect())
     render_one({k: v for k, v in result.items() if k != "config"}, fmt)
@@ -181,7 +182,7 @@ def switch(fmt: FormatOption = Format.table) -> None:
 @app.command("drop-old")
 def drop_old(fmt: FormatOption = Format.table) -> None:
     """Drop retired models' vector tables and report the space returned (their pg_total_relation_size)."""
-    from memctl import reembed
+    from memctl.upkeep import reembed
 
     dropped = reembed.drop_old(connect())
     if not dropped:
@@ -194,6 +195,6 @@ def drop_old(fmt: FormatOption = Format.table) -> None:
 @app.command()
 def abort(fmt: FormatOption = Format.table) -> None:
     """Drop the new model's table and queue; the active model is untouched."""
-    from memctl import reembed
+    from memctl.upkeep import reembed
 
     render_one(reembed.abort(connect()), fmt)

@@ -7,11 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl import jobs as jobs_mod
-from memctl import retention, sources
 from memctl.cli.common import FormatOption, connect, settings, since_value, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import EXIT_ERROR, UsageError
+from memctl.records import jobs as jobs_mod
+from memctl.records import sources
+from memctl.upkeep import deletion, policy as policy_mod, prune as prune_mod, purge as purge_mod
 
 source_app = typer.Typer(help="Blocked sources: writes (episode add/import, fact set/import) from a blocked "
                               "source are refused with exit 1 and the reason.", no_args_is_help=True)
@@ -62,7 +63,7 @@ def prune(
     policy_file: Annotated[Optional[str], typer.Option(
         "--policy", metavar="FILE",
         help="Read the \\[retention] table of this TOML file instead of the configuration's.")] = None,
-    batch_size: BatchSize = retention.DEFAULT_BATCH,
+    batch_size: BatchSize = deletion.DEFAULT_BATCH,
     vacuum: Annotated[bool, typer.Option(
         "--vacuum", help="After deleting, VACUUM (ANALYZE) the tables touched (slow on a large HNSW index).")] = False,
     fmt: FormatOption = Format.table,
@@ -83,20 +84,20 @@ def prune(
     """
     if vacuum and not yes:
         raise UsageError("--vacuum needs --yes (a dry run deletes nothing to vacuum)")
-    from memctl import summarize
+    from memctl.upkeep import summarize
 
-    policy = retention.read_policy(policy_file) if policy_file else retention.policy_from_settings(settings())
+    policy = policy_mod.read_policy(policy_file) if policy_file else policy_mod.policy_from_settings(settings())
     awaited = summarize.awaited_kinds(settings(), policy)
     conn = connect()
     if not yes:
         _prune_plan(conn, policy, fmt, awaited)
         return
-    report = retention.prune(conn, policy, batch_size=batch_size, run_vacuum=vacuum, await_summary=awaited)
+    report = prune_mod.prune(conn, policy, batch_size=batch_size, run_vacuum=vacuum, await_summary=awaited)
     render(report.kinds, fmt, columns=PRUNED_COLUMNS)
     _section(report.tables, fmt, TABLE_COLUMNS)
     _section(report.job_log, fmt, JOB_LOG_COLUMNS)
     if policy.empty:
-        warn(retention.NO_EPISODE_POLICY)
+        warn(policy_mod.NO_EPISODE_POLICY)
     else:
         _summary("pruned", report)
     _kept_for_summary(report.kinds, awaited, planned=False)
@@ -118,14 +119,14 @@ def _kept_for_summary(rows: list[dict], awaited: frozenset[str], *, planned: boo
          "deletes them unsummarized)")
 
 
-def _prune_plan(conn, policy: retention.Policy, fmt: Format, awaited: frozenset[str] = frozenset()) -> None:
-    rows = retention.plan(conn, policy, await_summary=awaited)
-    job_log = retention.job_log_plan(conn, policy)
+def _prune_plan(conn, policy: policy_mod.Policy, fmt: Format, awaited: frozenset[str] = frozenset()) -> None:
+    rows = prune_mod.plan(conn, policy, await_summary=awaited)
+    job_log = prune_mod.job_log_plan(conn, policy)
     render(rows, fmt, columns=PLAN_COLUMNS)
     _section(job_log, fmt, JOB_LOG_PLAN_COLUMNS)
-    kept = ", ".join(f"{r['kind']} ({r['rows']})" for r in retention.unnamed_kinds(conn, policy))
+    kept = ", ".join(f"{r['kind']} ({r['rows']})" for r in prune_mod.unnamed_kinds(conn, policy))
     if policy.empty:
-        warn(retention.NO_EPISODE_POLICY)
+        warn(policy_mod.NO_EPISODE_POLICY)
     elif policy.keep_importance is not None:
         warn(f"episodes of importance >= {policy.keep_importance} are kept whatever their age (keep_importance)")
     if kept and not policy.empty:
@@ -148,7 +149,7 @@ def _cutoff(tables: list[dict]) -> str:
     return tables[0]["cutoff"].isoformat(timespec="seconds") if tables else "?"
 
 
-def _summary(verb: str, report: retention.Report) -> None:
+def _summary(verb: str, report: deletion.Report) -> None:
     warn(f"{verb} {report.rows} episode(s), {report.chunks} chunk(s), {report.vectors} vector(s) "
          f"in {report.batches} batch(es); longest transaction "
          f"{report.max_transaction_s:.3f} s; {report.remaining} still matching")
@@ -166,7 +167,7 @@ def purge(
     delete_facts: Annotated[bool, typer.Option(
         "--facts", help="Also delete the facts this source last set (history keeps their values: "
         "`memctl fact delete --erase KEY` removes those too).")] = False,
-    batch_size: BatchSize = retention.DEFAULT_BATCH,
+    batch_size: BatchSize = deletion.DEFAULT_BATCH,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Remove what a source wrote: its episodes with their chunks and vectors, and (--facts) the facts it last set.
@@ -178,7 +179,7 @@ def purge(
     """
     conn = connect()
     if not yes:
-        found = retention.purge_plan(conn, source, since)
+        found = purge_mod.purge_plan(conn, source, since)
         _purge_output(fmt, found.kinds, found.facts, PURGE_PLAN_COLUMNS,
                       {"source": source, "since": found.since, "blocked": found.blocked, "dry_run": True,
                        "summaries": found.summaries})
@@ -189,7 +190,7 @@ def purge(
         if not found.blocked:
             warn(f"{source!r} is not blocked: memctl source block {source!r} --reason ... refuses its writes")
         return
-    report = retention.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size)
+    report = purge_mod.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size)
     summary = {k: v for k, v in report.to_dict().items() if k not in ("kinds", "facts", "tables", "job_log")}
     _summaries_note(source, report.summaries, planned=False)
     _purge_output(fmt, report.kinds, report.facts, PURGED_COLUMNS, {"source": source, "dry_run": False, **summary},

@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl import runbooks
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import MemctlError
+from memctl.records import runbooks
 
 app = typer.Typer(
     help="Runbooks: NAME.md files in a git repository (--repo, MEMCTL_RUNBOOKS or `runbooks` in the config), "

@@ -55,9 +55,9 @@ def size(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from memctl import storage
+    from memctl.upkeep import size as size_mod
 
-    report = storage.report(connect_read(), exact=exact)  # [database] read_url: from the replica
+    report = size_mod.report(connect_read(), exact=exact)  # [database] read_url: from the replica
     for message in report["warnings"]:
         warn(message)
     if section is None and fmt in (Format.jsonl, Format.csv):
@@ -97,10 +97,10 @@ def estimate(
     vector takes 4 x dims + 8 bytes, halfvec 2 x dims + 8. HNSW indexes at most 2,000 dims as vector,
     4,000 as halfvec; what cannot be indexed is flagged. Needs no database.
     """
-    from memctl import storage
+    from memctl.embedding import footprint
 
     st = settings() if model is not None and dims is None else None
-    rows_out = storage.estimate(rows, dims=dims, model=model, halfvec=halfvec, settings=st)
+    rows_out = footprint.estimate(rows, dims=dims, model=model, halfvec=halfvec, settings=st)
     for row in rows_out:
         if not row["indexable"]:
             warn(f"{row['model'] or str(row['dims']) + ' dims'} as {row['storage']}: {row['note']}")

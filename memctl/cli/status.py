@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from memctl import status as status_mod
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render_one
 from memctl.errors import EXIT_ERROR
+from memctl.upkeep import status as status_mod
 
 
 def register(root: typer.Typer) -> None:

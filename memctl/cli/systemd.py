@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl import systemd
 from memctl.cli.common import warn
+from memctl.upkeep import systemd
 
 app = typer.Typer(
     help="systemd units that run `memctl embed` every 5 minutes, and `memctl summarize` then `memctl prune --yes` "

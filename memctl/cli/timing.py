@@ -33,8 +33,8 @@ def timing(
     projected_s for every chunk, backlog_projected_s for the current backlog, tokens, and
     second_model_bytes, the disk a second model's vector table and index would take.
     """
-    from memctl import timing as timing_mod
-    from memctl.embedding import LOCAL_MODEL, make_embedder
+    from memctl.embedding import timing as timing_mod
+    from memctl.embedding.embedders import LOCAL_MODEL, make_embedder
 
     st = settings()
     if model is None and embedder == "local":

@@ -7,10 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl import episodes, jsonl, transfer
+from memctl import jsonl
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import InvalidInput
+from memctl.records import episodes
+from memctl.upkeep import export as export_mod, import_ as import_mod
 
 
 def register(root: typer.Typer) -> None:
@@ -35,13 +37,13 @@ def export(
     when = episodes.parse_since(since) if since else None
     conn = connect(vector=False)
     if out == "-":
-        result = transfer.export(conn, sys.stdout.write, agent=agent, since=when, vectors=vectors)
+        result = export_mod.export(conn, sys.stdout.write, agent=agent, since=when, vectors=vectors)
     else:  # private (0600) from the first byte, fsynced, renamed into place whole
         from memctl import files
 
         try:
             with files.atomic_write(out) as handle:
-                result = transfer.export(conn, handle.write, agent=agent, since=when, vectors=vectors)
+                result = export_mod.export(conn, handle.write, agent=agent, since=when, vectors=vectors)
         except OSError as exc:
             raise InvalidInput(f"cannot write {out}: {exc.strerror}") from None
     counts = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in result.to_dict().items())
@@ -64,7 +66,7 @@ def import_(
     redactor = redact.Redactor.from_settings(st)
     handle = jsonl.open_input(file)
     try:
-        result = transfer.import_stream(connect(), st, handle, redactor=redactor)
+        result = import_mod.import_stream(connect(), st, handle, redactor=redactor)
     finally:
         if handle is not sys.stdin.buffer:
             handle.close()

@@ -34,7 +34,7 @@ def server(admin_url: str | None):
         return
     home = tempfile.mkdtemp(prefix="memctl-bench-")
     os.environ["MEMCTL_HOME"] = home
-    from memctl import embedded
+    from memctl.db import embedded
 
     info = embedded.start()
     try:
@@ -49,7 +49,8 @@ def server(admin_url: str | None):
 @contextmanager
 def fresh_database(admin_url: str):
     """A new database with memctl's schema; dropped afterwards."""
-    from memctl import db, migrate
+    from memctl import db
+    from memctl.db import migrate
 
     name = f"memctl_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:

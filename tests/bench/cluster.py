@@ -3,11 +3,11 @@
 The corpus is tests/test_cluster.py's (30 labelled operations episodes and routine filler, five
 agents; --rows sets its size). On each side, in one run:
 
-- import rows/s: `memctl.episodes.import_episodes` (what `memctl episode import` runs), one transaction;
+- import rows/s: `memctl.records.episodes.import_episodes` (what `memctl episode import` runs), one transaction;
 - embed chunks/s with one `memctl embed` process, then with two at once (the vectors are dropped and
   every chunk queued again in between), wall time from start to the last one's exit, so each
   process's model load is counted; and the chunks each process embedded;
-- routed search p50/p95: `memctl.search.search` with --agent, in-process, query vectors computed
+- routed search p50/p95: `memctl.reading.search.search` with --agent, in-process, query vectors computed
   beforehand (the database's work, not the embedder's), hybrid and vector; fanned out (no agent) too;
 - on the cluster, rows per Citus worker node (episodes, from citus_shards), so the balance is visible.
 
@@ -46,7 +46,8 @@ def drop_memctl_tables(url: str) -> None:
 
 
 def import_rows(url: str, settings, rows: list[dict]) -> float:
-    from memctl import db, episodes
+    from memctl import db
+    from memctl.records import episodes
 
     with db.connect(url) as conn:
         result = episodes.ImportResult()
@@ -64,7 +65,8 @@ def requeue(url: str) -> None:
     """Every chunk pending again for the active model: its vectors gone (the model stays registered)."""
     from psycopg import sql
 
-    from memctl import db, models
+    from memctl import db
+    from memctl.embedding import models
 
     with db.connect(url) as conn:
         model = models.require_active(conn)
@@ -87,14 +89,16 @@ def embed_workers(url: str, env: dict, workers: int, batch_size: int) -> tuple[f
 
 def search_times(url: str, settings, questions: list[str], vectors: list, agent: str | None, mode: str) -> list:
     """Per-query seconds of search.search with a given vector (routed when agent is set); or the error."""
-    from memctl import db, search
+    from memctl import db
+    from memctl.reading import search
+    from memctl.reading.query import Query
 
     times = []
     with db.connect(url, vector=True) as conn:
         for _ in range(2):  # the first pass warms the caches; the second is measured
             times.clear()
             for text, vector in zip(questions, vectors):
-                query = search.Query(text, k=5, agent=agent, mode=mode)
+                query = Query(text, k=5, agent=agent, mode=mode)
                 start = time.perf_counter()
                 try:
                     search.search(conn, settings, query, vector=vector)
@@ -123,7 +127,8 @@ def rows_per_node(url: str) -> dict[str, int]:
 
 def side(name: str, url: str, settings, env: dict, rows: list[dict], questions: list[str], vectors: list,
          args, distribute: bool) -> dict:
-    from memctl import cluster, db, migrate
+    from memctl import db
+    from memctl.db import cluster, migrate
 
     with db.connect(url) as conn:
         migrate.apply(conn)
@@ -171,7 +176,7 @@ def main() -> None:
            "MEMCTL_CONFIG": "/dev/null"}
     os.environ.update(env)
     from memctl import config
-    from memctl.embedding import make_embedder
+    from memctl.embedding.embedders import make_embedder
     from tests import test_cluster as corpus  # the corpus of the cluster tests
 
     rows = corpus.ops_corpus(args.rows)

@@ -2,7 +2,7 @@
 
 N chunks are stored, then embedded twice at the same batch size with the same
 embedder instance (already loaded and warmed): once by the worker
-(`memctl.embed.work`, what `memctl embed` runs: claim with SKIP LOCKED, embed,
+(`memctl.embedding.worker.work`, what `memctl embed` runs: claim with SKIP LOCKED, embed,
 COPY vectors, delete queue rows, commit, per batch) and once by calling
 `embedder.embed(batch)` directly on the same texts. Goal: ratio >= 0.9.
 
@@ -33,8 +33,10 @@ def main() -> None:
     os.environ["MEMCTL_EMBEDDER"] = name
     os.environ["MEMCTL_EMBED_MODEL"] = "all-minilm" if name == "local" else "hash-embed"
     os.environ["MEMCTL_CONFIG"] = "/dev/null"
-    from memctl import config, db, embed, episodes
-    from memctl.embedding import make_embedder
+    from memctl import config, db
+    from memctl.embedding import worker
+    from memctl.embedding.embedders import make_embedder
+    from memctl.records import episodes
 
     rng = random.Random(3)
     texts = [f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 40))) for i in range(args.chunks)]
@@ -52,7 +54,7 @@ def main() -> None:
         lines = (json.dumps({"content": t}).encode() for t in texts)
         episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                       result=result), result=result)
-        ours, (runs, _warnings) = timed(embed.work, conn, settings, embedder, batch_size=args.batch_size)
+        ours, (runs, _warnings) = timed(worker.work, conn, settings, embedder, batch_size=args.batch_size)
         done = sum(r.chunks for r in runs)
         assert done == args.chunks, f"worker embedded {done} of {args.chunks}"
     after, _ = timed(direct)

@@ -7,13 +7,13 @@ Ollama would be). Each search runs as a fresh process, alternating, --runs times
 the ratio of the medians is printed. Goal: <= 2. Peak resident memory of one run
 of each is printed too (the child's ru_maxrss).
 
-The local search runs the installed `memctl` (LocalEmbedder on memctl.minilm,
+The local search runs the installed `memctl` (LocalEmbedder on memctl.embedding.minilm,
 weights verified once per file identity, remembered in a temporary cache dir).
 
 A second measurement leaves memctl out: `python -c` that loads the model and
-embeds one query through memctl.minilm ÷ the same through sentence-transformers.
+embeds one query through memctl.embedding.minilm ÷ the same through sentence-transformers.
 
-A third is the embed worker's side: texts/s of memctl.minilm and of
+A third is the embed worker's side: texts/s of memctl.embedding.minilm and of
 sentence-transformers (torch's default threads) in this process, on batches of 32
 and 64 chunks of about 200 words, alternating, median of --rounds.
 
@@ -43,15 +43,15 @@ FIXES = ("rotating logs fixed it", "a rollback fixed it", "we added an index", "
 
 ENCODE_NUMPY = """
 import sys
-from memctl import minilm
-from memctl.embedding import bundled_model_dir
+from memctl.embedding import minilm
+from memctl.embedding.embedders import bundled_model_dir
 minilm.load(bundled_model_dir()).encode([sys.argv[1]])
 """
 ENCODE_ST = """
 import os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"
 from sentence_transformers import SentenceTransformer
-from memctl.embedding import bundled_model_dir
+from memctl.embedding.embedders import bundled_model_dir
 SentenceTransformer(str(bundled_model_dir()), device="cpu").encode([sys.argv[1]], normalize_embeddings=True)
 """
 
@@ -66,7 +66,9 @@ def load(url: str, settings, embedder, texts: list[str], vectors: list[list[floa
     from pgvector import Vector
     from psycopg import sql
 
-    from memctl import db, episodes, models
+    from memctl import db
+    from memctl.embedding import models
+    from memctl.records import episodes
 
     with db.connect(url, vector=True) as conn:
         lines = (json.dumps({"content": t, "agent": f"agent{i % 3}"}).encode() for i, t in enumerate(texts))
@@ -125,8 +127,8 @@ def throughput(rounds: int) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     from sentence_transformers import SentenceTransformer
 
-    from memctl import minilm
-    from memctl.embedding import bundled_model_dir
+    from memctl.embedding import minilm
+    from memctl.embedding.embedders import bundled_model_dir
 
     ours = minilm.load(bundled_model_dir())
     theirs = SentenceTransformer(str(bundled_model_dir()), device="cpu")
@@ -145,7 +147,7 @@ def throughput(rounds: int) -> None:
             started = time.perf_counter()
             ours.encode(batch)
             mine.append(size / (time.perf_counter() - started))
-        print(f"  batch {size}: memctl.minilm {median(mine):.1f} texts/s, sentence-transformers "
+        print(f"  batch {size}: memctl.embedding.minilm {median(mine):.1f} texts/s, sentence-transformers "
               f"{median(ref):.1f} texts/s, ratio {median(mine) / median(ref):.2f}")
 
 
@@ -167,7 +169,7 @@ def main() -> None:
     from ollama_server import OllamaTestServer
 
     from memctl import config
-    from memctl.embedding import LocalEmbedder, OllamaEmbedder, bundled_model_dir, file_sha256
+    from memctl.embedding.embedders import LocalEmbedder, OllamaEmbedder, bundled_model_dir, file_sha256
 
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     rng = random.Random(7)
@@ -202,12 +204,12 @@ def main() -> None:
     file_sha256(weights)
     sha_s = time.perf_counter() - started
 
-    print(f"\nfresh `memctl episode search` ({args.episodes} episodes; local: memctl.minilm):")
+    print(f"\nfresh `memctl episode search` ({args.episodes} episodes; local: memctl.embedding.minilm):")
     report("local embedder ", mine, "Ollama protocol", theirs, "goal <= 2")
     print(f"  peak RSS: local {rss_ours:.0f} MiB, ollama client {rss_base:.0f} MiB")
     print("\nfresh python: load the model + embed one query:")
-    report("memctl.minilm        ", numpy_s, "sentence-transformers", st_s, "lower is better")
-    print(f"  peak RSS: memctl.minilm {rss_numpy:.0f} MiB, sentence-transformers {rss_st:.0f} MiB")
+    report("memctl.embedding.minilm        ", numpy_s, "sentence-transformers", st_s, "lower is better")
+    print(f"  peak RSS: memctl.embedding.minilm {rss_numpy:.0f} MiB, sentence-transformers {rss_st:.0f} MiB")
     print(f"\nsha256 of model.safetensors ({weights.stat().st_size / 2**20:.0f} MiB, page cache warm): "
           f"{sha_s * 1000:.0f} ms")
     if args.rounds:

@@ -8,7 +8,7 @@ for agent a runs three ways:
      installed `memctl mcp --agent a`, started once (its start is not timed);
   2. as a fresh `memctl episode search QUERY --agent a` process, as an agent without MCP
      would run it;
-  3. in this process through the library, memctl.search.search() on one connection.
+  3. in this process through the library, memctl.reading.search.search() on one connection.
 
 Hits count as accessed in all three (the server is not --read-only). The tool call and the
 library call alternate, --calls times each after warm-up; the fresh processes run --runs
@@ -42,7 +42,8 @@ AGENTS = [f"agent{i}" for i in range(6)]
 
 
 def load(url: str, settings, n: int) -> None:
-    from memctl import db, episodes
+    from memctl import db
+    from memctl.records import episodes
 
     rng = random.Random(7)
     lines = (json.dumps({"content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))) + f" ({i})",
@@ -92,7 +93,9 @@ def main() -> None:
     empty_config = tempfile.NamedTemporaryFile(prefix="memctl-bench-", suffix=".toml")  # no settings of its own
     env = {**os.environ, "MEMCTL_EMBEDDER": embedder, "MEMCTL_EMBED_MODEL": model, "MEMCTL_CONFIG": empty_config.name}
     os.environ.update({k: env[k] for k in ("MEMCTL_EMBEDDER", "MEMCTL_EMBED_MODEL", "MEMCTL_CONFIG")})
-    from memctl import config, db, search
+    from memctl import config, db
+    from memctl.reading import search
+    from memctl.reading.query import Query
 
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     settings = config.load()
@@ -108,7 +111,7 @@ def main() -> None:
         fresh = [wall(cli, env) for _ in range(args.runs)]
         with db.connect(url, vector=True) as conn:
             def library():
-                outcome = search.search(conn, settings, search.Query(QUERY, k=5, agent="a"), track=True)
+                outcome = search.search(conn, settings, Query(QUERY, k=5, agent="a"), track=True)
                 if outcome.warning or len(outcome.hits) != 5:
                     raise SystemExit(f"the library search degraded or came short: {outcome.warning}")
 

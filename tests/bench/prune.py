@@ -15,7 +15,7 @@ that database twice (CREATE DATABASE ... TEMPLATE: identical to the byte):
 
 - plain: one `DELETE FROM episodes WHERE kind = 'raw' AND created_at < cutoff`
   in one transaction, the foreign-key cascades removing chunks and vectors;
-- prune: memctl.retention.prune() with the same policy, all of what
+- prune: memctl.upkeep.prune.prune() with the same policy, all of what
   `memctl prune --yes` does (batches, the check that nothing still matches,
   table statistics before and after, the job log).
 
@@ -50,12 +50,15 @@ from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from memctl import db, migrate, models, retention  # noqa: E402
-from memctl.embedding import HashEmbedder  # noqa: E402
+from memctl import db
+from memctl.db import migrate
+from memctl.embedding import models
+from memctl.embedding.embedders import HashEmbedder  # noqa: E402
+from memctl.upkeep import deletion, policy as policy_mod, prune as prune_mod  # noqa: E402
 
 DIMS = 32
 SOURCE_DB = "memctl_bench_prune_src"
-POLICY = retention.Policy({"raw": "30d", "summary": "365d"})
+POLICY = policy_mod.Policy({"raw": "30d", "summary": "365d"})
 TABLES = ("episodes", "chunks", "embed_queue", "embed_failures")
 COPY_EPISODES = ("COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at) "
                  "FROM STDIN (FORMAT BINARY)")
@@ -170,7 +173,7 @@ def plain(conn) -> dict:
 
 
 def prune(conn, batch_size: int) -> dict:
-    report = retention.prune(conn, POLICY, batch_size=batch_size)
+    report = prune_mod.prune(conn, POLICY, batch_size=batch_size)
     return {"deleted": report.rows, "longest_tx": report.max_transaction_s, "batches": report.batches,
             "outcome": report.outcome, "chunks": report.chunks, "vectors": report.vectors}
 
@@ -181,7 +184,7 @@ def server(args) -> tuple[str, Path | None]:
         return url, None
     home = Path(tempfile.mkdtemp(prefix="memctl-bench-"))
     os.environ["MEMCTL_HOME"] = str(home)
-    from memctl import embedded
+    from memctl.db import embedded
 
     return embedded.start().url, home
 
@@ -201,7 +204,7 @@ def copy_of(admin_conn, name: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=100_000, help="episodes in the database (half expire)")
-    parser.add_argument("--batch-size", type=int, default=retention.DEFAULT_BATCH)
+    parser.add_argument("--batch-size", type=int, default=deletion.DEFAULT_BATCH)
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of (plain, prune) on fresh copies, order alternating; the median ratio counts")
     parser.add_argument("--hnsw", choices=["fast", "memctl"], default="fast",
@@ -240,7 +243,7 @@ def main() -> None:
             drop(admin_conn, SOURCE_DB)
     finally:
         if home is not None:
-            from memctl import embedded
+            from memctl.db import embedded
 
             embedded.stop()
             shutil.rmtree(home, ignore_errors=True)

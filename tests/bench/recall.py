@@ -47,8 +47,9 @@ def load(conn, settings, n: int, real: int) -> None:
     from pgvector import Vector
     from psycopg import sql
 
-    from memctl import episodes, facts, models
-    from memctl.embedding import LocalEmbedder
+    from memctl.embedding import models
+    from memctl.embedding.embedders import LocalEmbedder
+    from memctl.records import episodes, facts
 
     rng = random.Random(3)
     started = time.perf_counter()

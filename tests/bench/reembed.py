@@ -1,7 +1,7 @@
 """Re-embedding: `memctl reembed run` chunks/s ÷ the same embedder called directly.
 
 N chunks are stored and embedded by a cheap active model (hash). `reembed start` then
-registers the target model and `reembed run` (memctl.reembed.run: queue claim with SKIP
+registers the target model and `reembed run` (memctl.upkeep.reembed.run: queue claim with SKIP
 LOCKED, embed, COPY, commit per batch, job progress, then CREATE INDEX CONCURRENTLY)
 backfills it. The baseline calls the target embedder's `embed(batch)` directly on the same
 texts at the same batch size. The two are interleaved in slices of --slice chunks (`reembed
@@ -38,8 +38,11 @@ def main() -> None:
     os.environ["MEMCTL_EMBEDDER"] = "hash"  # the active model; the target is `name`
     os.environ["MEMCTL_EMBED_MODEL"] = "hash-embed"
     os.environ["MEMCTL_CONFIG"] = "/dev/null"
-    from memctl import config, db, embed, episodes, reembed
-    from memctl.embedding import make_embedder
+    from memctl import config, db
+    from memctl.embedding import worker
+    from memctl.embedding.embedders import make_embedder
+    from memctl.records import episodes
+    from memctl.upkeep import reembed
 
     target_model = "all-minilm" if name == "local" else "hash-target"
     rng = random.Random(5)
@@ -60,7 +63,7 @@ def main() -> None:
         lines = (json.dumps({"content": t}).encode() for t in texts)
         episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                       result=result), result=result)
-        embed.work(conn, settings, make_embedder(settings), batch_size=256)
+        worker.work(conn, settings, make_embedder(settings), batch_size=256)
         reembed.start(conn, settings, model=target_model, embedder=name)
         for number, start in enumerate(range(0, n, step)):
             part = texts[start:start + step]

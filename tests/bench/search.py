@@ -13,7 +13,7 @@ hash embedder's, so `memctl episode search` embeds them itself, offline).
   vectors, `hnsw.ef_search` as memctl's setting. The baseline's SQL is its own
   text (BARE_TOP_50), not memctl's constants; both send the query vector as a
   binary parameter. Runs alternate, --runs times. Goal: median ratio <= 5.
-- per query, in one process, alternating: memctl.search.search (hybrid,
+- per query, in one process, alternating: memctl.reading.search.search (hybrid,
   vector given) vs the bare query (at memctl's ef_search): p50 and p95
   ratios. Goal <= 5 each. The old text half (OR of all words ranked by
   ts_rank_cd, OLD_TEXT_HALF here) is timed afterwards on 20 queries, for contrast.
@@ -76,8 +76,9 @@ def load(conn, settings, n: int, rng: random.Random) -> tuple:
     from pgvector import Vector
     from psycopg import sql
 
-    from memctl import episodes, models
-    from memctl.embedding import HashEmbedder
+    from memctl.embedding import models
+    from memctl.embedding.embedders import HashEmbedder
+    from memctl.records import episodes
 
     agents = [f"agent{i}" for i in range(10)]
     lines = (json.dumps({"content": sentence(rng, rng.randint(12, 30)),
@@ -142,17 +143,18 @@ def processes(url: str, model, texts: list[str], vectors: np.ndarray, ef: int, r
 
 
 def per_query(conn, settings, model, texts, vectors) -> None:
-    from memctl import search
+    from memctl.reading import search
+    from memctl.reading.query import Query
 
     # the bare query's ef_search as memctl's (a top-50 needs ef_search >= 50; pgvector's default is 40)
     conn.execute("SELECT set_config('hnsw.ef_search', %s, false)", (str(settings.get("search", "ef_search")),))
     for text, vector in list(zip(texts, vectors))[:5]:  # warm caches for every path
-        search.search(conn, settings, search.Query(text, k=10), vector=vector)
+        search.search(conn, settings, Query(text, k=10), vector=vector)
         bare(conn, model, vector)
     ours, base, old = [], [], []
     for text, vector in zip(texts, vectors):
         t = time.perf_counter()
-        search.search(conn, settings, search.Query(text, k=10), vector=vector)
+        search.search(conn, settings, Query(text, k=10), vector=vector)
         ours.append(time.perf_counter() - t)
         t = time.perf_counter()
         bare(conn, model, vector)
@@ -173,7 +175,8 @@ def filtered_recall(conn, model, centers, ef: int, candidates: int) -> None:
     from pgvector import Vector
     from psycopg import sql
 
-    from memctl import search
+    from memctl.reading.query import Query
+    from memctl.reading.statement import vector_half
 
     def exact_sql(where: str):
         return sql.SQL("SELECT chunk_id FROM {} " + where + " ORDER BY embedding <=> %b LIMIT 10").format(
@@ -182,10 +185,10 @@ def filtered_recall(conn, model, centers, ef: int, candidates: int) -> None:
     recalls, searched, plain_recalls, unfiltered = [], [], [], []
     gen = np.random.default_rng(12)
     for vector in (query_vector(centers, gen) for _ in range(50)):
-        q = search.Query("x", k=10, agent="agent3", mode="vector")
-        approx = {r["chunk_id"] for r in search.vector_half(conn, model, vector, q, 10, ef)}
+        q = Query("x", k=10, agent="agent3", mode="vector")
+        approx = {r["chunk_id"] for r in vector_half(conn, model, vector, q, 10, ef)}
         # as search runs it: the vector half's `candidates` nearest, of which the best 10
-        deeper = [r["chunk_id"] for r in search.vector_half(conn, model, vector, q, candidates, ef)][:10]
+        deeper = [r["chunk_id"] for r in vector_half(conn, model, vector, q, candidates, ef)][:10]
         with conn.transaction():
             conn.execute("SET LOCAL enable_indexscan = off")
             exact = {r["chunk_id"] for r in conn.execute(exact_sql("WHERE agent = %s"), ("agent3", Vector(vector)))}
@@ -215,7 +218,7 @@ def main() -> None:
     (scratch / "memctl.toml").write_text("")
     os.environ.update(MEMCTL_EMBEDDER="hash", MEMCTL_EMBED_MODEL="bench", MEMCTL_CONFIG=str(scratch / "memctl.toml"))
     from memctl import config, db
-    from memctl.embedding import HashEmbedder
+    from memctl.embedding.embedders import HashEmbedder
 
     settings = config.load()
     rng = random.Random(11)

@@ -1,0 +1,293 @@
+"""The protocol side of `memctl mcp`: memctl.mcp.tools's tools served with the official MCP SDK.
+
+Imported only by `memctl mcp` (the SDK and pydantic take about a second to import; no other
+command pays it). The functions below declare the tools: their parameters are the input
+schema (types, bounds, descriptions), their docstrings what the agent reads, their return
+annotation the output schema where there is one. build() binds each to the session's
+implementation in memctl.mcp.tools. A tool's failure is an error result carrying memctl's
+one-line message (secrets masked), never a traceback, and the server goes on serving.
+stdout carries the protocol only: the SDK's stdio transport diverts file descriptor 1 to
+stderr for everything else, and every log line goes to stderr as `memctl: mcp: ...`.
+"""
+
+import functools
+import inspect
+import logging
+from typing import Annotated, Any, Literal, Optional
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+from typing_extensions import TypedDict
+
+from memctl import __version__
+from memctl.config import mask_secrets
+from memctl.errors import MemctlError, Unavailable
+from memctl.mcp import tools
+
+log = logging.getLogger("memctl.mcp")
+
+# ---------------------------------------------------------------------------
+# Parameters
+
+Text = Annotated[str, Field(min_length=1, max_length=tools.MAX_CONTENT)]
+Name = Annotated[Optional[str], Field(min_length=1, max_length=tools.MAX_NAME)]
+Key = Annotated[str, Field(description="The fact's key, e.g. db.host.", min_length=1, max_length=255)]
+Namespace = Annotated[Optional[str], Field(
+    description="Namespace of the fact. Default: this server's namespace; a server started for an agent reads "
+                "only its own namespace and the shared ones it was given.", min_length=1, max_length=tools.MAX_NAME)]
+When = Annotated[Optional[str], Field(
+    description="A duration back from now (30m, 12h, 7d) or an ISO 8601 date/time (2026-08-11T09:30:00Z).",
+    min_length=1, max_length=64)]
+
+
+# ---------------------------------------------------------------------------
+# Structured results with a schema (the client checks them)
+
+
+class Hit(TypedDict):
+    id: int
+    text: str
+    score: float
+    created_at: str
+    kind: str
+    source: Optional[str]
+    agent: str
+    importance: int
+
+
+class SearchResult(TypedDict):
+    results: list[Hit]
+    mode: str
+    degraded: bool
+    warning: Optional[str]
+
+
+class RememberResult(TypedDict, total=False):
+    stored: bool
+    id: Optional[int]
+    agent: str
+    kind: str
+    source: str
+    importance: int
+    redacted: int
+    redacted_kinds: dict[str, int]
+    reason: str
+
+
+class RecallResult(TypedDict):
+    text: str
+    items: list[dict[str, Any]]
+    tokens: int
+    max_tokens: int
+    left_out: int
+    mode: str
+    token_counter: str
+    degraded: bool
+    warnings: list[str]
+
+
+# ---------------------------------------------------------------------------
+# The tools, declared (bodies are bound in build())
+
+
+def remember(
+    content: Annotated[str, Field(
+        description="What happened, in plain words: an event, a decision, its outcome, a lesson learned. "
+                    "Secrets (passwords, tokens, keys) are redacted before anything is stored, or the write is "
+                    "refused, as memctl's [redaction] mode says.", min_length=1, max_length=tools.MAX_CONTENT)],
+    kind: Annotated[Name, Field(description="observation (default), conversation, decision, ...; sets the "
+                                            "default importance. Kinds of importance 0 are not stored.")] = None,
+    importance: Annotated[Optional[int], Field(
+        description="0 (do not store) to 10; default by kind from memctl's [importance] policy.", ge=0, le=10)] = None,
+) -> Annotated[CallToolResult, RememberResult]:
+    """Store an episode in long-term memory: something that happened, to be found later by search and recall.
+
+    It is stored at once (searchable by words immediately, by meaning once embedded), as this server's agent
+    and source. The answer says whether it was stored, its id, and whether secrets were redacted."""
+
+
+def search(
+    query: Annotated[str, Field(
+        description="What to look for, in words; meaning and words both count. A leading - excludes a word, "
+                    "\"quotes\" keep a phrase.", min_length=1, max_length=tools.MAX_QUERY)],
+    k: Annotated[int, Field(description="How many episodes to return.", ge=1, le=50)] = 5,
+    kind: Annotated[Name, Field(description="Only episodes of this kind.")] = None,
+    since: Annotated[When, Field(description="Only episodes created at or after this.")] = None,
+    until: Annotated[When, Field(description="Only episodes created at or before this.")] = None,
+    mode: Annotated[Literal["hybrid", "vector", "text"], Field(
+        description="hybrid (default): meaning and words; vector: meaning only (fails while the embedder is "
+                    "down); text: words only.")] = "hybrid",
+) -> Annotated[CallToolResult, SearchResult]:
+    """Search past episodes by meaning and by words, best first, weighted by recency and importance.
+
+    Each result has its id, text, score, created_at, kind and source. When the embedder is down or slow the
+    search answers from words alone and says so (degraded: true, with a warning)."""
+
+
+def recall(
+    observation: Annotated[str, Field(
+        description="What you see or are about to decide, in words.", min_length=1, max_length=tools.MAX_QUERY)],
+    max_tokens: Annotated[Optional[int], Field(
+        description="Budget for the whole block (default: memctl's recall.max_tokens, 1000).", ge=1,
+        le=100_000)] = None,
+    k: Annotated[int, Field(description="At most this many facts, episodes and runbooks each.", ge=1, le=20)] = 5,
+) -> Annotated[CallToolResult, RecallResult]:
+    """The memory worth putting in your prompt now: current facts, then relevant past episodes (with their age
+    and source), then runbooks by name, as whole items within max_tokens. Call it at the start of a task.
+
+    The text is the block to read as it is; nothing relevant gives an empty block."""
+
+
+def episode_get(
+    id: Annotated[int, Field(description="The episode's id, as search returns it.", ge=1, le=2**63 - 1)],  # noqa: A002
+) -> CallToolResult:
+    """One episode by id: its full text, kind, source, importance, created_at and meta."""
+
+
+def fact_get(key: Key, namespace: Namespace = None) -> CallToolResult:
+    """The current value of a fact (what is true now), by its exact key."""
+
+
+def fact_list(
+    prefix: Annotated[Optional[str], Field(description="Only keys starting with this, e.g. db.",
+                                           max_length=255)] = None,
+    namespace: Namespace = None,
+) -> CallToolResult:
+    """The facts of a namespace, sorted by key (the first 500)."""
+
+
+def fact_set(
+    key: Key,
+    value: Annotated[str, Field(description="The new value. Secrets are redacted or refused as for remember.",
+                                max_length=tools.MAX_CONTENT)],
+    namespace: Annotated[Optional[str], Field(
+        description="Default and, on a server started for an agent, the only one: this server's namespace.",
+        min_length=1, max_length=tools.MAX_NAME)] = None,
+) -> CallToolResult:
+    """Set a fact: what is true now, by key (e.g. db.host = 10.8.0.4). The old value moves to the history."""
+
+
+def fact_history(key: Key, namespace: Namespace = None) -> CallToolResult:
+    """Every change of a fact, oldest first: version, time, old and new value, source."""
+
+
+def runbook_list() -> CallToolResult:
+    """The runbooks (procedures kept in git): name, title, description. Read them here; only the operator
+    runs them."""
+
+
+def runbook_show(
+    name: Annotated[str, Field(description="The runbook's name, as runbook_list gives it.", min_length=1,
+                               max_length=131)],
+    at: Annotated[Optional[str], Field(description="Show it as it was at this git commit.", min_length=1,
+                                       max_length=64)] = None,
+) -> CallToolResult:
+    """A runbook's title, description and numbered steps with their commands, at a known commit."""
+
+
+DECLARED = [remember, search, recall, episode_get, fact_get, fact_list, fact_set, fact_history, runbook_list,
+            runbook_show]
+READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+
+
+# ---------------------------------------------------------------------------
+# Calls and errors
+
+
+def _clean(message: str) -> str:
+    """An error for the agent: one line, passwords masked, any secret in it redacted."""
+    text = mask_secrets(" ".join(message.split())) or "error"
+    try:
+        from memctl import redact
+
+        return redact.redact_text(text) or text
+    except Exception:  # the message stays masked; an error path must not fail
+        return text
+
+
+def _error(message: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+
+
+def answer(name: str, session: tools.Session, arguments: dict[str, Any]) -> CallToolResult:
+    """Run one tool; memctl's errors (and anything unexpected) become an error result, never a traceback."""
+    implementation, _ = tools.TOOLS[name]
+    try:
+        reply = implementation(session, **arguments)
+    except MemctlError as exc:
+        message = _clean(str(exc))
+        if isinstance(exc, Unavailable):
+            log.warning("%s: %s", name, message)
+        return _error(message)
+    except UnicodeError:
+        return _error("the text is not valid Unicode (a lone surrogate?): send UTF-8 text")
+    except Exception as exc:  # a defect: say which, keep serving, print no traceback
+        log.error("%s failed unexpectedly: %s; the server goes on", name, type(exc).__name__)
+        return _error(f"internal error in {name} ({type(exc).__name__}); the server goes on")
+    return CallToolResult(content=[TextContent(type="text", text=reply.text)], structured_content=reply.data)
+
+
+def _bind(declared, session: tools.Session):
+    @functools.wraps(declared)  # the SDK reads the declaration's signature through __wrapped__
+    def call(**arguments):
+        return answer(declared.__name__, session, arguments)
+
+    return call
+
+
+class Server(MCPServer):
+    """MCPServer that refuses arguments a tool does not take (an agent's server has no `agent` to pass)."""
+
+    def __init__(self, *args: Any, parameters: dict[str, set[str]], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._parameters = parameters
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
+        known = self._parameters.get(name)
+        unknown = sorted(set(arguments) - known) if known is not None else []
+        if unknown:
+            takes = ", ".join(sorted(known)) or "no arguments"
+            raise ToolError(f"{name} does not take {', '.join(unknown)}; it takes {takes}")
+        return await super().call_tool(name, arguments, context)
+
+
+INSTRUCTIONS = ("memctl: long-term memory on PostgreSQL. Call recall at the start of a task; remember what "
+                "happened and what you learned; facts hold what is true now, by key. {scope}. No tool deletes, "
+                "purges or runs a runbook: those are the operator's.")
+
+
+def build(session: tools.Session) -> Server:
+    offered = set(tools.offered(session.scope))
+    declared = [d for d in DECLARED if d.__name__ in offered]
+    server = Server("memctl", version=__version__, instructions=INSTRUCTIONS.format(scope=session.scope.describe()),
+                    log_level="WARNING", parameters={d.__name__: set(inspect.signature(d).parameters)
+                                                     for d in declared})
+    for item in declared:
+        writes = tools.TOOLS[item.__name__][1]
+        server.add_tool(_bind(item, session), name=item.__name__, annotations=WRITE if writes else READ)
+    return server
+
+
+class _OneLine(logging.Formatter):
+    """memctl's stderr form: one line, `memctl: mcp: ...`, secrets masked, no traceback ever."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"memctl: mcp: {mask_secrets(' '.join(record.getMessage().split()))}"
+
+
+def configure_logging() -> None:
+    """Every log line (memctl's and the SDK's) to stderr in memctl's form, warnings and errors only."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_OneLine())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+
+
+def serve(session: tools.Session) -> None:
+    """Serve over stdio until the client closes the connection."""
+    configure_logging()
+    build(session).run("stdio")

@@ -1,0 +1,423 @@
+"""What `memctl mcp` serves: the tools an agent calls, as plain functions over one session.
+
+Each tool takes a Session (the settings, the scope, one held connection) and returns a Reply:
+the data for the protocol's structured content and the same said as text for a model to read.
+The protocol itself (schemas, the MCP SDK) is memctl.mcp.protocol; nothing here imports it.
+
+Scope: a server started for an agent reads and writes that agent's episodes only and facts
+only in its namespace (plus shared namespaces it may read). Every statement says so itself:
+the agent goes to search, recall and episodes.add, the namespace to the facts functions, and
+the one query written here (an episode by id) names the agent in its WHERE clause. The scope is
+never applied by filtering what the database answered. Without an agent the server has the
+operator's view.
+
+Writes go through the same library calls as the CLI's (episodes.add, facts.set_fact), so through
+the one write gate (memctl.records.gate): blocked sources refused, secrets redacted or refused per
+[redaction], importance 0 not stored.
+No tool deletes, purges or runs a runbook.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from memctl.config import Settings, mask_secrets
+from memctl.errors import DatabaseUnavailable, InvalidInput, MemctlError, NotFound, UsageError
+from memctl.records import episodes, facts
+
+MAX_CONTENT = 100_000  # characters of one remembered episode or fact value
+MAX_QUERY = 10_000  # characters of a query or an observation
+MAX_NAME = 128  # an agent, namespace, source or kind
+MAX_FACTS = 500  # rows fact_list returns
+
+
+# ---------------------------------------------------------------------------
+# Scope
+
+
+def _name(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not value.strip() or "\x00" in value or len(value) > MAX_NAME:
+        raise UsageError(f"--{what} must be a non-empty name of at most {MAX_NAME} characters, without NUL")
+    return value
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose memory a server serves. agent None: the operator's view (every agent, any namespace)."""
+
+    agent: str | None
+    namespace: str
+    shared: tuple[str, ...] = ()
+    read_only: bool = False
+    source: str = "mcp"
+
+    @classmethod
+    def make(cls, *, agent: str | None = None, namespace: str | None = None, shared: list[str] | None = None,
+             read_only: bool = False, source: str | None = None) -> "Scope":
+        agent, namespace, source = _name(agent, "agent"), _name(namespace, "namespace"), _name(source, "source")
+        shared = tuple(dict.fromkeys(_name(ns, "shared-namespace") for ns in shared or ()))
+        if agent is None and shared:
+            raise UsageError("--shared-namespace needs --agent: the operator's view reads every namespace already")
+        own = namespace or agent or facts.DEFAULT_NAMESPACE
+        return cls(agent, own, tuple(ns for ns in shared if ns != own), read_only,
+                   source or (f"mcp:{agent}" if agent else "mcp"))
+
+    @property
+    def writer(self) -> str:
+        """The agent remembered episodes belong to."""
+        return self.agent or episodes.DEFAULT_AGENT
+
+    def readable(self, namespace: str | None) -> str:
+        if namespace is None or namespace == self.namespace:
+            return self.namespace
+        if self.agent is None or namespace in self.shared:
+            return namespace
+        raise UsageError(f"namespace {namespace!r} is not readable by this server: it reads {self._namespaces()}")
+
+    def writable(self, namespace: str | None) -> str:
+        if namespace is None or namespace == self.namespace or self.agent is None:
+            return namespace or self.namespace
+        raise UsageError(f"namespace {namespace!r} is not writable by this server: it writes only {self.namespace!r}")
+
+    def _namespaces(self) -> str:
+        shared = f" and, read-only, {', '.join(map(repr, self.shared))}" if self.shared else ""
+        return f"{self.namespace!r}{shared}"
+
+    def describe(self) -> str:
+        """One line for stderr at start, and the server's instructions to the client."""
+        mode = "; read-only: no tool writes" if self.read_only else f"; writes as source {self.source!r}"
+        if self.agent is None:
+            return ("no --agent: the operator's view, every agent's episodes and facts in any namespace "
+                    f"(default {self.namespace!r}){mode}")
+        return f"agent {self.agent!r}: its episodes only, facts in namespace {self._namespaces()}{mode}"
+
+
+# ---------------------------------------------------------------------------
+# The session: one connection, one tool call at a time on it
+
+PING = "SELECT 1"
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return mask_secrets(text.splitlines()[0] if text else type(exc).__name__)
+
+
+class Session:
+    """What every tool call shares: settings, scope, and one connection, held and reopened when broken.
+
+    `open_connection` opens the configured database (starting the embedded server when it is
+    not running), so a server that was stopped between two calls is started again on demand.
+    """
+
+    def __init__(self, settings: Settings, scope: Scope, open_connection: Callable[[], Any]):
+        self.settings = settings
+        self.scope = scope
+        self._open = open_connection
+        self._conn = None
+        self._lock = threading.Lock()
+
+    @property
+    def track(self) -> bool:
+        """Whether hits count as accessed: not on a read-only server, which writes nothing."""
+        return not self.scope.read_only
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """The live connection for one call at a time; a database failure becomes memctl's error."""
+        import psycopg
+
+        with self._lock:
+            try:
+                yield self._live()
+            except psycopg.OperationalError as exc:
+                self._drop()
+                raise DatabaseUnavailable(f"database unavailable: {_first_line(exc)}") from None
+            except psycopg.Error as exc:
+                if self._conn is not None and (self._conn.closed or self._conn.broken):
+                    self._drop()
+                raise MemctlError(f"database error: {_first_line(exc)}") from None
+
+    def _live(self):
+        import psycopg
+
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            try:
+                conn.execute(PING)
+                return conn
+            except psycopg.Error:  # restarted or cut off since the last call: open a new one
+                pass
+        self._drop()
+        self._conn = self._open()
+        return self._conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        """At exit; a call still running on the connection has a few seconds, then exit goes on without it."""
+        if self._lock.acquire(timeout=5):
+            try:
+                self._drop()
+            finally:
+                self._lock.release()
+
+
+# ---------------------------------------------------------------------------
+# Replies
+
+
+@dataclass
+class Reply:
+    data: dict[str, Any]
+    text: str
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready: datetimes as ISO 8601, Decimals as floats, containers walked."""
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _when(value: str | None, what: str) -> datetime.datetime | None:
+    if value is None:
+        return None
+    try:
+        return episodes.parse_since(value)
+    except UsageError:
+        raise UsageError(f"{what} {value!r}: give a duration back from now (30m, 12h, 7d) "
+                         "or an ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
+
+
+def _redactor(settings: Settings):
+    from memctl import redact
+
+    return redact.Redactor.from_settings(settings)
+
+
+def _redacted(redactor) -> dict[str, Any]:
+    return {"redacted": redactor.count, "redacted_kinds": dict(sorted(redactor.kinds.items()))}
+
+
+# ---------------------------------------------------------------------------
+# Episodes
+
+
+def remember(session: Session, content: str, *, kind: str | None = None, importance: int | None = None) -> Reply:
+    """Store an episode through episodes.add, as `memctl episode add` does, as the server's agent and source."""
+    scope = session.scope
+    if isinstance(content, str) and len(content) > MAX_CONTENT:
+        raise InvalidInput(f"the episode text has {len(content):,} characters; at most {MAX_CONTENT:,} are taken")
+    redactor = _redactor(session.settings)
+    with session.connection() as conn:
+        new_id = episodes.add(conn, session.settings, content, kind=kind, source=scope.source, agent=scope.writer,
+                              importance=importance, redactor=redactor)
+    kind = kind or episodes.DEFAULT_KIND
+    data = {"stored": new_id is not None, "id": new_id, "agent": scope.writer, "kind": kind, "source": scope.source,
+            "importance": importance if importance is not None else episodes.importance_for(session.settings, kind),
+            **_redacted(redactor)}
+    if new_id is None:
+        data["reason"] = f"importance 0 for kind {kind!r} (write policy [importance])"
+        return Reply(data, f"Not stored: {data['reason']}.")
+    note = f" Note: {redactor.note()}." if redactor.count else ""
+    return Reply(data, f"Stored episode {new_id} ({kind}, importance {data['importance']}).{note}")
+
+
+def _hit(hit) -> dict[str, Any]:
+    return {"id": hit.id, "text": hit.content, "score": hit.score, "created_at": hit.created_at.isoformat(),
+            "kind": hit.kind, "source": hit.source, "agent": hit.agent, "importance": hit.importance}
+
+
+def search(session: Session, query: str, *, k: int = 5, kind: str | None = None, since: str | None = None,
+           until: str | None = None, mode: str = "hybrid") -> Reply:
+    """Hybrid search over the scope's episodes, as `memctl episode search` runs it (until is exclusive)."""
+    from memctl.reading import search as search_mod
+    from memctl.reading.query import Query
+    from memctl.records import access
+
+    _when(since, "since")
+    _when(until, "until")
+    q = Query(query, k=k, agent=session.scope.agent, kind=kind, since=since, until=until, mode=mode)
+    q.check()
+    with session.connection() as conn:
+        outcome = search_mod.search(conn, session.settings, q, track=False)
+        hits = outcome.hits
+        if session.track:
+            access.record(conn, [(h.agent, h.id) for h in hits])
+    degraded = outcome.mode != mode
+    data = {"results": [_hit(h) for h in hits], "mode": outcome.mode, "degraded": degraded,
+            "warning": outcome.warning}
+    lines = [f"Note: {outcome.warning}."] if outcome.warning else []
+    if not hits:
+        lines.append("No episode found.")
+    for h in hits:
+        source = f", source {h.source}" if h.source else ""
+        lines.append(f"[episode {h.id}, {h.created_at.isoformat(timespec='seconds')}, {h.kind}{source}, "
+                     f"score {h.score:.3f}] {h.content}")
+    return Reply(data, "\n".join(lines))
+
+
+EPISODE = """
+SELECT id, agent, kind, source, importance, created_at, meta, content FROM episodes
+WHERE id = %(id)s AND agent = %(agent)s
+"""
+EPISODE_ANY_AGENT = """
+SELECT id, agent, kind, source, importance, created_at, meta, content FROM episodes WHERE id = %(id)s
+"""
+
+
+def episode_get(session: Session, id: int) -> Reply:  # noqa: A002 - the tool's argument, as search names it
+    """One episode by id, in scope: another agent's id is not found, exactly as a missing one."""
+    agent = session.scope.agent
+    with session.connection() as conn:
+        row = conn.execute(EPISODE if agent is not None else EPISODE_ANY_AGENT, {"id": id, "agent": agent}).fetchone()
+    if row is None:
+        raise NotFound(f"no episode {id}")
+    data = plain(dict(row))
+    source = f", source {row['source']}" if row["source"] else ""
+    return Reply(data, f"[episode {row['id']}, {data['created_at']}, {row['kind']}{source}, importance "
+                       f"{row['importance']}] {row['content']}")
+
+
+def recall(session: Session, observation: str, *, max_tokens: int | None = None, k: int = 5) -> Reply:
+    """The prompt-ready block `memctl recall` prints: facts of the namespace, episodes, runbooks."""
+    from memctl.reading import recall as recall_mod
+
+    scope = session.scope
+    request = recall_mod.Request(observation, agent=scope.agent, namespace=scope.namespace, shared=scope.shared,
+                                 k=k, max_tokens=max_tokens, track=session.track)
+    with session.connection() as conn:
+        result = recall_mod.recall(conn, session.settings, request)
+    data = {"text": result.text(), **plain(result.to_dict()), "degraded": result.mode != "hybrid",
+            "warnings": result.warnings}
+    text = result.text() or "Nothing in memory is relevant to this observation."
+    return Reply(data, text)
+
+
+# ---------------------------------------------------------------------------
+# Facts
+
+
+def _fact_line(row: dict) -> str:
+    return f"{row['key']} = {row['value']}"
+
+
+def fact_get(session: Session, key: str, *, namespace: str | None = None) -> Reply:
+    ns = session.scope.readable(namespace)
+    with session.connection() as conn:
+        fact = facts.get_fact(conn, key, namespace=ns)
+    return Reply(plain(fact.to_dict()), fact.value)
+
+
+def fact_list(session: Session, *, prefix: str | None = None, namespace: str | None = None) -> Reply:
+    ns = session.scope.readable(namespace)
+    with session.connection() as conn:
+        rows = []
+        for fact in facts.list_facts(conn, namespace=ns, prefix=prefix):
+            if len(rows) == MAX_FACTS:
+                break
+            rows.append(plain(fact.to_dict()))
+    truncated = len(rows) == MAX_FACTS
+    data = {"namespace": ns, "facts": rows, "truncated": truncated}
+    lines = [_fact_line(r) for r in rows] or [f"No facts in namespace {ns!r}" + (f" under {prefix!r}." if prefix
+                                                                                 else ".")]
+    if truncated:
+        lines.append(f"(first {MAX_FACTS} only: narrow with a prefix)")
+    return Reply(data, "\n".join(lines))
+
+
+def fact_set(session: Session, key: str, value: str, *, namespace: str | None = None) -> Reply:
+    """Set a fact through facts.set_fact, as `memctl fact set` does, with the server's source."""
+    ns = session.scope.writable(namespace)
+    if isinstance(value, str) and len(value) > MAX_CONTENT:
+        raise InvalidInput(f"the value has {len(value):,} characters; at most {MAX_CONTENT:,} are taken")
+    redactor = _redactor(session.settings)
+    with session.connection() as conn:
+        change = facts.set_fact(conn, key, value, namespace=ns, source=session.scope.source, redactor=redactor,
+                                settings=session.settings)
+    data = {**change.to_dict(), **_redacted(redactor)}
+    was = "new" if change.old_value is None else f"was {change.old_value!r}"
+    note = f" Note: {redactor.note()}." if redactor.count else ""
+    return Reply(data, f"Set {key} in {ns!r} (version {change.version}; {was}).{note}")
+
+
+def fact_history(session: Session, key: str, *, namespace: str | None = None) -> Reply:
+    ns = session.scope.readable(namespace)
+    with session.connection() as conn:
+        rows = plain(facts.history(conn, key, namespace=ns))
+    lines = [f"v{r['version']} {r['changed_at']} {r['op']}: {r['old_value']!r} -> {r['new_value']!r}"
+             + (f" (source {r['source']})" if r["source"] else "") for r in rows]
+    return Reply({"namespace": ns, "key": key, "history": rows}, "\n".join(lines))
+
+
+# ---------------------------------------------------------------------------
+# Runbooks (files in git: read here, never run)
+
+
+def _repository(session: Session):
+    from memctl.records import runbooks
+
+    return runbooks.open_repository(None, session.settings)
+
+
+def runbook_list(session: Session) -> Reply:
+    rows = [{k: e[k] for k in ("name", "title", "description", "commit", "problem")}
+            for e in _repository(session).entries()]
+    lines = [f"{r['name']}: {r['title'] or r['problem']}" for r in rows] or ["No runbooks."]
+    return Reply({"runbooks": rows}, "\n".join(lines))
+
+
+def runbook_show(session: Session, name: str, *, at: str | None = None) -> Reply:
+    runbook = _repository(session).load(name, at=at)
+    parts = [f"# {runbook.title}", f"{runbook.name} at {runbook.commit or 'no commit'}"
+             + (" (uncommitted changes)" if runbook.dirty else ""), ""]
+    if runbook.description:
+        parts += [runbook.description, ""]
+    for step in runbook.steps:
+        parts.append(f"## {step.number}. {step.title}")
+        if step.text:
+            parts.append(step.text)
+        parts += ["```sh", step.command.rstrip("\n"), "```", ""]
+    return Reply(plain(runbook.to_dict()), "\n".join(parts))
+
+
+# ---------------------------------------------------------------------------
+# The catalogue: name -> (function, writes)
+
+TOOLS: dict[str, tuple[Callable[..., Reply], bool]] = {
+    "remember": (remember, True),
+    "search": (search, False),
+    "recall": (recall, False),
+    "episode_get": (episode_get, False),
+    "fact_get": (fact_get, False),
+    "fact_list": (fact_list, False),
+    "fact_set": (fact_set, True),
+    "fact_history": (fact_history, False),
+    "runbook_list": (runbook_list, False),
+    "runbook_show": (runbook_show, False),
+}
+
+
+def offered(scope: Scope) -> list[str]:
+    """The tools a server with this scope offers: no write tool at all when read-only."""
+    return [name for name, (_, writes) in TOOLS.items() if not (writes and scope.read_only)]

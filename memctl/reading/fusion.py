@@ -1,0 +1,118 @@
+"""Scoring: vectors and full text fused, then weighted, into the hits of a query.
+
+For every candidate (the top `candidates` of each half, plus the
+context neighbours of episodes of the context kinds), scored by both halves:
+
+    base       = (1 - text_weight) * cosine similarity of its best chunk
+                 + text_weight * BM25 / the best BM25 (memctl.reading.bm25)
+    relevance  = base + context_weight * the best base of its neighbours (the
+                 entries just before and after it in its agent's log, same kind,
+                 within context_window), divided by the best so 1.0 is the top
+    recency    = 0.5 ** (age / recency_half_life)        (age since created_at,
+                 or since last access with search.recency_from = "accessed")
+    score      = relevance + recency_weight * recency + importance_weight * importance / 10
+
+fusion = "rrf" keeps reciprocal rank fusion (rrf_k) instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memctl.config import Settings, parse_duration
+from memctl.reading.query import setting
+
+
+@dataclass
+class Hit:
+    id: int
+    score: float
+    agent: str
+    kind: str
+    source: str | None
+    importance: int
+    created_at: datetime.datetime
+    content: str
+    relevance: float
+    recency: float
+    importance_term: float
+    vector_rank: int | None = None
+    text_rank: int | None = None
+    distance: float | None = None
+    text_score: float | None = None
+    chunk: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
+    """Episode id -> (rank of its best chunk, that chunk's row), ranks from 1."""
+    ranked: dict[int, tuple[int, dict]] = {}
+    for row in rows:
+        if row["episode_id"] not in ranked:
+            ranked[row["episode_id"]] = (len(ranked) + 1, row)
+    return ranked
+
+
+def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dict],
+               context: dict[int, list[int]]) -> dict[int, float]:
+    """Episode id -> relevance, 1.0 for the best: weighted scores, or reciprocal rank fusion."""
+    if setting(settings, "fusion") == "rrf":
+        rrf_k = settings.get("search", "rrf_k")
+        halves = [_ranks(h) for h in (vector_rows, text_rows) if h is not None]
+        fused = {i: sum(1 / (rrf_k + h[i][0]) for h in halves if i in h) for i in scored}
+        best = len(halves) / (rrf_k + 1)
+        return {i: f / best for i, f in fused.items() if f > 0}
+    text_share = setting(settings, "text_weight") if vector_rows is not None else 1.0
+    if text_rows is None:
+        text_share = 0.0
+    best_text = max((r["text_score"] or 0 for r in scored.values()), default=0) or 1.0
+
+    def base(i: int) -> float:
+        row = scored[i]
+        similarity = 0.0 if row["distance"] is None else max(0.0, 1 - float(row["distance"]))
+        return (1 - text_share) * similarity + text_share * float(row["text_score"] or 0) / best_text
+
+    beta = setting(settings, "context_weight")
+    raw = {i: base(i) + beta * max([base(j) for j in context.get(i, []) if j in scored] or [0]) for i in scored}
+    top = max(raw.values(), default=0) or 1.0
+    return {i: r / top for i, r in raw.items()}
+
+
+def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dict] | None, scored: dict,
+         candidates: set[int], context: dict[int, list[int]], now: datetime.datetime,
+         accessed: dict | None = None, k: int | None = None) -> list[Hit]:
+    """The candidates as hits, best first (the first k when given)."""
+    conf = settings.section("search")
+    half_life = parse_duration(conf["recency_half_life"])
+    recency_weight, importance_weight = conf["recency_weight"], conf["importance_weight"]
+    relevance_of = relevances(settings, vector_rows, text_rows, scored, context)
+    ranked = []
+    for episode_id in candidates:
+        row = scored.get(episode_id)
+        if row is None or episode_id not in relevance_of:
+            continue  # deleted meanwhile, excluded, or (rrf) found by neither half
+        anchor = (accessed or {}).get(episode_id) or row["created_at"]
+        recency = 0.5 ** (max(0.0, (now - anchor).total_seconds()) / half_life)
+        score = relevance_of[episode_id] + recency_weight * recency + importance_weight * row["importance"] / 10
+        ranked.append((round(score, 6), episode_id, recency))
+    ranked.sort(key=lambda r: (-r[0], -r[1]))
+    by_vector = _ranks(vector_rows or [])
+    by_text = _ranks(text_rows or [])
+    hits = []
+    for score, episode_id, recency in ranked[:k]:
+        row = scored[episode_id]
+        v, t = by_vector.get(episode_id), by_text.get(episode_id)
+        hits.append(Hit(
+            id=episode_id, score=score, agent=row["agent"], kind=row["kind"], source=row["source"],
+            importance=row["importance"], created_at=row["created_at"], content=row["content"],
+            relevance=round(relevance_of[episode_id], 6), recency=round(recency, 6),
+            importance_term=row["importance"] / 10,
+            vector_rank=v[0] if v else None, text_rank=t[0] if t else None,
+            distance=None if row["distance"] is None else round(float(row["distance"]), 6),
+            text_score=round(float(row["text_score"]), 6) if row["text_score"] else None,
+            chunk=v[1]["content"] if v else None))
+    return hits

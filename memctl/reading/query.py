@@ -1,0 +1,147 @@
+"""What one search asks: Query (and a line of `episode search --batch`), the query syntax, the [search] settings.
+
+The syntax is websearch's: words and "quoted phrases", each wanted (any of them finds an episode) or
+-excluded; `match_query` turns their tsquery texts into the one tsquery the text half matches.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memctl.config import DurationTooLong, Settings, default, parse_duration
+from memctl.errors import BadValue, MemctlError, UsageError
+from memctl.records import episodes, gate
+
+MODES = ("hybrid", "vector", "text")
+
+
+@dataclass
+class Query:
+    text: str
+    k: int = 5
+    agent: str | None = None
+    kind: str | None = None
+    source: str | None = None
+    since: str | None = None
+    mode: str = "hybrid"
+    until: str | None = None  # exclusive
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise UsageError("the query is empty")
+        if "\x00" in self.text:
+            raise UsageError("the query contains a NUL character")
+        for name in ("agent", "kind", "source", "since", "until"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip() or "\x00" in value):
+                raise BadValue(f"{name}: must be a non-empty string without NUL, got {type(value).__name__}", name)
+        for name in ("text", "agent", "kind", "source"):
+            gate.utf8(getattr(self, name), "query" if name == "text" else name, BadValue)
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
+            raise UsageError(f"k must be an integer from 1 to {MAX_K}, got {self.k!r}")
+
+
+MAX_K = 1000
+BATCH_FIELDS = ("query", "agent", "k", "kind", "source", "since", "until", "mode")
+
+
+def batch_query(item: dict, number: int) -> Query:
+    """One line of `episode search --batch`, every field checked where it enters.
+
+    A field given must hold its type (leave it out for the default): query a non-empty string, k an
+    integer from 1 to MAX_K (not "3", not 2.5, not true), agent/kind/source strings without NUL, since a
+    duration or ISO 8601 date/time, mode one of MODES. BadValue names the line and the field.
+    """
+    def bad(name: str, why: str) -> BadValue:
+        return BadValue(f"line {number}: field {name}: {why}", name)
+
+    def shown(value: Any) -> str:
+        text = json.dumps(value, default=str)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    for name in (n for n in ("query", "agent", "kind", "source", "since", "until", "mode") if n in item):
+        value = item[name]
+        if not isinstance(value, str) or not value.strip():
+            raise bad(name, f"must be a non-empty string, got {shown(value)}")
+        if "\x00" in value:
+            raise bad(name, "contains a NUL character (\\0)")
+        try:
+            gate.utf8(value, name, BadValue)
+        except BadValue:
+            raise bad(name, "is not valid UTF-8 text (a lone surrogate)") from None
+    k = item.get("k", 5)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise bad("k", f"must be an integer from 1 to {MAX_K}, got {shown(k)}")
+    mode = item.get("mode", "hybrid")
+    if mode not in MODES:
+        raise bad("mode", f"must be one of {', '.join(MODES)}, got {shown(mode)}")
+    for name in ("since", "until"):
+        when = item.get(name)
+        if when is None:
+            continue
+        try:
+            parse_duration(when)
+        except DurationTooLong as exc:
+            raise bad(name, str(exc)) from None
+        except ValueError:
+            try:
+                episodes.parse_since(when)
+            except MemctlError:
+                raise bad(name, f"{shown(when)} is neither a duration back from now (30m, 12h, 7d) nor an "
+                                "ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
+    return Query(item["query"], k=k, agent=item.get("agent"), kind=item.get("kind"), source=item.get("source"),
+                 since=item.get("since"), until=item.get("until"), mode=mode)
+
+
+@dataclass
+class Terms:
+    """A query split the way websearch syntax reads it: words and "phrases", each wanted or -excluded."""
+
+    wanted: list[str]
+    excluded: list[str]
+
+
+_TERM = re.compile(r'(-?)"([^"]*)"?|(\S+)')
+
+
+def split_terms(text: str) -> Terms:
+    """`deploy -nginx "disk full" -"dry run"`: wanted deploy and the phrase, excluded nginx and the phrase.
+
+    A lone `-` or a word like `api-v2` is not a negation (only a leading dash is), and
+    `or` is just a word: OR is already how wanted terms combine.
+    """
+    wanted, excluded = [], []
+    for match in _TERM.finditer(text):
+        negated, phrase, word = match.group(1), match.group(2), match.group(3)
+        if phrase is not None:
+            (excluded if negated else wanted).append(phrase)
+        elif word.startswith("-") and len(word) > 1:
+            excluded.append(word[1:])
+        else:
+            wanted.append(word)
+    return Terms([t for t in wanted if t.strip()], [t for t in excluded if t.strip()])
+
+
+def match_query(wanted: list[str], excluded: list[str]) -> str | None:
+    """`(w1 | w2 | 'disk' <-> 'full') & !'nginx' & !('dry' <-> 'run')`; None without a wanted piece."""
+    kept = [f"( {q} )" for q in wanted if q]
+    if not kept:
+        return None  # only stopwords or only exclusions: nothing, rather than everything
+    return " & ".join(["( " + " | ".join(kept) + " )", *(f"!( {q} )" for q in excluded if q)])
+
+
+# The [search] settings and their defaults are memctl.config's schema (the defaults chosen on the
+# LoCoMo tuning split and the operations sets; see tests/bench/retrieval.py).
+def setting(settings: Settings, key: str) -> Any:
+    """A [search] setting; its default in memctl.config's schema when `settings` lacks it."""
+    value = settings.get("search", key)
+    return default("search", key) if value is None else value
+
+
+def context_kinds(settings: Settings) -> list[str]:
+    return [k.strip() for k in str(setting(settings, "context_kinds")).split(",") if k.strip()]

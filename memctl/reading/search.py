@@ -1,0 +1,243 @@
+"""Hybrid search over episodes: vectors and full text, fused, then weighted.
+
+Scoring, for every candidate (the top `candidates` of each half, plus the
+context neighbours of episodes of the context kinds), scored by both halves:
+
+    base       = (1 - text_weight) * cosine similarity of its best chunk
+                 + text_weight * BM25 / the best BM25 (memctl.reading.bm25)
+    relevance  = base + context_weight * the best base of its neighbours (the
+                 entries just before and after it in its agent's log, same kind,
+                 within context_window), divided by the best so 1.0 is the top
+    recency    = 0.5 ** (age / recency_half_life)        (age since created_at,
+                 or since last access with search.recency_from = "accessed")
+    score      = relevance + recency_weight * recency + importance_weight * importance / 10
+
+fusion = "rrf" keeps reciprocal rank fusion (rrf_k) instead. The vector half
+runs on the active model's HNSW index with iterative scan, so filters never
+starve it; the text half matches any wanted word (OR), ranks by BM25, and finds
+episodes not embedded yet. With the vector half running, the text half leaves
+out words in nearly every episode and matches only the query's rarest words, up
+to `match_rows` episodes (memctl.reading.bm25); when the vector half then finds nothing,
+the query runs again on all its words.
+
+A query costs two statements: one parses it and counts its rare words, one runs
+both halves, the context neighbours and the scoring of every candidate by both
+halves (HYBRID), inside a transaction that sets the HNSW scan.
+
+The pieces: memctl.reading.query (what a query asks), memctl.reading.statement (its one
+statement), memctl.reading.fusion (the scoring). This module runs them and holds the embedder
+failure policy: a query whose vector cannot be had runs on words, never --mode vector.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from memctl.config import Settings
+from memctl.embedding import models
+from memctl.errors import EmbedderUnavailable, UnknownModel
+from memctl.reading import bm25
+from memctl.reading.fusion import Hit, fuse
+from memctl.reading.query import Query, context_kinds, setting
+from memctl.reading.statement import Halves, pieces, run_statement
+
+
+@dataclass
+class Outcome:
+    hits: list[Hit] = field(default_factory=list)
+    mode: str = "hybrid"  # the mode that actually ran
+    warning: str | None = None
+
+
+def query_embedder(settings: Settings, model: models.Model):
+    """An embedder for the active model's query vectors, with the short search timeout."""
+    from memctl.embedding.embedders import make_embedder
+
+    return make_embedder(settings, registered=model, timeout=settings.get("embedding", "search_timeout"))
+
+
+def configured_warning(settings: Settings, model: models.Model) -> str | None:
+    """A warning when the configuration names another model than the database's (which search uses)."""
+    from memctl.embedding.embedders import make_embedder
+
+    return models.mismatch_warning(model, make_embedder(settings))
+
+
+EMBED_FAILURES = (EmbedderUnavailable, UnknownModel)
+MAX_CONSECUTIVE_FAILURES = 2  # then the embedder is taken as down for the rest of the batch
+
+
+@dataclass
+class QueryVectors:
+    vectors: list[list[float] | None]  # one per text; None where that text fell back to words
+    warning: str | None = None
+    degraded: int = 0
+
+
+def _sub_batch_size(settings: Settings, embedder) -> int:
+    limit = getattr(embedder, "max_batch", None) or settings.get("embedding", "batch_size") or 32
+    return max(1, int(limit))
+
+
+def embed_query_texts(settings: Settings, model: models.Model | None, texts: list[str],
+                      embedder=None) -> QueryVectors:
+    """Query vectors in sub-batches sized to the embedder, each under its own (search) timeout.
+
+    Only a sub-batch that really fails falls back to text search; after
+    MAX_CONSECUTIVE_FAILURES failures in a row the embedder counts as down and the
+    rest degrade at once, so a dead Ollama costs two timeouts, not one per sub-batch.
+    """
+    if model is None:
+        return QueryVectors([None] * len(texts), "no embedding model registered yet (run memctl embed): "
+                            "text search only", len(texts))
+    embedder = embedder or query_embedder(settings, model)
+    size = _sub_batch_size(settings, embedder)
+    vectors: list[list[float] | None] = []
+    failures, last_error = 0, None
+    for start in range(0, len(texts), size):
+        part = texts[start:start + size]
+        if failures >= MAX_CONSECUTIVE_FAILURES:
+            vectors.extend([None] * len(part))
+            continue
+        try:
+            vectors.extend(embedder.embed(part).vectors)
+            failures = 0
+        except EMBED_FAILURES as exc:
+            failures, last_error = failures + 1, exc
+            vectors.extend([None] * len(part))
+    degraded = sum(v is None for v in vectors)
+    warning = None
+    if degraded:
+        scope = "text search only" if degraded == len(texts) else \
+            f"{degraded} of {len(texts)} queries fell back to text search"
+        warning = f"embedder unavailable, {scope}: {last_error}"
+    return QueryVectors(vectors, warning, degraded)
+
+
+def embed_queries(settings: Settings, model: models.Model | None, texts: list[str], embedder=None):
+    """Query vectors, or (None, warning) when the embedder is down, slow or missing the model."""
+    found = embed_query_texts(settings, model, texts, embedder)
+    if found.degraded:
+        return None, found.warning
+    return found.vectors, None
+
+
+def _vector_mode_refusal(warning: str | None) -> EmbedderUnavailable:
+    return EmbedderUnavailable(f"--mode vector needs the embedder, and it is unavailable: {warning}; "
+                               "use --mode hybrid or text to search by words")
+
+
+def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None,
+           accessed_recency: bool | None = None, track: bool = False) -> Outcome:
+    """Run one query; `vector` skips embedding (recall, benchmarks).
+
+    The database's active model embeds the query, whatever the configuration names
+    (a differing configuration adds a warning). With `track`, the hits returned count
+    as accessed (memctl.records.access), in one statement.
+    """
+    return search_batch(conn, settings, [query], embedder, track=track,
+                        vectors=None if vector is None else [vector])[0]
+
+
+def _track(conn, outcomes: list[Outcome]) -> None:
+    from memctl.records import access
+
+    access.record(conn, [(h.agent, h.id) for o in outcomes for h in o.hits])
+
+
+def _narrowed(plan: bm25.Plan) -> bool:
+    """Whether the plan leaves a wanted word out of what finds episodes."""
+    return bool(plan.left_out) or len(plan.matched) < len(plan.terms)
+
+
+def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Outcome:
+    conf = settings.section("search")
+    n = max(conf["candidates"], query.k * 4)
+    vector_runs = outcome.mode in ("hybrid", "vector") and model is not None and vector is not None
+    wants_text = outcome.mode in ("hybrid", "text")
+    key = ("stats", query.agent)
+    if wants_text and key not in cache:
+        cache[key] = bm25.cached_term_stats(conn)
+    # on Citus, a query for one agent counts its rare words in that agent's shard (scaled to the
+    # table), so the whole query is routed; on one server over all episodes (LoCoMo dev recall@10
+    # 0.706 against 0.701 counted per agent)
+    scope = query.agent if wants_text and cache[key].citus else None
+    kinds = context_kinds(settings)
+    context = setting(settings, "fusion") != "rrf" and bool(kinds) and setting(settings, "context_weight") != 0
+    parsed = pieces(conn, query.text, cache[key] if wants_text else None,
+                    probe=(kinds, query) if context else None, scope=scope)
+    halves = Halves(model=model if vector_runs else None, vector=vector if vector_runs else None,
+                    excluded=parsed.excluded, context=context and parsed.context)
+    if wants_text and any(parsed.wanted):
+        halves.stats = cache[key]
+        # with the vector half running, words in nearly every episode are left out, and only the
+        # rarest words find episodes (memctl.reading.bm25); on words alone, every word counts
+        hybrid = vector_runs
+        halves.plan = bm25.plan(conn, halves.stats, parsed.wanted,
+                                common_share=setting(settings, "common_terms") if hybrid else None,
+                                match_rows=setting(settings, "match_rows") if hybrid else None)
+    vector_rows, text_rows, scored, context = run_statement(conn, query, halves, settings, n)
+    if vector_runs and halves.plan is not None and not vector_rows and _narrowed(halves.plan):
+        # the vector half found nothing (nothing embedded yet, or not under these filters): the
+        # words are all there is, so every one of them finds, as on words alone
+        halves.plan = bm25.plan(conn, halves.stats, parsed.wanted, common_share=None)
+        _, text_rows, scored, context = run_statement(conn, query, replace(halves, model=None, vector=None),
+                                                      settings, n)
+    if outcome.mode == "text" or (outcome.mode == "hybrid" and not vector_runs):
+        vector_rows = None
+    if outcome.mode == "vector":
+        text_rows = None
+    elif text_rows is None:
+        text_rows = []
+    candidates = set(scored)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    accessed = None
+    if conf["recency_from"] == "accessed" and scored:
+        from memctl.records import access
+
+        accessed = access.last_accessed(conn, list(scored))
+    outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k)
+    return outcome
+
+
+def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, *,
+                 track: bool = False, vectors: list | None = None) -> list[Outcome]:
+    """Many queries on one connection, their vectors embedded in sub-batches; `track` as in search().
+
+    A query whose sub-batch failed to embed runs on words alone (its outcome says so);
+    a query that asked for --mode vector is never answered by words: EmbedderUnavailable.
+    """
+    for q in queries:
+        q.check()
+    model = models.active(conn)
+    wanting = [i for i, q in enumerate(queries) if q.mode != "text"]
+    notes: list[str] = []
+    by_index: dict[int, Any] = {}
+    if vectors is not None:
+        by_index = {i: v for i, v in zip(range(len(queries)), vectors) if v is not None}
+    elif wanting:
+        if model is not None and embedder is None:
+            mismatch = configured_warning(settings, model)
+            if mismatch:
+                notes.append(mismatch)
+        found = embed_query_texts(settings, model, [queries[i].text for i in wanting], embedder)
+        by_index = {i: v for i, v in zip(wanting, found.vectors) if v is not None}
+        if found.warning:
+            if any(queries[i].mode == "vector" and i not in by_index for i in wanting):
+                raise _vector_mode_refusal(found.warning)
+            notes.append(found.warning)
+    outcomes = []
+    cache: dict = {}  # term statistics, read once per batch
+    for i, q in enumerate(queries):
+        outcome = Outcome(mode=q.mode)
+        if q.mode != "text" and i not in by_index:
+            if q.mode == "vector":
+                raise _vector_mode_refusal("no query vector")
+            outcome.mode = "text"
+        outcome.warning = "; ".join(notes) or None
+        outcomes.append(_run(conn, settings, q, model, by_index.get(i), outcome, cache))
+    if track:
+        _track(conn, outcomes)
+    return outcomes

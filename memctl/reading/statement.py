@@ -1,0 +1,363 @@
+"""The one statement of a query: both halves, the context neighbours and the scoring of every candidate.
+
+A query costs two statements: one parses it and counts its rare words (`pieces`), one runs
+both halves, the context neighbours and the scoring of every candidate by both halves
+(HYBRID, built by `statement`), inside a transaction that sets the HNSW scan (`set_scan`).
+With an agent filter every part of the statement names the agent, so that Citus routes the
+whole statement to the agent's shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memctl.config import Settings, parse_duration
+from memctl.embedding import models
+from memctl.reading import bm25
+from memctl.reading.query import Query, Terms, context_kinds, match_query, setting, split_terms
+from memctl.records import episodes
+
+TS_CONFIG = "english"
+# The vector half alone (model comparisons, stale-fact checks): the nearest chunks by the HNSW index.
+VECTOR_HALF = """
+WITH hits AS MATERIALIZED (
+    SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
+    FROM {table} v {join}
+    {where}
+    ORDER BY v.embedding <=> %(q)b::{type}
+    LIMIT %(n)s
+)
+SELECT h.agent, h.chunk_id, h.distance, c.episode_id, c.content
+FROM hits h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id
+ORDER BY h.distance
+"""
+JOIN_EPISODES = """JOIN chunks c0 ON c0.agent = v.agent AND c0.id = v.chunk_id
+JOIN episodes e ON e.agent = c0.agent AND e.id = c0.episode_id"""
+# Each piece of the query (a word, a "quoted phrase") becomes its own tsquery text:
+# lexemes as PostgreSQL's english configuration makes them, phrases with <->.
+PIECES = """
+SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q
+FROM unnest(%s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
+"""
+PIECES_PROBED = """
+SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q, false AS rare, 0::float8 AS df, {probe} AS context
+FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
+"""
+# Whether any episode the query could reach is of a context kind: without one, the query's statement
+# leaves the neighbours out (they cost a third of its planning).
+# The kinds are the configuration's, written into the statement so that its prepared (generic) plan
+# still knows how rare they are and probes episodes_kind_created_idx rather than scanning.
+PROBE = "EXISTS (SELECT 1 FROM episodes e WHERE e.kind = ANY({kinds}) {filters})"
+# The same, with the document frequency of each wanted piece that is not a common lexeme (those
+# come from the statistics): one GIN scan per rare piece, joined rather than a correlated subquery,
+# so Citus can plan it too (the tsqueries stay text inside: Citus ships a CTE's rows to the
+# workers as text, and the empty tsquery of a stopword does not read back). Scoped to one agent
+# (on Citus, so that the count runs on its shard alone), pieces() scales the counts by the agent's
+# share to the whole table's, which the common lexemes' frequencies are of.
+PIECES_COUNTED = """
+WITH p AS MATERIALIZED (
+    SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q
+    FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord)
+),
+rare AS MATERIALIZED (
+    SELECT ord, q FROM p WHERE ord <= %(wanted)s AND numnode(q::tsquery) > 0 AND NOT q = ANY(%(common)s)
+),
+counted AS (
+    SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q::tsquery {agent} GROUP BY r.ord
+)
+SELECT p.ord, p.q, r.ord IS NOT NULL AS rare, coalesce(c.df, 0) AS df, {probe} AS context
+FROM p LEFT JOIN rare r USING (ord) LEFT JOIN counted c USING (ord)
+ORDER BY p.ord
+"""
+# hnsw.* for the transaction, on every node it reaches: Citus forwards SET LOCAL (never set_config)
+# to the workers once citus.propagate_set_commands is 'local'; on one server that is a placeholder.
+# One simple-protocol round trip, run by set_scan (SET takes no parameters: ef_search is a sql.Literal).
+SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL hnsw.iterative_scan = relaxed_order; "
+                 "SET LOCAL hnsw.ef_search = {ef}")
+
+# One statement per query: both halves, the context neighbours and every candidate scored by
+# both halves (so fusion never guesses the half an episode was not found by). Its parts:
+VECTOR_CTE = """
+vec AS MATERIALIZED (
+    SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
+    FROM {table} v {join}
+    {where}
+    ORDER BY v.embedding <=> %(q)b::{type}
+    LIMIT %(n)s
+),
+vhits AS MATERIALIZED (
+    SELECT DISTINCT ON (c.agent, c.episode_id) c.agent, c.episode_id AS id, h.distance, c.content AS chunk
+    FROM vec h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id {agent_c}
+    ORDER BY c.agent, c.episode_id, h.distance
+)"""
+TEXT_CTE = """
+thits AS MATERIALIZED (
+    SELECT e.agent, e.id, {score} AS text_score
+    FROM episodes e
+    WHERE e.tsv @@ %(match)s::tsquery {filters}
+    ORDER BY text_score DESC, e.id DESC
+    LIMIT %(n)s
+)"""
+# Found by either half, one row per episode with what each half said of it.
+FOUND_BOTH = """
+found AS MATERIALIZED (
+    SELECT coalesce(vh.agent, th.agent) AS agent, coalesce(vh.id, th.id) AS id, vh.distance, vh.chunk, th.text_score
+    FROM vhits vh FULL JOIN thits th ON th.agent = vh.agent AND th.id = vh.id
+)"""
+FOUND_VECTOR = """
+found AS MATERIALIZED (SELECT agent, id, distance, chunk, NULL::float8 AS text_score FROM vhits)"""
+FOUND_TEXT = """
+found AS MATERIALIZED (SELECT agent, id, NULL::float8 AS distance, NULL::text AS chunk, text_score FROM thits)"""
+# The entries just before and after a found episode in its agent's log (by id), when they are of
+# the same kind, close in time and pass the query's filters; they join the candidates.
+NEAR_CTE = """
+near AS MATERIALIZED (
+    SELECT c.agent, c.id, b.id AS before, a.id AS after
+    FROM found f JOIN episodes c ON c.agent = f.agent AND c.id = f.id {agent_c}
+    LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
+                       WHERE e.agent = c.agent AND e.id < c.id ORDER BY e.id DESC LIMIT 1) b
+           ON b.kind = c.kind AND abs(extract(epoch FROM c.created_at - b.created_at)) <= %(window)s {before}
+    LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
+                       WHERE e.agent = c.agent AND e.id > c.id ORDER BY e.id LIMIT 1) a
+           ON a.kind = c.kind AND abs(extract(epoch FROM a.created_at - c.created_at)) <= %(window)s {after}
+    WHERE c.kind = ANY(%(kinds)s)
+),
+every AS (
+    SELECT f.agent, f.id, f.distance, f.chunk, f.text_score, ARRAY[nb.before, nb.after] AS neighbours
+    FROM found f LEFT JOIN near nb ON nb.agent = f.agent AND nb.id = f.id
+    UNION ALL
+    SELECT DISTINCT nb.agent, n.id, NULL::float8, NULL::text, NULL::float8, NULL::bigint[]
+    FROM near nb CROSS JOIN LATERAL (VALUES (nb.before), (nb.after)) n(id)
+    WHERE n.id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM found f WHERE f.agent = nb.agent AND f.id = n.id)
+)"""
+NO_NEAR = """
+every AS (SELECT agent, id, distance, chunk, text_score, NULL::bigint[] AS neighbours FROM found)"""
+HYBRID = """
+WITH {ctes},{found},{near}
+SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content,
+       {distance} AS distance, x.distance AS vector_distance, x.chunk,
+       {text_score} AS text_score, x.text_score IS NOT NULL AS text_found, x.neighbours
+FROM every x JOIN episodes e ON e.agent = x.agent AND e.id = x.id {agent_e}
+{excluded}
+"""
+# The exact distance of an episode found by words alone: its best chunk's.
+DISTANCE = """(SELECT min(v.embedding <=> %(q)b::{type}) FROM chunks c
+  JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id WHERE c.agent = e.agent AND c.episode_id = e.id {agent_c})"""
+# With an agent filter, every part of the statement says so itself: Citus then plans the whole
+# statement for the one shard that holds the agent (it prunes shards per subquery, by its own conditions).
+AGENT = " AND {}.agent = %(agent)s"
+
+
+def _filters(query: Query):
+    return episodes.filters(agent=query.agent, kind=query.kind, source=query.source, since=query.since,
+                            until=query.until)
+
+
+def _vector_where(query: Query):
+    """The vector half's filters and whether they need the episodes joined, with their parameters."""
+    from psycopg import sql
+
+    conditions, params = [], {}
+    if query.agent is not None:  # on the vector table itself: the index scan filters as it goes
+        conditions.append(sql.SQL("v.agent = {}").format(sql.Placeholder("agent")))
+        params["agent"] = query.agent
+    needs_join = any(v is not None for v in (query.kind, query.source, query.since, query.until))
+    if needs_join:
+        extra, values = episodes.filters(kind=query.kind, source=query.source, since=query.since,
+                                         until=query.until)
+        conditions += extra
+        params.update(values)
+    return episodes.where(conditions), sql.SQL(JOIN_EPISODES) if needs_join else sql.SQL(""), params
+
+
+def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_search: int) -> list[dict]:
+    """The nearest chunks by the active model's HNSW index, iterative scan on, filters applied."""
+    from psycopg import sql
+
+    where, join, params = _vector_where(query)
+    statement = sql.SQL(VECTOR_HALF).format(
+        type=sql.SQL(model.storage), table=sql.Identifier(model.table_name), join=join, where=where)
+    with conn.transaction():
+        set_scan(conn, ef_search)
+        return conn.execute(statement, {**params, "q": _query_vector(conn, vector, model), "n": n},
+                            prepare=False).fetchall()
+
+
+def set_scan(conn, ef_search: int) -> None:
+    """Iterative HNSW scan and ef_search for the current transaction, on every node it reaches.
+
+    The one place search's transactions (vector_half, run_statement) get them.
+    """
+    from psycopg import sql
+
+    conn.execute(sql.SQL(SCAN_SETTINGS).format(ef=sql.Literal(int(ef_search))))
+
+
+def _query_vector(conn, vector, model: models.Model):
+    """The query vector as a pgvector value, sent as a binary parameter (%b), not a text literal."""
+    from pgvector import HalfVector, Vector
+    from psycopg.adapt import PyFormat
+
+    try:
+        conn.adapters.get_dumper(Vector, PyFormat.BINARY)
+    except Exception:  # a connection opened without pgvector's types (db.connect(vector=False))
+        from memctl.db import register_vector
+
+        register_vector(conn)
+
+    values = vector.to_list() if hasattr(vector, "to_list") else [float(x) for x in vector]
+    return HalfVector(values) if model.storage == "halfvec" else Vector(values)
+
+
+@dataclass
+class Parsed(Terms):
+    context: bool = True  # an episode of a context kind is within the query's reach
+
+
+def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple[list[str], Query] | None = None,
+           scope: str | None = None) -> Parsed:
+    """The query's wanted and excluded pieces as tsquery texts ('' for a piece of stopwords only).
+
+    With `stats`, the same statement counts the wanted pieces' document frequencies into
+    stats.counted (all but the common lexemes, which the statistics know): in the episodes of
+    `scope` (an agent) when given, scaled by its share of the table.
+    With `probe` (context kinds, query), it also says whether an episode of those kinds passes
+    the query's agent and kind filters.
+    """
+    from psycopg import sql
+
+    terms = split_terms(text)
+    every = terms.wanted + terms.excluded
+    if not every:
+        return Parsed([], [])
+    if stats is None and probe is None:
+        parsed = [r["q"] for r in conn.execute(PIECES, (every,), prepare=False).fetchall()]
+        return Parsed(parsed[: len(terms.wanted)], parsed[len(terms.wanted):])
+    params: dict[str, Any] = {"pieces": every}
+    check = sql.SQL("true")
+    if probe is not None:
+        kinds, query = probe
+        clauses, values = episodes.filters(agent=query.agent, kind=query.kind)
+        check = sql.SQL(PROBE).format(kinds=sql.Literal(list(kinds)),
+                                      filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses))
+        params.update(values)
+    if stats is None or not terms.wanted:
+        statement = sql.SQL(PIECES_PROBED).format(probe=check)
+    else:
+        agent = scope
+        share = 1.0
+        within = sql.SQL("")
+        if agent is not None:
+            share = bm25.agent_share(conn, stats, agent)
+            within = sql.SQL(" AND e.agent = {}").format(sql.Placeholder("agent"))
+            params["agent"] = agent
+        statement = sql.SQL(PIECES_COUNTED).format(probe=check, agent=within)
+        params.update(wanted=len(terms.wanted), common=stats.common_queries)
+    rows = conn.execute(statement, params).fetchall()  # prepared once used
+    if stats is not None and terms.wanted:
+        stats.counted.update((r["q"], r["df"] / share if r["df"] and share > 0 else r["df"])
+                             for r in rows if r["rare"])
+    parsed = [r["q"] for r in rows]
+    return Parsed(parsed[: len(terms.wanted)], parsed[len(terms.wanted):], context=rows[0]["context"])
+
+
+@dataclass
+class Halves:
+    """What one query runs: the vector half (model and vector), the text half (plan), context."""
+
+    model: models.Model | None = None
+    vector: Any = None
+    plan: bm25.Plan | None = None  # the text half: scores with plan.terms, finds with plan.matched
+    stats: bm25.TermStats | None = None
+    excluded: list[str] = field(default_factory=list)
+    context: bool = False
+
+
+def statement(query: Query, halves: Halves, settings: Settings, n: int):
+    """The one statement of a query (psycopg.sql) and its parameters; None when no half can run."""
+    from psycopg import sql
+
+    parts = []
+    params: dict[str, Any] = {"n": n}
+    vector = halves.vector is not None and halves.model is not None
+    agent_c = agent_e = sql.SQL("")
+    if query.agent is not None:
+        agent_c, agent_e = sql.SQL(AGENT.format("c")), sql.SQL(AGENT.format("e"))
+        params["agent"] = query.agent
+    scoring = halves.plan is not None and bool(halves.plan.terms)
+    if vector:
+        model = halves.model
+        where, join, values = _vector_where(query)
+        parts.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage),
+                                                table=sql.Identifier(model.table_name), join=join, where=where))
+        params.update(values)
+    score = sql.SQL("0::float8")
+    if scoring:
+        score = bm25.score(halves.plan, "e.tsv")
+        params.update(bm25.parameters(halves.plan, halves.stats, setting(settings, "bm25_k1"),
+                                      setting(settings, "bm25_b")))
+    match = match_query(halves.plan.matched, halves.excluded) if scoring else None
+    if match is not None:
+        clauses, values = _filters(query)
+        params.update(values)
+        params["match"] = match
+        parts.append(sql.SQL(TEXT_CTE).format(score=score,
+                                              filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
+    if not parts:
+        return None, params
+    found = FOUND_BOTH if vector and match is not None else FOUND_VECTOR if vector else FOUND_TEXT
+    near = sql.SQL(NO_NEAR)
+    if halves.context:
+        filters = {}
+        for alias, name in (("b", "before"), ("a", "after")):
+            clauses, values = episodes.filters(agent=query.agent, kind=query.kind, source=query.source,
+                                               since=query.since, until=query.until, alias=alias)
+            filters[name] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
+            params.update(values)
+        near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)
+        params.update(kinds=context_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
+    distance = sql.SQL("NULL::float8")
+    if vector:
+        exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(halves.model.storage),
+                                         table=sql.Identifier(halves.model.table_name))
+        distance = sql.SQL("coalesce(x.distance, {})").format(exact)
+    text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if scoring else score
+    excluded = sql.SQL("")
+    unwanted = [f"( {q} )" for q in halves.excluded if q]
+    if unwanted:
+        excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery")
+        params["excluded"] = " | ".join(unwanted)
+    text = sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(parts), found=sql.SQL(found), near=near,
+                                  distance=distance, text_score=text_score, excluded=excluded)
+    return text, params
+
+
+def run_statement(conn, query: Query, halves: Halves, settings: Settings, n: int):
+    """(vector rows, text rows, scored, context) of one query, from its one statement.
+
+    vector rows and text rows are None for a half that did not run; their order is their half's ranking.
+    """
+    text, params = statement(query, halves, settings, n)
+    vector_ran = halves.vector is not None and halves.model is not None
+    if text is None:
+        return ([] if vector_ran else None), ([] if halves.plan is not None else None), {}, {}
+    if vector_ran:
+        params["q"] = _query_vector(conn, halves.vector, halves.model)
+        with conn.transaction():
+            set_scan(conn, settings.get("search", "ef_search"))
+            rows = conn.execute(text, params, prepare=False).fetchall()
+    else:
+        rows = conn.execute(text, params, prepare=False).fetchall()
+    scored = {r["id"]: r for r in rows}
+    vector_rows = None
+    if vector_ran:
+        vector_rows = [{"episode_id": r["id"], "content": r["chunk"]}
+                       for r in sorted((r for r in rows if r["vector_distance"] is not None),
+                                       key=lambda r: (r["vector_distance"], -r["id"]))]
+    text_rows = None
+    if halves.plan is not None:
+        text_rows = [{"episode_id": r["id"]}
+                     for r in sorted((r for r in rows if r["text_found"]), key=lambda r: (-r["text_score"], -r["id"]))]
+    context = {r["id"]: [i for i in r["neighbours"] if i is not None] for r in rows if r["neighbours"]}
+    return vector_rows, text_rows, scored, context

@@ -1,0 +1,219 @@
+"""Episodes: an append-only log of what happened, split into chunks for search.
+
+A write stores text and metadata only and queues its chunks for the embed
+worker; it never waits for an embedding.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from memctl import jsonl, redact
+from memctl.config import Settings, parse_duration
+from memctl.db import locks
+from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
+from memctl.records import chunking, gate, store
+
+DEFAULT_AGENT = gate.DEFAULT_AGENT
+DEFAULT_KIND = gate.DEFAULT_KIND
+FIELDS = ("content", "kind", "source", "agent", "importance", "created_at", "meta")
+# The gate's rules, named here for the callers that know them as the episode log's.
+NewEpisode = gate.NewEpisode
+validate = gate.validate
+parse_time = gate.parse_time
+importance_for = gate.importance_for
+
+
+def parse_since(value: str, option: str = "--since") -> datetime.datetime:
+    """'7d' (a duration back from now) or an ISO 8601 date/time."""
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        try:
+            return parse_time(value, option)
+        except BadValue:
+            raise BadValue(f"{option} {value!r}: give a duration back from now (30m, 12h, 7d) "
+                           "or an ISO 8601 date/time (2026-08-11T09:30:00Z)", option) from None
+    try:
+        return datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=seconds)
+    except OverflowError:
+        raise BadValue(f"{option} {value!r}: reaches back before the year 1", option) from None
+
+
+def chunk_size(settings: Settings) -> int:
+    return chunking.chunk_size_for(settings.get("embedding", "model"), settings.get("chunking", "max_chars"))
+
+
+def chunks_of(settings: Settings, content: str) -> list[str]:
+    return chunking.chunk_text(content, chunk_size(settings), settings.get("chunking", "overlap"))
+
+
+def add(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
+        importance: Any = None, created_at: Any = None, meta: Any = None,
+        redactor: redact.Redactor | None = None) -> int | None:
+    """Store one episode through the gate; returns its id, or None when the write policy drops it (importance 0).
+
+    Secrets are redacted first ([redaction] mode), so none reaches the table, the chunks or the
+    embedder; `redactor` (default: one from the settings) counts what was replaced.
+    """
+    admit = gate.Gate(conn, settings, redactor)
+    episode = admit.new_episode(content, kind=kind, source=source, agent=agent, importance=importance,
+                                created_at=created_at, meta=meta)
+    if episode is None:
+        return None
+    with conn.transaction():
+        conn.execute(locks.WRITE_LOCK)
+        return store.insert_episode(conn, episode)
+
+
+COLUMNS = "id, agent, kind, source, importance, created_at, meta, content"
+SHOW = f"SELECT {COLUMNS} FROM episodes WHERE id = %s"  # noqa: S608 - constant column list
+SHOW_CHUNKS = """
+SELECT c.id, c.seq, length(c.content) AS chars,
+       (SELECT count(*) FROM embed_queue q WHERE q.agent = c.agent AND q.chunk_id = c.id) AS pending,
+       (SELECT string_agg(f.error, '; ') FROM embed_failures f WHERE f.agent = c.agent AND f.chunk_id = c.id) AS error
+FROM chunks c WHERE c.agent = %s AND c.episode_id = %s ORDER BY c.seq
+"""
+
+
+def show(conn, episode_id: int) -> dict:
+    row = conn.execute(SHOW, (episode_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no episode {episode_id}")
+    row["chunks"] = conn.execute(SHOW_CHUNKS, (row["agent"], episode_id)).fetchall()
+    return row
+
+
+def list_episodes(conn, *, agent: str | None = None, kind: str | None = None, source: str | None = None,
+                  since: str | None = None, limit: int = 50) -> list[dict]:
+    from psycopg import sql
+
+    clauses, params = filters(agent=agent, kind=kind, source=source, since=since)
+    query = sql.SQL("SELECT {cols} FROM episodes e {where} ORDER BY e.created_at DESC, e.id DESC LIMIT {limit}").format(
+        cols=sql.SQL(", ").join(sql.SQL("e.{}").format(sql.Identifier(c.strip())) for c in COLUMNS.split(",")),
+        where=where(clauses), limit=sql.Literal(int(limit)))
+    return conn.execute(query, params).fetchall()
+
+
+def filters(*, agent=None, kind=None, source=None, since=None, until=None, alias: str = "e"):
+    """SQL conditions on the episodes table for the common filters, with named parameters.
+
+    `since` and `until` take a duration back from now (7d) or an ISO 8601 time; `until` is exclusive.
+    """
+    from psycopg import sql
+
+    clauses, params = [], {}
+    table = sql.Identifier(alias)
+    for column, value in (("agent", agent), ("kind", kind), ("source", source)):
+        if value is not None:
+            clauses.append(sql.SQL("{}.{} = {}").format(table, sql.Identifier(column), sql.Placeholder(column)))
+            params[column] = value
+    if since is not None:
+        clauses.append(sql.SQL("{}.created_at >= {}").format(table, sql.Placeholder("since")))
+        params["since"] = parse_since(since)
+    if until is not None:
+        clauses.append(sql.SQL("{}.created_at < {}").format(table, sql.Placeholder("until")))
+        params["until"] = parse_since(until, "--until")
+    return clauses, params
+
+
+def where(clauses):
+    from psycopg import sql
+
+    if not clauses:
+        return sql.SQL("")
+    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses)
+
+
+DELETE = "DELETE FROM episodes WHERE id = ANY(%s) RETURNING id"
+
+
+def delete(conn, ids: list[int]) -> list[int]:
+    """Delete episodes with their chunks and vectors (all models); returns ids deleted."""
+    with conn.transaction():
+        found = [r["id"] for r in conn.execute(DELETE, (list(ids),)).fetchall()]
+    return found
+
+
+# --- bulk import -----------------------------------------------------------
+
+
+@dataclass
+class ImportResult:
+    imported: int = 0
+    dropped: int = 0  # importance 0 by policy
+    chunks: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
+    redactor: redact.Redactor | None = None  # what was redacted; default: from the settings
+
+
+def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: bool,
+                result: ImportResult) -> Iterator[NewEpisode]:
+    """Validated episodes from JSONL (memctl.jsonl); a bad line raises (naming it) unless skip_invalid."""
+    def skip(error: jsonl.LineError) -> None:
+        if not skip_invalid:
+            raise jsonl.LineError(error.number, f"{error.reason}; nothing was imported", error.exit_code)
+        result.skipped.append((error.number, error.reason))
+
+    for number, item in jsonl.read(lines, fields=FIELDS, required=("content",), on_error=skip):
+        try:
+            episode = _from_record(settings, item)
+        except (InvalidInput, BadValue) as exc:
+            skip(jsonl.at(number, exc))
+            continue
+        if episode.importance == 0:
+            result.dropped += 1
+            continue
+        episode.line = number
+        yield episode
+
+
+def _from_record(settings: Settings, item: dict) -> NewEpisode:
+    return validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
+                    agent=item.get("agent"), importance=item.get("importance"), created_at=item.get("created_at"),
+                    meta=item.get("meta"))
+
+
+BATCH = 5000
+
+
+def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *, result: ImportResult) -> ImportResult:
+    """Load episodes with binary COPY, in one transaction: all of them or none.
+
+    Every episode passes the gate on its way in (result.redactor, default from the settings).
+    """
+    if result.redactor is None:
+        result.redactor = redact.Redactor.from_settings(settings)
+    admit = gate.Gate(conn, settings, result.redactor, bulk=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    with conn.transaction():
+        # GIN indexes gather inserts in a pending list; a larger one for this
+        # transaction merges it in fewer, larger passes.
+        conn.execute("SET LOCAL gin_pending_list_limit = '64MB'")
+        conn.execute(locks.WRITE_LOCK)
+        # Under locks.WRITE_LOCK no model registers while this transaction runs.
+        queued = store.queued_models(conn)
+        batch: list[gate.Episode] = []
+        for episode in episodes:
+            try:
+                admitted = admit.episode(episode)
+            except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
+                raise (jsonl.at(episode.line, exc) if episode.line else exc) from None
+            if admitted is None:
+                result.dropped += 1
+                continue
+            batch.append(admitted)
+            if len(batch) >= BATCH:
+                _copy_batch(conn, batch, now, queued, result)
+                batch = []
+        if batch:
+            _copy_batch(conn, batch, now, queued, result)
+    return result
+
+
+def _copy_batch(conn, batch: list[gate.Episode], now, queued: list[int], result: ImportResult) -> None:
+    copied = store.copy_episodes(conn, batch, now=now, queued=queued)
+    result.imported += len(batch)
+    result.chunks += copied.chunks

@@ -1,0 +1,275 @@
+"""Facts: keyed, editable, with an append-only history.
+
+Every change to one key runs under a transaction-scoped advisory lock on that
+key, so concurrent `set`s serialise: each gets its own version and history row.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import asdict, dataclass
+from typing import Iterable, Iterator
+
+from memctl import jsonl, redact
+from memctl.errors import BadValue, InvalidInput, NotFound
+from memctl.records import gate, store
+
+DEFAULT_NAMESPACE = gate.DEFAULT_NAMESPACE
+MAX_KEY = gate.MAX_KEY
+
+
+@dataclass
+class Fact:
+    namespace: str
+    key: str
+    value: str
+    source: str | None
+    version: int
+    updated_at: datetime.datetime
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Change:
+    namespace: str
+    key: str
+    op: str
+    old_value: str | None
+    new_value: str | None
+    version: int
+    source: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Where erased values can still be, after each kind of vacuum: said in the result, not only in the docs.
+LEFT_AFTER_VACUUM = ("the table files' free space (VACUUM makes the old row versions' space reusable without "
+                     "promising to overwrite it), WAL, WAL archives, backups, dumps and replicas, until those are "
+                     "overwritten, age out or are rebuilt")
+LEFT_AFTER_FULL = ("the file system's free blocks (VACUUM FULL deletes the old table files, it does not overwrite "
+                   "them), WAL, WAL archives, backups, dumps and replicas, until those age out or are rebuilt")
+LEFT_UNVACUUMED = ("the table files as dead row versions (not vacuumed: the connection is in a transaction), WAL, "
+                   "WAL archives, backups, dumps and replicas")
+
+
+@dataclass
+class Erasure:
+    """What an erasure did. The values are gone from every row; `still_in` says where their bytes may remain."""
+
+    namespace: str
+    key: str
+    fact_removed: bool
+    history_values_erased: int
+    version: int
+    vacuum: str | None = None  # "VACUUM", "VACUUM FULL", or None (not run)
+    checkpoint: bool = False
+    still_in: str = LEFT_UNVACUUMED
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+check_key = gate.check_key
+
+
+LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s, 0))"
+CURRENT = "SELECT value, version FROM facts WHERE namespace = %s AND key = %s"
+LAST_VERSION = "SELECT coalesce(max(version), 0) AS v FROM fact_history WHERE namespace = %s AND key = %s"
+def _lock(conn, namespace: str, key: str) -> tuple[str | None, int]:
+    """Lock the key for this transaction; return (current value, last version ever used)."""
+    conn.execute(LOCK_KEY, (namespace, key))
+    row = conn.execute(CURRENT, (namespace, key)).fetchone()
+    last = conn.execute(LAST_VERSION, (namespace, key)).fetchone()["v"]
+    return (row["value"] if row else None), max(last, row["version"] if row else 0)
+
+
+def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
+    old, last = _lock(conn, fact.namespace, fact.key)
+    version = last + 1
+    store.put_fact(conn, fact, version)
+    store.insert_history(conn, admit.history(fact, version, "set", old, fact.value, fact.source))
+    return Change(fact.namespace, fact.key, "set", old, fact.value, version, fact.source)
+
+
+def validate(key: str, value: str, namespace: str, source: str | None) -> None:
+    """The gate's checks of a fact's fields (BadValue naming the field), without redaction."""
+    gate.check_key(key)
+    gate.check_value(value)
+    gate.name(namespace, "namespace")
+    gate.name(source, "source", optional=True)
+
+
+def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
+             redactor: redact.Redactor | None = None, settings=None) -> Change:
+    """Set a fact through the gate: a secret in the value is redacted first, or refused (`redactor`, default:
+    [redaction] mode), and a blocked source is refused."""
+    admit = _gate(conn, redactor, settings)
+    fact = admit.fact(namespace, key, value, source)
+    with conn.transaction():
+        return _set_in_tx(conn, fact, admit)
+
+
+def _gate(conn, redactor: redact.Redactor | None, settings, *, bulk: bool = False) -> gate.Gate:
+    from memctl import config
+
+    settings = settings if settings is not None else config.load()
+    return gate.Gate(conn, settings, redactor if redactor is not None else redact.Redactor.from_settings(settings),
+                     bulk=bulk)
+
+
+GET = "SELECT namespace, key, value, source, version, updated_at FROM facts WHERE namespace = %s AND key = %s"
+
+
+def get_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> Fact:
+    row = conn.execute(GET, (namespace, key)).fetchone()
+    if row is None:
+        raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
+    return Fact(**row)
+
+
+LIST = """
+SELECT namespace, key, value, source, version, updated_at FROM facts
+WHERE (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
+  AND (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s))
+ORDER BY namespace, key
+"""
+
+
+def list_facts(conn, *, namespace: str | None = DEFAULT_NAMESPACE, prefix: str | None = None) -> Iterator[Fact]:
+    for row in conn.execute(LIST, {"namespace": namespace, "prefix": prefix}, prepare=False):
+        yield Fact(**row)
+
+
+HISTORY_OF = """
+SELECT namespace, key, version, op, old_value, new_value, source, changed_at
+FROM fact_history WHERE namespace = %s AND key = %s ORDER BY version, id
+"""
+
+
+def history(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> list[dict]:
+    rows = conn.execute(HISTORY_OF, (namespace, key)).fetchall()
+    if not rows:
+        raise NotFound(f"no history for fact {key!r} in namespace {namespace!r}")
+    return rows
+
+
+DELETE = "DELETE FROM facts WHERE namespace = %s AND key = %s"
+
+
+def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
+                settings=None) -> Change:
+    admit = _gate(conn, None, settings)
+    fact = admit.fact(namespace, key, None, source)
+    with conn.transaction():
+        old, last = _lock(conn, namespace, key)
+        if old is None:
+            raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
+        conn.execute(DELETE, (namespace, key))
+        store.insert_history(conn, admit.history(fact, last + 1, "delete", old, None, source))
+    return Change(namespace, key, "delete", old, None, last + 1, source)
+
+
+ERASE_VALUES = """
+UPDATE fact_history SET old_value = NULL, new_value = NULL
+WHERE namespace = %s AND key = %s AND (old_value IS NOT NULL OR new_value IS NOT NULL)
+"""
+
+
+ERASED_TABLES = ("facts", "fact_history")
+CHECKPOINT = "CHECKPOINT"
+
+
+def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool = False) -> Erasure:
+    """Remove the fact and every value its history held, keeping a record that an erasure happened.
+
+    The old row versions stay in the table files as dead tuples. On an
+    autocommit connection, VACUUM then makes their space reusable (without
+    promising to overwrite it; versions an open transaction still sees stay);
+    with `full`, VACUUM FULL rewrites both tables into new files (an exclusive
+    lock on them while it runs) and a CHECKPOINT lets the WAL that holds the old
+    values be recycled (skipped without the privilege: superuser or
+    pg_checkpoint). Neither reaches WAL archives, backups or replicas.
+    """
+    admit = gate.Gate(conn, None, redact.Redactor("off"))  # an erasure record holds no value to check
+    fact = admit.fact(namespace, key, None, None)
+    with conn.transaction():
+        old, last = _lock(conn, namespace, key)
+        if old is None and last == 0:
+            raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
+        removed = conn.execute(DELETE, (namespace, key)).rowcount > 0
+        erased = conn.execute(ERASE_VALUES, (namespace, key)).rowcount
+        store.insert_history(conn, admit.history(fact, last + 1, "erase", None, None, None))
+    result = Erasure(namespace, key, removed, erased, last + 1)
+    if not conn.autocommit:
+        return result
+    _vacuum(conn, full=full)
+    result.vacuum, result.still_in = ("VACUUM FULL", LEFT_AFTER_FULL) if full else ("VACUUM", LEFT_AFTER_VACUUM)
+    if full:
+        result.checkpoint = _checkpoint(conn)
+    return result
+
+
+def _vacuum(conn, *, full: bool) -> None:
+    from psycopg import sql
+
+    command = sql.SQL("VACUUM (FULL, ANALYZE) {}") if full else sql.SQL("VACUUM {}")
+    for table in ERASED_TABLES:
+        conn.execute(command.format(sql.Identifier(table)))
+
+
+def _checkpoint(conn) -> bool:
+    import psycopg
+
+    try:
+        conn.execute(CHECKPOINT)
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
+
+
+def export_rows(conn, *, namespace: str | None = None) -> Iterator[dict]:
+    for fact in list_facts(conn, namespace=namespace):
+        yield {"namespace": fact.namespace, "key": fact.key, "value": fact.value, "source": fact.source}
+
+
+IMPORT_FIELDS = ("key", "value", "namespace", "source", "version", "updated_at")
+
+
+def parse_import(lines: Iterable[bytes]) -> list[dict]:
+    """Parse JSONL fact records (memctl.jsonl); any bad line fails the whole import, naming the line."""
+    records = []
+    for number, item in jsonl.read(lines, fields=IMPORT_FIELDS):
+        try:
+            records.append(_record(item))
+        except (InvalidInput, BadValue) as exc:
+            raise jsonl.at(number, exc) from None
+    return records
+
+
+def _record(item: dict) -> dict:
+    record = {
+        "key": item.get("key"),
+        "value": item.get("value"),
+        "namespace": item.get("namespace") or DEFAULT_NAMESPACE,
+        "source": item.get("source"),
+    }
+    for field in ("key", "value"):
+        if not isinstance(record[field], str):
+            raise BadValue(f"{field}: must be a string", field)
+    for field in ("namespace", "source"):
+        if record[field] is not None and not isinstance(record[field], str):
+            raise BadValue(f"{field}: must be a string", field)
+    validate(record["key"], record["value"], record["namespace"], record["source"])
+    return record
+
+
+def import_facts(conn, records: list[dict], *, source: str | None = None,
+                 redactor: redact.Redactor | None = None, settings=None) -> list[Change]:
+    """Set every record in one transaction through the gate: all of them or none."""
+    admit = _gate(conn, redactor, settings, bulk=True)
+    admitted = [admit.fact(r["namespace"], r["key"], r["value"], r["source"] or source) for r in records]
+    with conn.transaction():
+        return [_set_in_tx(conn, fact, admit) for fact in admitted]

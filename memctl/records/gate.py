@@ -1,0 +1,433 @@
+"""The one gate: every record that enters memory passes here.
+
+A record is admitted by a `Gate` (validated, its source checked against the blocked
+sources, every text field redacted or refused per [redaction] mode) and only an admitted
+record can be written, by the writers of memctl.records.store. They hold every
+statement that inserts into or copies into a memory table (store.MEMORY_TABLES):
+tests/test_gate.py reads the library's source and fails if such a statement appears
+anywhere else, so a new write path cannot go around the gate unnoticed.
+
+What the gate checks, for every path (`episode add` and `import`, `fact set` and
+`import`, `memctl import`, summaries, runbook run records, the MCP server):
+
+- episodes: content a non-empty string without NUL; kind, agent, source non-empty
+  strings without NUL; importance an integer 0-10 (0: not stored, by the write policy);
+  created_at ISO 8601; meta a JSON object. Content, meta values, kind, source and agent are
+  redacted. Chunks are always made here from the admitted content: a chunk text given by
+  an import is never stored, and its vector is kept only when the text is exactly the
+  chunk made here.
+- facts and their history: namespace, key, value and source checked and redacted; a value
+  under a key that names a secret (`db.password`) is a secret whatever it looks like.
+- runbook runs, summary lineage, blocked sources: types checked, texts redacted.
+- every source (of an episode, a fact, a history entry) checked against blocked_sources.
+
+Bad values raise errors.BadValue naming the field (exit 2); refused content raises
+InvalidInput (exit 1); a blocked source raises Blocked (exit 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from memctl import redact
+from memctl.errors import BadValue, Blocked, InvalidInput
+from memctl.records import chunking
+
+DEFAULT_AGENT = "default"
+DEFAULT_KIND = "observation"
+DEFAULT_NAMESPACE = "default"
+FALLBACK_IMPORTANCE = 5
+MAX_KEY = 255
+MAX_NAME = 200  # agent, kind, source, namespace: names, not texts
+
+
+# --- values -------------------------------------------------------------------
+
+
+def _no_nul(value: str | None, what: str) -> None:
+    if value is not None and "\x00" in value:
+        raise InvalidInput(f"the {what} contains a NUL character (\\0) at position {value.index(chr(0))}; "
+                           "PostgreSQL text cannot store it: remove or escape it")
+    utf8(value, what)
+
+
+def utf8(value: str | None, what: str, error: type = InvalidInput) -> None:
+    """Refuse a str UTF-8 cannot hold: a lone surrogate (invalid bytes in an argument, a \\uD800 escape)."""
+    if value is None or value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        message = f"the {what} is not valid UTF-8 text (a lone surrogate at position {exc.start})"
+        raise (error(message, what) if error is BadValue else error(message)) from None
+
+
+def parse_time(value: Any, what: str = "created_at") -> datetime.datetime:
+    """ISO 8601 to an aware datetime; a time without a zone is taken as UTC."""
+    if isinstance(value, datetime.datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise BadValue(f"{what}: not an ISO 8601 date/time: {value[:80]!r} (e.g. 2026-08-11T09:30:00Z)",
+                           what) from None
+    else:
+        raise BadValue(f"{what}: must be an ISO 8601 string, got {type(value).__name__}", what)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+    try:
+        parsed.astimezone(datetime.timezone.utc)
+    except OverflowError:
+        raise BadValue(f"{what}: out of range: {value!r}", what) from None
+    return parsed
+
+
+def name(value: Any, what: str, *, default: str | None = None, optional: bool = False) -> str | None:
+    """A name field (agent, kind, source, namespace): a non-empty string without NUL, of bounded length."""
+    if value is None:
+        if default is not None or optional:
+            return default
+        raise BadValue(f"{what}: required", what)
+    if not isinstance(value, str) or not value.strip():
+        raise BadValue(f"{what}: must be a non-empty string, got {_shown(value)}", what)
+    if "\x00" in value:
+        raise BadValue(f"{what}: contains a NUL character (\\0)", what)
+    utf8(value, what, BadValue)
+    if len(value) > MAX_NAME:
+        raise BadValue(f"{what}: at most {MAX_NAME} characters (got {len(value)})", what)
+    return value
+
+
+def integer(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadValue(f"{what}: must be an integer from {low} to {high}, got {_shown(value)}", what)
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- episodes -----------------------------------------------------------------
+
+
+@dataclass
+class NewEpisode:
+    """A validated episode (not yet redacted or checked against blocked sources)."""
+
+    content: str
+    kind: str
+    agent: str
+    source: str | None
+    importance: int
+    created_at: datetime.datetime | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    line: int | None = field(default=None, compare=False)  # where it was read (an import), for errors
+
+    @functools.cached_property
+    def content_hash(self) -> bytes:
+        return hashlib.sha256(self.content.encode("utf-8")).digest()
+
+
+@dataclass
+class Episode:
+    """An admitted episode: validated, source allowed, texts redacted, chunks made from its content."""
+
+    content: str
+    kind: str
+    agent: str
+    source: str | None
+    importance: int
+    created_at: datetime.datetime | None
+    meta: dict[str, Any]
+    chunks: list[str]
+    content_hash: bytes
+    redacted: bool  # redaction changed a field
+
+
+def importance_for(settings, kind: str) -> int:
+    policy = settings.section("importance")
+    return policy.get(kind, policy.get("default", FALLBACK_IMPORTANCE))
+
+
+def validate(settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
+             importance: Any = None, created_at: Any = None, meta: Any = None) -> NewEpisode:
+    if not isinstance(content, str):
+        raise BadValue(f"content: must be a string, got {_shown(content)}", "content")
+    if not content.strip():
+        raise InvalidInput("the episode text is empty")
+    _no_nul(content, "episode text")
+    kind = name(kind, "kind", default=DEFAULT_KIND)
+    agent = name(agent, "agent", default=DEFAULT_AGENT)
+    source = name(source, "source", optional=True)
+    importance = importance_for(settings, kind) if importance is None else integer(importance, "importance", 0, 10)
+    when = None if created_at is None else parse_time(created_at)
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise BadValue(f"meta: must be a JSON object, got {_shown(meta)}", "meta")
+    try:
+        encoded = json.dumps(meta, allow_nan=False)
+        json.dumps(meta, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise BadValue(f"meta: not storable as JSON ({type(exc).__name__})", "meta") from None
+    if "\\u0000" in encoded:
+        raise BadValue("meta: contains a NUL character, which PostgreSQL jsonb cannot store", "meta")
+    return NewEpisode(content, kind, agent, source, importance, when, meta)
+
+
+# --- facts --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FactValue:
+    """An admitted fact value: namespace, key, value and source checked and redacted."""
+
+    namespace: str
+    key: str
+    value: str | None
+    source: str | None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    namespace: str
+    key: str
+    version: int
+    op: str
+    old_value: str | None
+    new_value: str | None
+    source: str | None
+    changed_at: datetime.datetime | None = None
+
+
+FACT_OPS = ("set", "delete", "erase")
+
+
+def check_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise BadValue(f"key: must be a string, got {_shown(key)}", "key")
+    if not key:
+        raise BadValue("key: a fact key must not be empty", "key")
+    if len(key) > MAX_KEY:
+        raise BadValue(f"key: a fact key has at most {MAX_KEY} characters (got {len(key)})", "key")
+    if "\x00" in key:
+        raise BadValue("key: contains a NUL character (\\0), which PostgreSQL text cannot store", "key")
+    utf8(key, "key", BadValue)
+    return key
+
+
+def check_value(value: Any, what: str = "value") -> str:
+    if not isinstance(value, str):
+        raise BadValue(f"{what}: must be a string, got {_shown(value)}", what)
+    if "\x00" in value:
+        raise InvalidInput(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store")
+    utf8(value, what)
+    return value
+
+
+# --- runbook runs and lineage ----------------------------------------------------------
+
+
+RUN_OUTCOMES = ("ok", "failed", None)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    row: dict
+
+
+@dataclass(frozen=True)
+class Lineage:
+    agent: str
+    summary_id: int
+    source_id: int
+    source_created_at: datetime.datetime
+    source_hash: bytes
+
+
+@dataclass(frozen=True)
+class WindowLineage:
+    """A summary's lineage: every episode of its window's input (already in memory) to the summary."""
+
+    agent: str
+    summary_id: int
+
+
+@dataclass(frozen=True)
+class BlockedSource:
+    source: str
+    reason: str | None
+    blocked_at: datetime.datetime | None
+
+
+# --- the gate -------------------------------------------------------------------
+
+
+class Gate:
+    """Admits records for one write (or one import): the redactor counts what it replaced.
+
+    `bulk`: the blocked sources are read once, when the gate opens (an import checks thousands of
+    records). A source an import's own file blocks is blocked from then on, for later writes; the
+    file's records from it were accepted where they were written and are restored as they were.
+    """
+
+    def __init__(self, conn, settings, redactor: redact.Redactor | None = None, *, bulk: bool = False):
+        self.conn, self.settings = conn, settings
+        self.redactor = redactor if redactor is not None else redact.Redactor.from_settings(settings)
+        self._blocked: dict[str, str | None] | None = None
+        if bulk:
+            self._blocked = {r["source"]: r["reason"] for r in conn.execute(BLOCKED).fetchall()}
+
+    @functools.cached_property
+    def chunk_size(self) -> int:
+        return chunking.chunk_size_for(self.settings.get("embedding", "model"),
+                                       self.settings.get("chunking", "max_chars"))
+
+    @functools.cached_property
+    def overlap(self) -> int:
+        return self.settings.get("chunking", "overlap")
+
+    # sources
+
+    def allow(self, source: str | None) -> None:
+        """Refuse a blocked source (Blocked, exit 1, with the reason)."""
+        if source is None:
+            return
+        if self._blocked is not None:
+            if source in self._blocked:
+                refuse(source, self._blocked[source])
+            return
+        row = self.conn.execute(CHECK_BLOCKED, (source,)).fetchone()
+        if row is not None:
+            refuse(source, row["reason"])
+
+    def _text(self, value: str | None, what: str) -> str | None:
+        return self.redactor.text(value, what)
+
+    # episodes
+
+    def stored_episode(self, agent: str, content: str, meta: dict) -> Episode:
+        """An episode already in memory whose text is being rewritten (redact scan --fix): redacted, rechunked."""
+        episode = self.episode(NewEpisode(content, DEFAULT_KIND, agent, None, 1, None, meta or {}))
+        return dataclasses.replace(episode, agent=agent)  # the row keeps its agent: its key
+
+    def episode(self, episode: NewEpisode) -> Episode | None:
+        """Admit a validated episode; None when the write policy drops it (importance 0)."""
+        if episode.importance == 0:
+            return None
+        self.allow(episode.source)
+        content = self._text(episode.content, "episode text")
+        meta = self.redactor.value(episode.meta, "episode meta") if episode.meta else {}
+        kind, agent = self._text(episode.kind, "episode kind"), self._text(episode.agent, "episode agent")
+        source = self._text(episode.source, "episode source")
+        if source != episode.source:
+            self.allow(source)
+        changed = (content, kind, agent, source, meta) != (episode.content, episode.kind, episode.agent,
+                                                           episode.source, episode.meta)
+        digest = episode.content_hash if content == episode.content else \
+            hashlib.sha256(content.encode("utf-8")).digest()
+        return Episode(content, kind, agent, source, episode.importance, episode.created_at, meta,
+                       chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed)
+
+    def new_episode(self, content: Any, **fields: Any) -> Episode | None:
+        return self.episode(validate(self.settings, content, **fields))
+
+    # facts
+
+    def fact(self, namespace: Any, key: Any, value: Any, source: Any) -> FactValue:
+        """A fact's value (None: deleted); a key that names a secret makes its value one."""
+        namespace = name(namespace, "namespace", default=DEFAULT_NAMESPACE)
+        key = check_key(key)
+        source = name(source, "source", optional=True)
+        if value is not None:
+            value = check_value(value)
+        self.allow(source)
+        label = f"fact {key!r}"
+        clean_key = self._text(key, "fact key")
+        return FactValue(self._text(namespace, "fact namespace"), clean_key,
+                         self.redactor.named(key, value, f"value of {label}") if value is not None else None,
+                         self._text(source, "fact source"))
+
+    def history(self, fact: FactValue, version: Any, op: Any, old_value: Any, new_value: Any, source: Any,
+                changed_at: Any = None) -> HistoryEntry:
+        version = integer(version, "history version", 1, 2**62)
+        if op not in FACT_OPS:
+            raise BadValue(f"history op: must be one of {', '.join(FACT_OPS)}, got {_shown(op)}", "op")
+        source = name(source, "history source", optional=True)
+        self.allow(source)
+        values = []
+        for what, value in (("old_value", old_value), ("new_value", new_value)):
+            if value is not None:
+                check_value(value, f"history {what}")
+                value = self.redactor.named(fact.key, value, f"history of fact {fact.key!r}")
+            values.append(value)
+        when = None if changed_at is None else parse_time(changed_at, "changed_at")
+        return HistoryEntry(fact.namespace, fact.key, version, op, values[0], values[1],
+                            self._text(source, "fact source"), when)
+
+    # runbook runs, lineage, blocked sources
+
+    def run_record(self, row: dict) -> RunRecord:
+        """A runbook run's record; its output is a log, so secrets in it are always replaced."""
+        clean = dict(row)
+        clean["agent"] = self._text(name(row.get("agent"), "agent", default=DEFAULT_AGENT), "run agent")
+        clean["name"] = name(row.get("name"), "name")
+        for column in ("commit", "outcome"):
+            if clean.get(column) is not None and not isinstance(clean[column], str):
+                raise BadValue(f"{column}: must be a string, got {_shown(clean[column])}", column)
+        for column in ("steps", "from_step", "failed_step", "exit_code"):
+            if clean.get(column) is not None:
+                clean[column] = integer(clean[column], column, -2**31, 2**31 - 1)
+        if clean.get("duration_s") is not None and (isinstance(clean["duration_s"], bool)
+                                                    or not isinstance(clean["duration_s"], (int, float))):
+            raise BadValue(f"duration_s: must be a number, got {_shown(clean['duration_s'])}", "duration_s")
+        for column in ("started_at", "finished_at"):
+            if clean.get(column) is not None:
+                clean[column] = parse_time(clean[column], column)
+        tail = clean.get("output_tail")
+        if tail is not None:
+            clean["output_tail"] = redact.redact_text(check_value(tail, "output_tail").replace("\x00", ""))
+        return RunRecord(clean)
+
+    def lineage(self, agent: Any, summary_id: Any, source_id: Any, source_created_at: Any,
+                source_hash: Any) -> Lineage:
+        agent = name(agent, "agent")
+        ids = [integer(v, what, -2**63, 2**63 - 1) for v, what in ((summary_id, "summary_id"),
+                                                                    (source_id, "source_id"))]
+        if isinstance(source_hash, str):
+            try:
+                source_hash = bytes.fromhex(source_hash)
+            except ValueError:
+                raise BadValue("source_hash: must be hex", "source_hash") from None
+        if not isinstance(source_hash, (bytes, bytearray, memoryview)):
+            raise BadValue("source_hash: must be hex", "source_hash")
+        return Lineage(self._text(agent, "lineage agent"), ids[0], ids[1],
+                       parse_time(source_created_at, "source_created_at"), bytes(source_hash))
+
+    def window_lineage(self, agent: Any, summary_id: Any) -> WindowLineage:
+        return WindowLineage(name(agent, "agent"), integer(summary_id, "summary_id", 1, 2**63 - 1))
+
+    def blocked_source(self, source: Any, reason: Any = None, blocked_at: Any = None) -> BlockedSource:
+        source = name(source, "source")
+        if reason is not None:
+            reason = self._text(check_value(reason, "reason"), "block reason")
+        when = None if blocked_at is None else parse_time(blocked_at, "blocked_at")
+        return BlockedSource(source, reason, when)
+
+
+def refuse(source: str, reason: str | None) -> None:
+    because = f": {reason}" if reason else ""
+    raise Blocked(f"source {source!r} is blocked{because} (memctl source unblock {source!r} to allow it again)")
+
+
+CHECK_BLOCKED = "SELECT reason FROM blocked_sources WHERE source = %s"
+BLOCKED = "SELECT source, reason FROM blocked_sources"

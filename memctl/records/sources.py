@@ -1,0 +1,36 @@
+"""Blocked sources: a write from a blocked source is refused with the reason."""
+
+from __future__ import annotations
+
+from memctl import redact
+from memctl.errors import NotFound
+from memctl.records import gate, store
+
+ALL = "SELECT source, reason, blocked_at FROM blocked_sources ORDER BY source"
+UNBLOCK = "DELETE FROM blocked_sources WHERE source = %s RETURNING source"
+
+
+refuse = gate.refuse
+
+
+def check_allowed(conn, source: str | None) -> None:
+    """The gate's rule, for a caller that only asks."""
+    gate.Gate(conn, None, redact.Redactor("off")).allow(source)
+
+
+def blocked_set(conn) -> dict[str, str | None]:
+    return {row["source"]: row["reason"] for row in conn.execute(ALL).fetchall()}
+
+
+def block(conn, source: str, reason: str | None = None) -> dict:
+    row = store.insert_blocked(conn, gate.Gate(conn, None, redact.Redactor()).blocked_source(source, reason))
+    return {"source": row["source"], "reason": row["reason"], "blocked_at": row["blocked_at"]}
+
+
+def unblock(conn, source: str) -> None:
+    if conn.execute(UNBLOCK, (source,)).fetchone() is None:
+        raise NotFound(f"source {source!r} is not blocked")
+
+
+def list_blocked(conn) -> list[dict]:
+    return conn.execute(ALL).fetchall()

@@ -1,0 +1,255 @@
+"""The writers: the only statements that insert into or copy into a memory table (MEMORY_TABLES).
+
+They take only records a `memctl.records.gate.Gate` admitted (validated, source allowed, redacted): a raw
+record is a TypeError. tests/test_gate.py reads the library's source and fails if such a statement
+appears anywhere but here, so a new write path cannot go around the gate unnoticed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from memctl.records.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
+
+# The tables that hold memory. embed_queue, embed_failures, the vector tables (the embed worker's output
+# from chunks already admitted), jobs and episode_access hold no record that enters from outside.
+MEMORY_TABLES = ("episodes", "chunks", "facts", "fact_history", "summary_sources", "runbook_runs", "blocked_sources")
+
+
+def _admitted(record: Any, kind: type) -> None:
+    if not isinstance(record, kind):
+        raise TypeError(f"only an admitted {kind.__name__} is written (got {type(record).__name__}): pass it "
+                        "through memctl.records.gate.Gate first")
+
+
+INSERT_EPISODE = """
+INSERT INTO episodes (agent, kind, content, content_hash, source, importance, created_at, meta)
+VALUES (%(agent)s, %(kind)s, %(content)s, %(content_hash)s, %(source)s, %(importance)s,
+        coalesce(%(created_at)s, now()), %(meta)s)
+RETURNING id
+"""
+INSERT_CHUNK = """
+INSERT INTO chunks (agent, episode_id, seq, content, content_hash) VALUES (%s, %s, %s, %s, %s) RETURNING id
+"""
+ENQUEUE_EPISODE = """
+INSERT INTO embed_queue (model_id, agent, chunk_id)
+SELECT m.id, c.agent, c.id
+FROM chunks c CROSS JOIN embedding_models m
+WHERE c.agent = %s AND c.episode_id = %s AND m.state IN ('active', 'backfill')
+"""
+
+
+def insert_episode(conn, episode: Episode) -> int:
+    """One episode with its chunks, queued for every model being filled (call inside a transaction)."""
+    from psycopg.types.json import Jsonb
+
+    _admitted(episode, Episode)
+    row = conn.execute(INSERT_EPISODE, {
+        "agent": episode.agent, "kind": episode.kind, "content": episode.content,
+        "content_hash": episode.content_hash, "source": episode.source, "importance": episode.importance,
+        "created_at": episode.created_at, "meta": Jsonb(episode.meta)}).fetchone()
+    insert_chunks(conn, episode, row["id"])
+    return row["id"]
+
+
+def insert_chunks(conn, episode: Episode, episode_id: int) -> int:
+    """The admitted episode's chunks for a stored episode (a new one, or one rewritten by redact scan --fix),
+    queued; returns the queue rows added."""
+    _admitted(episode, Episode)
+    with conn.cursor() as cur:
+        for seq, text in enumerate(episode.chunks):
+            cur.execute(INSERT_CHUNK, (episode.agent, episode_id, seq, text, _digest(text)))
+    return conn.execute(ENQUEUE_EPISODE, (episode.agent, episode_id)).rowcount
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+EPISODE_SEQ = "SELECT pg_get_serial_sequence('episodes', 'id') AS s"
+CHUNK_SEQ = "SELECT pg_get_serial_sequence('chunks', 'id') AS s"
+TAKE_IDS = "SELECT nextval(%s::regclass) AS id FROM generate_series(1, %s)"
+COPY_EPISODES = """COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at, meta)
+FROM STDIN (FORMAT BINARY)"""
+EPISODE_TYPES = ["int8", "text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb"]
+COPY_CHUNKS = "COPY chunks (id, agent, episode_id, seq, content, content_hash) FROM STDIN (FORMAT BINARY)"
+CHUNK_TYPES = ["int8", "text", "int8", "int4", "text", "bytea"]
+QUEUED_MODELS = "SELECT id FROM embedding_models WHERE state IN ('active', 'backfill') ORDER BY id"
+COPY_QUEUE = "COPY embed_queue (model_id, agent, chunk_id) FROM STDIN (FORMAT BINARY)"
+COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STDIN"
+
+
+def take_ids(conn, sequence_query: str, count: int) -> list[int]:
+    if count == 0:
+        return []
+    seq = conn.execute(sequence_query).fetchone()["s"]
+    return [r["id"] for r in conn.execute(TAKE_IDS, (seq, count)).fetchall()]
+
+
+def queued_models(conn) -> list[int]:
+    return [r["id"] for r in conn.execute(QUEUED_MODELS).fetchall()]
+
+
+@dataclass
+class Copied:
+    ids: list[int]
+    chunks: int = 0
+    vectors: int = 0
+    queued: int = 0
+
+
+def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
+                  vectors: list[list[Any] | None] | None = None, model=None) -> Copied:
+    """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
+
+    `vectors[i]`, when given, holds one vector per chunk of batch[i] made by `model` (whose
+    table receives them); those chunks are not queued for that model.
+    """
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
+
+    for episode in batch:
+        _admitted(episode, Episode)
+    copied = Copied(take_ids(conn, EPISODE_SEQ, len(batch)))
+    chunk_ids = take_ids(conn, CHUNK_SEQ, sum(len(e.chunks) for e in batch))
+    with_vector: list[tuple[str, int, bytes, Any]] = []
+    queue_rows: list[tuple[str, int]] = []
+    with conn.cursor() as cur:
+        with cur.copy(COPY_EPISODES) as copy:
+            copy.set_types(EPISODE_TYPES)
+            for episode_id, ep in zip(copied.ids, batch):
+                copy.write_row((episode_id, ep.agent, ep.kind, ep.content, ep.content_hash, ep.source,
+                                ep.importance, ep.created_at or now, Jsonb(ep.meta)))
+        next_chunk = iter(chunk_ids)
+        with cur.copy(COPY_CHUNKS) as copy:
+            copy.set_types(CHUNK_TYPES)
+            for index, (episode_id, ep) in enumerate(zip(copied.ids, batch)):
+                given = vectors[index] if vectors is not None else None
+                for seq, text in enumerate(ep.chunks):
+                    chunk_id, digest = next(next_chunk), _digest(text)
+                    copy.write_row((chunk_id, ep.agent, episode_id, seq, text, digest))
+                    if given is not None:
+                        with_vector.append((ep.agent, chunk_id, digest, given[seq]))
+                    queue_rows.append((ep.agent, chunk_id))
+        if with_vector:
+            with cur.copy(sql.SQL(COPY_VECTORS).format(table=sql.Identifier(model.table_name))) as copy:
+                for agent, chunk_id, digest, vector in with_vector:
+                    copy.write_row((agent, chunk_id, digest, vector))
+        if queued and queue_rows:
+            skip = {row[1] for row in with_vector}
+            with cur.copy(COPY_QUEUE) as copy:
+                copy.set_types(["int4", "text", "int8"])
+                for model_id in queued:
+                    own = skip if model is not None and model_id == model.id else ()
+                    for agent, chunk_id in queue_rows:
+                        if chunk_id not in own:
+                            copy.write_row((model_id, agent, chunk_id))
+                            copied.queued += 1
+    copied.chunks, copied.vectors = len(chunk_ids), len(with_vector)
+    return copied
+
+
+UPSERT_FACT = """
+INSERT INTO facts (namespace, key, value, source, version, updated_at)
+VALUES (%s, %s, %s, %s, %s, coalesce(%s, now()))
+ON CONFLICT (namespace, key) DO UPDATE
+   SET value = excluded.value, source = excluded.source, version = excluded.version, updated_at = excluded.updated_at
+"""
+INSERT_HISTORY = """
+INSERT INTO fact_history (namespace, key, version, op, old_value, new_value, source, changed_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, coalesce(%s, now()))
+"""
+
+
+def put_fact(conn, fact: FactValue, version: int, updated_at: datetime.datetime | None = None) -> None:
+    _admitted(fact, FactValue)
+    conn.execute(UPSERT_FACT, (fact.namespace, fact.key, fact.value, fact.source, version, updated_at))
+
+
+def insert_history(conn, entry: HistoryEntry) -> None:
+    _admitted(entry, HistoryEntry)
+    conn.execute(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
+                                  entry.new_value, entry.source, entry.changed_at))
+
+
+INSERT_RUN = """
+INSERT INTO runbook_runs (agent, name, commit, dirty, steps, from_step)
+VALUES (%(agent)s, %(name)s, %(commit)s, %(dirty)s, %(steps)s, %(from_step)s)
+RETURNING id, started_at
+"""
+# The run's own row can vanish during the run: restoring the memory database
+# from a dump replaces runbook_runs. Then the finished record is written again
+# (with a new id: the restored identity sequence knows nothing of the old one).
+REINSERT_RUN = """
+INSERT INTO runbook_runs (agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
+                          failed_step, exit_code, duration_s, output_tail)
+VALUES (%(agent)s, %(name)s, %(commit)s, %(dirty)s, %(started_at)s, now(), %(outcome)s, %(steps)s,
+        %(from_step)s, %(failed_step)s, %(exit_code)s, %(duration_s)s, %(output_tail)s)
+RETURNING *
+"""
+IMPORT_RUN = """
+INSERT INTO runbook_runs (agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
+                          failed_step, exit_code, duration_s, output_tail, episode_id)
+SELECT %(agent)s, %(name)s, %(commit)s, %(dirty)s, %(started_at)s, %(finished_at)s, %(outcome)s, %(steps)s,
+       %(from_step)s, %(failed_step)s, %(exit_code)s, %(duration_s)s, %(output_tail)s, %(episode_id)s
+WHERE NOT EXISTS (SELECT 1 FROM runbook_runs WHERE agent = %(agent)s AND name = %(name)s
+                  AND started_at = %(started_at)s)
+"""
+RUN_STATEMENTS = {"start": INSERT_RUN, "reinsert": REINSERT_RUN, "import": IMPORT_RUN}
+
+
+def insert_run(conn, record: RunRecord, how: str = "start"):
+    """A runbook run's row: at its start, again at its end if its row vanished, or from an import."""
+    _admitted(record, RunRecord)
+    return conn.execute(RUN_STATEMENTS[how], record.row)
+
+
+INSERT_LINEAGE = """
+INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash)
+VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING
+"""
+
+
+def insert_lineage(conn, rows: Iterable[Lineage]) -> int:
+    rows = list(rows)
+    for row in rows:
+        _admitted(row, Lineage)
+    with conn.cursor() as cur:
+        cur.executemany(INSERT_LINEAGE, [(r.agent, r.summary_id, r.source_id, r.source_created_at, r.source_hash)
+                                         for r in rows], returning=False)
+        return cur.rowcount if rows else 0
+
+
+# summarize_input: the window's episodes as summarize recorded them (memctl.upkeep.summarize), in this session.
+INSERT_WINDOW_LINEAGE = """
+INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash)
+SELECT %(agent)s, %(summary_id)s, i.id, i.created_at, i.content_hash FROM summarize_input i
+"""
+
+
+def insert_window_lineage(conn, lineage: WindowLineage) -> int:
+    """The lineage of a summary to every episode of its window, in one statement (a day may hold 100,000)."""
+    _admitted(lineage, WindowLineage)
+    return conn.execute(INSERT_WINDOW_LINEAGE, {"agent": lineage.agent, "summary_id": lineage.summary_id}).rowcount
+
+
+BLOCK = """
+INSERT INTO blocked_sources (source, reason, blocked_at) VALUES (%s, %s, coalesce(%s::timestamptz, now()))
+ON CONFLICT (source) DO UPDATE SET reason = excluded.reason
+RETURNING source, reason, blocked_at, (xmax = 0) AS inserted
+"""
+BLOCK_IF_NEW = """
+INSERT INTO blocked_sources (source, reason, blocked_at) VALUES (%s, %s, coalesce(%s::timestamptz, now()))
+ON CONFLICT (source) DO NOTHING
+"""
+
+
+def insert_blocked(conn, blocked: BlockedSource, *, keep_existing: bool = False):
+    """Block a source (update the reason if it is blocked already, unless `keep_existing`: an import)."""
+    _admitted(blocked, BlockedSource)
+    if keep_existing:
+        return conn.execute(BLOCK_IF_NEW, (blocked.source, blocked.reason, blocked.blocked_at)).rowcount
+    return conn.execute(BLOCK, (blocked.source, blocked.reason, blocked.blocked_at)).fetchone()

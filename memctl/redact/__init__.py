@@ -1,0 +1,213 @@
+"""Secrets never enter memory: find them in a text and replace each with `[REDACTED:<kind>]`.
+
+Detection is detect-secrets' regex plugins (GitHub, AWS, Slack, Stripe, JWT, private key
+headers, quoted `password = "..."` keywords, ...) plus what they miss that matters here:
+credentials inside URLs (the same rules as config.mask_secrets), whole PEM/OpenSSH private
+key blocks (detect-secrets flags only the BEGIN line), and the shapes operators paste every
+day (issue 19):
+
+- a pair whose name names a secret (`secret_name`): `db password: hunter2`,
+  `export AWS_SECRET_ACCESS_KEY=...`, `"client_secret": "..."`, `PGPASSWORD=...`,
+  `--password hunter2`. Only the value is replaced (`db password: [REDACTED:password]`).
+  After `=` or in quotes any value counts; a bare value after `:` must look like one (6+
+  characters mixing two of lower case, inner upper case, digits, symbols; or 16+ without a
+  hyphen), so `token: expired, log in again` stays prose.
+- `Authorization:` headers (Bearer, Basic, Token, ...) and a lone `Bearer <16+ chars>`.
+- passwords on command lines: `mysql -phunter2` (and mariadb, mysqldump...; a bare number
+  of up to 5 digits is taken for a mistyped port), `sshpass -p`, `redis-cli -a`,
+  `curl -u user:password`. `ls -p`, `mkdir -p`, `ssh -p 2222` name no such command.
+- provider key prefixes (`shapes._PROVIDER_KEYS`): OpenAI `sk-`/`sk-proj-`, Anthropic `sk-ant-`,
+  GitHub `github_pat_`, Google `AIza`, Hugging Face `hf_`, npm, Groq, Vault, ..., each with
+  the length of a real key.
+
+A value that is a placeholder or a reference is not a secret and stays (`shapes.placeholder`):
+`***`, `xxx`, `<password>`, `${VAR}`, `$VAR`, `$(cmd)`, `{{ var }}`, `%VAR%`, a marker, a
+path (`/run/secrets/db`, `~/.pgpass`), a secret-store reference (`op://`, `vault:`, an AWS
+secretsmanager/ssm ARN) and words such as none, null, true, unset, required. `changeme`,
+`password` and `secret` are NOT placeholders: they are the real (weak) password of the
+system that uses them.
+
+Left out on purpose, because operators write these every day and memory full of markers
+is broken memory: the high-entropy plugins (they fire on commit ids, sha256 sums and
+UUIDs), the public-IP plugin, and Basic Auth (replaced by the URL rule, which also masks
+the password of a URL whose password holds reserved characters).
+tests/data/secrets_labelled.jsonl proves both sides.
+
+Each plugin's own analyze_string runs once over the whole text (the keyword plugin per
+line), so its validity checks apply (a JWT must decode); the values it reports are then
+located in the text. Every detector sits behind a cheap substring gate, and a text with no
+run of 16 token characters, no `://`, no quote, no secret-like word next to a `=` or `:`
+and no password-taking command skips them all (`detect.candidate`), which is most prose.
+
+A field or fact whose name names a secret (`secret_name`: `db.password`, `api_token`) is
+replaced whole by `Redactor.named` / `redact_value` (kind `secret-named`, or the detector's
+kind when the value is one known secret), unless it is a placeholder or reads as a sentence
+(has a space and a common word: "rotated, see the vault"), which is scanned like any text;
+a number or boolean under such a name is left as it is.
+
+This module is the API (the mode, the markers, the walk over JSON-like values); detect.py finds
+secrets (the plugins, the gates, `find`), shapes.py holds the shapes and what is no secret.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memctl.errors import InvalidInput
+from memctl.redact.detect import find
+from memctl.redact.shapes import MARKER, Finding, placeholder, secret_name
+
+__all__ = ["MODES", "DEFAULT_MODE", "MARKER", "NAMED", "Finding", "find", "replace", "redact_text", "redact_named",
+           "redact_value", "secret_name", "SecretRefused", "kinds_text", "Redactor"]
+
+MODES = ("redact", "block", "off")
+DEFAULT_MODE = "redact"
+
+def replace(text: str, found: list[Finding]) -> str:
+    out, at = [], 0
+    for item in found:
+        out.append(text[at:item.start])
+        out.append(MARKER.format(item.kind))
+        at = item.end
+    out.append(text[at:])
+    return "".join(out)
+
+
+def redact_text(text: str | None) -> str | None:
+    """The text with every secret replaced by its marker (for logs: always on, whatever the mode)."""
+    if not text:
+        return text
+    found = find(text)
+    return replace(text, found) if found else text
+
+
+NAMED = "secret-named"
+# A value with a space and one of these reads as a sentence about the secret ("rotated, see the vault"),
+# not as a passphrase, and is scanned like any text.
+_PROSE_WORDS = {"the", "a", "an", "see", "in", "is", "was", "on", "at", "of", "to", "from", "for", "and", "or",
+                "via", "use", "used", "stored", "rotated", "moved", "ask", "set", "not", "no", "by", "with"}
+
+
+def _named_secret(name: str, value: str) -> bool:
+    """Is this value, under this name, a secret to replace whole? Not a placeholder, not a sentence."""
+    if not secret_name(name) or placeholder(value, name):
+        return False
+    words = set(re.findall(r"[a-z]+", value.lower())) if re.search(r"\s", value.strip()) else set()
+    return not words & _PROSE_WORDS
+
+
+def _whole(value: str) -> tuple[str, Counter]:
+    """A secret-named value replaced whole: by its own kind's marker when it is one secret a detector knows
+    (a GitHub token under deploy.token), else by `[REDACTED:secret-named]`."""
+    found = find(value)
+    if len(found) == 1 and not value[:found[0].start].strip() and not value[found[0].end:].strip():
+        return MARKER.format(found[0].kind), Counter({found[0].kind: 1})
+    return MARKER.format(NAMED), Counter({NAMED: 1})
+
+
+def redact_named(name: str, value: str | None, text: Callable[[str], str | None] | None = None) -> str | None:
+    """A value stored under a name: replaced whole (`_whole`) when the name names a secret (`secret_name`) and
+    the value is neither a placeholder nor a sentence, else passed through `text` (default redact_text)."""
+    if not value:
+        return value
+    if _named_secret(name, value):
+        return _whole(value)[0]
+    return (text or redact_text)(value)
+
+
+def redact_value(value: Any, text: Callable[[str], str | None] | None = None,
+                 named: Callable[[str, str], str | None] | None = None) -> Any:
+    """Every string in a JSON-like value redacted, structure kept (tuples become lists). The one walk.
+
+    A string that is a mapping's value goes through `named(key, string)` (default: `redact_named` with
+    `text`), any other through `text(string)` (default: `redact_text`). Keys are kept as they are.
+    """
+    clean = text or redact_text
+    by_name = named or (lambda key, item: redact_named(key, item, clean))
+
+    def walk(item: Any, key: str | None) -> Any:
+        if isinstance(item, str):
+            return clean(item) if key is None else by_name(key, item)
+        if isinstance(item, dict):
+            return {k: walk(v, str(k)) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(v, key) for v in item]
+        return item
+
+    return walk(value, None)
+
+
+class SecretRefused(InvalidInput):
+    """[redaction] mode = "block" and the write holds a secret: exit 1, naming its kind, never the value."""
+
+
+def kinds_text(kinds: Counter) -> str:
+    return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(kinds.items()))
+
+
+@dataclass
+class Redactor:
+    """Applies the mode to every text of one write (or one import) and counts what it replaced."""
+
+    mode: str = DEFAULT_MODE
+    kinds: Counter = field(default_factory=Counter)
+
+    @classmethod
+    def from_settings(cls, settings) -> "Redactor":
+        return cls(settings.get("redaction", "mode") or DEFAULT_MODE)
+
+    @property
+    def count(self) -> int:
+        return sum(self.kinds.values())
+
+    def text(self, value: str | None, what: str = "text") -> str | None:
+        if self.mode == "off" or not value:
+            return value
+        found = find(value)
+        if not found:
+            return value
+        kinds = Counter(f.kind for f in found)
+        self._allow(what, kinds)
+        self.kinds.update(kinds)
+        return replace(value, found)
+
+    def named(self, name: str, value: str | None, what: str = "text") -> str | None:
+        """A value stored under a name (a fact's key, a meta field): replaced whole when the name names a
+        secret (`secret_name`) and the value is neither a placeholder nor a sentence, by `[REDACTED:<kind>]`
+        when the value is one secret a detector knows, else by `[REDACTED:secret-named]`; otherwise as
+        `text()`. Block mode refuses it as `text()` does."""
+        if self.mode == "off" or not value:
+            return value
+        if not _named_secret(name, value):
+            return self.text(value, what)
+        replaced, kinds = _whole(value)
+        self._allow(what, kinds)
+        self.kinds.update(kinds)
+        return replaced
+
+    def value(self, value: Any, what: str = "meta") -> Any:
+        """Every string of a JSON-like value through `text()`, a mapping's values through `named()`."""
+        return redact_value(value, lambda item: self.text(item, what), lambda key, item: self.named(key, item, what))
+
+    def _allow(self, what: str, kinds: Counter) -> None:
+        if self.mode == "block":
+            raise SecretRefused(f"refused: the {what} holds {sum(kinds.values())} secret(s) ({kinds_text(kinds)}); "
+                                '[redaction] mode = "block" refuses such writes: remove the secret, or set '
+                                'mode = "redact" to store it as a [REDACTED:<kind>] marker')
+
+    @classmethod
+    def configured(cls) -> "Redactor":
+        """For library calls that are given no settings (facts): the configured mode, as the CLI would load it."""
+        from memctl import config
+
+        return cls.from_settings(config.load())
+
+    def note(self) -> str | None:
+        """What the CLI says on stderr after a write that redacted something: count and kinds, never a value."""
+        if not self.count:
+            return None
+        return (f"redacted {self.count} secret(s) before storing ({kinds_text(self.kinds)}); "
+                "the stored text holds [REDACTED:<kind>] markers instead")

@@ -1,0 +1,278 @@
+"""The shapes of secrets detect-secrets misses (memctl.redact's docstring lists them), and what is no secret.
+
+Names that name a secret (`secret_name`), values that only stand for one (`placeholder`), and the
+finders for name=value pairs, Authorization headers, passwords on command lines and provider keys.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MARKER = "[REDACTED:{}]"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A secret in a text: its kind (the marker's name) and its span."""
+
+    kind: str
+    start: int
+    end: int
+
+
+def any_word(*words: str):
+    """A gate: does the lower-case text hold one of these words?"""
+    return lambda text, low: any(w in low for w in words)
+
+
+# A value that is already masked or a placeholder is not a secret.
+NOT_A_SECRET = re.compile(r"^(?:\*+|\[REDACTED:[a-z0-9-]+\]|\$\{?\w+\}?|<[^>]*>|%\(?\w*\)?s?|x+|X+)$")
+
+
+# --- Names that name a secret ---------------------------------------------------------------------------
+
+_SEGMENT = re.compile(r"[./:\\]")
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+# The last word of the name decides: password-like words give the kind "password", the rest "secret-keyword".
+_SECRET_SUFFIXES = (("password", "password"), ("passwd", "password"), ("passphrase", "password"),
+                    ("secret", "secret-keyword"), ("token", "secret-keyword"), ("apikey", "secret-keyword"),
+                    ("secretkey", "secret-keyword"), ("accesskey", "secret-keyword"),
+                    ("privatekey", "secret-keyword"), ("authkey", "secret-keyword"))
+_SECRET_WORDS = {"pwd": "password", "pass": "password", "credential": "secret-keyword",
+                 "credentials": "secret-keyword"}
+# "key" alone names a secret only after one of these (api key, AWS_SECRET_ACCESS_KEY); not ssh, primary,
+# public, sort, partition, cache, idempotency keys.
+_KEY_MODIFIERS = {"api", "access", "secret", "private", "client", "auth", "encryption", "signing", "master",
+                  "service", "account", "app", "license", "db", "database", "priv", "hmac", "shared", "webhook",
+                  "subscription", "openai", "anthropic", "stripe", "sendgrid", "mailgun", "twilio"}
+# A token counted, paged or spliced into a prompt is no credential (max_tokens, page token, eos_token).
+_TOKEN_NOT = {"max", "min", "num", "total", "input", "output", "prompt", "completion", "page", "next", "continuation",
+              "cursor", "sync", "eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "stop", "start", "end",
+              "first", "last", "per", "context"}
+NAME_WORDS = any_word("pass", "pwd", "secret", "token", "key", "auth", "credential")
+
+
+def _name_kind(name: str) -> str | None:
+    """The kind of secret a field, fact key or variable name names, or None."""
+    words = [w.lower() for w in _WORD.findall(_SEGMENT.split(name.strip())[-1])]
+    while words and words[-1].isdigit():
+        words.pop()
+    if not words:
+        return None
+    last, before = words[-1], words[-2] if len(words) > 1 else ""
+    if last == "key":
+        return "secret-keyword" if before in _KEY_MODIFIERS else None
+    if last == "auth":
+        return "secret-keyword" if before in ("basic", "http", "proxy") else None
+    if last.endswith("token") and before in _TOKEN_NOT:
+        return None
+    for suffix, kind in _SECRET_SUFFIXES:
+        if last.endswith(suffix):
+            return kind
+    return _SECRET_WORDS.get(last)
+
+
+def secret_name(name: str) -> bool:
+    """Does this field, fact key or variable name name a secret? Its last dotted segment decides, by its last word.
+
+    True: db.password, api_token, aws.secret_access_key, openai_api_key, PGPASSWORD, clientSecret, smtp.pass.
+    False: db.host, token_count, max_tokens, primary_key, ssh_key, public_key, password_policy.min_length,
+    password_file, access_key_id (each names something about a secret, or no secret at all).
+    """
+    return _name_kind(name) is not None
+
+
+# --- Values that are no secret ----------------------------------------------------------------------------
+
+# A placeholder, a reference to a secret kept elsewhere (a variable, a command, a file, a secret store).
+_REFERENCE = re.compile(
+    r"^(?:\.{3}|\u2026|-+|\?+|![A-Za-z]\w*|\[[^\]]*\]|\$\([^)]*\)?|%\w+%|\{\{.*\}\}|`.*|[~.]{0,2}/.*|[A-Za-z]:\\.*"
+    r"|(?:op|vault|keyring|secrets?|ssm|awssm|gcpsm|azkv|k8s|sops|env|file)://.*|(?:vault|env|file):\S+"
+    r"|arn:aws:(?:secretsmanager|ssm|kms):.*|[A-Za-z_][\w.]*[(\[].*)$")
+# Words that say something about a secret (logfmt's token=expired) rather than being one.
+_PLACEHOLDER_WORDS = {"none", "null", "nil", "true", "false", "yes", "no", "on", "off", "unset", "empty", "n/a",
+                      "na", "tbd", "todo", "redacted", "hidden", "masked", "required", "optional", "disabled",
+                      "enabled", "default", "undefined", "example", "expired", "invalid", "missing", "wrong",
+                      "revoked", "rotated", "refreshed", "present", "absent", "valid", "denied", "incorrect",
+                      "unknown", "blank", "generated", "provided", "error", "failed"}
+
+
+def placeholder(value: str, name: str = "") -> bool:
+    """A value that stands for a secret without being one. A value that ends in its own name is a variable
+    passed on (`password=password`, `token = self.token`)."""
+    value = value.strip()
+    low = value.lower()
+    if not value or low in _PLACEHOLDER_WORDS or NOT_A_SECRET.match(value) or _REFERENCE.match(value):
+        return True
+    if not name:
+        return False
+    segment = _SEGMENT.split(name)[-1].lower()
+    words = _WORD.findall(_SEGMENT.split(name)[-1])
+    return low.rsplit(".", 1)[-1] in (segment, words[-1].lower() if words else segment)
+
+
+_SYMBOLS = frozenset("!@#$%^&*+=/\\|?~<>()[]{}")  # not - . _ : , ' which words, versions and times hold
+
+
+def _looks_secret(value: str) -> bool:
+    """A bare word after `name:` is a secret only if it looks like one: `hunter2` does, `expired` does not."""
+    classes = (any(c.islower() for c in value) + any(c.isupper() for c in value[1:])
+               + any(c.isdigit() for c in value) + any(c in _SYMBOLS for c in value))
+    if not any(c.isalpha() for c in value):
+        return False  # 128/128, 12:30:00, 2026-03-02
+    return len(value) >= 6 and classes >= 2 or len(value) >= 16 and "-" not in value
+
+
+# --- Shapes: name=value pairs, Authorization headers, command-line passwords, provider keys ----------------
+
+# name, an optional closing quote, the separator, then a quoted or a bare value (a bare one ends at ; or a
+# quote), the value in a lookahead so that a pair inside a quoted value is seen too (value="...;Password=x").
+_PAIR = re.compile(r"(?<![\w.$?&%/])([A-Za-z][\w.-]{0,80})(['\"]?)([ \t]*(?::=|=>|=(?![=~>])|:(?![:/\\]))[ \t]*)"
+                   r"(?=(['\"`])(.*?)\4|([^\s'\"`;]+))")
+_PREV_WORD = re.compile(r"([A-Za-z][\w-]*)[ \t]+$")
+_AUTH_HEADER = re.compile(
+    r"(?<![\w-])(?:proxy-)?authorization['\"]?[ \t]*[:=][ \t]*['\"]?"
+    r"(?:(bearer|basic|token|negotiate|ntlm|apikey|api-key|sso-key|key|jwt|dpop)[ \t]+)?([^\s'\",;]+)",
+    re.IGNORECASE)
+_BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+([A-Za-z0-9._~+/-]{16,}=*)")
+# A password-taking command, then the rest of its command line (to a pipe, ; or &).
+_PASSWORD_COMMAND = re.compile(r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl)\b([^\n|;&]*)")
+_VALUE = r"(?:(['\"])(.*?)\1|([^\s'\"]\S*))"
+_COMMAND_PASSWORD = {
+    "mysql": re.compile(r"(?<=\s)-p" + _VALUE),  # attached only: `mysql -p` alone prompts
+    "sshpass": re.compile(r"(?<=\s)-p[ \t]*" + _VALUE),
+    "redis-cli": re.compile(r"(?<=\s)(?:-a|--pass)[ \t]+" + _VALUE),
+    "curl": re.compile(r"(?<=\s)(?:-u|--user)[ \t]*['\"]?[^\s:'\"]+:" + r"([^\s'\"]+)"),
+}
+
+
+def command_words(text: str, low: str) -> bool:
+    return ("mysql" in low or "mariadb" in low or "sshpass" in low or "redis-cli" in low
+            or "curl" in low and ("-u" in text or "--user" in text))
+
+
+_OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.*?)\2|([^\s'\"-]\S*))")
+
+# Provider keys by prefix: (kind, literal prefix for the gate, pattern). The body must hold a digit and a letter.
+_PROVIDER_KEYS = tuple((kind, prefix, re.compile(r"(?<![\w-])" + pattern + r"(?![\w-])")) for kind, prefix, pattern in (
+    ("anthropic-api-key", "sk-ant-", r"sk-ant-[A-Za-z0-9_-]{32,}"),
+    ("openai-token", "sk-", r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
+    ("github-token", "github_pat_", r"github_pat_[A-Za-z0-9_]{30,}"),
+    ("google-api-key", "AIza", r"AIza[0-9A-Za-z_-]{35}"),
+    ("huggingface-token", "hf_", r"hf_[A-Za-z0-9]{30,}"),
+    ("npm-tokens", "npm_", r"npm_[A-Za-z0-9]{36}"),
+    ("groq-api-key", "gsk_", r"gsk_[A-Za-z0-9]{40,}"),
+    ("xai-api-key", "xai-", r"xai-[A-Za-z0-9]{60,}"),
+    ("perplexity-api-key", "pplx-", r"pplx-[A-Za-z0-9]{40,}"),
+    ("replicate-token", "r8_", r"r8_[A-Za-z0-9]{37}"),
+    ("vault-token", "hv", r"hv[sbr]\.[A-Za-z0-9_-]{24,}"),
+    ("digitalocean-token", "_v1_", r"do[opr]_v1_[a-f0-9]{64}"),
+    ("databricks-token", "dapi", r"dapi[a-f0-9]{32}(?:-\d)?"),
+    ("shopify-token", "shp", r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
+    ("linear-api-key", "lin_api_", r"lin_api_[A-Za-z0-9]{40}"),
+    ("postman-api-key", "PMAK-", r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}"),
+    ("stripe-access-key", "_test_", r"(?:sk|rk)_test_[A-Za-z0-9]{24,}"),
+    ("stripe-access-key", "whsec_", r"whsec_[A-Za-z0-9]{32,}"),
+))
+_DIGIT, _LETTER = re.compile(r"\d"), re.compile(r"[A-Za-z]")
+
+
+def provider_findings(text: str) -> list[Finding]:
+    found = []
+    for kind, prefix, pattern in _PROVIDER_KEYS:
+        if prefix in text:
+            for m in pattern.finditer(text):
+                body = m.group()[len(prefix):] if m.group().startswith(prefix) else m.group()
+                if _DIGIT.search(body) and _LETTER.search(body):
+                    found.append(Finding(kind, *m.span()))
+    return found
+
+
+def _value_span(m: re.Match, quoted: int, bare: int) -> tuple[int, int, bool]:
+    """(start, end, was quoted) of a quoted or a bare value group; trailing punctuation is not part of a bare one."""
+    if m.group(quoted) is not None:
+        return m.start(quoted), m.end(quoted), True
+    start, end = m.span(bare)
+    return start, start + len(_strip_trailing(m.group(bare))), False
+
+
+_CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
+
+
+def _strip_trailing(value: str) -> str:
+    """A bare value without the sentence's punctuation after it: `hunter2.`, `(password=x)`, but `<your-key>`."""
+    while value and (value[-1] in ".," or value[-1] in _CLOSERS and _CLOSERS[value[-1]] not in value):
+        value = value[:-1]
+    return value
+
+
+def _pair_findings(text: str) -> list[Finding]:
+    """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value."""
+    found = []
+    for m in _PAIR.finditer(text):
+        name = m.group(1)
+        if not NAME_WORDS(name, name.lower()):
+            continue
+        if "." not in name:
+            prev = _PREV_WORD.search(text, max(0, m.start() - 40), m.start())
+            name = f"{prev.group(1)}_{name}" if prev else name
+        kind = _name_kind(name)
+        if kind is None or m.group(4) == "`":
+            continue
+        sep = m.group(3)
+        if sep.lstrip().startswith("=") and sep.endswith((" ", "\t")) and not sep.startswith((" ", "\t")):
+            continue  # `PGPASSWORD= psql`: an empty assignment before a command
+        start, end, quoted = _value_span(m, 5, 6)
+        value = text[start:end]
+        if placeholder(value, m.group(1)) or "[REDACTED:" in value or len(value) < 3:
+            continue
+        if not quoted and ":" in sep and not _looks_secret(value):
+            continue
+        found.append(Finding(kind, start, end))
+    return found
+
+
+def _header_findings(text: str, low: str) -> list[Finding]:
+    found = []
+    if "authorization" in low:
+        for m in _AUTH_HEADER.finditer(text):
+            value = _strip_trailing(m.group(2))
+            if not placeholder(value) and len(value) >= 4 and (m.group(1) or _looks_secret(value)):
+                found.append(Finding("authorization", m.start(2), m.start(2) + len(value)))
+    if "earer " in text:
+        found.extend(Finding("bearer-token", *m.span(1)) for m in _BEARER.finditer(text)
+                     if _DIGIT.search(m.group(1)) and not placeholder(m.group(1)))
+    return found
+
+
+def _command_findings(text: str) -> list[Finding]:
+    """Passwords on command lines: mysql -pX, sshpass -p X, redis-cli -a X, curl -u user:X, --password X."""
+    found = []
+    for command in _PASSWORD_COMMAND.finditer(text):
+        name = command.group(1)
+        rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else name]
+        for m in rule.finditer(text, command.start(2), command.end(2)):
+            span = (m.start(m.lastindex), m.end(m.lastindex))
+            value = text[span[0]:span[1]]
+            if len(value) < 3 or placeholder(value) or name[0] == "m" and value.isdigit() and len(value) <= 5:
+                continue  # `mysql -p3306`: a port typed with the wrong case; `-pv` another command's flags
+            found.append(Finding("password", *span))
+    if "--" in text:
+        for m in _OPTION.finditer(text):
+            kind = _name_kind(m.group(1))
+            group = 3 if m.group(3) is not None else 4
+            value = m.group(group)
+            if kind and len(value) >= 3 and "=" not in value and not placeholder(value, m.group(1)):
+                found.append(Finding(kind, *m.span(group)))
+    return found
+
+
+def shape_findings(text: str, low: str) -> list[Finding]:
+    found = _header_findings(text, low)
+    if command_words(text, low) or "--" in text:
+        found.extend(_command_findings(text))
+    if ("=" in text or ":" in text) and NAME_WORDS(text, low):
+        found.extend(_pair_findings(text))
+    return found
+

@@ -1,0 +1,128 @@
+"""What state memory is in: counts, the embedding backlog, the last runs, and what needs attention."""
+
+from __future__ import annotations
+
+import datetime
+
+from memctl.config import SCHEMA, parse_duration
+from memctl.embedding import models
+from memctl.records import jobs
+
+COUNTS = """
+SELECT (SELECT count(*) FROM episodes) AS episodes,
+       (SELECT count(*) FROM chunks) AS chunks
+"""
+BACKLOG = """
+SELECT count(*) AS pending, extract(epoch FROM now() - min(enqueued_at)) AS oldest_pending_age_s
+FROM embed_queue WHERE model_id = %s
+"""
+FAILED = "SELECT count(*) AS failed FROM embed_failures WHERE model_id = %s"
+UNREGISTERED = "SELECT count(*) AS pending FROM chunks"
+LATE_FACTOR = 2  # a scheduled job is late when its last success is older than twice its interval
+FAILED_OUTCOMES = ("failed", "unavailable")
+
+
+def collect(conn, settings=None) -> dict:
+    """Counts, backlog and last runs, plus `warnings`: a list of what an operator should look at."""
+    report = dict(conn.execute(COUNTS).fetchone())
+    model = models.active(conn)
+    backfill = models.by_state(conn, "backfill")
+    if model is None:
+        report.update(pending=conn.execute(UNREGISTERED).fetchone()["pending"], failed=0, active_model=None,
+                      oldest_pending_age_s=None)
+    else:
+        backlog = conn.execute(BACKLOG, (model.id,)).fetchone()
+        age = backlog["oldest_pending_age_s"]
+        report.update(pending=backlog["pending"], failed=conn.execute(FAILED, (model.id,)).fetchone()["failed"],
+                      active_model=model.label, oldest_pending_age_s=round(float(age), 1) if age is not None else None)
+    # Chunks no worker will ever embed unless re-queued (models.ORPHANS); `memctl embed` does that.
+    report["orphaned"] = sum(models.count_orphans(conn, m) for m in (model, backfill) if m is not None)
+    report["backfill_model"] = backfill.label if backfill else None
+    report["last_embed"] = jobs.last(conn, "embed")
+    report["last_prune"] = jobs.last(conn, "prune")
+    report["checked_at"] = datetime.datetime.now(datetime.timezone.utc)
+    report["warnings"] = warnings(conn, settings, report)
+    return report
+
+
+def _schedule(settings, job: str) -> str:
+    value = settings.get("schedule", job) if settings is not None else None
+    return value or SCHEMA["schedule"][job][1]
+
+
+def _retention(settings) -> dict:
+    """The episode kinds with a maximum age (not keep_importance, not the job log's own limit)."""
+    from memctl.upkeep.policy import policy_from_settings
+
+    return policy_from_settings(settings).max_age if settings is not None else {}
+
+
+def human(seconds: float) -> str:
+    """A duration as an operator reads it: 45s, 12m, 3.5h, 2.0d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _late(conn, job: str, schedule: str, *, never: str | None) -> str | None:
+    """A warning if the job's last completed run is older than LATE_FACTOR times its schedule."""
+    limit = LATE_FACTOR * parse_duration(schedule)
+    last = jobs.last_completed(conn, job)
+    if last is None:
+        attempt = jobs.last(conn, job)
+        if attempt is not None and attempt["outcome"] != "running":
+            return (f"{job} has never completed a run: the last one ended {attempt['outcome']}"
+                    + (f" ({attempt['error']})" if attempt["error"] else "") + f" (memctl jobs --job {job})")
+        return never
+    if last["age_s"] > limit:
+        return (f"the last successful {job} finished {human(last['age_s'])} ago, more than twice its schedule "
+                f"({schedule}, [schedule] {job}): is memctl-{job}.timer running? (memctl jobs --job {job})")
+    return None
+
+
+def _failed_last(conn, job: str, pending: int) -> str | None:
+    """A warning when the job's last run ended failed or unavailable after an earlier one completed.
+
+    (With no completed run at all, _late says so.) Ollama down for one timer run is worth a look too:
+    the warning stands until a run completes.
+    """
+    last = jobs.last(conn, job)
+    if last is None or last["outcome"] not in FAILED_OUTCOMES or jobs.last_completed(conn, job) is None:
+        return None
+    waiting = f"; {pending} chunk(s) wait for vectors" if pending else ""
+    return (f"the last {job} run ended {last['outcome']}" + (f": {last['error']}" if last["error"] else "")
+            + f"{waiting} (memctl jobs --job {job})")
+
+
+def warnings(conn, settings, report: dict) -> list[str]:
+    found = []
+    embed_every = _schedule(settings, "embed")
+    never_embedded = None
+    if report["pending"]:
+        never_embedded = (f"embed has never run and {report['pending']} chunk(s) wait for vectors: run memctl embed "
+                          "or enable memctl-embed.timer")
+    found.append(_late(conn, "embed", embed_every, never=never_embedded))
+    found.append(_failed_last(conn, "embed", report["pending"]))
+    age = report["oldest_pending_age_s"]
+    if age is not None and age > LATE_FACTOR * parse_duration(embed_every):
+        found.append(f"the oldest chunk waiting for a vector was queued {human(age)} ago, more than twice the "
+                     f"embed schedule ({embed_every}): the worker is not keeping up or not running")
+    if report.get("orphaned"):
+        found.append(f"{report['orphaned']} chunk(s) have no vector, no queue row and no failure (written while a "
+                     "model was being registered): the next memctl embed queues them")
+    if report["failed"]:
+        found.append(f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
+                     "(memctl embed --retry-failed puts them back in the queue)")
+    policy = _retention(settings)
+    if policy:
+        never = ("prune has never run although a retention policy is set ([retention] "
+                 + ", ".join(f"{k} = {v}" for k, v in sorted(policy.items())) + "): memctl prune --yes "
+                 "or enable memctl-prune.timer")
+        found.append(_late(conn, "prune", _schedule(settings, "prune"), never=never))
+    from memctl.db import preflight
+    from memctl.upkeep import summarize
+
+    found.append(summarize.overdue(conn, settings))
+    found.extend(preflight.version_warnings(conn))
+    return [w for w in found if w]
