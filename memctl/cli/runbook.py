@@ -82,16 +82,7 @@ def show(
 
 
 def _as_text(runbook: runbooks.Runbook) -> str:
-    state = " (uncommitted changes)" if runbook.dirty else ""
-    parts = [f"# {runbook.title}", f"{runbook.name} at {runbook.commit or 'no commit'}{state}", ""]
-    if runbook.description:
-        parts += [runbook.description, ""]
-    for step in runbook.steps:
-        parts.append(f"## {step.number}. {step.title}")
-        if step.text:
-            parts.append(step.text)
-        parts += ["    " + line for line in step.command.rstrip("\n").splitlines()] + [""]
-    return "\n".join(parts)
+    return runbooks.as_text(runbook, fenced=False)
 
 
 @app.command()

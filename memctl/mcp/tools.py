@@ -388,17 +388,10 @@ def runbook_list(session: Session) -> Reply:
 
 
 def runbook_show(session: Session, name: str, *, at: str | None = None) -> Reply:
+    from memctl.records import runbooks
+
     runbook = _repository(session).load(name, at=at)
-    parts = [f"# {runbook.title}", f"{runbook.name} at {runbook.commit or 'no commit'}"
-             + (" (uncommitted changes)" if runbook.dirty else ""), ""]
-    if runbook.description:
-        parts += [runbook.description, ""]
-    for step in runbook.steps:
-        parts.append(f"## {step.number}. {step.title}")
-        if step.text:
-            parts.append(step.text)
-        parts += ["```sh", step.command.rstrip("\n"), "```", ""]
-    return Reply(plain(runbook.to_dict()), "\n".join(parts))
+    return Reply(plain(runbook.to_dict()), runbooks.as_text(runbook, fenced=True))
 
 
 # ---------------------------------------------------------------------------

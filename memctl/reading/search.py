@@ -1,16 +1,5 @@
-"""Hybrid search over episodes: vectors and full text, fused, then weighted.
-
-Scoring, for every candidate (the top `candidates` of each half, plus the
-context neighbours of episodes of the context kinds), scored by both halves:
-
-    base       = (1 - text_weight) * cosine similarity of its best chunk
-                 + text_weight * BM25 / the best BM25 (memctl.reading.bm25)
-    relevance  = base + context_weight * the best base of its neighbours (the
-                 entries just before and after it in its agent's log, same kind,
-                 within context_window), divided by the best so 1.0 is the top
-    recency    = 0.5 ** (age / recency_half_life)        (age since created_at,
-                 or since last access with search.recency_from = "accessed")
-    score      = relevance + recency_weight * recency + importance_weight * importance / 10
+"""Hybrid search over episodes: vectors and full text, fused, then weighted (the scoring's
+formula is memctl.reading.fusion's docstring).
 
 fusion = "rrf" keeps reciprocal rank fusion (rrf_k) instead. The vector half
 runs on the active model's HNSW index with iterative scan, so filters never

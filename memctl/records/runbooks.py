@@ -386,3 +386,19 @@ def runs(conn, name: str, *, agent: str | None = None, limit: int = 20) -> list[
 def last_runs(conn) -> dict[str, dict]:
     """name -> {started_at, outcome} of its latest run."""
     return {row["name"]: row for row in conn.execute(LAST_RUNS)}
+
+
+def as_text(runbook: Runbook, *, fenced: bool) -> str:
+    """The runbook as Markdown to read: title, commit, description, each step with its command
+    (fenced as ```sh for a model to read, indented for a terminal)."""
+    state = " (uncommitted changes)" if runbook.dirty else ""
+    parts = [f"# {runbook.title}", f"{runbook.name} at {runbook.commit or 'no commit'}{state}", ""]
+    if runbook.description:
+        parts += [runbook.description, ""]
+    for step in runbook.steps:
+        parts.append(f"## {step.number}. {step.title}")
+        if step.text:
+            parts.append(step.text)
+        command = step.command.rstrip("\n")
+        parts += ["```sh", command, "```", ""] if fenced else ["    " + line for line in command.splitlines()] + [""]
+    return "\n".join(parts)
