@@ -17,6 +17,7 @@ MEMCTL_TEST_PROFILE=production says this run is the production install (`pip ins
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -138,15 +139,24 @@ def _requirements(request):
                         "(pg_roles.rolsuper is false)")
 
 
+@contextlib.contextmanager
+def fresh_database(pg_server: str, prefix: str = "memctl_t"):
+    """A fresh, migrated database (copied from the template), dropped at the end: its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
+    try:
+        yield _db_url(pg_server, name)
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            drop_database(conn, name)
+
+
 @pytest.fixture
 def db_url(pg_server):
     """A fresh, migrated database for this test; dropped afterwards."""
-    name = f"memctl_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
-    yield _db_url(pg_server, name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        drop_database(conn, name)
+    with fresh_database(pg_server) as url:
+        yield url
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ import pytest
 from hypothesis import assume, event, given, strategies as st
 from hypothesis.control import currently_in_test_context
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from memctl import config, jsonl
 from memctl.embedding import timing
@@ -40,7 +39,7 @@ from memctl.reading import search
 from memctl.reading.query import Query, split_terms
 from memctl.records import episodes, facts, runbook_format
 from memctl.upkeep import import_
-from tests.conftest import TEMPLATE, drop_database
+from tests.conftest import fresh_database
 from tests.fuzz_profiles import share
 
 EXIT_CODES = {0, 1, 2, 3, 4}
@@ -649,19 +648,14 @@ class Shared:
 def shared(pg_server, tmp_path_factory):
     from memctl import db
 
-    name = f"memctl_f_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
-    url = make_conninfo(pg_server, dbname=name)
     config_file = tmp_path_factory.mktemp("fuzz") / "config.toml"
     config_file.touch()
-    env = {"MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": str(config_file), "MEMCTL_EMBEDDER": "hash",
-           "MEMCTL_EMBED_MODEL": "hash-embed", "OLLAMA_HOST": NOWHERE}
-    seed(env)
-    with db.connect(url) as conn:
-        yield Shared(env, conn)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        drop_database(conn, name)
+    with fresh_database(pg_server, "memctl_f") as url:
+        env = {"MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": str(config_file), "MEMCTL_EMBEDDER": "hash",
+               "MEMCTL_EMBED_MODEL": "hash-embed", "OLLAMA_HOST": NOWHERE}
+        seed(env)
+        with db.connect(url) as conn:
+            yield Shared(env, conn)
 
 
 def test_search_finds_the_seeded_episodes(seeded):
@@ -909,12 +903,8 @@ def comparable(text: str, tag: str) -> dict:
 
 @pytest.fixture
 def second_db(pg_server):
-    name = f"memctl_f_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
-    yield make_conninfo(pg_server, dbname=name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        drop_database(conn, name)
+    with fresh_database(pg_server, "memctl_f") as url:
+        yield url
 
 
 @given(episode_specs=ROUND_EPISODES, fact_specs=ROUND_FACTS)

@@ -94,16 +94,24 @@ def test_import_of_a_blocked_source_is_refused_and_leaves_nothing(cli, conn):
     assert "Traceback" not in result.stderr
 
 
-def test_a_secret_in_an_imported_chunk_never_reaches_search(cli, conn):
-    assert cli("episode", "add", "deploy finished cleanly on web-3", "--source", "ops").exit_code == 0
+def _reimport_with_chunk_text(cli, conn, content: str, chunk_text: str, *args: str):
+    """Store and embed an episode, export it with vectors, put CHUNK_TEXT in its first chunk, empty the
+    episodes, and import the file back: the import's outcome."""
+    assert cli("episode", "add", content, "--source", "ops").exit_code == 0
     assert cli("embed").exit_code == 0
     lines = _export_with_vectors(cli)
     for record in lines:
         if record["type"] == "episode":
-            record["chunks"][0]["content"] = f"deploy finished cleanly on web-3 token {GITHUB}"
+            record["chunks"][0]["content"] = chunk_text
     cli("episode", "delete", *[str(r["id"]) for r in conn.execute("SELECT id FROM episodes").fetchall()])
-    result = cli("import", "-", input="".join(json.dumps(r) + "\n" for r in lines))
+    result = cli("import", "-", *args, input="".join(json.dumps(r) + "\n" for r in lines))
     assert result.exit_code == 0, result.stderr
+    return result
+
+
+def test_a_secret_in_an_imported_chunk_never_reaches_search(cli, conn):
+    _reimport_with_chunk_text(cli, conn, "deploy finished cleanly on web-3",
+                              f"deploy finished cleanly on web-3 token {GITHUB}")
     stored = conn.execute("SELECT string_agg(content, ' ') AS t FROM chunks").fetchone()["t"]
     assert GITHUB not in stored and "token" not in stored  # chunks are made from the episode's own text
     found = cli("episode", "search", "deploy web-3", "-f", "json").json()
@@ -118,15 +126,8 @@ def _export_with_vectors(cli) -> list[dict]:
 
 def test_vectors_of_chunks_made_elsewhere_are_not_kept(cli, conn):
     """A file whose chunk text differs from what memctl makes of the content: its vectors are dropped, queued."""
-    assert cli("episode", "add", "a short episode about redis", "--source", "ops").exit_code == 0
-    assert cli("embed").exit_code == 0
-    lines = _export_with_vectors(cli)
-    for record in lines:
-        if record["type"] == "episode":
-            record["chunks"][0]["content"] = "something else entirely"
-    cli("episode", "delete", *[str(r["id"]) for r in conn.execute("SELECT id FROM episodes").fetchall()])
-    result = cli("import", "-", "-f", "json", input="".join(json.dumps(r) + "\n" for r in lines))
-    assert result.exit_code == 0, result.stderr
+    result = _reimport_with_chunk_text(cli, conn, "a short episode about redis", "something else entirely",
+                                       "-f", "json")
     report = result.json()[0]
     assert report["vectors"] == 0 and report["queued"] == 1 and report["chunks_remade"] == 1
 

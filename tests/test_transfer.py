@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import datetime
 import json
-import uuid
 
-import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
-from tests.conftest import TEMPLATE
+from tests.conftest import fresh_database
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 
@@ -19,12 +15,8 @@ GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 @pytest.fixture
 def other_db(pg_server):
     """A second fresh, migrated database (the import target)."""
-    name = f"memctl_t2_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
-    yield make_conninfo(pg_server, dbname=name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with fresh_database(pg_server, "memctl_t2") as url:
+        yield url
 
 
 def counts(url: str) -> dict:
