@@ -283,3 +283,22 @@ def test_fact_set_and_import_say_what_they_redacted_never_the_value(cli):
     imported = cli("fact", "import", "-", input=json.dumps({"key": "ci.token", "value": f"token {token}"}) + "\n")
     assert imported.exit_code == 0 and "github" in imported.stderr and token not in imported.stderr
     assert token not in cli("fact", "get", "ci.token").stdout
+
+
+def test_the_pair_prefilter_never_hides_a_pair_the_full_match_reports():
+    """shapes.named_pair gates _pair_findings: any text where the full pattern finds a secret pair must pass it."""
+    from hypothesis import given, settings, strategies as st
+
+    from memctl.redact import shapes
+
+    pieces = st.sampled_from(["DB_PASSWORD", "api_key", "token", "Auth", "secret.value", "key", "monkey", "12", "30",
+                              "=", ":", ":=", "=>", " ", "\t", '"', "'", "hunter2value", "x", ".", "-", "/", "\n",
+                              "export ", "pwd", "credentials", "note"])
+
+    @settings(max_examples=3000, derandomize=True, deadline=None)
+    @given(st.lists(pieces, max_size=14).map("".join))
+    def check(text):
+        if shapes._pair_findings(text):
+            assert shapes.named_pair(text, text.lower()), text
+
+    check()

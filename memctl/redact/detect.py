@@ -9,11 +9,11 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from memctl.redact.shapes import (
-    NAME_WORDS,
     NOT_A_SECRET,
     Finding,
     any_word,
     command_words,
+    named_pair,
     provider_findings,
     shape_findings,
 )
@@ -83,7 +83,7 @@ def candidate(text: str, low: str) -> bool:
     `=` or `:`, or a command that takes a password."""
     if "://" in text or "private key" in low or "putty" in low or "password" in low or _QUOTED.search(text):
         return True
-    if ("=" in text or ":" in text) and NAME_WORDS(text, low) or command_words(text, low):
+    if named_pair(text, low) or command_words(text, low):
         return True
     tokens = text.split()
     if max(map(len, tokens), default=0) < 16:

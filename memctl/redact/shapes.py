@@ -51,6 +51,26 @@ _TOKEN_NOT = {"max", "min", "num", "total", "input", "output", "prompt", "comple
               "cursor", "sync", "eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "stop", "start", "end",
               "first", "last", "per", "context"}
 NAME_WORDS = any_word("pass", "pwd", "secret", "token", "key", "auth", "credential")
+# The name a pair's separator ends: word characters, dots and dashes, maybe a closing quote, then blanks.
+_NAME_TAIL = re.compile(r"[\w.-]{1,81}['\"]?[ \t]*$")
+
+
+def named_pair(text: str, low: str) -> bool:
+    """Could the text hold a `name = value` pair whose name names a secret (`DB_PASSWORD=`, `"api_key":`)?
+
+    Every pair _pair_findings can report has such a name right before its `=` or `:`. Ops text is full of
+    "12:30" and of "key" in prose; looking behind each separator is ~10x cheaper than matching _PAIR.
+    """
+    if not ("=" in text or ":" in text) or not NAME_WORDS(text, low):
+        return False
+    for separator in "=:":
+        at = low.find(separator)
+        while at >= 0:
+            name = _NAME_TAIL.search(low, max(0, at - 90), at)
+            if name is not None and NAME_WORDS(name.group(), name.group()):
+                return True
+            at = low.find(separator, at + 1)
+    return False
 
 
 def _name_kind(name: str) -> str | None:
@@ -272,7 +292,7 @@ def shape_findings(text: str, low: str) -> list[Finding]:
     found = _header_findings(text, low)
     if command_words(text, low) or "--" in text:
         found.extend(_command_findings(text))
-    if ("=" in text or ":" in text) and NAME_WORDS(text, low):
+    if named_pair(text, low):
         found.extend(_pair_findings(text))
     return found
 
