@@ -191,6 +191,26 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "schedule": {
         "embed": (_duration, "5m"),
         "prune": (_duration, "1d"),
+        "backup": (_duration, "1d"),
+    },
+    # Repeats folded (docs/repeats.md): an episode whose normalized text equals an earlier one's of the same
+    # agent and kind, within repeat_window of it, is stored linked to that first one and not embedded again.
+    "episodes": {
+        "fold": (_bool, True),
+        "repeat_window": (_positive_duration, "1d"),
+    },
+    # memctl backup: where backups go (unset: MEMCTL_HOME/backups) and how many the rotation keeps
+    # (the newest of each of the last keep_daily days and keep_weekly ISO weeks, like restic's forget).
+    "backup": {
+        "dir": (_string, None),
+        "keep_daily": (_non_negative_int, 7),
+        "keep_weekly": (_non_negative_int, 4),
+    },
+    # memctl metrics: the node_exporter textfile the scheduled jobs refresh after each run (unset: none
+    # written), and how many agents get their own label value (the rest are summed under agent="other").
+    "metrics": {
+        "textfile": (_string, None),
+        "agents": (_int_range(0, 1000), 20),
     },
     "recall": {
         "template": (_string, None),

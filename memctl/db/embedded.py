@@ -31,6 +31,7 @@ to connect, waits on the lock and connects again (db.open_database).
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -39,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from memctl.errors import ConfigError, DatabaseUnavailable
+from memctl.errors import ConfigError, DatabaseUnavailable, MemctlError
 
 DATABASE = "memctl"
 ROOT_DEFAULT_HOME = Path("/var/lib/memctl")
@@ -49,6 +50,8 @@ SHARED_BUFFERS_MB = (128, 8192)  # the bounds of the share of memory given to a 
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 START_LOCK = ".start.lock"  # in memctl_home(); only memctl's own processes take it, never the server's user
 START_WAIT_S = 60  # how long a process waits for another's start before giving up
+MANAGED = "managed"  # in memctl_home(), written by `memctl db serve`: a service owns the server
+MANAGED_UNIT = "memctl-db.service"
 
 
 @dataclass
@@ -58,12 +61,26 @@ class ServerInfo:
     pid: int | None = None
     socket_dir: Path | None = None
     port: int | None = None
+    managed: bool = False
 
     @property
     def url(self) -> str:
         if not self.running or self.socket_dir is None:
-            raise DatabaseUnavailable("the embedded database is not running: memctl db start")
+            raise DatabaseUnavailable(managed_down() if self.managed else
+                                      "the embedded database is not running: memctl db start")
         return f"postgresql://postgres@/{DATABASE}?host={self.socket_dir}&port={self.port}"
+
+    @property
+    def log(self) -> str:
+        return f"journalctl -u {MANAGED_UNIT}" if self.managed else str(self.pgdata / "log")
+
+
+@dataclass
+class Managed:
+    """What MEMCTL_HOME/managed says: where the service's server listens."""
+
+    socket_dir: Path
+    port: int
 
 
 def _is_root() -> bool:
@@ -124,7 +141,50 @@ def _read_postmaster(pgdata: Path) -> ServerInfo:
 
 
 def status() -> ServerInfo:
-    return _read_postmaster(pgdata_dir())
+    marker = managed()
+    if marker is None:
+        return _read_postmaster(pgdata_dir())
+    socket_ok = (marker.socket_dir / f".s.PGSQL.{marker.port}").exists()
+    pid = _read_postmaster(pgdata_dir()).pid if socket_ok else None  # None for a group member: pgdata is 0700
+    return ServerInfo(pgdata=pgdata_dir(), running=socket_ok, pid=pid, socket_dir=marker.socket_dir,
+                      port=marker.port, managed=True)
+
+
+def managed_path() -> Path:
+    return memctl_home() / MANAGED
+
+
+def managed() -> Managed | None:
+    """The service's socket, if a service owns this home's server (MEMCTL_HOME/managed); else None."""
+    path = managed_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Managed(Path(data["socket_dir"]), int(data["port"]))
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        raise DatabaseUnavailable(f"cannot read {path}: {path.parent} is not open to this user (if {MANAGED_UNIT} "
+                                  "owns it: join its group, usermod -aG memctl $USER)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DatabaseUnavailable(f"{path} is unreadable ({type(exc).__name__}); `memctl db serve` rewrites it "
+                                  f"at its next start (systemctl restart {MANAGED_UNIT})") from None
+
+
+def write_managed(marker: Managed) -> Path:
+    """Make this home managed (by `memctl db serve`); the file holds no secret, so the group may read it."""
+    from memctl import files
+
+    path = managed_path()
+    with files.atomic_write(path, mode=0o644) as handle:
+        json.dump({"unit": MANAGED_UNIT, "socket_dir": str(marker.socket_dir), "port": marker.port}, handle)
+        handle.write("\n")
+    return path
+
+
+def managed_down() -> str:
+    return (f"the embedded database is managed by {MANAGED_UNIT} and is not running: "
+            f"systemctl start {MANAGED_UNIT} (journalctl -u {MANAGED_UNIT} says why it stopped; "
+            f"removing {managed_path()} lets memctl start a server of its own again)")
 
 
 def _prefix_modes(path: Path) -> dict[Path, int]:
@@ -145,6 +205,8 @@ def start(report=None) -> ServerInfo:
     info = status()
     if info.running:
         return info
+    if info.managed:
+        raise DatabaseUnavailable(managed_down())
     with _start_lock():
         return _start_locked(report)
 
@@ -153,8 +215,15 @@ def await_start(report=None) -> ServerInfo:
     """Wait for a start in progress in another process, then make sure the server and its database exist.
 
     For a process that found the server running but could not connect: it may have read
-    postmaster.pid while another process was still creating the database.
+    postmaster.pid while another process was still creating the database. When managed: the service's
+    server, running, with memctl's database (created here if it was dropped); never a start.
     """
+    info = status()
+    if info.managed:
+        if not info.running:
+            raise DatabaseUnavailable(managed_down())
+        _ensure_database(info)
+        return info
     with _start_lock():
         return _start_locked(report)
 
@@ -190,6 +259,8 @@ def _start_lock(seconds: float = START_WAIT_S):
 def _start_locked(report) -> ServerInfo:
     """Under the start lock: start the server if it is not running, and create memctl's database."""
     info = status()
+    if info.managed and not info.running:  # `memctl db serve` took the home while this process waited
+        raise DatabaseUnavailable(managed_down())
     if not info.running:
         info = _launch(report)
     _ensure_database(info)
@@ -295,7 +366,7 @@ def _ensure_database(info: ServerInfo) -> None:
     except psycopg.OperationalError as exc:
         reason = (str(exc).strip().splitlines() or ["connection failed"])[0]
         raise DatabaseUnavailable(f"the embedded database does not accept connections ({reason}); "
-                                  f"see {info.pgdata / 'log'}") from None
+                                  f"see {info.log}") from None
     with conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
         if not exists:
@@ -306,8 +377,10 @@ def _ensure_database(info: ServerInfo) -> None:
 
 
 def stop() -> bool:
-    """Stop the embedded server; False if it was not running."""
+    """Stop the embedded server; False if it was not running. A managed server is its service's to stop."""
     info = status()
+    if info.managed and info.running:
+        raise MemctlError(f"the embedded database is managed by {MANAGED_UNIT}: systemctl stop {MANAGED_UNIT}")
     if not info.running and info.pid is None:
         return False
     with _start_lock():  # not in the middle of another process's start
