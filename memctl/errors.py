@@ -5,6 +5,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_NOT_FOUND = 4
+EXIT_DISK_FULL = 5
 
 
 class MemctlError(Exception):
@@ -56,6 +57,59 @@ class DatabaseUnavailable(Unavailable):
 
 class EmbedderUnavailable(Unavailable):
     pass
+
+
+class DiskFull(MemctlError):
+    """A disk memctl or its database writes to is full (ENOSPC, SQLSTATE 53100): exit 5.
+
+    Not 3 ("unavailable, retry later"): a full disk does not clear itself. What failed was rolled back
+    or removed whole; once space is freed the same command works with no other step. `disk` names it.
+    """
+
+    exit_code = EXIT_DISK_FULL
+
+    def __init__(self, disk: str, what: str = ""):
+        self.disk = disk
+        super().__init__(f"disk full: {disk} has no space left{f' ({what})' if what else ''}; nothing was half "
+                         "written: free space there, then run the command again")
+
+    @classmethod
+    def at(cls, path, what: str = "") -> "DiskFull":
+        """The disk holding PATH, named by the path and the mount point of its filesystem."""
+        mount = mount_point(path)
+        return cls(f"the disk holding {path}" + (f" (the filesystem mounted at {mount})" if mount else ""), what)
+
+
+def mount_point(path) -> str | None:
+    """The mount point of the filesystem holding PATH (or its nearest existing parent); None if unknown."""
+    import os
+
+    current = os.path.abspath(os.fspath(path))
+    while not os.path.exists(current) and current != os.path.dirname(current):
+        current = os.path.dirname(current)
+    try:
+        device = os.stat(current).st_dev
+        while current != os.path.dirname(current) and os.stat(os.path.dirname(current)).st_dev == device:
+            current = os.path.dirname(current)
+    except OSError:
+        return None
+    return current
+
+
+def causes(exc: BaseException | None):
+    """EXC, then what it was raised from or while handling (`raise ... from None` keeps the latter)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def no_space(exc: BaseException) -> bool:
+    """An OSError for a full disk or an exhausted quota (ENOSPC, EDQUOT)."""
+    import errno
+
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class SchemaBehind(MemctlError):

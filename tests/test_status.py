@@ -124,3 +124,25 @@ def test_collect_without_settings_uses_the_default_schedules(conn):
     report = status.collect(conn)
     assert len(report["warnings"]) == 1 and "embed" in report["warnings"][0]
     assert status.human(90) == "1.5m" and status.human(30) == "30s" and status.human(3 * 86400) == "3.0d"
+
+
+def test_backups_are_watched_once_one_has_run(cli, conn, memctl_env):
+    code, report, _ = check(cli)
+    assert code == 0 and report["last_backup"] is None and report["last_backup_age_s"] is None  # never: no warning
+    run_job(conn, "backup", finished_ago="1 hour")
+    code, report, _ = check(cli)
+    assert code == 0 and report["last_backup"]["outcome"] == "ok" and 3500 < report["last_backup_age_s"] < 3700
+    conn.execute("DELETE FROM jobs")
+    run_job(conn, "backup", finished_ago="3 days")  # default schedule 1d: overdue after 2d
+    code, report, stderr = check(cli)
+    assert code == 1 and report["warnings"] == [
+        "the last successful backup finished 3.0d ago, more than twice its schedule (1d, [schedule] backup): "
+        "is memctl-backup.timer running? (memctl jobs --job backup)"]
+    assert "warning: the last successful backup finished 3.0d ago" in stderr
+    configure(memctl_env, '[schedule]\nbackup = "2d"\n')
+    assert check(cli)[0] == 0
+    run_job(conn, "backup", outcome="failed", finished_ago="1 minute")
+    conn.execute("UPDATE jobs SET error = 'pg_dump failed: disk full' WHERE outcome = 'failed'")
+    code, report, _ = check(cli)
+    assert code == 1 and report["warnings"] == [
+        "the last backup run ended failed: pg_dump failed: disk full (memctl jobs --job backup)"]

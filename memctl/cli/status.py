@@ -21,10 +21,12 @@ def status(
         "--check", help="For monitoring: exit 1 when any warning stands (the report is printed as usual).")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Episodes, chunks, the embedding backlog (pending, failed, oldest age), the active model, the last runs.
+    """Episodes, chunks, the embedding backlog (pending, failed, oldest age), the active model, the last runs,
+    the last backup and its age.
 
-    Warns (on stderr, and as `warnings` in the report) when the last successful embed or prune is older than
-    twice its \\[schedule], when the oldest pending chunk is older than that, and when chunks failed to embed.
+    Warns (on stderr, and as `warnings` in the report) when the last successful embed, prune or backup is older
+    than twice its \\[schedule], when the last backup failed, when the oldest pending chunk is older than the
+    embed schedule allows, and when chunks failed to embed.
     """
     report = status_mod.collect(connect(), settings())
     render_one(report, fmt)

@@ -40,6 +40,9 @@ def collect(conn, settings=None) -> dict:
     report["backfill_model"] = backfill.label if backfill else None
     report["last_embed"] = jobs.last(conn, "embed")
     report["last_prune"] = jobs.last(conn, "prune")
+    report["last_backup"] = jobs.last(conn, "backup")
+    backed_up = jobs.last_completed(conn, "backup")
+    report["last_backup_age_s"] = round(float(backed_up["age_s"]), 1) if backed_up else None
     report["checked_at"] = datetime.datetime.now(datetime.timezone.utc)
     report["warnings"] = warnings(conn, settings, report)
     return report
@@ -120,6 +123,10 @@ def warnings(conn, settings, report: dict) -> list[str]:
                  + ", ".join(f"{k} = {v}" for k, v in sorted(policy.items())) + "): memctl prune --yes "
                  "or enable memctl-prune.timer")
         found.append(_late(conn, "prune", _schedule(settings, "prune"), never=never))
+    # Backups are watched once the first one has run (by memctl-backup.timer or by hand): a database
+    # never backed up is the operator's choice, one whose backups stopped is not.
+    found.append(_late(conn, "backup", _schedule(settings, "backup"), never=None))
+    found.append(_failed_last(conn, "backup", 0))
     from memctl.db import preflight
     from memctl.upkeep import summarize
 

@@ -1,0 +1,110 @@
+"""memctl backup, memctl backup verify, memctl restore: the whole database in one checked file, and back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from memctl.cli.common import FormatOption, connect, settings, target, warn
+from memctl.cli.render import Format, render, render_one
+from memctl.errors import EXIT_ERROR, EXIT_USAGE
+
+app = typer.Typer()  # its help is the callback's docstring: `memctl backup` alone takes a backup
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="backup")
+    root.command("restore")(restore)
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+@app.callback(invoke_without_command=True)
+def backup(
+    ctx: typer.Context,
+    to: Annotated[Optional[str], typer.Option(
+        "--to", help="Directory to write into (else \\[backup] dir, else MEMCTL_HOME/backups).",
+        show_default=False)] = None,
+    keep_daily: Annotated[Optional[int], typer.Option(
+        "--keep-daily", min=0, help="Keep the newest backup of each of the last N days that have one "
+                                    "(else \\[backup] keep_daily, 7).", show_default=False)] = None,
+    keep_weekly: Annotated[Optional[int], typer.Option(
+        "--keep-weekly", min=0, help="Keep the newest backup of each of the last N weeks that have one "
+                                     "(else \\[backup] keep_weekly, 4).", show_default=False)] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Take a backup now: pg_dump of the whole database in one snapshot, with a manifest, then rotate.
+
+    Safe while agents write: the dump, the record counts and the checksums all read one snapshot. The file
+    (memctl-backup-TIME.tar, mode 0600) appears whole or not at all. Older backups are deleted like restic's
+    `forget --keep-daily N --keep-weekly M`; both 0 keeps all. `memctl backup verify FILE` checks one.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from memctl.upkeep import backup as backup_mod
+
+    st = settings()
+    directory = Path(to).expanduser() if to else backup_mod.default_dir(st)
+    conn = connect()
+    made = backup_mod.take(conn, target().url, directory,
+                           keep_daily=st.get("backup", "keep_daily") if keep_daily is None else keep_daily,
+                           keep_weekly=st.get("backup", "keep_weekly") if keep_weekly is None else keep_weekly)
+    render_one(made.to_dict(), fmt)
+    removed = f"; removed {len(made.removed)} older backup(s)" if made.removed else ""
+    warn(f"backup written to {made.path} ({_size(made.bytes)}){removed}")
+
+
+@app.command("verify")
+def verify(
+    file: Annotated[str, typer.Argument(help="A backup file (memctl backup).")],
+    scratch_url: Annotated[Optional[str], typer.Option(
+        "--scratch-url", envvar="MEMCTL_SCRATCH_URL", show_default=False,
+        help="An empty database to restore into, for a role that may not CREATE DATABASE "
+             "(or MEMCTL_SCRATCH_URL, which `ps` does not show).")] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Restore a backup into a scratch database and compare every table's rows and checksum with its manifest.
+
+    The scratch database is created on the same server (the role needs CREATEDB) and dropped afterwards.
+    Exits 1 when the file is damaged (its dump's sha256 differs) or any table differs from the manifest.
+    """
+    from memctl.upkeep import restore as restore_mod
+
+    result = restore_mod.verify(connect(migrate=False), target().url, file, scratch_url=scratch_url)
+    render([t.to_dict() for t in result.tables], fmt)
+    if not result.ok:
+        warn(f"backup verify failed: {file}: {', '.join(result.failed)} differ(s) from the manifest")
+        raise typer.Exit(EXIT_ERROR)
+    warn(f"backup verified: {file} ({result.manifest['created_at']}) restores with every table as its manifest says")
+
+
+def restore(
+    file: Annotated[str, typer.Argument(help="A backup file (memctl backup).")],
+    yes: Annotated[bool, typer.Option("--yes", help="Replace memctl's database with the backup's contents.")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Replace everything in memctl's database with a backup, after a safety backup of what is there now.
+
+    The safety backup (memctl-before-restore-TIME.tar, in the backup directory, never rotated) undoes it:
+    restore that file the same way. The replacement is one transaction, checked against the manifest before
+    it commits; then the schema is brought up to date. Stop agents and timers first: the restore waits at
+    most 30 s for their locks. Works on an empty database (a new embedded data directory) too.
+    """
+    if not yes:
+        warn(f"restore replaces everything in memctl's database with the contents of {file} (a safety backup "
+             "of the current contents is written first): run again with --yes")
+        raise typer.Exit(EXIT_USAGE)
+    from memctl.upkeep import backup as backup_mod, restore as restore_mod
+
+    result = restore_mod.restore(connect(migrate=False), target().url, file,
+                                 directory=backup_mod.default_dir(settings()))
+    render_one(result.to_dict(), fmt)
+    saved = f"; the previous contents are in {result.safety}" if result.safety else ""
+    warn(f"restored {file} ({result.manifest['created_at']}){saved}")
