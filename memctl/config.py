@@ -194,7 +194,8 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "backup": (_duration, "1d"),
     },
     # Repeats folded (docs/repeats.md): an episode whose normalized text equals an earlier one's of the same
-    # agent and kind, within repeat_window of it, is stored linked to that first one and not embedded again.
+    # agent, kind, source and importance, within repeat_window of its last sighting, is stored linked to that
+    # first one and not chunked or embedded again.
     "episodes": {
         "fold": (_bool, True),
         "repeat_window": (_positive_duration, "1d"),

@@ -89,8 +89,8 @@ def test_ten_megabyte_episode_is_accepted_and_chunked(cli, conn):
 
 
 def test_identical_text_is_embedded_once(cli, conn):
-    for _ in range(3):
-        cli("episode", "add", "same words every time")
+    for i in range(3):  # one per agent: the same agent's repeat would be folded, not chunked again
+        cli("episode", "add", "same words every time", "--agent", f"agent{i}")
     cli("episode", "add", "something else entirely")
     run = cli("embed", "-f", "json").json()[0]
     assert run["chunks"] == 4
@@ -100,7 +100,7 @@ def test_identical_text_is_embedded_once(cli, conn):
 def test_text_embedded_in_an_earlier_run_is_copied_not_embedded_again(cli, conn):
     cli("episode", "add", "the same text twice")
     assert cli("embed").exit_code == 0
-    cli("episode", "add", "the same text twice")
+    cli("episode", "add", "the same text twice", "--agent", "another")  # not a repeat: another agent's
     again = cli("embed", "-f", "json")
     assert again.exit_code == 0, again.stderr
     assert again.json()[0]["copied"] == 1 and again.json()[0]["embedded"] == 0

@@ -44,7 +44,8 @@ def test_old_value_is_gone_after_set_and_only_history_keeps_it(cli, conn):
     history = cli("fact", "history", "api.key.name", "-f", "json").json()
     assert [h["op"] for h in history] == ["set", "set"]
     assert history[1]["old_value"] == "old-name" and history[1]["new_value"] == "new-name"
-    assert set(history[0]) == {"namespace", "key", "version", "op", "old_value", "new_value", "source", "changed_at"}
+    assert set(history[0]) == {"namespace", "key", "version", "op", "old_value", "new_value", "source", "changed_at",
+                                  "valid_from"}
 
 
 def test_delete_keeps_history_and_versions_continue(cli):

@@ -245,7 +245,7 @@ def test_an_answer_read_from_a_truncated_prompt_fails_the_window(cli, conn, olla
     """Text whose tokens memctl underestimates (one-letter words: 2 characters, but a token each) overflows the
     model's context; Ollama would cut the prompt silently. The answer's prompt_eval_count gives it away."""
     Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
-    load(cli, [{"content": "Dense: " + "x " * 1000, "kind": "raw", "agent": "ops", "source": "agent:ops",
+    load(cli, [{"content": f"Dense {i}: " + "x " * 1000, "kind": "raw", "agent": "ops", "source": "agent:ops",
                 "created_at": day_at(40, i)} for i in range(10)])
     out = cli("summarize")
     assert out.exit_code == 1 and "may have read the input truncated" in out.stderr

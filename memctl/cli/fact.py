@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, connect_read, settings, warn
+from memctl.cli.common import FormatOption, connect, connect_read, settings, since_value, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.records import facts
 
@@ -20,6 +20,16 @@ def register(root: typer.Typer) -> None:
 Namespace = Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the key.")]
 ERASURE_COLUMNS = ["namespace", "key", "fact_removed", "history_values_erased", "version", "vacuum", "checkpoint"]
 Source = Annotated[Optional[str], typer.Option("--source", "-s", help="Who or what set this value.")]
+AsOf = Annotated[Optional[str], typer.Option(
+    "--as-of", callback=since_value, help="The value valid at this time (ISO 8601, or a duration back: 3d), "
+    "corrections recorded since included.", show_default=False)]
+
+
+def _valid_from_value(param: typer.CallbackParam, value: str | None) -> str | None:
+    """--valid-from: a time as --since takes it, and not in the future (exit 2 naming the option)."""
+    value = since_value(param, value)
+    facts.check_valid_from(value, "--valid-from")
+    return value
 
 
 @app.command("set")
@@ -28,16 +38,26 @@ def set_(
     value: Annotated[str, typer.Argument(help="The new value; '-' reads it from stdin.")],
     namespace: Namespace = facts.DEFAULT_NAMESPACE,
     source: Source = None,
+    valid_from: Annotated[Optional[str], typer.Option(
+        "--valid-from", callback=_valid_from_value, help="When VALUE became true (ISO 8601, or a duration back: "
+        "2d); default now; never in the future.", show_default=False)] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Set KEY to VALUE; prints the key, the old value, the new value and the version."""
+    """Set KEY to VALUE; prints the key, the old value, the new value and the version.
+
+    With --valid-from older than the current value's, the version is history: the current value stays.
+    """
     from memctl.cli.common import read_text_arg
 
     redactor = _redactor()
     change = facts.set_fact(connect(), key, read_text_arg(value), namespace=namespace, source=source,
-                            redactor=redactor)
+                            redactor=redactor, valid_from=valid_from)
     if redactor.note():
         warn(redactor.note())
+    if not change.current:
+        stays = "stays deleted" if change.old_value is None else f"stays {change.old_value!r}"
+        warn(f"{key}: version {change.version} recorded as valid from {change.valid_from.isoformat()}; a version "
+             f"valid from later is current, so the current value {stays} (fact history {key})")
     render([change.to_dict()], fmt, columns=["namespace", "key", "old_value", "new_value", "version"])
 
 
@@ -45,12 +65,14 @@ def set_(
 def get(
     key: str,
     namespace: Namespace = facts.DEFAULT_NAMESPACE,
+    as_of: AsOf = None,
     fmt: Annotated[
         Optional[Format], typer.Option("--format", "-f", help="Omit for the bare value; json etc. for the row.")
     ] = None,
 ) -> None:
-    """Print the bare value of KEY (so $(memctl fact get KEY) works); exit 4 if missing."""
-    fact = facts.get_fact(connect_read(), key, namespace=namespace)
+    """Print the bare value of KEY (so $(memctl fact get KEY) works); exit 4 if missing (or, with --as-of, if it
+    had no value then)."""
+    fact = facts.get_fact(connect_read(), key, namespace=namespace, as_of=facts.moment(as_of, "--as-of"))
     if fmt is None:
         sys.stdout.write(fact.value + "\n")
     else:
@@ -62,17 +84,19 @@ def list_(
     prefix: Annotated[Optional[str], typer.Option("--prefix", "-p", help="Only keys starting with this.")] = None,
     namespace: Namespace = facts.DEFAULT_NAMESPACE,
     all_namespaces: Annotated[bool, typer.Option("--all-namespaces", help="List every namespace.")] = False,
+    as_of: AsOf = None,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """List facts, sorted by key."""
+    """List facts, sorted by key (with --as-of: those valid at that time)."""
     rows = (f.to_dict() for f in facts.list_facts(connect_read(), namespace=None if all_namespaces else namespace,
-                                                        prefix=prefix))
+                                                        prefix=prefix, as_of=facts.moment(as_of, "--as-of")))
     render(rows, fmt)
 
 
 @app.command()
 def history(key: str, namespace: Namespace = facts.DEFAULT_NAMESPACE, fmt: FormatOption = Format.table) -> None:
-    """Every change of KEY, oldest first: op, old value, new value, source, version, time."""
+    """Every change of KEY in the order recorded: op, old value, new value, source, version, valid_from (when it
+    became true) and changed_at (when memctl recorded it)."""
     render(facts.history(connect(), key, namespace=namespace), fmt)
 
 
@@ -128,7 +152,7 @@ def _vacuum_note(result: facts.Erasure) -> str:
 def export(
     namespace: Annotated[Optional[str], typer.Option("--namespace", "-n", help="Only this namespace.")] = None,
 ) -> None:
-    """Write every fact as JSONL (key, value, namespace, source) to stdout."""
+    """Write every fact as JSONL (key, value, namespace, source, valid_from) to stdout."""
     render(facts.export_rows(connect(), namespace=namespace), Format.jsonl)
 
 
@@ -138,7 +162,7 @@ def import_(
     source: Annotated[Optional[str], typer.Option("--source", "-s", help="Source for records without one.")] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Set facts from JSONL (key, value, optional namespace, source) in one transaction.
+    """Set facts from JSONL (key, value, optional namespace, source, valid_from) in one transaction.
 
     A bad line fails the whole import, naming the line; nothing is written.
     """

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import connect_read, read_text_arg, settings, warn
+from memctl.cli.common import connect_read, read_text_arg, settings, since_value, warn
 
 
 MAX_K = 100  # memctl.reading.recall.check's bound, checked here too so the error names -k
@@ -42,6 +42,10 @@ def recall(
         show_default=False)] = None,
     no_track: Annotated[bool, typer.Option(
         "--no-track", help="Read only: do not count the episodes returned as accessed.")] = False,
+    as_of: Annotated[Optional[str], typer.Option(
+        "--as-of", callback=since_value, help="The memory the agent would have had at this time (ISO 8601, or a "
+        "duration back: 2d): facts valid then, episodes created before it; counts no access.",
+        show_default=False)] = None,
     fmt: Annotated[RecallFormat, typer.Option(
         "--format", "-f", help="text: a block to append to a prompt; json: the items with kind, score and tokens, "
                                "and the total; jsonl: one item per line.")] = RecallFormat.text,
@@ -58,9 +62,11 @@ def recall(
     """
     from memctl.cli.render import to_json
     from memctl.reading import recall as recall_mod
+    from memctl.records.facts import moment
 
     request = recall_mod.Request(read_text_arg(observation), agent=agent, namespace=namespace, k=k,
-                                 max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track)
+                                 max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track,
+                                 as_of=moment(as_of, "--as-of"))
     result = recall_mod.recall(connect_read(vector=True), settings(), request)
     for message in result.warnings:
         warn(message)

@@ -146,8 +146,13 @@ def episode_get(
     """One episode by id: its full text, kind, source, importance, created_at and meta."""
 
 
-def fact_get(key: Key, namespace: Namespace = None) -> CallToolResult:
-    """The current value of a fact (what is true now), by its exact key."""
+def fact_get(
+    key: Key,
+    namespace: Namespace = None,
+    as_of: Annotated[When, Field(description="The value valid at this time (ISO 8601, or a duration back such as "
+                                             "3d); default: now.")] = None,
+) -> CallToolResult:
+    """The value of a fact by its exact key: what is true now, or with as_of what was true then."""
 
 
 def fact_list(

@@ -230,8 +230,9 @@ def remember(session: Session, content: str, *, kind: str | None = None, importa
         raise InvalidInput(f"the episode text has {len(content):,} characters; at most {MAX_CONTENT:,} are taken")
     redactor = _redactor(session.settings)
     with session.connection() as conn:
-        new_id = episodes.add(conn, session.settings, content, kind=kind, source=scope.source, agent=scope.writer,
-                              importance=importance, redactor=redactor)
+        added = episodes.add_episode(conn, session.settings, content, kind=kind, source=scope.source,
+                                     agent=scope.writer, importance=importance, redactor=redactor)
+    new_id = added.id
     kind = kind or episodes.DEFAULT_KIND
     data = {"stored": new_id is not None, "id": new_id, "agent": scope.writer, "kind": kind, "source": scope.source,
             "importance": importance if importance is not None else episodes.importance_for(session.settings, kind),
@@ -240,6 +241,9 @@ def remember(session: Session, content: str, *, kind: str | None = None, importa
         data["reason"] = f"importance 0 for kind {kind!r} (write policy [importance])"
         return Reply(data, f"Not stored: {data['reason']}.")
     note = f" Note: {redactor.note()}." if redactor.count else ""
+    if added.folded_into is not None:  # a repeat: stored, linked to the first, not embedded again
+        data["folded_into"] = added.folded_into
+        note = f" It repeats episode {added.folded_into} and is folded into it.{note}"
     return Reply(data, f"Stored episode {new_id} ({kind}, importance {data['importance']}).{note}")
 
 
@@ -322,10 +326,12 @@ def _fact_line(row: dict) -> str:
     return f"{row['key']} = {row['value']}"
 
 
-def fact_get(session: Session, key: str, *, namespace: str | None = None) -> Reply:
+def fact_get(session: Session, key: str, *, namespace: str | None = None, as_of: str | None = None) -> Reply:
+    """The current value, or with `as_of` (a duration back or an ISO time) the value valid then."""
     ns = session.scope.readable(namespace)
+    at = _when(as_of, "as_of")
     with session.connection() as conn:
-        fact = facts.get_fact(conn, key, namespace=ns)
+        fact = facts.get_fact(conn, key, namespace=ns, as_of=at)
     return Reply(plain(fact.to_dict()), fact.value)
 
 
@@ -366,7 +372,8 @@ def fact_history(session: Session, key: str, *, namespace: str | None = None) ->
     with session.connection() as conn:
         rows = plain(facts.history(conn, key, namespace=ns))
     lines = [f"v{r['version']} {r['changed_at']} {r['op']}: {r['old_value']!r} -> {r['new_value']!r}"
-             + (f" (source {r['source']})" if r["source"] else "") for r in rows]
+             + (f" (source {r['source']})" if r["source"] else "")
+             + (f" (valid from {r['valid_from']})" if r["valid_from"] != r["changed_at"] else "") for r in rows]
     return Reply({"namespace": ns, "key": key, "history": rows}, "\n".join(lines))
 
 

@@ -20,6 +20,10 @@
    score p / (p + 2) with find's points (2 per title word, 1 per description word).
    No runbook repository configured: no runbooks, no complaint.
 
+With `as_of` (Request.as_of), the block is the one the agent would have had then: the facts valid
+at that time (memctl.records.facts.VALID_AT, corrections recorded since included), episodes
+created before it, ages counted back from it; it counts no access. Runbooks are as they are now.
+
 At most k items of each kind, none scoring below min_score. They are then taken
 in that order until the next one would overflow max_tokens; an item is never
 cut, and the items after the first that does not fit are left out.
@@ -33,11 +37,11 @@ sum, which the budget caps, is never below the count of the whole block.
 The text block comes from [recall] in the config (str.format syntax):
   template      the block, with {items} where the item lines go, one per line
                 (default "Relevant memory (facts are current; episodes are past events):\\n{items}\\n")
-  fact_line     fields: key value source sourced namespace version age score
+  fact_line     fields: key value source sourced namespace version valid_from age score
   episode_line  fields: id agent kind source sourced importance created_at age content score
   runbook_line  fields: name title score
 `sourced` is ", source: X", or "" for an item without a source; `age` reads
-"just now", "5 minutes ago", "3 days ago", "2 months ago".
+"just now", "5 minutes ago", "3 days ago", "2 months ago" (a fact's: since it became true).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ DEFAULT_LINES = {
     "runbook": "- [runbook] {name}: {title}",
 }
 FIELDS = {
-    "fact": ("key", "value", "source", "sourced", "namespace", "version", "age", "score"),
+    "fact": ("key", "value", "source", "sourced", "namespace", "version", "valid_from", "age", "score"),
     "episode": ("id", "agent", "kind", "source", "sourced", "importance", "created_at", "age", "content", "score"),
     "runbook": ("name", "title", "score"),
 }
@@ -95,6 +99,7 @@ class Request:
     min_score: float | None = None  # None: [recall] min_score
     repo: str | None = None  # runbook directory; None: MEMCTL_RUNBOOKS / `runbooks` in the config
     track: bool = True  # count the episodes returned as accessed
+    as_of: datetime.datetime | None = None  # the memory the agent would have had at this time (never tracked)
 
 
 @dataclass
@@ -221,12 +226,12 @@ WITH obs AS (
                  FROM unnest(tsvector_to_array(to_tsvector('english', translate(%(text)s, %(from)s, %(to)s)))) w
                  WHERE length(w) > 1) AS words
 ), f AS (
-    SELECT namespace, key, value, source, version, updated_at,
+    SELECT namespace, key, value, source, version, updated_at, valid_from,
            tsvector_to_array(to_tsvector('english', translate(key, %(from)s, %(to)s))) AS key_words,
            tsvector_to_array(to_tsvector('english', translate(left(value, 100000), %(from)s, %(to)s))) AS value_words
-    FROM facts WHERE namespace = ANY(%(namespaces)s)
+    FROM {facts} AS known WHERE namespace = ANY(%(namespaces)s)
 )
-SELECT f.namespace, f.key, f.value, f.source, f.version, f.updated_at,
+SELECT f.namespace, f.key, f.value, f.source, f.version, f.updated_at, f.valid_from,
        (SELECT count(*) FROM unnest(f.key_words) w WHERE w = ANY(obs.words)) AS key_hits,
        (SELECT count(*) FROM unnest(f.value_words) w WHERE w = ANY(obs.words) AND w <> ALL(f.key_words)) AS value_hits
 FROM f, obs
@@ -238,14 +243,20 @@ def _verbatim(key: str, text: str) -> bool:
     return re.search(r"(?<![\w.])" + re.escape(key.lower()) + r"(?!\w)", text) is not None
 
 
-def match_facts(conn, observation: str, namespace: str, also: tuple[str, ...] = ()) -> list[dict]:
+def match_facts(conn, observation: str, namespace: str, also: tuple[str, ...] = (),
+                as_of: datetime.datetime | None = None) -> list[dict]:
     """Facts of the namespace (and of the namespaces `also` names) sharing a word with the observation,
-    best first, each with its `score`."""
+    best first, each with its `score`; the current ones, or with `as_of` those valid then."""
+    from psycopg import sql
+
+    from memctl.records import facts
+
     params = {"text": observation, "namespaces": [namespace, *also], "from": SPLIT_CHARS[0],
-              "to": SPLIT_CHARS[1]}
+              "to": SPLIT_CHARS[1], "at": as_of, "key": None, "prefix": None}
+    known = sql.Identifier("facts") if as_of is None else sql.SQL("({})").format(sql.SQL(facts.VALID_AT))
     lowered = observation.lower()
     found = []
-    for row in conn.execute(FACT_MATCHES, params, prepare=False):
+    for row in conn.execute(sql.SQL(FACT_MATCHES).format(facts=known), params, prepare=False):
         verbatim = _verbatim(row["key"], lowered)
         score = 1.0 if verbatim else _saturate(2 * row["key_hits"] + row["value_hits"])
         found.append({**row, "score": score})
@@ -255,9 +266,10 @@ def match_facts(conn, observation: str, namespace: str, also: tuple[str, ...] = 
 def _fact_item(row: dict, form: Template, now: datetime.datetime) -> Item:
     value = " ".join(row["value"].split())
     data = {"namespace": row["namespace"], "key": row["key"], "value": row["value"], "source": row["source"],
-            "version": row["version"], "updated_at": row["updated_at"]}
+            "version": row["version"], "updated_at": row["updated_at"], "valid_from": row["valid_from"]}
     line = form.line("fact", {**data, "value": value, "sourced": _sourced(row["source"]), "score": row["score"],
-                              "age": age(row["updated_at"], now)})
+                              "valid_from": row["valid_from"].isoformat(timespec="seconds"),
+                              "age": age(row["valid_from"], now)})
     return Item("fact", row["score"], line, data=data)
 
 
@@ -307,7 +319,8 @@ def find_episodes(conn, settings: Settings, request: Request) -> Episodes:
         vector, warning = _query_vector(settings, model, embedder, request.observation)
         warning = "; ".join(w for w in (mismatch, warning) if w) or None
     mode = "hybrid" if vector is not None else "text"
-    query = Query(request.observation, k=min(1000, request.k * 3), agent=request.agent, mode=mode)
+    until = None if request.as_of is None else request.as_of.isoformat()  # created before it (exclusive)
+    query = Query(request.observation, k=min(1000, request.k * 3), agent=request.agent, mode=mode, until=until)
     outcome = search.search(conn, settings, query, vector=vector)
     outcome.warning = warning
     limit = max_distance(settings, model) if vector is not None else 0.0
@@ -400,8 +413,8 @@ def recall(conn, settings: Settings, request: Request) -> Recall:
     """Facts, then episodes, then runbooks, as many whole items as the budget holds."""
     max_tokens, min_score = check(request, settings)
     form = template(settings)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared))
+    now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
+    fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)
     found = find_episodes(conn, settings, request)
     outcome = found.outcome
     hits = [h for h in outcome.hits if _related(h, found.max_distance)]
@@ -416,7 +429,7 @@ def recall(conn, settings: Settings, request: Request) -> Recall:
     result = Recall(chosen, form.header, form.footer, used, max_tokens, outcome.mode, found.counter,
                     left_out=len(candidates) - len(chosen),
                     warnings=[w for w in (outcome.warning, book_warning) if w])
-    if request.track:
+    if request.track and request.as_of is None:
         from memctl.records import access
 
         access.record(conn, [(i.data["agent"], i.data["id"]) for i in chosen if i.kind == "episode"])

@@ -14,7 +14,7 @@ from memctl import jsonl, redact
 from memctl.config import Settings, parse_duration
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
-from memctl.records import chunking, gate, store
+from memctl.records import chunking, gate, repeats, store
 
 DEFAULT_AGENT = gate.DEFAULT_AGENT
 DEFAULT_KIND = gate.DEFAULT_KIND
@@ -50,10 +50,24 @@ def chunks_of(settings: Settings, content: str) -> list[str]:
     return chunking.chunk_text(content, chunk_size(settings), settings.get("chunking", "overlap"))
 
 
-def add(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
-        importance: Any = None, created_at: Any = None, meta: Any = None,
-        redactor: redact.Redactor | None = None) -> int | None:
+def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
     """Store one episode through the gate; returns its id, or None when the write policy drops it (importance 0).
+
+    Fields as add_episode's; a repeat is stored (and its id returned) all the same.
+    """
+    return add_episode(conn, settings, content, **fields).id
+
+
+@dataclass(frozen=True)
+class Added:
+    id: int | None  # None: not stored (importance 0 by the write policy)
+    folded_into: int | None = None  # a repeat (memctl.records.repeats): the first's id; not embedded
+
+
+def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
+                importance: Any = None, created_at: Any = None, meta: Any = None,
+                redactor: redact.Redactor | None = None) -> Added:
+    """Store one episode through the gate, folded into the first it repeats ([episodes] fold, repeat_window).
 
     Secrets are redacted first ([redaction] mode), so none reaches the table, the chunks or the
     embedder; `redactor` (default: one from the settings) counts what was replaced.
@@ -62,14 +76,15 @@ def add(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any
     episode = admit.new_episode(content, kind=kind, source=source, agent=agent, importance=importance,
                                 created_at=created_at, meta=meta)
     if episode is None:
-        return None
+        return Added(None)
     with conn.transaction():
         conn.execute(locks.WRITE_LOCK)
-        return store.insert_episode(conn, episode)
+        first = repeats.fold_one(conn, episode, repeats.window_seconds(settings))
+        return Added(store.insert_episode(conn, episode, repeat_of=first), first)
 
 
 COLUMNS = "id, agent, kind, source, importance, created_at, meta, content"
-SHOW = f"SELECT {COLUMNS} FROM episodes WHERE id = %s"  # noqa: S608 - constant column list
+SHOW = f"SELECT {COLUMNS}, repeat_of, repeats, last_seen_at FROM episodes WHERE id = %s"  # noqa: S608 - constant
 SHOW_CHUNKS = """
 SELECT c.id, c.seq, length(c.content) AS chars,
        (SELECT count(*) FROM embed_queue q WHERE q.agent = c.agent AND q.chunk_id = c.id) AS pending,
@@ -127,14 +142,48 @@ def where(clauses):
     return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses)
 
 
-DELETE = "DELETE FROM episodes WHERE id = ANY(%s) RETURNING id"
+# A first goes with its repeats (one folded memory); a repeat alone is uncounted from its first.
+DELETE = """
+WITH target AS (SELECT agent, id FROM episodes WHERE id = ANY(%s))
+DELETE FROM episodes e USING target t
+WHERE e.agent = t.agent AND (e.id = t.id OR e.repeat_of = t.id)
+RETURNING e.id, e.agent, e.repeat_of, e.created_at
+"""
 
 
 def delete(conn, ids: list[int]) -> list[int]:
-    """Delete episodes with their chunks and vectors (all models); returns ids deleted."""
+    """Delete episodes with their chunks and vectors (all models), a first with its repeats; returns ids deleted."""
     with conn.transaction():
-        found = [r["id"] for r in conn.execute(DELETE, (list(ids),)).fetchall()]
-    return found
+        rows = conn.execute(DELETE, (list(ids),)).fetchall()
+        gone = {r["id"] for r in rows}
+        repeats.recount(conn, [r for r in repeats.deleted_repeats(rows) if r[1] not in gone])
+    return [r["id"] for r in rows]
+
+
+# --- repeats, for the read side --------------------------------------------
+
+REPEAT_INFO = """
+SELECT id, repeat_of, repeats, created_at AS first_seen, coalesce(last_seen_at, created_at) AS last_seen
+FROM episodes WHERE id = ANY(%(ids)s) AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+"""
+REPEATS_OF = """
+SELECT id, agent, kind, source, importance, created_at, meta, content FROM episodes
+WHERE agent = %(agent)s AND (id = %(id)s OR repeat_of = %(id)s)
+ORDER BY created_at, id LIMIT %(limit)s
+"""
+
+
+def repeat_info(conn, ids: Iterable[int], agent: str | None = None) -> dict[int, dict]:
+    """{id: {repeats, first_seen, last_seen, repeat_of}} of stored episodes (memctl.records.repeats): a first's
+    repeats (0: none) and the span it was seen in; a repeat's repeat_of names its first. `agent` routes it to
+    one shard on Citus."""
+    rows = conn.execute(REPEAT_INFO, {"ids": list(ids), "agent": agent}).fetchall()
+    return {r.pop("id"): r for r in rows}
+
+
+def repeats_of(conn, agent: str, first_id: int, limit: int = 1000) -> list[dict]:
+    """A first and every repeat of it, oldest first (search --all), at most `limit` rows."""
+    return conn.execute(REPEATS_OF, {"agent": agent, "id": first_id, "limit": limit}).fetchall()
 
 
 # --- bulk import -----------------------------------------------------------
@@ -145,6 +194,7 @@ class ImportResult:
     imported: int = 0
     dropped: int = 0  # importance 0 by policy
     chunks: int = 0
+    folded: int = 0  # stored as repeats of an earlier episode: not embedded (memctl.records.repeats)
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
     redactor: redact.Redactor | None = None  # what was redacted; default: from the settings
 
@@ -188,6 +238,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
         result.redactor = redact.Redactor.from_settings(settings)
     admit = gate.Gate(conn, settings, result.redactor, bulk=True)
     now = datetime.datetime.now(datetime.timezone.utc)
+    fold = _Fold(repeats.window_seconds(settings))
     with conn.transaction():
         # GIN indexes gather inserts in a pending list; a larger one for this
         # transaction merges it in fewer, larger passes.
@@ -206,14 +257,21 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
                 continue
             batch.append(admitted)
             if len(batch) >= BATCH:
-                _copy_batch(conn, batch, now, queued, result)
+                _copy_batch(conn, batch, now, queued, result, fold)
                 batch = []
         if batch:
-            _copy_batch(conn, batch, now, queued, result)
+            _copy_batch(conn, batch, now, queued, result, fold)
     return result
 
 
-def _copy_batch(conn, batch: list[gate.Episode], now, queued: list[int], result: ImportResult) -> None:
-    copied = store.copy_episodes(conn, batch, now=now, queued=queued)
+@dataclass
+class _Fold:
+    window: float | None
+    locked: set[str] = field(default_factory=set)  # agents whose fold lock this transaction holds
+
+
+def _copy_batch(conn, batch: list[gate.Episode], now, queued: list[int], result: ImportResult, fold: _Fold) -> None:
+    copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked)
     result.imported += len(batch)
     result.chunks += copied.chunks
+    result.folded += copied.folded

@@ -1,7 +1,14 @@
-"""Facts: keyed, editable, with an append-only history.
+"""Facts: keyed, editable, with an append-only history in two timelines (docs/facts.md).
 
 Every change to one key runs under a transaction-scoped advisory lock on that
 key, so concurrent `set`s serialise: each gets its own version and history row.
+
+Each version keeps when memctl recorded it (changed_at: system time) and when it
+became true (valid_from: valid time, default the time it is recorded; never later).
+The value valid at T is the version with the greatest valid_from <= T (ties: the
+later recorded), counting only versions after the key's last erasure; a delete is a
+version that ends the value. The current value, kept in `facts`, is the version with
+the greatest valid_from: a back-dated correction is history, not the current value.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ class Fact:
     value: str
     source: str | None
     version: int
-    updated_at: datetime.datetime
+    updated_at: datetime.datetime  # when memctl recorded this version (system time)
+    valid_from: datetime.datetime  # when it became true (valid time)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -36,10 +44,12 @@ class Change:
     namespace: str
     key: str
     op: str
-    old_value: str | None
+    old_value: str | None  # the current value before this change
     new_value: str | None
     version: int
     source: str | None = None
+    valid_from: datetime.datetime | None = None
+    current: bool = True  # False: a back-dated version, a later-valid one stays the current value
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,12 +96,63 @@ def _lock(conn, namespace: str, key: str) -> tuple[str | None, int]:
     return (row["value"] if row else None), max(last, row["version"] if row else 0)
 
 
+# Per key, the version valid at %(at)s (NULL: the greatest valid_from, i.e. the current one), a delete included.
+VERSIONS_AT = """
+SELECT DISTINCT ON (h.namespace, h.key) h.namespace, h.key, h.op, h.new_value AS value, h.source, h.version,
+       h.changed_at AS updated_at, h.valid_from
+FROM fact_history h
+WHERE h.op IN ('set', 'delete') AND (%(at)s::timestamptz IS NULL OR h.valid_from <= %(at)s)
+  AND (%(namespaces)s::text[] IS NULL OR h.namespace = ANY(%(namespaces)s))
+  AND (%(key)s::text IS NULL OR h.key = %(key)s)
+  AND (%(prefix)s::text IS NULL OR starts_with(h.key, %(prefix)s))
+  AND NOT EXISTS (SELECT 1 FROM fact_history e WHERE e.namespace = h.namespace AND e.key = h.key
+                  AND e.op = 'erase' AND e.version > h.version)
+ORDER BY h.namespace, h.key, h.valid_from DESC, h.changed_at DESC, h.version DESC
+"""
+# The facts valid at %(at)s, as rows of `facts` (memctl.reading.recall reads them too).
+VALID_AT = ("SELECT namespace, key, value, source, version, updated_at, valid_from FROM (" + VERSIONS_AT
+            + ") AS versions WHERE op = 'set'")
+NOW = "SELECT now() AS now"
+
+
+def at_params(at: datetime.datetime | None = None, *, namespace: str | None = None, key: str | None = None,
+        prefix: str | None = None) -> dict:
+    return {"at": at, "namespaces": None if namespace is None else [namespace], "key": key, "prefix": prefix}
+
+
+def moment(value: str | datetime.datetime | None, what: str) -> datetime.datetime | None:
+    """A point in time: a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC)."""
+    if value is None or isinstance(value, datetime.datetime):
+        return None if value is None else gate.parse_time(value, what)
+    from memctl.records.episodes import parse_since
+
+    return parse_since(value, what)
+
+
+def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_from", *,
+                     now: datetime.datetime | None = None) -> datetime.datetime | None:
+    """`value` as a time, refused (BadValue) when it lies after `now` (default: this machine's clock)."""
+    when = moment(value, what)
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if when is not None and when > now:
+        raise BadValue(f"{what} {when.isoformat()}: is in the future (it is {now.isoformat(timespec='seconds')}); "
+                       "memctl keeps what is or was true, not scheduled values: set it when it becomes true", what)
+    return when
+
+
 def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
     old, last = _lock(conn, fact.namespace, fact.key)
+    if fact.valid_from is not None:  # the database's clock records the version: no later than its now()
+        check_valid_from(fact.valid_from, now=conn.execute(NOW).fetchone()["now"])
     version = last + 1
-    store.put_fact(conn, fact, version)
-    store.insert_history(conn, admit.history(fact, version, "set", old, fact.value, fact.source))
-    return Change(fact.namespace, fact.key, "set", old, fact.value, version, fact.source)
+    recorded = store.insert_history(conn, admit.history(fact, version, "set", old, fact.value, fact.source,
+                                                        valid_from=fact.valid_from))
+    winner = conn.execute(VERSIONS_AT, at_params(namespace=fact.namespace, key=fact.key), prepare=False).fetchone()
+    current = winner["version"] == version
+    if current:
+        store.put_fact(conn, fact, version, recorded["changed_at"])
+    return Change(fact.namespace, fact.key, "set", old, fact.value, version, fact.source, recorded["valid_from"],
+                  current)
 
 
 def validate(key: str, value: str, namespace: str, source: str | None) -> None:
@@ -103,11 +164,14 @@ def validate(key: str, value: str, namespace: str, source: str | None) -> None:
 
 
 def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
-             redactor: redact.Redactor | None = None, settings=None) -> Change:
+             redactor: redact.Redactor | None = None, settings=None,
+             valid_from: str | datetime.datetime | None = None) -> Change:
     """Set a fact through the gate: a secret in the value is redacted first, or refused (`redactor`, default:
-    [redaction] mode), and a blocked source is refused."""
+    [redaction] mode), and a blocked source is refused. `valid_from`: when the value became true (a duration
+    back or an ISO time; default now; never in the future); a back-dated value older than the current one's
+    is recorded without becoming the current value (Change.current False)."""
     admit = _gate(conn, redactor, settings)
-    fact = admit.fact(namespace, key, value, source)
+    fact = admit.fact(namespace, key, value, source, check_valid_from(valid_from))
     with conn.transaction():
         return _set_in_tx(conn, fact, admit)
 
@@ -120,10 +184,20 @@ def _gate(conn, redactor: redact.Redactor | None, settings, *, bulk: bool = Fals
                      bulk=bulk)
 
 
-GET = "SELECT namespace, key, value, source, version, updated_at FROM facts WHERE namespace = %s AND key = %s"
+GET = """
+SELECT namespace, key, value, source, version, updated_at, valid_from FROM facts WHERE namespace = %s AND key = %s
+"""
 
 
-def get_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> Fact:
+def get_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE,
+             as_of: str | datetime.datetime | None = None) -> Fact:
+    """The current value, or with `as_of` the value valid at that time (NotFound: none then)."""
+    if as_of is not None:
+        at = moment(as_of, "as_of")
+        row = conn.execute(VALID_AT, at_params(at, namespace=namespace, key=key), prepare=False).fetchone()
+        if row is None:
+            raise NotFound(f"no value of fact {key!r} in namespace {namespace!r} as of {at.isoformat()}")
+        return Fact(**row)
     row = conn.execute(GET, (namespace, key)).fetchone()
     if row is None:
         raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
@@ -131,20 +205,27 @@ def get_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> Fact:
 
 
 LIST = """
-SELECT namespace, key, value, source, version, updated_at FROM facts
+SELECT namespace, key, value, source, version, updated_at, valid_from FROM facts
 WHERE (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
   AND (%(prefix)s::text IS NULL OR starts_with(key, %(prefix)s))
 ORDER BY namespace, key
 """
 
 
-def list_facts(conn, *, namespace: str | None = DEFAULT_NAMESPACE, prefix: str | None = None) -> Iterator[Fact]:
-    for row in conn.execute(LIST, {"namespace": namespace, "prefix": prefix}, prepare=False):
+def list_facts(conn, *, namespace: str | None = DEFAULT_NAMESPACE, prefix: str | None = None,
+               as_of: str | datetime.datetime | None = None) -> Iterator[Fact]:
+    """The current facts, or with `as_of` those valid at that time, sorted by namespace and key."""
+    if as_of is not None:
+        rows = conn.execute(VALID_AT, at_params(moment(as_of, "as_of"), namespace=namespace, prefix=prefix),
+                            prepare=False)
+    else:
+        rows = conn.execute(LIST, {"namespace": namespace, "prefix": prefix}, prepare=False)
+    for row in rows:
         yield Fact(**row)
 
 
 HISTORY_OF = """
-SELECT namespace, key, version, op, old_value, new_value, source, changed_at
+SELECT namespace, key, version, op, old_value, new_value, source, valid_from, changed_at
 FROM fact_history WHERE namespace = %s AND key = %s ORDER BY version, id
 """
 
@@ -232,10 +313,11 @@ def _checkpoint(conn) -> bool:
 
 def export_rows(conn, *, namespace: str | None = None) -> Iterator[dict]:
     for fact in list_facts(conn, namespace=namespace):
-        yield {"namespace": fact.namespace, "key": fact.key, "value": fact.value, "source": fact.source}
+        yield {"namespace": fact.namespace, "key": fact.key, "value": fact.value, "source": fact.source,
+               "valid_from": fact.valid_from}
 
 
-IMPORT_FIELDS = ("key", "value", "namespace", "source", "version", "updated_at")
+IMPORT_FIELDS = ("key", "value", "namespace", "source", "version", "updated_at", "valid_from")
 
 
 def parse_import(lines: Iterable[bytes]) -> list[dict]:
@@ -255,6 +337,7 @@ def _record(item: dict) -> dict:
         "value": item.get("value"),
         "namespace": item.get("namespace") or DEFAULT_NAMESPACE,
         "source": item.get("source"),
+        "valid_from": item.get("valid_from"),
     }
     for field in ("key", "value"):
         if not isinstance(record[field], str):
@@ -263,6 +346,10 @@ def _record(item: dict) -> dict:
         if record[field] is not None and not isinstance(record[field], str):
             raise BadValue(f"{field}: must be a string", field)
     validate(record["key"], record["value"], record["namespace"], record["source"])
+    if record["valid_from"] is not None:
+        if not isinstance(record["valid_from"], str):
+            raise BadValue("valid_from: must be an ISO 8601 string", "valid_from")
+        record["valid_from"] = check_valid_from(gate.parse_time(record["valid_from"], "valid_from"))
     return record
 
 
@@ -270,6 +357,7 @@ def import_facts(conn, records: list[dict], *, source: str | None = None,
                  redactor: redact.Redactor | None = None, settings=None) -> list[Change]:
     """Set every record in one transaction through the gate: all of them or none."""
     admit = _gate(conn, redactor, settings, bulk=True)
-    admitted = [admit.fact(r["namespace"], r["key"], r["value"], r["source"] or source) for r in records]
+    admitted = [admit.fact(r["namespace"], r["key"], r["value"], r["source"] or source, r.get("valid_from"))
+                for r in records]
     with conn.transaction():
         return [_set_in_tx(conn, fact, admit) for fact in admitted]

@@ -152,6 +152,13 @@ class Episode:
     content_hash: bytes
     redacted: bool  # redaction changed a field
 
+    @functools.cached_property
+    def norm_hash(self) -> bytes:
+        """Its text as repeats are told apart (memctl.records.repeats: normalized, hashed)."""
+        from memctl.records import repeats
+
+        return repeats.norm_hash(self.content)
+
 
 def importance_for(settings, kind: str) -> int:
     policy = settings.section("importance")
@@ -195,6 +202,7 @@ class FactValue:
     key: str
     value: str | None
     source: str | None
+    valid_from: datetime.datetime | None = None  # when the value became true; None: when recorded
 
 
 @dataclass(frozen=True)
@@ -206,7 +214,8 @@ class HistoryEntry:
     old_value: str | None
     new_value: str | None
     source: str | None
-    changed_at: datetime.datetime | None = None
+    changed_at: datetime.datetime | None = None  # system time: when memctl recorded it; None: now
+    valid_from: datetime.datetime | None = None  # valid time: when it became true; None: changed_at
 
 
 FACT_OPS = ("set", "delete", "erase")
@@ -343,8 +352,10 @@ class Gate:
 
     # facts
 
-    def fact(self, namespace: Any, key: Any, value: Any, source: Any) -> FactValue:
-        """A fact's value (None: deleted); a key that names a secret makes its value one."""
+    def fact(self, namespace: Any, key: Any, value: Any, source: Any, valid_from: Any = None) -> FactValue:
+        """A fact's value (None: deleted); a key that names a secret makes its value one. `valid_from`: when the
+        value became true (ISO 8601; None: when it is recorded)."""
+        when = None if valid_from is None else parse_time(valid_from, "valid_from")
         namespace = name(namespace, "namespace", default=DEFAULT_NAMESPACE)
         key = check_key(key)
         source = name(source, "source", optional=True)
@@ -355,10 +366,17 @@ class Gate:
         clean_key = self._text(key, "fact key")
         return FactValue(self._text(namespace, "fact namespace"), clean_key,
                          self.redactor.named(key, value, f"value of {label}") if value is not None else None,
-                         self._text(source, "fact source"))
+                         self._text(source, "fact source"), when)
+
+    @staticmethod
+    def fact_of(entry: HistoryEntry) -> FactValue:
+        """The value an admitted `set` history entry makes current (an import's merge), as it was admitted."""
+        if not isinstance(entry, HistoryEntry) or entry.op != "set" or entry.new_value is None:
+            raise TypeError("only an admitted set entry with its value makes a fact's value")
+        return FactValue(entry.namespace, entry.key, entry.new_value, entry.source, entry.valid_from)
 
     def history(self, fact: FactValue, version: Any, op: Any, old_value: Any, new_value: Any, source: Any,
-                changed_at: Any = None) -> HistoryEntry:
+                changed_at: Any = None, valid_from: Any = None) -> HistoryEntry:
         version = integer(version, "history version", 1, 2**62)
         if op not in FACT_OPS:
             raise BadValue(f"history op: must be one of {', '.join(FACT_OPS)}, got {_shown(op)}", "op")
@@ -371,8 +389,12 @@ class Gate:
                 value = self.redactor.named(fact.key, value, f"history of fact {fact.key!r}")
             values.append(value)
         when = None if changed_at is None else parse_time(changed_at, "changed_at")
+        valid = None if valid_from is None else parse_time(valid_from, "valid_from")
+        if valid is not None and when is not None and valid > when:
+            raise BadValue(f"valid_from {valid.isoformat()} is after changed_at {when.isoformat()}: a value cannot "
+                           "become true after memctl recorded it", "valid_from")
         return HistoryEntry(fact.namespace, fact.key, version, op, values[0], values[1],
-                            self._text(source, "fact source"), when)
+                            self._text(source, "fact source"), when, valid)
 
     # runbook runs, lineage, blocked sources
 

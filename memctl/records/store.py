@@ -26,9 +26,9 @@ def _admitted(record: Any, kind: type) -> None:
 
 
 INSERT_EPISODE = """
-INSERT INTO episodes (agent, kind, content, content_hash, source, importance, created_at, meta)
+INSERT INTO episodes (agent, kind, content, content_hash, source, importance, created_at, meta, norm_hash, repeat_of)
 VALUES (%(agent)s, %(kind)s, %(content)s, %(content_hash)s, %(source)s, %(importance)s,
-        coalesce(%(created_at)s, now()), %(meta)s)
+        coalesce(%(created_at)s, now()), %(meta)s, %(norm_hash)s, %(repeat_of)s)
 RETURNING id
 """
 INSERT_CHUNK = """
@@ -42,16 +42,19 @@ WHERE c.agent = %s AND c.episode_id = %s AND m.state IN ('active', 'backfill')
 """
 
 
-def insert_episode(conn, episode: Episode) -> int:
-    """One episode with its chunks, queued for every model being filled (call inside a transaction)."""
+def insert_episode(conn, episode: Episode, repeat_of: int | None = None) -> int:
+    """One episode with its chunks, queued for every model being filled (call inside a transaction); a repeat
+    (`repeat_of` its first's id, memctl.records.repeats) gets no chunks: it is never embedded."""
     from psycopg.types.json import Jsonb
 
     _admitted(episode, Episode)
     row = conn.execute(INSERT_EPISODE, {
         "agent": episode.agent, "kind": episode.kind, "content": episode.content,
         "content_hash": episode.content_hash, "source": episode.source, "importance": episode.importance,
-        "created_at": episode.created_at, "meta": Jsonb(episode.meta)}).fetchone()
-    insert_chunks(conn, episode, row["id"])
+        "created_at": episode.created_at, "meta": Jsonb(episode.meta), "norm_hash": episode.norm_hash,
+        "repeat_of": repeat_of}).fetchone()
+    if repeat_of is None:
+        insert_chunks(conn, episode, row["id"])
     return row["id"]
 
 
@@ -72,9 +75,11 @@ def _digest(text: str) -> bytes:
 EPISODE_SEQ = "SELECT pg_get_serial_sequence('episodes', 'id') AS s"
 CHUNK_SEQ = "SELECT pg_get_serial_sequence('chunks', 'id') AS s"
 TAKE_IDS = "SELECT nextval(%s::regclass) AS id FROM generate_series(1, %s)"
-COPY_EPISODES = """COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at, meta)
+COPY_EPISODES = """COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at, meta,
+                      norm_hash, repeat_of, repeats, last_seen_at)
 FROM STDIN (FORMAT BINARY)"""
-EPISODE_TYPES = ["int8", "text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb"]
+EPISODE_TYPES = ["int8", "text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb", "bytea", "int8",
+                 "int4", "timestamptz"]
 COPY_CHUNKS = "COPY chunks (id, agent, episode_id, seq, content, content_hash) FROM STDIN (FORMAT BINARY)"
 CHUNK_TYPES = ["int8", "text", "int8", "int4", "text", "bytea"]
 QUEUED_MODELS = "SELECT id FROM embedding_models WHERE state IN ('active', 'backfill') ORDER BY id"
@@ -99,34 +104,46 @@ class Copied:
     chunks: int = 0
     vectors: int = 0
     queued: int = 0
+    folded: int = 0  # stored as repeats of a first (no chunks)
 
 
 def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
-                  vectors: list[list[Any] | None] | None = None, model=None) -> Copied:
+                  vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
+                  hints: list[str | None] | None = None, locked: set[str] | None = None) -> Copied:
     """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
 
     `vectors[i]`, when given, holds one vector per chunk of batch[i] made by `model` (whose
-    table receives them); those chunks are not queued for that model.
+    table receives them); those chunks are not queued for that model. Repeats are folded
+    (memctl.records.repeats.plan_batch: `window`, `hints`, `locked`) and get no chunks.
     """
     from psycopg import sql
     from psycopg.types.json import Jsonb
 
+    from memctl.records import repeats
+
     for episode in batch:
         _admitted(episode, Episode)
     copied = Copied(take_ids(conn, EPISODE_SEQ, len(batch)))
-    chunk_ids = take_ids(conn, CHUNK_SEQ, sum(len(e.chunks) for e in batch))
+    times = [ep.created_at or now for ep in batch]
+    fold = repeats.plan_batch(conn, batch, copied.ids, times, window, hints, locked)
+    copied.folded = fold.folded
+    chunk_ids = take_ids(conn, CHUNK_SEQ, sum(len(e.chunks) for e, r in zip(batch, fold.repeat_of) if r is None))
     with_vector: list[tuple[str, int, bytes, Any]] = []
     queue_rows: list[tuple[str, int]] = []
     with conn.cursor() as cur:
         with cur.copy(COPY_EPISODES) as copy:
             copy.set_types(EPISODE_TYPES)
-            for episode_id, ep in zip(copied.ids, batch):
+            for i, (episode_id, ep) in enumerate(zip(copied.ids, batch)):
                 copy.write_row((episode_id, ep.agent, ep.kind, ep.content, ep.content_hash, ep.source,
-                                ep.importance, ep.created_at or now, Jsonb(ep.meta)))
+                                ep.importance, times[i], Jsonb(ep.meta), ep.norm_hash, fold.repeat_of[i],
+                                fold.repeats[i], fold.last_seen[i]))
+        repeats.settle(conn, fold)
         next_chunk = iter(chunk_ids)
         with cur.copy(COPY_CHUNKS) as copy:
             copy.set_types(CHUNK_TYPES)
             for index, (episode_id, ep) in enumerate(zip(copied.ids, batch)):
+                if fold.repeat_of[index] is not None:
+                    continue
                 given = vectors[index] if vectors is not None else None
                 for seq, text in enumerate(ep.chunks):
                     chunk_id, digest = next(next_chunk), _digest(text)
@@ -152,27 +169,36 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     return copied
 
 
+# valid_from (when the value became true) defaults to the time the row is recorded. A version is recorded
+# at the clock's time when it is written, under the key's lock, not at its transaction's start: versions of
+# one key then follow each other in time, so a plain set is always the latest valid (memctl.records.facts).
 UPSERT_FACT = """
-INSERT INTO facts (namespace, key, value, source, version, updated_at)
-VALUES (%s, %s, %s, %s, %s, coalesce(%s, now()))
+INSERT INTO facts (namespace, key, value, source, version, updated_at, valid_from)
+VALUES (%s, %s, %s, %s, %s, coalesce(%s, now()), coalesce(%s, %s, now()))
 ON CONFLICT (namespace, key) DO UPDATE
-   SET value = excluded.value, source = excluded.source, version = excluded.version, updated_at = excluded.updated_at
+   SET value = excluded.value, source = excluded.source, version = excluded.version, updated_at = excluded.updated_at,
+       valid_from = excluded.valid_from
 """
 INSERT_HISTORY = """
-INSERT INTO fact_history (namespace, key, version, op, old_value, new_value, source, changed_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, coalesce(%s, now()))
+INSERT INTO fact_history (namespace, key, version, op, old_value, new_value, source, changed_at, valid_from)
+SELECT %s, %s, %s, %s, %s, %s, %s, t.at, coalesce(%s, t.at)
+FROM (SELECT coalesce(%s::timestamptz, clock_timestamp()) AS at) AS t
+RETURNING changed_at, valid_from
 """
 
 
 def put_fact(conn, fact: FactValue, version: int, updated_at: datetime.datetime | None = None) -> None:
     _admitted(fact, FactValue)
-    conn.execute(UPSERT_FACT, (fact.namespace, fact.key, fact.value, fact.source, version, updated_at))
+    conn.execute(UPSERT_FACT, (fact.namespace, fact.key, fact.value, fact.source, version, updated_at,
+                               fact.valid_from, updated_at))
 
 
-def insert_history(conn, entry: HistoryEntry) -> None:
+def insert_history(conn, entry: HistoryEntry) -> dict:
+    """The entry's row; returns its changed_at and valid_from as stored."""
     _admitted(entry, HistoryEntry)
-    conn.execute(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
-                                  entry.new_value, entry.source, entry.changed_at))
+    return conn.execute(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
+                                         entry.new_value, entry.source, entry.valid_from,
+                                         entry.changed_at)).fetchone()
 
 
 INSERT_RUN = """

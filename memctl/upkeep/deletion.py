@@ -20,6 +20,7 @@ from typing import Any
 
 from memctl.embedding import models
 from memctl.errors import UsageError
+from memctl.records import repeats
 
 DEFAULT_BATCH = 2000
 NOW = "SELECT now() AS now"
@@ -96,6 +97,12 @@ def summarise(conn, selection: Selection, vector_tables: list[str]) -> list[dict
 # Measured (tests/bench/prune.py, 200k episodes): deleting vectors and chunks
 # with explicit set-based DELETEs before the episodes ran 2x slower, as the
 # cascade triggers still fire and probe every table.
+#
+# Repeats (memctl.records.repeats): a selection is deleted in two passes, its repeats first, then its firsts
+# that no repeat is left of (PASSES). Deleting a repeat uncounts it from its first (repeats.RECOUNT, from the
+# rows `gone` returns); a first is deleted only with its count at 0 (checked again by the DELETE itself, so a
+# repeat linked meanwhile keeps it): a first stays while any repeat of it does (kept by importance, awaiting a
+# summary, younger than the cutoff).
 DELETE_BATCH = """
 WITH batch AS MATERIALIZED (
     SELECT e.agent, e.id, e.created_at FROM episodes e
@@ -109,13 +116,20 @@ WITH batch AS MATERIALIZED (
     FOR UPDATE OF q
 ), gone AS (
     DELETE FROM episodes e USING batch b, (SELECT count(*) FROM locked) AS l
-    WHERE e.agent = b.agent AND e.id = b.id
-    RETURNING 1
+    WHERE e.agent = b.agent AND e.id = b.id AND (e.repeat_of IS NOT NULL OR e.repeats = 0)
+    RETURNING e.agent, e.repeat_of, e.created_at
 )
 SELECT count(*) AS selected, (SELECT count(*) FROM gone) AS deleted, min(created_at) AS oldest,
-       max(created_at) AS last_t, max(id) FILTER (WHERE created_at = (SELECT max(created_at) FROM batch)) AS last_id
+       max(created_at) AS last_t, max(id) FILTER (WHERE created_at = (SELECT max(created_at) FROM batch)) AS last_id,
+       (SELECT json_agg(json_build_array(g.agent, g.repeat_of, g.n, g.newest)) FROM (
+            SELECT agent, repeat_of, count(*) AS n, max(created_at) AS newest FROM gone
+            WHERE repeat_of IS NOT NULL GROUP BY 1, 2) g) AS uncount
 FROM batch
 """
+# The two passes over a selection, and what still matches it afterwards (a first some repeat of which is kept
+# is not a leftover: it stays by the rule).
+PASSES = ("e.repeat_of IS NOT NULL", "e.repeat_of IS NULL AND e.repeats = 0")
+LEFT = "(e.repeat_of IS NOT NULL OR e.repeats = 0)"
 # Rows this backend deleted from each table, cascades included, not yet flushed
 # to the shared statistics: read before and after the DELETE, in its transaction
 # (nothing is flushed inside a transaction), the difference is what it deleted.
@@ -176,7 +190,10 @@ DELETE FROM {table} v WHERE v.agent = %(agent)s
   AND v.chunk_id IN (SELECT c.id FROM chunks c WHERE c.agent = %(agent)s AND c.episode_id = ANY(%(ids)s))
 """
 DELETE_AGENT_CHUNKS = "DELETE FROM chunks WHERE agent = %(agent)s AND episode_id = ANY(%(ids)s)"
-DELETE_AGENT_EPISODES = "DELETE FROM episodes WHERE agent = %(agent)s AND id = ANY(%(ids)s)"
+DELETE_AGENT_EPISODES = """
+DELETE FROM episodes WHERE agent = %(agent)s AND id = ANY(%(ids)s) AND (repeat_of IS NOT NULL OR repeats = 0)
+RETURNING agent, repeat_of, created_at
+"""
 
 
 def _delete_batch_by_agent(conn, query, params: dict, vector_tables: list[str]) -> tuple[dict, list[int]]:
@@ -199,7 +216,9 @@ def _delete_batch_by_agent(conn, query, params: dict, vector_tables: list[str]) 
         for table in vector_tables:
             vectors += conn.execute(sql.SQL(DELETE_AGENT_VECTORS).format(table=sql.Identifier(table)), one).rowcount
         chunks += conn.execute(DELETE_AGENT_CHUNKS, one).rowcount
-        batch["deleted"] += conn.execute(DELETE_AGENT_EPISODES, one).rowcount
+        gone = conn.execute(DELETE_AGENT_EPISODES, one).fetchall()
+        batch["deleted"] += len(gone)
+        repeats.recount(conn, repeats.deleted_repeats(gone))
     return batch, [chunks, vectors]
 
 
@@ -208,15 +227,23 @@ def _deleted_in_tx(conn, tables: list[str]) -> list[int]:
 
 
 def delete_selected(conn, kind: str, selection: Selection, done: Deleted, *, batch_size: int = DEFAULT_BATCH) -> None:
-    """Delete every episode of one kind the selection matches, one short transaction per batch."""
-    from psycopg import sql
-
+    """Delete every episode of one kind the selection matches, one short transaction per batch: its repeats,
+    then its firsts no repeat is left of (PASSES; the first pass only when some repeat is stored)."""
     from memctl.db import cluster
 
     if batch_size <= 0:
         raise UsageError(f"the batch size must be positive, got {batch_size}")
     counted = ["chunks", *vector_table_names(conn)]
     by_agent = cluster.is_distributed(conn)
+    for part in PASSES[0 if repeats.any_repeat(conn) else 1:]:
+        where = "(" + selection.where + ") AND " + part
+        _delete_pass(conn, kind, Selection(where, selection.params), done, batch_size, counted, by_agent)
+
+
+def _delete_pass(conn, kind: str, selection: Selection, done: Deleted, batch_size: int, counted: list[str],
+                 by_agent: bool) -> None:
+    from psycopg import sql
+
     query = sql.SQL(SELECT_BATCH if by_agent else DELETE_BATCH).format(where=sql.SQL(selection.where))
     after_t, after_id = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc), 0
     while True:
@@ -233,6 +260,7 @@ def delete_selected(conn, kind: str, selection: Selection, done: Deleted, *, bat
                 break
             if not by_agent:
                 counts = [n - b for n, b in zip(_deleted_in_tx(conn, counted), before)]
+                repeats.recount(conn, batch["uncount"] or [])
         done.max_transaction_s = max(done.max_transaction_s, time.perf_counter() - started)
         done.note(kind, batch, counts[0], sum(counts[1:]))
         after_t, after_id = batch["last_t"], batch["last_id"]
@@ -242,7 +270,7 @@ def count_by_kind(conn, selection: Selection) -> Counter:
     """How many episodes still match, per kind (the check after deleting)."""
     from psycopg import sql
 
-    query = sql.SQL(COUNT_BY_KIND).format(where=sql.SQL(selection.where))
+    query = sql.SQL(COUNT_BY_KIND).format(where=sql.SQL("(" + selection.where + ") AND " + LEFT))
     return Counter({r["kind"]: r["n"] for r in conn.execute(query, selection.params, prepare=False).fetchall()})
 
 

@@ -5,9 +5,10 @@ Format 1. The first line is a header: {"type": "header", "format": 1, "memctl": 
 per record, each with a `type`, in this order (an import relies on it to remap ids):
 
     blocked_source  source, reason, blocked_at
-    fact            namespace, key, value (null once deleted), source, version, updated_at,
-                    history: [{version, op, old_value, new_value, source, changed_at}, ...]
-    episode         id, agent, kind, source, importance, created_at, meta, content;
+    fact            namespace, key, value (null once deleted), source, version, updated_at, [valid_from],
+                    history: [{version, op, old_value, new_value, source, changed_at, [valid_from]}, ...]
+    episode         id, agent, kind, source, importance, created_at, meta, content, repeat_of (the id of
+                    the first it repeats, null for a first: docs/repeats.md; absent in older files);
                     with --vectors also chunks: [{seq, content, embedding}] of the model in the header
     summary_source  agent, summary_id, source_id, source_created_at, source_hash (hex)
     runbook_run     agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
@@ -15,7 +16,10 @@ per record, each with a `type`, in this order (an import relies on it to remap i
 
 Export reads one REPEATABLE READ snapshot through server-side cursors, so memory stays
 constant whatever the row count. `--agent` and `--since` filter episodes, lineage and runbook
-runs; facts and blocked sources are global and always exported whole.
+runs; facts and blocked sources are global and always exported whole. A fact's valid_from
+(when the value became true, docs/facts.md) is written only where it differs from the time
+the version was recorded (updated_at, changed_at): absent, as in files written before memctl
+kept valid time, it is that time.
 Reading it back is memctl.upkeep.import_.
 """
 
@@ -40,7 +44,7 @@ HAS_LINEAGE = "SELECT to_regclass('summary_sources') IS NOT NULL AS present"
 BLOCKED = "SELECT source, reason, blocked_at FROM blocked_sources ORDER BY source"
 FACT_HISTORY = """
 SELECT h.namespace, h.key, h.version AS h_version, h.op, h.old_value, h.new_value, h.source AS h_source,
-       h.changed_at, f.value, f.source, f.version, f.updated_at
+       h.changed_at, h.valid_from AS h_valid_from, f.value, f.source, f.version, f.updated_at, f.valid_from
 FROM fact_history h LEFT JOIN facts f ON f.namespace = h.namespace AND f.key = h.key
 ORDER BY h.namespace, h.key, h.version, h.id
 """
@@ -49,7 +53,7 @@ ORDER BY h.namespace, h.key, h.version, h.id
 EPISODES = """
 SELECT json_build_object('type', 'episode', 'id', e.id, 'agent', e.agent, 'kind', e.kind, 'source', e.source,
                          'importance', e.importance, 'created_at', e.created_at, 'meta', e.meta,
-                         'content', e.content{chunks})::text AS line
+                         'content', e.content, 'repeat_of', e.repeat_of{chunks})::text AS line
 FROM episodes e
 WHERE (%(agent)s::text IS NULL OR e.agent = %(agent)s) AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s)
 ORDER BY e.id
@@ -162,12 +166,18 @@ def _facts(rows: Iterable[dict]) -> Iterator[dict]:
                 yield record
             record = {"type": "fact", "namespace": row["namespace"], "key": row["key"], "value": row["value"],
                       "source": row["source"], "version": row["version"], "updated_at": row["updated_at"],
-                      "history": []}
+                      **_valid_from(row["valid_from"], row["updated_at"]), "history": []}
         record["history"].append({"version": row["h_version"], "op": row["op"], "old_value": row["old_value"],
                                   "new_value": row["new_value"], "source": row["h_source"],
-                                  "changed_at": row["changed_at"]})
+                                  "changed_at": row["changed_at"],
+                                  **_valid_from(row["h_valid_from"], row["changed_at"])})
     if record is not None:
         yield record
+
+
+def _valid_from(valid_from: datetime.datetime | None, recorded: datetime.datetime | None) -> dict:
+    """{"valid_from": ...} where it says more than the recorded time, else nothing (the reader's default)."""
+    return {} if valid_from is None or valid_from == recorded else {"valid_from": valid_from}
 
 
 def _episode_lines(conn, filters: dict, model: models.Model | None, result: ExportResult) -> Iterator[str]:

@@ -27,7 +27,7 @@ from memctl.config import Settings
 from memctl.db import locks
 from memctl.embedding import models
 from memctl.errors import BadValue, Blocked, InvalidInput
-from memctl.records import facts, gate, store
+from memctl.records import facts, gate, repeats, store
 from memctl.upkeep.export import FORMAT, TYPES
 
 BATCH = 2000
@@ -40,6 +40,7 @@ class ImportResult:
     fact_changes: int = 0  # history entries added
     episodes: int = 0
     duplicates: int = 0
+    folded: int = 0  # of the episodes, stored as repeats of a first (memctl.records.repeats): not embedded
     chunks: int = 0
     vectors: int = 0  # vectors taken from the file
     queued: int = 0  # chunks queued for embedding
@@ -59,10 +60,10 @@ class ImportResult:
 FIELDS = {
     "header": ({"type", "format", "memctl", "models", "vectors", "exported_at", "agent", "since"}, ("format",)),
     "blocked_source": ({"type", "source", "reason", "blocked_at"}, ("source",)),
-    "fact": ({"type", "namespace", "key", "value", "source", "version", "updated_at", "history"},
+    "fact": ({"type", "namespace", "key", "value", "source", "version", "updated_at", "valid_from", "history"},
              ("namespace", "key", "history")),
-    "episode": ({"type", "id", "agent", "kind", "source", "importance", "created_at", "meta", "content", "chunks"},
-                ("id", "agent", "content", "created_at")),
+    "episode": ({"type", "id", "agent", "kind", "source", "importance", "created_at", "meta", "content", "chunks",
+                 "repeat_of"}, ("id", "agent", "content", "created_at")),
     "summary_source": ({"type", "agent", "summary_id", "source_id", "source_created_at", "source_hash"},
                        ("agent", "summary_id", "source_id", "source_created_at", "source_hash")),
     "runbook_run": ({"type", "agent", "name", "commit", "dirty", "started_at", "finished_at", "outcome", "steps",
@@ -157,6 +158,8 @@ class _Loader:
         self.index_later: models.Model | None = None  # registered by this import, its index not built yet
         self.queued: list[int] = []
         self.now = datetime.datetime.now(datetime.timezone.utc)
+        self.window = repeats.window_seconds(settings)
+        self.locked: set[str] = set()  # agents whose fold lock this import holds
 
     def add(self, number: int, item: dict) -> None:
         kind = item["type"]
@@ -200,7 +203,7 @@ class _Loader:
                                 agent=item["agent"], importance=item.get("importance"),
                                 created_at=item["created_at"], meta=item.get("meta"))
         episode.line = number
-        self.batch.append((item["id"], episode, given))
+        self.batch.append((item["id"], episode, given, _fold_hint(item)))
         if len(self.batch) >= BATCH:
             self.flush()
 
@@ -311,19 +314,32 @@ SELECT agent, content_hash, created_at, id FROM episodes WHERE created_at = ANY(
 """
 
 
-def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, list | None]]) -> None:
+def _fold_hint(item: dict) -> str | None:
+    """What the file says of a record's folding (memctl.records.repeats): null repeat_of keeps it a first, an id
+    folds it into the latest first of its text before it; a file from before repeats were folded says nothing."""
+    if "repeat_of" not in item:
+        return None
+    if item["repeat_of"] is None:
+        return repeats.FIRST
+    if isinstance(item["repeat_of"], bool) or not isinstance(item["repeat_of"], int):
+        raise BadValue("episode: repeat_of: must be an episode id or null", "repeat_of")
+    return repeats.REPEAT
+
+
+def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, list | None, str | None]]) -> None:
     """New episodes only (deduplicated by agent, content hash and created_at), through the gate's COPY writer.
 
     A record already stored (as it is in the file, or as the gate would store it) is a duplicate and
     stores nothing, so a backup can be imported again whatever was blocked since; every other record
-    passes the gate, which refuses a blocked source and redacts.
+    passes the gate, which refuses a blocked source and redacts. Repeats fold as the file says, else by
+    [episodes] repeat_window (_fold_hint).
     """
     conn, result = loader.conn, loader.result
-    times = list({ep.created_at for _, ep, _ in batch})
+    times = list({ep.created_at for _, ep, _, _ in batch})
     known = {(r["agent"], bytes(r["content_hash"]), r["created_at"]): r["id"]
              for r in conn.execute(EXISTING, (times,)).fetchall()}
-    fresh, vectors, repeated = [], [], []
-    for old_id, raw, given in batch:
+    fresh, vectors, repeated, hints = [], [], [], []
+    for old_id, raw, given, hint in batch:
         key = (raw.agent, raw.content_hash, raw.created_at)
         ep = None
         if key not in known:
@@ -338,14 +354,17 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
             continue
         fresh.append((old_id, ep, raw.agent))  # ids are mapped under the file's agent name
         vectors.append(loader.vectors(ep, given))
+        hints.append(hint)
         known[key] = None  # a second copy in this batch maps to the id the first one gets below
     copied = store.copy_episodes(conn, [ep for _, ep, _ in fresh], now=loader.now, queued=loader.queued,
-                                vectors=vectors, model=loader.model)
+                                vectors=vectors, model=loader.model, window=loader.window, hints=hints,
+                                locked=loader.locked)
     for new_id, (old_id, ep, agent) in zip(copied.ids, fresh):
         loader.mapped.append((agent, old_id, new_id))
         known[(ep.agent, ep.content_hash, ep.created_at)] = new_id
     loader.mapped.extend((agent, old_id, known[key]) for agent, old_id, key in repeated)
     result.episodes += len(fresh)
+    result.folded += copied.folded
     result.chunks += copied.chunks
     result.vectors += copied.vectors
     result.queued += copied.queued
@@ -380,18 +399,21 @@ def _history_entries(admit: gate.Gate, fact: gate.FactValue, history: Any) -> li
         if entry.get("changed_at") is None:
             raise BadValue(f"fact {fact.key!r}: history[{index}] needs changed_at", "history")
         entries.append(admit.history(fact, entry.get("version"), entry.get("op"), entry.get("old_value"),
-                                     entry.get("new_value"), entry.get("source"), entry["changed_at"]))
+                                     entry.get("new_value"), entry.get("source"), entry["changed_at"],
+                                     entry.get("valid_from")))  # absent (older files): changed_at
     return sorted(entries, key=lambda e: e.version)
 
 
 def merge_fact(conn, admit: gate.Gate, item: dict, result: ImportResult) -> None:
-    """Add a key's history: as it is on an empty key; else the entries not yet here, after the last version."""
-    fact = admit.fact(item["namespace"], item["key"], item.get("value"), item.get("source"))
+    """Add a key's history: as it is on an empty key; else the entries not yet here, after the last version.
+
+    The current row is then the merged history's (memctl.records.facts: the greatest valid_from wins)."""
+    fact = admit.fact(item["namespace"], item["key"], item.get("value"), item.get("source"), item.get("valid_from"))
     entries = _history_entries(admit, fact, item["history"])
-    version = item.get("version")
-    if version is not None:
-        version = gate.integer(version, "version", 1, 2**62)
-    updated_at = None if item.get("updated_at") is None else gate.parse_time(item["updated_at"], "updated_at")
+    if item.get("version") is not None:  # checked where they enter; the current row comes from the history
+        gate.integer(item["version"], "version", 1, 2**62)
+    if item.get("updated_at") is not None:
+        gate.parse_time(item["updated_at"], "updated_at")
     namespace, key = fact.namespace, fact.key
     conn.execute(facts.LOCK_KEY, (namespace, key))
     here = conn.execute(KEY_HISTORY, (namespace, key)).fetchall()
@@ -400,17 +422,28 @@ def merge_fact(conn, admit: gate.Gate, item: dict, result: ImportResult) -> None
     if not new:
         return
     last = max((h["version"] for h in here), default=0)
+    added = []
     for offset, entry in enumerate(new, start=1):
         if here:
             entry = dataclasses.replace(entry, version=last + offset)
         store.insert_history(conn, entry)
+        added.append(entry)
     result.fact_changes += len(new)
     result.facts += 1
-    newest_here = max((h["changed_at"] for h in here), default=None)
-    if here and newest_here >= new[-1].changed_at:
-        return  # this database's own later change stays the current value
-    version = version if not here else last + len(new)
-    if fact.value is None:
+    _settle(conn, namespace, key, added)
+
+
+def _settle(conn, namespace: str, key: str, added: list[gate.HistoryEntry]) -> None:
+    """The key's current row after a merge: the winning version's, when the file brought it."""
+    winner = conn.execute(facts.VERSIONS_AT, facts.at_params(namespace=namespace, key=key), prepare=False).fetchone()
+    if winner is None:  # every version erased, or none sets a value
+        conn.execute(facts.DELETE, (namespace, key))
+        return
+    brought = [e for e in added if (e.version, e.op, e.new_value, e.changed_at)
+               == (winner["version"], winner["op"], winner["value"], winner["updated_at"])]
+    if not brought:
+        return  # this database's own version stays the current value
+    if winner["op"] == "delete":
         conn.execute(facts.DELETE, (namespace, key))
     else:
-        store.put_fact(conn, fact, version or new[-1].version, updated_at or new[-1].changed_at)
+        store.put_fact(conn, gate.Gate.fact_of(brought[-1]), winner["version"], winner["updated_at"])

@@ -161,9 +161,12 @@ def scan(conn) -> Scan:
     return result
 
 
-GET_EPISODE = "SELECT kind, source, content, meta FROM episodes WHERE agent = %s AND id = %s FOR UPDATE"
+GET_EPISODE = """
+SELECT kind, source, content, meta, repeat_of FROM episodes WHERE agent = %s AND id = %s FOR UPDATE
+"""
 SET_EPISODE = """
-UPDATE episodes SET kind = %s, source = %s, content = %s, content_hash = %s, meta = %s WHERE agent = %s AND id = %s
+UPDATE episodes SET kind = %s, source = %s, content = %s, content_hash = %s, norm_hash = %s, meta = %s
+WHERE agent = %s AND id = %s
 """
 SET_REASON = "UPDATE blocked_sources SET reason = %s WHERE source = %s"
 DROP_CHUNKS = "DELETE FROM chunks WHERE agent = %s AND episode_id = %s"
@@ -230,8 +233,9 @@ def _fix_episode(conn, settings, agent: str, episode_id: int, done: Fixed, Jsonb
     # Through the gate in redact mode, whatever [redaction] says: --fix replaces what it found.
     episode = gate.Gate(conn, settings, Redactor("redact")).stored_episode(agent, row["content"], row["meta"])
     conn.execute(SET_EPISODE, (redact_text(row["kind"]), redact_text(row["source"]), episode.content,
-                               episode.content_hash, Jsonb(episode.meta), agent, episode_id))
+                               episode.content_hash, episode.norm_hash, Jsonb(episode.meta), agent, episode_id))
     conn.execute(DROP_CHUNKS, (agent, episode_id))  # vectors, queue and failure rows cascade
-    done.queued += store.insert_chunks(conn, episode, episode_id)
-    done.chunks += len(episode.chunks)
+    if row["repeat_of"] is None:  # a repeat has no chunks of its own (memctl.records.repeats): its first's count
+        done.queued += store.insert_chunks(conn, episode, episode_id)
+        done.chunks += len(episode.chunks)
     done.episodes += 1

@@ -180,30 +180,37 @@ def summarize_window(conn, chat: OllamaChat, budget: Budget, agent: str, day: st
 
 # The window's episodes as one statement's snapshot saw them: the lineage is written from this record and the
 # sources are re-checked against it, so an episode backdated into the window meanwhile is never claimed (the
-# next run summarizes it in an addendum). upto: bytes of content up to and including the episode, in time
-# order (content is never empty, so it grows strictly): the key pages of about PAGE_BYTES are cut by.
+# next run summarizes it in an addendum). Repeats (memctl.records.repeats) are recorded, so the lineage holds
+# them, but only the earliest of each first's group in the window is fed (lead), with how many times the group
+# was seen in the window (seen) and when last. upto: bytes of fed content up to and including the episode (1
+# for one not fed), in time order (so it grows strictly): the key pages of about PAGE_BYTES are cut by.
 CREATE_INPUT = """
 CREATE TEMPORARY TABLE IF NOT EXISTS summarize_input (
     upto bigint PRIMARY KEY, id bigint NOT NULL, created_at timestamptz NOT NULL, content_hash bytea NOT NULL,
-    kind text NOT NULL, source text, importance smallint NOT NULL)
+    kind text NOT NULL, source text, importance smallint NOT NULL, lead boolean NOT NULL, seen integer NOT NULL,
+    last_seen timestamptz NOT NULL)
 """
 CLEAR_INPUT = "TRUNCATE summarize_input"
 RECORD_INPUT = """
-INSERT INTO summarize_input (upto, id, created_at, content_hash, kind, source, importance)
-SELECT sum(octet_length(e.content)) OVER (ORDER BY e.created_at, e.id), e.id, e.created_at, e.content_hash,
-       e.kind, e.source, e.importance
-FROM episodes e
-WHERE e.agent = %(agent)s AND e.created_at >= %(start)s AND e.created_at < %(end)s AND e.kind = ANY(%(kinds)s)
-  AND {unsummarized}
+INSERT INTO summarize_input (upto, id, created_at, content_hash, kind, source, importance, lead, seen, last_seen)
+SELECT sum(CASE WHEN w.lead THEN w.bytes ELSE 1 END) OVER (ORDER BY w.created_at, w.id), w.id, w.created_at,
+       w.content_hash, w.kind, w.source, w.importance, w.lead, w.seen, w.last_seen
+FROM (SELECT e.id, e.created_at, e.content_hash, e.kind, e.source, e.importance, octet_length(e.content) AS bytes,
+             row_number() OVER g = 1 AS lead, count(*) OVER g AS seen, max(e.created_at) OVER g AS last_seen
+      FROM episodes e
+      WHERE e.agent = %(agent)s AND e.created_at >= %(start)s AND e.created_at < %(end)s AND e.kind = ANY(%(kinds)s)
+        AND {unsummarized}
+      WINDOW g AS (PARTITION BY coalesce(e.repeat_of, e.id) ORDER BY e.created_at, e.id
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)) w
 """.format(unsummarized=lineage_mod.UNSUMMARIZED)
-# The next page: the episodes up to `bytes` past `base`, or the next one alone when it is longer. A source
+# The next page: the fed episodes up to `bytes` past `base`, or the next one alone when it is longer. A source
 # deleted since it was recorded comes back without content.
 INPUT_PAGE = """
-SELECT i.upto, i.created_at, i.source, e.content
+SELECT i.upto, i.created_at, i.source, e.content, i.seen, i.last_seen
 FROM summarize_input i LEFT JOIN episodes e ON e.agent = %(agent)s AND e.id = i.id
-WHERE i.upto > %(base)s::bigint
+WHERE i.lead AND i.upto > %(base)s::bigint
   AND i.upto <= greatest(%(base)s::bigint + %(bytes)s::bigint,
-                         (SELECT min(upto) FROM summarize_input WHERE upto > %(base)s::bigint))
+                         (SELECT min(upto) FROM summarize_input WHERE lead AND upto > %(base)s::bigint))
 ORDER BY i.upto LIMIT %(rows)s
 """
 CREATE_PARTS = """
@@ -236,6 +243,9 @@ def input_episodes(conn, agent: str) -> Iterator[dict]:
         for row in page:
             if row["content"] is None:
                 raise WindowFailed("a source episode was deleted while summarizing")
+            if row["seen"] > 1:  # a first's repeats in the window: its text once, with how often and when
+                first, last = row["created_at"].astimezone(UTC), row["last_seen"].astimezone(UTC)
+                row["content"] += f" (repeated: seen {row['seen']} times, first {first:%H:%M}, last {last:%H:%M} UTC)"
             yield row
         del page
 
@@ -280,7 +290,8 @@ SELECT count(*) FILTER (WHERE unchanged) AS unchanged, count(*) FILTER (WHERE su
 INPUT_FACTS = """
 SELECT max(importance) AS importance,
        array_agg(DISTINCT source COLLATE "C" ORDER BY source COLLATE "C") FILTER (WHERE source <> '') AS source_names,
-       array_agg(DISTINCT kind COLLATE "C" ORDER BY kind COLLATE "C") AS kinds
+       array_agg(DISTINCT kind COLLATE "C" ORDER BY kind COLLATE "C") AS kinds,
+       count(*) FILTER (WHERE NOT lead) AS repeats
 FROM summarize_input
 """
 
@@ -298,7 +309,8 @@ def _write(conn, settings: Settings, name: str, window: Window, sources: int, su
                                "summarizing")
         facts = conn.execute(INPUT_FACTS).fetchone()
         meta = {"window_start": window.start.isoformat(), "window_end": window.end.isoformat(), "model": name,
-                "sources": sources, "source_names": facts["source_names"] or [], "kinds": facts["kinds"],
+                "sources": sources, "repeats": facts["repeats"], "source_names": facts["source_names"] or [],
+                "kinds": facts["kinds"],
                 "parts": summary.parts, "rounds": summary.rounds, "requests": summary.requests,
                 "tokens_in": summary.tokens_in, "tokens_out": summary.tokens_out}
         if window.addendum_to is not None:
