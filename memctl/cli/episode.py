@@ -44,21 +44,31 @@ def add(
         "--created-at", callback=time_value, help="ISO 8601 time (default now).")] = None,
     meta: Annotated[Optional[str], typer.Option(
         "--meta", callback=json_object_value, help="A JSON object stored with the episode.")] = None,
+    fmt: Annotated[Optional[Format], typer.Option(
+        "--format", "-f", help="Print {id, folded_into} as table, json, jsonl or csv instead of the bare id.")] = None,
 ) -> None:
-    """Store an episode and print its id. It is searchable by words at once, by meaning after `memctl embed`."""
+    """Store an episode and print its id. It is searchable by words at once, by meaning after `memctl embed`.
+
+    A repeat of an earlier episode (docs/repeats.md) is stored linked to it and not embedded again: stderr says so.
+    """
     from memctl import redact
 
     st = settings()
     redactor = redact.Redactor.from_settings(st)
-    new_id = episodes.add(connect(), st, read_text_arg(text), kind=kind, source=source, agent=agent,
-                          importance=importance, created_at=created_at, meta=json_object("--meta", meta),
-                          redactor=redactor)
+    added = episodes.add_episode(connect(), st, read_text_arg(text), kind=kind, source=source, agent=agent,
+                                 importance=importance, created_at=created_at, meta=json_object("--meta", meta),
+                                 redactor=redactor)
     if redactor.note():
         warn(redactor.note())
-    if new_id is None:
+    if added.id is None:
         warn(f"not stored: importance 0 for kind {kind or episodes.DEFAULT_KIND!r} (write policy [importance])")
         return
-    sys.stdout.write(f"{new_id}\n")
+    if added.folded_into is not None:
+        warn(f"a repeat of episode {added.folded_into}: stored as {added.id}, linked to it, not embedded again")
+    if fmt is None:
+        sys.stdout.write(f"{added.id}\n")
+    else:
+        render_one({"id": added.id, "folded_into": added.folded_into}, fmt)
 
 
 @app.command("import")
@@ -88,8 +98,9 @@ def import_(
         warn(f"skipped line {number}: {reason}")
     if len(result.skipped) > 20:
         warn(f"... and {len(result.skipped) - 20} more skipped lines")
-    render([{"imported": result.imported, "chunks": result.chunks, "dropped_by_policy": result.dropped,
-             "skipped": len(result.skipped), "skipped_lines": [n for n, _ in result.skipped]}], fmt)
+    render([{"imported": result.imported, "chunks": result.chunks, "folded": result.folded,
+             "dropped_by_policy": result.dropped, "skipped": len(result.skipped),
+             "skipped_lines": [n for n, _ in result.skipped]}], fmt)
 
 
 def _open(path: str):
@@ -190,6 +201,8 @@ def search(
     outcome = search_mod.search(conn, settings(), q, track=not no_track)
     if outcome.warning:
         warn(outcome.warning)
+    if outcome.note:
+        warn(outcome.note)
     rows = [h.to_dict() for h in outcome.hits]
     if fmt is Format.table:
         rows = [{"id": r["id"], "score": r["score"], "agent": r["agent"], "kind": r["kind"],
@@ -209,4 +222,7 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
     if warning:
         warn(warning)
     for q, outcome in zip(queries, outcomes):
-        sys.stdout.write(to_json({"query": q.text, "results": [h.to_dict() for h in outcome.hits]}) + "\n")
+        line = {"query": q.text, "results": [h.to_dict() for h in outcome.hits]}
+        if outcome.note:
+            line["note"] = outcome.note  # why this query found nothing
+        sys.stdout.write(to_json(line) + "\n")

@@ -1,12 +1,22 @@
 """BM25 ranking of the text half, from term statistics PostgreSQL already keeps.
 
     score(e) = sum over the query terms t that e contains of idf(t)
-               * (k1 + 1) / (1 + k1 * (1 - b + b * |e| / avg |e|))
+               * (k1 + 1) / (1 + k1 * (1 - b + b * max(|e|, avg |e|) / avg |e|))
     idf(t)   = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
 
 Term frequency counts as 1: memories are short, a word rarely repeats in one,
 and repeating it does not make a memory more relevant. |e| is the number of
 distinct lexemes of the episode's tsvector (`length(tsv)`), so no text is read.
+A long episode is discounted, a short one gets no bonus: with term frequency 1,
+plain BM25 would rank the two-word "last ok" above any average memory sharing
+the same word. So an episode scores at most the sum of its terms' idf, and
+Plan.ceiling (the sum over the terms any episode holds) is the most any episode
+can score: fusion scales the text half by it (memctl.reading.fusion).
+
+A term is a word or "phrase" of the query, or a word with its synonyms
+(memctl.reading.query.SYNONYMS) as one OR, whose document frequency is the sum
+of its words' (an upper bound, so such a group never weighs more than its commonest
+word alone would).
 
 Document frequencies cost nothing on write. ANALYZE (run by autovacuum) keeps
 the most common lexemes of `episodes.tsv` with their frequencies in
@@ -65,7 +75,8 @@ COUNT_ONE = "count(*) FILTER (WHERE e.tsv @@ {q}::tsquery)::float8 AS {name}"
 # The score of one episode for the plan's terms and weights (named parameters t0.., w0..): one
 # CASE per term, so each row costs a few tsquery matches and no subquery.
 SCORE = """({terms}) * (%(k1)s::float8 + 1)
-  / (1 + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * length({tsv}) / %(avgdl)s::float8))"""
+  / (1 + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * greatest(length({tsv}), %(avgdl)s::float8)
+                                                                    / %(avgdl)s::float8))"""
 TERM = "CASE WHEN {tsv} @@ {term}::tsquery THEN {weight}::float8 ELSE 0 END"
 
 _LEXEME = re.compile(r"'((?:[^']|'')*)'")
@@ -174,6 +185,7 @@ class Plan:
     weights: list[float]  # their idf
     left_out: list[str]  # wanted terms too common to match or score
     matched: list[str] = field(default_factory=list)  # the kept terms that find episodes
+    ceiling: float = 0.0  # the most any episode can score: one holding every kept term, not long
 
 
 def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | None,
@@ -203,7 +215,7 @@ def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | Non
                 break
             matched.append(term)
             total += frequency[term]
-    return Plan(kept, weights, left_out, matched)
+    return Plan(kept, weights, left_out, matched, sum(weights))
 
 
 def score(p: Plan, tsv: str = "e.tsv"):

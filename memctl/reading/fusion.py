@@ -4,7 +4,8 @@ For every candidate (the top `candidates` of each half, plus the
 context neighbours of episodes of the context kinds), scored by both halves:
 
     base       = (1 - text_weight) * cosine similarity of its best chunk
-                 + text_weight * BM25 / the best BM25 (memctl.reading.bm25)
+                 + text_weight * BM25 / the query's BM25 ceiling (memctl.reading.bm25: the score
+                   of an episode holding every query word that any episode holds)
     relevance  = base + context_weight * the best base of its neighbours (the
                  entries just before and after it in its agent's log, same kind,
                  within context_window), divided by the best so 1.0 is the top
@@ -58,7 +59,7 @@ def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
 
 
 def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dict],
-               context: dict[int, list[int]]) -> dict[int, float]:
+               context: dict[int, list[int]], text_ceiling: float | None = None) -> dict[int, float]:
     """Episode id -> relevance, 1.0 for the best: weighted scores, or reciprocal rank fusion."""
     if setting(settings, "fusion") == "rrf":
         rrf_k = settings.get("search", "rrf_k")
@@ -69,12 +70,14 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
     text_share = setting(settings, "text_weight") if vector_rows is not None else 1.0
     if text_rows is None:
         text_share = 0.0
-    best_text = max((r["text_score"] or 0 for r in scored.values()), default=0) or 1.0
+    # BM25 over what the query could score at most, not over the best found: a candidate holding one
+    # common word of a long question is not a full match because nothing holds more
+    scale = text_ceiling or max((r["text_score"] or 0 for r in scored.values()), default=0) or 1.0
 
     def base(i: int) -> float:
         row = scored[i]
         similarity = 0.0 if row["distance"] is None else max(0.0, 1 - float(row["distance"]))
-        return (1 - text_share) * similarity + text_share * float(row["text_score"] or 0) / best_text
+        return (1 - text_share) * similarity + text_share * min(1.0, float(row["text_score"] or 0) / scale)
 
     beta = setting(settings, "context_weight")
     raw = {i: base(i) + beta * max([base(j) for j in context.get(i, []) if j in scored] or [0]) for i in scored}
@@ -84,12 +87,12 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
 
 def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dict] | None, scored: dict,
          candidates: set[int], context: dict[int, list[int]], now: datetime.datetime,
-         accessed: dict | None = None, k: int | None = None) -> list[Hit]:
+         accessed: dict | None = None, k: int | None = None, text_ceiling: float | None = None) -> list[Hit]:
     """The candidates as hits, best first (the first k when given)."""
     conf = settings.section("search")
     half_life = parse_duration(conf["recency_half_life"])
     recency_weight, importance_weight = conf["recency_weight"], conf["importance_weight"]
-    relevance_of = relevances(settings, vector_rows, text_rows, scored, context)
+    relevance_of = relevances(settings, vector_rows, text_rows, scored, context, text_ceiling)
     ranked = []
     for episode_id in candidates:
         row = scored.get(episode_id)

@@ -1,14 +1,15 @@
 """What one search asks: Query (and a line of `episode search --batch`), the query syntax, the [search] settings.
 
 The syntax is websearch's: words and "quoted phrases", each wanted (any of them finds an episode) or
--excluded; `match_query` turns their tsquery texts into the one tsquery the text half matches.
+-excluded; `match_query` turns their tsquery texts into the one tsquery the text half matches. An
+unquoted wanted word also matches its SYNONYMS; a query with no wanted word is `unsearchable`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memctl.config import DurationTooLong, Settings, default, parse_duration
@@ -104,6 +105,7 @@ class Terms:
 
     wanted: list[str]
     excluded: list[str]
+    quoted: list[bool] = field(default_factory=list)  # per wanted piece: written in quotes (taken literally)
 
 
 _TERM = re.compile(r'(-?)"([^"]*)"?|(\S+)')
@@ -119,12 +121,72 @@ def split_terms(text: str) -> Terms:
     for match in _TERM.finditer(text):
         negated, phrase, word = match.group(1), match.group(2), match.group(3)
         if phrase is not None:
-            (excluded if negated else wanted).append(phrase)
+            (excluded if negated else wanted).append((phrase, True))
         elif word.startswith("-") and len(word) > 1:
-            excluded.append(word[1:])
+            excluded.append((word[1:], False))
         else:
-            wanted.append(word)
-    return Terms([t for t in wanted if t.strip()], [t for t in excluded if t.strip()])
+            wanted.append((word, False))
+    kept = [(t, q) for t, q in wanted if t.strip()]
+    return Terms([t for t, _ in kept], [t for t, _ in excluded if t.strip()], [q for _, q in kept])
+
+
+# Words operators use for one thing, so that a question in one finds a memory written in another
+# ("why did the release break" finds "deploy ... failed"): a wanted, unquoted word of a group also
+# matches the others, in the text half only (a -word or a "quoted" word stays literal). Each group
+# counts as one term of the query, its document frequency the sum of its words'. Kept to words
+# without a common second meaning in an operations log.
+SYNONYMS = (
+    "deploy deploys deployed deploying deployment deployments release releases released releasing rollout rollouts",
+    "fail fails failed failing failure failures break breaks broke broken breakage crash crashes crashed crashing "
+    "outage outages",
+    "restart restarts restarted restarting reboot reboots rebooted rebooting",
+    "rollback rollbacks revert reverts reverted reverting",
+    "slow slower slowness slowdown latency",
+    "cert certs certificate certificates",
+    "db dbs database databases",
+    "postgres postgresql pg",
+    "password passwords passphrase credential credentials",
+    "alert alerts alerted alarm alarms",
+    "disk disks storage",
+    "delete deletes deleted deleting remove removes removed removing purge purged",
+    "upgrade upgrades upgraded upgrading update updates updated",
+    "error errors exception exceptions",
+    "hang hangs hung stuck unresponsive frozen",
+    "k8s kubernetes",
+    "config configs configuration configurations",
+    "backup backups snapshot snapshots",
+    "network networking connectivity",
+    "login logins logon signin",
+    "repo repos repository repositories",
+    "env environment environments",
+    "prod production",
+    "auth authentication",
+    "hotfix hotfixes patch patches patched",
+    "vuln vulns vulnerability vulnerabilities cve",
+)
+_SYNONYM_OF = {word: group.split() for group in SYNONYMS for word in group.split()}
+
+
+def synonyms(piece: str) -> list[str]:
+    """The other words of the piece's SYNONYMS group ([] for a phrase or a word of none)."""
+    word = piece.strip(".,;:!?()[]'").lower()
+    return [w for w in _SYNONYM_OF.get(word, []) if w != word]
+
+
+NO_WORD = "the query has no word to search for (only punctuation or symbols): nothing searched"
+ONLY_EXCLUDED = "the query only excludes (-word) and names no word to look for: nothing searched"
+
+
+def unsearchable(text: str) -> str | None:
+    """Why the query finds nothing whatever is stored (NO_WORD, ONLY_EXCLUDED), or None when it has a word.
+
+    A wanted piece needs a letter or digit: `!!!`, `"`, `--` or `?!` would otherwise embed as noise,
+    and noise has a nearest episode, which search would return as the best match.
+    """
+    terms = split_terms(text)
+    if any(any(ch.isalnum() for ch in piece) for piece in terms.wanted):
+        return None
+    return ONLY_EXCLUDED if any(any(ch.isalnum() for ch in p) for p in terms.excluded) else NO_WORD
 
 
 def match_query(wanted: list[str], excluded: list[str]) -> str | None:

@@ -7,7 +7,9 @@ starve it; the text half matches any wanted word (OR), ranks by BM25, and finds
 episodes not embedded yet. With the vector half running, the text half leaves
 out words in nearly every episode and matches only the query's rarest words, up
 to `match_rows` episodes (memctl.reading.bm25); when the vector half then finds nothing,
-the query runs again on all its words.
+the query runs again on all its words. A query without a word to look for
+(query.unsearchable: `!!!`, a lone quote, only -exclusions) runs nothing and
+says why in its outcome's note: the nearest episode to noise is no answer.
 
 A query costs two statements: one parses it and counts its rare words, one runs
 both halves, the context neighbours and the scoring of every candidate by both
@@ -29,7 +31,7 @@ from memctl.embedding import models
 from memctl.errors import EmbedderUnavailable, UnknownModel
 from memctl.reading import bm25
 from memctl.reading.fusion import Hit, fuse
-from memctl.reading.query import Query, context_kinds, setting
+from memctl.reading.query import Query, context_kinds, setting, unsearchable
 from memctl.reading.statement import Halves, pieces, run_statement
 
 
@@ -37,7 +39,8 @@ from memctl.reading.statement import Halves, pieces, run_statement
 class Outcome:
     hits: list[Hit] = field(default_factory=list)
     mode: str = "hybrid"  # the mode that actually ran
-    warning: str | None = None
+    warning: str | None = None  # about the whole call (the embedder); the same for every query of a batch
+    note: str | None = None  # about this query alone: why it found nothing (query.unsearchable)
 
 
 def query_embedder(settings: Settings, model: models.Model):
@@ -187,7 +190,9 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
         from memctl.records import access
 
         accessed = access.last_accessed(conn, list(scored))
-    outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k)
+    ceiling = halves.plan.ceiling if halves.plan is not None else None
+    outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k,
+                        text_ceiling=ceiling)
     return outcome
 
 
@@ -201,7 +206,8 @@ def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, 
     for q in queries:
         q.check()
     model = models.active(conn)
-    wanting = [i for i, q in enumerate(queries) if q.mode != "text"]
+    nothing = {i: why for i, why in enumerate(unsearchable(q.text) for q in queries) if why}
+    wanting = [i for i, q in enumerate(queries) if q.mode != "text" and i not in nothing]
     notes: list[str] = []
     by_index: dict[int, Any] = {}
     if vectors is not None:
@@ -221,6 +227,10 @@ def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, 
     cache: dict = {}  # term statistics, read once per batch
     for i, q in enumerate(queries):
         outcome = Outcome(mode=q.mode)
+        if i in nothing:  # no word: an answer would be the nearest episode to noise
+            outcome.note, outcome.warning = nothing[i], "; ".join(notes) or None
+            outcomes.append(outcome)
+            continue
         if q.mode != "text" and i not in by_index:
             if q.mode == "vector":
                 raise _vector_mode_refusal("no query vector")

@@ -15,7 +15,7 @@ from typing import Any
 from memctl.config import Settings, parse_duration
 from memctl.embedding import models
 from memctl.reading import bm25
-from memctl.reading.query import Query, Terms, context_kinds, match_query, setting, split_terms
+from memctl.reading.query import Query, Terms, context_kinds, match_query, setting, split_terms, synonyms
 from memctl.records import episodes
 
 TS_CONFIG = "english"
@@ -34,14 +34,17 @@ ORDER BY h.distance
 """
 JOIN_EPISODES = """JOIN chunks c0 ON c0.agent = v.agent AND c0.id = v.chunk_id
 JOIN episodes e ON e.agent = c0.agent AND e.id = c0.episode_id"""
-# Each piece of the query (a word, a "quoted phrase") becomes its own tsquery text:
-# lexemes as PostgreSQL's english configuration makes them, phrases with <->.
+# Each piece of the query (a word, a "quoted phrase") becomes its own tsquery text: lexemes as
+# PostgreSQL's english configuration makes them, phrases with <->, and / . : @ read as spaces, as
+# episodes.tsv reads them (sql/0013): '/var/log/nginx' is 'var' <-> 'log' <-> 'nginx', which an
+# episode naming that path holds, and so is nginx alone (found, or excluded by -nginx).
 PIECES = """
-SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q
+SELECT p.ord, phraseto_tsquery('english', translate(p.piece, '/.:@', '    '))::text AS q
 FROM unnest(%s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
 """
 PIECES_PROBED = """
-SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q, false AS rare, 0::float8 AS df, {probe} AS context
+SELECT p.ord, phraseto_tsquery('english', translate(p.piece, '/.:@', '    '))::text AS q,
+       false AS rare, 0::float8 AS df, {probe} AS context
 FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
 """
 # Whether any episode the query could reach is of a context kind: without one, the query's statement
@@ -49,19 +52,20 @@ FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord) ORDER BY p.ord
 # The kinds are the configuration's, written into the statement so that its prepared (generic) plan
 # still knows how rare they are and probes episodes_kind_created_idx rather than scanning.
 PROBE = "EXISTS (SELECT 1 FROM episodes e WHERE e.kind = ANY({kinds}) {filters})"
-# The same, with the document frequency of each wanted piece that is not a common lexeme (those
-# come from the statistics): one GIN scan per rare piece, joined rather than a correlated subquery,
-# so Citus can plan it too (the tsqueries stay text inside: Citus ships a CTE's rows to the
-# workers as text, and the empty tsquery of a stopword does not read back). Scoped to one agent
-# (on Citus, so that the count runs on its shard alone), pieces() scales the counts by the agent's
-# share to the whole table's, which the common lexemes' frequencies are of.
+# The same, with the document frequency of each wanted piece and synonym (after the excluded pieces)
+# that is not a common lexeme (those come from the statistics): one GIN scan per rare piece, joined
+# rather than a correlated subquery, so Citus can plan it too (the tsqueries stay text inside: Citus
+# ships a CTE's rows to the workers as text, and the empty tsquery of a stopword does not read back).
+# Scoped to one agent (on Citus, so that the count runs on its shard alone), pieces() scales the
+# counts by the agent's share to the whole table's, which the common lexemes' frequencies are of.
 PIECES_COUNTED = """
 WITH p AS MATERIALIZED (
-    SELECT p.ord, phraseto_tsquery('english', p.piece)::text AS q
+    SELECT p.ord, phraseto_tsquery('english', translate(p.piece, '/.:@', '    '))::text AS q
     FROM unnest(%(pieces)s::text[]) WITH ORDINALITY AS p(piece, ord)
 ),
 rare AS MATERIALIZED (
-    SELECT ord, q FROM p WHERE ord <= %(wanted)s AND numnode(q::tsquery) > 0 AND NOT q = ANY(%(common)s)
+    SELECT DISTINCT ON (q) ord, q FROM p  -- a synonym may parse to a wanted piece's lexeme: counted once
+    WHERE (ord <= %(wanted)s OR ord > %(plain)s) AND numnode(q::tsquery) > 0 AND NOT q = ANY(%(common)s)
 ),
 counted AS (
     SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q::tsquery {agent} GROUP BY r.ord
@@ -228,12 +232,16 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
     from psycopg import sql
 
     terms = split_terms(text)
+    # each unquoted wanted word's synonyms (query.SYNONYMS) are parsed and counted after the pieces
+    groups = [[] if quoted else synonyms(word) for word, quoted in zip(terms.wanted, terms.quoted)]
     every = terms.wanted + terms.excluded
-    if not every:
+    plain = len(every)
+    every += [word for group in groups for word in group]
+    if not plain:
         return Parsed([], [])
     if stats is None and probe is None:
-        parsed = [r["q"] for r in conn.execute(PIECES, (every,), prepare=False).fetchall()]
-        return Parsed(parsed[: len(terms.wanted)], parsed[len(terms.wanted):])
+        rows = conn.execute(PIECES, (every,), prepare=False).fetchall()
+        return _grouped(conn, terms, groups, [r["q"] for r in rows], None)
     params: dict[str, Any] = {"pieces": every}
     check = sql.SQL("true")
     if probe is not None:
@@ -253,13 +261,29 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
             within = sql.SQL(" AND e.agent = {}").format(sql.Placeholder("agent"))
             params["agent"] = agent
         statement = sql.SQL(PIECES_COUNTED).format(probe=check, agent=within)
-        params.update(wanted=len(terms.wanted), common=stats.common_queries)
+        params.update(wanted=len(terms.wanted), plain=plain, common=stats.common_queries)
     rows = conn.execute(statement, params).fetchall()  # prepared once used
     if stats is not None and terms.wanted:
         stats.counted.update((r["q"], r["df"] / share if r["df"] and share > 0 else r["df"])
                              for r in rows if r["rare"])
-    parsed = [r["q"] for r in rows]
-    return Parsed(parsed[: len(terms.wanted)], parsed[len(terms.wanted):], context=rows[0]["context"])
+    parsed = _grouped(conn, terms, groups, [r["q"] for r in rows], stats if terms.wanted else None)
+    parsed.context = rows[0]["context"]
+    return parsed
+
+
+def _grouped(conn, terms: Terms, groups: list[list[str]], parsed: list[str], stats: bm25.TermStats | None) -> Parsed:
+    """The wanted pieces with their synonyms ORed in (document frequency: the sum of the words'), the excluded."""
+    wanted = parsed[: len(terms.wanted)]
+    plain = len(terms.wanted) + len(terms.excluded)
+    extra = iter(parsed[plain:])
+    for i, group in enumerate(groups):
+        words = [q for q in dict.fromkeys([wanted[i], *(next(extra) for _ in group)]) if q]
+        if len(words) < 2:
+            continue
+        wanted[i] = " | ".join(w if bm25.single_lexeme(w) else f"( {w} )" for w in words)
+        if stats is not None:
+            stats.counted[wanted[i]] = min(stats.n, sum(bm25.document_frequencies(conn, stats, words)))
+    return Parsed(wanted, parsed[len(terms.wanted): plain])
 
 
 @dataclass
