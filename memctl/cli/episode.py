@@ -182,9 +182,15 @@ def search(
                         "writes one JSON line per query, in order.")] = None,
     no_track: Annotated[bool, typer.Option(
         "--no-track", help="Read only: do not count the hits as accessed (access_count, last_accessed_at).")] = False,
+    every: Annotated[bool, typer.Option(
+        "--all", help="List every repeat of a folded result right after it (repeat_of names the result).")]
+    = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Find episodes by meaning and by words, weighted by recency and importance.
+
+    A repeated episode (docs/repeats.md) comes back once, as its first, with repeats, first_seen and last_seen
+    (the table's seen column: ×N, the times it was seen).
 
     With the embedder down or slower than the search timeout, falls back to text search with a warning.
     Every hit returned counts as an access of that episode unless --no-track.
@@ -203,11 +209,19 @@ def search(
         warn(outcome.warning)
     if outcome.note:
         warn(outcome.note)
-    rows = [h.to_dict() for h in outcome.hits]
+    rows = search_mod.with_repeats(conn, outcome.hits) if every else [h.to_dict() for h in outcome.hits]
     if fmt is Format.table:
-        rows = [{"id": r["id"], "score": r["score"], "agent": r["agent"], "kind": r["kind"],
-                 "created_at": r["created_at"], "content": _preview(r["content"])} for r in rows]
+        rows = [{"id": r["id"], "score": "" if r["score"] is None else r["score"], "agent": r["agent"],
+                 "kind": r["kind"], "created_at": r["created_at"], "seen": _seen(r),
+                 "content": _preview(r["content"])} for r in rows]
     render(rows, fmt)
+
+
+def _seen(row: dict) -> str:
+    """×N for a result seen N times (itself and its repeats), 'repeat of ID' for a repeat (--all)."""
+    if row.get("repeat_of") is not None:
+        return f"repeat of {row['repeat_of']}"
+    return f"×{row['repeats'] + 1}" if row.get("repeats") else ""
 
 
 def _search_batch(conn, path: str, *, track: bool = True) -> None:

@@ -248,8 +248,11 @@ def remember(session: Session, content: str, *, kind: str | None = None, importa
 
 
 def _hit(hit) -> dict[str, Any]:
-    return {"id": hit.id, "text": hit.content, "score": hit.score, "created_at": hit.created_at.isoformat(),
-            "kind": hit.kind, "source": hit.source, "agent": hit.agent, "importance": hit.importance}
+    found = {"id": hit.id, "text": hit.content, "score": hit.score, "created_at": hit.created_at.isoformat(),
+             "kind": hit.kind, "source": hit.source, "agent": hit.agent, "importance": hit.importance}
+    if hit.repeats:  # a first standing for its repeats (docs/repeats.md)
+        found.update(repeats=hit.repeats, first_seen=hit.first_seen.isoformat(), last_seen=hit.last_seen.isoformat())
+    return found
 
 
 def search(session: Session, query: str, *, k: int = 5, kind: str | None = None, since: str | None = None,
@@ -276,7 +279,9 @@ def search(session: Session, query: str, *, k: int = 5, kind: str | None = None,
         lines.append("No episode found.")
     for h in hits:
         source = f", source {h.source}" if h.source else ""
-        lines.append(f"[episode {h.id}, {h.created_at.isoformat(timespec='seconds')}, {h.kind}{source}, "
+        seen = (f", seen {h.repeats + 1} times, first {h.first_seen.isoformat(timespec='seconds')}, "
+                f"last {h.last_seen.isoformat(timespec='seconds')}") if h.repeats else ""
+        lines.append(f"[episode {h.id}, {h.created_at.isoformat(timespec='seconds')}, {h.kind}{source}{seen}, "
                      f"score {h.score:.3f}] {h.content}")
     return Reply(data, "\n".join(lines))
 

@@ -31,12 +31,15 @@ With the vector half running, the text half also matches only the query's
 rarest words, as many as fit in a budget of `match_rows` episodes together
 (none when even the rarest is in more); the other words still score the
 episodes found, but do not find episodes themselves. This is MaxScore's idea
-of essential terms, with a cost bound instead of a score bound: an episode
-holding only the commoner words has at most their (small) idf, and the vector
-half finds it if it is about the query. The text half then reads about
-`match_rows` heap pages whatever the words: the default 1,000, against the
-~1,800 buffers an HNSW top-50 scan at ef_search 100 reads (measured at 100k
-episodes), keeps the two halves' costs alike.
+of essential terms, with a cost bound instead of a score bound. An episode
+holding two of the commoner words is found by their pair (an AND) when the
+pair's estimated co-occurrence, df_a * df_b / N as if the words were
+independent, fits the same bound (the PAIRED_TERMS rarest of them: at most 28
+pairs); one holding a single commoner word has at most its (small) idf, and the
+vector half finds it if it is about the query. The text half then reads about
+`match_rows` heap pages per matched part whatever the words: the default
+10,000 (1,000 before, which lost 56% of keyword recall@10 at 1M episodes:
+tests/bench/match_rows.py).
 
 The statistics (episode count, average length, common lexemes) are read once per
 process and database and kept STATS_TTL seconds: they change with ANALYZE, not
@@ -45,6 +48,7 @@ with each episode. Rare terms are counted for every batch.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -53,6 +57,7 @@ from dataclasses import dataclass, field
 COMMON_MIN_ROWS = 1000  # below this many rows, matching a word is cheap whatever its share
 SAMPLE_ROWS = 2000  # episodes sampled for the average length
 STATS_TTL = 60.0  # seconds term statistics are reused within one process
+PAIRED_TERMS = 8  # the commoner words paired to find episodes together: at most 28 pairs
 
 STATS = """
 SELECT c.reltuples::float8 AS reltuples, s.most_common_elems::text::text[] AS lexemes,
@@ -184,7 +189,7 @@ class Plan:
     terms: list[str]  # tsquery texts, one per wanted word or phrase kept: they score
     weights: list[float]  # their idf
     left_out: list[str]  # wanted terms too common to match or score
-    matched: list[str] = field(default_factory=list)  # the kept terms that find episodes
+    matched: list[str] = field(default_factory=list)  # the kept terms (and pairs of them, ANDed) that find episodes
     ceiling: float = 0.0  # the most any episode can score: one holding every kept term, not long
 
 
@@ -193,7 +198,8 @@ def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | Non
     """Weigh the wanted terms; with common_share, leave out those in more than that share of episodes.
 
     With match_rows, only the rarest kept terms whose document frequencies add up to at most
-    match_rows find episodes (none, when even the rarest is in more); without it every kept term does.
+    match_rows find episodes (none, when even the rarest is in more), and pairs of the others (ANDed) expected
+    in at most match_rows episodes together; without it every kept term does.
     """
     terms = list(dict.fromkeys(t for t in wanted if t))
     dfs = document_frequencies(conn, stats, terms)
@@ -215,6 +221,11 @@ def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | Non
                 break
             matched.append(term)
             total += frequency[term]
+        # an episode holding two of the commoner words together is found by the pair, when the pair's
+        # estimated co-occurrence (independent words) fits the bound: their AND reads about that many rows
+        rest = sorted((t for t in kept if t not in matched), key=frequency.get)[:PAIRED_TERMS]
+        matched += [f"( {a} ) & ( {b} )" for a, b in itertools.combinations(rest, 2)
+                    if frequency[a] * frequency[b] / stats.n <= match_rows]
     return Plan(kept, weights, left_out, matched, sum(weights))
 
 

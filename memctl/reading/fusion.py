@@ -44,6 +44,11 @@ class Hit:
     distance: float | None = None
     text_score: float | None = None
     chunk: str | None = None
+    # a first standing for its repeats (memctl.records.repeats): how many, and the span it was seen in;
+    # 0 and None for an episode never repeated
+    repeats: int = 0
+    first_seen: datetime.datetime | None = None
+    last_seen: datetime.datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,5 +122,14 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
             vector_rank=v[0] if v else None, text_rank=t[0] if t else None,
             distance=None if row["distance"] is None else round(float(row["distance"]), 6),
             text_score=round(float(row["text_score"]), 6) if row["text_score"] else None,
-            chunk=v[1]["content"] if v else None))
+            chunk=v[1]["content"] if v else None, **_seen(row)))
     return hits
+
+
+def _seen(row: dict) -> dict[str, Any]:
+    """A first's repeats and the span it was seen in (first_seen: its own time), for a Hit."""
+    repeats = row.get("repeats") or 0
+    if not repeats:
+        return {}
+    return {"repeats": repeats, "first_seen": row["created_at"],
+            "last_seen": row.get("last_seen_at") or row["created_at"]}

@@ -39,9 +39,13 @@ The text block comes from [recall] in the config (str.format syntax):
                 (default "Relevant memory (facts are current; episodes are past events):\\n{items}\\n")
   fact_line     fields: key value source sourced namespace version valid_from age score
   episode_line  fields: id agent kind source sourced importance created_at age content score
+                repeats seen first_seen last_seen
   runbook_line  fields: name title score
 `sourced` is ", source: X", or "" for an item without a source; `age` reads
 "just now", "5 minutes ago", "3 days ago", "2 months ago" (a fact's: since it became true).
+An episode repeated (docs/repeats.md) comes once, as its first: `repeats` counts its repeats (0: none),
+`seen` is " (seen N times, first 3 days ago, last 5 minutes ago)" for it and "" otherwise (the default
+line ends with it; a line without {seen} shows no count), first_seen and last_seen the ages of both ends.
 """
 
 from __future__ import annotations
@@ -61,15 +65,17 @@ from memctl.reading.query import Query
 DEFAULT_TEMPLATE = "Relevant memory (facts are current; episodes are past events):\n{items}\n"
 DEFAULT_LINES = {
     "fact": "- [fact] {key} = {value} (current fact{sourced})",
-    "episode": "- [episode, {age}{sourced}] {content}",
+    "episode": "- [episode, {age}{sourced}] {content}{seen}",
     "runbook": "- [runbook] {name}: {title}",
 }
 FIELDS = {
     "fact": ("key", "value", "source", "sourced", "namespace", "version", "valid_from", "age", "score"),
-    "episode": ("id", "agent", "kind", "source", "sourced", "importance", "created_at", "age", "content", "score"),
+    "episode": ("id", "agent", "kind", "source", "sourced", "importance", "created_at", "age", "content", "score",
+                "repeats", "seen", "first_seen", "last_seen"),
     "runbook": ("name", "title", "score"),
 }
-SAMPLE = {"score": 0.5, "id": 1, "importance": 5, "version": 1}  # to check a line format's fields and specs
+# to check a line format's fields and specs
+SAMPLE = {"score": 0.5, "id": 1, "importance": 5, "version": 1, "repeats": 0}
 DEFAULTS = {"max_tokens": 1000, "min_score": 0.0, "dedupe": 0.9, "max_distance": None}
 # Cosine distance within which an episode counts as related without sharing a
 # word. Models spread their distances differently: unrelated texts sit near 0.9
@@ -353,14 +359,36 @@ def _related(hit: Hit, limit: float) -> bool:
     return hit.text_rank is not None or (hit.distance is not None and hit.distance <= limit)
 
 
-def _episode_item(hit: Hit, duplicates: list[int], form: Template, now: datetime.datetime) -> Item:
+Sightings = tuple[int, datetime.datetime, datetime.datetime]  # repeats, first seen, last seen
+
+
+def sightings(conn, hit: Hit, as_of: datetime.datetime | None) -> Sightings:
+    """(repeats, first seen, last seen) of a hit; with as_of, of the sightings before it only."""
+    if not hit.repeats:
+        return 0, hit.created_at, hit.created_at
+    if as_of is None or hit.last_seen < as_of:
+        return hit.repeats, hit.first_seen, hit.last_seen
+    from memctl.records import episodes
+
+    seen = [r["created_at"] for r in episodes.repeats_of(conn, hit.agent, hit.id, limit=hit.repeats + 1)
+            if r["created_at"] < as_of]
+    return max(0, len(seen) - 1), hit.created_at, max(seen, default=hit.created_at)
+
+
+def _episode_item(hit: Hit, duplicates: list[int], form: Template, now: datetime.datetime,
+                  seen: Sightings) -> Item:
+    repeats, first, last = seen
     data = {"id": hit.id, "agent": hit.agent, "episode_kind": hit.kind, "source": hit.source,
             "importance": hit.importance, "created_at": hit.created_at, "age": age(hit.created_at, now),
             "content": hit.content, "duplicates": duplicates}
+    if repeats:
+        data.update(repeats=repeats, first_seen=first, last_seen=last)
     values = {"id": hit.id, "agent": hit.agent, "kind": hit.kind, "source": hit.source,
               "sourced": _sourced(hit.source), "importance": hit.importance,
               "created_at": hit.created_at.isoformat(timespec="seconds"), "age": data["age"],
-              "content": hit.content, "score": hit.score}
+              "content": hit.content, "score": hit.score, "repeats": repeats, "first_seen": age(first, now),
+              "last_seen": age(last, now),
+              "seen": f" (seen {repeats + 1} times, first {age(first, now)}, last {age(last, now)})" if repeats else ""}
     return Item("episode", hit.score, form.line("episode", values), data=data)
 
 
@@ -422,7 +450,8 @@ def recall(conn, settings: Settings, request: Request) -> Recall:
     books, book_warning = find_runbooks(settings, request)
     candidates = (
         [_fact_item(r, form, now) for r in fact_rows if r["score"] >= min_score][: request.k]
-        + [_episode_item(h, d, form, now) for h, d in episodes if h.score >= min_score][: request.k]
+        + [_episode_item(h, d, form, now, sightings(conn, h, request.as_of))
+           for h, d in episodes if h.score >= min_score][: request.k]
         + [_runbook_item(r, form) for r in books if r["score"] >= min_score][: request.k]
     )
     chosen, used = fit(candidates, form, found.count, max_tokens)

@@ -6,10 +6,15 @@ runs on the active model's HNSW index with iterative scan, so filters never
 starve it; the text half matches any wanted word (OR), ranks by BM25, and finds
 episodes not embedded yet. With the vector half running, the text half leaves
 out words in nearly every episode and matches only the query's rarest words, up
-to `match_rows` episodes (memctl.reading.bm25); when the vector half then finds nothing,
-the query runs again on all its words. A query without a word to look for
+to `match_rows` episodes, and pairs of the commoner words expected together in no more
+(memctl.reading.bm25); when the vector half then finds nothing, the query runs again on all its
+words. A query without a word to look for
 (query.unsearchable: `!!!`, a lone quote, only -exclusions) runs nothing and
 says why in its outcome's note: the nearest episode to noise is no answer.
+
+Repeats folded (docs/repeats.md): a repeat row is never a result (it has no chunk, and the text half
+reads firsts only); its first stands for it, with `repeats`, `first_seen` and `last_seen` on its Hit.
+with_repeats lists every repeat after its first (search --all).
 
 A query costs two statements: one parses it and counts its rare words, one runs
 both halves, the context neighbours and the scoring of every candidate by both
@@ -141,7 +146,7 @@ def _track(conn, outcomes: list[Outcome]) -> None:
 
 def _narrowed(plan: bm25.Plan) -> bool:
     """Whether the plan leaves a wanted word out of what finds episodes."""
-    return bool(plan.left_out) or len(plan.matched) < len(plan.terms)
+    return bool(plan.left_out) or any(t not in plan.matched for t in plan.terms)
 
 
 def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Outcome:
@@ -194,6 +199,30 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
     outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k,
                         text_ceiling=ceiling)
     return outcome
+
+
+def with_repeats(conn, hits: list[Hit]) -> list[dict]:
+    """The hits as rows, each folded one followed by every repeat of it (oldest first; search --all).
+
+    A repeat's row has the hit's keys, its own id, time, importance and text, `repeat_of` naming its
+    first and no score; a hit's row has `repeat_of` None.
+    """
+    from memctl.records import episodes
+
+    rows = []
+    for hit in hits:
+        row = {**hit.to_dict(), "repeat_of": None}
+        rows.append(row)
+        if not hit.repeats:
+            continue
+        blank = dict.fromkeys(row)
+        for other in episodes.repeats_of(conn, hit.agent, hit.id, limit=hit.repeats + 1):
+            if other["id"] != hit.id:
+                rows.append({**blank, **{k: other[k] for k in REPEAT_FIELDS}, "repeat_of": hit.id})
+    return rows
+
+
+REPEAT_FIELDS = ("id", "agent", "kind", "source", "importance", "created_at", "content")
 
 
 def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, *,

@@ -95,11 +95,12 @@ vhits AS MATERIALIZED (
     FROM vec h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id {agent_c}
     ORDER BY c.agent, c.episode_id, h.distance
 )"""
+# The text half reads firsts only: a repeat's first is found by the same words (docs/repeats.md).
 TEXT_CTE = """
 thits AS MATERIALIZED (
     SELECT e.agent, e.id, {score} AS text_score
     FROM episodes e
-    WHERE e.tsv @@ %(match)s::tsquery {filters}
+    WHERE e.tsv @@ %(match)s::tsquery AND e.repeat_of IS NULL {filters}
     ORDER BY text_score DESC, e.id DESC
     LIMIT %(n)s
 )"""
@@ -114,16 +115,17 @@ found AS MATERIALIZED (SELECT agent, id, distance, chunk, NULL::float8 AS text_s
 FOUND_TEXT = """
 found AS MATERIALIZED (SELECT agent, id, NULL::float8 AS distance, NULL::text AS chunk, text_score FROM thits)"""
 # The entries just before and after a found episode in its agent's log (by id), when they are of
-# the same kind, close in time and pass the query's filters; they join the candidates.
+# the same kind, close in time and pass the query's filters; they join the candidates. Repeat rows
+# (memctl.records.repeats) are never candidates: their first stands for them, with its count.
 NEAR_CTE = """
 near AS MATERIALIZED (
     SELECT c.agent, c.id, b.id AS before, a.id AS after
     FROM found f JOIN episodes c ON c.agent = f.agent AND c.id = f.id {agent_c}
     LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
-                       WHERE e.agent = c.agent AND e.id < c.id ORDER BY e.id DESC LIMIT 1) b
+                       WHERE e.agent = c.agent AND e.id < c.id AND e.repeat_of IS NULL ORDER BY e.id DESC LIMIT 1) b
            ON b.kind = c.kind AND abs(extract(epoch FROM c.created_at - b.created_at)) <= %(window)s {before}
     LEFT JOIN LATERAL (SELECT e.id, e.agent, e.kind, e.source, e.created_at FROM episodes e
-                       WHERE e.agent = c.agent AND e.id > c.id ORDER BY e.id LIMIT 1) a
+                       WHERE e.agent = c.agent AND e.id > c.id AND e.repeat_of IS NULL ORDER BY e.id LIMIT 1) a
            ON a.kind = c.kind AND abs(extract(epoch FROM a.created_at - c.created_at)) <= %(window)s {after}
     WHERE c.kind = ANY(%(kinds)s)
 ),
@@ -139,7 +141,7 @@ NO_NEAR = """
 every AS (SELECT agent, id, distance, chunk, text_score, NULL::bigint[] AS neighbours FROM found)"""
 HYBRID = """
 WITH {ctes},{found},{near}
-SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content,
+SELECT e.id, e.agent, e.kind, e.source, e.importance, e.created_at, e.content, e.repeats, e.last_seen_at,
        {distance} AS distance, x.distance AS vector_distance, x.chunk,
        {text_score} AS text_score, x.text_score IS NOT NULL AS text_found, x.neighbours
 FROM every x JOIN episodes e ON e.agent = x.agent AND e.id = x.id {agent_e}

@@ -10,10 +10,10 @@ call into two fresh databases, [episodes] fold on and off, and embedded by the h
 Printed, for each: rows stored, firsts, chunks the embed worker gets (one queue row and one vector row each,
 per model), texts the embedder is asked for (the worker copies the vector of a text it embedded before, so
 these are the distinct chunk texts), the import's time (the faster of --rounds alternated loads); then
-distinct results in the top 10 of twelve ops questions through `episode search`'s library call (as the
-read side stands: READ_SIDE notes what it folds); and with the local MiniLM installed, the cosine similarity of
-pairs of ops texts by how they differ: the measurement behind folding exact normalized text only (no threshold
-on meaning tells a paraphrase of one event from another reading, host or state of it).
+distinct results (normalized texts) in the top 10 of twelve ops questions through `episode search`'s library
+call, and how many of those hits are repeat rows (READ_SIDE notes what search folds); and with the local
+MiniLM installed, the cosine similarity of pairs of ops texts by how they differ: the measurement behind
+folding exact normalized text only (no threshold on meaning tells a paraphrase of one event from another reading, host or state of it).
 
     python tests/bench/repeats.py [--days 7] [--database-url URL]
 """
@@ -50,9 +50,10 @@ QUESTIONS = ["disk full on web-3", "replica lag on the database", "health check 
              "certificate expiry", "why was the release rolled back", "redis eviction", "queue without consumers",
              "dns resolver errors", "slow checkout tickets", "memory usage on the workers", "backup did not run",
              "load on db-1"]
-# What the read side folds when this bench runs: the lead's change to memctl.reading (search returns a first
-# once, with its count, and leaves repeat rows out of the text half) makes the fold-on figures the real ones.
-READ_SIDE = "as memctl.reading stands"
+# What the read side folds when this bench runs: search returns a first once, with its count, and leaves repeat
+# rows out of the text half and the context neighbours (memctl.reading.statement), so with folding on every hit
+# is a first; distinct results count distinct normalized texts among the hits either way.
+READ_SIDE = "search folds: repeat rows never returned"
 
 
 def corpus(days: int, seed: int = 11) -> list[dict]:
@@ -121,7 +122,11 @@ def top10(conn, settings) -> list[tuple[int, int]]:
     found = []
     for text in QUESTIONS:
         hits = search_mod.search(conn, settings, query_mod.Query(text, k=10, agent="ops"), track=False).hits
-        found.append((len({repeats.norm_hash(h.content) for h in hits}), len(hits)))
+        ids = [h.id for h in hits]
+        rows = conn.execute("SELECT count(*) AS n FROM episodes WHERE id = ANY(%s) AND repeat_of IS NOT NULL",
+                            (ids,)).fetchone()["n"]
+        found.append((len({repeats.norm_hash(h.content) for h in hits}), len(hits), rows,
+                      sum(h.repeats for h in hits)))
     return found
 
 
@@ -202,9 +207,11 @@ def main() -> None:
           f"({1 - on['embedded'] / off['embedded']:.1%}); import time ratio on/off "
           f"{on['import_s'] / off['import_s']:.2f}")
     for name, f in (("fold off", off), ("fold on", on)):
-        distinct = [d for d, _ in f["top10"]]
+        distinct = [d for d, *_ in f["top10"]]
         print(f"top 10, {name} ({READ_SIDE}): distinct results per question {distinct}, mean "
-              f"{statistics.mean(distinct):.1f} of {statistics.mean(n for _, n in f['top10']):.1f}")
+              f"{statistics.mean(distinct):.1f} of {statistics.mean(t[1] for t in f['top10']):.1f}; repeat rows "
+              f"among the hits {sum(t[2] for t in f['top10'])}; repeats the hits stand for "
+              f"{sum(t[3] for t in f['top10']):,}")
     similarities()
 
 
