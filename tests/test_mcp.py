@@ -307,6 +307,21 @@ def test_search_since_and_until(conn, memctl_env, log):
     run(scenario)
 
 
+def test_a_query_with_no_word_and_a_repeat_say_so(conn, memctl_env, log):
+    """Punctuation alone searches nothing and the reply says why; remembering the same alert twice folds it."""
+    seed(conn, "the ibis backup ran", agent="a")
+
+    async def scenario():
+        async with serving(log, "--agent", "a") as s:
+            noise = await s.ok("search", query="!!!")
+            assert noise["results"] == [] and "no word" in noise["note"]
+            first = await s.ok("remember", content="disk 91% on web-3")
+            again = await s.ok("remember", content="Disk 91% on web-3.")
+            assert "folded_into" not in first and again["folded_into"] == first["id"]
+
+    run(scenario)
+
+
 # ------------------------------------------------------------ secrets
 
 

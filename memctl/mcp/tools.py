@@ -274,7 +274,10 @@ def search(session: Session, query: str, *, k: int = 5, kind: str | None = None,
     degraded = outcome.mode != mode
     data = {"results": [_hit(h) for h in hits], "mode": outcome.mode, "degraded": degraded,
             "warning": outcome.warning}
-    lines = [f"Note: {outcome.warning}."] if outcome.warning else []
+    note = outcome.note  # a query with no searchable word: nothing was searched
+    if note:
+        data["note"] = note
+    lines = [f"Note: {text}." for text in (outcome.warning, note) if text]
     if not hits:
         lines.append("No episode found.")
     for h in hits:
