@@ -892,7 +892,9 @@ def comparable(text: str, tag: str) -> dict:
     for line in text.splitlines():
         item = json.loads(line)
         if item["type"] == "episode" and item["agent"].startswith(tag):
-            found["episode"].append({**{k: v for k, v in item.items() if k not in ("id", "chunks")},
+            # repeat_of null (a first) is what a file without the field imports as: every content here is unique
+            found["episode"].append({**{k: v for k, v in item.items() if k not in ("id", "chunks")
+                                        and not (k == "repeat_of" and v is None)},
                                      "created_at": _time(item["created_at"])})
         elif item["type"] == "fact" and item["namespace"] == tag:
             found["fact"].append({**item, "updated_at": _time(item["updated_at"]),
