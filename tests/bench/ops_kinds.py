@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import retrieval
 from _common import fresh_database, parser, server
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -64,16 +65,11 @@ def rows_of(data: dict, mixed: bool) -> list[dict]:
 
 
 def write_config(path: Path, kinds: str | None, variant: str) -> None:
-    """search_timeout 300 (the bench measures ranking, not the timeout), context_kinds, the variant."""
-    lines = ["[embedding]", "search_timeout = 300", "", "[search]"]
-    if kinds is not None:
-        lines.append(f"context_kinds = {json.dumps(kinds)}")
-    for item in variant.split():
-        key, _, value = item.partition("=")
-        if not re.fullmatch(r"[a-z_]+", key) or not value:
-            raise SystemExit(f"--variant: expected key=value, got {item!r}")
-        lines.append(f"{key} = {value if re.fullmatch(r'[0-9.]+|true|false', value) else json.dumps(value)}")
-    path.write_text("\n".join(lines) + "\n")
+    """retrieval.py's settings (search_timeout 300, the variant's [search] keys), then context_kinds."""
+    retrieval.write_config(path, variant)
+    if kinds is not None:  # [search] is the file's last table: this line belongs to it
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(f"context_kinds = {json.dumps(kinds)}\n")
 
 
 def memctl(env: dict, *args: str, stdin: str | None = None) -> str:
