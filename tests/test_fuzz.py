@@ -555,11 +555,10 @@ def counts(db_url):
 
 def invoke(*args: str, input: bytes | str | None = None, env: dict | None = None):
     """memctl in-process -> click Result, checked: exit code 0-4, no traceback, no escaped exception."""
-    from typer.testing import CliRunner
-
     from memctl.cli import app
+    from tests.conftest import memctl_runner
 
-    result = CliRunner().invoke(app, list(args), input=input, env=env, catch_exceptions=True)
+    result = memctl_runner().invoke(app, list(args), input=input, env=env, catch_exceptions=True)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception  # what the user would see as a traceback, with where it was raised
     assert result.exit_code in EXIT_CODES, (args, result.exit_code, result.stderr)

@@ -115,17 +115,15 @@ def create_extension(owner: Owner) -> None:
 def run(request, tmp_path, monkeypatch):
     """memctl in-process as the test's owner (vector_owner or owner): run("fact", "get", "k") -> Outcome."""
     owner = request.getfixturevalue("vector_owner" if "vector_owner" in request.fixturenames else "owner")
-    from typer.testing import CliRunner
-
     from memctl.cli import app
-    from tests.conftest import Outcome
+    from tests.conftest import Outcome, memctl_runner
 
     config = tmp_path / "config.toml"
     config.write_text('[embedding]\ndimensions = 768\n\n[retention]\nraw = "30d"\n')
     for key, value in {"MEMCTL_DATABASE_URL": owner.url, "MEMCTL_CONFIG": str(config),
                        "MEMCTL_EMBEDDER": "hash", "MEMCTL_EMBED_MODEL": "hash-embed"}.items():
         monkeypatch.setenv(key, value)
-    runner = CliRunner()
+    runner = memctl_runner()
 
     def invoke(*args: str, input: str | None = None) -> Outcome:
         result = runner.invoke(app, list(args), input=input, catch_exceptions=False)
