@@ -243,18 +243,18 @@ SYMPTOMS = ["ran out of disk", "restarted in a loop", "answered slowly", "refuse
 
 
 @pytest.mark.real_minilm
-def test_a_1500_query_batch_runs_its_vector_half(memctl_bin, ollama, ollama_env):
+def test_a_1000_query_batch_runs_its_vector_half(memctl_bin, ollama, ollama_env):
     """Query embeddings go in sub-batches, each under the search timeout: almost every query gets vector hits.
 
-    The timeout is 3x the default so that a loaded shared machine does not fail it; all 1,500 in one
-    request (about 9 s of MiniLM on 2 cores) would still not fit, and the request sizes are checked too.
+    The timeout is 3x the default so that a loaded shared machine does not fail it; the request sizes are
+    checked too (all 1,000 in one request is about 6 s of MiniLM on 2 cores).
     """
     Path(ollama_env["MEMCTL_CONFIG"]).write_text("[embedding]\nsearch_timeout = 6.0\n")
     _import(memctl_bin, [f"{s} on host{i} {y}; the on-call fixed it" for i, (s, y) in
                          enumerate((s, y) for s in SERVICES for y in SYMPTOMS)])
     assert memctl(memctl_bin, "embed").exit_code == 0
     queries = [{"query": f"why {SERVICES[i % 8]} {SYMPTOMS[(i // 8) % 8]} on host{i % 97}, case {i}", "k": 3}
-               for i in range(1500)]
+               for i in range(1000)]
     ollama.requests.clear()
     outcome = memctl(memctl_bin, "episode", "search", "--batch", "-", "--no-track",
                      input="".join(json.dumps(q) + "\n" for q in queries))
@@ -262,9 +262,9 @@ def test_a_1500_query_batch_runs_its_vector_half(memctl_bin, ollama, ollama_env)
     lines = [json.loads(line) for line in outcome.stdout.splitlines()]
     assert [line["query"] for line in lines] == [q["query"] for q in queries]
     with_vectors = sum(any(r["vector_rank"] is not None for r in line["results"]) for line in lines)
-    assert with_vectors >= 1450, f"{with_vectors} of 1500 queries got vector hits; stderr: {outcome.stderr}"
+    assert with_vectors >= 966, f"{with_vectors} of 1000 queries got vector hits; stderr: {outcome.stderr}"
     sizes = [n for _, _, n in ollama.embed_requests()]
-    assert sum(sizes) >= 1500 and max(sizes) <= 64, sizes  # sub-batches, not one request for all 1,500
+    assert sum(sizes) >= 1000 and max(sizes) <= 64, sizes  # sub-batches, not one request for all 1,000
 
 
 # ------------------------------------------------------------ the test server's helper process

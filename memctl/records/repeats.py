@@ -32,7 +32,9 @@ HASH_BYTES = 16  # of sha256: an index key half the size, collisions still out o
 
 def normalize(text: str) -> str:
     """The text two episodes must share to be one event: NFKC, case folded, whitespace collapsed, edges stripped."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split()).strip(EDGES)
+    if not text.isascii():  # ASCII is its own NFKC form; skipping the pass is most of an import's cost here
+        text = unicodedata.normalize("NFKC", text)
+    return " ".join(text.casefold().split()).strip(EDGES)
 
 
 def norm_hash(text: str) -> bytes:
