@@ -181,6 +181,8 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "context_window": (_duration, "1h"),
         "common_terms": (_fraction, 0.1),
         "match_rows": (_positive_int, 1000),
+        # the bound grows with the memory: max(match_rows, match_share * episodes) (docs/search.md)
+        "match_share": (_fraction, 0.01),
         "bm25_k1": (_positive_number, 1.2),
         "bm25_b": (_fraction, 0.5),
     },

@@ -235,6 +235,26 @@ def test_only_the_rarest_words_find_within_match_rows_and_the_others_still_score
     assert len(text_only) == 43
 
 
+def test_the_match_bound_grows_with_the_memory(cli, conn, memctl_env):
+    # a share of the episodes, never under match_rows: 1M episodes at 1% -> 10,000; 50k -> the floor
+    assert bm25.match_bound(bm25.TermStats(n=1_000_000, avgdl=10, common={}), 1000, 0.01) == 10_000
+    assert bm25.match_bound(bm25.TermStats(n=50_000, avgdl=10, common={}), 1000, 0.01) == 1000
+    # through search: "widget" is in 41 of 43 episodes; match_rows = 10 alone keeps it from finding,
+    # a share of 1.0 (43 episodes) lets it find every one
+    _import(cli, [{"content": f"widget inventory note {i}"} for i in range(40)]
+            + [{"content": f"sprocket order {i}"} for i in range(2)] + [{"content": "sprocket and widget order"}])
+    assert cli("embed").exit_code == 0
+    conn.execute("ANALYZE episodes")
+    found = {}
+    for share in (0, 1.0):
+        Path(memctl_env["MEMCTL_CONFIG"]).write_text(f"[search]\nmatch_rows = 10\nmatch_share = {share}\n"
+                                                     "candidates = 50\n")
+        bm25._CACHE.clear()  # the statistics after this test's ANALYZE
+        hits = search.search(conn, config.load(), Query("widget", k=50)).hits
+        found[share] = {h.id for h in hits if h.text_rank is not None}
+    assert found[0] == set() and len(found[1.0]) == 41
+
+
 def test_words_all_find_when_the_vector_half_finds_nothing(cli, conn, memctl_env):
     _import(cli, [{"content": f"widget inventory note {i}", "agent": "old"} for i in range(30)])
     assert cli("embed").exit_code == 0  # a model is registered and these are embedded

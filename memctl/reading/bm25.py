@@ -28,8 +28,9 @@ its idf is small, so it barely ranks, and matching it is what made the text
 half slow (every row holding it had to be ranked).
 
 With the vector half running, the text half also matches only the query's
-rarest words, as many as fit in a budget of `match_rows` episodes together
-(none when even the rarest is in more); the other words still score the
+rarest words, as many as fit in a budget of episodes together (match_bound:
+`match_rows`, or `match_share` of the episodes when more; none when even the
+rarest is in more); the other words still score the
 episodes found, but do not find episodes themselves. This is MaxScore's idea
 of essential terms, with a cost bound instead of a score bound. An episode
 holding two of the commoner words is found by their pair (an AND) when the
@@ -37,9 +38,10 @@ pair's estimated co-occurrence, df_a * df_b / N as if the words were
 independent, fits the same bound (the PAIRED_TERMS rarest of them: at most 28
 pairs); one holding a single commoner word has at most its (small) idf, and the
 vector half finds it if it is about the query. The text half then reads about
-`match_rows` heap pages per matched part whatever the words: the default
-10,000 (1,000 before, which lost 56% of keyword recall@10 at 1M episodes:
-tests/bench/match_rows.py).
+that many heap pages per matched part whatever the words. A fixed 1,000 lost
+56% of keyword recall@10 at 1M episodes; 1% of the episodes (10,000 there,
+with the pairs) loses under 2% (tests/bench/match_rows.py), and at 100k it is
+the same 1,000 as before.
 
 The statistics (episode count, average length, common lexemes) are read once per
 process and database and kept STATS_TTL seconds: they change with ANALYZE, not
@@ -191,6 +193,14 @@ class Plan:
     left_out: list[str]  # wanted terms too common to match or score
     matched: list[str] = field(default_factory=list)  # the kept terms (and pairs of them, ANDed) that find episodes
     ceiling: float = 0.0  # the most any episode can score: one holding every kept term, not long
+
+
+def match_bound(stats: TermStats, match_rows: float, match_share: float = 0.0) -> float:
+    """How many episodes the finding words may be in together: match_rows, or match_share of the episodes
+    when that is more. A fixed count loses keyword recall as memory grows (at 1M episodes 1,000 lost 56%
+    of it, 10,000 with pairs 1.6%: tests/bench/match_rows.py); a share keeps the loss about where it is,
+    since word frequencies grow with the corpus."""
+    return max(float(match_rows), match_share * stats.n)
 
 
 def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | None,

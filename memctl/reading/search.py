@@ -174,7 +174,8 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
         hybrid = vector_runs
         halves.plan = bm25.plan(conn, halves.stats, parsed.wanted,
                                 common_share=setting(settings, "common_terms") if hybrid else None,
-                                match_rows=setting(settings, "match_rows") if hybrid else None)
+                                match_rows=bm25.match_bound(halves.stats, setting(settings, "match_rows"),
+                                                            setting(settings, "match_share")) if hybrid else None)
     vector_rows, text_rows, scored, context = run_statement(conn, query, halves, settings, n)
     if vector_runs and halves.plan is not None and not vector_rows and _narrowed(halves.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the

@@ -27,7 +27,9 @@ as right when its BM25 is at least the 10th best of the truth (ties at the cut a
 "mass" is the BM25 of the bounded top 10 ÷ the truth's. Latency: each search() call, p50/p95.
 
 --variant adds settings to compare in the same run: `match_rows=10000` (a config value),
-`scaled=0.01` (match_rows = that share of the episodes), and rules the code does not have,
+`match_share=0.02` (the bound is max(match_rows, that share of the episodes); a variant naming
+only `match_rows=N` is that fixed bound, share 0: `match_rows=1000` is the bound before the share),
+`scaled=0.01` (a fixed match_rows of that share of --episodes), and rules the code does not have,
 simulated by wrapping memctl.reading.bm25.plan in this process only: `per_word=10000` (every kept
 word in at most that many episodes finds, whatever the others), `pairs=10000` (also every
 conjunction of two of the words that do not find, when its estimated count df_a * df_b / N is at
@@ -215,29 +217,35 @@ def variants(args, scratch: Path) -> list[tuple[str, object, tuple | None]]:
     """(label, settings, simulated rule) of each search compared; the first two are always there."""
     from memctl import config
 
-    def settings(name: str, match_rows: int | None):
+    def settings(name: str, match_rows: int | None, share: float | None = None):
         path = scratch / f"{name}.toml"
-        path.write_text("[search]\n" + WORDS_ONLY + (f"match_rows = {match_rows}\n" if match_rows else ""))
+        # a fixed match_rows is the bound alone (match_share 0); a share is max(match_rows, share * N)
+        if match_rows is not None and share is None:
+            share = 0.0
+        path.write_text("[search]\n" + WORDS_ONLY + (f"match_rows = {match_rows}\n" if match_rows else "")
+                        + (f"match_share = {share}\n" if share is not None else ""))
         return config.load(path)
 
-    out = [("bounded (default)", settings("default", None), None),
+    out = [("bounded (default: max(1000, 1% of N))", settings("default", None), None),
            ("unbounded", settings("unbounded", UNBOUNDED), None)]
     for number, variant in enumerate(args.variant):
-        rows, rule, label = None, [], []
+        rows, share, rule, label = None, None, [], []
         for item in variant.split("+"):
             key, _, value = item.partition("=")
             if key == "match_rows":
                 rows = int(value)
+            elif key == "match_share":
+                share = float(value)
             elif key == "scaled":
                 rows = max(1, round(float(value) * args.episodes))
             elif key in ("per_word", "pairs", "fill"):
                 rule.append((key, float(value)))
             else:
-                raise SystemExit(f"--variant: match_rows=N, scaled=F, per_word=N, pairs=N, fill=N, joined "
-                                 f"by +, got {variant!r}")
+                raise SystemExit(f"--variant: match_rows=N, match_share=F, scaled=F, per_word=N, pairs=N, fill=N, "
+                                 f"joined by +, got {variant!r}")
             label.append(f"{item} ({rows:,} rows)" if key == "scaled" else item)
         name = "+".join(label) + (" (simulated)" if rule else "")
-        out.append((name, settings(f"variant{number}", rows), rule))
+        out.append((name, settings(f"variant{number}", rows, share), rule))
     return out
 
 
@@ -314,7 +322,8 @@ def main() -> None:
     p.add_argument("--per-class", type=int, default=40, help="queries of each class (%(default)s)")
     p.add_argument("--embedded", type=float, default=0.01, help="share of episodes with a (random) vector")
     p.add_argument("--variant", action="append", default=[],
-                   help="match_rows=N | scaled=F | per_word=N | pairs=N | fill=N, joined by + (repeatable)")
+                   help="match_rows=N | match_share=F | scaled=F | per_word=N | pairs=N | fill=N, joined by + "
+                        "(repeatable)")
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="memctl-match-rows-"))
     (scratch / "memctl.toml").write_text("")
