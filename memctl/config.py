@@ -176,7 +176,9 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "ef_search": (_int_range(1, 1000), 100),  # pgvector's range for hnsw.ef_search
         "fusion": (_choice("weighted", "rrf"), "weighted"),
         "text_weight": (_fraction, 0.5),
-        "context_weight": (_number, 0.5),
+        "context_weight": (_number, 0.4),
+        "context_text_weight": (_fraction, 0.7),
+        "session_weight": (_number, 0.4),
         "context_kinds": (_string, "conversation"),
         "context_window": (_duration, "1h"),
         "common_terms": (_fraction, 0.1),

@@ -8,7 +8,11 @@ context neighbours of episodes of the context kinds), scored by both halves:
                    of an episode holding every query word that any episode holds)
     relevance  = base + context_weight * the best base of its neighbours (the
                  entries just before and after it in its agent's log, same kind,
-                 within context_window), divided by the best so 1.0 is the top
+                 within context_window; a neighbour's base weighs its halves with
+                 context_text_weight instead of text_weight)
+                 + session_weight * the best base of the other candidates of its session
+                 (same agent and kind, created within context_window of it, its
+                 neighbours left out), divided by the best so 1.0 is the top
     recency    = 0.5 ** (age / recency_half_life)        (age since created_at,
                  or since last access with search.recency_from = "accessed")
     score      = relevance + recency_weight * recency + importance_weight * importance / 10
@@ -18,12 +22,13 @@ fusion = "rrf" keeps reciprocal rank fusion (rrf_k) instead.
 
 from __future__ import annotations
 
+import bisect
 import datetime
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from memctl.config import Settings, parse_duration
-from memctl.reading.query import setting
+from memctl.reading.query import context_kinds, setting
 
 
 @dataclass
@@ -51,7 +56,8 @@ class Hit:
     last_seen: datetime.datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # shallow: every field is a scalar (asdict deep-copies each, a tenth of a batch's Python time)
+        return dict(self.__dict__)
 
 
 def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
@@ -79,15 +85,56 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
     # common word of a long question is not a full match because nothing holds more
     scale = text_ceiling or max((r["text_score"] or 0 for r in scored.values()), default=0) or 1.0
 
-    def base(i: int) -> float:
-        row = scored[i]
-        similarity = 0.0 if row["distance"] is None else max(0.0, 1 - float(row["distance"]))
-        return (1 - text_share) * similarity + text_share * min(1.0, float(row["text_score"] or 0) / scale)
-
+    similarity = {i: 0.0 if r["distance"] is None else max(0.0, 1 - float(r["distance"])) for i, r in scored.items()}
+    words = {i: min(1.0, float(r["text_score"] or 0) / scale) for i, r in scored.items()}
+    base = {i: (1 - text_share) * similarity[i] + text_share * words[i] for i in scored}
+    # a turn next to a match: what the neighbour shares with the query in words says more than
+    # its cosine, which every turn of the same talk has (LoCoMo dev recall@10: docs/search.md)
+    near_share = setting(settings, "context_text_weight") if vector_rows is not None and text_rows is not None \
+        else text_share
+    near = {i: (1 - near_share) * similarity[i] + near_share * words[i] for i in scored}
     beta = setting(settings, "context_weight")
-    raw = {i: base(i) + beta * max([base(j) for j in context.get(i, []) if j in scored] or [0]) for i in scored}
+    raw = {i: base[i] + beta * max([near[j] for j in context.get(i, []) if j in scored] or [0]) for i in scored}
+    gamma = setting(settings, "session_weight")
+    if gamma:
+        for i, best in sessions(settings, scored, base, context).items():
+            raw[i] += gamma * best
     top = max(raw.values(), default=0) or 1.0
     return {i: r / top for i, r in raw.items()}
+
+
+WIDE_SESSION = 32  # candidates in a session's window beyond which sessions() walks them best first
+
+
+def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float],
+             context: dict[int, list[int]]) -> dict[int, float]:
+    """Candidate of a context kind -> the best base of the other candidates of its session.
+
+    Its session: the candidates of the same agent and kind created within context_window of it (a
+    passage scored with its document, the talk it is part of); its neighbours are left out, the
+    context term counts them. Only the candidates already fetched: no further statement.
+    """
+    kinds = set(context_kinds(settings))
+    window = parse_duration(str(setting(settings, "context_window")))
+    groups: dict[tuple, list[tuple[float, int]]] = {}
+    for i, row in scored.items():
+        if row.get("kind") in kinds and row.get("created_at") is not None:
+            groups.setdefault((row["agent"], row["kind"]), []).append((row["created_at"].timestamp(), i))
+    best: dict[int, float] = {}
+    for members in groups.values():
+        members.sort()
+        times = [t for t, _ in members]
+        ranked = sorted(members, key=lambda m: -base[m[1]])  # best first, for a long session
+        for t, i in members:
+            skip = set(context.get(i, [])) | {i}
+            lo, hi = bisect.bisect_left(times, t - window), bisect.bisect_right(times, t + window)
+            if hi - lo <= WIDE_SESSION:
+                found = [base[j] for _, j in members[lo:hi] if j not in skip]
+            else:  # the first of the best that is in its window (linear, not quadratic, in one long talk)
+                found = [next((base[j] for u, j in ranked if j not in skip and abs(u - t) <= window), 0.0)]
+            if found:
+                best[i] = max(found)
+    return best
 
 
 def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dict] | None, scored: dict,

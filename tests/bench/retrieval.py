@@ -6,7 +6,8 @@ created_at = its session's date), `memctl embed`, then one `memctl episode
 search --batch - --format jsonl --no-track` with every question of categories
 1-4 that has evidence turns, filtered to its conversation's agent. A question
 scores the share of its evidence turns found in its top k. Prints recall per
-category (1 single-hop, 2 multi-hop, 3 temporal, 4 open-domain) and the mean.
+category (1 single-hop, 2 multi-hop, 3 temporal, 4 open-domain), the mean and the mean
+of each conversation.
 
 By default it uses a fresh database on a temporary embedded server and the
 local embedder with all-minilm (the network of Ollama's all-minilm); --embedder
@@ -102,15 +103,17 @@ def ask(memctl: list[str], env: dict, questions, k: int) -> tuple[list[dict], fl
     return answers, elapsed, done.stderr.strip()
 
 
-def score(questions, answers, turn_ids, k: int) -> tuple[dict[int, list[float]], list[float]]:
+def score(questions, answers, turn_ids, k: int) -> tuple[dict[int, list[float]], list[float], dict[str, list[float]]]:
     by_category: dict[int, list[float]] = defaultdict(list)
+    by_conversation: dict[str, list[float]] = defaultdict(list)
     scores = []
     for (agent, _, evidence, category), answer in zip(questions, answers):
         found = set().union(*(turn_ids.get((agent, hit["content"]), set()) for hit in answer["results"][:k]))
         s = len(evidence & found) / len(evidence)
         scores.append(s)
         by_category[category].append(s)
-    return by_category, scores
+        by_conversation[agent].append(s)
+    return by_category, scores, by_conversation
 
 
 def main() -> None:
@@ -149,7 +152,7 @@ def main() -> None:
             for variant in [""] + args.variant:
                 write_config(scratch / "memctl.toml", variant)
                 answers, elapsed, stderr = ask(memctl, env, questions, args.k)
-                by_category, scores = score(questions, answers, turn_ids, args.k)
+                by_category, scores, by_conversation = score(questions, answers, turn_ids, args.k)
                 vector_ran = sum(1 for a in answers for h in a["results"] if h.get("vector_rank") is not None)
                 label = variant or "defaults"
                 print(f"[{label}] recall@{args.k} by category: " + " ".join(
@@ -157,7 +160,8 @@ def main() -> None:
                       + f"; batch {elapsed:.1f} s" + ("" if vector_ran else "; VECTOR HALF DID NOT RUN"))
                 if stderr:
                     print(f"  stderr: {stderr[:300]}")
-                print(f"[{label}] mean recall@{args.k}: {sum(scores) / len(scores):.3f}")
+                print(f"[{label}] mean recall@{args.k}: {sum(scores) / len(scores):.3f}; by conversation: " + " ".join(
+                    f"{c}={sum(v) / len(v):.3f}" for c, v in sorted(by_conversation.items())))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -1,0 +1,92 @@
+"""The talk a turn is part of: the session term (session_weight) and the neighbours' word share
+(context_text_weight) of memctl.reading.fusion, on small constructed conversations."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import pytest
+
+from memctl import config
+from memctl.reading import fusion, search
+from memctl.reading.query import Query
+
+# Two talks of one agent, four days apart, turns a minute apart. Both hold a turn naming the ferry; the
+# first's is longer (a lower BM25) and its talk also holds, three turns on, a turn about the lighthouse.
+FIRST_TALK = [
+    "Ana: the ferry to the island was late again this morning and we waited on the pier for an hour",
+    "Ben: that sounds tiring, did you at least get a coffee",
+    "Ana: yes and a croissant from the bakery by the square",
+    "Ben: we climbed the lighthouse and the lighthouse keeper showed us the old lamp",
+]
+SECOND_TALK = [
+    "Ana: the ferry left early today",
+    "Ben: nice, the weather was good all week",
+    "Ana: we had lunch by the harbour and walked back",
+]
+QUESTION = "lighthouse ferry"
+
+
+def _load(cli) -> list[int]:
+    rows = [{"content": text, "kind": "conversation", "agent": "a",
+             "created_at": f"2026-01-01T10:0{i}:00+00:00"} for i, text in enumerate(FIRST_TALK)]
+    rows += [{"content": text, "kind": "conversation", "agent": "a",
+              "created_at": f"2026-01-05T10:0{i}:00+00:00"} for i, text in enumerate(SECOND_TALK)]
+    result = cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows))
+    assert result.exit_code == 0, result.stderr
+    found = cli("episode", "search", "ferry", "-k", "10", "-f", "json", "--no-track")
+    assert found.exit_code == 0, found.stderr
+    by_text = {h["content"]: h["id"] for h in found.json()}
+    return [by_text[FIRST_TALK[0]], by_text[SECOND_TALK[0]]]
+
+
+def _order(conn, memctl_env, settings_text: str) -> list[int]:
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(settings_text)
+    outcome = search.search(conn, config.load(), Query(QUESTION, k=10, agent="a", mode="text"))
+    return [h.id for h in outcome.hits]
+
+
+@pytest.mark.parametrize("settings_text, first_talk_first", [
+    ("", True),  # defaults: the session term lifts the ferry turn of the talk that names the lighthouse
+    ("[search]\nsession_weight = 0.0\n", False),  # off: the shorter ferry turn wins on its words
+    ("[search]\ncontext_window = \"1m\"\n", False),  # the lighthouse turn is three minutes on: another session
+])
+def test_a_turn_of_a_talk_that_also_answers_the_query_ranks_above_a_lone_match(cli, conn, memctl_env,
+                                                                               settings_text, first_talk_first):
+    first, second = _load(cli)
+    order = _order(conn, memctl_env, settings_text)
+    assert first in order and second in order
+    assert (order.index(first) < order.index(second)) is first_talk_first
+
+
+def _row(episode_id: int, similarity: float, words: float, day: int) -> dict:
+    return {"id": episode_id, "agent": "a", "kind": "conversation", "distance": 1 - similarity,
+            "text_score": words, "created_at": datetime.datetime(2026, 1, day, tzinfo=datetime.timezone.utc)}
+
+
+def test_a_neighbour_counts_by_its_words_more_than_by_its_cosine():
+    """X's neighbour is only close in cosine (as every turn of a talk is); Y's shares the query's words.
+
+    Equal-weight halves put X first (0.30 against 0.275); with context_text_weight 0.7 Y's neighbour
+    weighs 0.305 against 0.18, and Y is first.
+    """
+    x, near_x, y, near_y = 1, 2, 3, 4
+    scored = {x: _row(x, 0.3, 0.1, 1), near_x: _row(near_x, 0.6, 0.0, 1),
+              y: _row(y, 0.3, 0.1, 3), near_y: _row(near_y, 0.2, 0.35, 3)}
+    context = {x: [near_x], y: [near_y]}
+    vector_rows = [{"episode_id": i, "content": ""} for i in (near_x, x, y, near_y)]
+    text_rows = [{"episode_id": i} for i in (near_y, x, y)]
+
+    def relevance(share: float) -> dict[int, float]:
+        settings = config.Settings(Path("memctl.toml"), False, {"search": {"context_text_weight": share}})
+        return fusion.relevances(settings, vector_rows, text_rows, scored, context, text_ceiling=1.0)
+
+    equal, words = relevance(0.5), relevance(0.7)
+    assert equal[x] > equal[y]
+    assert words[y] > words[x]
+    # on words alone (no vector half) a neighbour's base is its words, whatever the setting
+    settings = config.Settings(Path("memctl.toml"), False, {"search": {"context_text_weight": 0.0}})
+    alone = fusion.relevances(settings, None, text_rows, scored, context, text_ceiling=1.0)
+    assert alone[y] > alone[x]
