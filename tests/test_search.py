@@ -255,6 +255,15 @@ def test_the_match_bound_grows_with_the_memory(cli, conn, memctl_env):
     assert found[0] == set() and len(found[1.0]) == 41
 
 
+def test_the_common_lexemes_literal_reads_back_as_the_list(conn):
+    # sent as one text[] literal, made once per statistics: quotes, backslashes, commas and braces survive
+    awkward = {"plain": 1.0, 'dou"ble': 1.0, "back\\slash": 1.0, "it's": 1.0, "a,b": 1.0, "{x}": 1.0, "": 1.0}
+    stats = bm25.TermStats(n=10, avgdl=1, common=awkward)
+    back = conn.execute("SELECT %s::text[] AS a", (stats.common_array,)).fetchone()["a"]
+    assert back == stats.common_queries and len(back) == len(awkward)
+    assert stats.common_array is stats.common_array  # made once
+
+
 def test_words_all_find_when_the_vector_half_finds_nothing(cli, conn, memctl_env):
     _import(cli, [{"content": f"widget inventory note {i}", "agent": "old"} for i in range(30)])
     assert cli("embed").exit_code == 0  # a model is registered and these are embedded

@@ -65,7 +65,7 @@ WITH p AS MATERIALIZED (
 ),
 rare AS MATERIALIZED (
     SELECT DISTINCT ON (q) ord, q FROM p  -- a synonym may parse to a wanted piece's lexeme: counted once
-    WHERE (ord <= %(wanted)s OR ord > %(plain)s) AND numnode(q::tsquery) > 0 AND NOT q = ANY(%(common)b)
+    WHERE (ord <= %(wanted)s OR ord > %(plain)s) AND numnode(q::tsquery) > 0 AND NOT q = ANY(%(common)s::text[])
 ),
 counted AS (
     SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q::tsquery {agent} GROUP BY r.ord
@@ -263,8 +263,8 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
             within = sql.SQL(" AND e.agent = {}").format(sql.Placeholder("agent"))
             params["agent"] = agent
         statement = sql.SQL(PIECES_COUNTED).format(probe=check, agent=within)
-        # the common lexemes (a few hundred) go binary: the text format quotes each element, every query
-        params.update(wanted=len(terms.wanted), plain=plain, common=stats.common_queries)
+        # the common lexemes as one literal made once per statistics (bm25.TermStats.common_array)
+        params.update(wanted=len(terms.wanted), plain=plain, common=stats.common_array)
     rows = conn.execute(statement, params).fetchall()  # prepared once used
     if stats is not None and terms.wanted:
         stats.counted.update((r["q"], r["df"] / share if r["df"] and share > 0 else r["df"])
