@@ -5,6 +5,10 @@ temporary directory and stop it at the end. With MEMCTL_TEST_DATABASE_URL set
 they use that server instead; its role needs CREATEDB, and `vector` must be
 creatable by it or already in template1.
 
+With MEMCTL_TEST_SERVER_ONLY=1 as well (CI step 3), only the tests that reach the test server run:
+a test without pg_server among its fixtures (parsing, rendering, rules, the embedded server's own
+tests) would run exactly as it did in step 1, so it is deselected, and the summary counts it.
+
 Markers (registered in pyproject.toml), each checked here rather than assumed:
   local        needs memctl[local] in this process; skipped when sentence-transformers
                is not importable (CI runs these in the .venv that has it)
@@ -96,6 +100,17 @@ def pg_server():
 
         embedded.stop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """MEMCTL_TEST_SERVER_ONLY=1 with MEMCTL_TEST_DATABASE_URL: deselect the tests that never reach it."""
+    if not (os.environ.get("MEMCTL_TEST_SERVER_ONLY") and os.environ.get("MEMCTL_TEST_DATABASE_URL")):
+        return
+    keep = [item for item in items if "pg_server" in item.fixturenames]
+    dropped = [item for item in items if "pg_server" not in item.fixturenames]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @dataclass(frozen=True)
