@@ -50,6 +50,7 @@ with each episode. Rare terms are counted for every batch.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -105,16 +106,12 @@ class TermStats:
         if not self.common_queries:
             self.common_queries = [quote(lexeme) for lexeme in self.common]
 
-    @property
+    @functools.cached_property
     def common_array(self) -> str:
         """common_queries as one text[] literal, made once: a query sends it as a plain string (dumping
         a list of a few hundred elements on every query cost more than the statement's execution)."""
-        made = self.__dict__.get("_common_array")
-        if made is None or made[0] is not self.common_queries:
-            text = "{" + ",".join('"' + q.replace("\\", "\\\\").replace('"', '\\"') + '"'
-                                  for q in self.common_queries) + "}"
-            made = self.__dict__["_common_array"] = (self.common_queries, text)
-        return made[1]
+        return "{" + ",".join('"' + q.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                              for q in self.common_queries) + "}"
 
 
 _CACHE: dict[tuple, tuple[float, TermStats]] = {}

@@ -6,7 +6,8 @@ runs on the active model's HNSW index with iterative scan, so filters never
 starve it; the text half matches any wanted word (OR), ranks by BM25, and finds
 episodes not embedded yet. With the vector half running, the text half leaves
 out words in nearly every episode and matches only the query's rarest words, up
-to `match_rows` episodes, and pairs of the commoner words expected together in no more
+to bm25.match_bound episodes (match_rows, or match_share of all episodes when more), and pairs of
+the commoner words expected together in no more
 (memctl.reading.bm25); when the vector half then finds nothing, the query runs again on all its
 words. A query without a word to look for
 (query.unsearchable: `!!!`, a lone quote, only -exclusions) runs nothing and
