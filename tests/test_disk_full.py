@@ -7,6 +7,7 @@ would; the filler goes; the same commands succeed with no other step.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -19,7 +20,6 @@ import psycopg
 import pytest
 
 from memctl.errors import EXIT_DISK_FULL
-from tests.bench.soak import fill
 
 DISK_MB = 160  # an empty cluster with memctl's schema takes about 45 MB, a WAL segment 16 MB of it
 BIG = 300_000  # characters: a write this size cannot fit in the free room of pages already allocated
@@ -66,9 +66,16 @@ def disk():
 
 
 def _fill(mount: Path) -> Path:
-    """A filler file that takes every free byte of the disk (the soak's filler)."""
+    """A filler file that takes every free byte of the disk."""
     filler = mount / "filler"
-    fill(filler)
+    block = b"\0" * 2**20
+    with open(filler, "wb", buffering=0) as handle:
+        for size in (2**20, 4096):
+            try:
+                while True:
+                    handle.write(block[:size])
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
     assert os.statvfs(mount).f_bavail == 0
     return filler
 
