@@ -4,6 +4,7 @@ transactions run under, and labelled retrieval sets (one that only the text half
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import psycopg
@@ -399,3 +400,55 @@ def test_search_defaults_are_the_config_schema_s(memctl_env):
     loaded = config.load().section("search")  # an empty configuration file: every [search] key at its default
     bare = config.Settings(Path("/none"), False)  # settings handed to search without a [search] table
     assert {key: setting(bare, key) for key in loaded} == loaded  # no second copy to drift
+
+
+def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, memctl_env, monkeypatch):
+    for text in ("backup finished", "backup failed on db-2", "lunch at noon", "disk full on web-3"):
+        add(cli, text)
+    assert cli("embed").exit_code == 0
+    settings = config.load()
+    queries = ["backup", "lunch", "disk full", "backup failed", "noon"]
+    # each vector statement's transaction start (now()) and the scan it ran under
+    seen = scan_witness(conn, "SELECT now() AS began, current_setting('hnsw.iterative_scan') AS scan")
+    outcomes = search.search_batch(conn, settings, [Query(q) for q in queries])
+    assert all(o.hits and o.mode == "hybrid" for o in outcomes)
+    assert len(seen) == len(queries) and {r[0]["scan"] for r in seen} == {"relaxed_order"}
+    assert len({r[0]["began"] for r in seen}) == 1  # one BEGIN, one SET, one COMMIT for the batch
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # committed at the end
+    seen.clear()
+    monkeypatch.setattr(search.Scans, "seconds", 0.0)  # a transaction no longer than nothing: one per query
+    again = search.search_batch(conn, settings, [Query(q) for q in queries])
+    assert [{h.id for h in o.hits} for o in again] == [{h.id for h in o.hits} for o in outcomes]
+    assert len({r[0]["began"] for r in seen}) == len(queries)
+
+
+def test_a_statement_reused_by_shape_is_the_one_composed_for_it(memctl_env):
+    """statement() composes once per shape: every combination of halves, filters, words and neighbours gets
+    the text composed for exactly it (a shape that missed one of them would hand out another's)."""
+    import itertools
+
+    from memctl.reading import statement as st
+
+    settings = config.load()
+    model = models.Model(id=1, embedder="hash", model="m", dims=3, storage="vector", request_dims=None,
+                         table_name="vectors_1_m_3", state="active")
+    stats = bm25.TermStats(n=10.0, avgdl=5.0, common={})
+    st._TEXTS.clear()
+    for vector, filters, terms, matched, context, excluded in itertools.product(
+            (False, True), itertools.product((None, "x"), repeat=5), (0, 1, 3), (False, True), (False, True),
+            (False, True)):
+        agent, kind, source, since, until = filters
+        query = Query("q", agent=agent, kind=kind, source=source, since=since and "1d", until=until and "1h")
+        words = [f"'w{i}'" for i in range(terms)]
+        plan = bm25.Plan(words, [1.0] * terms, [], words[:1] if matched else [], float(terms)) if terms else None
+        halves = st.Halves(model=model if vector else None, vector=[1.0, 0, 0] if vector else None, plan=plan,
+                           stats=stats, excluded=["'z'"] if excluded else [], context=context)
+        text, params = st.statement(query, halves, settings, 50)
+        if text is None:
+            assert not vector and not (terms and matched)
+            continue
+        fresh = st._compose(query, halves, "match" in params).as_bytes(None)
+        assert text == fresh
+        names = set(re.findall(rb"%\((\w+)\)", text))
+        assert {n.decode() for n in names} - {"q"} <= set(params)  # every placeholder has its value
+    assert 100 < len(st._TEXTS) < 2 * 32 * 3 * 2 * 2 * 2

@@ -19,7 +19,8 @@ with_repeats lists every repeat after its first (search --all).
 
 A query costs two statements: one parses it and counts its rare words, one runs
 both halves, the context neighbours and the scoring of every candidate by both
-halves (HYBRID), inside a transaction that sets the HNSW scan.
+halves (HYBRID), inside a transaction that sets the HNSW scan; a batch's queries
+share such transactions, each at most a second long (statement.Scans).
 
 The pieces: memctl.reading.query (what a query asks), memctl.reading.statement (its one
 statement), memctl.reading.fusion (the scoring). This module runs them and holds the embedder
@@ -38,7 +39,7 @@ from memctl.errors import EmbedderUnavailable, UnknownModel
 from memctl.reading import bm25
 from memctl.reading.fusion import Hit, fuse
 from memctl.reading.query import Query, context_kinds, setting, unsearchable
-from memctl.reading.statement import Halves, pieces, run_statement
+from memctl.reading.statement import Halves, Scans, pieces, run_statement
 
 
 @dataclass
@@ -150,7 +151,8 @@ def _narrowed(plan: bm25.Plan) -> bool:
     return bool(plan.left_out) or any(t not in plan.matched for t in plan.terms)
 
 
-def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Outcome:
+def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict, scans: Scans) -> Outcome:
+    scans.begin()  # both statements in the batch's current transaction
     conf = settings.section("search")
     n = max(conf["candidates"], query.k * 4)
     vector_runs = outcome.mode in ("hybrid", "vector") and model is not None and vector is not None
@@ -177,13 +179,13 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
                                 common_share=setting(settings, "common_terms") if hybrid else None,
                                 match_rows=bm25.match_bound(halves.stats, setting(settings, "match_rows"),
                                                             setting(settings, "match_share")) if hybrid else None)
-    vector_rows, text_rows, scored, context = run_statement(conn, query, halves, settings, n)
+    vector_rows, text_rows, scored, context = run_statement(conn, query, halves, settings, n, scanned=True)
     if vector_runs and halves.plan is not None and not vector_rows and _narrowed(halves.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the
         # words are all there is, so every one of them finds, as on words alone
         halves.plan = bm25.plan(conn, halves.stats, parsed.wanted, common_share=None)
         _, text_rows, scored, context = run_statement(conn, query, replace(halves, model=None, vector=None),
-                                                      settings, n)
+                                                      settings, n, scanned=True)
     if outcome.mode == "text" or (outcome.mode == "hybrid" and not vector_runs):
         vector_rows = None
     if outcome.mode == "vector":
@@ -256,18 +258,24 @@ def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, 
             notes.append(found.warning)
     outcomes = []
     cache: dict = {}  # term statistics, read once per batch
-    for i, q in enumerate(queries):
-        outcome = Outcome(mode=q.mode)
-        if i in nothing:  # no word: an answer would be the nearest episode to noise
-            outcome.note, outcome.warning = nothing[i], "; ".join(notes) or None
-            outcomes.append(outcome)
-            continue
-        if q.mode != "text" and i not in by_index:
-            if q.mode == "vector":
-                raise _vector_mode_refusal("no query vector")
-            outcome.mode = "text"
-        outcome.warning = "; ".join(notes) or None
-        outcomes.append(_run(conn, settings, q, model, by_index.get(i), outcome, cache))
+    with Scans(conn, settings.get("search", "ef_search")) as scans:
+        for i, q in enumerate(queries):
+            outcomes.append(_answer(conn, settings, q, i, model, nothing, notes, by_index, cache, scans))
     if track:
         _track(conn, outcomes)
     return outcomes
+
+
+def _answer(conn, settings, q: Query, i: int, model, nothing: dict, notes: list[str], by_index: dict, cache: dict,
+            scans: Scans) -> Outcome:
+    """The outcome of query i of a batch."""
+    outcome = Outcome(mode=q.mode)
+    if i in nothing:  # no word: an answer would be the nearest episode to noise
+        outcome.note, outcome.warning = nothing[i], "; ".join(notes) or None
+        return outcome
+    if q.mode != "text" and i not in by_index:
+        if q.mode == "vector":
+            raise _vector_mode_refusal("no query vector")
+        outcome.mode = "text"
+    outcome.warning = "; ".join(notes) or None
+    return _run(conn, settings, q, model, by_index.get(i), outcome, cache, scans)

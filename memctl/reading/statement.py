@@ -2,13 +2,15 @@
 
 A query costs two statements: one parses it and counts its rare words (`pieces`), one runs
 both halves, the context neighbours and the scoring of every candidate by both halves
-(HYBRID, built by `statement`), inside a transaction that sets the HNSW scan (`set_scan`).
+(HYBRID, built by `statement`), inside a transaction that sets the HNSW scan (`set_scan`;
+`Scans` lets the queries of a batch share their transactions).
 With an agent filter every part of the statement names the agent, so that Citus routes the
 whole statement to the agent's shard.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +202,45 @@ def set_scan(conn, ef_search: int) -> None:
     conn.execute(sql.SQL(SCAN_SETTINGS).format(ef=sql.Literal(int(ef_search))))
 
 
+class Scans:
+    """Transactions that set the HNSW scan once (set_scan) for every query run in them.
+
+    A batch's queries share them: BEGIN, the settings and COMMIT are three round trips, which a
+    query would otherwise pay each time (a tenth of a hybrid query at 100k episodes, docs/benchmarks.md).
+    Each lasts at most `seconds` (a new one begins at the next query after), so a batch holds the
+    share locks its reads take, which DDL such as a model switch waits for, only briefly at a time.
+    Reads only: a transaction open here is never written in.
+    """
+
+    seconds = 1.0
+
+    def __init__(self, conn, ef_search: int):
+        self.conn, self.ef_search = conn, ef_search
+        self._open = None
+        self._since = 0.0
+
+    def __enter__(self) -> "Scans":
+        return self
+
+    def begin(self) -> None:
+        """Before a query: the current transaction, or a new one when it has lasted `seconds`."""
+        if self._open is not None and time.monotonic() - self._since < self.seconds:
+            return
+        self.end()
+        self._open = self.conn.transaction()
+        self._open.__enter__()
+        self._since = time.monotonic()
+        set_scan(self.conn, self.ef_search)
+
+    def end(self, *exc) -> None:
+        if self._open is not None:
+            current, self._open = self._open, None
+            current.__exit__(*(exc or (None, None, None)))
+
+    def __exit__(self, *exc) -> None:
+        self.end(*exc)
+
+
 def _query_vector(conn, vector, model: models.Model):
     """The query vector as a pgvector value, sent as a binary parameter (%b), not a text literal."""
     from pgvector import HalfVector, Vector
@@ -231,8 +272,6 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
     With `probe` (context kinds, query), it also says whether an episode of those kinds passes
     the query's agent and kind filters.
     """
-    from psycopg import sql
-
     terms = split_terms(text)
     # each unquoted wanted word's synonyms (query.SYNONYMS) are parsed and counted after the pieces
     groups = [[] if quoted else synonyms(word) for word, quoted in zip(terms.wanted, terms.quoted)]
@@ -245,33 +284,48 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
         rows = conn.execute(PIECES, (every,), prepare=False).fetchall()
         return _grouped(conn, terms, groups, [r["q"] for r in rows], None)
     params: dict[str, Any] = {"pieces": every}
-    check = sql.SQL("true")
+    counting = stats is not None and bool(terms.wanted)
     if probe is not None:
-        kinds, query = probe
-        clauses, values = episodes.filters(agent=query.agent, kind=query.kind)
-        check = sql.SQL(PROBE).format(kinds=sql.Literal(list(kinds)),
-                                      filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses))
-        params.update(values)
-    if stats is None or not terms.wanted:
-        statement = sql.SQL(PIECES_PROBED).format(probe=check)
-    else:
-        agent = scope
-        share = 1.0
-        within = sql.SQL("")
-        if agent is not None:
-            share = bm25.agent_share(conn, stats, agent)
-            within = sql.SQL(" AND e.agent = {}").format(sql.Placeholder("agent"))
-            params["agent"] = agent
-        statement = sql.SQL(PIECES_COUNTED).format(probe=check, agent=within)
+        params.update(episodes.filters(agent=probe[1].agent, kind=probe[1].kind)[1])
+    share = 1.0
+    if counting:
+        if scope is not None:
+            share = bm25.agent_share(conn, stats, scope)
+            params["agent"] = scope
         # the common lexemes as one literal made once per statistics (bm25.TermStats.common_array)
         params.update(wanted=len(terms.wanted), plain=plain, common=stats.common_array)
+    shape = (tuple(probe[0]) if probe is not None else None,
+             (probe[1].agent is not None, probe[1].kind is not None) if probe is not None else None,
+             counting, counting and scope is not None)
+    statement = _PIECES.get(shape)
+    if statement is None:
+        statement = _PIECES[shape] = _compose_pieces(probe, counting, scope).as_bytes(None)
     rows = conn.execute(statement, params).fetchall()  # prepared once used
-    if stats is not None and terms.wanted:
+    if counting:
         stats.counted.update((r["q"], r["df"] / share if r["df"] and share > 0 else r["df"])
                              for r in rows if r["rare"])
     parsed = _grouped(conn, terms, groups, [r["q"] for r in rows], stats if terms.wanted else None)
     parsed.context = rows[0]["context"]
     return parsed
+
+
+# pieces()' statements by their shape: the probe's kinds and filters, whether it counts, in an agent's episodes
+_PIECES: dict[tuple, bytes] = {}
+
+
+def _compose_pieces(probe: tuple[list[str], Query] | None, counting: bool, scope: str | None):
+    from psycopg import sql
+
+    check = sql.SQL("true")
+    if probe is not None:
+        kinds, query = probe
+        clauses, _ = episodes.filters(agent=query.agent, kind=query.kind)
+        check = sql.SQL(PROBE).format(kinds=sql.Literal(list(kinds)),
+                                      filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses))
+    if not counting:
+        return sql.SQL(PIECES_PROBED).format(probe=check)
+    within = sql.SQL(" AND e.agent = {}").format(sql.Placeholder("agent")) if scope is not None else sql.SQL("")
+    return sql.SQL(PIECES_COUNTED).format(probe=check, agent=within)
 
 
 def _grouped(conn, terms: Terms, groups: list[list[str]], parsed: list[str], stats: bm25.TermStats | None) -> Parsed:
@@ -301,69 +355,93 @@ class Halves:
     context: bool = False
 
 
+# Composed statements by their shape (_shape): composing one costs more Python than the
+# rest of a query's, and a batch repeats a few shapes
+_TEXTS: dict[tuple, bytes] = {}
+
+
+def _shape(query: Query, halves: Halves, matching: bool) -> tuple:
+    """What the statement's text depends on: the halves that run, which filters are set, the number
+    of scored words, whether words find, the neighbours, the exclusions (values are parameters)."""
+    vector = halves.vector is not None and halves.model is not None
+    scoring = halves.plan is not None and bool(halves.plan.terms)
+    return ((halves.model.table_name, halves.model.storage) if vector else None,
+            tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
+            len(halves.plan.terms) if scoring else None, matching, halves.context, any(halves.excluded))
+
+
 def statement(query: Query, halves: Halves, settings: Settings, n: int):
-    """The one statement of a query (psycopg.sql) and its parameters; None when no half can run."""
+    """The one statement of a query (bytes) and its parameters; None when no half can run."""
+    vector = halves.vector is not None and halves.model is not None
+    scoring = halves.plan is not None and bool(halves.plan.terms)
+    match = match_query(halves.plan.matched, halves.excluded) if scoring else None
+    params: dict[str, Any] = {"n": n}
+    if not vector and match is None:
+        return None, params
+    params.update(_filters(query)[1])  # the filters' values, under the names every part uses
+    if scoring:
+        params.update(bm25.parameters(halves.plan, halves.stats, setting(settings, "bm25_k1"),
+                                      setting(settings, "bm25_b")))
+    if match is not None:
+        params["match"] = match
+    if halves.context:
+        params.update(kinds=context_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
+    unwanted = [f"( {q} )" for q in halves.excluded if q]
+    if unwanted:
+        params["excluded"] = " | ".join(unwanted)
+    shape = _shape(query, halves, match is not None)
+    text = _TEXTS.get(shape)
+    if text is None:
+        text = _TEXTS[shape] = _compose(query, halves, match is not None).as_bytes(None)
+    return text, params
+
+
+def _compose(query: Query, halves: Halves, matching: bool):
+    """The statement's text (psycopg.sql) for statement()'s shape."""
     from psycopg import sql
 
     parts = []
-    params: dict[str, Any] = {"n": n}
     vector = halves.vector is not None and halves.model is not None
     agent_c = agent_e = sql.SQL("")
     if query.agent is not None:
         agent_c, agent_e = sql.SQL(AGENT.format("c")), sql.SQL(AGENT.format("e"))
-        params["agent"] = query.agent
     scoring = halves.plan is not None and bool(halves.plan.terms)
     if vector:
         model = halves.model
-        where, join, values = _vector_where(query)
+        where, join, _ = _vector_where(query)
         parts.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage),
                                                 table=sql.Identifier(model.table_name), join=join, where=where))
-        params.update(values)
-    score = sql.SQL("0::float8")
-    if scoring:
-        score = bm25.score(halves.plan, "e.tsv")
-        params.update(bm25.parameters(halves.plan, halves.stats, setting(settings, "bm25_k1"),
-                                      setting(settings, "bm25_b")))
-    match = match_query(halves.plan.matched, halves.excluded) if scoring else None
-    if match is not None:
-        clauses, values = _filters(query)
-        params.update(values)
-        params["match"] = match
+    score = bm25.score(halves.plan, "e.tsv") if scoring else sql.SQL("0::float8")
+    if matching:
+        clauses, _ = _filters(query)
         parts.append(sql.SQL(TEXT_CTE).format(score=score,
                                               filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
-    if not parts:
-        return None, params
-    found = FOUND_BOTH if vector and match is not None else FOUND_VECTOR if vector else FOUND_TEXT
+    found = FOUND_BOTH if vector and matching else FOUND_VECTOR if vector else FOUND_TEXT
     near = sql.SQL(NO_NEAR)
     if halves.context:
         filters = {}
         for alias, name in (("b", "before"), ("a", "after")):
-            clauses, values = episodes.filters(agent=query.agent, kind=query.kind, source=query.source,
-                                               since=query.since, until=query.until, alias=alias)
+            clauses, _ = episodes.filters(agent=query.agent, kind=query.kind, source=query.source,
+                                          since=query.since, until=query.until, alias=alias)
             filters[name] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
-            params.update(values)
         near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)
-        params.update(kinds=context_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
     distance = sql.SQL("NULL::float8")
     if vector:
         exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(halves.model.storage),
                                          table=sql.Identifier(halves.model.table_name))
         distance = sql.SQL("coalesce(x.distance, {})").format(exact)
     text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if scoring else score
-    excluded = sql.SQL("")
-    unwanted = [f"( {q} )" for q in halves.excluded if q]
-    if unwanted:
-        excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery")
-        params["excluded"] = " | ".join(unwanted)
-    text = sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(parts), found=sql.SQL(found), near=near,
+    excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery") if any(halves.excluded) else sql.SQL("")
+    return sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(parts), found=sql.SQL(found), near=near,
                                   distance=distance, text_score=text_score, excluded=excluded)
-    return text, params
 
 
-def run_statement(conn, query: Query, halves: Halves, settings: Settings, n: int):
+def run_statement(conn, query: Query, halves: Halves, settings: Settings, n: int, *, scanned: bool = False):
     """(vector rows, text rows, scored, context) of one query, from its one statement.
 
     vector rows and text rows are None for a half that did not run; their order is their half's ranking.
+    `scanned`: the caller's transaction has the scan set (Scans); otherwise the vector half runs in
+    a transaction of its own that sets it.
     """
     text, params = statement(query, halves, settings, n)
     vector_ran = halves.vector is not None and halves.model is not None
@@ -371,6 +449,7 @@ def run_statement(conn, query: Query, halves: Halves, settings: Settings, n: int
         return ([] if vector_ran else None), ([] if halves.plan is not None else None), {}, {}
     if vector_ran:
         params["q"] = _query_vector(conn, halves.vector, halves.model)
+    if vector_ran and not scanned:
         with conn.transaction():
             set_scan(conn, settings.get("search", "ef_search"))
             rows = conn.execute(text, params, prepare=False).fetchall()
