@@ -85,16 +85,23 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
     # common word of a long question is not a full match because nothing holds more
     scale = text_ceiling or max((r["text_score"] or 0 for r in scored.values()), default=0) or 1.0
 
-    similarity = {i: 0.0 if r["distance"] is None else max(0.0, 1 - float(r["distance"])) for i, r in scored.items()}
-    words = {i: min(1.0, float(r["text_score"] or 0) / scale) for i, r in scored.items()}
-    base = {i: (1 - text_share) * similarity[i] + text_share * words[i] for i in scored}
     # a turn next to a match: what the neighbour shares with the query in words says more than
     # its cosine, which every turn of the same talk has (LoCoMo dev recall@10: docs/search.md)
     near_share = setting(settings, "context_text_weight") if vector_rows is not None and text_rows is not None \
         else text_share
-    near = {i: (1 - near_share) * similarity[i] + near_share * words[i] for i in scored}
+    base: dict[int, float] = {}
+    near: dict[int, float] = {}
+    for i, r in scored.items():  # one pass: a batch query scores about a hundred candidates
+        distance = r["distance"]
+        similarity = 0.0 if distance is None else max(0.0, 1 - float(distance))
+        words = min(1.0, float(r["text_score"] or 0) / scale)
+        base[i] = (1 - text_share) * similarity + text_share * words
+        near[i] = (1 - near_share) * similarity + near_share * words
     beta = setting(settings, "context_weight")
-    raw = {i: base[i] + beta * max([near[j] for j in context.get(i, []) if j in scored] or [0]) for i in scored}
+    raw = {}
+    for i, b in base.items():
+        neighbours = context.get(i)
+        raw[i] = b + beta * (max((near[j] for j in neighbours if j in near), default=0) if neighbours else 0)
     gamma = setting(settings, "session_weight")
     if gamma:
         for i, best in sessions(settings, scored, base, context).items():
@@ -146,11 +153,12 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
     recency_weight, importance_weight = conf["recency_weight"], conf["importance_weight"]
     relevance_of = relevances(settings, vector_rows, text_rows, scored, context, text_ceiling)
     ranked = []
+    accessed = accessed or {}
     for episode_id in candidates:
         row = scored.get(episode_id)
         if row is None or episode_id not in relevance_of:
             continue  # deleted meanwhile, excluded, or (rrf) found by neither half
-        anchor = (accessed or {}).get(episode_id) or row["created_at"]
+        anchor = accessed.get(episode_id) or row["created_at"]
         recency = 0.5 ** (max(0.0, (now - anchor).total_seconds()) / half_life)
         score = relevance_of[episode_id] + recency_weight * recency + importance_weight * row["importance"] / 10
         ranked.append((round(score, 6), episode_id, recency))
