@@ -67,7 +67,9 @@ WITH p AS MATERIALIZED (
 ),
 rare AS MATERIALIZED (
     SELECT DISTINCT ON (q) ord, q FROM p  -- a synonym may parse to a wanted piece's lexeme: counted once
-    WHERE (ord <= %(wanted)s OR ord > %(plain)s) AND numnode(q::tsquery) > 0 AND NOT q = ANY(%(common)s::text[])
+    -- array_position, not q = ANY(common): the planner would estimate each of the thousand elements
+    WHERE (ord <= %(wanted)s OR ord > %(plain)s) AND numnode(q::tsquery) > 0
+      AND array_position(%(common)s::text[], q) IS NULL
 ),
 counted AS (
     SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q::tsquery {agent} GROUP BY r.ord
@@ -449,12 +451,13 @@ def run_statement(conn, query: Query, halves: Halves, settings: Settings, n: int
         return ([] if vector_ran else None), ([] if halves.plan is not None else None), {}, {}
     if vector_ran:
         params["q"] = _query_vector(conn, halves.vector, halves.model)
+    # rows in binary: a query's hundred or so candidates, their times, numbers and arrays load faster so
     if vector_ran and not scanned:
         with conn.transaction():
             set_scan(conn, settings.get("search", "ef_search"))
-            rows = conn.execute(text, params, prepare=False).fetchall()
+            rows = conn.execute(text, params, prepare=False, binary=True).fetchall()
     else:
-        rows = conn.execute(text, params, prepare=False).fetchall()
+        rows = conn.execute(text, params, prepare=False, binary=True).fetchall()
     scored = {r["id"]: r for r in rows}
     vector_rows = None
     if vector_ran:
