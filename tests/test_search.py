@@ -416,10 +416,35 @@ def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, m
     assert len({r[0]["began"] for r in seen}) == 1  # one BEGIN, one SET, one COMMIT for the batch
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # committed at the end
     seen.clear()
-    monkeypatch.setattr(search.Scans, "seconds", 0.0)  # a transaction no longer than nothing: one per query
+    # a transaction no longer than nothing, a query at a time: each query's statement in one of its own
+    monkeypatch.setattr(search.Scans, "seconds", 0.0)
+    monkeypatch.setattr(search, "WINDOW", 1)
     again = search.search_batch(conn, settings, [Query(q) for q in queries])
     assert [{h.id for h in o.hits} for o in again] == [{h.id for h in o.hits} for o in outcomes]
     assert len({r[0]["began"] for r in seen}) == len(queries)
+
+
+def test_a_pipelined_batch_answers_as_its_queries_one_at_a_time(cli, conn, memctl_env):
+    """A batch's statements go through one pipeline, a window of queries ahead of the scoring (search._drive):
+    every query gets the answer it gets alone, over several windows, with words, phrases, exclusions,
+    filters and a query that runs nothing among them."""
+    lines = "".join(json.dumps({"content": f"{w} incident {i} on web-{i % 7}: {v}", "agent": f"a{i % 3}",
+                                "kind": "conversation" if i % 2 else "observation"}) + "\n"
+                    for i, (w, v) in enumerate((w, v) for w in ("disk", "nginx", "redis", "backup", "deploy")
+                                               for v in ("fixed", "paged the on-call", "rolled back", "ignored")))
+    assert cli("episode", "import", "-", input=lines).exit_code == 0
+    assert cli("embed").exit_code == 0
+    settings = config.load()
+    texts = ["disk incident", "nginx -web-3", '"rolled back" deploy', "redis paged", "!!!", "backup fixed",
+             "incident on web-2", "deploy ignored -redis", "what broke on web-5?"]
+    queries = [Query(t, k=5, agent=(None, "a1")[i % 2], kind=(None, "conversation", None)[i % 3])
+               for i, t in enumerate(texts * 5)]  # 45 queries: three windows
+    assert len(queries) > 2 * search.WINDOW
+    batch = search.search_batch(conn, settings, queries)
+    alone = [search.search(conn, settings, q) for q in queries]
+    assert [[h.id for h in o.hits] for o in batch] == [[h.id for h in o.hits] for o in alone]
+    assert [o.note for o in batch] == [o.note for o in alone] and batch[4].note and not batch[4].hits
+    assert sum(bool(o.hits) for o in batch) >= 35
 
 
 def test_a_statement_reused_by_shape_is_the_one_composed_for_it(memctl_env):

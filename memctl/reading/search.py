@@ -20,7 +20,9 @@ with_repeats lists every repeat after its first (search --all).
 A query costs two statements: one parses it and counts its rare words, one runs
 both halves, the context neighbours and the scoring of every candidate by both
 halves (HYBRID), inside a transaction that sets the HNSW scan; a batch's queries
-share such transactions, each at most a second long (statement.Scans).
+share such transactions, each at most a second long (statement.Scans), and send
+their statements through one pipeline, the database running the next queries'
+while memctl scores the last ones (_drive).
 
 The pieces: memctl.reading.query (what a query asks), memctl.reading.statement (its one
 statement), memctl.reading.fusion (the scoring). This module runs them and holds the embedder
@@ -29,9 +31,11 @@ failure policy: a query whose vector cannot be had runs on words, never --mode v
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generator
 
 from memctl.config import Settings
 from memctl.embedding import models
@@ -39,7 +43,7 @@ from memctl.errors import EmbedderUnavailable, UnknownModel
 from memctl.reading import bm25
 from memctl.reading.fusion import Hit, fuse
 from memctl.reading.query import Query, context_kinds, setting, unsearchable
-from memctl.reading.statement import Halves, Scans, pieces, run_statement
+from memctl.reading.statement import Halves, Parsed, Request, Scans, pieces_call, read_rows, statement_request
 
 
 @dataclass
@@ -151,8 +155,9 @@ def _narrowed(plan: bm25.Plan) -> bool:
     return bool(plan.left_out) or any(t not in plan.matched for t in plan.terms)
 
 
-def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict, scans: Scans) -> Outcome:
-    scans.begin()  # both statements in the batch's current transaction
+def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Generator:
+    """One query's work: yields the statements it needs run (statement.Request) and takes their rows;
+    its outcome's hits set when it ends. _drive runs many of these at once."""
     conf = settings.section("search")
     n = max(conf["candidates"], query.k * 4)
     vector_runs = outcome.mode in ("hybrid", "vector") and model is not None and vector is not None
@@ -166,8 +171,9 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
     scope = query.agent if wants_text and cache[key].citus else None
     kinds = context_kinds(settings)
     context = setting(settings, "fusion") != "rrf" and bool(kinds) and setting(settings, "context_weight") != 0
-    parsed = pieces(conn, query.text, cache[key] if wants_text else None,
-                    probe=(kinds, query) if context else None, scope=scope)
+    call = pieces_call(conn, query.text, cache[key] if wants_text else None,
+                       probe=(kinds, query) if context else None, scope=scope)
+    parsed = call if isinstance(call, Parsed) else call.answer(conn, (yield call.request))
     halves = Halves(model=model if vector_runs else None, vector=vector if vector_runs else None,
                     excluded=parsed.excluded, context=context and parsed.context)
     if wants_text and any(parsed.wanted):
@@ -179,13 +185,15 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
                                 common_share=setting(settings, "common_terms") if hybrid else None,
                                 match_rows=bm25.match_bound(halves.stats, setting(settings, "match_rows"),
                                                             setting(settings, "match_share")) if hybrid else None)
-    vector_rows, text_rows, scored, context = run_statement(conn, query, halves, settings, n, scanned=True)
+    request = statement_request(conn, query, halves, settings, n)
+    vector_rows, text_rows, scored, context = read_rows((yield request) if request else None, halves)
     if vector_runs and halves.plan is not None and not vector_rows and _narrowed(halves.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the
         # words are all there is, so every one of them finds, as on words alone
-        halves.plan = bm25.plan(conn, halves.stats, parsed.wanted, common_share=None)
-        _, text_rows, scored, context = run_statement(conn, query, replace(halves, model=None, vector=None),
-                                                      settings, n, scanned=True)
+        halves = replace(halves, model=None, vector=None,
+                         plan=bm25.plan(conn, halves.stats, parsed.wanted, common_share=None))
+        request = statement_request(conn, query, halves, settings, n)
+        _, text_rows, scored, context = read_rows((yield request) if request else None, halves)
     if outcome.mode == "text" or (outcome.mode == "hybrid" and not vector_runs):
         vector_rows = None
     if outcome.mode == "vector":
@@ -202,7 +210,60 @@ def _run(conn, settings, query: Query, model, vector, outcome: Outcome, cache: d
     ceiling = halves.plan.ceiling if halves.plan is not None else None
     outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k,
                         text_ceiling=ceiling)
-    return outcome
+
+
+# Queries a batch starts at a time in its pipeline (_drive): their statements run while memctl
+# scores the ones before.
+WINDOW = 16
+
+
+def _drive(conn, scans: Scans, runs: list[Generator], pipelined: bool) -> None:
+    """Run the queries' steps, their statements pipelined: the database runs a window of queries'
+    statements while memctl scores the window before (fusion is pure Python; the server is another
+    process, on another core).
+
+    Each round sends what the queries ask next and reads every answer at once (a pipeline answers
+    in the order asked). After reading, the queries whose answer leads to another statement (their
+    parse and count: stage 0) ask first, then the next window starts, then the rest finish, scoring
+    while the server works. Without a pipeline (one query; a libpq without pipeline mode) the same
+    steps run one statement at a time.
+    """
+    waiting = deque(runs)
+    asked: list[tuple[Generator, Request, Any]] = []
+
+    def advance(run: Generator, rows) -> None:
+        try:
+            request = run.send(rows)
+        except StopIteration:
+            return
+        asked.append((run, request, conn.execute(request.text, request.params, prepare=request.prepare,
+                                                 binary=request.binary)))
+
+    def start() -> None:
+        for _ in range(min(WINDOW if pipelined else 1, len(waiting))):
+            advance(waiting.popleft(), None)
+
+    scans.begin()
+    start()
+    while asked or waiting:
+        answered, asked[:] = asked[:], []
+        rows: dict[int, list] = {}
+
+        def read(i: int) -> list:
+            if i not in rows:
+                rows[i] = answered[i][2].fetchall()
+            return rows[i]
+
+        if answered:
+            read(0)  # waits for every answer: a pipeline answers in the order asked
+        scans.begin()  # nothing in flight: a transaction older than Scans.seconds ends here
+        for i, (run, request, _) in enumerate(answered):
+            if request.stage == 0:
+                advance(run, read(i))
+        start()
+        for i, (run, request, _) in enumerate(answered):
+            if request.stage != 0:
+                advance(run, read(i))
 
 
 def with_repeats(conn, hits: list[Hit]) -> list[dict]:
@@ -256,26 +317,33 @@ def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, 
             if any(queries[i].mode == "vector" and i not in by_index for i in wanting):
                 raise _vector_mode_refusal(found.warning)
             notes.append(found.warning)
-    outcomes = []
+    outcomes = [_outcome(q, i, nothing, notes, by_index) for i, q in enumerate(queries)]
     cache: dict = {}  # term statistics, read once per batch
-    with Scans(conn, settings.get("search", "ef_search")) as scans:
-        for i, q in enumerate(queries):
-            outcomes.append(_answer(conn, settings, q, i, model, nothing, notes, by_index, cache, scans))
+    runs = [_steps(conn, settings, q, model, by_index.get(i), o, cache)
+            for i, (q, o) in enumerate(zip(queries, outcomes)) if i not in nothing]
+    pipelined = len(runs) > 1 and _pipelines()
+    with Scans(conn, settings.get("search", "ef_search"), pipelined=pipelined) as scans, \
+            conn.pipeline() if pipelined else contextlib.nullcontext():
+        _drive(conn, scans, runs, pipelined)
     if track:
         _track(conn, outcomes)
     return outcomes
 
 
-def _answer(conn, settings, q: Query, i: int, model, nothing: dict, notes: list[str], by_index: dict, cache: dict,
-            scans: Scans) -> Outcome:
-    """The outcome of query i of a batch."""
-    outcome = Outcome(mode=q.mode)
+def _outcome(q: Query, i: int, nothing: dict, notes: list[str], by_index: dict) -> Outcome:
+    """Query i's outcome before it runs: its mode, its batch's warning, why it runs nothing."""
+    outcome = Outcome(mode=q.mode, warning="; ".join(notes) or None)
     if i in nothing:  # no word: an answer would be the nearest episode to noise
-        outcome.note, outcome.warning = nothing[i], "; ".join(notes) or None
-        return outcome
-    if q.mode != "text" and i not in by_index:
+        outcome.note = nothing[i]
+    elif q.mode != "text" and i not in by_index:
         if q.mode == "vector":
             raise _vector_mode_refusal("no query vector")
         outcome.mode = "text"
-    outcome.warning = "; ".join(notes) or None
-    return _run(conn, settings, q, model, by_index.get(i), outcome, cache, scans)
+    return outcome
+
+
+def _pipelines() -> bool:
+    """Whether psycopg's libpq has pipeline mode (14 and later)."""
+    from psycopg import Pipeline
+
+    return Pipeline.is_supported()

@@ -81,7 +81,9 @@ ORDER BY p.ord
 # hnsw.* for the transaction, on every node it reaches: Citus forwards SET LOCAL (never set_config)
 # to the workers once citus.propagate_set_commands is 'local'; on one server that is a placeholder.
 # One simple-protocol round trip, run by set_scan (SET takes no parameters: ef_search is a sql.Literal).
-SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL hnsw.iterative_scan = relaxed_order; "
+# In a pipeline (a batch, search.Scans), the three go as statements of their own: a pipeline takes one
+# statement per query.
+SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'", "SET LOCAL hnsw.iterative_scan = relaxed_order",
                  "SET LOCAL hnsw.ef_search = {ef}")
 
 # One statement per query: both halves, the context neighbours and every candidate scored by
@@ -194,14 +196,19 @@ def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_sear
                             prepare=False).fetchall()
 
 
-def set_scan(conn, ef_search: int) -> None:
+def set_scan(conn, ef_search: int, *, pipelined: bool = False) -> None:
     """Iterative HNSW scan and ef_search for the current transaction, on every node it reaches.
 
-    The one place search's transactions (vector_half, run_statement) get them.
+    The one place search's transactions (vector_half, run_statement, Scans) get them.
     """
     from psycopg import sql
 
-    conn.execute(sql.SQL(SCAN_SETTINGS).format(ef=sql.Literal(int(ef_search))))
+    commands = [sql.SQL(c).format(ef=sql.Literal(int(ef_search))) for c in SCAN_SETTINGS]
+    if pipelined:
+        for command in commands:
+            conn.execute(command)
+    else:
+        conn.execute(sql.SQL("; ").join(commands))
 
 
 class Scans:
@@ -209,15 +216,16 @@ class Scans:
 
     A batch's queries share them: BEGIN, the settings and COMMIT are three round trips, which a
     query would otherwise pay each time (a tenth of a hybrid query at 100k episodes, docs/benchmarks.md).
-    Each lasts at most `seconds` (a new one begins at the next query after), so a batch holds the
+    Each lasts at most `seconds` (begin() starts a new one after that), so a batch holds the
     share locks its reads take, which DDL such as a model switch waits for, only briefly at a time.
-    Reads only: a transaction open here is never written in.
+    Reads only: a transaction open here is never written in. `pipelined`: the connection is in
+    pipeline mode (search._drive), where the settings go as statements of their own.
     """
 
     seconds = 1.0
 
-    def __init__(self, conn, ef_search: int):
-        self.conn, self.ef_search = conn, ef_search
+    def __init__(self, conn, ef_search: int, *, pipelined: bool = False):
+        self.conn, self.ef_search, self.pipelined = conn, ef_search, pipelined
         self._open = None
         self._since = 0.0
 
@@ -225,14 +233,14 @@ class Scans:
         return self
 
     def begin(self) -> None:
-        """Before a query: the current transaction, or a new one when it has lasted `seconds`."""
+        """With nothing in flight: the current transaction, or a new one when it has lasted `seconds`."""
         if self._open is not None and time.monotonic() - self._since < self.seconds:
             return
         self.end()
         self._open = self.conn.transaction()
         self._open.__enter__()
         self._since = time.monotonic()
-        set_scan(self.conn, self.ef_search)
+        set_scan(self.conn, self.ef_search, pipelined=self.pipelined)
 
     def end(self, *exc) -> None:
         if self._open is not None:
@@ -264,6 +272,40 @@ class Parsed(Terms):
     context: bool = True  # an episode of a context kind is within the query's reach
 
 
+@dataclass
+class Request:
+    """A statement a query's steps ask to run (search._steps), and how."""
+
+    text: bytes | str
+    params: Any
+    prepare: bool | None = None  # psycopg's: None prepares it once used a few times
+    binary: bool = False  # rows in binary
+    stage: int = 0  # 0: what the query runs first (its answer leads to another statement); 1: the last
+
+
+@dataclass
+class PiecesCall:
+    """The statement of pieces() and what reading its rows needs."""
+
+    request: Request
+    terms: Terms
+    groups: list[list[str]]
+    stats: bm25.TermStats | None
+    counting: bool
+    share: float = 1.0
+
+    def answer(self, conn, rows: list[dict]) -> Parsed:
+        """The pieces from the statement's rows; the rare words' counts go into stats.counted."""
+        if self.counting:
+            self.stats.counted.update((r["q"], r["df"] / self.share if r["df"] and self.share > 0 else r["df"])
+                                      for r in rows if r["rare"])
+        parsed = _grouped(conn, self.terms, self.groups, [r["q"] for r in rows],
+                          self.stats if self.terms.wanted else None)
+        if "context" in rows[0]:
+            parsed.context = rows[0]["context"]
+        return parsed
+
+
 def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple[list[str], Query] | None = None,
            scope: str | None = None) -> Parsed:
     """The query's wanted and excluded pieces as tsquery texts ('' for a piece of stopwords only).
@@ -274,6 +316,17 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
     With `probe` (context kinds, query), it also says whether an episode of those kinds passes
     the query's agent and kind filters.
     """
+    call = pieces_call(conn, text, stats, probe=probe, scope=scope)
+    if isinstance(call, Parsed):
+        return call
+    r = call.request
+    return call.answer(conn, conn.execute(r.text, r.params, prepare=r.prepare).fetchall())
+
+
+def pieces_call(conn, text: str, stats: bm25.TermStats | None = None, *,
+                probe: tuple[list[str], Query] | None = None, scope: str | None = None) -> PiecesCall | Parsed:
+    """pieces() as a statement to run and the reading of its rows (PiecesCall.answer); the Parsed
+    pieces at once when there is nothing to run (no word)."""
     terms = split_terms(text)
     # each unquoted wanted word's synonyms (query.SYNONYMS) are parsed and counted after the pieces
     groups = [[] if quoted else synonyms(word) for word, quoted in zip(terms.wanted, terms.quoted)]
@@ -283,8 +336,7 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
     if not plain:
         return Parsed([], [])
     if stats is None and probe is None:
-        rows = conn.execute(PIECES, (every,), prepare=False).fetchall()
-        return _grouped(conn, terms, groups, [r["q"] for r in rows], None)
+        return PiecesCall(Request(PIECES, (every,), prepare=False), terms, groups, None, False)
     params: dict[str, Any] = {"pieces": every}
     counting = stats is not None and bool(terms.wanted)
     if probe is not None:
@@ -302,13 +354,8 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
     statement = _PIECES.get(shape)
     if statement is None:
         statement = _PIECES[shape] = _compose_pieces(probe, counting, scope).as_bytes(None)
-    rows = conn.execute(statement, params).fetchall()  # prepared once used
-    if counting:
-        stats.counted.update((r["q"], r["df"] / share if r["df"] and share > 0 else r["df"])
-                             for r in rows if r["rare"])
-    parsed = _grouped(conn, terms, groups, [r["q"] for r in rows], stats if terms.wanted else None)
-    parsed.context = rows[0]["context"]
-    return parsed
+    # prepared once used a few times (psycopg's default)
+    return PiecesCall(Request(statement, params), terms, groups, stats, counting, share)
 
 
 # pieces()' statements by their shape: the probe's kinds and filters, whether it counts, in an agent's episodes
@@ -438,26 +485,26 @@ def _compose(query: Query, halves: Halves, matching: bool):
                                   distance=distance, text_score=text_score, excluded=excluded)
 
 
-def run_statement(conn, query: Query, halves: Halves, settings: Settings, n: int, *, scanned: bool = False):
-    """(vector rows, text rows, scored, context) of one query, from its one statement.
-
-    vector rows and text rows are None for a half that did not run; their order is their half's ranking.
-    `scanned`: the caller's transaction has the scan set (Scans); otherwise the vector half runs in
-    a transaction of its own that sets it.
-    """
+def statement_request(conn, query: Query, halves: Halves, settings: Settings, n: int) -> Request | None:
+    """The query's one statement, to run in a transaction with the scan set (Scans); None when no half can
+    run (read_rows(None, halves) is then its answer)."""
     text, params = statement(query, halves, settings, n)
-    vector_ran = halves.vector is not None and halves.model is not None
     if text is None:
-        return ([] if vector_ran else None), ([] if halves.plan is not None else None), {}, {}
-    if vector_ran:
+        return None
+    if halves.vector is not None and halves.model is not None:
         params["q"] = _query_vector(conn, halves.vector, halves.model)
     # rows in binary: a query's hundred or so candidates, their times, numbers and arrays load faster so
-    if vector_ran and not scanned:
-        with conn.transaction():
-            set_scan(conn, settings.get("search", "ef_search"))
-            rows = conn.execute(text, params, prepare=False, binary=True).fetchall()
-    else:
-        rows = conn.execute(text, params, prepare=False, binary=True).fetchall()
+    return Request(text, params, prepare=False, binary=True, stage=1)
+
+
+def read_rows(rows: list[dict] | None, halves: Halves):
+    """(vector rows, text rows, scored, context) of one query, from its statement's rows (None: it ran none).
+
+    vector rows and text rows are None for a half that did not run; their order is their half's ranking.
+    """
+    vector_ran = halves.vector is not None and halves.model is not None
+    if rows is None:
+        return ([] if vector_ran else None), ([] if halves.plan is not None else None), {}, {}
     scored = {r["id"]: r for r in rows}
     vector_rows = None
     if vector_ran:
