@@ -132,3 +132,16 @@ def test_subpackages_say_what_they_hold_and_load_nothing():
         imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                    and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
         assert not imports, f"{name}/__init__.py imports: importing one of its modules would load the others"
+
+
+def test_search_starts_without_the_write_path():
+    """`memctl episode search` (and every command of its module) imports neither the episode log's write
+    path nor redaction (the gate's detectors, the repeats fold): some 30 ms of every search's start."""
+    import subprocess
+    import sys
+
+    write_path = ("memctl.records.episodes", "memctl.records.store", "memctl.records.repeats", "memctl.redact")
+    code = ("import sys, memctl.cli.episode, memctl.reading.search, memctl.reading.recall; "
+            f"print(sorted(set({write_path!r}) & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -16,7 +16,8 @@ from memctl import config
 from memctl.embedding import models
 from memctl.reading import bm25, search
 from memctl.reading.query import Query, setting
-from memctl.reading.statement import pieces, vector_half
+from memctl.reading.pieces import pieces
+from memctl.reading.statement import vector_half
 from tests.conftest import needs_local_embedder
 
 DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())

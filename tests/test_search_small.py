@@ -11,7 +11,7 @@ import pytest
 from memctl import config
 from memctl.reading import bm25, fusion, search
 from memctl.reading.query import NO_WORD, ONLY_EXCLUDED, Query, synonyms, unsearchable
-from memctl.reading.statement import pieces
+from memctl.reading.pieces import pieces
 from tests.conftest import needs_local_embedder
 
 # The README's Quickstart, as written there: its two episodes and its question.

@@ -12,7 +12,9 @@ from memctl.cli.common import (FormatOption, choice_value, connect, connect_read
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import InvalidInput, UsageError
 from memctl.reading import query as query_mod, search as search_mod
-from memctl.records import episodes
+
+# The write path (memctl.records.episodes: the gate, redaction, the repeats fold) is imported by the
+# commands that write or list, not at the top: `episode search` starts without it.
 
 app = typer.Typer(help="Episodes: what happened, stored at once, embedded in the background, searched by "
                        "meaning and by words.", no_args_is_help=True)
@@ -51,6 +53,8 @@ def add(
 
     A repeat of an earlier episode (docs/repeats.md) is stored linked to it and not embedded again: stderr says so.
     """
+    from memctl.records import episodes
+
     from memctl import redact
 
     st = settings()
@@ -82,6 +86,8 @@ def import_(
 
     One transaction: by default a malformed line fails the import, names the line, and leaves nothing behind.
     """
+    from memctl.records import episodes
+
     conn = connect()
     st = settings()
     result = episodes.ImportResult()
@@ -114,6 +120,8 @@ def _open(path: str):
 def show(episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOption = Format.table) -> None:
     """One episode with its chunks and their embedding state, and its lineage: a summary's `sources` (id,
     created_at, content hash, whether it still exists) and the summaries it is in (`summarized_in`)."""
+    from memctl.records import episodes
+
     from memctl.records import lineage
 
     conn = connect()
@@ -142,6 +150,8 @@ def list_(
     fmt: FormatOption = Format.table,
 ) -> None:
     """Episodes, newest first."""
+    from memctl.records import episodes
+
     rows = episodes.list_episodes(connect(), agent=agent, kind=kind, source=source, since=since, limit=limit)
     if fmt is Format.table:
         rows = [{**r, "content": _preview(r["content"])} for r in rows]
@@ -156,6 +166,8 @@ def _preview(text: str, width: int = 60) -> str:
 @app.command()
 def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], fmt: FormatOption = Format.table) -> None:
     """Delete episodes with their chunks and vectors of every model; exit 4 if none of them existed."""
+    from memctl.records import episodes
+
     from memctl.errors import NotFound
 
     deleted = episodes.delete(connect(), ids)

@@ -14,7 +14,7 @@ from typing import Any
 
 from memctl.config import DurationTooLong, Settings, default, parse_duration
 from memctl.errors import BadValue, MemctlError, UsageError
-from memctl.records import episodes, gate
+from memctl.records import filters as episode_filters, gate
 
 MODES = ("hybrid", "vector", "text")
 
@@ -91,7 +91,7 @@ def batch_query(item: dict, number: int) -> Query:
             raise bad(name, str(exc)) from None
         except ValueError:
             try:
-                episodes.parse_since(when)
+                episode_filters.parse_since(when)
             except MemctlError:
                 raise bad(name, f"{shown(when)} is neither a duration back from now (30m, 12h, 7d) nor an "
                                 "ISO 8601 date/time (2026-08-11T09:30:00Z)") from None

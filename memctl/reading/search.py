@@ -43,7 +43,8 @@ from memctl.errors import EmbedderUnavailable, UnknownModel
 from memctl.reading import bm25
 from memctl.reading.fusion import Hit, fuse
 from memctl.reading.query import Query, context_kinds, setting, unsearchable
-from memctl.reading.statement import Halves, Parsed, Request, Scans, pieces_call, read_rows, statement_request
+from memctl.reading.pieces import Parsed, pieces_call
+from memctl.reading.statement import Halves, Request, Scans, read_rows, statement_request
 
 
 @dataclass

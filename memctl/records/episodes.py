@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from memctl import jsonl, redact
-from memctl.config import Settings, parse_duration
+from memctl.config import Settings
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
 from memctl.records import chunking, gate, repeats, store
+from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
 
 DEFAULT_AGENT = gate.DEFAULT_AGENT
 DEFAULT_KIND = gate.DEFAULT_KIND
@@ -24,22 +25,6 @@ NewEpisode = gate.NewEpisode
 validate = gate.validate
 parse_time = gate.parse_time
 importance_for = gate.importance_for
-
-
-def parse_since(value: str, option: str = "--since") -> datetime.datetime:
-    """'7d' (a duration back from now) or an ISO 8601 date/time."""
-    try:
-        seconds = parse_duration(value)
-    except ValueError:
-        try:
-            return parse_time(value, option)
-        except BadValue:
-            raise BadValue(f"{option} {value!r}: give a duration back from now (30m, 12h, 7d) "
-                           "or an ISO 8601 date/time (2026-08-11T09:30:00Z)", option) from None
-    try:
-        return datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=seconds)
-    except OverflowError:
-        raise BadValue(f"{option} {value!r}: reaches back before the year 1", option) from None
 
 
 def chunk_size(settings: Settings) -> int:
@@ -110,36 +95,6 @@ def list_episodes(conn, *, agent: str | None = None, kind: str | None = None, so
         cols=sql.SQL(", ").join(sql.SQL("e.{}").format(sql.Identifier(c.strip())) for c in COLUMNS.split(",")),
         where=where(clauses), limit=sql.Literal(int(limit)))
     return conn.execute(query, params).fetchall()
-
-
-def filters(*, agent=None, kind=None, source=None, since=None, until=None, alias: str = "e"):
-    """SQL conditions on the episodes table for the common filters, with named parameters.
-
-    `since` and `until` take a duration back from now (7d) or an ISO 8601 time; `until` is exclusive.
-    """
-    from psycopg import sql
-
-    clauses, params = [], {}
-    table = sql.Identifier(alias)
-    for column, value in (("agent", agent), ("kind", kind), ("source", source)):
-        if value is not None:
-            clauses.append(sql.SQL("{}.{} = {}").format(table, sql.Identifier(column), sql.Placeholder(column)))
-            params[column] = value
-    if since is not None:
-        clauses.append(sql.SQL("{}.created_at >= {}").format(table, sql.Placeholder("since")))
-        params["since"] = parse_since(since)
-    if until is not None:
-        clauses.append(sql.SQL("{}.created_at < {}").format(table, sql.Placeholder("until")))
-        params["until"] = parse_since(until, "--until")
-    return clauses, params
-
-
-def where(clauses):
-    from psycopg import sql
-
-    if not clauses:
-        return sql.SQL("")
-    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses)
 
 
 # A first goes with its repeats (one folded memory); a repeat alone is uncounted from its first.

@@ -33,11 +33,13 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memctl import redact
 from memctl.errors import BadValue, Blocked, InvalidInput
 from memctl.records import chunking
+
+if TYPE_CHECKING:
+    from memctl import redact
 
 DEFAULT_AGENT = "default"
 DEFAULT_KIND = "observation"
@@ -291,6 +293,8 @@ class Gate:
 
     def __init__(self, conn, settings, redactor: redact.Redactor | None = None, *, bulk: bool = False):
         self.conn, self.settings = conn, settings
+        from memctl import redact  # imported by writes only: reading checks values with the gate, never redacts
+
         self.redactor = redactor if redactor is not None else redact.Redactor.from_settings(settings)
         self._blocked: dict[str, str | None] | None = None
         if bulk:
@@ -417,6 +421,8 @@ class Gate:
                 clean[column] = parse_time(clean[column], column)
         tail = clean.get("output_tail")
         if tail is not None:
+            from memctl import redact
+
             clean["output_tail"] = redact.redact_text(check_value(tail, "output_tail").replace("\x00", ""))
         return RunRecord(clean)
 
