@@ -183,6 +183,8 @@ def validate(settings, content: Any, *, kind: Any = None, source: Any = None, ag
         meta = {}
     if not isinstance(meta, dict):
         raise BadValue(f"meta: must be a JSON object, got {_shown(meta)}", "meta")
+    if not meta:  # most episodes: nothing to encode (an import skips two json.dumps a row)
+        return NewEpisode(content, kind, agent, source, importance, when, meta)
     try:
         encoded = json.dumps(meta, allow_nan=False)
         json.dumps(meta, ensure_ascii=False).encode("utf-8")
