@@ -17,11 +17,14 @@ hash embedder's, so `memctl episode search` embeds them itself, offline).
   vector given) vs the bare query (at memctl's ef_search): p50 and p95
   ratios. Goal <= 5 each. The old text half (OR of all words ranked by
   ts_rank_cd, OLD_TEXT_HALF here) is timed afterwards on 20 queries, for contrast.
+- --against DIR (a checkout of another revision, e.g. `git worktree add DIR REV`): its memctl
+  (PYTHONPATH=DIR) runs in the same alternation as this one and the bare process, on the same
+  data, so a change's effect is measured apart from the machine's drift.
 - filtered recall: HNSW top-10 with an agent filter selecting 10% of rows, as
   memctl runs it (iterative scan) ÷ exact top-10 (index scans off), for query
   vectors near the data's clusters. Goal >= 0.95.
 
-    python tests/bench/search.py [--episodes 100000] [--queries 200] [--runs 5]
+    python tests/bench/search.py [--episodes 100000] [--queries 200] [--runs 5] [--against DIR]
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import alternate, fresh_database, median, parser, percentile, server
+from _common import alternate, fresh_database, median, parser, percentile, server, wall
 
 WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
          "consumer scaled certificate renewal backup restore latency index customer refund release freeze kernel "
@@ -121,7 +124,8 @@ def bare(conn, model, vector) -> None:
                  prepare=False).fetchall()
 
 
-def processes(url: str, model, texts: list[str], vectors: np.ndarray, ef: int, runs: int, scratch: Path) -> None:
+def processes(url: str, model, texts: list[str], vectors: np.ndarray, ef: int, runs: int, scratch: Path,
+              against: Path | None = None) -> None:
     batch, npy = scratch / "queries.jsonl", scratch / "vectors.npy"
     batch.write_text("".join(json.dumps({"query": t, "k": 10}) + "\n" for t in texts))
     np.save(npy, vectors.astype(np.float32))
@@ -140,6 +144,23 @@ def processes(url: str, model, texts: list[str], vectors: np.ndarray, ef: int, r
           f"{median(mine) / median(theirs):.2f}  [queries with vector hits {vector_ran}, with text hits {text_ran}]")
     if check.stderr.strip():
         print(f"  stderr: {check.stderr.strip()[:200]}")
+    if against is not None:
+        compare(ours, [sys.executable, str(script), url, model.table_name, str(ef), str(npy)], env, runs, against)
+
+
+def compare(ours: list[str], base: list[str], env: dict, runs: int, against: Path) -> None:
+    """This memctl, the one of the checkout `against` and the bare process, alternated."""
+    other = {**env, "PYTHONPATH": str(against)}
+    for _ in range(2):  # warm
+        wall(base, env), wall(ours, env), wall(ours, other)
+    mine, theirs, bare = [], [], []
+    for _ in range(runs):
+        bare.append(wall(base, env))
+        mine.append(wall(ours, env))
+        theirs.append(wall(ours, other))
+    print(f"against {against} (alternated, median of {runs}): this memctl {median(mine):.2f} s, that memctl "
+          f"{median(theirs):.2f} s, bare {median(bare):.2f} s; ratios {median(mine) / median(bare):.2f} (this) and "
+          f"{median(theirs) / median(bare):.2f} (that)")
 
 
 def per_query(conn, settings, model, texts, vectors) -> None:
@@ -213,6 +234,7 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=100_000)
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--against", type=Path, help="a checkout of another revision to alternate with this one")
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="memctl-search-bench-"))
     (scratch / "memctl.toml").write_text("")
@@ -227,7 +249,7 @@ def main() -> None:
         ef = settings.get("search", "ef_search")
         texts = [sentence(rng, 4) for _ in range(args.queries)]
         vectors = np.asarray(HashEmbedder("bench", DIMS).embed(texts).vectors, dtype=np.float32)
-        processes(url, model, texts, vectors, ef, args.runs, scratch)
+        processes(url, model, texts, vectors, ef, args.runs, scratch, args.against)
         per_query(conn, settings, model, texts, vectors)
         filtered_recall(conn, model, centers, ef, settings.get("search", "candidates"))
 
