@@ -473,8 +473,35 @@ def test_a_statement_reused_by_shape_is_the_one_composed_for_it(memctl_env):
         if text is None:
             assert not vector and not (terms and matched)
             continue
-        fresh = st._compose(query, halves, "match" in params).as_bytes(None)
+        fresh = st._compose(query, halves, "match" in params, 50).as_bytes(None)
         assert text == fresh
         names = set(re.findall(rb"%\((\w+)\)", text))
         assert {n.decode() for n in names} - {"q"} <= set(params)  # every placeholder has its value
     assert 100 < len(st._TEXTS) < 2 * 32 * 3 * 2 * 2 * 2
+
+
+def test_the_hybrid_statement_prepared_and_planned_once_answers_as_planned_each_time(cli, conn, db_url, memctl_env):
+    """Used a few times, the hybrid statement is prepared and PostgreSQL may plan it once (a generic plan):
+    every query then gets the answer a fresh connection, planning it for its own values, gives."""
+    from memctl import db
+
+    lines = "".join(json.dumps({"content": f"{w} {v} on web-{i % 9} at {i}", "agent": f"a{i % 2}"}) + "\n"
+                    for i, (w, v) in enumerate((w, v) for w in ("disk full", "nginx reload", "redis evicted",
+                                                               "backup failed", "deploy rolled back", "cert expired")
+                                               for v in ("paged", "fixed", "ignored", "escalated", "retried")))
+    assert cli("episode", "import", "-", input=lines).exit_code == 0
+    assert cli("embed").exit_code == 0
+    settings = config.load()
+    texts = ["disk paged", "nginx fixed", "redis retried", "backup escalated", "deploy ignored", "cert paged",
+             "disk retried", "nginx escalated"]
+    queries = [Query(t, k=5, agent=("a0", None)[i % 2]) for i, t in enumerate(texts * 4)]
+    batch = search.search_batch(conn, settings, queries)
+    alone = []
+    for q in queries:
+        with db.connect(db_url, vector=True) as fresh:  # never prepared: planned for its own values
+            alone.append(search.search(fresh, settings, q))
+    assert [[h.id for h in o.hits] for o in batch] == [[h.id for h in o.hits] for o in alone]
+    prepared = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                            "WHERE statement LIKE '%vec AS MATERIALIZED%'").fetchall()
+    # planned once (generic) after five custom plans: the answers above include the generic plan's
+    assert prepared and sum(r["generic_plans"] for r in prepared) > 0

@@ -45,14 +45,18 @@ SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'", "SET LOCAL 
                  "SET LOCAL hnsw.ef_search = {ef}")
 
 # One statement per query: both halves, the context neighbours and every candidate scored by
-# both halves (so fusion never guesses the half an episode was not found by). Its parts:
+# both halves (so fusion never guesses the half an episode was not found by). Its parts.
+# The statement is prepared once used a few times, and PostgreSQL then plans it once (a generic
+# plan) when that costs about what planning each query would: planning was a sixth of its server
+# time. The LIMITs are written in, not parameters: a generic plan that knows how many rows it reads
+# keeps the HNSW index scan, whose answers are the custom plan's (tests/test_search.py).
 VECTOR_CTE = """
 vec AS MATERIALIZED (
     SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
     FROM {table} v {join}
     {where}
     ORDER BY v.embedding <=> %(q)b::{type}
-    LIMIT %(n)s
+    LIMIT {n}
 ),
 vhits AS MATERIALIZED (
     SELECT DISTINCT ON (c.agent, c.episode_id) c.agent, c.episode_id AS id, h.distance, c.content AS chunk
@@ -66,7 +70,7 @@ thits AS MATERIALIZED (
     FROM episodes e
     WHERE e.tsv @@ %(match)s::tsquery AND e.repeat_of IS NULL {filters}
     ORDER BY text_score DESC, e.id DESC
-    LIMIT %(n)s
+    LIMIT {n}
 )"""
 # Found by either half, one row per episode with what each half said of it.
 FOUND_BOTH = """
@@ -253,12 +257,13 @@ class Halves:
 _TEXTS: dict[tuple, bytes] = {}
 
 
-def _shape(query: Query, halves: Halves, matching: bool) -> tuple:
+def _shape(query: Query, halves: Halves, matching: bool, n: int) -> tuple:
     """What the statement's text depends on: the halves that run, which filters are set, the number
-    of scored words, whether words find, the neighbours, the exclusions (values are parameters)."""
+    of scored words, whether words find, the neighbours, the exclusions, the candidates each half
+    reads (the other values are parameters)."""
     vector = halves.vector is not None and halves.model is not None
     scoring = halves.plan is not None and bool(halves.plan.terms)
-    return ((halves.model.table_name, halves.model.storage) if vector else None,
+    return (int(n), (halves.model.table_name, halves.model.storage) if vector else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
             len(halves.plan.terms) if scoring else None, matching, halves.context, any(halves.excluded))
 
@@ -268,7 +273,7 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
     vector = halves.vector is not None and halves.model is not None
     scoring = halves.plan is not None and bool(halves.plan.terms)
     match = match_query(halves.plan.matched, halves.excluded) if scoring else None
-    params: dict[str, Any] = {"n": n}
+    params: dict[str, Any] = {}
     if not vector and match is None:
         return None, params
     params.update(_filters(query)[1])  # the filters' values, under the names every part uses
@@ -282,17 +287,18 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
     unwanted = [f"( {q} )" for q in halves.excluded if q]
     if unwanted:
         params["excluded"] = " | ".join(unwanted)
-    shape = _shape(query, halves, match is not None)
+    shape = _shape(query, halves, match is not None, n)
     text = _TEXTS.get(shape)
     if text is None:
-        text = _TEXTS[shape] = _compose(query, halves, match is not None).as_bytes(None)
+        text = _TEXTS[shape] = _compose(query, halves, match is not None, n).as_bytes(None)
     return text, params
 
 
-def _compose(query: Query, halves: Halves, matching: bool):
+def _compose(query: Query, halves: Halves, matching: bool, n: int):
     """The statement's text (psycopg.sql) for statement()'s shape."""
     from psycopg import sql
 
+    limit = sql.Literal(int(n))
     parts = []
     vector = halves.vector is not None and halves.model is not None
     agent_c = agent_e = sql.SQL("")
@@ -302,12 +308,12 @@ def _compose(query: Query, halves: Halves, matching: bool):
     if vector:
         model = halves.model
         where, join, _ = _vector_where(query)
-        parts.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage),
+        parts.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage), n=limit,
                                                 table=sql.Identifier(model.table_name), join=join, where=where))
     score = bm25.score(halves.plan, "e.tsv") if scoring else sql.SQL("0::float8")
     if matching:
         clauses, _ = _filters(query)
-        parts.append(sql.SQL(TEXT_CTE).format(score=score,
+        parts.append(sql.SQL(TEXT_CTE).format(score=score, n=limit,
                                               filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
     found = FOUND_BOTH if vector and matching else FOUND_VECTOR if vector else FOUND_TEXT
     near = sql.SQL(NO_NEAR)
@@ -315,7 +321,7 @@ def _compose(query: Query, halves: Halves, matching: bool):
         filters = {}
         for alias, name in (("b", "before"), ("a", "after")):
             clauses, _ = episode_filters.filters(agent=query.agent, kind=query.kind, source=query.source,
-                                          since=query.since, until=query.until, alias=alias)
+                                                 since=query.since, until=query.until, alias=alias)
             filters[name] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
         near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)
     distance = sql.SQL("NULL::float8")
@@ -338,7 +344,7 @@ def statement_request(conn, query: Query, halves: Halves, settings: Settings, n:
     if halves.vector is not None and halves.model is not None:
         params["q"] = _query_vector(conn, halves.vector, halves.model)
     # rows in binary: a query's hundred or so candidates, their times, numbers and arrays load faster so
-    return Request(text, params, prepare=False, binary=True, stage=1)
+    return Request(text, params, prepare=None, binary=True, stage=1)
 
 
 def read_rows(rows: list[dict] | None, halves: Halves):
