@@ -171,6 +171,29 @@ def test_one_walk_for_values_by_name_and_text():
         redact.Redactor("block").value({"nested": [{"db_password": "hunter2"}]})
 
 
+def test_a_redactor_searches_a_short_clean_text_once_and_every_secret_each_time(monkeypatch):
+    """An import's agent, kind and source names repeat on every record: searched once per Redactor. A text that
+    held a secret is searched (and counted) every time, and a long text is never remembered."""
+    calls = []
+    real = redact.find
+    monkeypatch.setattr(redact, "find", lambda text: calls.append(text) or real(text))
+    r = redact.Redactor()
+    assert all(r.text("web-3", "episode agent") == "web-3" for _ in range(100))
+    assert calls.count("web-3") == 1
+    assert [r.text(f"pushed with {GITHUB}") for _ in range(3)] == ["pushed with [REDACTED:github-token]"] * 3
+    assert calls.count(f"pushed with {GITHUB}") == 3 and r.kinds == {"github-token": 3}
+    long = "a log line without a secret " * 10
+    assert [r.text(long) for _ in range(2)] == [long] * 2 and calls.count(long) == 2
+    for i in range(redact.CLEAN_SIZE + 1):  # bounded: a full memo starts over
+        r.text(f"host-{i}")
+    assert len(r._clean) <= redact.CLEAN_SIZE
+    with pytest.raises(redact.SecretRefused):  # block mode refuses a secret however often it comes
+        block = redact.Redactor("block")
+        for _ in range(2):
+            assert block.text("web-3") == "web-3"
+        block.text(f"pushed with {GITHUB}")
+
+
 def test_ordinary_prose_skips_every_detector():
     """The cheap gate keeps find() fast on what most writes are: prose and log lines with no secret shape."""
     prose = [e if isinstance(e, str) else e[1] for name in ("retrieval.json", "retrieval_log.json")

@@ -148,12 +148,20 @@ def kinds_text(kinds: Counter) -> str:
     return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(kinds.items()))
 
 
+CLEAN_CHARS = 200
+CLEAN_SIZE = 4096
+
+
 @dataclass
 class Redactor:
     """Applies the mode to every text of one write (or one import) and counts what it replaced."""
 
     mode: str = DEFAULT_MODE
     kinds: Counter = field(default_factory=Counter)
+    # Short texts found to hold no secret, so an import's agent, kind and source names, the same on thousands
+    # of records, are searched once (`find` depends on the text alone). Bounded: at most CLEAN_SIZE of them,
+    # none longer than CLEAN_CHARS.
+    _clean: set = field(default_factory=set, repr=False, compare=False)
 
     @classmethod
     def from_settings(cls, settings) -> "Redactor":
@@ -164,10 +172,14 @@ class Redactor:
         return sum(self.kinds.values())
 
     def text(self, value: str | None, what: str = "text") -> str | None:
-        if self.mode == "off" or not value:
+        if self.mode == "off" or not value or value in self._clean:
             return value
         found = find(value)
         if not found:
+            if len(value) <= CLEAN_CHARS:
+                if len(self._clean) >= CLEAN_SIZE:
+                    self._clean.clear()
+                self._clean.add(value)
             return value
         kinds = Counter(f.kind for f in found)
         self._allow(what, kinds)
