@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from memctl.records.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
 
@@ -74,7 +74,8 @@ def _digest(text: str) -> bytes:
 
 EPISODE_SEQ = "SELECT pg_get_serial_sequence('episodes', 'id') AS s"
 CHUNK_SEQ = "SELECT pg_get_serial_sequence('chunks', 'id') AS s"
-TAKE_IDS = "SELECT nextval(%s::regclass) AS id FROM generate_series(1, %s)"
+# One array, not a row per id: 5,000 rows cost the import's copying thread 20 ms a batch to read.
+TAKE_IDS = "SELECT array(SELECT nextval(%s::regclass) FROM generate_series(1, %s)) AS ids"
 COPY_EPISODES = """COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at, meta,
                       norm_hash, repeat_of, repeats, last_seen_at)
 FROM STDIN (FORMAT BINARY)"""
@@ -91,7 +92,7 @@ def take_ids(conn, sequence_query: str, count: int) -> list[int]:
     if count == 0:
         return []
     seq = conn.execute(sequence_query).fetchone()["s"]
-    return [r["id"] for r in conn.execute(TAKE_IDS, (seq, count)).fetchall()]
+    return conn.execute(TAKE_IDS, (seq, count), binary=True).fetchone()["ids"]
 
 
 def queued_models(conn) -> list[int]:
@@ -109,12 +110,14 @@ class Copied:
 
 def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
                   vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
-                  hints: list[str | None] | None = None, locked: set[str] | None = None) -> Copied:
+                  hints: list[str | None] | None = None, locked: set[str] | None = None,
+                  release: Callable[[], None] | None = None) -> Copied:
     """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
 
     `vectors[i]`, when given, holds one vector per chunk of batch[i] made by `model` (whose
     table receives them); those chunks are not queued for that model. Repeats are folded
-    (memctl.records.repeats.plan_batch: `window`, `hints`, `locked`) and get no chunks.
+    (memctl.records.repeats.plan_batch: `window`, `hints`, `locked`) and get no chunks. `release` is called
+    once the batch is planned, before the COPYs (memctl.db.overlap: a caller waiting for it may go on).
     """
     from psycopg import sql
     from psycopg.types.json import Jsonb
@@ -128,6 +131,8 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     fold = repeats.plan_batch(conn, batch, copied.ids, times, window, hints, locked)
     copied.folded = fold.folded
     chunk_ids = take_ids(conn, CHUNK_SEQ, sum(len(e.chunks) for e, r in zip(batch, fold.repeat_of) if r is None))
+    if release is not None:
+        release()
     with_vector: list[tuple[str, int, bytes, Any]] = []
     queue_rows: list[tuple[str, int]] = []
     with conn.cursor() as cur:
@@ -146,7 +151,8 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
                     continue
                 given = vectors[index] if vectors is not None else None
                 for seq, text in enumerate(ep.chunks):
-                    chunk_id, digest = next(next_chunk), _digest(text)
+                    # a one-chunk episode's chunk is its text, whose digest the gate made
+                    chunk_id, digest = next(next_chunk), ep.content_hash if text == ep.content else _digest(text)
                     copy.write_row((chunk_id, ep.agent, episode_id, seq, text, digest))
                     if given is not None:
                         with_vector.append((ep.agent, chunk_id, digest, given[seq]))
