@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
+import threading
+import time
 
+import psycopg
 import pytest
 
-from memctl import config
+from memctl import config, db
+from memctl.db import overlap
 from memctl.errors import BadValue, InvalidInput
-from memctl.records import chunking, episodes
+from memctl.records import chunking, episodes, store
 
 
 def count(conn, table: str) -> int:
@@ -153,6 +158,110 @@ def test_import_fails_whole_on_line_n_and_leaves_nothing(cli, conn):
     assert result.exit_code == 1
     assert "line 3" in result.stderr and "nothing was imported" in result.stderr
     assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
+
+
+def test_import_reads_the_next_batch_while_one_is_copied(memctl_env, db_url, conn, monkeypatch):
+    """A batch is copied on a second thread while the import reads and admits the next (memctl.db.overlap):
+    each copy waits, after its COPYs, until the source has been asked for a record meanwhile."""
+    monkeypatch.setattr(episodes, "BATCH", 3)
+    settings = config.load()
+    copying, read_meanwhile = threading.Event(), threading.Event()
+    threads, real = [], store.copy_episodes
+
+    def copy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        copying.set()
+        try:
+            copied = real(*args, **kwargs)
+            if len(threads) == 1:
+                read_meanwhile.wait(20)  # one import at a time would never get there
+            return copied
+        finally:
+            copying.clear()
+
+    def source():
+        for i in range(10):
+            if copying.is_set():
+                read_meanwhile.set()
+            yield episodes.validate(settings, f"episode {i} about the payment queue")
+
+    monkeypatch.setattr(store, "copy_episodes", copy)
+    with db.connect(db_url) as c:
+        result = episodes.import_episodes(c, settings, source(), result=episodes.ImportResult())
+    assert read_meanwhile.is_set()
+    assert (result.imported, result.chunks, threads) == (10, 10, ["memctl-overlap"] * 4)
+    assert count(conn, "episodes") == count(conn, "chunks") == 10
+    ids = [r["id"] for r in conn.execute("SELECT id FROM episodes ORDER BY id").fetchall()]
+    texts = [r["content"] for r in conn.execute("SELECT content FROM episodes ORDER BY id").fetchall()]
+    assert len(set(ids)) == 10 and texts == [f"episode {i} about the payment queue" for i in range(10)]
+
+
+def test_import_failing_after_batches_were_copied_leaves_nothing(cli, conn, db_url, memctl_env, monkeypatch):
+    """A bad line met while an earlier batch is being copied on the second thread, and a copy that the database
+    refuses: either way the whole import is gone and the connection is fit for the next one."""
+    monkeypatch.setattr(episodes, "BATCH", 2)
+    data = jsonl(*({"content": f"line {i} fine"} for i in range(1, 6)), "{broken json", {"content": "later"})
+    result = cli("episode", "import", "-", input=data)
+    assert result.exit_code == 1 and "line 6" in result.stderr and "nothing was imported" in result.stderr
+    assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
+
+    settings, calls, real = config.load(), [], store.copy_episodes
+
+    def refused_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            args[0].execute("SELECT 1/0")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "copy_episodes", refused_second)
+    with db.connect(db_url) as c:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            episodes.import_episodes(c, settings, (episodes.validate(settings, f"text {i}") for i in range(7)),
+                                     result=episodes.ImportResult())
+        assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
+        monkeypatch.setattr(store, "copy_episodes", real)
+        again = episodes.import_episodes(c, settings, (episodes.validate(settings, f"text {i}") for i in range(7)),
+                                         result=episodes.ImportResult())
+    assert again.imported == count(conn, "episodes") == 7
+
+
+def test_overlap_cancels_the_statement_beside_a_caller_that_fails(db_url, conn):
+    """The caller's error cancels the statement running on the second thread (as psycopg does on Ctrl-C), waits
+    for it, and leaves the connection free for the rollback; the thread switch interval is restored."""
+    cancelled, before = [], sys.getswitchinterval()
+
+    def sleep(c):
+        try:
+            c.execute("SELECT pg_sleep(120)")
+        except psycopg.errors.QueryCanceled as exc:
+            cancelled.append(exc)
+
+    with db.connect(db_url) as c:
+        with pytest.raises(RuntimeError, match="line 9"):
+            with c.transaction(), overlap.Overlap(c) as beside:
+                assert sys.getswitchinterval() == min(before, overlap.SWITCH)
+                beside.run(sleep, c)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not conn.execute(
+                        "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s AND state = 'active'",
+                        (c.info.backend_pid,)).fetchone()["n"]:
+                    time.sleep(0.02)
+                raise RuntimeError("line 9: not an episode")
+        assert len(cancelled) == 1 and sys.getswitchinterval() == before
+        assert c.execute("SELECT 1 AS one").fetchone()["one"] == 1
+
+
+def test_overlap_raises_the_calls_error_in_the_caller(db_url):
+    order = []
+    with db.connect(db_url) as c, pytest.raises(ZeroDivisionError):
+        with overlap.Overlap(c) as beside:
+            beside.run(lambda: order.append("first"))
+            beside.run(lambda release: order.append("second") or release() or order.append("after"), held=True)
+            beside.wait()
+            assert order == ["first", "second", "after"]
+            beside.run(lambda release: 1 / 0, held=True)  # fails before it releases: run returns all the same
+            order.append("caller goes on")
+    assert order[-1] == "caller goes on"
 
 
 @pytest.mark.parametrize("line,needle", [

@@ -57,7 +57,7 @@ def test_the_first_embed_waits_for_an_import_in_flight_and_queues_its_chunks(cli
         for i in range(2):
             yield episodes.validate(settings, f"early episode {i} about the payment queue")
         yield episodes.validate(settings, "the third episode, after the model exists")
-        first_batch_copied.set()  # asked for item 4: batch 1 was copied, item 3 waits in the buffer
+        first_batch_copied.set()  # asked for item 4: batch 1 went to the copying thread, item 3 waits
         release.wait(60)
 
     def importer():

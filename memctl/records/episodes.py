@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 
 from memctl import jsonl, redact
 from memctl.config import Settings
-from memctl.db import locks
+from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
 from memctl.records import chunking, gate, repeats, store
 from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
@@ -202,20 +202,26 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
         # Under locks.WRITE_LOCK no model registers while this transaction runs.
         queued = store.queued_models(conn)
         batch: list[gate.Episode] = []
-        for episode in episodes:
-            try:
-                admitted = admit.episode(episode)
-            except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
-                raise (jsonl.at(episode.line, exc) if episode.line else exc) from None
-            if admitted is None:
-                result.dropped += 1
-                continue
-            batch.append(admitted)
-            if len(batch) >= BATCH:
-                _copy_batch(conn, batch, now, queued, result, fold)
-                batch = []
-        if batch:
-            _copy_batch(conn, batch, now, queued, result, fold)
+        # A batch is copied on a second thread while this one parses and admits the next (the gate reads
+        # nothing per record in bulk, so the connection is the copy's alone); its folding is planned first,
+        # alone (held).
+        with overlap.Overlap(conn) as copier:
+            for episode in episodes:
+                try:
+                    admitted = admit.episode(episode)
+                except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
+                    raise (jsonl.at(episode.line, exc) if episode.line else exc) from None
+                if admitted is None:
+                    result.dropped += 1
+                    continue
+                if fold.window is not None:
+                    admitted.norm_hash  # noqa: B018 (computed here: the copying thread is the slower one)
+                batch.append(admitted)
+                if len(batch) >= BATCH:
+                    copier.run(_copy_batch, conn, batch, now, queued, result, fold, held=True)
+                    batch = []
+            if batch:
+                copier.run(_copy_batch, conn, batch, now, queued, result, fold, held=True)
     return result
 
 
@@ -225,8 +231,10 @@ class _Fold:
     locked: set[str] = field(default_factory=set)  # agents whose fold lock this transaction holds
 
 
-def _copy_batch(conn, batch: list[gate.Episode], now, queued: list[int], result: ImportResult, fold: _Fold) -> None:
-    copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked)
+def _copy_batch(conn, batch: list[gate.Episode], now, queued: list[int], result: ImportResult, fold: _Fold,
+                release=None) -> None:
+    copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked,
+                                 release=release)
     result.imported += len(batch)
     result.chunks += copied.chunks
     result.folded += copied.folded
