@@ -9,9 +9,11 @@ Goal: ratio >= 0.6.
 
 The two are alternated over --rounds rounds (memctl, COPY, memctl, COPY, ...), each in a fresh
 database, so a machine that is busier for a while slows both; the ratio printed is the median of
-the rounds' ratios, each round's shown too.
+the rounds' ratios, each round's shown too. --against DIR (a checkout of another revision, e.g.
+`git worktree add DIR REV`) adds that checkout's memctl to every round (PYTHONPATH=DIR), so two
+revisions are compared in one run on the same machine minute.
 
-    python tests/bench/import_.py [--rows 100000] [--rounds 3] [--database-url URL]
+    python tests/bench/import_.py [--rows 100000] [--rounds 3] [--against DIR] [--database-url URL]
 """
 
 from __future__ import annotations
@@ -75,29 +77,40 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=3, help="alternated rounds of both (default 3)")
+    p.add_argument("--against", type=Path, help="a checkout of another revision whose memctl joins every round")
     args = p.parse_args()
     data = rows(args.rows)
     workdir = Path(tempfile.mkdtemp(prefix="memctl-bench-import-"))
     path = workdir / "episodes.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in data))
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
-    ratios = []
+    ratios, theirs = [], []
+
+    def memctl_import(admin: str, extra: dict) -> tuple[float, dict]:
+        with fresh_database(admin) as url:
+            env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null", **extra}
+            seconds, proc = timed(subprocess.run, [exe, "episode", "import", str(path), "-f", "json"], env=env,
+                                  check=True, capture_output=True, text=True)
+            return seconds, json.loads(proc.stdout)[0]
+
     with server(args.database_url) as admin:
         for round_ in range(1, args.rounds + 1):
-            with fresh_database(admin) as url:
-                env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null"}
-                ours, proc = timed(subprocess.run, [exe, "episode", "import", str(path), "-f", "json"], env=env,
-                                   check=True, capture_output=True, text=True)
-                summary = json.loads(proc.stdout)[0]
+            ours, summary = memctl_import(admin, {})
             with fresh_database(admin) as url:
                 base = baseline_copy(url, data)
             ratios.append(base / ours)
             print(f"round {round_}: memctl episode import {ours:.2f} s ({args.rows / ours:,.0f} rows/s, process start "
                   f"included, {summary['chunks']} chunks); raw binary COPY {base:.2f} s "
                   f"({args.rows / base:,.0f} rows/s); ratio {base / ours:.2f}")
+            if args.against is not None:
+                other, _ = memctl_import(admin, {"PYTHONPATH": str(args.against)})
+                theirs.append(base / other)
+                print(f"         that memctl ({args.against}) {other:.2f} s; ratio {base / other:.2f}")
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"rows: {args.rows}, rounds: {args.rounds}")
     print(f"ratio (goal >= 0.6), median of the rounds: {statistics.median(ratios):.2f}")
+    if theirs:
+        print(f"that memctl's ratio, median of the same rounds: {statistics.median(theirs):.2f}")
 
 
 if __name__ == "__main__":
