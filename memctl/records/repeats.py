@@ -153,13 +153,16 @@ def plan_batch(conn, batch: list, ids: list[int], times: list[datetime.datetime]
     for i in sorted(range(len(batch)), key=lambda i: (times[i], i)):
         ep, at, hint = batch[i], times[i], hints[i]
         key = (ep.agent, ep.norm_hash, ep.kind, ep.source, ep.importance)
+        known = firsts.get(key)
         found = None
-        if hint == REPEAT or (hint is None and window is not None):
-            found = max((f for f in firsts.get(key, ()) if f.created_at <= at
-                         and (hint == REPEAT or f.last_seen >= at - reach)),
+        if known is not None and (hint == REPEAT or (hint is None and window is not None)):
+            found = max((f for f in known if f.created_at <= at and (hint == REPEAT or f.last_seen >= at - reach)),
                         key=lambda f: (f.created_at, f.id), default=None)
         if found is None:
-            firsts.setdefault(key, []).append(_First(ids[i], at, at, i))
+            if known is None:
+                firsts[key] = [_First(ids[i], at, at, i)]
+            else:
+                known.append(_First(ids[i], at, at, i))
             continue
         fold.repeat_of[i] = found.id
         found.last_seen = max(found.last_seen, at)
