@@ -214,8 +214,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
                 if admitted is None:
                     result.dropped += 1
                     continue
-                if fold.window is not None:
-                    admitted.norm_hash  # noqa: B018 (computed here: the copying thread is the slower one)
+                admitted.norm_hash  # noqa: B018 (every row stores it: computed here, the copying thread is the slower)
                 batch.append(admitted)
                 if len(batch) >= BATCH:
                     copier.run(_copy_batch, conn, batch, now, queued, result, fold, held=True)
