@@ -182,6 +182,8 @@ def _from_record(settings: Settings, item: dict) -> NewEpisode:
 
 
 BATCH = 5000
+# The first batch is smaller, so the database has work while this process reads the next.
+FIRST_BATCH = 500
 
 
 def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *, result: ImportResult) -> ImportResult:
@@ -205,6 +207,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
         # A batch is copied on a second thread while this one parses and admits the next (the gate reads
         # nothing per record in bulk, so the connection is the copy's alone); its folding is planned first,
         # alone (held).
+        size = min(FIRST_BATCH, BATCH)
         with overlap.Overlap(conn) as copier:
             for episode in episodes:
                 try:
@@ -216,9 +219,9 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
                     continue
                 admitted.norm_hash  # noqa: B018 (every row stores it: computed here, the copying thread is the slower)
                 batch.append(admitted)
-                if len(batch) >= BATCH:
+                if len(batch) >= size:
                     copier.run(_copy_batch, conn, batch, now, queued, result, fold, held=True)
-                    batch = []
+                    batch, size = [], BATCH
             if batch:
                 copier.run(_copy_batch, conn, batch, now, queued, result, fold, held=True)
     return result

@@ -16,6 +16,7 @@ UPDATE), which deletes a first only once no repeat of it is left (memctl.upkeep.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import unicodedata
@@ -183,18 +184,30 @@ def _stored_firsts(conn, batch, times, reach, hints, locked: set[str]) -> dict[t
         if hints[i] != FIRST:
             by_agent.setdefault(ep.agent, []).append(i)
     found: dict[tuple, list[_First]] = {}
-    for agent in sorted(by_agent):
-        rows = by_agent[agent]
-        if agent not in locked:
-            lock_agent(conn, agent)
-            locked.add(agent)
-        lo = None if any(hints[i] == REPEAT for i in rows) else min(times[i] for i in rows) - reach
-        params = {"agent": agent, "norms": list({batch[i].norm_hash for i in rows}), "hi": max(times[i] for i in rows),
-                  "lo": lo}
-        for r in conn.execute(CANDIDATES, params).fetchall():
+    asked = []
+    # One round trip for every agent's look-up (the import's copying thread plans alone meanwhile, the server
+    # idle): in a pipeline where libpq has them, else one statement after another.
+    with _pipeline(conn):
+        for agent in sorted(by_agent):
+            rows = by_agent[agent]
+            if agent not in locked:
+                lock_agent(conn, agent)
+                locked.add(agent)
+            lo = None if any(hints[i] == REPEAT for i in rows) else min(times[i] for i in rows) - reach
+            params = {"agent": agent, "norms": list({batch[i].norm_hash for i in rows}),
+                      "hi": max(times[i] for i in rows), "lo": lo}
+            asked.append((agent, conn.execute(CANDIDATES, params)))
+    for agent, cursor in asked:
+        for r in cursor.fetchall():
             key = (agent, bytes(r["norm_hash"]), r["kind"], r["source"], r["importance"])
             found.setdefault(key, []).append(_First(r["id"], r["created_at"], r["last_seen"], None))
     return found
+
+
+def _pipeline(conn):
+    from psycopg import Pipeline
+
+    return conn.pipeline() if Pipeline.is_supported() else contextlib.nullcontext()
 
 
 def settle(conn, fold: BatchFold) -> None:
