@@ -14,7 +14,7 @@ from typing import Any
 
 from memctl.config import DurationTooLong, Settings, default, parse_duration
 from memctl.errors import BadValue, MemctlError, UsageError
-from memctl.records import filters as episode_filters, gate
+from memctl.records import filters as episode_filters, values
 
 MODES = ("hybrid", "vector", "text")
 
@@ -42,7 +42,7 @@ class Query:
             if value is not None and (not isinstance(value, str) or not value.strip() or "\x00" in value):
                 raise BadValue(f"{name}: must be a non-empty string without NUL, got {type(value).__name__}", name)
         for name in ("text", "agent", "kind", "source"):
-            gate.utf8(getattr(self, name), "query" if name == "text" else name, BadValue)
+            values.utf8(getattr(self, name), "query" if name == "text" else name, BadValue)
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
             raise UsageError(f"k must be an integer from 1 to {MAX_K}, got {self.k!r}")
 
@@ -72,7 +72,7 @@ def batch_query(item: dict, number: int) -> Query:
         if "\x00" in value:
             raise bad(name, "contains a NUL character (\\0)")
         try:
-            gate.utf8(value, name, BadValue)
+            values.utf8(value, name, BadValue)
         except BadValue:
             raise bad(name, "is not valid UTF-8 text (a lone surrogate)") from None
     k = item.get("k", 5)

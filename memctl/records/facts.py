@@ -19,10 +19,10 @@ from typing import Iterable, Iterator
 
 from memctl import jsonl, redact
 from memctl.errors import BadValue, InvalidInput, NotFound
-from memctl.records import gate, store
+from memctl.records import gate, store, values
 
 DEFAULT_NAMESPACE = gate.DEFAULT_NAMESPACE
-MAX_KEY = gate.MAX_KEY
+MAX_KEY = values.MAX_KEY
 
 
 @dataclass
