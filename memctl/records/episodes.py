@@ -62,7 +62,7 @@ def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, sou
                                 created_at=created_at, meta=meta)
     if episode is None:
         return Added(None)
-    with conn.transaction():
+    with admit.writing():
         conn.execute(locks.WRITE_LOCK)
         first = repeats.fold_one(conn, episode, repeats.window_seconds(settings))
         return Added(store.insert_episode(conn, episode, repeat_of=first), first)
@@ -196,7 +196,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
     admit = gate.Gate(conn, settings, result.redactor, bulk=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     fold = _Fold(repeats.window_seconds(settings))
-    with conn.transaction():
+    with admit.writing():  # a source blocked while the file was read: refused at the end, nothing kept
         # GIN indexes gather inserts in a pending list; a larger one for this
         # transaction merges it in fewer, larger passes.
         conn.execute("SET LOCAL gin_pending_list_limit = '64MB'")

@@ -172,7 +172,7 @@ def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, 
     is recorded without becoming the current value (Change.current False)."""
     admit = _gate(conn, redactor, settings)
     fact = admit.fact(namespace, key, value, source, check_valid_from(valid_from))
-    with conn.transaction():
+    with admit.writing():
         return _set_in_tx(conn, fact, admit)
 
 
@@ -244,7 +244,7 @@ def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: s
                 settings=None) -> Change:
     admit = _gate(conn, None, settings)
     fact = admit.fact(namespace, key, None, source)
-    with conn.transaction():
+    with admit.writing():
         old, last = _lock(conn, namespace, key)
         if old is None:
             raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
@@ -276,7 +276,7 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
     """
     admit = gate.Gate(conn, None, redact.Redactor("off"))  # an erasure record holds no value to check
     fact = admit.fact(namespace, key, None, None)
-    with conn.transaction():
+    with admit.writing():
         old, last = _lock(conn, namespace, key)
         if old is None and last == 0:
             raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
@@ -359,5 +359,5 @@ def import_facts(conn, records: list[dict], *, source: str | None = None,
     admit = _gate(conn, redactor, settings, bulk=True)
     admitted = [admit.fact(r["namespace"], r["key"], r["value"], r["source"] or source, r.get("valid_from"))
                 for r in records]
-    with conn.transaction():
+    with admit.writing():
         return [_set_in_tx(conn, fact, admit) for fact in admitted]

@@ -19,7 +19,8 @@ What the gate checks, for every path (`episode add` and `import`, `fact set` and
 - facts and their history: namespace, key, value and source checked and redacted; a value
   under a key that names a secret (`db.password`) is a secret whatever it looks like.
 - runbook runs, summary lineage, blocked sources: types checked, texts redacted.
-- every source (of an episode, a fact, a history entry) checked against blocked_sources.
+- every source (of an episode, a fact, a history entry) checked against blocked_sources, and again
+  as the write commits (Gate.writing): a source blocked while an import ran refuses the whole import.
 
 Bad values raise errors.BadValue naming the field (exit 2); refused content raises
 InvalidInput (exit 1); a blocked source raises Blocked (exit 1).
@@ -27,14 +28,17 @@ InvalidInput (exit 1); a blocked source raises Blocked (exit 1).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
+from memctl.db import locks
 from memctl.errors import BadValue, Blocked, InvalidInput
 from memctl.records import chunking
 from memctl.records.values import check_key, check_value, integer, name, parse_time
@@ -197,6 +201,9 @@ class BlockedSource:
 class Gate:
     """Admits records for one write (or one import): the redactor counts what it replaced.
 
+    A write admits its records, then writes them inside `writing()`: its transaction, which looks at the
+    blocked sources again before it commits (memctl.db.locks): a source blocked meanwhile refuses it whole.
+
     `bulk`: the blocked sources are read once, when the gate opens (an import checks thousands of
     records). A source an import's own file blocks is blocked from then on, for later writes; the
     file's records from it were accepted where they were written and are restored as they were.
@@ -208,6 +215,8 @@ class Gate:
 
         self.redactor = redactor if redactor is not None else redact.Redactor.from_settings(settings)
         self._blocked: dict[str, str | None] | None = None
+        self.sources: set[str] = set()  # every source this gate allowed: looked at again by confirm()
+        self.blocking: set[str] = set()  # sources this write blocks itself (an import's file): not refused
         if bulk:
             self._blocked = {r["source"]: r["reason"] for r in conn.execute(BLOCKED).fetchall()}
 
@@ -226,6 +235,7 @@ class Gate:
         """Refuse a blocked source (Blocked, exit 1, with the reason)."""
         if source is None:
             return
+        self.sources.add(source)
         if self._blocked is not None:
             if source in self._blocked:
                 refuse(source, self._blocked[source])
@@ -233,6 +243,28 @@ class Gate:
         row = self.conn.execute(CHECK_BLOCKED, (source,)).fetchone()
         if row is not None:
             refuse(source, row["reason"])
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """The write's transaction, committed once confirm() finds none of its sources blocked (writing_on)."""
+        with self.conn.transaction():
+            _WRITING[self.conn] = _WRITING.get(self.conn, 0) + 1
+            try:
+                yield
+                self.confirm()
+            finally:
+                _WRITING[self.conn] -= 1
+
+    def confirm(self) -> None:
+        """At the end of the write's transaction: the blocked sources' shared lock (held to the commit), then
+        every source allowed looked at again. A block that committed while the write ran is refused here."""
+        sources = self.sources - self.blocking
+        if not sources:
+            return
+        self.conn.execute(locks.SOURCES_LOCK)
+        row = self.conn.execute(CHECK_BLOCKED_ANY, (sorted(sources),)).fetchone()
+        if row is not None:
+            refuse(row["source"], row["reason"], late=True)
 
     def _text(self, value: str | None, what: str) -> str | None:
         return self.redactor.text(value, what)
@@ -360,13 +392,24 @@ class Gate:
         if reason is not None:
             reason = self._text(check_value(reason, "reason"), "block reason")
         when = None if blocked_at is None else parse_time(blocked_at, "blocked_at")
+        self.blocking.add(source)
         return BlockedSource(source, reason, when)
 
 
-def refuse(source: str, reason: str | None) -> None:
+_WRITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> its open writing() blocks
+
+
+def writing_on(conn) -> bool:
+    """Whether `conn` is inside a Gate.writing() transaction, whose sources are confirmed before it commits."""
+    return _WRITING.get(conn, 0) > 0
+
+
+def refuse(source: str, reason: str | None, *, late: bool = False) -> None:
     because = f": {reason}" if reason else ""
-    raise Blocked(f"source {source!r} is blocked{because} (memctl source unblock {source!r} to allow it again)")
+    state = "was blocked while this write ran (nothing of the write was kept)" if late else "is blocked"
+    raise Blocked(f"source {source!r} {state}{because} (memctl source unblock {source!r} to allow it again)")
 
 
 CHECK_BLOCKED = "SELECT reason FROM blocked_sources WHERE source = %s"
+CHECK_BLOCKED_ANY = "SELECT source, reason FROM blocked_sources WHERE source = ANY(%s) ORDER BY source LIMIT 1"
 BLOCKED = "SELECT source, reason FROM blocked_sources"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memctl import redact
+from memctl.db import locks
 from memctl.errors import NotFound
 from memctl.records import gate, store
 
@@ -23,7 +24,12 @@ def blocked_set(conn) -> dict[str, str | None]:
 
 
 def block(conn, source: str, reason: str | None = None) -> dict:
-    row = store.insert_blocked(conn, gate.Gate(conn, None, redact.Redactor()).blocked_source(source, reason))
+    """Block a source. Waits for the writes that already confirmed their sources (their commits); a write
+    still running refuses itself when it confirms (memctl.db.locks)."""
+    admitted = gate.Gate(conn, None, redact.Redactor()).blocked_source(source, reason)
+    with conn.transaction():
+        conn.execute(locks.BLOCK_LOCK)
+        row = store.insert_blocked(conn, admitted)
     return {"source": row["source"], "reason": row["reason"], "blocked_at": row["blocked_at"]}
 
 

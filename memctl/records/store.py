@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from memctl.records import gate
 from memctl.records.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
 
 # The tables that hold memory. embed_queue, embed_failures, the vector tables (the embed worker's output
@@ -23,6 +24,15 @@ def _admitted(record: Any, kind: type) -> None:
     if not isinstance(record, kind):
         raise TypeError(f"only an admitted {kind.__name__} is written (got {type(record).__name__}): pass it "
                         "through memctl.records.gate.Gate first")
+
+
+def _sourced(conn, record: Any, kind: type) -> None:
+    """A record that carries a source: admitted, and written inside Gate.writing() (the source looked at
+    again under the blocked sources' lock before the commit: memctl.db.locks)."""
+    _admitted(record, kind)
+    if not gate.writing_on(conn):
+        raise TypeError(f"an admitted {kind.__name__} is written inside its gate's writing() transaction, which "
+                        "confirms its source is not blocked before it commits")
 
 
 INSERT_EPISODE = """
@@ -47,7 +57,7 @@ def insert_episode(conn, episode: Episode, repeat_of: int | None = None) -> int:
     (`repeat_of` its first's id, memctl.records.repeats) gets no chunks: it is never embedded."""
     from psycopg.types.json import Jsonb
 
-    _admitted(episode, Episode)
+    _sourced(conn, episode, Episode)
     row = conn.execute(INSERT_EPISODE, {
         "agent": episode.agent, "kind": episode.kind, "content": episode.content,
         "content_hash": episode.content_hash, "source": episode.source, "importance": episode.importance,
@@ -126,6 +136,8 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
 
     for episode in batch:
         _admitted(episode, Episode)
+    if batch:
+        _sourced(conn, batch[0], Episode)
     copied = Copied(take_ids(conn, EPISODE_SEQ, len(batch)))
     times = [ep.created_at or now for ep in batch]
     fold = repeats.plan_batch(conn, batch, copied.ids, times, window, hints, locked)
@@ -194,14 +206,14 @@ RETURNING changed_at, valid_from
 
 
 def put_fact(conn, fact: FactValue, version: int, updated_at: datetime.datetime | None = None) -> None:
-    _admitted(fact, FactValue)
+    _sourced(conn, fact, FactValue)
     conn.execute(UPSERT_FACT, (fact.namespace, fact.key, fact.value, fact.source, version, updated_at,
                                fact.valid_from, updated_at))
 
 
 def insert_history(conn, entry: HistoryEntry) -> dict:
     """The entry's row; returns its changed_at and valid_from as stored."""
-    _admitted(entry, HistoryEntry)
+    _sourced(conn, entry, HistoryEntry)
     return conn.execute(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
                                          entry.new_value, entry.source, entry.valid_from,
                                          entry.changed_at)).fetchone()

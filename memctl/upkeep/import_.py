@@ -110,10 +110,11 @@ def import_stream(conn, settings: Settings, lines: Iterable[bytes], *,
     import psycopg
 
     result = ImportResult(redactor=redactor if redactor is not None else redact.Redactor.from_settings(settings))
-    with conn.transaction():
+    admit = gate.Gate(conn, settings, result.redactor, bulk=True)
+    with admit.writing():  # a source blocked while the file was read: refused at the end, nothing kept
         conn.execute("SET LOCAL gin_pending_list_limit = '64MB'")
         conn.execute(locks.WRITE_LOCK)
-        loader = _Loader(conn, settings, result)
+        loader = _Loader(conn, settings, result, admit)
         for number, item in records(lines):
             try:
                 loader.add(number, item)
@@ -146,9 +147,9 @@ class _Described:
 
 
 class _Loader:
-    def __init__(self, conn, settings: Settings, result: ImportResult):
+    def __init__(self, conn, settings: Settings, result: ImportResult, admit: gate.Gate):
         self.conn, self.settings, self.result = conn, settings, result
-        self.gate = gate.Gate(conn, settings, result.redactor, bulk=True)
+        self.gate = admit
         # (agent, id in the file) -> id here, kept in a temporary table: memory stays flat at any size
         for statement in ID_MAP:
             conn.execute(statement)
