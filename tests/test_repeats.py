@@ -13,8 +13,6 @@ import json
 import threading
 from pathlib import Path
 
-import pytest
-
 from memctl import config, db
 from memctl.records import episodes, repeats
 from tests.conftest import fresh_database

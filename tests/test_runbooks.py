@@ -572,7 +572,7 @@ def test_rebuild_hnsw_index_runbook(cli, shipped, conn):
 
 
 def test_runbook_clients_get_no_connection_string_and_the_passfile_is_removed(cli, shipped, conn, db_url, tmp_path):
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg.conninfo import conninfo_to_dict
 
     conn.execute("CREATE TABLE rb_v (id int PRIMARY KEY, v vector(2))")
     conn.execute("INSERT INTO rb_v SELECT i, ARRAY[i, i % 5]::vector FROM generate_series(1, 50) i")

@@ -21,8 +21,6 @@ the import then writes vectors instead of queue rows.
 
 from __future__ import annotations
 
-import datetime
-import hashlib
 import json
 import os
 import shutil
