@@ -480,6 +480,23 @@ def test_a_statement_reused_by_shape_is_the_one_composed_for_it(memctl_env):
     assert 100 < len(st._TEXTS) < 2 * 32 * 3 * 2 * 2 * 2
 
 
+def test_the_composed_statements_kept_are_bounded(memctl_env, monkeypatch):
+    """A long-running process asked for every k keeps at most TEXTS_SIZE texts, each still the right one."""
+    from memctl.reading import statement as st
+
+    settings = config.load()
+    stats = bm25.TermStats(n=10.0, avgdl=5.0, common={})
+    plan = bm25.Plan(["'w'"], [1.0], [], ["'w'"], 1.0)
+    monkeypatch.setattr(st, "TEXTS_SIZE", 8)
+    st._TEXTS.clear()
+    for k in range(1, 30):
+        halves = st.Halves(model=None, vector=None, plan=plan, stats=stats)
+        text, params = st.statement(Query("w", k=k), halves, settings, k)
+        assert text == st._compose(Query("w", k=k), halves, "match" in params, k).as_bytes(None)
+        assert 0 < len(st._TEXTS) <= 8
+    st._TEXTS.clear()
+
+
 def test_the_hybrid_statement_prepared_and_planned_once_answers_as_planned_each_time(cli, conn, db_url, memctl_env):
     """Used a few times, the hybrid statement is prepared and PostgreSQL may plan it once (a generic plan):
     every query then gets the answer a fresh connection, planning it for its own values, gives."""

@@ -253,8 +253,10 @@ class Halves:
 
 
 # Composed statements by their shape (_shape): composing one costs more Python than the
-# rest of a query's, and a batch repeats a few shapes
+# rest of a query's, and a batch repeats a few shapes. Bounded: a long-running process (the MCP
+# server) may be asked for any k and any number of words; cleared when full.
 _TEXTS: dict[tuple, bytes] = {}
+TEXTS_SIZE = 1024
 
 
 def _shape(query: Query, halves: Halves, matching: bool, n: int) -> tuple:
@@ -290,6 +292,8 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
     shape = _shape(query, halves, match is not None, n)
     text = _TEXTS.get(shape)
     if text is None:
+        if len(_TEXTS) >= TEXTS_SIZE:
+            _TEXTS.clear()
         text = _TEXTS[shape] = _compose(query, halves, match is not None, n).as_bytes(None)
     return text, params
 
