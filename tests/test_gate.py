@@ -387,3 +387,47 @@ def test_a_write_that_blocks_its_own_source_is_not_refused_by_it(conn, settings_
                                                    for line in chunk.splitlines(keepends=True)))
     assert _stored(conn)["episodes"] == 1
     assert FEED in sources.blocked_set(conn)
+
+
+def test_a_write_of_more_distinct_sources_than_kept_is_refused_by_any_block_made_meanwhile(
+        conn, db_url, settings_obj, monkeypatch):
+    """Memory stays flat however many sources a file holds: past SOURCES_KEPT, a block made while the import
+    runs refuses it whole (here a source of its own records, past the kept ones); with no block it lands."""
+    import threading
+
+    from memctl import db
+    from memctl.errors import Blocked
+    from memctl.records import episodes, sources
+
+    monkeypatch.setattr(gate, "SOURCES_KEPT", 3)
+    sources.block(conn, "blocked-long-ago", "old")
+
+    def rows(tag: str):
+        return [gate.NewEpisode(f"{tag} record {i}", "observation", "default", f"{tag}-{i}", 5, None, {}, i + 1)
+                for i in range(8)]
+
+    result = episodes.import_episodes(conn, settings_obj, rows("calm"), result=episodes.ImportResult())
+    assert result.imported == 8  # a block made before the import is no reason to refuse it
+
+    outcome: dict = {}
+
+    def run():
+        with db.connect(db_url) as own:
+            try:
+                episodes.import_episodes(own, settings_obj, rows("feed"), result=episodes.ImportResult())
+            except Blocked as exc:
+                outcome["error"] = exc
+
+    with db.connect(db_url) as blocker:
+        with blocker.transaction():
+            sources.block(blocker, "feed-6", "poisoned")  # a source past the three kept
+            writer = threading.Thread(target=run)
+            writer.start()
+            deadline = datetime.datetime.now() + datetime.timedelta(seconds=60)
+            while writer.is_alive() and conn.execute(WAITING).fetchone()["n"] == 0:
+                assert datetime.datetime.now() < deadline, "the import neither finished nor waited for the block"
+                writer.join(0.05)
+            assert writer.is_alive()
+        writer.join(60)
+    assert "feed-6" in str(outcome.get("error")), outcome
+    assert conn.execute("SELECT count(*) AS n FROM episodes WHERE source LIKE 'feed-%'").fetchone()["n"] == 0

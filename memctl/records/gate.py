@@ -215,10 +215,11 @@ class Gate:
 
         self.redactor = redactor if redactor is not None else redact.Redactor.from_settings(settings)
         self._blocked: dict[str, str | None] | None = None
-        self.sources: set[str] = set()  # every source this gate allowed: looked at again by confirm()
+        self.sources: set[str] = set()  # the sources this gate allowed (SOURCES_KEPT): looked at by confirm()
         self.blocking: set[str] = set()  # sources this write blocks itself (an import's file): not refused
+        self._before: dict[str, str | None] | None = None  # what was blocked when self.sources filled up
         if bulk:
-            self._blocked = {r["source"]: r["reason"] for r in conn.execute(BLOCKED).fetchall()}
+            self._blocked = self._all_blocked()
 
     @functools.cached_property
     def chunk_size(self) -> int:
@@ -235,7 +236,11 @@ class Gate:
         """Refuse a blocked source (Blocked, exit 1, with the reason)."""
         if source is None:
             return
-        self.sources.add(source)
+        if source not in self.sources:
+            if len(self.sources) < SOURCES_KEPT:
+                self.sources.add(source)
+            elif self._before is None:  # memory stays flat: confirm() then refuses on any block made since
+                self._before = self._blocked if self._blocked is not None else self._all_blocked()
         if self._blocked is not None:
             if source in self._blocked:
                 refuse(source, self._blocked[source])
@@ -257,14 +262,25 @@ class Gate:
 
     def confirm(self) -> None:
         """At the end of the write's transaction: the blocked sources' shared lock (held to the commit), then
-        every source allowed looked at again. A block that committed while the write ran is refused here."""
+        every source allowed looked at again. A block that committed while the write ran is refused here.
+
+        A write of more than SOURCES_KEPT distinct sources is refused by any source blocked since it passed
+        that many (other than its own), whether or not it holds a record from it: refused whole, safely."""
         sources = self.sources - self.blocking
-        if not sources:
+        if not sources and self._before is None:
             return
         self.conn.execute(locks.SOURCES_LOCK)
-        row = self.conn.execute(CHECK_BLOCKED_ANY, (sorted(sources),)).fetchone()
+        if self._before is not None:
+            since = {s: r for s, r in self._all_blocked().items() if s not in self._before and s not in self.blocking}
+            if since:
+                source = min(since)
+                refuse(source, since[source], late=True)
+        row = self.conn.execute(CHECK_BLOCKED_ANY, (sorted(sources),)).fetchone() if sources else None
         if row is not None:
             refuse(row["source"], row["reason"], late=True)
+
+    def _all_blocked(self) -> dict[str, str | None]:
+        return {r["source"]: r["reason"] for r in self.conn.execute(BLOCKED).fetchall()}
 
     def _text(self, value: str | None, what: str) -> str | None:
         return self.redactor.text(value, what)
@@ -411,5 +427,6 @@ def refuse(source: str, reason: str | None, *, late: bool = False) -> None:
 
 
 CHECK_BLOCKED = "SELECT reason FROM blocked_sources WHERE source = %s"
+SOURCES_KEPT = 10_000  # distinct sources a write keeps for confirm()
 CHECK_BLOCKED_ANY = "SELECT source, reason FROM blocked_sources WHERE source = ANY(%s) ORDER BY source LIMIT 1"
 BLOCKED = "SELECT source, reason FROM blocked_sources"
