@@ -429,5 +429,5 @@ def test_a_write_of_more_distinct_sources_than_kept_is_refused_by_any_block_made
                 writer.join(0.05)
             assert writer.is_alive()
         writer.join(60)
-    assert "feed-6" in str(outcome.get("error")), outcome
+    assert "feed-6" in str(outcome.get("error")) and "run it again" in str(outcome["error"]), outcome
     assert conn.execute("SELECT count(*) AS n FROM episodes WHERE source LIKE 'feed-%'").fetchone()["n"] == 0

@@ -273,8 +273,9 @@ class Gate:
         if self._before is not None:
             since = {s: r for s, r in self._all_blocked().items() if s not in self._before and s not in self.blocking}
             if since:
-                source = min(since)
-                refuse(source, since[source], late=True)
+                raise Blocked(f"source {min(since)!r} was blocked while this write of more than {SOURCES_KEPT:,} "
+                              "distinct sources ran, which keeps no list that long to tell whether it holds a record "
+                              "from it: nothing of the write was kept; run it again")
         row = self.conn.execute(CHECK_BLOCKED_ANY, (sorted(sources),)).fetchone() if sources else None
         if row is not None:
             refuse(row["source"], row["reason"], late=True)
