@@ -324,27 +324,15 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event =
 """
 
 
-@pytest.mark.parametrize("path", ["episode add", "episode import", "fact set", "fact import", "memctl import"])
-def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_url, settings_obj, path):
-    """The write admitted its records before the block was committed (its first look saw no block); at its end
-    it waits for the block and refuses itself: nothing from the source is stored after the block, whatever the
-    path (issue 19's side door, for a block that comes while an import runs)."""
+def _beside_a_held_block(conn, db_url, settings_obj, source: str, write) -> dict:
+    """Block `source` in a transaction held open, run `write` on its own connection meanwhile, check the write
+    waits on the blocked sources' lock (not finished while the block is uncommitted), then commit the block and
+    return what the write did: {"ok": True} or {"error": exc}."""
     import threading
 
     from memctl import db
-    from memctl.errors import Blocked
-    from memctl.records import episodes, sources
-    from memctl.upkeep import export
+    from memctl.records import sources
 
-    write = {"episode add": _episode_add, "episode import": _episode_import, "fact set": _fact_set,
-             "fact import": _fact_import}.get(path)
-    if write is None:  # an export holding an episode from the source, taken before it was blocked
-        episodes.add_episode(conn, settings_obj, "cpu 97% on web-3", source=FEED)
-        lines: list[str] = []
-        export.export(conn, lines.append)
-        episodes.delete(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
-        write = _memctl_import([line.encode() for chunk in lines for line in chunk.splitlines(keepends=True)])
-    before = _stored(conn)
     outcome: dict = {}
 
     def run():
@@ -357,7 +345,7 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
 
     with db.connect(db_url) as blocker:
         with blocker.transaction():
-            sources.block(blocker, FEED, "poisoned")  # held: the block is not committed yet
+            sources.block(blocker, source, "poisoned")  # held: the block is not committed yet
             writer = threading.Thread(target=run)
             writer.start()
             deadline = datetime.datetime.now() + datetime.timedelta(seconds=60)
@@ -367,6 +355,28 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
             assert writer.is_alive(), f"the write finished while the block was uncommitted: {outcome}"
         writer.join(60)
     assert not writer.is_alive()
+    return outcome
+
+
+@pytest.mark.parametrize("path", ["episode add", "episode import", "fact set", "fact import", "memctl import"])
+def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_url, settings_obj, path):
+    """The write admitted its records before the block was committed (its first look saw no block); at its end
+    it waits for the block and refuses itself: nothing from the source is stored after the block, whatever the
+    path (issue 19's side door, for a block that comes while an import runs)."""
+    from memctl.errors import Blocked
+    from memctl.records import episodes
+    from memctl.upkeep import export
+
+    write = {"episode add": _episode_add, "episode import": _episode_import, "fact set": _fact_set,
+             "fact import": _fact_import}.get(path)
+    if write is None:  # an export holding an episode from the source, taken before it was blocked
+        episodes.add_episode(conn, settings_obj, "cpu 97% on web-3", source=FEED)
+        lines: list[str] = []
+        export.export(conn, lines.append)
+        episodes.delete(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
+        write = _memctl_import([line.encode() for chunk in lines for line in chunk.splitlines(keepends=True)])
+    before = _stored(conn)
+    outcome = _beside_a_held_block(conn, db_url, settings_obj, FEED, write)
     assert isinstance(outcome.get("error"), Blocked), outcome
     assert FEED in str(outcome["error"]) and "while this write ran" in str(outcome["error"])
     assert _stored(conn) == before
@@ -393,9 +403,6 @@ def test_a_write_of_more_distinct_sources_than_kept_is_refused_by_any_block_made
         conn, db_url, settings_obj, monkeypatch):
     """Memory stays flat however many sources a file holds: past SOURCES_KEPT, a block made while the import
     runs refuses it whole (here a source of its own records, past the kept ones); with no block it lands."""
-    import threading
-
-    from memctl import db
     from memctl.errors import Blocked
     from memctl.records import episodes, sources
 
@@ -409,25 +416,9 @@ def test_a_write_of_more_distinct_sources_than_kept_is_refused_by_any_block_made
     result = episodes.import_episodes(conn, settings_obj, rows("calm"), result=episodes.ImportResult())
     assert result.imported == 8  # a block made before the import is no reason to refuse it
 
-    outcome: dict = {}
-
-    def run():
-        with db.connect(db_url) as own:
-            try:
-                episodes.import_episodes(own, settings_obj, rows("feed"), result=episodes.ImportResult())
-            except Blocked as exc:
-                outcome["error"] = exc
-
-    with db.connect(db_url) as blocker:
-        with blocker.transaction():
-            sources.block(blocker, "feed-6", "poisoned")  # a source past the three kept
-            writer = threading.Thread(target=run)
-            writer.start()
-            deadline = datetime.datetime.now() + datetime.timedelta(seconds=60)
-            while writer.is_alive() and conn.execute(WAITING).fetchone()["n"] == 0:
-                assert datetime.datetime.now() < deadline, "the import neither finished nor waited for the block"
-                writer.join(0.05)
-            assert writer.is_alive()
-        writer.join(60)
-    assert "feed-6" in str(outcome.get("error")) and "run it again" in str(outcome["error"]), outcome
+    outcome = _beside_a_held_block(  # feed-6: a source past the three kept
+        conn, db_url, settings_obj, "feed-6",
+        lambda own, settings: episodes.import_episodes(own, settings, rows("feed"), result=episodes.ImportResult()))
+    assert isinstance(outcome.get("error"), Blocked), outcome
+    assert "feed-6" in str(outcome["error"]) and "run it again" in str(outcome["error"])
     assert conn.execute("SELECT count(*) AS n FROM episodes WHERE source LIKE 'feed-%'").fetchone()["n"] == 0
