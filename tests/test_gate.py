@@ -80,9 +80,33 @@ def test_a_sourced_record_is_written_only_inside_its_gates_writing_transaction(c
             with conn.transaction():
                 write()
     assert (_count(conn, "episodes"), _count(conn, "fact_history"), _count(conn, "facts")) == (0, 0, 0)
+    other = gate.Gate(conn, settings_obj, redact.Redactor("off"))  # its writing() would not look at "anywhere"
+    other.new_episode("admitted by the other gate", source="elsewhere")
+    for write in (lambda: store.insert_episode(conn, episode), lambda: store.put_fact(conn, fact, 1),
+                  lambda: store.copy_episodes(conn, [other.new_episode("x", source="elsewhere"), episode],
+                                              now=datetime.datetime.now(datetime.timezone.utc), queued=[])):
+        with pytest.raises(TypeError, match="'anywhere'"):
+            with other.writing():
+                write()
+    assert (_count(conn, "episodes"), _count(conn, "facts")) == (0, 0)
     with admit.writing():
         store.insert_episode(conn, episode)
     assert _count(conn, "episodes") == 1
+
+
+def test_a_redacted_source_is_the_one_allowed_and_looked_at_again(conn, settings_obj):
+    """The source kept is the redacted one: it is what the blocked sources are checked against, and confirm()
+    looks at it again (a source blocked in its redacted form refuses the write)."""
+    from memctl import redact
+
+    admit = gate.Gate(conn, settings_obj, redact.Redactor("redact"))
+    fact = admit.fact("default", "db.host", "10.0.0.9", f"src-{GITHUB}")
+    entry = admit.history(fact, 1, "set", None, fact.value, f"src-{GITHUB}")
+    assert GITHUB not in fact.source and fact.source == entry.source and fact.source in admit.sources
+    with admit.writing():
+        store.insert_history(conn, entry)
+        store.put_fact(conn, fact, 1)
+    assert _count(conn, "facts") == 1
 
 
 @pytest.fixture

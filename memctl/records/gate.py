@@ -253,12 +253,17 @@ class Gate:
     def writing(self) -> Iterator[None]:
         """The write's transaction, committed once confirm() finds none of its sources blocked (writing_on)."""
         with self.conn.transaction():
-            _WRITING[self.conn] = _WRITING.get(self.conn, 0) + 1
+            open_gates = _WRITING.setdefault(self.conn, [])
+            open_gates.append(self)
             try:
                 yield
                 self.confirm()
             finally:
-                _WRITING[self.conn] -= 1
+                open_gates.remove(self)
+
+    def covers(self, source: str | None) -> bool:
+        """Whether confirm() looks at `source` again: one this gate allowed (all of them past SOURCES_KEPT)."""
+        return source is None or source in self.sources or self._before is not None
 
     def confirm(self) -> None:
         """At the end of the write's transaction: the blocked sources' shared lock (held to the commit), then
@@ -286,6 +291,13 @@ class Gate:
     def _text(self, value: str | None, what: str) -> str | None:
         return self.redactor.text(value, what)
 
+    def _source(self, source: str | None, what: str) -> str | None:
+        """An allowed source as stored: redacted, and the redacted name allowed too (it is what is kept)."""
+        clean = self._text(source, what)
+        if clean != source:
+            self.allow(clean)
+        return clean
+
     # episodes
 
     def stored_episode(self, agent: str, content: str, meta: dict) -> Episode:
@@ -301,9 +313,7 @@ class Gate:
         content = self._text(episode.content, "episode text")
         meta = self.redactor.value(episode.meta, "episode meta") if episode.meta else {}
         kind, agent = self._text(episode.kind, "episode kind"), self._text(episode.agent, "episode agent")
-        source = self._text(episode.source, "episode source")
-        if source != episode.source:
-            self.allow(source)
+        source = self._source(episode.source, "episode source")
         changed = (content, kind, agent, source, meta) != (episode.content, episode.kind, episode.agent,
                                                            episode.source, episode.meta)
         digest = episode.content_hash if content == episode.content else \
@@ -330,7 +340,7 @@ class Gate:
         clean_key = self._text(key, "fact key")
         return FactValue(self._text(namespace, "fact namespace"), clean_key,
                          self.redactor.named(key, value, f"value of {label}") if value is not None else None,
-                         self._text(source, "fact source"), when)
+                         self._source(source, "fact source"), when)
 
     @staticmethod
     def fact_of(entry: HistoryEntry) -> FactValue:
@@ -358,7 +368,7 @@ class Gate:
             raise BadValue(f"valid_from {valid.isoformat()} is after changed_at {when.isoformat()}: a value cannot "
                            "become true after memctl recorded it", "valid_from")
         return HistoryEntry(fact.namespace, fact.key, version, op, values[0], values[1],
-                            self._text(source, "fact source"), when, valid)
+                            self._source(source, "fact source"), when, valid)
 
     # runbook runs, lineage, blocked sources
 
@@ -413,12 +423,13 @@ class Gate:
         return BlockedSource(source, reason, when)
 
 
-_WRITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> its open writing() blocks
+_WRITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> gates in their writing()
 
 
-def writing_on(conn) -> bool:
-    """Whether `conn` is inside a Gate.writing() transaction, whose sources are confirmed before it commits."""
-    return _WRITING.get(conn, 0) > 0
+def writing_on(conn, source: str | None) -> bool:
+    """Whether a record from `source` is written on `conn` inside the writing() transaction of a gate that allowed
+    that source, so that it is looked at again before the commit."""
+    return any(admit.covers(source) for admit in _WRITING.get(conn, ()))
 
 
 def refuse(source: str, reason: str | None, *, late: bool = False) -> None:

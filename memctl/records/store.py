@@ -27,12 +27,13 @@ def _admitted(record: Any, kind: type) -> None:
 
 
 def _sourced(conn, record: Any, kind: type) -> None:
-    """A record that carries a source: admitted, and written inside Gate.writing() (the source looked at
-    again under the blocked sources' lock before the commit: memctl.db.locks)."""
+    """A record that carries a source: admitted, and written inside the writing() transaction of a gate that
+    allowed its source (looked at again under the blocked sources' lock before the commit: memctl.db.locks)."""
     _admitted(record, kind)
-    if not gate.writing_on(conn):
-        raise TypeError(f"an admitted {kind.__name__} is written inside its gate's writing() transaction, which "
-                        "confirms its source is not blocked before it commits")
+    if not gate.writing_on(conn, record.source):
+        raise TypeError(f"an admitted {kind.__name__} from source {record.source!r} is written inside the writing() "
+                        "transaction of a gate that allowed that source, which confirms it is not blocked before "
+                        "it commits")
 
 
 INSERT_EPISODE = """
@@ -136,8 +137,8 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
 
     for episode in batch:
         _admitted(episode, Episode)
-    if batch:
-        _sourced(conn, batch[0], Episode)
+    for episode in {e.source: e for e in batch}.values():  # one episode per source: a batch holds few
+        _sourced(conn, episode, Episode)
     copied = Copied(take_ids(conn, EPISODE_SEQ, len(batch)))
     times = [ep.created_at or now for ep in batch]
     fold = repeats.plan_batch(conn, batch, copied.ids, times, window, hints, locked)
