@@ -16,6 +16,8 @@ context neighbours of episodes of the context kinds), scored by both halves:
     recency    = 0.5 ** (age / recency_half_life)        (age since created_at,
                  or since last access with search.recency_from = "accessed")
     score      = relevance + recency_weight * recency + importance_weight * importance / 10
+                 + when_weight * closeness of created_at to the period the query names, if it names one
+                   (memctl.reading.when: 1 inside it, falling to 0 over a week or two after it)
 
 fusion = "rrf" keeps reciprocal rank fusion (rrf_k) instead.
 """
@@ -29,6 +31,7 @@ from typing import Any
 
 from memctl.config import Settings, parse_duration
 from memctl.reading.query import context_kinds, setting
+from memctl.reading.when import Period
 
 
 @dataclass
@@ -146,9 +149,11 @@ def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float]
 
 def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dict] | None, scored: dict,
          candidates: set[int], context: dict[int, list[int]], now: datetime.datetime,
-         accessed: dict | None = None, k: int | None = None, text_ceiling: float | None = None) -> list[Hit]:
-    """The candidates as hits, best first (the first k when given)."""
+         accessed: dict | None = None, k: int | None = None, text_ceiling: float | None = None,
+         period: Period | None = None) -> list[Hit]:
+    """The candidates as hits, best first (the first k when given); `period`: the one the query names."""
     conf = settings.section("search")
+    when_weight = conf["when_weight"] if period is not None else 0
     half_life = parse_duration(conf["recency_half_life"])
     recency_weight, importance_weight = conf["recency_weight"], conf["importance_weight"]
     relevance_of = relevances(settings, vector_rows, text_rows, scored, context, text_ceiling)
@@ -161,6 +166,8 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
         anchor = accessed.get(episode_id) or row["created_at"]
         recency = 0.5 ** (max(0.0, (now - anchor).total_seconds()) / half_life)
         score = relevance_of[episode_id] + recency_weight * recency + importance_weight * row["importance"] / 10
+        if when_weight:
+            score += when_weight * period.closeness(row["created_at"])
         ranked.append((round(score, 6), episode_id, recency))
     ranked.sort(key=lambda r: (-r[0], -r[1]))
     by_vector = _ranks(vector_rows or [])

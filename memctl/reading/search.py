@@ -40,7 +40,7 @@ from typing import Any, Generator
 from memctl.config import Settings
 from memctl.embedding import models
 from memctl.errors import EmbedderUnavailable, UnknownModel
-from memctl.reading import bm25
+from memctl.reading import bm25, when
 from memctl.reading.fusion import Hit, fuse
 from memctl.reading.query import Query, context_kinds, setting, unsearchable
 from memctl.reading.pieces import Parsed, pieces_call
@@ -210,7 +210,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
         accessed = access.last_accessed(conn, list(scored))
     ceiling = halves.plan.ceiling if halves.plan is not None else None
     outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k,
-                        text_ceiling=ceiling)
+                        text_ceiling=ceiling, period=when.period(query.text) if conf["when_weight"] else None)
 
 
 # Queries a batch starts at a time in its pipeline (_drive): their statements run while memctl

@@ -1,0 +1,78 @@
+"""A query that names a date ("in May 2026", "on 12 May, 2026", "2026-05-12"): the time term of scoring
+(memctl.reading.when, [search] when_weight)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import pytest
+
+from memctl.reading.when import period
+
+UTC = datetime.timezone.utc
+
+
+def _at(*parts: int) -> datetime.datetime:
+    return datetime.datetime(*parts, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("text, start, end", [
+    ("what broke on 2026-11-30?", _at(2026, 11, 30), _at(2026, 12, 1)),
+    ("What movie did she watch on 1 May, 2022?", _at(2022, 5, 1), _at(2022, 5, 2)),
+    ("the 3rd of March 2021", _at(2021, 3, 3), _at(2021, 3, 4)),
+    ("March 3rd, 2021 it happened", _at(2021, 3, 3), _at(2021, 3, 4)),
+    ("where did she travel in July 2022", _at(2022, 7, 1), _at(2022, 8, 1)),
+    ("disk alerts in Feb. 2024", _at(2024, 2, 1), _at(2024, 3, 1)),
+    ("alerts of 2026-02", _at(2026, 2, 1), _at(2026, 3, 1)),
+    ("what did we ship in 2023", _at(2023, 1, 1), _at(2024, 1, 1)),
+    ("in 2023, and then on 2024-01-05", _at(2024, 1, 5), _at(2024, 1, 6)),  # the most precise wins
+])
+def test_the_period_a_query_names(text, start, end):
+    found = period(text)
+    assert found is not None and (found.start, found.end) == (start, end)
+
+
+@pytest.mark.parametrize("text", [
+    "May I restart nginx?", "release 2022.3 failed", "2022-13-01 is no date", "31 February, 2022 was",
+    "disk 91% on web-3", "last week's deploy", "port 2023 refused",
+])
+def test_text_without_a_date_names_no_period(text):
+    found = period(text)
+    # "31 February, 2022" is no day: its month is still named
+    assert found is None or (text.startswith("31 February") and found.start == _at(2022, 2, 1))
+
+
+def test_closeness_is_one_in_the_period_and_falls_over_its_telling_time_after_it():
+    day = period("on 2026-05-12")
+    assert day.closeness(_at(2026, 5, 12, 23, 59)) == 1.0
+    assert day.closeness(_at(2026, 5, 11, 23, 59)) == 0.0  # before it happened
+    assert day.closeness(_at(2026, 5, 13) + day.telling / 2) == pytest.approx(0.5)
+    assert day.closeness(_at(2026, 5, 13) + day.telling) == 0.0
+
+
+DEPLOYS = {  # same words for the query, told in three months; the latest is the most recent
+    "2026-03-10T09:00:00+00:00": "the api deploy failed: migration lock timeout on the orders table",
+    "2026-05-12T09:00:00+00:00": "the api deploy failed: health check never passed on the canary pods",
+    "2026-07-20T09:00:00+00:00": "the api deploy failed: image pull backoff from the private registry",
+}
+
+
+@pytest.mark.parametrize("query, settings_text, expected", [
+    ("why did the api deploy fail in May 2026?", "", "2026-05-12"),
+    ("why did the api deploy fail on 12 May, 2026?", "", "2026-05-12"),
+    ("why did the api deploy fail in March 2026?", "", "2026-03-10"),
+    ("why did the api deploy fail?", "", "2026-07-20"),  # no date: recency decides between equals
+    ("why did the api deploy fail in May 2026?", "[search]\nwhen_weight = 0\n", "2026-07-20"),  # the term off
+])
+def test_a_query_naming_a_date_ranks_what_was_written_then_first(cli, memctl_env, query, settings_text, expected):
+    rows = [{"content": text, "kind": "deploy", "agent": "ops", "created_at": when} for when, text in DEPLOYS.items()]
+    result = cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows))
+    assert result.exit_code == 0, result.stderr
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(settings_text)
+    found = cli("episode", "search", query, "--mode", "text", "-k", "3", "-f", "json", "--no-track")
+    assert found.exit_code == 0, found.stderr
+    hits = found.json()
+    assert len(hits) == 3
+    assert hits[0]["created_at"].startswith(expected), [(h["created_at"], h["score"]) for h in hits]
