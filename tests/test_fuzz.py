@@ -37,6 +37,7 @@ from memctl.embedding import timing
 from memctl.errors import MemctlError
 from memctl.reading import search
 from memctl.reading.query import Query, split_terms
+from memctl.reading.when import period
 from memctl.records import episodes, facts, runbook_format
 from memctl.upkeep import import_
 from tests.conftest import fresh_database
@@ -528,6 +529,20 @@ def test_split_terms(text):
     terms = split_terms(text)
     for piece in terms.wanted + terms.excluded:
         assert isinstance(piece, str) and piece.strip() and piece in text
+
+
+DATE_PIECES = st.sampled_from(["May", "may", "Feb.", "sept", "December", "of", "in", "during", "on", ",", "-",
+                                "0", "1", "29", "31", "32", "3rd", "2022", "2024", "1899", "2099", "2022-02-29",
+                                "2024-02-29", "2022-00-01", "2022-12", "2022-13", "9999-99-99"])
+
+
+@given(text=QUERIES | st.lists(DATE_PIECES, max_size=8).map(" ".join))
+def test_the_period_a_query_names_is_a_real_span_or_none(text):
+    ran()
+    found = period(text)
+    if found is not None:
+        assert found.start < found.end and found.start.tzinfo is not None
+        assert found.closeness(found.start) == 1.0 and found.closeness(found.start - datetime.timedelta(1)) == 0.0
 
 
 def test_split_terms_reads_the_documented_syntax():
