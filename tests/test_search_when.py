@@ -28,6 +28,8 @@ def _at(*parts: int) -> datetime.datetime:
     ("alerts of 2026-02", _at(2026, 2, 1), _at(2026, 3, 1)),
     ("what did we ship in 2023", _at(2023, 1, 1), _at(2024, 1, 1)),
     ("in 2023, and then on 2024-01-05", _at(2024, 1, 5), _at(2024, 1, 6)),  # the most precise wins
+    ("what failed at 2026-11-30T03:10Z", _at(2026, 11, 30), _at(2026, 12, 1)),
+    ("31 February, 2022 was", _at(2022, 2, 1), _at(2022, 3, 1)),  # no such day: its month is still named
 ])
 def test_the_period_a_query_names(text, start, end):
     found = period(text)
@@ -35,13 +37,12 @@ def test_the_period_a_query_names(text, start, end):
 
 
 @pytest.mark.parametrize("text", [
-    "May I restart nginx?", "release 2022.3 failed", "2022-13-01 is no date", "31 February, 2022 was",
-    "disk 91% on web-3", "last week's deploy", "port 2023 refused",
+    "May I restart nginx?", "release 2022.3 failed", "the rollout of 2022.3", "2022-13-01 is no date",
+    "disk 91% on web-3", "last week's deploy", "port 2023 refused", "INC-2024-05 again", "PAY-2024-11-03 refund",
+    "image v2024-05-01", "in 2022/7",
 ])
 def test_text_without_a_date_names_no_period(text):
-    found = period(text)
-    # "31 February, 2022" is no day: its month is still named
-    assert found is None or (text.startswith("31 February") and found.start == _at(2022, 2, 1))
+    assert period(text) is None
 
 
 def test_closeness_is_one_in_the_period_and_falls_over_its_telling_time_after_it():

@@ -201,8 +201,10 @@ def search(
 ) -> None:
     """Find episodes by meaning and by words, weighted by recency and importance.
 
-    A query that names a date ("in May 2026", "on 2026-11-30") favours what was written then ([search]
-    when_weight; --since/--until bound it instead). A repeated episode (docs/repeats.md) comes back once, as its first, with repeats, first_seen and last_seen
+    A query that names a date ("in May 2026", "on 2026-11-30", UTC) favours what was written then ([search]
+    when_weight; --since/--until bound it instead).
+
+    A repeated episode (docs/repeats.md) comes back once, as its first, with repeats, first_seen and last_seen
     (the table's seen column: ×N, the times it was seen).
 
     With the embedder down or slower than the search timeout, falls back to text search with a warning.

@@ -6,6 +6,7 @@ answered by what was written then, or soon after: an event is told after it happ
 "in 2022"); `closeness` is 1 for an episode created in that period, falling linearly to 0 over the
 period's telling time after it (a week after a day, two after a month or a year), and 0 before it.
 Relative words ("yesterday", "last week") are not read: the query's own moment is not the episodes'.
+Days, months and years are UTC's, as a time without a zone is everywhere in memctl (values.parse_time).
 """
 
 from __future__ import annotations
@@ -23,15 +24,19 @@ MONTHS["sept"] = 9
 _MONTH = "(" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 _DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
 _YEAR = r"((?:19|20)\d\d)"
+# a year ends the date: not a version or a number going on ("2022.3", "2022/7", "20221")
+_END = r"(?!\w|[.,/:-]\d)"
+# an ISO date stands alone: not inside a ticket or a name ("INC-2024-05", "v2024-05-01"); a time may follow
+_ALONE = r"(?<![\w-])"
 
 # most precise first; each a (pattern, what its groups are)
 _PATTERNS = [
-    (re.compile(r"\b" + _YEAR + r"-(\d\d)-(\d\d)\b"), "ymd"),
-    (re.compile(r"\b" + _DAY + r"\s+(?:of\s+)?" + _MONTH + r",?\s+" + _YEAR + r"\b", re.I), "dmy"),
-    (re.compile(r"\b" + _MONTH + r"\s+" + _DAY + r",?\s+" + _YEAR + r"\b", re.I), "mdy"),
-    (re.compile(r"\b" + _YEAR + r"-(\d\d)\b(?!-\d)"), "ym"),
-    (re.compile(r"\b" + _MONTH + r",?\s+(?:of\s+)?" + _YEAR + r"\b", re.I), "my"),
-    (re.compile(r"\b(?:in|during|throughout|of)\s+" + _YEAR + r"\b", re.I), "y"),
+    (re.compile(_ALONE + _YEAR + r"-(\d\d)-(\d\d)(?![\d-])"), "ymd"),
+    (re.compile(r"\b" + _DAY + r"\s+(?:of\s+)?" + _MONTH + r",?\s+" + _YEAR + _END, re.I), "dmy"),
+    (re.compile(r"\b" + _MONTH + r"\s+" + _DAY + r",?\s+" + _YEAR + _END, re.I), "mdy"),
+    (re.compile(_ALONE + _YEAR + r"-(\d\d)(?![\w-])"), "ym"),
+    (re.compile(r"\b" + _MONTH + r",?\s+(?:of\s+)?" + _YEAR + _END, re.I), "my"),
+    (re.compile(r"\b(?:in|during|throughout|of)\s+" + _YEAR + _END, re.I), "y"),
 ]
 TELLING = {"day": datetime.timedelta(days=7), "month": datetime.timedelta(days=14),
            "year": datetime.timedelta(days=14)}
