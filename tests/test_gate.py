@@ -81,7 +81,6 @@ def test_a_sourced_record_is_written_only_inside_its_gates_writing_transaction(c
                 write()
     assert (_count(conn, "episodes"), _count(conn, "fact_history"), _count(conn, "facts")) == (0, 0, 0)
     other = gate.Gate(conn, settings_obj, redact.Redactor("off"))  # its writing() would not look at "anywhere"
-    other.new_episode("admitted by the other gate", source="elsewhere")
     for write in (lambda: store.insert_episode(conn, episode), lambda: store.put_fact(conn, fact, 1),
                   lambda: store.copy_episodes(conn, [other.new_episode("x", source="elsewhere"), episode],
                                               now=datetime.datetime.now(datetime.timezone.utc), queued=[])):
@@ -107,6 +106,22 @@ def test_a_redacted_source_is_the_one_allowed_and_looked_at_again(conn, settings
         store.insert_history(conn, entry)
         store.put_fact(conn, fact, 1)
     assert _count(conn, "facts") == 1
+
+
+def test_a_source_blocked_as_it_was_stored_redacted_refuses_its_next_write(cli, conn):
+    """An operator blocks the source name memory shows (redacted); the next write from the raw name is refused."""
+    assert cli("fact", "set", "db.host", "10.0.0.9", "-s", f"src-{GITHUB}").exit_code == 0
+    shown = conn.execute("SELECT source FROM facts").fetchone()["source"]
+    assert GITHUB not in shown
+    assert cli("source", "block", shown, "--reason", "leaked a token").exit_code == 0
+    line = json.dumps({"key": "db.host", "value": "10.6.6.6", "source": f"src-{GITHUB}"}) + "\n"
+    for args, given in ((("fact", "set", "db.host", "10.6.6.6", "-s", f"src-{GITHUB}"), None),
+                        (("fact", "import", "-"), line),
+                        (("episode", "add", "from the poisoned feed", "-s", f"src-{GITHUB}"), None)):
+        refused = cli(*args, input=given)
+        assert refused.exit_code == 1 and "blocked" in refused.stderr, (args, refused.stderr)
+    assert conn.execute("SELECT value FROM facts").fetchone()["value"] == "10.0.0.9"
+    assert _count(conn, "episodes") == 0
 
 
 @pytest.fixture
