@@ -179,6 +179,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "context_weight": (_number, 0.4),
         "context_text_weight": (_fraction, 0.7),
         "session_weight": (_number, 0.4),
+        "reply_weight": (_number, 0.2),
         "when_weight": (_number, 0.2),
         "context_kinds": (_string, "conversation"),
         "context_window": (_duration, "1h"),

@@ -75,7 +75,7 @@ def test_a_neighbour_counts_by_its_words_more_than_by_its_cosine():
     x, near_x, y, near_y = 1, 2, 3, 4
     scored = {x: _row(x, 0.3, 0.1, 1), near_x: _row(near_x, 0.6, 0.0, 1),
               y: _row(y, 0.3, 0.1, 3), near_y: _row(near_y, 0.2, 0.35, 3)}
-    context = {x: [near_x], y: [near_y]}
+    context = {x: (near_x, None), y: (near_y, None)}
     vector_rows = [{"episode_id": i, "content": ""} for i in (near_x, x, y, near_y)]
     text_rows = [{"episode_id": i} for i in (near_y, x, y)]
 
@@ -90,3 +90,51 @@ def test_a_neighbour_counts_by_its_words_more_than_by_its_cosine():
     settings = config.Settings(Path("memctl.toml"), False, {"search": {"context_text_weight": 0.0}})
     alone = fusion.relevances(settings, None, text_rows, scored, context, text_ceiling=1.0)
     assert alone[y] > alone[x]
+
+
+# A talk where the answer is a reply that shares no word with the question asked of memory; other
+# turns name the turtles but say nothing of how long.
+TURTLE_TALK = [
+    "Ana: I saw a heron at the lake this morning",
+    "Ben: my turtles would hide from a heron for sure",
+    "Ana: how long have you had your turtles, Ben?",
+    "Ben: three years now and they bring me tons of joy",
+    "Ana: that is lovely, do they have names",
+    "Ben: the turtles sleep a lot in the winter",
+    "Ana: the lake freezes over in January",
+]
+REPLY, NAMES_THEM = TURTLE_TALK[3], TURTLE_TALK[5]
+
+
+def _turtle_order(cli, memctl_env, settings_text: str) -> list[str]:
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(settings_text)
+    found = cli("episode", "search", "how long were the turtles kept", "--mode", "text", "-k", "10",
+                "-f", "json", "--no-track")
+    assert found.exit_code == 0, found.stderr
+    return [h["content"] for h in found.json()]
+
+
+def test_a_reply_to_a_question_is_scored_with_the_question_it_answers(cli, memctl_env):
+    rows = [{"content": text, "kind": "conversation", "agent": "a",
+             "created_at": f"2026-01-01T10:0{i}:00+00:00"} for i, text in enumerate(TURTLE_TALK)]
+    result = cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows))
+    assert result.exit_code == 0, result.stderr
+    # defaults: the reply, found by neither half, is fetched beside the question and lifted by it (the
+    # neighbour term and the reply term) above a turn that holds a word of the query
+    order = _turtle_order(cli, memctl_env, "")
+    assert order[0] == TURTLE_TALK[2] and order.index(REPLY) < order.index(NAMES_THEM)
+    # without the reply term it is still a candidate, lifted by its neighbour alone: below that turn
+    order = _turtle_order(cli, memctl_env, "[search]\nreply_weight = 0\n")
+    assert REPLY in order and order.index(REPLY) > order.index(NAMES_THEM)
+    # without neighbours nothing finds it
+    assert REPLY not in _turtle_order(cli, memctl_env, "[search]\ncontext_weight = 0\n")
+
+
+def test_a_neighbour_added_beside_a_found_entry_knows_that_entry():
+    """statement.neighbours: the statement names the neighbours of the entries the halves found; an
+    entry it added as one of them gets the found entry as its own neighbour, on the right side."""
+    from memctl.reading.statement import neighbours
+
+    rows = [{"id": 5, "neighbours": [4, 6]}, {"id": 8, "neighbours": [None, 9]}, {"id": 10, "neighbours": [9, None]},
+            {"id": 4, "neighbours": None}, {"id": 6, "neighbours": None}, {"id": 9, "neighbours": None}]
+    assert neighbours(rows) == {5: (4, 6), 8: (None, 9), 10: (9, None), 4: (None, 5), 6: (5, None), 9: (8, 10)}

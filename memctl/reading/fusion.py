@@ -10,6 +10,8 @@ context neighbours of episodes of the context kinds), scored by both halves:
                  entries just before and after it in its agent's log, same kind,
                  within context_window; a neighbour's base weighs its halves with
                  context_text_weight instead of text_weight)
+                 + reply_weight * the base of the entry just before it, when that one asks a
+                   question (holds a "?"): a reply answers it, often in none of its words
                  + session_weight * the best base of the other candidates of its session
                  (same agent and kind, created within context_window of it, its
                  neighbours left out), divided by the best so 1.0 is the top
@@ -32,6 +34,10 @@ from typing import Any
 from memctl.config import Settings, parse_duration
 from memctl.reading.query import context_kinds, setting
 from memctl.reading.when import Period
+
+# candidate -> (the entry just before it, the one just after it) in its agent's log (statement.neighbours)
+Neighbours = dict[int, tuple[int | None, int | None]]
+NO_NEIGHBOURS: tuple[None, None] = (None, None)
 
 
 @dataclass
@@ -73,7 +79,7 @@ def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
 
 
 def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dict],
-               context: dict[int, list[int]], text_ceiling: float | None = None) -> dict[int, float]:
+               context: Neighbours, text_ceiling: float | None = None) -> dict[int, float]:
     """Episode id -> relevance, 1.0 for the best: weighted scores, or reciprocal rank fusion."""
     if setting(settings, "fusion") == "rrf":
         rrf_k = settings.get("search", "rrf_k")
@@ -100,11 +106,15 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
         words = min(1.0, float(r["text_score"] or 0) / scale)
         base[i] = (1 - text_share) * similarity + text_share * words
         near[i] = (1 - near_share) * similarity + near_share * words
-    beta = setting(settings, "context_weight")
+    beta, reply = setting(settings, "context_weight"), setting(settings, "reply_weight")
     raw = {}
     for i, b in base.items():
-        neighbours = context.get(i)
-        raw[i] = b + beta * (max((near[j] for j in neighbours if j in near), default=0) if neighbours else 0)
+        before, after = context.get(i, NO_NEIGHBOURS)
+        raw[i] = b + beta * max(near.get(before, 0.0), near.get(after, 0.0))
+        # a reply to a question is scored with it: in a dialogue the answer is the turn after the
+        # question, and often shares none of its words (LoCoMo dev recall@10: docs/search.md)
+        if reply and before in near and "?" in (scored[before].get("content") or ""):
+            raw[i] += reply * near[before]
     gamma = setting(settings, "session_weight")
     if gamma:
         for i, best in sessions(settings, scored, base, context).items():
@@ -117,7 +127,7 @@ WIDE_SESSION = 32  # candidates in a session's window beyond which sessions() wa
 
 
 def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float],
-             context: dict[int, list[int]]) -> dict[int, float]:
+             context: Neighbours) -> dict[int, float]:
     """Candidate of a context kind -> the best base of the other candidates of its session.
 
     Its session: the candidates of the same agent and kind created within context_window of it (a
@@ -136,7 +146,7 @@ def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float]
         times = [t for t, _ in members]
         ranked = sorted(members, key=lambda m: -base[m[1]])  # best first, for a long session
         for t, i in members:
-            skip = set(context.get(i, [])) | {i}
+            skip = set(context.get(i, NO_NEIGHBOURS)) | {i}
             lo, hi = bisect.bisect_left(times, t - window), bisect.bisect_right(times, t + window)
             if hi - lo <= WIDE_SESSION:
                 found = [base[j] for _, j in members[lo:hi] if j not in skip]
@@ -148,7 +158,7 @@ def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float]
 
 
 def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dict] | None, scored: dict,
-         candidates: set[int], context: dict[int, list[int]], now: datetime.datetime,
+         candidates: set[int], context: Neighbours, now: datetime.datetime,
          accessed: dict | None = None, k: int | None = None, text_ceiling: float | None = None,
          period: Period | None = None) -> list[Hit]:
     """The candidates as hits, best first (the first k when given); `period`: the one the query names."""

@@ -369,5 +369,21 @@ def read_rows(rows: list[dict] | None, halves: Halves):
     if halves.plan is not None:
         text_rows = [{"episode_id": r["id"]}
                      for r in sorted((r for r in rows if r["text_found"]), key=lambda r: (-r["text_score"], -r["id"]))]
-    context = {r["id"]: [i for i in r["neighbours"] if i is not None] for r in rows if r["neighbours"]}
-    return vector_rows, text_rows, scored, context
+    return vector_rows, text_rows, scored, neighbours(rows)
+
+
+def neighbours(rows: list[dict]) -> dict[int, tuple[int | None, int | None]]:
+    """Candidate -> (the entry just before it, the one just after it) in its agent's log, None for none.
+
+    The statement names them for what either half found; a neighbour it added beside a found entry has
+    that entry as its own neighbour (the entry after A has A just before it), so a reply added beside
+    the question it answers is scored with that question (memctl.reading.fusion)."""
+    pairs = {r["id"]: (r["neighbours"][0], r["neighbours"][1]) for r in rows if r["neighbours"]}
+    added: dict[int, list] = {}
+    for i, (before, after) in pairs.items():
+        if before is not None and before not in pairs:
+            added.setdefault(before, [None, None])[1] = i
+        if after is not None and after not in pairs:
+            added.setdefault(after, [None, None])[0] = i
+    pairs.update((i, (b, a)) for i, (b, a) in added.items())
+    return pairs
