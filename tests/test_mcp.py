@@ -638,6 +638,54 @@ def test_stdout_carries_only_the_protocol(memctl_env):
     assert all(line.startswith("memctl: ") for line in err.splitlines()), err
 
 
+def test_a_client_that_closes_its_input_at_once_still_gets_every_answer(conn, memctl_env):
+    """`printf requests | memctl mcp`, or the protocol's shutdown: the client sends, closes stdin, reads.
+
+    The SDK cancels the requests still running at the end of input; memctl.mcp.transport holds that end
+    back until each is answered, so every write made is also reported (it was made but never reported)."""
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    ] + [{"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
+          "params": {"name": "remember", "arguments": {"content": f"disk note {i} on web-{i}"}}} for i in range(20)]
+    proc = subprocess.Popen([_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    timer = threading.Timer(120, proc.kill)
+    timer.start()
+    try:
+        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+        proc.stdin.close()  # before a single answer is read
+        out, err = proc.stdout.read(), proc.stderr.read()
+        assert proc.wait() == 0, err
+    finally:
+        timer.cancel()
+    answers = {r["id"]: r for r in map(json.loads, out.splitlines())}
+    assert set(answers) == {1} | set(range(10, 30))
+    stored = {answers[i]["result"]["structuredContent"]["id"] for i in range(10, 30)}
+    assert all(answers[i]["result"]["structuredContent"]["stored"] for i in range(10, 30))
+    rows = conn.execute("SELECT id FROM episodes WHERE agent = 'a'").fetchall()
+    assert {r["id"] for r in rows} == stored and len(stored) == 20
+    assert "Traceback" not in err
+
+
+def test_what_is_owed_is_each_request_read_until_answered_or_cancelled():
+    from mcp_types import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
+
+    from memctl.mcp.transport import Owed
+
+    owed = Owed()
+    for i in (1, "two", 3):
+        owed.read(JSONRPCRequest(jsonrpc="2.0", id=i, method="tools/call", params={}))
+    owed.read(JSONRPCNotification(jsonrpc="2.0", method="notifications/initialized"))
+    assert owed.ids == {1, "two", 3}
+    owed.written(JSONRPCResponse(jsonrpc="2.0", id=1, result={}))
+    owed.written(JSONRPCError(jsonrpc="2.0", id="two", error={"code": -32602, "message": "bad"}))
+    assert owed.ids == {3}
+    owed.read(JSONRPCNotification(jsonrpc="2.0", method="notifications/cancelled", params={"requestId": 3}))
+    assert owed.ids == set()
+
+
 def test_other_commands_do_not_import_the_sdk(memctl_env):
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "memctl", "fact", "list"], capture_output=True,
                           text=True, timeout=120, env=dict(os.environ))

@@ -293,6 +293,10 @@ def configure_logging() -> None:
 
 
 def serve(session: tools.Session) -> None:
-    """Serve over stdio until the client closes the connection."""
+    """Serve over stdio until the client closes its end, answering every request it sent first."""
+    import anyio
+
+    from memctl.mcp import transport
+
     configure_logging()
-    build(session).run("stdio")
+    anyio.run(transport.serve, build(session))
