@@ -10,8 +10,8 @@ context neighbours of episodes of the context kinds), scored by both halves:
                  entries just before and after it in its agent's log, same kind,
                  within context_window; a neighbour's base weighs its halves with
                  context_text_weight instead of text_weight)
-                 + reply_weight * the base of the entry just before it, when that one asks a
-                   question (holds a "?"): a reply answers it, often in none of its words
+                 + reply_weight * the neighbour's base of the entry just before it, when that one
+                   asks a question (holds a "?"): a reply answers it, often in none of its words
                  + session_weight * the best base of the other candidates of its session
                  (same agent and kind, created within context_window of it, its
                  neighbours left out), divided by the best so 1.0 is the top
