@@ -7,7 +7,9 @@ search --batch - --format jsonl --no-track` with every question of categories
 1-4 that has evidence turns, filtered to its conversation's agent. A question
 scores the share of its evidence turns found in its top k. Prints recall per
 category (1 single-hop, 2 multi-hop, 3 temporal, 4 open-domain), the mean and the mean
-of each conversation.
+of each conversation, with each conversation's difference from the mean and its 95%
+bootstrap interval (questions resampled: how far apart conversations can lie by the
+sample of questions alone).
 
 By default it uses a fresh database on a temporary embedded server and the
 local embedder with all-minilm (the network of Ollama's all-minilm); --embedder
@@ -18,8 +20,10 @@ the query embeddings of the whole batch never hit the 2 s search timeout and
 the vector half really runs (the bench measures ranking, not the timeout).
 --variant runs the same questions again with [search] settings changed
 ("rrf_k=10 candidates=100"), on the same loaded database, so variants compare
-in one run. --conversations picks conversations by sample_id (a split to tune
-on, another held out); only those are loaded.
+in one run; each variant's difference from the defaults on the same questions
+is printed with its 95% bootstrap interval and the questions it moved.
+--conversations picks conversations by sample_id (a split to tune on, another
+held out); only those are loaded.
 
     python tests/bench/retrieval.py [--data ../shared/eval/locomo-dev.json] [-k 10]
         [--conversations conv-26,conv-30] [--variant "rrf_k=60"] [--embedder local|ollama]
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -116,6 +121,47 @@ def score(questions, answers, turn_ids, k: int) -> tuple[dict[int, list[float]],
     return by_category, scores, by_conversation
 
 
+RESAMPLES = 2000
+
+
+def _interval(draw, resamples: int = RESAMPLES) -> tuple[float, float]:
+    """The 95% percentile interval of `draw(rng)` over bootstrap resamples (seeded: reruns agree)."""
+    rng = random.Random(0)
+    values = sorted(draw(rng) for _ in range(resamples))
+    return values[int(0.025 * resamples)], values[int(0.975 * resamples) - 1]
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def against_the_mean(by_conversation: dict[str, list[float]]) -> dict[str, tuple[float, float, float]]:
+    """Conversation -> (its mean - the mean of all questions, and that difference's 95% interval).
+
+    Questions are resampled, within the conversation and within the rest: with 80-200 questions a
+    conversation's mean has a standard error of about 0.03, so a difference smaller than its
+    interval is the question sample's as much as the method's."""
+    out = {}
+    for conv, mine in by_conversation.items():
+        rest = [s for c, v in by_conversation.items() if c != conv for s in v]
+        if not rest:
+            continue
+        share = len(rest) / (len(mine) + len(rest))  # mine - all = (mine - rest) * share
+
+        def draw(rng, mine=mine, rest=rest, share=share):
+            return (_mean(rng.choices(mine, k=len(mine))) - _mean(rng.choices(rest, k=len(rest)))) * share
+
+        out[conv] = ((_mean(mine) - _mean(rest)) * share, *_interval(draw))
+    return out
+
+
+def paired(before: list[float], after: list[float]) -> tuple[float, float, float, int, int]:
+    """after - before on the same questions: the mean difference, its 95% interval, questions up, down."""
+    diffs = [b - a for a, b in zip(before, after)]
+    lo, hi = _interval(lambda rng: _mean(rng.choices(diffs, k=len(diffs))))
+    return _mean(diffs), lo, hi, sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo-format JSON (default: %(default)s)")
@@ -149,6 +195,7 @@ def main() -> None:
             convs = len({r["agent"] for r in rows})
             print(f"{args.data.name}: {convs} conversations, {len(rows)} turns, {len(questions)} questions; "
                   f"loaded and embedded ({args.embedder} {args.model}) in {time.perf_counter() - started:.0f} s")
+            first = None
             for variant in [""] + args.variant:
                 write_config(scratch / "memctl.toml", variant)
                 answers, elapsed, stderr = ask(memctl, env, questions, args.k)
@@ -162,6 +209,16 @@ def main() -> None:
                     print(f"  stderr: {stderr[:300]}")
                 print(f"[{label}] mean recall@{args.k}: {sum(scores) / len(scores):.3f}; by conversation: " + " ".join(
                     f"{c}={sum(v) / len(v):.3f}" for c, v in sorted(by_conversation.items())))
+                spread = against_the_mean(by_conversation)
+                if spread:
+                    print(f"[{label}] each conversation minus the mean (95% bootstrap interval): " + " ".join(
+                        f"{c} {d:+.3f} ({lo:+.3f}..{hi:+.3f})" for c, (d, lo, hi) in sorted(spread.items())))
+                if first is None:
+                    first = scores
+                else:
+                    d, lo, hi, up, down = paired(first, scores)
+                    print(f"[{label}] minus defaults, same questions: {d:+.4f} (95% {lo:+.4f}..{hi:+.4f}); "
+                          f"{up} questions up, {down} down")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
