@@ -3,8 +3,10 @@
 A question about a moment ("what did she watch on 1 May, 2022?", "what broke on 2026-11-30?") is
 answered by what was written then, or soon after: an event is told after it happens ("last night",
 "last week"). `period` finds the most precise date the query spells out (a day, else a month, else
-"in 2022"); `closeness` is 1 for an episode created in that period, falling linearly to 0 over the
-period's telling time after it (a week after a day, two after a month or a year), and 0 before it.
+"in 2022"), or the span between two ("between August 11 and August 15 2023", "from 2026-11-28 to
+2026-11-30", "from May to July 2022": the first date takes what it leaves out from the second);
+`closeness` is 1 for an episode created in that period, falling linearly to 0 over the period's
+telling time after it (a week after a day, two after a month or a year), and 0 before it.
 Relative words ("yesterday", "last week") are not read: the query's own moment is not the episodes'.
 Days, months and years are UTC's, as a time without a zone is everywhere in memctl (values.parse_time).
 """
@@ -71,26 +73,99 @@ def _date(year: int, month: int, day: int | None) -> tuple[datetime.datetime, da
     return start, start + datetime.timedelta(days=1)
 
 
+# a span's first date, read back from its second: "between <first> and ", "from <first> to "
+_SPAN_OPEN = re.compile(r"\b(?:between|from)\s+((?:(?!\b(?:between|from)\b).){1,40}?),?\s+"
+                        r"(?:and|to|until|till|through|thru)\s+(?:the\s+)?$", re.I)
+_FIRST = [  # what the first date may leave out, taken from the second: (pattern, its groups)
+    (re.compile(_MONTH + r"\s+" + _DAY, re.I), "md"),
+    (re.compile(_DAY + r"\s+(?:of\s+)?" + _MONTH, re.I), "dm"),
+    (re.compile(_DAY, re.I), "d"),
+    (re.compile(_MONTH, re.I), "m"),
+    (re.compile(_YEAR), "y"),
+]
+# a span of years needs no "in": "between 2021 and 2023"
+_YEARS = re.compile(r"\b(?:between|from)\s+" + _YEAR + r"\s+(?:and|to|until|till|through|thru)\s+" + _YEAR + _END,
+                    re.I)
+
+
+def _span(shape: str, g: tuple) -> tuple[tuple[datetime.datetime, datetime.datetime] | None, str, tuple]:
+    """A matched date's span, its unit and its (year, month, day) (month and day None where not named)."""
+    if shape == "ymd":
+        ymd = int(g[0]), int(g[1]), int(g[2])
+    elif shape == "dmy":
+        ymd = int(g[2]), MONTHS[g[1].lower()], int(g[0])
+    elif shape == "mdy":
+        ymd = int(g[2]), MONTHS[g[0].lower()], int(g[1])
+    elif shape == "ym":
+        ymd = int(g[0]), int(g[1]), None
+    elif shape == "my":
+        ymd = int(g[1]), MONTHS[g[0].lower()], None
+    else:
+        year = int(g[0])
+        return ((datetime.datetime(year, 1, 1, tzinfo=datetime.timezone.utc),
+                 datetime.datetime(year + 1, 1, 1, tzinfo=datetime.timezone.utc)), "year", (year, None, None))
+    return _date(*ymd), "day" if ymd[2] is not None else "month", ymd
+
+
+def _first(text: str, last: tuple) -> tuple[datetime.datetime | None, bool]:
+    """The start of a span's first date, `text`, completed by its last date's (year, month, day), and
+    whether it took the last's year."""
+    text = re.sub(r"^the\s+", "", text.strip(), flags=re.I)
+    for pattern, shape in _PATTERNS:
+        if shape != "y" and (m := pattern.fullmatch(text)):
+            span = _span(shape, m.groups())[0]
+            return (span[0] if span else None), False
+    year, month, _ = last
+    for pattern, shape in _FIRST:
+        if not (m := pattern.fullmatch(text)):
+            continue
+        g = m.groups()
+        if shape == "md":
+            span = _date(year, MONTHS[g[0].lower()], int(g[1]))
+        elif shape == "dm":
+            span = _date(year, MONTHS[g[1].lower()], int(g[0]))
+        elif shape == "d":
+            span = _date(year, month, int(g[0])) if month is not None else None
+        elif shape == "m":
+            span = _date(year, MONTHS[g[0].lower()], None)
+        else:
+            return _date(int(g[0]), 1, None)[0], False
+        return (span[0] if span else None), True
+    return None, False
+
+
 def period(text: str) -> Period | None:
-    """The most precise period `text` spells out with a year, or None."""
+    """The span between two dates `text` names, else the most precise period it spells out with a
+    year, or None."""
+    spanned = _between(text)
+    if spanned is not None:
+        return spanned
     for pattern, shape in _PATTERNS:
         for m in pattern.finditer(text):
-            g = m.groups()
-            if shape == "ymd":
-                span, unit = _date(int(g[0]), int(g[1]), int(g[2])), "day"
-            elif shape == "dmy":
-                span, unit = _date(int(g[2]), MONTHS[g[1].lower()], int(g[0])), "day"
-            elif shape == "mdy":
-                span, unit = _date(int(g[2]), MONTHS[g[0].lower()], int(g[1])), "day"
-            elif shape == "ym":
-                span, unit = _date(int(g[0]), int(g[1]), None), "month"
-            elif shape == "my":
-                span, unit = _date(int(g[1]), MONTHS[g[0].lower()], None), "month"
-            else:
-                year = int(g[0])
-                span = (datetime.datetime(year, 1, 1, tzinfo=datetime.timezone.utc),
-                        datetime.datetime(year + 1, 1, 1, tzinfo=datetime.timezone.utc))
-                unit = "year"
+            span, unit, _ = _span(shape, m.groups())
             if span is not None:
                 return Period(span[0], span[1], TELLING[unit])
+    return None
+
+
+def _between(text: str) -> Period | None:
+    """"between <first> and <last>", "from <first> to <last>": from the first's start to the last's end."""
+    if m := _YEARS.search(text):
+        first, last = int(m.group(1)), int(m.group(2))
+        if first < last:
+            return Period(datetime.datetime(first, 1, 1, tzinfo=datetime.timezone.utc),
+                          datetime.datetime(last + 1, 1, 1, tzinfo=datetime.timezone.utc), TELLING["year"])
+    for pattern, shape in _PATTERNS:
+        for m in pattern.finditer(text):
+            opening = _SPAN_OPEN.search(text, 0, m.start())
+            if opening is None:
+                continue
+            span, unit, ymd = _span(shape, m.groups())
+            if span is None:
+                continue
+            start, took_year = _first(opening.group(1), ymd)
+            if start is not None and start >= span[1] and took_year:  # "between December 30 and January 2 2023"
+                start, _ = _first(opening.group(1), (ymd[0] - 1, *ymd[1:]))
+            if start is not None and start < span[1]:
+                return Period(start, span[1], TELLING[unit])
     return None
