@@ -76,6 +76,9 @@ def _date(year: int, month: int, day: int | None) -> tuple[datetime.datetime, da
 # a span's first date, read back from its second: "between <first> and ", "from <first> to "
 _SPAN_OPEN = re.compile(r"\b(?:between|from)\s+((?:(?!\b(?:between|from)\b).){1,40}?),?\s+"
                         r"(?:and|to|until|till|through|thru)\s+(?:the\s+)?$", re.I)
+# how far before a date its span's opening can start ("between ", 40 characters, ", through the "): reading
+# further back finds nothing more, and would cost a search over the whole text per date (26 s for 5,000 dates)
+_SPAN_REACH = 80
 _FIRST = [  # what the first date may leave out, taken from the second: (pattern, its groups)
     (re.compile(_MONTH + r"\s+" + _DAY, re.I), "md"),
     (re.compile(_DAY + r"\s+(?:of\s+)?" + _MONTH, re.I), "dm"),
@@ -157,7 +160,7 @@ def _between(text: str) -> Period | None:
                           datetime.datetime(last + 1, 1, 1, tzinfo=datetime.timezone.utc), TELLING["year"])
     for pattern, shape in _PATTERNS:
         for m in pattern.finditer(text):
-            opening = _SPAN_OPEN.search(text, 0, m.start())
+            opening = _SPAN_OPEN.search(text, max(0, m.start() - _SPAN_REACH), m.start())
             if opening is None:
                 continue
             span, unit, ymd = _span(shape, m.groups())
