@@ -138,3 +138,35 @@ def test_a_neighbour_added_beside_a_found_entry_knows_that_entry():
     rows = [{"id": 5, "neighbours": [4, 6]}, {"id": 8, "neighbours": [None, 9]}, {"id": 10, "neighbours": [9, None]},
             {"id": 4, "neighbours": None}, {"id": 6, "neighbours": None}, {"id": 9, "neighbours": None}]
     assert neighbours(rows) == {5: (4, 6), 8: (None, 9), 10: (9, None), 4: (None, 5), 6: (5, None), 9: (8, 10)}
+
+
+@pytest.mark.parametrize("text, asks", [
+    ("Ana: how long have you had your turtles, Ben?", True),
+    ("really?! three years?", True),
+    ('she said "why?" and left', True),
+    ("ok? then restart it", True),
+    ("Ana: the turtles pic https://photos.example.com/view?id=12", False),  # a URL's query, not a question
+    ("GET /search?q=disk%20full&page=2 returned 502", False),
+    ("no question here", False),
+])
+def test_a_question_is_a_question_mark_that_no_url_query_follows(text, asks):
+    assert fusion.asks(text) is asks
+
+
+def test_a_url_query_before_a_turn_lifts_it_as_no_question(cli, memctl_env):
+    """The reply term weighs the turn before a candidate when it asks; a "?" opening a URL's query does not."""
+    talk = list(TURTLE_TALK)
+    talk[2] = "Ana: your turtles are on https://photos.example.com/view?album=turtles&id=12"
+    rows = [{"content": text, "kind": "conversation", "agent": "a",
+             "created_at": f"2026-01-01T10:0{i}:00+00:00"} for i, text in enumerate(talk)]
+    result = cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows))
+    assert result.exit_code == 0, result.stderr
+
+    def relevance(settings_text: str) -> float:
+        Path(memctl_env["MEMCTL_CONFIG"]).write_text(settings_text)
+        found = cli("episode", "search", "how long were the turtles kept", "--mode", "text", "-k", "10",
+                    "-f", "json", "--no-track")
+        assert found.exit_code == 0, found.stderr
+        return next(h["relevance"] for h in found.json() if h["content"] == REPLY)
+
+    assert relevance("") == relevance("[search]\nreply_weight = 0\n")

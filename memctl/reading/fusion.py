@@ -11,7 +11,7 @@ context neighbours of episodes of the context kinds), scored by both halves:
                  within context_window; a neighbour's base weighs its halves with
                  context_text_weight instead of text_weight)
                  + reply_weight * the neighbour's base of the entry just before it, when that one
-                   asks a question (holds a "?"): a reply answers it, often in none of its words
+                   asks a question (holds a "?" that is not a URL's): a reply answers it, often in none of its words
                  + session_weight * the best base of the other candidates of its session
                  (same agent and kind, created within context_window of it, its
                  neighbours left out), divided by the best so 1.0 is the top
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +114,7 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
         raw[i] = b + beta * max(near.get(before, 0.0), near.get(after, 0.0))
         # a reply to a question is scored with it: in a dialogue the answer is the turn after the
         # question, and often shares none of its words (LoCoMo dev recall@10: docs/search.md)
-        if reply and before in near and "?" in (scored[before].get("content") or ""):
+        if reply and before in near and asks(scored[before].get("content") or ""):
             raw[i] += reply * near[before]
     gamma = setting(settings, "session_weight")
     if gamma:
@@ -121,6 +122,15 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
             raw[i] += gamma * best
     top = max(raw.values(), default=0) or 1.0
     return {i: r / top for i, r in raw.items()}
+
+
+# a question mark that ends a question, not one that opens a URL's query ("/search?q=disk", "a?b=1")
+_QUESTION = re.compile(r"\?(?![\w=&%/#+-])")
+
+
+def asks(text: str) -> bool:
+    """Whether `text` asks a question: a "?" not followed by a URL query's characters."""
+    return "?" in text and _QUESTION.search(text) is not None
 
 
 WIDE_SESSION = 32  # candidates in a session's window beyond which sessions() walks them best first
