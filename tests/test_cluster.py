@@ -7,6 +7,7 @@ The refusal on a server without Citus runs on the ordinary test server.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -107,6 +108,10 @@ def test_distribute_places_every_table_keeps_the_data_and_search_finds_it(citus)
     fanned = _cli("episode", "search", text, "--mode", "vector", "-k", "4", "-f", "json").stdout
     assert sorted(h["id"] for h in json.loads(fanned)) == sorted(ids)
     assert json.loads(fanned)[0]["id"] == ids[2]
+    # a query naming today's date runs each half again inside the day, across the shards
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    dated = _cli("episode", "search", f"{text} on {today}", "-k", "4", "-f", "json", "--no-track").stdout
+    assert sorted(h["id"] for h in json.loads(dated)) == sorted(ids)
     with db.connect(citus) as conn:  # both searches counted their hits (an INSERT ... SELECT on the shards)
         counts = {r["episode_id"]: r["access_count"] for r in conn.execute("SELECT * FROM episode_access")}
     assert counts == {ids[0]: 1, ids[1]: 1, ids[2]: 2, ids[3]: 1}
@@ -459,7 +464,7 @@ def test_db_migrate_after_distribute_places_a_table_a_later_migration_adds(citus
 SHARD_NAME = re.compile(r"\b([a-z_0-9]+?)_(\d{5,})\b")
 
 
-def _remote_shards(citus, mode: str) -> tuple[set[int], set[int], int]:
+def _remote_shards(citus, mode: str, text: str = "why is the disk full on db01") -> tuple[set[int], set[int], int]:
     """(shards one search with --agent ops touched, the shards it may touch, remote commands it issued)."""
     from memctl import config
     from memctl.reading import search
@@ -479,7 +484,7 @@ def _remote_shards(citus, mode: str) -> tuple[set[int], set[int], int]:
         settings = config.load()
         commands: list[str] = []
         conn.add_notice_handler(lambda d: commands.append(d.message_primary or ""))
-        query = Query("why is the disk full on db01", k=3, agent="ops", mode=mode)
+        query = Query(text, k=3, agent="ops", mode=mode)
         # the term statistics (episode count, average length) are read once per process and
         # database, from every shard; what is routed is each query
         search.search(conn, settings, query)
@@ -503,4 +508,13 @@ def test_search_vector_with_agent_sends_every_remote_command_to_that_agent_s_sha
 def test_search_text_with_agent_sends_every_remote_command_to_that_agent_s_shards(citus, mode):
     """Search-dependent: hybrid and text with --agent, answered by the agent's shard alone."""
     touched, mine, commands = _remote_shards(citus, mode)
+    assert touched and touched <= mine, (sorted(touched - mine)[:5], commands)
+
+
+@needs_cluster
+@pytest.mark.parametrize("mode", ["hybrid", "text"])
+def test_a_query_naming_a_date_with_agent_runs_its_halves_in_the_period_on_that_agent_s_shards(citus, mode):
+    """A query naming a period runs each half again inside it (memctl.reading.statement): still routed."""
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    touched, mine, commands = _remote_shards(citus, mode, f"why was the disk full on db01 on {today}")
     assert touched and touched <= mine, (sorted(touched - mine)[:5], commands)

@@ -63,6 +63,9 @@ def test_closeness_is_one_in_the_period_and_falls_over_its_telling_time_after_it
     assert day.closeness(_at(2026, 5, 11, 23, 59)) == 0.0  # before it happened
     assert day.closeness(_at(2026, 5, 13) + day.telling / 2) == pytest.approx(0.5)
     assert day.closeness(_at(2026, 5, 13) + day.telling) == 0.0
+    # a first whose repeats were seen until a later time: its span reaches into the period, or not
+    assert day.closeness(_at(2026, 5, 1), last_seen=_at(2026, 5, 20)) == 1.0
+    assert day.closeness(_at(2026, 5, 1), last_seen=_at(2026, 5, 11, 23, 59)) == 0.0
 
 
 DEPLOYS = {  # same words for the query, told in three months; the latest is the most recent
@@ -91,3 +94,108 @@ def test_a_query_naming_a_date_ranks_what_was_written_then_first(cli, memctl_env
     hits = found.json()
     assert len(hits) == 3
     assert hits[0]["created_at"].startswith(expected), [(h["created_at"], h["score"]) for h in hits]
+
+
+@pytest.mark.parametrize("mode", ["text", "hybrid"])
+def test_the_episodes_of_the_period_a_query_names_are_candidates_however_many_say_the_same(cli, memctl_env, mode):
+    """Each half also runs inside the period (memctl.reading.statement): the day's episode is found even
+    when the same words and meaning fill more of the log than the halves read."""
+    days = [datetime.date(2026, 4, 1) + datetime.timedelta(days=i) for i in range(60)]
+    rows = [{"content": f"the api deploy of build {1000 + i} failed: health check never passed", "kind": "deploy",
+             "agent": "ops", "created_at": f"{day.isoformat()}T09:00:00+00:00"} for i, day in enumerate(days)]
+    result = cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows))
+    assert result.exit_code == 0, result.stderr
+    assert cli("embed").exit_code == 0
+    # each half reads 4 candidates (k 1): 60 equals, the day's among them only by the period
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\ncandidates = 1\n")
+    for day in ("2026-04-03", "2026-05-12"):
+        found = cli("episode", "search", f"why did the api deploy fail on {day}?", "--mode", mode, "-k", "1",
+                    "-f", "json", "--no-track")
+        assert found.exit_code == 0, found.stderr
+        assert [h["created_at"][:10] for h in found.json()] == [day]
+    # with the time term off, the period is not read: another day's comes first (by words: the most recent)
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\ncandidates = 1\nwhen_weight = 0\n")
+    found = cli("episode", "search", "why did the api deploy fail on 2026-04-03?", "--mode", mode, "-k", "1",
+                "-f", "json", "--no-track")
+    assert found.exit_code == 0, found.stderr
+    got = found.json()[0]["created_at"][:10]
+    assert got != "2026-04-03" and (mode != "text" or got == days[-1].isoformat())
+
+
+def test_a_repeated_episode_seen_in_the_period_counts_as_written_in_it(cli, memctl_env):
+    """A first stands for its repeats (docs/repeats.md): an alert folded from April 1 to May 30 was seen on
+    May 12, so a query naming May 12 finds it and scores it as of that day."""
+    days = [datetime.date(2026, 4, 1) + datetime.timedelta(days=i) for i in range(60)]
+    rows = [{"content": "the api health check failed on the canary pods", "kind": "alert", "agent": "ops",
+             "created_at": f"{day.isoformat()}T09:00:00+00:00"} for day in days]
+    # the same words told again two days later, once: without the span, the nearer one in time
+    rows.append({"content": "the api health check failed on the canary pods again", "kind": "alert",
+                 "agent": "ops", "created_at": "2026-05-14T09:00:00+00:00"})
+    result = cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows))
+    assert result.exit_code == 0, result.stderr
+    found = cli("episode", "search", "did the api health check fail on 2026-05-12?", "--mode", "text", "-k", "2",
+                "-f", "json", "--no-track")
+    assert found.exit_code == 0, found.stderr
+    first = found.json()[0]
+    assert (first["created_at"][:10], first["repeats"], first["last_seen"][:10]) == ("2026-04-01", 59, "2026-05-30")
+
+
+def test_dated_queries_prepared_and_planned_once_answer_as_each_planned_alone(cli, conn, db_url, memctl_env):
+    """A batch prepares its statement after a few uses (docs/search.md); the period's runs choose between
+    ranking the period exactly and the indexes at execution, so a generic plan answers as a fresh one."""
+    from memctl import config, db
+    from memctl.reading import search
+    from memctl.reading.query import Query
+
+    days = [datetime.date(2026, 4, 1) + datetime.timedelta(days=i) for i in range(40)]
+    # the same words each day (a source of its own each, so none is a repeat): only the date tells them apart
+    rows = [{"content": f"the {svc} deploy failed", "kind": "deploy", "agent": f"a{i % 2}", "source": f"ci-{i}",
+             "created_at": f"{day.isoformat()}T09:00:00+00:00"}
+            for i, (day, svc) in enumerate((d, s) for d in days for s in ("api", "billing"))]
+    assert cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows)).exit_code == 0
+    assert cli("embed").exit_code == 0
+    settings = config.load()
+    texts = [f"why did the {svc} deploy fail on {day.isoformat()}?" for day in days[::5] for svc in ("api", "billing")]
+    queries = [Query(t, k=3, agent=("a0", None)[i % 2]) for i, t in enumerate(texts * 3)]
+    batch = search.search_batch(conn, settings, queries)
+    alone = []
+    for q in queries:
+        with db.connect(db_url, vector=True) as fresh:
+            alone.append(search.search(fresh, settings, q))
+    assert [[h.id for h in o.hits] for o in batch] == [[h.id for h in o.hits] for o in alone]
+    prepared = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                            "WHERE statement LIKE '%period_eps AS MATERIALIZED%'").fetchall()
+    # planned once (generic) after five custom plans: the answers above include the generic plan's
+    assert prepared and sum(r["generic_plans"] for r in prepared) > 0
+    # every answer's first is of the day it names
+    assert all(o.hits and o.hits[0].created_at.date().isoformat() in q.text for o, q in zip(batch, queries))
+
+
+@pytest.mark.parametrize("mode", ["text", "hybrid"])
+def test_a_period_of_many_episodes_runs_each_half_on_its_index_and_answers_as_ranked_exactly(
+        cli, conn, memctl_env, monkeypatch, mode):
+    """Up to statement.PERIOD_EXACT episodes in the period are ranked exactly; more, and each half runs on its
+    index filtered to the period: the same candidates."""
+    from memctl import config
+    from memctl.reading import search, statement
+    from memctl.reading.query import Query
+
+    days = [datetime.date(2026, 4, 1) + datetime.timedelta(days=i) for i in range(60)]
+    rows = [{"content": f"the api deploy of build {1000 + i} failed", "kind": "deploy", "agent": "ops",
+             "created_at": f"{day.isoformat()}T09:00:00+00:00"} for i, day in enumerate(days)]
+    assert cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows)).exit_code == 0
+    assert cli("embed").exit_code == 0
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\ncandidates = 1\n")
+    settings = config.load()
+    queries = [Query("why did the api deploy fail in May 2026?", k=8, agent="ops", mode=mode),
+               Query("why did the api deploy fail on 2026-04-20?", k=1, mode=mode)]
+    answers = {}
+    for exact in (1000, 5):  # May holds 30 of the episodes, a day one
+        monkeypatch.setattr(statement, "PERIOD_EXACT", exact)
+        statement._TEXTS.clear()
+        answers[exact] = [[h.id for h in search.search(conn, settings, q).hits] for q in queries]
+    statement._TEXTS.clear()
+    assert answers[1000] == answers[5]
+    by_id = {h["id"]: h for h in cli("episode", "list", "--agent", "ops", "-n", "100", "-f", "json").json()}
+    assert all(by_id[i]["created_at"].startswith("2026-05") for i in answers[5][0])
+    assert [by_id[i]["created_at"][:10] for i in answers[5][1]] == ["2026-04-20"]

@@ -18,7 +18,8 @@ context neighbours of episodes of the context kinds), scored by both halves:
     recency    = 0.5 ** (age / recency_half_life)        (age since created_at,
                  or since last access with search.recency_from = "accessed")
     score      = relevance + recency_weight * recency + importance_weight * importance / 10
-                 + when_weight * closeness of created_at to the period the query names, if it names one
+                 + when_weight * closeness of created_at (a repeated episode's: of its seen span) to the
+                   period the query names, if it names one
                    (memctl.reading.when: 1 inside it, falling to 0 over a week or two after it)
 
 fusion = "rrf" keeps reciprocal rank fusion (rrf_k) instead.
@@ -187,7 +188,7 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
         recency = 0.5 ** (max(0.0, (now - anchor).total_seconds()) / half_life)
         score = relevance_of[episode_id] + recency_weight * recency + importance_weight * row["importance"] / 10
         if when_weight:
-            score += when_weight * period.closeness(row["created_at"])
+            score += when_weight * period.closeness(row["created_at"], row.get("last_seen_at"))
         ranked.append((round(score, 6), episode_id, recency))
     ranked.sort(key=lambda r: (-r[0], -r[1]))
     by_vector = _ranks(vector_rows or [])

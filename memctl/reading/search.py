@@ -176,7 +176,8 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
                        probe=(kinds, query) if context else None, scope=scope)
     parsed = call if isinstance(call, Parsed) else call.answer(conn, (yield call.request))
     halves = Halves(model=model if vector_runs else None, vector=vector if vector_runs else None,
-                    excluded=parsed.excluded, context=context and parsed.context)
+                    excluded=parsed.excluded, context=context and parsed.context,
+                    period=when.period(query.text) if conf["when_weight"] else None)
     if wants_text and any(parsed.wanted):
         halves.stats = cache[key]
         # with the vector half running, words in nearly every episode are left out, and only the
@@ -210,7 +211,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
         accessed = access.last_accessed(conn, list(scored))
     ceiling = halves.plan.ceiling if halves.plan is not None else None
     outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k,
-                        text_ceiling=ceiling, period=when.period(query.text) if conf["when_weight"] else None)
+                        text_ceiling=ceiling, period=halves.period)
 
 
 # Queries a batch starts at a time in its pipeline (_drive): their statements run while memctl

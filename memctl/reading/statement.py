@@ -18,6 +18,7 @@ from memctl.config import Settings, parse_duration
 from memctl.embedding import models
 from memctl.reading import bm25
 from memctl.reading.query import Query, context_kinds, match_query, setting
+from memctl.reading.when import Period
 from memctl.records import filters as episode_filters
 
 TS_CONFIG = "english"
@@ -50,27 +51,77 @@ SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'", "SET LOCAL 
 # plan) when that costs about what planning each query would: planning was a sixth of its server
 # time. The LIMITs are written in, not parameters: a generic plan that knows how many rows it reads
 # keeps the HNSW index scan, whose answers are the custom plan's (tests/test_search.py).
-VECTOR_CTE = """
-vec AS MATERIALIZED (
+VECTOR_SCAN = """
+{vec} AS MATERIALIZED (
     SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
     FROM {table} v {join}
     {where}
     ORDER BY v.embedding <=> %(q)b::{type}
     LIMIT {n}
-),
-vhits AS MATERIALIZED (
+)"""
+# the nearest chunks' episodes, each with its best chunk
+VECTOR_HITS = """
+{hits} AS MATERIALIZED (
     SELECT DISTINCT ON (c.agent, c.episode_id) c.agent, c.episode_id AS id, h.distance, c.content AS chunk
-    FROM vec h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id {agent_c}
+    FROM {vec} h JOIN chunks c ON c.agent = h.agent AND c.id = h.chunk_id {agent_c}
     ORDER BY c.agent, c.episode_id, h.distance
 )"""
+VECTOR_CTE = VECTOR_SCAN + "," + VECTOR_HITS
 # The text half reads firsts only: a repeat's first is found by the same words (docs/repeats.md).
 TEXT_CTE = """
-thits AS MATERIALIZED (
+{hits} AS MATERIALIZED (
     SELECT e.agent, e.id, {score} AS text_score
     FROM episodes e
     WHERE e.tsv @@ %(match)s::tsquery AND e.repeat_of IS NULL {filters}
     ORDER BY text_score DESC, e.id DESC
     LIMIT {n}
+)"""
+# A query that names a period (memctl.reading.when) runs each half twice: over everything, and over what
+# was written in the period (or a first whose repeats were seen in it), so that the period's episodes are
+# candidates even where the same words and meaning fill the rest of the log (what was told of it in the
+# days after is scored, as before, when a half finds it). Each half's hits are the union of its two runs
+# (found by both: once, with its best chunk). The period's episodes are read first, at most PERIOD_EXACT + 1 of
+# them: when they are that few, each half ranks them exactly (1,000 distances cost a few ms); when more,
+# each half runs on its index with the period as a filter. An HNSW scan filtered to a narrow period
+# reads most of the index before it has its rows (a day of a 30,000-episode log: 117 ms).
+PERIOD_EXACT = 1000
+PERIOD_EPISODES = """
+period_eps AS MATERIALIZED (
+    SELECT e.agent, e.id FROM episodes e
+    WHERE e.repeat_of IS NULL AND {period} {filters}
+    LIMIT {bound}
+),
+period_few AS MATERIALIZED (SELECT count(*) <= {exact} AS few FROM period_eps)"""
+PERIOD_VECTOR = """
+period_vec AS MATERIALIZED (
+    (SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
+     FROM period_eps p JOIN chunks c0 ON c0.agent = p.agent AND c0.episode_id = p.id {agent_c0}
+     JOIN {table} v ON v.agent = c0.agent AND v.chunk_id = c0.id
+     WHERE (SELECT few FROM period_few)
+     ORDER BY distance LIMIT {n})
+    UNION ALL
+    (SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
+     FROM {table} v {join}
+     {where} AND NOT (SELECT few FROM period_few)
+     ORDER BY v.embedding <=> %(q)b::{type}
+     LIMIT {n})
+)"""
+PERIOD_TEXT = """
+period_thits AS MATERIALIZED (
+    (SELECT e.agent, e.id, {score} AS text_score
+     FROM period_eps p JOIN episodes e ON e.agent = p.agent AND e.id = p.id {agent_e}
+     WHERE (SELECT few FROM period_few) AND e.tsv @@ %(match)s::tsquery
+     ORDER BY text_score DESC, e.id DESC LIMIT {n})
+    UNION ALL
+    (SELECT e.agent, e.id, {score} AS text_score
+     FROM episodes e
+     WHERE NOT (SELECT few FROM period_few) AND e.tsv @@ %(match)s::tsquery AND e.repeat_of IS NULL {filters}
+     ORDER BY text_score DESC, e.id DESC LIMIT {n})
+)"""
+PERIOD_UNION = """
+{hits} AS MATERIALIZED (
+    SELECT DISTINCT ON (agent, id) * FROM (SELECT * FROM {everywhere} UNION ALL SELECT * FROM {inside}) u
+    ORDER BY agent, id, {best}
 )"""
 # Found by either half, one row per episode with what each half said of it.
 FOUND_BOTH = """
@@ -128,20 +179,29 @@ def _filters(query: Query):
                             until=query.until)
 
 
-def _vector_where(query: Query):
-    """The vector half's filters and whether they need the episodes joined, with their parameters."""
+# the period's bounds on an episodes alias (parameters set by statement()): written in it, or a first
+# whose repeats were seen in it (created before it, last seen in it or after: episodes_last_seen_idx)
+PERIOD_CLAUSE = ("(({0}.created_at >= %(period_start)s AND {0}.created_at < %(period_end)s) OR "
+                 "({0}.last_seen_at >= %(period_start)s AND {0}.created_at < %(period_start)s))")
+
+
+def _vector_where(query: Query, period: bool = False):
+    """The vector half's filters and whether they need the episodes joined, with their parameters;
+    `period`: also the period's bounds (their parameters are statement()'s)."""
     from psycopg import sql
 
     conditions, params = [], {}
     if query.agent is not None:  # on the vector table itself: the index scan filters as it goes
         conditions.append(sql.SQL("v.agent = {}").format(sql.Placeholder("agent")))
         params["agent"] = query.agent
-    needs_join = any(v is not None for v in (query.kind, query.source, query.since, query.until))
+    needs_join = period or any(v is not None for v in (query.kind, query.source, query.since, query.until))
     if needs_join:
         extra, values = episode_filters.filters(kind=query.kind, source=query.source, since=query.since,
                                          until=query.until)
         conditions += extra
         params.update(values)
+    if period:
+        conditions.append(sql.SQL(PERIOD_CLAUSE.format("e")))
     return episode_filters.where(conditions), sql.SQL(JOIN_EPISODES) if needs_join else sql.SQL(""), params
 
 
@@ -250,6 +310,7 @@ class Halves:
     stats: bm25.TermStats | None = None
     excluded: list[str] = field(default_factory=list)
     context: bool = False
+    period: Period | None = None  # the period the query names: each half also runs inside it
 
 
 # Composed statements by their shape (_shape): composing one costs more Python than the
@@ -267,7 +328,8 @@ def _shape(query: Query, halves: Halves, matching: bool, n: int) -> tuple:
     scoring = halves.plan is not None and bool(halves.plan.terms)
     return (int(n), (halves.model.table_name, halves.model.storage) if vector else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
-            len(halves.plan.terms) if scoring else None, matching, halves.context, any(halves.excluded))
+            len(halves.plan.terms) if scoring else None, matching, halves.context, any(halves.excluded),
+            halves.period is not None)
 
 
 def statement(query: Query, halves: Halves, settings: Settings, n: int):
@@ -286,6 +348,8 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
         params["match"] = match
     if halves.context:
         params.update(kinds=context_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
+    if halves.period is not None:
+        params.update(period_start=halves.period.start, period_end=halves.period.end)
     unwanted = [f"( {q} )" for q in halves.excluded if q]
     if unwanted:
         params["excluded"] = " | ".join(unwanted)
@@ -309,16 +373,40 @@ def _compose(query: Query, halves: Halves, matching: bool, n: int):
     if query.agent is not None:
         agent_c, agent_e = sql.SQL(AGENT.format("c")), sql.SQL(AGENT.format("e"))
     scoring = halves.plan is not None and bool(halves.plan.terms)
+    period = halves.period is not None and (vector or matching)
+    if period:  # the period's episodes, and whether they are few enough to rank exactly (PERIOD_EXACT)
+        clauses, _ = _filters(query)
+        parts.append(sql.SQL(PERIOD_EPISODES).format(
+            period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(PERIOD_EXACT + 1),
+            exact=sql.Literal(PERIOD_EXACT), filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
+    prefix = "every_" if period else ""
     if vector:
         model = halves.model
         where, join, _ = _vector_where(query)
         parts.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage), n=limit,
-                                                table=sql.Identifier(model.table_name), join=join, where=where))
+                                                table=sql.Identifier(model.table_name), join=join, where=where,
+                                                vec=sql.SQL(prefix + "vec"), hits=sql.SQL(prefix + "vhits")))
+        if period:
+            where, join, _ = _vector_where(query, period=True)
+            agent_c0 = sql.SQL(AGENT.format("c0")) if query.agent is not None else sql.SQL("")
+            parts.append(sql.SQL(PERIOD_VECTOR).format(type=sql.SQL(model.storage), n=limit, join=join, where=where,
+                                                       table=sql.Identifier(model.table_name), agent_c0=agent_c0))
+            parts.append(sql.SQL(VECTOR_HITS).format(
+                agent_c=agent_c, vec=sql.SQL("period_vec"), hits=sql.SQL("period_vhits")))
+            parts.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("vhits"), everywhere=sql.SQL("every_vhits"),
+                                                      inside=sql.SQL("period_vhits"), best=sql.SQL("distance")))
     score = bm25.score(halves.plan, "e.tsv") if scoring else sql.SQL("0::float8")
     if matching:
         clauses, _ = _filters(query)
-        parts.append(sql.SQL(TEXT_CTE).format(score=score, n=limit,
-                                              filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
+        filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
+        parts.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"),
+                                              filters=filters))
+        if period:
+            parts.append(sql.SQL(PERIOD_TEXT).format(
+                score=score, n=limit, agent_e=agent_e,
+                filters=filters + sql.SQL(" AND ") + sql.SQL(PERIOD_CLAUSE.format("e"))))
+            parts.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("thits"), everywhere=sql.SQL("every_thits"),
+                                                      inside=sql.SQL("period_thits"), best=sql.SQL("text_score DESC")))
     found = FOUND_BOTH if vector and matching else FOUND_VECTOR if vector else FOUND_TEXT
     near = sql.SQL(NO_NEAR)
     if halves.context:

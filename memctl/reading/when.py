@@ -5,8 +5,9 @@ answered by what was written then, or soon after: an event is told after it happ
 "last week"). `period` finds the most precise date the query spells out (a day, else a month, else
 "in 2022"), or the span between two ("between August 11 and August 15 2023", "from 2026-11-28 to
 2026-11-30", "from May to July 2022": the first date takes what it leaves out from the second);
-`closeness` is 1 for an episode created in that period, falling linearly to 0 over the period's
-telling time after it (a week after a day, two after a month or a year), and 0 before it.
+`closeness` is 1 for an episode created in that period (or a first whose repeats were seen in it),
+falling linearly to 0 over the period's telling time after it (a week after a day, two after a month
+or a year), and 0 before it.
 Relative words ("yesterday", "last week") are not read: the query's own moment is not the episodes'.
 Days, months and years are UTC's, as a time without a zone is everywhere in memctl (values.parse_time).
 """
@@ -50,8 +51,12 @@ class Period:
     end: datetime.datetime  # exclusive
     telling: datetime.timedelta  # how long after the end an episode may still tell of it
 
-    def closeness(self, when: datetime.datetime) -> float:
-        """1 inside the period, falling to 0 over `telling` after it; 0 before it."""
+    def closeness(self, when: datetime.datetime, last_seen: datetime.datetime | None = None) -> float:
+        """1 inside the period, falling to 0 over `telling` after it; 0 before it. `last_seen`: the end of
+        the span a repeated episode was seen in (its first's time to its latest repeat's), 1 when that span
+        reaches into the period."""
+        if last_seen is not None and last_seen >= self.start and when < self.end:
+            return 1.0
         if when < self.start:
             return 0.0
         if when < self.end:
