@@ -199,3 +199,20 @@ def test_a_period_of_many_episodes_runs_each_half_on_its_index_and_answers_as_ra
     by_id = {h["id"]: h for h in cli("episode", "list", "--agent", "ops", "-n", "100", "-f", "json").json()}
     assert all(by_id[i]["created_at"].startswith("2026-05") for i in answers[5][0])
     assert [by_id[i]["created_at"][:10] for i in answers[5][1]] == ["2026-04-20"]
+
+
+def test_a_query_naming_a_date_leaves_recency_out(cli, memctl_env):
+    """It asks about then: last week's failure, told in the same words, is not nearer its answer."""
+    recent = (datetime.datetime.now(UTC) - datetime.timedelta(days=2)).isoformat()
+    rows = [{"content": "the api deploy failed: disk full", "kind": "deploy", "agent": "ops", "source": source,
+             "created_at": when} for source, when in (("ci-1", "2026-03-10T09:00:00+00:00"), ("ci-2", recent))]
+    assert cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows)).exit_code == 0
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nrecency_weight = 0.5\n")  # more than when_weight
+
+    def first(query: str) -> str:
+        found = cli("episode", "search", query, "--mode", "text", "-k", "2", "-f", "json", "--no-track")
+        assert found.exit_code == 0, found.stderr
+        return found.json()[0]["created_at"][:10]
+
+    assert first("why did the api deploy fail on 2026-03-10?") == "2026-03-10"
+    assert first("why did the api deploy fail?") == recent[:10]  # no date: recency counts

@@ -17,7 +17,8 @@ context neighbours of episodes of the context kinds), scored by both halves:
                  neighbours left out), divided by the best so 1.0 is the top
     recency    = 0.5 ** (age / recency_half_life)        (age since created_at,
                  or since last access with search.recency_from = "accessed")
-    score      = relevance + recency_weight * recency + importance_weight * importance / 10
+    score      = relevance + recency_weight * recency (left out when the query names a period: it asks
+                 about then, not now) + importance_weight * importance / 10
                  + when_weight * closeness of created_at (a repeated episode's: of its seen span) to the
                    period the query names, if it names one
                    (memctl.reading.when: 1 inside it, falling to 0 over a week or two after it)
@@ -177,6 +178,10 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
     when_weight = conf["when_weight"] if period is not None else 0
     half_life = parse_duration(conf["recency_half_life"])
     recency_weight, importance_weight = conf["recency_weight"], conf["importance_weight"]
+    if when_weight:
+        # a query that names a period asks about then: what is recent now is not nearer its answer (a day's
+        # deploy failure against last week's, told in the same words: tests/bench/dated.py)
+        recency_weight = 0.0
     relevance_of = relevances(settings, vector_rows, text_rows, scored, context, text_ceiling)
     ranked = []
     accessed = accessed or {}
