@@ -201,8 +201,9 @@ def search(
 ) -> None:
     """Find episodes by meaning and by words, weighted by recency and importance.
 
-    A query that names a date ("in May 2026", "on 2026-11-30", "between 28 and 30 November 2026", UTC) favours
-    what was written then ([search] when_weight; --since/--until bound it instead).
+    A query that names a date ("in May 2026", "on 2026-11-30", "between 28 and 30 November 2026", UTC) also
+    searches what was written then and favours it, over what is recent ([search] when_weight; --since/--until
+    bound it instead).
 
     A repeated episode (docs/repeats.md) comes back once, as its first, with repeats, first_seen and last_seen
     (the table's seen column: ×N, the times it was seen).
