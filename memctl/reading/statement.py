@@ -81,10 +81,12 @@ TEXT_CTE = """
 # candidates even where the same words and meaning fill the rest of the log (what was told of it in the
 # days after is scored, as before, when a half finds it). Each half's hits are the union of its two runs
 # (found by both: once, with its best chunk). The period's episodes are read first, at most PERIOD_EXACT + 1 of
-# them: when they are that few, each half ranks them exactly (1,000 distances cost a few ms); when more,
-# each half runs on its index with the period as a filter. An HNSW scan filtered to a narrow period
-# reads most of the index before it has its rows (a day of a 30,000-episode log: 117 ms).
-PERIOD_EXACT = 1000
+# them: when they are that few, each half ranks them exactly; when more, each half runs on its index with
+# the period as a filter. An HNSW scan filtered to a narrow period reads most of the index before it has
+# its rows (a day of a 30,000-episode log: 117 ms). Measured by tests/bench/period.py at 300,000
+# episodes: exactly, 1,900 episodes cost 23 ms a query, 3,000 52, 5,500 60, 8,300 65; on the indexes
+# 55-135, 104, 62, 43.
+PERIOD_EXACT = 5000
 PERIOD_EPISODES = """
 period_eps AS MATERIALIZED (
     SELECT e.agent, e.id FROM episodes e
