@@ -23,18 +23,14 @@ import time
 import numpy as np
 
 from _common import fresh_database, parser, server
-from search import DIMS, sentence
+from search import clustered_vectors, sentence
 
 END = datetime.datetime(2026, 11, 30, tzinfo=datetime.timezone.utc)
 SPAN = datetime.timedelta(days=3 * 365)
 
 
 def load(conn, settings, n: int, rng: random.Random):
-    from pgvector import Vector
-    from psycopg import sql
-
     from memctl.embedding import models
-    from memctl.embedding.embedders import HashEmbedder
     from memctl.records import episodes
 
     lines = (json.dumps({"content": sentence(rng, rng.randint(12, 30)), "agent": "ops",
@@ -42,17 +38,7 @@ def load(conn, settings, n: int, rng: random.Random):
     result = episodes.ImportResult()
     episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                   result=result), result=result)
-    model = models.register(conn, HashEmbedder("bench", DIMS), state="active", build_index=False)
-    conn.execute("DELETE FROM embed_queue")
-    centers = np.random.default_rng(5).normal(size=(200, DIMS)).astype(np.float32)
-    gen = np.random.default_rng(6)
-    chunks = conn.execute("SELECT agent, id, content_hash FROM chunks").fetchall()
-    with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} (agent, chunk_id, content_hash, embedding) FROM STDIN "
-                                                "(FORMAT BINARY)").format(sql.Identifier(model.table_name))) as cp:
-        cp.set_types(["text", "int8", "bytea", "vector"])
-        for row in chunks:
-            v = centers[gen.integers(200)] + gen.normal(scale=0.6, size=DIMS).astype(np.float32)
-            cp.write_row((row["agent"], row["id"], row["content_hash"], Vector(v / np.linalg.norm(v))))
+    model, centers = clustered_vectors(conn)
     conn.execute("SET maintenance_work_mem = '1GB'")
     conn.execute(models.index_statement(model, concurrently=False))
     conn.execute("VACUUM ANALYZE")

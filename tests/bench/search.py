@@ -76,11 +76,7 @@ def sentence(rng: random.Random, words: int) -> str:
 
 
 def load(conn, settings, n: int, rng: random.Random) -> tuple:
-    from pgvector import Vector
-    from psycopg import sql
-
     from memctl.embedding import models
-    from memctl.embedding.embedders import HashEmbedder
     from memctl.records import episodes
 
     agents = [f"agent{i}" for i in range(10)]
@@ -90,6 +86,26 @@ def load(conn, settings, n: int, rng: random.Random) -> tuple:
     started = time.perf_counter()
     episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                   result=result), result=result)
+    model, centers = clustered_vectors(conn)
+    loaded = time.perf_counter() - started
+    # the graph of 1M vectors needs about 2 GB to be built in memory
+    conn.execute("SET maintenance_work_mem = '1GB'" if n <= 300_000 else "SET maintenance_work_mem = '4GB'")
+    started = time.perf_counter()
+    conn.execute(models.index_statement(model, concurrently=False))
+    print(f"loaded {n} episodes in {loaded:.0f} s; HNSW build {time.perf_counter() - started:.1f} s")
+    conn.execute("VACUUM ANALYZE")
+    return model, centers
+
+
+def clustered_vectors(conn):
+    """An active hash model whose table holds, for every chunk, a unit vector near one of 200 centers
+    (written straight in: no embedder runs); the queue emptied. Returns (model, centers)."""
+    from pgvector import Vector
+    from psycopg import sql
+
+    from memctl.embedding import models
+    from memctl.embedding.embedders import HashEmbedder
+
     model = models.register(conn, HashEmbedder("bench", DIMS), state="active", build_index=False)
     conn.execute("DELETE FROM embed_queue")
     centers = np.random.default_rng(5).normal(size=(200, DIMS)).astype(np.float32)
@@ -101,13 +117,6 @@ def load(conn, settings, n: int, rng: random.Random) -> tuple:
         for row in chunks:
             v = centers[gen.integers(200)] + gen.normal(scale=0.6, size=DIMS).astype(np.float32)
             cp.write_row((row["agent"], row["id"], row["content_hash"], Vector(v / np.linalg.norm(v))))
-    loaded = time.perf_counter() - started
-    # the graph of 1M vectors needs about 2 GB to be built in memory
-    conn.execute("SET maintenance_work_mem = '1GB'" if n <= 300_000 else "SET maintenance_work_mem = '4GB'")
-    started = time.perf_counter()
-    conn.execute(models.index_statement(model, concurrently=False))
-    print(f"loaded {n} episodes in {loaded:.0f} s; HNSW build {time.perf_counter() - started:.1f} s")
-    conn.execute("VACUUM ANALYZE")
     return model, centers
 
 
