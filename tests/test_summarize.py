@@ -61,7 +61,7 @@ def setup(cli, ollama_env, ollama):
     Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
     rows = [r for agent in AGENTS for age in DAYS for r in window_rows(agent, age)]
     recent = [{"content": f"Recent note {i}: cache warmed.", "kind": "raw", "agent": "ops", "source": "agent:ops",
-               "created_at": (NOW - datetime.timedelta(days=2, minutes=i)).isoformat()} for i in range(10)]
+               "created_at": day_at(2, i)} for i in range(10)]  # one UTC day, whatever the time now
     load(cli, rows + recent)
     return ollama
 
