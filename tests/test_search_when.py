@@ -42,6 +42,7 @@ def _at(*parts: int) -> datetime.datetime:
     ("logs from the api between 2026-11-28 and 30 November 2026", _at(2026, 11, 28), _at(2026, 12, 1)),
     ("between John and Tim on 11 December, 2023", _at(2023, 12, 11), _at(2023, 12, 12)),  # no span: a date
     ("from 2026-11-30 to 2026-11-28", _at(2026, 11, 30), _at(2026, 12, 1)),  # backwards: its first date
+    ("between 30 and 2 January 2023", _at(2023, 1, 2), _at(2023, 1, 3)),  # a bare day after the last: no span
 ])
 def test_the_period_a_query_names(text, start, end):
     found = period(text)

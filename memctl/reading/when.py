@@ -117,7 +117,8 @@ def _span(shape: str, g: tuple) -> tuple[tuple[datetime.datetime, datetime.datet
 
 def _first(text: str, last: tuple) -> tuple[datetime.datetime | None, bool]:
     """The start of a span's first date, `text`, completed by its last date's (year, month, day), and
-    whether it took the last's year."""
+    whether it took the last's year alone (a first date after the last then means the year before:
+    "between December 30 and January 2 2023"; a bare day took the month too, and is no such case)."""
     text = re.sub(r"^the\s+", "", text.strip(), flags=re.I)
     for pattern, shape in _PATTERNS:
         if shape != "y" and (m := pattern.fullmatch(text)):
@@ -134,6 +135,7 @@ def _first(text: str, last: tuple) -> tuple[datetime.datetime | None, bool]:
             span = _date(year, MONTHS[g[1].lower()], int(g[0]))
         elif shape == "d":
             span = _date(year, month, int(g[0])) if month is not None else None
+            return (span[0] if span else None), False
         elif shape == "m":
             span = _date(year, MONTHS[g[0].lower()], None)
         else:
