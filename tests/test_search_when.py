@@ -217,3 +217,28 @@ def test_a_query_naming_a_date_leaves_recency_out(cli, memctl_env):
 
     assert first("why did the api deploy fail on 2026-03-10?") == "2026-03-10"
     assert first("why did the api deploy fail?") == recent[:10]  # no date: recency counts
+
+
+def test_json_rows_carry_the_time_terms_share_and_the_score_adds_up(cli, memctl_env):
+    """`closeness`: 1 written in the period, a share told after it, 0 before or long after; None undated.
+    With it a dated row's score is relevance + importance + when terms (recency left out)."""
+    told_later = {"2026-05-15T09:00:00+00:00": "the api deploy failed: canary pods again, three days on"}
+    rows = [{"content": text, "kind": "deploy", "agent": "ops", "created_at": when}
+            for when, text in {**DEPLOYS, **told_later}.items()]
+    assert cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows)).exit_code == 0
+
+    def search(query: str) -> dict[str, dict]:
+        found = cli("episode", "search", query, "--mode", "text", "-k", "4", "-f", "json", "--no-track")
+        assert found.exit_code == 0, found.stderr
+        return {h["created_at"][:10]: h for h in found.json()}
+
+    dated = search("why did the api deploy fail on 12 May, 2026?")
+    told = (_at(2026, 5, 15, 9) - _at(2026, 5, 13)) / datetime.timedelta(days=7)  # of its week's telling time
+    assert {day: h["closeness"] for day, h in dated.items()} == pytest.approx(
+        {"2026-05-12": 1.0, "2026-05-15": 1 - told, "2026-03-10": 0.0, "2026-07-20": 0.0}, abs=1e-6)
+    for h in dated.values():
+        assert h["score"] == pytest.approx(h["relevance"] + 0.2 * h["importance_term"] + 0.2 * h["closeness"], abs=1e-5)
+    undated = search("why did the api deploy fail?")
+    assert len(undated) == 4 and all(h["closeness"] is None for h in undated.values())
+    for h in undated.values():
+        assert h["score"] == pytest.approx(h["relevance"] + 0.2 * h["recency"] + 0.2 * h["importance_term"], abs=1e-5)

@@ -66,6 +66,9 @@ class Hit:
     repeats: int = 0
     first_seen: datetime.datetime | None = None
     last_seen: datetime.datetime | None = None
+    # a query that names a date (memctl.reading.when): the time term's share, 1 for an episode written in
+    # the period, falling to 0 over the telling time after it; None for a query that names none
+    closeness: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # shallow: every field is a scalar (asdict deep-copies each, a tenth of a batch's Python time)
@@ -192,14 +195,16 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
         anchor = accessed.get(episode_id) or row["created_at"]
         recency = 0.5 ** (max(0.0, (now - anchor).total_seconds()) / half_life)
         score = relevance_of[episode_id] + recency_weight * recency + importance_weight * row["importance"] / 10
+        closeness = None
         if when_weight:
-            score += when_weight * period.closeness(row["created_at"], row.get("last_seen_at"))
-        ranked.append((round(score, 6), episode_id, recency))
+            closeness = period.closeness(row["created_at"], row.get("last_seen_at"))
+            score += when_weight * closeness
+        ranked.append((round(score, 6), episode_id, recency, closeness))
     ranked.sort(key=lambda r: (-r[0], -r[1]))
     by_vector = _ranks(vector_rows or [])
     by_text = _ranks(text_rows or [])
     hits = []
-    for score, episode_id, recency in ranked[:k]:
+    for score, episode_id, recency, closeness in ranked[:k]:
         row = scored[episode_id]
         v, t = by_vector.get(episode_id), by_text.get(episode_id)
         hits.append(Hit(
@@ -210,7 +215,8 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
             vector_rank=v[0] if v else None, text_rank=t[0] if t else None,
             distance=None if row["distance"] is None else round(float(row["distance"]), 6),
             text_score=round(float(row["text_score"]), 6) if row["text_score"] else None,
-            chunk=v[1]["content"] if v else None, **_seen(row)))
+            chunk=v[1]["content"] if v else None,
+            closeness=None if closeness is None else round(closeness, 6), **_seen(row)))
     return hits
 
 
