@@ -23,10 +23,12 @@ the vector half really runs (the bench measures ranking, not the timeout).
 in one run; each variant's difference from the defaults on the same questions
 is printed with its 95% bootstrap interval and the questions it moved.
 --conversations picks conversations by sample_id (a split to tune on, another
-held out); only those are loaded.
+held out); only those are loaded. --halves asks again with each half alone
+(--mode text, --mode vector): a conversation that lies under the mean by one
+half and not by the other is hard for that half, not for the fusion.
 
     python tests/bench/retrieval.py [--data ../shared/eval/locomo-dev.json] [-k 10]
-        [--conversations conv-26,conv-30] [--variant "rrf_k=60"] [--embedder local|ollama]
+        [--conversations conv-26,conv-30] [--variant "rrf_k=60"] [--embedder local|ollama] [--halves]
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ def write_config(path: Path, variant: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def ask(memctl: list[str], env: dict, questions, k: int) -> tuple[list[dict], float, str]:
-    batch = "".join(json.dumps({"query": q, "agent": agent, "k": k}) + "\n" for agent, q, _, _ in questions)
+def ask(memctl: list[str], env: dict, questions, k: int, mode: str = "hybrid") -> tuple[list[dict], float, str]:
+    batch = "".join(json.dumps({"query": q, "agent": agent, "k": k, "mode": mode}) + "\n"
+                    for agent, q, _, _ in questions)
     started = time.perf_counter()
     done = subprocess.run(memctl + ["episode", "search", "--batch", "-", "--format", "jsonl", "--no-track"],
                           input=batch, text=True, capture_output=True, env=env)
@@ -173,6 +176,9 @@ def main() -> None:
     p.add_argument("--model", default="all-minilm")
     p.add_argument("--ollama-host", default=os.environ.get("OLLAMA_HOST"))
     p.add_argument("--memctl", help="the memctl command (default: the one beside this Python)")
+    p.add_argument("--halves", action="store_true",
+                   help="also ask with each half alone (--mode text, --mode vector), default settings: how far "
+                        "apart the conversations lie by words alone and by meaning alone")
     args = p.parse_args()
     wanted = set(args.conversations.split(",")) if args.conversations else None
     rows, turn_ids, questions = load_locomo(args.data, wanted)
@@ -196,15 +202,18 @@ def main() -> None:
             print(f"{args.data.name}: {convs} conversations, {len(rows)} turns, {len(questions)} questions; "
                   f"loaded and embedded ({args.embedder} {args.model}) in {time.perf_counter() - started:.0f} s")
             first = None
-            for variant in [""] + args.variant:
+            runs = [(variant, variant, "hybrid") for variant in [""] + args.variant]
+            if args.halves:
+                runs += [("", "text half alone", "text"), ("", "vector half alone", "vector")]
+            for variant, label, mode in runs:
                 write_config(scratch / "memctl.toml", variant)
-                answers, elapsed, stderr = ask(memctl, env, questions, args.k)
+                answers, elapsed, stderr = ask(memctl, env, questions, args.k, mode)
                 by_category, scores, by_conversation = score(questions, answers, turn_ids, args.k)
                 vector_ran = sum(1 for a in answers for h in a["results"] if h.get("vector_rank") is not None)
-                label = variant or "defaults"
+                label = label or "defaults"
                 print(f"[{label}] recall@{args.k} by category: " + " ".join(
                     f"{c} {CATEGORIES[c]}={sum(v) / len(v):.3f} (n={len(v)})" for c, v in sorted(by_category.items()))
-                      + f"; batch {elapsed:.1f} s" + ("" if vector_ran else "; VECTOR HALF DID NOT RUN"))
+                      + f"; batch {elapsed:.1f} s" + ("" if vector_ran or mode == "text" else "; VECTOR HALF DID NOT RUN"))
                 if stderr:
                     print(f"  stderr: {stderr[:300]}")
                 print(f"[{label}] mean recall@{args.k}: {sum(scores) / len(scores):.3f}; by conversation: " + " ".join(
