@@ -25,7 +25,8 @@ is printed with its 95% bootstrap interval and the questions it moved.
 --conversations picks conversations by sample_id (a split to tune on, another
 held out); only those are loaded. --halves asks again with each half alone
 (--mode text, --mode vector): a conversation that lies under the mean by one
-half and not by the other is hard for that half, not for the fusion.
+half and not by the other is hard for that half, not for the fusion; a plain
+BM25 outside memctl (no dialogue terms, no database) is printed beside them.
 
     python tests/bench/retrieval.py [--data ../shared/eval/locomo-dev.json] [-k 10]
         [--conversations conv-26,conv-30] [--variant "rrf_k=60"] [--embedder local|ollama] [--halves]
@@ -122,6 +123,43 @@ def score(questions, answers, turn_ids, k: int) -> tuple[dict[int, list[float]],
         by_category[category].append(s)
         by_conversation[agent].append(s)
     return by_category, scores, by_conversation
+
+
+_WORD = re.compile(r"[a-z0-9']+")
+_STOP = frozenset("a an the and or of to in on at for with is was were are be been did do does i you he she it they "
+                  "we my your his her their what when where who how why which that this have has had not".split())
+
+
+def plain_bm25(rows, turn_ids, questions, k: int) -> list[float]:
+    """Each question's recall@k by a plain BM25 (k1 1.2, b 0.75, lowercased words, a short stopword list)
+    over its conversation's turns, outside memctl and PostgreSQL: a baseline that knows nothing of
+    dialogue, for how hard a conversation is by its words alone."""
+    import math
+    from collections import Counter
+
+    def words(text: str) -> list[str]:
+        return [w for w in _WORD.findall(text.lower()) if w not in _STOP]
+
+    turns = defaultdict(list)
+    for r in rows:
+        turns[r["agent"]].append((Counter(words(r["content"])), turn_ids.get((r["agent"], r["content"]), set())))
+    scores = []
+    for agent, question, evidence, _ in questions:
+        docs = turns[agent]
+        n = len(docs)
+        average = sum(sum(tf.values()) for tf, _ in docs) / n
+        terms = words(question)
+        df = {t: sum(1 for tf, _ in docs if t in tf) for t in set(terms)}
+        ranked = []
+        for tf, ids in docs:
+            length = sum(tf.values())
+            score = sum(math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) * tf[t] * 2.2
+                        / (tf[t] + 1.2 * (0.25 + 0.75 * length / average)) for t in terms if tf[t])
+            ranked.append((score, ids))
+        ranked.sort(key=lambda r: -r[0])  # stable: ties keep the log's order
+        found = set().union(*(ids for _, ids in ranked[:k]))
+        scores.append(len(evidence & found) / len(evidence))
+    return scores
 
 
 RESAMPLES = 2000
@@ -228,6 +266,15 @@ def main() -> None:
                     d, lo, hi, up, down = paired(first, scores)
                     print(f"[{label}] minus defaults, same questions: {d:+.4f} (95% {lo:+.4f}..{hi:+.4f}); "
                           f"{up} questions up, {down} down")
+            if args.halves:
+                scores = plain_bm25(rows, turn_ids, questions, args.k)
+                by_conversation = defaultdict(list)
+                for (agent, _, _, _), s in zip(questions, scores):
+                    by_conversation[agent].append(s)
+                print(f"[plain BM25, outside memctl] mean recall@{args.k}: {sum(scores) / len(scores):.3f}; "
+                      "each conversation minus the mean (95% bootstrap interval): " + " ".join(
+                          f"{c} {d:+.3f} ({lo:+.3f}..{hi:+.3f})"
+                          for c, (d, lo, hi) in sorted(against_the_mean(by_conversation).items())))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
