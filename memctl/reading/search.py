@@ -44,7 +44,7 @@ from memctl.reading import bm25, when
 from memctl.reading.fusion import Hit, fuse
 from memctl.reading.query import Query, context_kinds, setting, unsearchable
 from memctl.reading.pieces import Parsed, pieces_call
-from memctl.reading.statement import Halves, Request, Scans, read_rows, statement_request
+from memctl.reading.statement import Halves, Request, Scans, period_exact, read_rows, statement_request
 
 
 @dataclass
@@ -164,7 +164,8 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     vector_runs = outcome.mode in ("hybrid", "vector") and model is not None and vector is not None
     wants_text = outcome.mode in ("hybrid", "text")
     key = ("stats", query.agent)
-    if wants_text and key not in cache:
+    period = when.period(query.text) if conf["when_weight"] else None
+    if (wants_text or period is not None) and key not in cache:  # a period's exact bound needs the count
         cache[key] = bm25.cached_term_stats(conn)
     # on Citus, a query for one agent counts its rare words in that agent's shard (scaled to the
     # table), so the whole query is routed; on one server over all episodes (LoCoMo dev recall@10
@@ -177,7 +178,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     parsed = call if isinstance(call, Parsed) else call.answer(conn, (yield call.request))
     halves = Halves(model=model if vector_runs else None, vector=vector if vector_runs else None,
                     excluded=parsed.excluded, context=context and parsed.context,
-                    period=when.period(query.text) if conf["when_weight"] else None)
+                    period=period, period_exact=None if period is None else period_exact(cache[key].n))
     if wants_text and any(parsed.wanted):
         halves.stats = cache[key]
         # with the vector half running, words in nearly every episode are left out, and only the

@@ -86,14 +86,26 @@ TEXT_CTE = """
 # its rows (a day of a 30,000-episode log: 117 ms). Measured by tests/bench/period.py at 300,000
 # episodes: exactly, 1,900 episodes cost 23 ms a query, 3,000 52, 5,500 60, 8,300 65; on the indexes
 # 55-135, 104, 62, 43.
+# At 1,000,000 (913 a day) the filtered scan costs more, the period being a smaller share of the index it
+# walks: exactly, 4,600 episodes cost 55 ms, 6,400 57, 9,100 180, 13,700 232; on the indexes 249, 197, 156
+# (27,400: 92-132). The bound is therefore also a share of the table: exact up to 1% of the episodes.
 PERIOD_EXACT = 5000
+PERIOD_EXACT_SHARE = 0.01
+
+
+def period_exact(episodes: float) -> int:
+    """How many episodes of a named period each half ranks exactly, in a table of `episodes` (more: on
+    the indexes): PERIOD_EXACT, or PERIOD_EXACT_SHARE of the table when that is more."""
+    return max(PERIOD_EXACT, int(PERIOD_EXACT_SHARE * episodes))
+
+
 PERIOD_EPISODES = """
 period_eps AS MATERIALIZED (
     SELECT e.agent, e.id FROM episodes e
     WHERE e.repeat_of IS NULL AND {period} {filters}
-    LIMIT {bound}
+    LIMIT %(period_bound)s
 ),
-period_few AS MATERIALIZED (SELECT count(*) <= {exact} AS few FROM period_eps)"""
+period_few AS MATERIALIZED (SELECT count(*) <= %(period_exact)s AS few FROM period_eps)"""
 PERIOD_VECTOR = """
 period_vec AS MATERIALIZED (
     (SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
@@ -313,6 +325,7 @@ class Halves:
     excluded: list[str] = field(default_factory=list)
     context: bool = False
     period: Period | None = None  # the period the query names: each half also runs inside it
+    period_exact: int | None = None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
 
 
 # Composed statements by their shape (_shape): composing one costs more Python than the
@@ -351,7 +364,9 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
     if halves.context:
         params.update(kinds=context_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
     if halves.period is not None:
-        params.update(period_start=halves.period.start, period_end=halves.period.end)
+        exact = PERIOD_EXACT if halves.period_exact is None else halves.period_exact
+        params.update(period_start=halves.period.start, period_end=halves.period.end, period_exact=exact,
+                      period_bound=exact + 1)
     unwanted = [f"( {q} )" for q in halves.excluded if q]
     if unwanted:
         params["excluded"] = " | ".join(unwanted)
@@ -379,8 +394,7 @@ def _compose(query: Query, halves: Halves, matching: bool, n: int):
     if period:  # the period's episodes, and whether they are few enough to rank exactly (PERIOD_EXACT)
         clauses, _ = _filters(query)
         parts.append(sql.SQL(PERIOD_EPISODES).format(
-            period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(PERIOD_EXACT + 1),
-            exact=sql.Literal(PERIOD_EXACT), filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
+            period=sql.SQL(PERIOD_CLAUSE.format("e")), filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
     prefix = "every_" if period else ""
     if vector:
         model = halves.model
