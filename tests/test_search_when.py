@@ -178,7 +178,7 @@ def test_a_period_of_many_episodes_runs_each_half_on_its_index_and_answers_as_ra
     """Up to statement.PERIOD_EXACT episodes in the period are ranked exactly; more, and each half runs on its
     index filtered to the period: the same candidates."""
     from memctl import config
-    from memctl.reading import search, statement
+    from memctl.reading import bm25, search, statement
     from memctl.reading.query import Query
 
     days = [datetime.date(2026, 4, 1) + datetime.timedelta(days=i) for i in range(60)]
@@ -197,6 +197,12 @@ def test_a_period_of_many_episodes_runs_each_half_on_its_index_and_answers_as_ra
         answers[exact] = [[h.id for h in search.search(conn, settings, q).hits] for q in queries]
     statement._TEXTS.clear()
     assert answers[1000] == answers[5]
+    # the bound a share of the table: all of its 60 episodes here, so May's 30 are ranked exactly again
+    monkeypatch.setattr(statement, "PERIOD_EXACT_SHARE", 1.0)
+    monkeypatch.setattr(bm25, "_CACHE", {})  # the table's count read now, not an earlier test's
+    assert [h.id for h in search.search(conn, settings, queries[0]).hits] == answers[5][0]
+    assert [shape[-1] for shape in statement._TEXTS] == [60]  # the bound the statement was written with
+    statement._TEXTS.clear()
     by_id = {h["id"]: h for h in cli("episode", "list", "--agent", "ops", "-n", "100", "-f", "json").json()}
     assert all(by_id[i]["created_at"].startswith("2026-05") for i in answers[5][0])
     assert [by_id[i]["created_at"][:10] for i in answers[5][1]] == ["2026-04-20"]
@@ -250,5 +256,5 @@ def test_a_periods_exact_bound_is_a_share_of_the_table_over_a_floor():
     from memctl.reading.statement import PERIOD_EXACT, period_exact
 
     assert period_exact(0) == period_exact(300_000) == PERIOD_EXACT == 5000
-    assert period_exact(1_000_000) == 10_000
+    assert period_exact(1_000_000) == period_exact(1_400_000) == 10_000  # in steps: the statement's text holds
     assert period_exact(10_000_000) == 100_000

@@ -88,24 +88,32 @@ TEXT_CTE = """
 # 55-135, 104, 62, 43.
 # At 1,000,000 (913 a day) the filtered scan costs more, the period being a smaller share of the index it
 # walks: exactly, 4,600 episodes cost 55 ms, 6,400 57, 9,100 180, 13,700 232; on the indexes 249, 197, 156
-# (27,400: 92-132). The bound is therefore also a share of the table: exact up to 1% of the episodes.
+# (27,400: 92-132). The bound is therefore also a share of the table: exact up to 1% of the episodes, in
+# steps of PERIOD_EXACT, so that the statement's text (its LIMIT written in, as the halves') stays the same
+# while the table grows.
 PERIOD_EXACT = 5000
 PERIOD_EXACT_SHARE = 0.01
 
 
 def period_exact(episodes: float) -> int:
     """How many episodes of a named period each half ranks exactly, in a table of `episodes` (more: on
-    the indexes): PERIOD_EXACT, or PERIOD_EXACT_SHARE of the table when that is more."""
-    return max(PERIOD_EXACT, int(PERIOD_EXACT_SHARE * episodes))
+    the indexes): PERIOD_EXACT, or PERIOD_EXACT_SHARE of the table, rounded down to a multiple of
+    PERIOD_EXACT, when that is more."""
+    return max(PERIOD_EXACT, int(PERIOD_EXACT_SHARE * episodes) // PERIOD_EXACT * PERIOD_EXACT)
+
+
+def _exact(halves) -> int:
+    """The period's exact bound a query's statement is written with (Halves.period_exact)."""
+    return PERIOD_EXACT if halves.period_exact is None else halves.period_exact
 
 
 PERIOD_EPISODES = """
 period_eps AS MATERIALIZED (
     SELECT e.agent, e.id FROM episodes e
     WHERE e.repeat_of IS NULL AND {period} {filters}
-    LIMIT %(period_bound)s
+    LIMIT {bound}
 ),
-period_few AS MATERIALIZED (SELECT count(*) <= %(period_exact)s AS few FROM period_eps)"""
+period_few AS MATERIALIZED (SELECT count(*) <= {exact} AS few FROM period_eps)"""
 PERIOD_VECTOR = """
 period_vec AS MATERIALIZED (
     (SELECT v.agent, v.chunk_id, v.embedding <=> %(q)b::{type} AS distance
@@ -338,13 +346,13 @@ TEXTS_SIZE = 1024
 def _shape(query: Query, halves: Halves, matching: bool, n: int) -> tuple:
     """What the statement's text depends on: the halves that run, which filters are set, the number
     of scored words, whether words find, the neighbours, the exclusions, the candidates each half
-    reads (the other values are parameters)."""
+    reads, a named period's exact bound (the other values are parameters)."""
     vector = halves.vector is not None and halves.model is not None
     scoring = halves.plan is not None and bool(halves.plan.terms)
     return (int(n), (halves.model.table_name, halves.model.storage) if vector else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
             len(halves.plan.terms) if scoring else None, matching, halves.context, any(halves.excluded),
-            halves.period is not None)
+            _exact(halves) if halves.period is not None else None)
 
 
 def statement(query: Query, halves: Halves, settings: Settings, n: int):
@@ -364,9 +372,7 @@ def statement(query: Query, halves: Halves, settings: Settings, n: int):
     if halves.context:
         params.update(kinds=context_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
     if halves.period is not None:
-        exact = PERIOD_EXACT if halves.period_exact is None else halves.period_exact
-        params.update(period_start=halves.period.start, period_end=halves.period.end, period_exact=exact,
-                      period_bound=exact + 1)
+        params.update(period_start=halves.period.start, period_end=halves.period.end)
     unwanted = [f"( {q} )" for q in halves.excluded if q]
     if unwanted:
         params["excluded"] = " | ".join(unwanted)
@@ -394,7 +400,8 @@ def _compose(query: Query, halves: Halves, matching: bool, n: int):
     if period:  # the period's episodes, and whether they are few enough to rank exactly (PERIOD_EXACT)
         clauses, _ = _filters(query)
         parts.append(sql.SQL(PERIOD_EPISODES).format(
-            period=sql.SQL(PERIOD_CLAUSE.format("e")), filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
+            period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(_exact(halves) + 1),
+            exact=sql.Literal(_exact(halves)), filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
     prefix = "every_" if period else ""
     if vector:
         model = halves.model
