@@ -10,7 +10,8 @@ category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop: the data's codes
 CATEGORIES), the mean and the mean
 of each conversation, with each conversation's difference from the mean and its 95%
 bootstrap interval (questions resampled: how far apart conversations can lie by the
-sample of questions alone).
+sample of questions alone), and how often each would lie within 0.02 of the mean were the
+conversations alike (questions shuffled across them).
 
 By default it uses a fresh database on a temporary embedded server and the
 local embedder with all-minilm (the network of Ollama's all-minilm); --embedder
@@ -202,6 +203,29 @@ def against_the_mean(by_conversation: dict[str, list[float]]) -> dict[str, tuple
     return out
 
 
+def alike_within(by_conversation: dict[str, list[float]], tolerance: float = 0.02,
+                 resamples: int = RESAMPLES) -> tuple[dict[str, float], float]:
+    """How often each conversation, and every one at once, lies within `tolerance` of the mean when
+    conversations differ in nothing but their questions: the questions' scores shuffled across the
+    conversations, each keeping its size (a permutation test, seeded). What a method equally good on
+    every conversation would meet, by the question sample alone."""
+    rng = random.Random(0)
+    pooled = [s for v in by_conversation.values() for s in v]
+    mean = _mean(pooled)
+    sizes = {conv: len(v) for conv, v in sorted(by_conversation.items())}
+    hits, every = dict.fromkeys(sizes, 0), 0
+    for _ in range(resamples):
+        rng.shuffle(pooled)
+        start, inside = 0, True
+        for conv, n in sizes.items():
+            near = abs(_mean(pooled[start:start + n]) - mean) <= tolerance
+            hits[conv] += near
+            inside &= near
+            start += n
+        every += inside
+    return {conv: h / resamples for conv, h in hits.items()}, every / resamples
+
+
 def paired(before: list[float], after: list[float]) -> tuple[float, float, float, int, int]:
     """after - before on the same questions: the mean difference, its 95% interval, questions up, down."""
     diffs = [b - a for a, b in zip(before, after)]
@@ -268,6 +292,11 @@ def main() -> None:
                         f"{c} {d:+.3f} ({lo:+.3f}..{hi:+.3f})" for c, (d, lo, hi) in sorted(spread.items())))
                 if first is None:
                     first = scores
+                    if len(by_conversation) > 1:
+                        chance, every = alike_within(by_conversation)
+                        print(f"[{label}] chance of lying within 0.02 of the mean were the conversations alike "
+                              "(questions shuffled across them): " + " ".join(
+                                  f"{c} {p:.2f}" for c, p in chance.items()) + f"; all at once {every:.2f}")
                 else:
                     d, lo, hi, up, down = paired(first, scores)
                     print(f"[{label}] minus defaults, same questions: {d:+.4f} (95% {lo:+.4f}..{hi:+.4f}); "
