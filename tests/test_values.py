@@ -82,6 +82,52 @@ def test_good_batch_fields_still_run(cli):
     assert [len(r["results"]) for r in outcome.jsonl()] == [1, 1]
 
 
+# ------------------------------------------------------------------------------- moments
+
+@pytest.mark.parametrize("value", ["last tuesday", "1001y", "x" * 500])
+def test_a_moment_is_read_one_way_on_every_path(cli, conn, db_url, value):
+    """--since/--until/--as-of, a --batch line's since and MCP's since/as_of: one reading
+    (memctl.records.filters.moment), so each says the same of a bad one; a path that reads moments its
+    own way fails here."""
+    from memctl import db
+    from memctl.errors import UsageError
+    from memctl.mcp import tools
+    from memctl.records import filters
+
+    with pytest.raises(ValueError) as caught:
+        filters.moment(value)
+    why = str(caught.value)
+    assert len(why) < 200  # a long value is shown cut short
+    assert cli("fact", "set", "k", "v").exit_code == 0
+    before = written(conn)
+    for args, option in ((("episode", "search", "disk", "--since", value), "--since"),
+                         (("episode", "search", "disk", "--until", value), "--until"),
+                         (("episode", "list", "--since", value), "--since"),
+                         (("fact", "get", "k", "--as-of", value), "--as-of"),
+                         (("recall", "disk", "--as-of", value), "--as-of")):
+        assert_refused(cli(*args), f"{option}: {why}")
+    batch = cli("episode", "search", "--batch", "-", input=json.dumps({"query": "disk", "until": value}) + "\n")
+    assert_refused(batch, f"line 1: field until: {why}")
+    session = tools.Session(config.load(), tools.Scope.make(), lambda: db.connect(db_url))
+    for call in (lambda: tools.search(session, "disk", since=value), lambda: tools.fact_get(session, "k", as_of=value)):
+        with pytest.raises(UsageError) as refused:
+            call()
+        assert why in str(refused.value)
+    assert written(conn) == before
+
+
+def test_now_is_a_moment(cli):
+    assert cli("fact", "set", "k", "old", "--valid-from", "2026-01-01").exit_code == 0
+    assert cli("fact", "set", "k", "new").exit_code == 0
+    assert cli("fact", "get", "k", "--as-of", "now").stdout.strip() == "new"
+    assert cli("fact", "get", "k", "--as-of", "2026-02-01").stdout.strip() == "old"
+    assert cli("episode", "add", "the disk on web1 filled up").exit_code == 0
+    found = cli("episode", "search", "disk", "--until", " NOW ", "--mode", "text", "--no-track", "-f", "json")
+    assert found.exit_code == 0, found.stderr
+    assert [e["content"] for e in found.json()] == ["the disk on web1 filled up"]
+    assert cli("episode", "list", "--since", "now", "-f", "json").json() == []
+
+
 # ------------------------------------------------------------------------------- options
 
 BAD_OPTIONS = [

@@ -127,26 +127,14 @@ def _option(param) -> str:
 
 
 def since_value(param: typer.CallbackParam, value: str | None) -> str | None:
-    """--since: a duration back from now (at most config.MAX_DURATION) or an ISO 8601 date/time."""
-    from memctl.errors import BadValue, MemctlError
-
+    """--since, --until, --as-of: checked where the option enters, as memctl.records.filters.parse_since
+    will read it ('now', a duration back from now, or an ISO 8601 date/time); the text is kept, so a
+    duration counts back from when the command reads it."""
     if value is None:
         return None
-    option = _option(param)
-    try:
-        config_mod.parse_duration(value)
-        return value
-    except config_mod.DurationTooLong as exc:
-        raise BadValue(f"{option}: {exc}; give an ISO 8601 date/time for older", option) from None
-    except ValueError:
-        pass
-    from memctl.records.episodes import parse_time
+    from memctl.records.filters import parse_since
 
-    try:
-        parse_time(value)
-    except MemctlError:
-        raise BadValue(f"{option} {value!r}: give a duration back from now (30m, 12h, 7d) or an ISO 8601 "
-                       "date/time (2026-08-11T09:30:00Z)", option) from None
+    parse_since(value, _option(param))
     return value
 
 

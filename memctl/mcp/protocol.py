@@ -38,7 +38,7 @@ Namespace = Annotated[Optional[str], Field(
     description="Namespace of the fact. Default: this server's namespace; a server started for an agent reads "
                 "only its own namespace and the shared ones it was given.", min_length=1, max_length=tools.MAX_NAME)]
 When = Annotated[Optional[str], Field(
-    description="A duration back from now (30m, 12h, 7d) or an ISO 8601 date/time (2026-08-11T09:30:00Z).",
+    description="now, a duration back from now (30m, 12h, 7d) or an ISO 8601 date/time (2026-08-11T09:30:00Z).",
     min_length=1, max_length=64)]
 
 

@@ -202,11 +202,7 @@ def plain(value: Any) -> Any:
 def _when(value: str | None, what: str) -> datetime.datetime | None:
     if value is None:
         return None
-    try:
-        return episodes.parse_since(value)
-    except UsageError:
-        raise UsageError(f"{what} {value!r}: give a duration back from now (30m, 12h, 7d) "
-                         "or an ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
+    return episodes.parse_since(value, what)
 
 
 def _redactor(settings: Settings):

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from memctl.config import DurationTooLong, Settings, default, parse_duration
-from memctl.errors import BadValue, MemctlError, UsageError
+from memctl.config import Settings, default
+from memctl.errors import BadValue, UsageError
 from memctl.records import filters as episode_filters, values
 
 MODES = ("hybrid", "vector", "text")
@@ -82,19 +82,11 @@ def batch_query(item: dict, number: int) -> Query:
     if mode not in MODES:
         raise bad("mode", f"must be one of {', '.join(MODES)}, got {shown(mode)}")
     for name in ("since", "until"):
-        when = item.get(name)
-        if when is None:
-            continue
-        try:
-            parse_duration(when)
-        except DurationTooLong as exc:
-            raise bad(name, str(exc)) from None
-        except ValueError:
+        if name in item:
             try:
-                episode_filters.parse_since(when)
-            except MemctlError:
-                raise bad(name, f"{shown(when)} is neither a duration back from now (30m, 12h, 7d) nor an "
-                                "ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
+                episode_filters.moment(item[name])
+            except ValueError as exc:
+                raise bad(name, str(exc)) from None
     return Query(item["query"], k=k, agent=item.get("agent"), kind=item.get("kind"), source=item.get("source"),
                  since=item.get("since"), until=item.get("until"), mode=mode)
 

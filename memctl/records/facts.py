@@ -121,7 +121,7 @@ def at_params(at: datetime.datetime | None = None, *, namespace: str | None = No
 
 
 def moment(value: str | datetime.datetime | None, what: str) -> datetime.datetime | None:
-    """A point in time: a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC)."""
+    """A point in time: now, a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC)."""
     if value is None or isinstance(value, datetime.datetime):
         return None if value is None else gate.parse_time(value, what)
     from memctl.records.episodes import parse_since

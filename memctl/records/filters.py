@@ -8,26 +8,48 @@ from __future__ import annotations
 
 import datetime
 
-from memctl.config import parse_duration
+from memctl.config import DurationTooLong, parse_duration
 from memctl.errors import BadValue
 
 
-def parse_since(value: str, option: str = "--since") -> datetime.datetime:
-    """'7d' (a duration back from now) or an ISO 8601 date/time."""
+def _shown(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:56] + "...'"
+
+
+def moment(value: str) -> datetime.datetime:
+    """A moment to read at: 'now', a duration back from now ('7d', at most config.MAX_DURATION) or an
+    ISO 8601 date/time (no zone: UTC). ValueError says why not, without naming where it was given.
+
+    The one reading of --since, --until and --as-of: on the command line (checked where the option
+    enters), in `episode search --batch` lines and through MCP."""
     from memctl.records.gate import parse_time  # the gate's reading of a time, for an ISO 8601 one
 
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if str(value).strip().lower() == "now":
+        return now
     try:
         seconds = parse_duration(value)
+    except DurationTooLong as exc:
+        raise ValueError(f"{exc}; give an ISO 8601 date/time for older") from None
     except ValueError:
         try:
-            return parse_time(value, option)
+            return parse_time(value, "time")
         except BadValue:
-            raise BadValue(f"{option} {value!r}: give a duration back from now (30m, 12h, 7d) "
-                           "or an ISO 8601 date/time (2026-08-11T09:30:00Z)", option) from None
+            raise ValueError(f"{_shown(value)} is neither 'now', a duration back from now (30m, 12h, 7d) nor an "
+                             "ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
     try:
-        return datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=seconds)
+        return now - datetime.timedelta(seconds=seconds)
     except OverflowError:
-        raise BadValue(f"{option} {value!r}: reaches back before the year 1", option) from None
+        raise ValueError(f"{_shown(value)} reaches back before the year 1") from None
+
+
+def parse_since(value: str, option: str = "--since") -> datetime.datetime:
+    """moment(value), or BadValue naming `option` (--since, --until, --as-of; as_of through MCP)."""
+    try:
+        return moment(value)
+    except ValueError as exc:
+        raise BadValue(f"{option}: {exc}", option) from None
 
 
 def filters(*, agent=None, kind=None, source=None, since=None, until=None, alias: str = "e"):
