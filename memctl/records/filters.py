@@ -23,8 +23,6 @@ def moment(value: str) -> datetime.datetime:
 
     The one reading of --since, --until and --as-of: on the command line (checked where the option
     enters), in `episode search --batch` lines and through MCP."""
-    from memctl.records.gate import parse_time  # the gate's reading of a time, for an ISO 8601 one
-
     now = datetime.datetime.now(datetime.timezone.utc)
     if str(value).strip().lower() == "now":
         return now
@@ -33,6 +31,8 @@ def moment(value: str) -> datetime.datetime:
     except DurationTooLong as exc:
         raise ValueError(f"{exc}; give an ISO 8601 date/time for older") from None
     except ValueError:
+        from memctl.records.gate import parse_time  # the gate's reading of a time, for an ISO 8601 one
+
         try:
             return parse_time(value, "time")
         except BadValue:
