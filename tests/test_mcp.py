@@ -26,7 +26,7 @@ from mcp.client.stdio import stdio_client
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from memctl import config
-from memctl.records import episodes, facts
+from memctl.records import episodes, facts, values
 
 TOOLS = {"remember", "search", "recall", "episode_get", "fact_get", "fact_list", "fact_set", "fact_history",
          "runbook_list", "runbook_show"}
@@ -291,6 +291,28 @@ def test_bad_arguments_are_tool_errors_and_the_server_goes_on(conn, memctl_env, 
     stderr_of(log)
     rows = conn.execute("SELECT content FROM episodes").fetchall()
     assert [r["content"] for r in rows] == ["still serving after all that"]
+
+
+def test_names_are_as_long_as_a_write_stores_them(conn, memctl_env, log):
+    """A name (agent, kind, source, namespace) is bounded once, by the write path (values.MAX_NAME): a kind
+    the command line stored, an MCP client can name; one character more is refused there and here."""
+    longest = "k" * values.MAX_NAME
+    seed(conn, "the ibis backup ran", agent="a", kind=longest)
+
+    async def scenario():
+        async with serving(log, "--agent", "a") as s:
+            found = await s.ok("search", query="ibis backup", kind=longest, mode="text")
+            assert [r["kind"] for r in found["results"]] == [longest]
+            assert str(values.MAX_NAME) in await s.error("search", query="ibis", kind=longest + "k")
+            stored = await s.ok("remember", content="the ibis backup ran again", kind=longest)
+            assert stored["stored"]
+
+    run(scenario)
+    assert conn.execute("SELECT count(*) AS n FROM episodes WHERE kind = %s", (longest,)).fetchone()["n"] == 2
+    proc = subprocess.run([_exe(), "mcp", "--agent", "a" * (values.MAX_NAME + 1)], capture_output=True, text=True,
+                          timeout=60, input="", env=dict(os.environ))
+    assert proc.returncode == 2 and "--agent" in proc.stderr and str(values.MAX_NAME) in proc.stderr
+    assert proc.stdout == ""
 
 
 def test_search_since_and_until(conn, memctl_env, log):

@@ -28,11 +28,11 @@ from typing import Any, Callable, Iterator
 
 from memctl.config import Settings, mask_secrets
 from memctl.errors import DatabaseUnavailable, InvalidInput, MemctlError, NotFound, UsageError
-from memctl.records import episodes, facts
+from memctl.records import episodes, facts, values
 
 MAX_CONTENT = 100_000  # characters of one remembered episode or fact value
 MAX_QUERY = 10_000  # characters of a query or an observation
-MAX_NAME = 128  # an agent, namespace, source or kind
+MAX_NAME = values.MAX_NAME  # an agent, namespace, source or kind: as long as a write may store
 MAX_FACTS = 500  # rows fact_list returns
 
 
@@ -41,11 +41,7 @@ MAX_FACTS = 500  # rows fact_list returns
 
 
 def _name(value: str | None, what: str) -> str | None:
-    if value is None:
-        return None
-    if not value.strip() or "\x00" in value or len(value) > MAX_NAME:
-        raise UsageError(f"--{what} must be a non-empty name of at most {MAX_NAME} characters, without NUL")
-    return value
+    return values.name(value, f"--{what}", optional=True)  # the write path's rule for a name
 
 
 @dataclass(frozen=True)
