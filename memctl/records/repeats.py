@@ -157,7 +157,9 @@ def plan_batch(conn, batch: list, ids: list[int], times: list[datetime.datetime]
         known = firsts.get(key)
         found = None
         if known is not None and (hint == REPEAT or (hint is None and window is not None)):
-            found = max((f for f in known if f.created_at <= at and (hint == REPEAT or f.last_seen >= at - reach)),
+            since = _back(at, reach)
+            found = max((f for f in known if f.created_at <= at and (hint == REPEAT or since is None
+                                                                      or f.last_seen >= since)),
                         key=lambda f: (f.created_at, f.id), default=None)
         if found is None:
             if known is None:
@@ -174,6 +176,15 @@ def plan_batch(conn, batch: list, ids: list[int], times: list[datetime.datetime]
             owed = fold.owed.setdefault((ep.agent, found.id), [0, at])
             owed[0], owed[1] = owed[0] + 1, max(owed[1], at)
     return fold
+
+
+def _back(at: datetime.datetime, reach: datetime.timedelta) -> datetime.datetime | None:
+    """The window's start before `at`; None (no bound) when it would fall before the year 1, where an
+    episode dated 0001-01-01 puts it."""
+    try:
+        return at - reach
+    except OverflowError:
+        return None
 
 
 def _stored_firsts(conn, batch, times, reach, hints, locked: set[str]) -> dict[tuple, list[_First]]:
@@ -193,7 +204,7 @@ def _stored_firsts(conn, batch, times, reach, hints, locked: set[str]) -> dict[t
             if agent not in locked:
                 lock_agent(conn, agent)
                 locked.add(agent)
-            lo = None if any(hints[i] == REPEAT for i in rows) else min(times[i] for i in rows) - reach
+            lo = None if any(hints[i] == REPEAT for i in rows) else _back(min(times[i] for i in rows), reach)
             params = {"agent": agent, "norms": list({batch[i].norm_hash for i in rows}),
                       "hi": max(times[i] for i in rows), "lo": lo}
             asked.append((agent, conn.execute(CANDIDATES, params)))
