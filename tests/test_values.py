@@ -134,6 +134,7 @@ BAD_OPTIONS = [
     (("episode", "add", "x", "--importance", "11"), "--importance"),
     (("episode", "add", "x", "--importance", "-1"), "--importance"),
     (("episode", "add", "x", "--created-at", "yesterday"), "--created-at"),
+    (("episode", "add", "x", "--created-at", "0001-01-01T00:00:00+14:00"), "before the year 1"),
     (("episode", "add", "x", "--meta", "{bad"), "--meta"),
     (("episode", "add", "x", "--meta", "[1, 2]"), "--meta"),
     (("episode", "list", "--limit", "-1"), "--limit"),

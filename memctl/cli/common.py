@@ -153,19 +153,13 @@ def duration_value(param: typer.CallbackParam, value: str | None) -> str | None:
 
 
 def time_value(param: typer.CallbackParam, value: str | None) -> str | None:
-    """An ISO 8601 date/time option (e.g. --created-at); a time without a zone is UTC."""
-    from memctl.errors import BadValue, MemctlError
-
+    """An ISO 8601 date/time option (e.g. --created-at; no zone: UTC), checked by the gate's own reading
+    (memctl.records.values.parse_time), whose error names the option."""
     if value is None:
         return None
-    from memctl.records.episodes import parse_time
+    from memctl.records.values import parse_time
 
-    try:
-        parse_time(value)
-    except MemctlError:
-        option = _option(param)
-        raise BadValue(f"{option} {value[:80]!r}: not an ISO 8601 date/time (e.g. 2026-08-11T09:30:00Z)",
-                       option) from None
+    parse_time(value, _option(param))
     return value
 
 

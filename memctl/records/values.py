@@ -50,7 +50,8 @@ def parse_time(value: Any, what: str = "created_at") -> datetime.datetime:
     try:
         parsed.astimezone(datetime.timezone.utc)
     except OverflowError:
-        raise BadValue(f"{what}: out of range: {value!r}", what) from None
+        raise BadValue(f"{what}: out of range: {str(value)[:80]!r} falls before the year 1 or after 9999 in UTC",
+                       what) from None
     return parsed
 
 
