@@ -22,6 +22,7 @@ and 64 chunks of about 200 words, alternating, median of --rounds.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -34,6 +35,8 @@ from pathlib import Path
 
 from _common import alternate, fresh_database, median, parser, server
 
+# The second and third measurements need sentence-transformers (with torch); the first does not.
+WITH_ST = importlib.util.find_spec("sentence_transformers") is not None
 QUERY = "nginx deploy failed on web-3 and the disk is almost full, what should I do?"
 SERVICES = "nginx postgres redis kafka api gateway billing auth search worker scheduler cdn dns vpn".split()
 EVENTS = ("deploy failed", "restarted", "ran out of disk", "lagged behind", "hit the rate limit", "leaked memory",
@@ -195,10 +198,11 @@ def main() -> None:
         assert ollama.requests, "the Ollama-protocol search never reached the test server"
         rss_ours, rss_base = peak_rss_mib(ours, env), peak_rss_mib(base, env)
 
-        encode_numpy = [sys.executable, "-c", ENCODE_NUMPY, QUERY]
-        encode_st = [sys.executable, "-c", ENCODE_ST, QUERY]
-        numpy_s, st_s = alternate(encode_numpy, encode_st, env, max(3, args.runs // 2), warm=1)
-        rss_numpy, rss_st = peak_rss_mib(encode_numpy, env), peak_rss_mib(encode_st, env)
+        if WITH_ST:
+            encode_numpy = [sys.executable, "-c", ENCODE_NUMPY, QUERY]
+            encode_st = [sys.executable, "-c", ENCODE_ST, QUERY]
+            numpy_s, st_s = alternate(encode_numpy, encode_st, env, max(3, args.runs // 2), warm=1)
+            rss_numpy, rss_st = peak_rss_mib(encode_numpy, env), peak_rss_mib(encode_st, env)
     weights = bundled_model_dir() / "model.safetensors"
     started = time.perf_counter()
     file_sha256(weights)
@@ -207,6 +211,10 @@ def main() -> None:
     print(f"\nfresh `memctl episode search` ({args.episodes} episodes; local: memctl.embedding.minilm):")
     report("local embedder ", mine, "Ollama protocol", theirs, "goal <= 2")
     print(f"  peak RSS: local {rss_ours:.0f} MiB, ollama client {rss_base:.0f} MiB")
+    if not WITH_ST:
+        print("\nsentence-transformers is not installed here (`pip install torch==2.13.0 "
+              "sentence-transformers`): its comparisons, load + one query and texts/s, are left out")
+        return
     print("\nfresh python: load the model + embed one query:")
     report("memctl.embedding.minilm        ", numpy_s, "sentence-transformers", st_s, "lower is better")
     print(f"  peak RSS: memctl.embedding.minilm {rss_numpy:.0f} MiB, sentence-transformers {rss_st:.0f} MiB")

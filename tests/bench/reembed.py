@@ -48,7 +48,7 @@ def main() -> None:
     rng = random.Random(5)
     texts = [f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 40))) for i in range(args.chunks)]
     settings = config.load()
-    target = reembed.new_embedder(settings, model=target_model, embedder=name)
+    target = make_embedder(settings, model=target_model, embedder=name)
     target.embed(texts[:args.batch_size])  # load and warm the model before either measurement
 
     def direct(part: list[str]) -> None:
