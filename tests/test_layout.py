@@ -145,3 +145,16 @@ def test_search_starts_without_the_write_path():
             f"print(sorted(set({write_path!r}) & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_reading_a_fact_starts_without_the_write_path():
+    """`memctl fact get` (and list, history) imports neither the gate, redaction, the store nor the episode
+    log: some 25 ms of a 200 ms start (tests/bench/startup.py, goal 1.5x a bare connect)."""
+    import subprocess
+    import sys
+
+    write_path = ("memctl.records.gate", "memctl.records.store", "memctl.records.episodes", "memctl.redact")
+    code = ("import sys, memctl.cli.fact, memctl.records.facts as f; f.moment('3d', 'as_of'); "
+            f"print(sorted(set({write_path!r}) & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import asdict, dataclass
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
-from memctl import jsonl, redact
+from memctl import jsonl
 from memctl.errors import BadValue, InvalidInput, NotFound
-from memctl.records import gate, store, values
+from memctl.records import values
 
-DEFAULT_NAMESPACE = gate.DEFAULT_NAMESPACE
+if TYPE_CHECKING:
+    from memctl import redact
+    from memctl.records import gate
+
+# Reading a fact (get, list, history) imports neither the gate nor redaction: `memctl fact get` starts
+# about 25 ms sooner (tests/bench/startup.py). Writes import them where they write.
+DEFAULT_NAMESPACE = values.DEFAULT_NAMESPACE
 MAX_KEY = values.MAX_KEY
 
 
@@ -82,7 +88,7 @@ class Erasure:
         return asdict(self)
 
 
-check_key = gate.check_key
+check_key = values.check_key
 
 
 LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s, 0))"
@@ -123,8 +129,8 @@ def at_params(at: datetime.datetime | None = None, *, namespace: str | None = No
 def moment(value: str | datetime.datetime | None, what: str) -> datetime.datetime | None:
     """A point in time: now, a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC)."""
     if value is None or isinstance(value, datetime.datetime):
-        return None if value is None else gate.parse_time(value, what)
-    from memctl.records.episodes import parse_since
+        return None if value is None else values.parse_time(value, what)
+    from memctl.records.filters import parse_since
 
     return parse_since(value, what)
 
@@ -141,6 +147,8 @@ def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_f
 
 
 def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
+    from memctl.records import store
+
     old, last = _lock(conn, fact.namespace, fact.key)
     if fact.valid_from is not None:  # the database's clock records the version: no later than its now()
         check_valid_from(fact.valid_from, now=conn.execute(NOW).fetchone()["now"])
@@ -157,10 +165,10 @@ def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
 
 def validate(key: str, value: str, namespace: str, source: str | None) -> None:
     """The gate's checks of a fact's fields (BadValue naming the field), without redaction."""
-    gate.check_key(key)
-    gate.check_value(value)
-    gate.name(namespace, "namespace")
-    gate.name(source, "source", optional=True)
+    values.check_key(key)
+    values.check_value(value)
+    values.name(namespace, "namespace")
+    values.name(source, "source", optional=True)
 
 
 def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
@@ -177,7 +185,8 @@ def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, 
 
 
 def _gate(conn, redactor: redact.Redactor | None, settings, *, bulk: bool = False) -> gate.Gate:
-    from memctl import config
+    from memctl import config, redact
+    from memctl.records import gate
 
     settings = settings if settings is not None else config.load()
     return gate.Gate(conn, settings, redactor if redactor is not None else redact.Redactor.from_settings(settings),
@@ -242,6 +251,8 @@ DELETE = "DELETE FROM facts WHERE namespace = %s AND key = %s"
 
 def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
                 settings=None) -> Change:
+    from memctl.records import store
+
     admit = _gate(conn, None, settings)
     fact = admit.fact(namespace, key, None, source)
     with admit.writing():
@@ -274,6 +285,9 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
     values be recycled (skipped without the privilege: superuser or
     pg_checkpoint). Neither reaches WAL archives, backups or replicas.
     """
+    from memctl import redact
+    from memctl.records import gate, store
+
     admit = gate.Gate(conn, None, redact.Redactor("off"))  # an erasure record holds no value to check
     fact = admit.fact(namespace, key, None, None)
     with admit.writing():
@@ -349,7 +363,7 @@ def _record(item: dict) -> dict:
     if record["valid_from"] is not None:
         if not isinstance(record["valid_from"], str):
             raise BadValue("valid_from: must be an ISO 8601 string", "valid_from")
-        record["valid_from"] = check_valid_from(gate.parse_time(record["valid_from"], "valid_from"))
+        record["valid_from"] = check_valid_from(values.parse_time(record["valid_from"], "valid_from"))
     return record
 
 

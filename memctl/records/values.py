@@ -13,6 +13,7 @@ from memctl.errors import BadValue, InvalidInput
 
 MAX_KEY = 255
 MAX_NAME = 200  # agent, kind, source, namespace: names, not texts
+DEFAULT_NAMESPACE = "default"  # a fact's namespace when none is given
 
 
 def no_nul(value: str | None, what: str) -> None:
