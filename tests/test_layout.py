@@ -155,6 +155,7 @@ def test_reading_a_fact_starts_without_the_write_path():
 
     write_path = ("memctl.records.gate", "memctl.records.store", "memctl.records.episodes", "memctl.redact")
     code = ("import sys, memctl.cli.fact, memctl.records.facts as f; f.moment('3d', 'as_of'); "
+            "f.moment('2026-08-11T03:10:00Z', 'as_of'); "
             f"print(sorted(set({write_path!r}) & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -10,6 +10,7 @@ import datetime
 
 from memctl.config import DurationTooLong, parse_duration
 from memctl.errors import BadValue
+from memctl.records.values import parse_time  # the gate's reading of an ISO 8601 time
 
 
 def _shown(value: str) -> str:
@@ -31,8 +32,6 @@ def moment(value: str) -> datetime.datetime:
     except DurationTooLong as exc:
         raise ValueError(f"{exc}; give an ISO 8601 date/time for older") from None
     except ValueError:
-        from memctl.records.gate import parse_time  # the gate's reading of a time, for an ISO 8601 one
-
         try:
             return parse_time(value, "time")
         except BadValue:

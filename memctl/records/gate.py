@@ -40,8 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked, InvalidInput
-from memctl.records import chunking
-from memctl.records import values
+from memctl.records import chunking, values
 from memctl.records.values import check_key, check_value, integer, name, parse_time
 from memctl.records.values import no_nul as _no_nul, shown as _shown
 
