@@ -10,12 +10,7 @@ import datetime
 
 from memctl.config import DurationTooLong, parse_duration
 from memctl.errors import BadValue
-from memctl.records.values import parse_time  # the gate's reading of an ISO 8601 time
-
-
-def _shown(value: str) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:56] + "...'"
+from memctl.records.values import parse_time, shown  # the gate's reading of an ISO 8601 time; a value cut short
 
 
 def moment(value: str) -> datetime.datetime:
@@ -35,12 +30,12 @@ def moment(value: str) -> datetime.datetime:
         try:
             return parse_time(value, "time")
         except BadValue:
-            raise ValueError(f"{_shown(value)} is neither 'now', a duration back from now (30m, 12h, 7d) nor an "
+            raise ValueError(f"{shown(value)} is neither 'now', a duration back from now (30m, 12h, 7d) nor an "
                              "ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
     try:
         return now - datetime.timedelta(seconds=seconds)
     except OverflowError:
-        raise ValueError(f"{_shown(value)} reaches back before the year 1") from None
+        raise ValueError(f"{shown(value)} reaches back before the year 1") from None
 
 
 def parse_since(value: str, option: str = "--since") -> datetime.datetime:
