@@ -153,3 +153,27 @@ def test_a_database_embedded_without_the_instructions_is_flagged_and_one_reembed
     # The same model with the same instructions again is no change.
     again = cli("reembed", "start", "--model", "nomic-embed-text")
     assert again.exit_code == 2 and "already the active model" in again.stderr
+
+
+def test_imported_vectors_made_with_other_instructions_are_embedded_again(cli, conn, ollama, use_model, pg_server,
+                                                                          tmp_path):
+    from tests.conftest import fresh_database
+
+    use_model("nomic-embed-text")
+    for text in EPISODES:
+        assert cli("episode", "add", text).exit_code == 0
+    assert cli("embed").exit_code == 0
+    conn.execute("UPDATE embedding_models SET query_prefix = '', document_prefix = ''")  # made before 0018
+    path = tmp_path / "export.jsonl"
+    assert cli("export", "--vectors", "--out", str(path)).exit_code == 0
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["vectors"]["document_prefix"] == ""
+    with fresh_database(pg_server, "memctl_t2") as url:
+        env = {"MEMCTL_DATABASE_URL": url}
+        assert cli("embed", env=env).exit_code == 0  # registers nomic-embed-text with its instructions
+        loaded = cli("import", str(path), "-f", "json", env=env)
+        assert loaded.exit_code == 0, loaded.stderr
+        assert loaded.json()[0]["vectors"] == 0 and loaded.json()[0]["queued"] == len(EPISODES)
+        ollama.clear()
+        assert cli("embed", env=env).exit_code == 0
+        assert {t for _, t in ollama.inputs} == {"search_document: " + t for t in EPISODES}
