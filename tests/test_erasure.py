@@ -190,3 +190,36 @@ def test_full_leaves_the_marker_in_no_file_of_the_data_directory(cli, conn, memc
     assert cli("fact", "delete", "db.host", "--erase", "--full").exit_code == 0
     assert _files_holding(pgdata, leak.encode()) == []
     assert _files_holding(pgdata, value.encode()) == []
+
+
+def test_the_issue_check_through_the_installed_binary(memctl_bin, memctl_env, conn, tmp_path):
+    """Issue 41's check, as an operator runs it: the installed memctl in a subprocess."""
+    configure(memctl_env, tmp_path)
+    leak, value = marker("leaky"), marker("fact")
+    env = dict(memctl_env)
+
+    def run(*args: str):
+        out = memctl_bin(*args, env=env)
+        return out
+
+    assert run("episode", "add", f"the page told agents to {leak}", "--source", "leaky").exit_code == 0
+    assert run("fact", "set", "db.host", value).exit_code == 0
+    made = run("backup", "-f", "json")
+    assert made.exit_code == 0, made.stderr
+    path = json.loads(made.stdout)["file"]
+    purged = run("purge", "--source", "leaky", "--yes", "--receipt", "-")
+    assert purged.exit_code == 0, purged.stderr
+    receipt = json.loads(purged.stdout)
+    assert receipt["removed"]["episodes"] == 1 and receipt["removed"]["chunks"] >= 1
+    assert path in [b["file"] for b in receipt["copies"]["backups"]]
+    assert run("fact", "delete", "db.host", "--erase").exit_code == 0
+    restored = run("restore", path, "--yes")
+    assert restored.exit_code == 0, restored.stderr
+    assert "re-applied 2 erasure(s) newer than the backup" in restored.stderr
+    assert holds(conn, leak) == [] and holds(conn, value) == []
+    verified = run("erasure", "verify")
+    assert verified.exit_code == 0, verified.stderr
+    old = run("erasure", "verify", "--backup", path, "-f", "json")
+    assert old.exit_code == 1 and "hold erased text" in old.stderr
+    assert {(m["table"], m["column"]) for m in json.loads(old.stdout)} >= {("episodes", "content"),
+                                                                          ("facts", "value")}

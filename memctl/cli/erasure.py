@@ -64,7 +64,9 @@ def verify(
 
     conn = connect()
     if backup:
-        found = erasure.verify_backup(conn, target().url, backup, scratch_url=scratch_url)
+        from memctl.upkeep import restore
+
+        found = restore.verify_backup(conn, target().url, backup, scratch_url=scratch_url)
     else:
         found = erasure.verify(conn)
     render(found["matches"], fmt, columns=MATCH_COLUMNS if fmt in (Format.table, Format.csv) else None)

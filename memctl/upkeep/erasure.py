@@ -210,21 +210,6 @@ def verify(conn) -> dict:
     return {"entries": len(entries), "matches": matches, "untestable": len(untestable)}
 
 
-def verify_backup(conn, url: str, path: str | Path, *, scratch_url: str | None = None) -> dict:
-    """The same test on a backup, restored into a scratch database (memctl.upkeep.restore.verify)."""
-    from memctl.upkeep import restore
-
-    entries = erasures.sync(conn)
-    key = erasures.load_key(create=False)
-    checked = restore.verify(conn, url, path, scratch_url=scratch_url,
-                             inspect=lambda scratch: find_matches(scratch, entries, key))
-    matches, untestable = checked.inspected
-    created = datetime.datetime.fromisoformat(checked.manifest["created_at"])
-    return {"entries": len(entries), "matches": matches, "untestable": len(untestable),
-            "newer_than_backup": [e.summary() for e in entries if e.erased_at > created],
-            "backup_created_at": checked.manifest["created_at"], "tables_ok": checked.ok}
-
-
 def backup_report(conn, scratch) -> dict:
     """For `backup verify`: the erasures newer than the backup in `scratch`, and its rows of erased text."""
     entries = erasures.sync(conn) if erasures.has_table(conn) else []

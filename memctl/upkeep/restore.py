@@ -21,6 +21,7 @@ from __future__ import annotations
 import tempfile
 import time
 import uuid
+import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -146,6 +147,23 @@ def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None,
                 if inspect is not None:
                     checked.inspected = inspect(scratch)
                 return checked
+
+
+def verify_backup(conn, url: str, path: str | Path, *, scratch_url: str | None = None) -> dict:
+    """`memctl erasure verify --backup`: the erasure ledger's test (memctl.upkeep.erasure.find_matches) on a
+    backup restored into a scratch database."""
+    from memctl.records import erasures
+    from memctl.upkeep import erasure
+
+    entries = erasures.sync(conn)
+    key = erasures.load_key(create=False)
+    checked = verify(conn, url, path, scratch_url=scratch_url,
+                     inspect=lambda scratch: erasure.find_matches(scratch, entries, key))
+    matches, untestable = checked.inspected
+    created = datetime.datetime.fromisoformat(checked.manifest["created_at"])
+    return {"entries": len(entries), "matches": matches, "untestable": len(untestable),
+            "newer_than_backup": [e.summary() for e in entries if e.erased_at > created],
+            "backup_created_at": checked.manifest["created_at"], "tables_ok": checked.ok}
 
 
 def _compare(conn, schema: str, expected: dict[str, dict]) -> list[TableCheck]:
