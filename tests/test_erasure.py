@@ -223,3 +223,26 @@ def test_the_issue_check_through_the_installed_binary(memctl_bin, memctl_env, co
     assert old.exit_code == 1 and "hold erased text" in old.stderr
     assert {(m["table"], m["column"]) for m in json.loads(old.stdout)} >= {("episodes", "content"),
                                                                           ("facts", "value")}
+
+
+GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
+
+
+def test_a_redaction_fix_and_a_prune_of_a_blocked_source_are_erasures_too(cli, conn, memctl_env, tmp_path):
+    configure(memctl_env, tmp_path)
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(Path(memctl_env["MEMCTL_CONFIG"]).read_text()
+                                                 + '[redaction]\nmode = "off"\n[retention]\nraw = "1d"\n')
+    assert cli("episode", "add", f"the token is {GITHUB}").exit_code == 0
+    old = marker("old")
+    assert cli("episode", "add", f"old poisoned {old}", "--source", "bad", "--kind", "raw",
+               "--created-at", "2020-01-01T00:00:00Z").exit_code == 0
+    path = cli("backup", "-f", "json").json()["file"]
+    assert cli("redact", "scan", "--fix", "--yes").exit_code == 0
+    assert cli("source", "block", "bad").exit_code == 0
+    assert cli("prune", "--yes").exit_code == 0
+    ops = [r["op"] for r in conn.execute("SELECT op FROM erasures ORDER BY erased_at").fetchall()]
+    assert ops == ["redact_fix", "prune_blocked"]
+    assert cli("erasure", "verify").exit_code == 0
+    out = cli("restore", path, "--yes")
+    assert out.exit_code == 0, out.stderr
+    assert holds(conn, GITHUB) == [] and holds(conn, old) == []

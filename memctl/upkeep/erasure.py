@@ -265,8 +265,9 @@ def reapply_sql(conn, schema: str, entries: list[erasures.Entry], key: bytes | N
         return ""
     kid = erasures.key_id(key) if key else None
     ipad, opad = erasures.pads(key) if key else (b"", b"")
-    data = [{"id": e.id, "keyed": e.key_id == kid, "episodes": e.items.get("episodes", []),
-             "facts": e.items.get("facts", [])} for e in entries]
+    # A redaction fix rewrote its rows rather than deleting them: after_restore runs it again.
+    data = [{"id": e.id, "keyed": e.key_id == kid, "episodes": [] if e.op == "redact_fix" else e.items.get("episodes", []),
+             "facts": [] if e.op == "redact_fix" else e.items.get("facts", [])} for e in entries]
     return sql.SQL(REAPPLY).format(
         ipad=sql.Literal(ipad.hex()), opad=sql.Literal(opad.hex()), entries=sql.Literal(json.dumps(data)),
         episodes=sql.Identifier(schema, "episodes"), facts=sql.Identifier(schema, "facts"),
@@ -291,7 +292,7 @@ def after_restore(conn, settings, entries: list[erasures.Entry]) -> None:
     from memctl.records import facts
     from memctl.upkeep import redact_scan
 
-    for entry in entries:
+    for entry in (e for e in entries if e.op != "redact_fix"):
         for fact in entry.items.get("facts", []):
             try:
                 if fact.get("erased", True):
