@@ -29,10 +29,9 @@ def marker(what: str) -> str:
 def holds(conn, text: str) -> list[str]:
     """Every table of memctl's schema whose rows, as text, contain TEXT."""
     found = []
-    for (table,) in conn.execute("SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
-                                 "AND relkind = 'r'", prepare=False).fetchall() if False else \
-            [(r["relname"],) for r in conn.execute("SELECT relname FROM pg_class WHERE relnamespace = "
-                                                   "current_schema()::regnamespace AND relkind = 'r'").fetchall()]:
+    tables = conn.execute("SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
+                          "AND relkind = 'r'").fetchall()
+    for table in (r["relname"] for r in tables):
         query = sql.SQL("SELECT count(*) AS n FROM {} t WHERE strpos(t::text, %s) > 0").format(sql.Identifier(table))
         if conn.execute(query, (text,)).fetchone()["n"]:
             found.append(table)

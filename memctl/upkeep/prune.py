@@ -170,7 +170,9 @@ def prune(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run
 
 
 BLOCKED_SOURCES = "SELECT source FROM blocked_sources"
-BLOCKED_KEYS = "SELECT e.agent, e.id FROM episodes e WHERE ({where}) AND e.source IN (SELECT source FROM blocked_sources)"
+BLOCKED_KEYS = """
+SELECT e.agent, e.id FROM episodes e WHERE ({where}) AND e.source IN (SELECT source FROM blocked_sources)
+"""
 
 
 def _blocked_keys(conn, selections: dict[str, deletion.Selection]) -> list[tuple[str, int]]:

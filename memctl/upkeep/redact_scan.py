@@ -226,7 +226,8 @@ def fix(conn, settings, found: Scan) -> Fixed:
 
 
 HELD_VALUES = """
-SELECT namespace, key, value AS text FROM facts WHERE (namespace, key) IN (SELECT * FROM unnest(%(ns)s::text[], %(keys)s::text[]))
+SELECT namespace, key, value AS text FROM facts
+WHERE (namespace, key) IN (SELECT * FROM unnest(%(ns)s::text[], %(keys)s::text[]))
 UNION ALL SELECT namespace, key, old_value FROM fact_history WHERE id = ANY(%(old)s)
 UNION ALL SELECT namespace, key, new_value FROM fact_history WHERE id = ANY(%(new)s)
 """
@@ -246,7 +247,8 @@ def _ledger_items(conn, found: Scan, secret: bytes) -> dict:
         if row["text"] is not None:
             digests.setdefault((row["namespace"], row["key"]), set()).add(erasures.digest(secret, row["text"]))
     return {"episodes": episodes, "history": sorted(found.history),
-            "facts": [{"namespace": n, "key": k, "digests": sorted(d), "erased": True} for (n, k), d in digests.items()]}
+            "facts": [{"namespace": n, "key": k, "digests": sorted(d), "erased": True}
+                      for (n, k), d in digests.items()]}
 
 
 def _reason(conn, source: str) -> str | None:
