@@ -9,6 +9,7 @@ import typer
 
 from memctl.cli.common import (FormatOption, choice_value, connect, connect_read, json_object, json_object_value,
                                read_text_arg, settings, since_value, time_value, warn)
+from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import InvalidInput, UsageError
 from memctl.reading import query as query_mod, search as search_mod
@@ -164,19 +165,28 @@ def _preview(text: str, width: int = 60) -> str:
 
 
 @app.command()
-def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], fmt: FormatOption = Format.table) -> None:
-    """Delete episodes with their chunks and vectors of every model; exit 4 if none of them existed."""
+def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], receipt: ReceiptOption = None,
+           fmt: FormatOption = Format.table) -> None:
+    """Delete episodes with their chunks and vectors of every model; exit 4 if none of them existed.
+
+    Recorded in the erasure ledger (a restore of an older backup deletes them again; `memctl erasure verify`).
+    """
     from memctl.records import episodes
 
     from memctl.errors import NotFound
 
-    deleted = episodes.delete(connect(), ids)
+    done = episodes.delete_episodes(connect(), ids)
+    deleted = done.ids
     missing = sorted(set(ids) - set(deleted))
     if missing:
         warn(f"no such episode(s): {', '.join(map(str, missing))}")
     if not deleted:
         raise NotFound("nothing deleted")
-    render(({"deleted": i} for i in sorted(deleted)), fmt)
+    if receipt is not None:
+        write_receipt(receipt, "episode_delete", ledger=done.ledger.id, removed=done.removed,
+                      target_={"ids": sorted(deleted)}, vacuum=None)
+    if receipt != "-":
+        render(({"deleted": i} for i in sorted(deleted)), fmt)
 
 
 @app.command()

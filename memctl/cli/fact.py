@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl.cli.common import FormatOption, connect, connect_read, settings, since_value, warn
+from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.records import facts
 
@@ -116,6 +117,7 @@ def delete(
                      "new files; an exclusive lock on both while it runs), then CHECKPOINT so the WAL holding the "
                      "old values can be recycled (needs superuser or pg_checkpoint)."),
     ] = False,
+    receipt: ReceiptOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Delete KEY (its history stays), or with --erase remove it and its history's values.
@@ -128,10 +130,19 @@ def delete(
 
     if full and not erase:
         raise UsageError("--full needs --erase")
+    if receipt is not None and not erase:
+        raise UsageError("--receipt needs --erase")
     conn = connect()
     if erase:
         result = facts.erase_fact(conn, key, namespace=namespace, full=full)
-        render([result.to_dict()], fmt, columns=ERASURE_COLUMNS if fmt is Format.table else None)
+        if receipt is not None:
+            removed = {"facts": int(result.fact_removed), "fact_history_values": result.history_values_erased,
+                       **(result.quotes_erased or {})}
+            write_receipt(receipt, "fact_erase", ledger=result.ledger, removed=removed, target_={
+                "namespace": namespace, "key": key}, vacuum={"ran": result.vacuum, "tables": list(facts.ERASED_TABLES),
+                                                           "checkpoint": result.checkpoint, "still_in": result.still_in})
+        if receipt != "-":
+            render([result.to_dict()], fmt, columns=ERASURE_COLUMNS if fmt is Format.table else None)
         warn(f"erased {key!r}: fact row {'removed' if result.fact_removed else 'already absent'}, "
              f"{result.history_values_erased} history value(s) cleared; " + _vacuum_note(result))
     else:

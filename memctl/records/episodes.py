@@ -106,13 +106,46 @@ RETURNING e.id, e.agent, e.repeat_of, e.created_at
 """
 
 
+TARGETS = """
+WITH target AS (SELECT agent, id FROM episodes WHERE id = ANY(%s))
+SELECT e.agent, e.id FROM episodes e JOIN target t ON e.agent = t.agent AND (e.id = t.id OR e.repeat_of = t.id)
+"""
+
+
+@dataclass
+class Deletion:
+    ids: list[int]
+    removed: dict[str, int] = field(default_factory=dict)  # rows per table (memctl.records.erasures.count_rows)
+    ledger: Any = None  # the erasure ledger's entry
+
+
 def delete(conn, ids: list[int]) -> list[int]:
     """Delete episodes with their chunks and vectors (all models), a first with its repeats; returns ids deleted."""
+    return delete_episodes(conn, ids).ids
+
+
+def delete_episodes(conn, ids: list[int]) -> Deletion:
+    """delete(), recorded in the erasure ledger (memctl.records.erasures) with the rows removed per table;
+    runbook runs that recorded a deleted episode lose the link and their output tail."""
+    from memctl.records import erasures
+
+    secret = erasures.load_key()
     with conn.transaction():
+        keys = [(r["agent"], r["id"]) for r in conn.execute(TARGETS, (list(ids),)).fetchall()]
+        items, texts = erasures.capture_episodes(conn, keys, secret)
+        before = erasures.count_rows(conn, keys)
         rows = conn.execute(DELETE, (list(ids),)).fetchall()
         gone = {r["id"] for r in rows}
         repeats.recount(conn, [r for r in repeats.deleted_repeats(rows) if r[1] not in gone])
-    return [r["id"] for r in rows]
+        removed = erasures.removed(before, erasures.count_rows(conn, keys))
+        removed["runbook_runs"] = erasures.unlink_runs(conn, keys)
+        removed.update(erasures.scrub_quotes(conn, texts))
+    done = Deletion([r["id"] for r in rows], removed)
+    if rows:
+        entry = erasures.new_entry(conn, "episode_delete", key=secret, target=",".join(map(str, sorted(gone))),
+                                   counts=removed, items={"episodes": items})
+        done.ledger = erasures.record(conn, entry)
+    return done
 
 
 # --- repeats, for the read side --------------------------------------------

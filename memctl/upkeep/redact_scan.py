@@ -185,9 +185,13 @@ def fix(conn, settings, found: Scan) -> Fixed:
     """Rewrite every row the scan found, in one transaction; then vacuum the fact tables if history changed."""
     from psycopg.types.json import Jsonb
 
+    from memctl.records import erasures
+
     done = Fixed()
+    secret = erasures.load_key()
     with conn.transaction():
         conn.execute(locks.WRITE_LOCK)
+        items = _ledger_items(conn, found, secret)
         for agent, episode_id in sorted(found.episodes):
             _fix_episode(conn, settings, agent, episode_id, done, Jsonb)
         for namespace, key in sorted(found.facts):
@@ -216,7 +220,35 @@ def fix(conn, settings, found: Scan) -> Fixed:
     if found.history and conn.autocommit:
         facts._vacuum(conn, full=False)
         done.vacuum = True
+    if items["episodes"] or items["facts"]:
+        erasures.record(conn, erasures.new_entry(conn, "redact_fix", key=secret, counts=done.to_dict(), items=items))
     return done
+
+
+HELD_VALUES = """
+SELECT namespace, key, value AS text FROM facts
+WHERE (namespace, key) IN (SELECT * FROM unnest(%(ns)s::text[], %(keys)s::text[]))
+UNION ALL SELECT namespace, key, old_value FROM fact_history WHERE id = ANY(%(old)s)
+UNION ALL SELECT namespace, key, new_value FROM fact_history WHERE id = ANY(%(new)s)
+"""
+
+
+def _ledger_items(conn, found: Scan, secret: bytes) -> dict:
+    """What the fix is about to overwrite, for the erasure ledger: digests of the old texts, never the texts."""
+    from memctl.records import erasures
+
+    episodes, _ = erasures.capture_episodes(conn, sorted(found.episodes), secret)
+    names = sorted(found.facts)
+    params = {"ns": [n for n, _ in names], "keys": [k for _, k in names],
+              "old": [i for i, cols in found.history.items() if "old_value" in cols],
+              "new": [i for i, cols in found.history.items() if "new_value" in cols]}
+    digests: dict[tuple[str, str], set[str]] = {}
+    for row in conn.execute(HELD_VALUES, params).fetchall():
+        if row["text"] is not None:
+            digests.setdefault((row["namespace"], row["key"]), set()).add(erasures.digest(secret, row["text"]))
+    return {"episodes": episodes, "history": sorted(found.history),
+            "facts": [{"namespace": n, "key": k, "digests": sorted(d), "erased": True}
+                      for (n, k), d in digests.items()]}
 
 
 def _reason(conn, source: str) -> str | None:
