@@ -51,8 +51,9 @@ _TOKEN_NOT = {"max", "min", "num", "total", "input", "output", "prompt", "comple
               "cursor", "sync", "eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "stop", "start", "end",
               "first", "last", "per", "context"}
 NAME_WORDS = any_word("pass", "pwd", "secret", "token", "key", "auth", "credential")
-# The name a pair's separator ends: word characters, dots and dashes, maybe a closing quote, then blanks.
-_NAME_TAIL = re.compile(r"[\w.-]{1,81}['\"]?[ \t]*$")
+# The name a pair's separator ends, read backwards from the separator in the reversed text (one anchored match
+# per separator, not a search of the 90 characters before it): blanks, maybe a closing quote, the name.
+_NAME_TAIL_REVERSED = re.compile(r"[ \t]{0,8}['\"]?([\w.-]{1,81})")
 
 
 def named_pair(text: str, low: str) -> bool:
@@ -63,11 +64,12 @@ def named_pair(text: str, low: str) -> bool:
     """
     if not ("=" in text or ":" in text) or not NAME_WORDS(text, low):
         return False
+    reversed_low = low[::-1]
     for separator in "=:":
         at = low.find(separator)
         while at >= 0:
-            name = _NAME_TAIL.search(low, max(0, at - 90), at)
-            if name is not None and NAME_WORDS(name.group(), name.group()):
+            name = _NAME_TAIL_REVERSED.match(reversed_low, len(low) - at)
+            if name is not None and NAME_WORDS(name.group(1)[::-1], name.group(1)[::-1]):
                 return True
             at = low.find(separator, at + 1)
     return False
@@ -135,13 +137,23 @@ def placeholder(value: str, name: str = "") -> bool:
 _SYMBOLS = frozenset("!@#$%^&*+=/\\|?~<>()[]{}")  # not - . _ : , ' which words, versions and times hold
 
 
-def _looks_secret(value: str) -> bool:
-    """A bare word after `name:` is a secret only if it looks like one: `hunter2` does, `expired` does not."""
-    classes = (any(c.islower() for c in value) + any(c.isupper() for c in value[1:])
-               + any(c.isdigit() for c in value) + any(c in _SYMBOLS for c in value))
-    if not any(c.isalpha() for c in value):
+# A value is judged by its first HEAD characters (and its length): the cost of judging one is bounded, so a
+# line of ten thousand `token:` is judged in time linear in its length.
+HEAD = 128
+_LOWER, _UPPER, _DIGITS = re.compile(r"[a-z]"), re.compile(r"[A-Z]"), re.compile(r"[0-9]")
+_SYMBOL = re.compile("[" + re.escape("".join(sorted(_SYMBOLS))) + "]")
+_ALPHA = re.compile(r"[^\W\d_]")
+
+
+def _looks_secret(value: str, length: int | None = None) -> bool:
+    """A bare word after `name:` is a secret only if it looks like one: `hunter2` does, `expired` does not.
+    `value` may be the head of a longer value of `length` characters."""
+    head, length = value[:HEAD], len(value) if length is None else length
+    if not _ALPHA.search(head):
         return False  # 128/128, 12:30:00, 2026-03-02
-    return len(value) >= 6 and classes >= 2 or len(value) >= 16 and "-" not in value
+    classes = (bool(_LOWER.search(head)) + bool(_UPPER.search(head, 1)) + bool(_DIGITS.search(head))
+               + bool(_SYMBOL.search(head)))
+    return length >= 6 and classes >= 2 or length >= 16 and "-" not in head
 
 
 # --- Shapes: name=value pairs, Authorization headers, command-line passwords, provider keys ----------------
@@ -149,7 +161,8 @@ def _looks_secret(value: str) -> bool:
 # name, an optional closing quote, the separator, then a quoted or a bare value (a bare one ends at ; or a
 # quote), the value in a lookahead so that a pair inside a quoted value is seen too (value="...;Password=x").
 _PAIR = re.compile(r"(?<![\w.$?&%/])([A-Za-z][\w.-]{0,80})(['\"]?)([ \t]*(?::=|=>|=(?![=~>])|:(?![:/\\]))[ \t]*)"
-                   r"(?=(['\"`])(.*?)\4|([^\s'\"`;]+))")
+                   r"(?=(['\"`])(.{0,1024}?)\4|([^\s'\"`;]))")
+_BARE_RUN = re.compile(r"[^\s'\"`;]*+")
 _PREV_WORD = re.compile(r"([A-Za-z][\w-]*)[ \t]+$")
 _AUTH_HEADER = re.compile(
     r"(?<![\w-])(?:proxy-)?authorization['\"]?[ \t]*[:=][ \t]*['\"]?"
@@ -158,7 +171,7 @@ _AUTH_HEADER = re.compile(
 _BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+([A-Za-z0-9._~+/-]{16,}=*)")
 # A password-taking command, then the rest of its command line (to a pipe, ; or &).
 _PASSWORD_COMMAND = re.compile(r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl)\b([^\n|;&]*)")
-_VALUE = r"(?:(['\"])(.*?)\1|([^\s'\"]\S*))"
+_VALUE = r"(?:(['\"])(.{0,1024}?)\1|([^\s'\"]\S*+))"
 _COMMAND_PASSWORD = {
     "mysql": re.compile(r"(?<=\s)-p" + _VALUE),  # attached only: `mysql -p` alone prompts
     "sshpass": re.compile(r"(?<=\s)-p[ \t]*" + _VALUE),
@@ -172,7 +185,7 @@ def command_words(text: str, low: str) -> bool:
             or "curl" in low and ("-u" in text or "--user" in text))
 
 
-_OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.*?)\2|([^\s'\"-]\S*))")
+_OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.{0,1024}?)\2|([^\s'\"-]\S*+))")
 
 # Provider keys by prefix: (kind, literal prefix for the gate, pattern). The body must hold a digit and a letter.
 _PROVIDER_KEYS = tuple((kind, prefix, re.compile(r"(?<![\w-])" + pattern + r"(?![\w-])")) for kind, prefix, pattern in (
@@ -209,27 +222,44 @@ def provider_findings(text: str) -> list[Finding]:
     return found
 
 
-def _value_span(m: re.Match, quoted: int, bare: int) -> tuple[int, int, bool]:
-    """(start, end, was quoted) of a quoted or a bare value group; trailing punctuation is not part of a bare one."""
-    if m.group(quoted) is not None:
-        return m.start(quoted), m.end(quoted), True
-    start, end = m.span(bare)
-    return start, start + len(_strip_trailing(m.group(bare))), False
-
-
 _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 
 def _strip_trailing(value: str) -> str:
     """A bare value without the sentence's punctuation after it: `hunter2.`, `(password=x)`, but `<your-key>`."""
-    while value and (value[-1] in ".," or value[-1] in _CLOSERS and _CLOSERS[value[-1]] not in value):
-        value = value[:-1]
-    return value
+    return value[:_stripped_end(value, 0, len(value), {o for o in _CLOSERS.values() if o in value})]
+
+
+def _stripped_end(text: str, start: int, end: int, openers: set) -> int:
+    while end > start and (text[end - 1] in ".," or text[end - 1] in _CLOSERS and _CLOSERS[text[end - 1]] not in openers):
+        end -= 1
+    return end
+
+
+class _BareValues:
+    """Where a bare value starting at a position ends (its run of value characters, without trailing
+    punctuation). Pairs inside one run (`token:token:...`) share its end: the run is measured once, and its
+    trailing punctuation stripped once per set of openers, so the values of a line cost linear time in all."""
+
+    def __init__(self, text: str):
+        self.text, self.run = text, (-1, -1)
+        self.last: dict[str, int] = {}
+        self.ends: dict[frozenset, int] = {}
+
+    def end(self, start: int) -> int:
+        if not self.run[0] <= start < self.run[1]:
+            self.run = (start, _BARE_RUN.match(self.text, start).end())
+            self.last = {o: self.text.rfind(o, *self.run) for o in _CLOSERS.values()}
+            self.ends = {}
+        openers = frozenset(o for o, at in self.last.items() if at >= start)
+        if openers not in self.ends:
+            self.ends[openers] = _stripped_end(self.text, start, self.run[1], set(openers))
+        return max(start, self.ends[openers])
 
 
 def _pair_findings(text: str) -> list[Finding]:
     """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value."""
-    found = []
+    found, bare = [], _BareValues(text)
     for m in _PAIR.finditer(text):
         name = m.group(1)
         if not NAME_WORDS(name, name.lower()):
@@ -243,11 +273,12 @@ def _pair_findings(text: str) -> list[Finding]:
         sep = m.group(3)
         if sep.lstrip().startswith("=") and sep.endswith((" ", "\t")) and not sep.startswith((" ", "\t")):
             continue  # `PGPASSWORD= psql`: an empty assignment before a command
-        start, end, quoted = _value_span(m, 5, 6)
-        value = text[start:end]
-        if placeholder(value, m.group(1)) or "[REDACTED:" in value or len(value) < 3:
+        quoted = m.group(5) is not None
+        start, end = m.span(5) if quoted else (m.start(6), bare.end(m.start(6)))
+        value = text[start:min(end, start + HEAD)]  # judged by its head: bounded work per pair
+        if end - start < 3 or "[REDACTED:" in value or placeholder(value, m.group(1)):
             continue
-        if not quoted and ":" in sep and not _looks_secret(value):
+        if not quoted and ":" in sep and not _looks_secret(value, end - start):
             continue
         found.append(Finding(kind, start, end))
     return found
