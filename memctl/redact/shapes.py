@@ -39,8 +39,14 @@ _SECRET_SUFFIXES = (("password", "password"), ("passwd", "password"), ("passphra
                     ("secret", "secret-keyword"), ("token", "secret-keyword"), ("apikey", "secret-keyword"),
                     ("secretkey", "secret-keyword"), ("accesskey", "secret-keyword"),
                     ("privatekey", "secret-keyword"), ("authkey", "secret-keyword"))
-_SECRET_WORDS = {"pwd": "password", "pass": "password", "credential": "secret-keyword",
-                 "credentials": "secret-keyword"}
+_SECRET_WORDS = {"pwd": "password", "pw": "password", "pass": "password", "requirepass": "password",
+                 "masterauth": "password", "credential": "secret-keyword", "credentials": "secret-keyword",
+                 "pat": "secret-keyword"}
+# A service whose "auth" is its password (redis.auth, registry_auth); auth alone is a method, not a secret.
+_AUTH_MODIFIERS = {"basic", "http", "proxy", "redis", "smtp", "ldap", "registry", "docker", "mongo", "mongodb",
+                   "nats", "kafka", "rabbitmq", "amqp", "memcached", "api", "ftp", "imap", "vnc"}
+# Words after the secret's own name that say how it is written down, not what it is (SECRET_KEY_BASE).
+_ENCODING_WORDS = {"base", "b64", "base64", "hex", "raw", "value", "data", "str", "string"}
 # "key" alone names a secret only after one of these (api key, AWS_SECRET_ACCESS_KEY); not ssh, primary,
 # public, sort, partition, cache, idempotency keys.
 _KEY_MODIFIERS = {"api", "access", "secret", "private", "client", "auth", "encryption", "signing", "master",
@@ -50,7 +56,7 @@ _KEY_MODIFIERS = {"api", "access", "secret", "private", "client", "auth", "encry
 _TOKEN_NOT = {"max", "min", "num", "total", "input", "output", "prompt", "completion", "page", "next", "continuation",
               "cursor", "sync", "eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "stop", "start", "end",
               "first", "last", "per", "context"}
-NAME_WORDS = any_word("pass", "pwd", "secret", "token", "key", "auth", "credential")
+NAME_WORDS = any_word("pass", "pw", "secret", "token", "key", "auth", "credential", "pat")
 # The name a pair's separator ends, read backwards from the separator in the reversed text (one anchored match
 # per separator, not a search of the 90 characters before it): blanks, maybe a closing quote, the name.
 _NAME_TAIL_REVERSED = re.compile(r"[ \t]{0,8}['\"]?([\w.-]{1,81})")
@@ -76,17 +82,22 @@ def named_pair(text: str, low: str) -> bool:
 
 
 def _name_kind(name: str) -> str | None:
-    """The kind of secret a field, fact key or variable name names, or None."""
-    words = [w.lower() for w in _WORD.findall(_SEGMENT.split(name.strip())[-1])]
-    while words and words[-1].isdigit():
+    """The kind of secret a field, fact key or variable name names, or None. The last segment's last word
+    decides; a last segment of one word (`openai.key`, `redis.auth`) takes the segment before it as its modifier."""
+    segments = [seg for seg in _SEGMENT.split(name.strip()[:200]) if seg]
+    words = [w.lower() for w in _WORD.findall(segments[-1])] if segments else []
+    while len(words) > 1 and (words[-1].isdigit() or words[-1] in _ENCODING_WORDS):
         words.pop()
-    if not words:
+    if not words or words[-1].isdigit():
         return None
     last, before = words[-1], words[-2] if len(words) > 1 else ""
+    if not before and len(segments) > 1:
+        previous = _WORD.findall(segments[-2])
+        before = previous[-1].lower() if previous else ""
     if last == "key":
         return "secret-keyword" if before in _KEY_MODIFIERS else None
     if last == "auth":
-        return "secret-keyword" if before in ("basic", "http", "proxy") else None
+        return "secret-keyword" if before in _AUTH_MODIFIERS else None
     if last.endswith("token") and before in _TOKEN_NOT:
         return None
     for suffix, kind in _SECRET_SUFFIXES:
@@ -170,18 +181,20 @@ _AUTH_HEADER = re.compile(
     re.IGNORECASE)
 _BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+([A-Za-z0-9._~+/-]{16,}=*)")
 # A password-taking command, then the rest of its command line (to a pipe, ; or &).
-_PASSWORD_COMMAND = re.compile(r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl)\b([^\n|;&]*)")
+_PASSWORD_COMMAND = re.compile(
+    r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl|(?:docker|podman|nerdctl)[ \t]+login)\b([^\n|;&]*)")
 _VALUE = r"(?:(['\"])(.{0,1024}?)\1|([^\s'\"]\S*+))"
 _COMMAND_PASSWORD = {
     "mysql": re.compile(r"(?<=\s)-p" + _VALUE),  # attached only: `mysql -p` alone prompts
     "sshpass": re.compile(r"(?<=\s)-p[ \t]*" + _VALUE),
     "redis-cli": re.compile(r"(?<=\s)(?:-a|--pass)[ \t]+" + _VALUE),
+    "login": re.compile(r"(?<=\s)(?:-p|--password)(?:[ \t]+|=)" + _VALUE),  # docker login -p
     "curl": re.compile(r"(?<=\s)(?:-u|--user)[ \t]*['\"]?[^\s:'\"]+:" + r"([^\s'\"]+)"),
 }
 
 
 def command_words(text: str, low: str) -> bool:
-    return ("mysql" in low or "mariadb" in low or "sshpass" in low or "redis-cli" in low
+    return ("mysql" in low or "login" in low and "-p" in text or "fact" in low and "set" in low or "mariadb" in low or "sshpass" in low or "redis-cli" in low
             or "curl" in low and ("-u" in text or "--user" in text))
 
 
@@ -279,8 +292,91 @@ def _pair_findings(text: str) -> list[Finding]:
         if end - start < 3 or "[REDACTED:" in value or placeholder(value, m.group(1)):
             continue
         if not quoted and ":" in sep and not _looks_secret(value, end - start):
-            continue
+            if kind != "password":
+                continue
+            phrase = _phrase_end(text, start)
+            if phrase is not None:
+                end = phrase  # `Password: correct horse battery staple`
+            elif not _weak_password(_strip_trailing(value)):
+                continue
         found.append(Finding(kind, start, end))
+    return found
+
+
+# Words that follow `password:` or `password is` in prose about a password, never as one.
+_COMMON = set("""the a an in on at of to for and or not no is was are be been set see same new old ok okay fine
+good bad weak strong secure insecure short long here there this that it now still also too only again reset change
+changed stored kept saved sent shared known unchanged different right case policy manager field prompt below above
+attached given pending needed ready your my our their his her its from with via by as will must should can cannot
+what which who where when how why if then than so but all any some none both each every per please use used ask
+asked do does did done has have had get got make made same vault file env environment prod production staging test
+correctly incorrectly wrong expired rotated hashed salted encrypted""".split())
+_PROSE_ENDING = re.compile(r"[a-z]+(?:ed|ing|ly|ion|ions|ment|ness)")
+_PHRASE_WORD = re.compile(r"[A-Za-z0-9!@#$%^&*+=-]{2,32}")
+
+
+def _weak_password(value: str) -> bool:
+    """A one-word value under a password's name: even `admin` or `changeme` is somebody's password; a common word, a
+    word that reads as a verb or adverb (`stored`, `rotating`), or a placeholder is not."""
+    low = value.lower()
+    return (3 <= len(value) <= HEAD and _ALPHA.search(value) is not None and low not in _COMMON
+            and not _PROSE_ENDING.fullmatch(low) and not placeholder(value))
+
+
+def _phrase_end(text: str, start: int) -> int | None:
+    """The end of a passphrase that fills the rest of its line after `password:` (2 to 6 words, none common), or
+    None. Looks at most HEAD characters."""
+    line = text[start:start + HEAD].split("\n", 1)[0].split(";", 1)[0]
+    if len(line) == HEAD:
+        return None
+    words = line.rstrip(" \t\r.,").split()
+    if not 2 <= len(words) <= 6 or any(not _PHRASE_WORD.fullmatch(w) or w.lower() in _COMMON for w in words):
+        return None
+    return start + len(line.rstrip(" \t\r.,"))
+
+
+# `password is hunter2`, `the root password is changeme`, `aws secret access key wJalr...`: a secret's name, then
+# `is`/`was` or nothing, then one word. Without a verb the word must look strongly like a secret.
+_SAID = re.compile(r"(?<![A-Za-z])(password|passwd|passphrase|pwd|pw|secret|token|key|pat|credentials?)"
+                   r"(?:[ \t]+(is|was))?[ \t]+['\"]?([^\s'\"]{3,128})", re.IGNORECASE)
+# The two words before a name, read backwards in the reversed text: one anchored match per name.
+_WORDS_BEFORE_REVERSED = re.compile(r"[ \t]{1,8}([\w-]{0,30}[A-Za-z])(?![\w-])(?:[ \t]{1,8}([\w-]{0,30}[A-Za-z])(?![\w-]))?")
+_CLAUSE_END = re.compile(r"['\"]?[ \t]*(?:$|[\r\n.,;!)])")
+
+
+def _said_findings(text: str) -> list[Finding]:
+    found, reversed_text = [], None
+    for m in _SAID.finditer(text):
+        reversed_text = text[::-1] if reversed_text is None else reversed_text
+        before = _WORDS_BEFORE_REVERSED.match(reversed_text, len(text) - m.start())
+        words = [w[::-1] for w in (before.groups()[::-1] if before else ()) if w and w[::-1].lower() not in _COMMON]
+        name = "_".join(words[-2:] + [m.group(1)])
+        kind = _name_kind(name)
+        value = _strip_trailing(m.group(3))
+        if kind is None or len(value) < 3 or placeholder(value, name):
+            continue
+        end = m.start(3) + len(value)
+        if m.group(2):  # `is`/`was`: a secret-looking word, or a weak password that ends the clause
+            ok = _looks_secret(value) or (kind == "password" and _weak_password(value)
+                                          and _CLAUSE_END.match(text, end) is not None)
+        else:
+            ok = len(value) >= 12 and _looks_secret(value) and bool(_DIGITS.search(value)) and "-" not in value
+        if ok:
+            found.append(Finding(kind, m.start(3), end))
+    return found
+
+
+# `memctl fact set db.password Hunter2xyz` typed into a note: the value of a fact whose key names a secret.
+_FACT_SET = re.compile(r"(?<![\w-])fact[ \t]+set[ \t]+['\"]?([\w.:/-]{1,200})['\"]?[ \t]+"
+                       r"(?:(['\"])(.{1,1024}?)\2|([^\s'\"]\S*+))")
+
+
+def _fact_set_findings(text: str) -> list[Finding]:
+    found = []
+    for m in _FACT_SET.finditer(text):
+        kind, group = _name_kind(m.group(1)), 3 if m.group(3) is not None else 4
+        if kind and len(m.group(group)) >= 3 and not placeholder(m.group(group), m.group(1)):
+            found.append(Finding(kind, *m.span(group)))
     return found
 
 
@@ -302,7 +398,8 @@ def _command_findings(text: str) -> list[Finding]:
     found = []
     for command in _PASSWORD_COMMAND.finditer(text):
         name = command.group(1)
-        rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else name]
+        rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else
+                                 "login" if name.endswith("login") else name]
         for m in rule.finditer(text, command.start(2), command.end(2)):
             span = (m.start(m.lastindex), m.end(m.lastindex))
             value = text[span[0]:span[1]]
@@ -325,5 +422,9 @@ def shape_findings(text: str, low: str) -> list[Finding]:
         found.extend(_command_findings(text))
     if named_pair(text, low):
         found.extend(_pair_findings(text))
+    if NAME_WORDS(text, low):
+        found.extend(_said_findings(text))
+    if "fact" in low and "set" in low:
+        found.extend(_fact_set_findings(text))
     return found
 
