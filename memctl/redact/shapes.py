@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 MARKER = "[REDACTED:{}]"
+# A value is judged by its first HEAD characters (and its length): the cost of judging one is bounded, so a
+# line of ten thousand `token:` is judged in time linear in its length.
+HEAD = 128
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,15 @@ def named_pair(text: str, low: str) -> bool:
 
 
 def _name_kind(name: str) -> str | None:
+    return _short_name_kind(name) if len(name) <= HEAD else _judge_name(name)
+
+
+@lru_cache(maxsize=4096)
+def _short_name_kind(name: str) -> str | None:
+    return _judge_name(name)
+
+
+def _judge_name(name: str) -> str | None:
     """The kind of secret a field, fact key or variable name names, or None. The last segment's last word
     decides; a last segment of one word (`openai.key`, `redis.auth`) takes the segment before it as its modifier."""
     segments = [seg for seg in _SEGMENT.split(name.strip()[:200]) if seg]
@@ -133,7 +146,20 @@ _PLACEHOLDER_WORDS = {"none", "null", "nil", "true", "false", "yes", "no", "on",
 
 def placeholder(value: str, name: str = "") -> bool:
     """A value that stands for a secret without being one. A value that ends in its own name is a variable
-    passed on (`password=password`, `token = self.token`)."""
+    passed on (`password=password`, `token = self.token`). Short values are memoized (`_short_placeholder`)."""
+    if len(value) <= HEAD and len(name) <= HEAD:
+        return _short_placeholder(value, name)
+    return _placeholder(value, name)
+
+
+# Hostile text repeats one name and value thousands of times (`pw: pw: pw: ...`): the pure judgments of short
+# strings are memoized, so a repeat costs a lookup. Bounded caches, short strings only.
+@lru_cache(maxsize=4096)
+def _short_placeholder(value: str, name: str) -> bool:
+    return _placeholder(value, name)
+
+
+def _placeholder(value: str, name: str) -> bool:
     value = value.strip()
     low = value.lower()
     if not value or low in _PLACEHOLDER_WORDS or NOT_A_SECRET.match(value) or _REFERENCE.match(value):
@@ -148,15 +174,17 @@ def placeholder(value: str, name: str = "") -> bool:
 _SYMBOLS = frozenset("!@#$%^&*+=/\\|?~<>()[]{}")  # not - . _ : , ' which words, versions and times hold
 
 
-# A value is judged by its first HEAD characters (and its length): the cost of judging one is bounded, so a
-# line of ten thousand `token:` is judged in time linear in its length.
-HEAD = 128
 _LOWER, _UPPER, _DIGITS = re.compile(r"[a-z]"), re.compile(r"[A-Z]"), re.compile(r"[0-9]")
 _SYMBOL = re.compile("[" + re.escape("".join(sorted(_SYMBOLS))) + "]")
 _ALPHA = re.compile(r"[^\W\d_]")
 
 
 def _looks_secret(value: str, length: int | None = None) -> bool:
+    return _judge_looks_secret(value[:HEAD], len(value) if length is None else length)
+
+
+@lru_cache(maxsize=4096)
+def _judge_looks_secret(value: str, length: int) -> bool:
     """A bare word after `name:` is a secret only if it looks like one: `hunter2` does, `expired` does not.
     `value` may be the head of a longer value of `length` characters."""
     head, length = value[:HEAD], len(value) if length is None else length
@@ -174,7 +202,13 @@ def _looks_secret(value: str, length: int | None = None) -> bool:
 _PAIR = re.compile(r"(?<![\w.$?&%/])([A-Za-z][\w.-]{0,80})(['\"]?)([ \t]*(?::=|=>|=(?![=~>])|:(?![:/\\]))[ \t]*)"
                    r"(?=(['\"`])(.{0,1024}?)\4|([^\s'\"`;]))")
 _BARE_RUN = re.compile(r"[^\s'\"`;]*+")
-_PREV_WORD = re.compile(r"([A-Za-z][\w-]*)[ \t]+$")
+# The word before a pair's name, read backwards from the name (one anchored match, not a search of a window).
+_PREV_WORD_REVERSED = re.compile(r"[ \t]{1,8}([\w-]{0,38}[A-Za-z])(?![\w-])")
+
+
+@lru_cache(maxsize=4096)
+def _names_words(name: str) -> bool:
+    return NAME_WORDS(name, name.lower())
 _AUTH_HEADER = re.compile(
     r"(?<![\w-])(?:proxy-)?authorization['\"]?[ \t]*[:=][ \t]*['\"]?"
     r"(?:(bearer|basic|token|negotiate|ntlm|apikey|api-key|sso-key|key|jwt|dpop)[ \t]+)?([^\s'\",;]+)",
@@ -249,6 +283,9 @@ def _stripped_end(text: str, start: int, end: int, openers: set) -> int:
     return end
 
 
+_OPENER = re.compile(r"[(\[{<]")
+
+
 class _BareValues:
     """Where a bare value starting at a position ends (its run of value characters, without trailing
     punctuation). Pairs inside one run (`token:token:...`) share its end: the run is measured once, and its
@@ -262,7 +299,8 @@ class _BareValues:
     def end(self, start: int) -> int:
         if not self.run[0] <= start < self.run[1]:
             self.run = (start, _BARE_RUN.match(self.text, start).end())
-            self.last = {o: self.text.rfind(o, *self.run) for o in _CLOSERS.values()}
+            has = _OPENER.search(self.text, *self.run) is not None
+            self.last = {o: self.text.rfind(o, *self.run) for o in _CLOSERS.values()} if has else {}
             self.ends = {}
         openers = frozenset(o for o, at in self.last.items() if at >= start)
         if openers not in self.ends:
@@ -272,14 +310,15 @@ class _BareValues:
 
 def _pair_findings(text: str) -> list[Finding]:
     """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value."""
-    found, bare = [], _BareValues(text)
+    found, bare, reversed_text = [], _BareValues(text), None
     for m in _PAIR.finditer(text):
         name = m.group(1)
-        if not NAME_WORDS(name, name.lower()):
+        if not _names_words(name):
             continue
         if "." not in name:
-            prev = _PREV_WORD.search(text, max(0, m.start() - 40), m.start())
-            name = f"{prev.group(1)}_{name}" if prev else name
+            reversed_text = text[::-1] if reversed_text is None else reversed_text
+            prev = _PREV_WORD_REVERSED.match(reversed_text, len(text) - m.start())
+            name = f"{prev.group(1)[::-1]}_{name}" if prev else name
         kind = _name_kind(name)
         if kind is None or m.group(4) == "`":
             continue
@@ -316,6 +355,11 @@ _PHRASE_WORD = re.compile(r"[A-Za-z0-9!@#$%^&*+=-]{2,32}")
 
 
 def _weak_password(value: str) -> bool:
+    return len(value) <= HEAD and _short_weak_password(value)
+
+
+@lru_cache(maxsize=4096)
+def _short_weak_password(value: str) -> bool:
     """A one-word value under a password's name: even `admin` or `changeme` is somebody's password; a common word, a
     word that reads as a verb or adverb (`stored`, `rotating`), or a placeholder is not."""
     low = value.lower()
