@@ -310,9 +310,9 @@ class _BareValues:
 
 def _pair_findings(text: str) -> list[Finding]:
     """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value."""
-    found, bare, reversed_text = [], _BareValues(text), None
-    for m in _PAIR.finditer(text):
-        name = m.group(1)
+    found, bare, reversed_text, at = [], _BareValues(text), None, 0
+    while (m := _PAIR.search(text, at)) is not None:
+        at, name = m.end(), m.group(1)
         if not _names_words(name):
             continue
         if "." not in name:
@@ -339,6 +339,8 @@ def _pair_findings(text: str) -> list[Finding]:
             elif not _weak_password(_strip_trailing(value)):
                 continue
         found.append(Finding(kind, start, end))
+        if not quoted:  # a pair inside this bare value adds nothing the merge keeps (`token:token:...`)
+            at = max(at, end)
     return found
 
 
