@@ -52,11 +52,11 @@ from __future__ import annotations
 
 import datetime
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from memctl.config import Settings
-from memctl.errors import MemctlError, UsageError
+from memctl.errors import BadValue, MemctlError, UsageError
 from memctl.reading import recall_episodes, window
 from memctl.reading.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
                                  setting, sourced, template)
@@ -207,6 +207,60 @@ def find_runbooks(settings: Settings, request: Request) -> tuple[list[dict], str
 def _runbook_item(row: dict, form: Template) -> Item:
     data = {"name": row["name"], "title": row["title"]}
     return Item("runbook", row["score"], form.line("runbook", {**data, "score": row["score"]}), data=data)
+
+
+# ---------------------------------------------------------------------------
+# A batch's lines (recall --batch)
+
+BATCH_FIELDS = ("observation", "agent", "namespace", "max_tokens", "k", "as_of")
+MAX_K = 100
+
+
+def batch_request(item: Any, number: int, base: Request) -> Request:
+    """One JSONL line of `recall --batch` as a Request, the fields it leaves out taken from `base`.
+
+    Every field given is checked where it enters: observation a non-empty string, agent and namespace
+    non-empty strings, max_tokens an integer >= 1, k an integer from 1 to MAX_K, as_of a duration back
+    or an ISO 8601 time; none may hold NUL. BadValue names the line and the field (`field`).
+    """
+    from memctl.records import values
+    from memctl.records.facts import moment
+
+    def bad(name: str | None, why: str) -> BadValue:
+        return BadValue(f"line {number}: " + (f"field {name}: " if name else "") + why, name)
+
+    if not isinstance(item, dict):
+        raise bad(None, "expected a JSON object")
+    unknown = sorted(set(item) - set(BATCH_FIELDS))
+    if unknown:
+        raise bad(unknown[0], f"unknown field (fields: {', '.join(BATCH_FIELDS)})")
+    if "observation" not in item:
+        raise bad("observation", "is required")
+    for name in ("observation", "agent", "namespace", "as_of"):
+        value = item.get(name)
+        if name not in item:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise bad(name, f"must be a non-empty string, got {values.shown(value)}")
+        if "\x00" in value:
+            raise bad(name, "contains a NUL character (\\0)")
+        try:
+            values.utf8(value, name, BadValue)
+        except BadValue:
+            raise bad(name, "is not valid UTF-8 text (a lone surrogate)") from None
+    for name, low, high in (("max_tokens", 1, 2**31 - 1), ("k", 1, MAX_K)):
+        value = item.get(name)
+        if name in item and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise bad(name, f"must be an integer from {low} to {high}, got {values.shown(value)}")
+    as_of = base.as_of
+    if "as_of" in item:
+        try:
+            as_of = moment(item["as_of"], "as_of")
+        except MemctlError as exc:
+            raise bad("as_of", str(exc)) from None
+    return replace(base, observation=item["observation"], agent=item.get("agent", base.agent),
+                   namespace=item.get("namespace", base.namespace), max_tokens=item.get("max_tokens", base.max_tokens),
+                   k=item.get("k", base.k), as_of=as_of)
 
 
 # ---------------------------------------------------------------------------
