@@ -208,3 +208,30 @@ class Blocks:
 
     def ordered(self) -> list[Block]:
         return sorted(self.blocks, key=lambda b: b.rank)
+
+
+def around(conn, settings, hits: list, width: int, until: datetime.datetime | None = None) -> list[dict]:
+    """`episode search --context N`: the hits (fusion.Hit) with `width` neighbours each side by the window
+    rule ([recall] window_gap), as rows in blocks (windows that meet merged), each block in time order;
+    `block` numbers them from 1 in the order of their best hit, `match` marks the hits (a neighbour's
+    score and ranks are None)."""
+    entries = [Entry(h.id, h.agent, h.kind, h.source, h.importance, h.created_at, h.content, match=True,
+                     score=h.score, extra={"hit": h}) for h in hits]
+    width = max(0, min(int(width), MAX_SIDE))
+    found = windows(conn, entries, rule(settings, before=width, after=width), until)
+    blocks = Blocks(links(entries, found), lambda block: 0)
+    for unit in plan(entries, found, Rule(width, width, 0.0, 1.0)):
+        if not blocks.has(unit.entry):
+            new, joined, _ = blocks.trial(unit.entry, unit.rank)
+            blocks.add(new, joined)
+    rows = []
+    for number, block in enumerate(blocks.ordered(), 1):
+        for e in block.entries:
+            if e.match:
+                row = e.extra["hit"].to_dict()
+            else:
+                row = {key: None for key in (entries[0].extra["hit"].to_dict() if entries else {})}
+                row.update(id=e.id, agent=e.agent, kind=e.kind, source=e.source, importance=e.importance,
+                           created_at=e.created_at, content=e.content)
+            rows.append({**row, "match": e.match, "block": number})
+    return rows
