@@ -40,6 +40,7 @@ RUNS = [
     ("transfer.py --rows 2000", "import ratio"),
     ("repeats.py --days 1 --rounds 1", "saved by folding"),
     ("ops_kinds.py", "retrieval_log.json"),
+    ("recall_budget.py --data none --observations 0", "[ops retrieval_log.json] recall defaults"),
     ("local_start.py --episodes 20 --runs 3 --rounds 0", "ratio (goal <= 2)"),
 ]
 

@@ -14,7 +14,10 @@
    within `max_distance` (cosine) of the observation's; so with nothing
    relevant, nothing comes back. Near-duplicates collapse onto the best-scored
    one: equal text after lowercasing and dropping punctuation, or word sets with
-   Jaccard similarity >= `dedupe` (0.9).
+   Jaccard similarity >= `dedupe` (0.9); the folded ones are named by id on the line
+   kept (`folded`) and in its `duplicates`, so what they said stays reachable.
+   Each hit comes with its window (memctl.reading.window: the entries beside it in
+   its agent's log, same source, within window_gap), as far as the budget holds.
 3. Runbooks whose name, title or description has a word of the observation
    (3 letters or more, common English words dropped; Repository.find);
    score p / (p + 2) with find's points (2 per title word, 1 per description word).
@@ -26,7 +29,15 @@ created before it, ages counted back from it; it counts no access. Runbooks are 
 
 At most k items of each kind, none scoring below min_score. They are then taken
 in that order until the next one would overflow max_tokens; an item is never
-cut, and the items after the first that does not fit are left out.
+cut, and the items after the first that does not fit are left out. Episodes
+and their neighbours are taken in window.plan's order (recall_episodes.Spend): a
+neighbour that does not fit is skipped (and those beyond it), a hit that does
+not fit ends the episodes; the chosen ones print as blocks (form.window_lines),
+in the order of their best hit.
+
+recall_batch runs many requests on one connection: their observations embedded
+in sub-batches, their searches one search_batch, the rest in shared read
+transactions; batch_request reads one line of `recall --batch`.
 
 Tokens are counted with the active model's tokenizer when the embedder runs in
 process (local all-minilm, WordPiece, already loaded to embed the observation),
@@ -39,7 +50,8 @@ The text block comes from [recall] in the config (str.format syntax):
                 (default "Relevant memory (facts are current; episodes are past events):\\n{items}\\n")
   fact_line     fields: key value source sourced namespace version valid_from age score
   episode_line  fields: id agent kind source sourced importance created_at age content score
-                repeats seen first_seen last_seen
+                repeats seen first_seen last_seen folded
+  window_line   fields: count age agent kind source sourced (a window's first line; memctl.reading.form)
   runbook_line  fields: name title score
 `sourced` is ", source: X", or "" for an item without a source; `age` reads
 "just now", "5 minutes ago", "3 days ago", "2 months ago" (a fact's: since it became true).
@@ -301,7 +313,7 @@ def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Reca
     with Scans(conn, settings.get("search", "ef_search")) as scans:
         for request, (max_tokens, min_score), episodes in zip(requests, limits, found):
             scans.begin()
-            results.append(_assemble(conn, settings, request, max_tokens, min_score, form, rule, episodes))
+            results.append(assemble(conn, settings, request, max_tokens, min_score, form, rule, episodes))
     tracked = [(i.data["agent"], episode_id) for request, result in zip(requests, results)
                if request.track and request.as_of is None
                for i in result.items if i.kind in ("episode", "window")
@@ -313,7 +325,7 @@ def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Reca
     return results
 
 
-def _assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,
+def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,
               rule: window.Rule, found: recall_episodes.Episodes) -> Recall:
     now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
     fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)

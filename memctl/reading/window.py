@@ -155,14 +155,15 @@ def plan(hits: list[Entry], found: Windows, rule_: Rule) -> list[Unit]:
     return sorted(units, key=lambda u: (u.priority, u.rank, u.entry.match is False))
 
 
-def links(hits: list[Entry], found: Windows) -> set[frozenset]:
-    """Pairs of entries next to each other in some window."""
-    linked: set[frozenset] = set()
+def links(hits: list[Entry], found: Windows) -> dict[tuple[str, int], set[tuple[str, int]]]:
+    """Entry key -> the keys of the entries next to it in some window."""
+    linked: dict[tuple[str, int], set[tuple[str, int]]] = {}
     for h in hits:
         before, after = found.get(h.key, ([], []))
         run = [*reversed(before), h, *after]
         for a, b in zip(run, run[1:]):  # by key: a neighbour that is a hit links as the hit
-            linked.add(frozenset((a.key, b.key)))
+            linked.setdefault(a.key, set()).add(b.key)
+            linked.setdefault(b.key, set()).add(a.key)
     return linked
 
 
@@ -181,7 +182,7 @@ class Block:
 class Blocks:
     """The chosen entries, grouped into blocks as they are added (windows that meet merge)."""
 
-    def __init__(self, linked: set[frozenset], cost: Callable[[Block], int]):
+    def __init__(self, linked: dict[tuple[str, int], set[tuple[str, int]]], cost: Callable[[Block], int]):
         self.linked, self.cost = linked, cost
         self.block_of: dict[tuple[str, int], Block] = {}
         self.blocks: list[Block] = []
@@ -191,9 +192,10 @@ class Blocks:
 
     def trial(self, entry: Entry, rank: int) -> tuple[Block, list[Block], int]:
         """The block `entry` would make, the blocks it would replace, and the tokens that adds."""
-        joined = []
-        for block in self.blocks:
-            if any(frozenset((entry.key, e.key)) in self.linked for e in block.entries):
+        joined: list[Block] = []
+        for key in self.linked.get(entry.key, ()):
+            block = self.block_of.get(key)
+            if block is not None and not any(block is j for j in joined):
                 joined.append(block)
         entries = sorted([entry, *(e for b in joined for e in b.entries)], key=Entry.order)
         new = Block(entries, min([rank, *(b.rank for b in joined)]))

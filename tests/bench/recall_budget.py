@@ -134,19 +134,57 @@ def locomo(args, admin, scratch: Path, base_env: dict, variants: list[str]) -> N
             print(f"[search top-10 turns] {name} (n={len(chosen)}): any {a:.3f} all {al:.3f} mean {m:.3f}; "
                   f"the ten turns' text {mean_tokens:.0f} tokens (characters / 4) a question", flush=True)
         asks = [(agent, q) for agent, q, _, _ in questions]
+        in_process(env, scratch, asks, wanted, splits, variants)
+        # what an operator runs: the held-out questions through `memctl recall --batch`, defaults, 1000 tokens
+        write_config(scratch / "memctl.toml", "")
+        held = splits["held out"]
+        started = time.perf_counter()
+        found = [ids_inside(a) for a in recall_batch(env, [asks[i] for i in held], 1000)]
+        a, al, m = shares([wanted[i] for i in held], found)
+        print(f"[memctl recall --batch - --max-tokens 1000 -k 100 -f jsonl] held out: {len(held)} questions, "
+              f"{len(found)} JSON lines; any {a:.3f} all {al:.3f} mean {m:.3f} ({time.perf_counter() - started:.0f} s)",
+              flush=True)
+        if args.observations:
+            speed(env, [q for _, q, _, _ in questions], args.observations)
+
+
+def in_process(env: dict, scratch: Path, asks, wanted, splits, variants: list[str]) -> None:
+    """Every budget and variant on one search per question: recall's own code (recall_batch's steps), the
+    search (which neither the budget nor the window settings change) run once."""
+    from dataclasses import replace
+
+    from memctl import config, db
+    from memctl.reading import recall, recall_episodes, window
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        settings = config.load()
+        conn = db.connect(env["MEMCTL_DATABASE_URL"], vector=True)
+        requests = [recall.Request(q, agent=a, k=100, track=False) for a, q in asks]
+        started = time.perf_counter()
+        found = recall_episodes.find_episodes(conn, settings, requests)
+        print(f"  (the {len(requests)} searches, k 300: {time.perf_counter() - started:.0f} s)", flush=True)
         for variant in variants:
             write_config(scratch / "memctl.toml", variant)
+            chosen = config.load()
+            form, rule = recall.template(chosen), window.rule(chosen)
             for budget in BUDGETS:
-                started = time.perf_counter()
-                found = [ids_inside(a) for a in recall_batch(env, asks, budget)]
-                for name, chosen in splits.items():
-                    a, al, m = shares([wanted[i] for i in chosen], [found[i] for i in chosen])
+                results = [recall.assemble(conn, chosen, replace(r, max_tokens=budget), budget, 0.0, form, rule, f)
+                           for r, f in zip(requests, found)]
+                inside = [ids_inside(plain(x.to_dict())) for x in results]
+                for name, picked in splits.items():
+                    a, al, m = shares([wanted[i] for i in picked], [inside[i] for i in picked])
                     print(f"[recall {variant or 'defaults'}] {name} within {budget} tokens: any {a:.3f} all {al:.3f} "
-                          f"mean {m:.3f}" + (f"  ({time.perf_counter() - started:.0f} s)" if name == "dev" else ""),
-                          flush=True)
-        if args.observations:
-            write_config(scratch / "memctl.toml", "")
-            speed(env, [q for _, q, _, _ in questions], args.observations)
+                          f"mean {m:.3f}", flush=True)
+        conn.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def plain(value):
+    return json.loads(json.dumps(value, default=str))
 
 
 def speed(env: dict, texts: list[str], n: int) -> None:
@@ -154,7 +192,7 @@ def speed(env: dict, texts: list[str], n: int) -> None:
     searches = "".join(json.dumps({"query": t}) + "\n" for t in chosen)
     recalls = "".join(json.dumps({"observation": t}) + "\n" for t in chosen)
     times = {"search": [], "recall": []}
-    for _ in range(2):  # alternated; the first round warms both
+    for _ in range(1):  # one round each: 1,000 recalls take minutes on 2 shared cores
         times["search"].append(memctl(env, "episode", "search", "--batch", "-", "-f", "jsonl", "--no-track",
                                       stdin=searches)[1])
         times["recall"].append(memctl(env, "recall", "--batch", "-", "-f", "jsonl", "--no-track", stdin=recalls)[1])
