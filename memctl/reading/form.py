@@ -119,10 +119,13 @@ def folded(duplicates: list[int]) -> str:
 
 def window_lines(form: Template, entries: list, now: datetime.datetime) -> list[str]:
     """A window's lines: its header, then its episodes in time order, the matches marked (without newlines)."""
-    first = entries[0]
-    header = form.line("window", {"count": len(entries), "age": age(first.created_at, now), "agent": first.agent,
-                                  "kind": first.kind, "source": first.source, "sourced": sourced(first.source)})
-    return [header, *(entry_line(e) for e in entries)]
+    return [window_header(form, entries[0], len(entries), now), *(entry_line(e) for e in entries)]
+
+
+def window_header(form: Template, first, count: int, now: datetime.datetime) -> str:
+    """A window's first line, from its first episode and how many it holds."""
+    return form.line("window", {"count": count, "age": age(first.created_at, now), "agent": first.agent,
+                                "kind": first.kind, "source": first.source, "sourced": sourced(first.source)})
 
 
 def entry_line(entry) -> str:

@@ -9,6 +9,7 @@ search_batch (shared connection, pipelined statements, shared transactions: memc
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -17,7 +18,8 @@ from memctl.config import Settings
 from memctl.embedding import models
 from memctl.errors import EmbedInputRejected
 from memctl.reading import search, window
-from memctl.reading.form import Item, Template, age, folded, setting, sourced, window_lines
+from memctl.reading.form import (Item, Template, age, entry_line, folded, setting, sourced, window_header,
+                                 window_lines)
 from memctl.reading.fusion import Hit
 from memctl.reading.query import Query
 
@@ -106,19 +108,48 @@ def _normal(text: str) -> str:
 
 
 def collapse(hits: list[Hit], threshold: float) -> list[tuple[Hit, list[int]]]:
-    """Keep the best of each group of near-identical episodes: (hit, ids of the ones folded into it)."""
+    """Keep the best of each group of near-identical episodes: (hit, ids of the ones folded into it).
+
+    Near-identical: equal text after lowercasing and dropping punctuation, or word sets with Jaccard
+    similarity >= threshold. Only the kept sets that share a word of its prefix with a hit's set are
+    compared with it (prefix filtering: two sets that close share one of the first |A| - ceil(t|A|) + 1
+    words of each, in any fixed order), so a search's 300 hits cost about 300 comparisons, not 45,000.
+    """
     kept: list[tuple[Hit, list[int], str, set[str]]] = []
+    by_text: dict[str, int] = {}
+    by_word: dict[str, list[int]] = {}
     for hit in sorted(hits, key=lambda h: (-h.score, -h.id)):
         normal = _normal(hit.content)
         words = set(normal.split())
-        for other, duplicates, other_normal, other_words in kept:
-            union = len(words | other_words)
-            if normal == other_normal or (union and len(words & other_words) / union >= threshold):
-                duplicates.append(hit.id)
+        match = by_text.get(normal)  # the first kept one that is close wins, as it would walking them all
+        for index in _candidates(words, threshold, by_word, len(kept) if match is None else match):
+            if match is not None and index >= match:
                 break
-        else:
-            kept.append((hit, [], normal, words))
+            other = kept[index][3]
+            union = len(words | other)
+            if union and len(words & other) / union >= threshold:
+                match = index
+                break
+        if match is not None:
+            kept[match][1].append(hit.id)
+            continue
+        by_text[normal] = len(kept)
+        for word in _prefix(words, threshold):
+            by_word.setdefault(word, []).append(len(kept))
+        kept.append((hit, [], normal, words))
     return [(hit, duplicates) for hit, duplicates, _, _ in kept]
+
+
+def _prefix(words: set[str], threshold: float) -> list[str]:
+    size = len(words)
+    return sorted(words)[: size - math.ceil(threshold * size - 1e-9) + 1]
+
+
+def _candidates(words: set[str], threshold: float, by_word: dict[str, list[int]], count: int) -> list[int]:
+    """Kept sets that may lie within threshold of `words`, best first."""
+    if threshold <= 0 or not words:
+        return list(range(count))  # every set is that close
+    return sorted({i for word in _prefix(words, threshold) for i in by_word.get(word, ())})
 
 
 def related(hit: Hit, limit: float) -> bool:
@@ -199,26 +230,25 @@ class Spend:
 
     def __init__(self, form: Template, count: Callable[[str], int], now: datetime.datetime):
         self.form, self.count, self.now = form, count, now
-        self._lines: dict[tuple, int] = {}
-        self._costs: dict[tuple, int] = {}
+        self._lines: dict[str, int] = {}  # a window header's tokens
+        self._costs: dict[tuple, int] = {}  # (entry key, alone) -> its line's tokens
 
     def cost(self, block: window.Block) -> int:
-        name = tuple(e.key for e in block.entries)
-        known = self._costs.get(name)
-        if known is not None:
-            return known
+        """Its tokens: a hit alone its episode line's; a window its header's and each line's (each counted once)."""
         if len(block.entries) == 1:
-            cost = self.count(episode_item(block.entries[0], self.form, self.now).line + "\n")
-        else:
-            lines = window_lines(self.form, block.entries, self.now)
-            cost = self.count(lines[0] + "\n")
-            for e, line in zip(block.entries, lines[1:]):
-                key = (e.key, e.match)
-                if key not in self._lines:
-                    self._lines[key] = self.count(line + "\n")
-                cost += self._lines[key]
-        self._costs[name] = cost
-        return cost
+            return self._line(block.entries[0], lambda e: episode_item(e, self.form, self.now).line, alone=True)
+        first = block.first
+        header = window_header(self.form, first, len(block.entries), self.now)
+        cost = self._lines.get(header)
+        if cost is None:
+            cost = self._lines[header] = self.count(header + "\n")
+        return cost + sum(self._line(e, entry_line) for e in block.entries)
+
+    def _line(self, e: window.Entry, render: Callable, alone: bool = False) -> int:
+        key = (e.key, alone)
+        if key not in self._costs:
+            self._costs[key] = self.count(render(e) + "\n")
+        return self._costs[key]
 
     def run(self, hits: list[window.Entry], found: window.Windows, rule: window.Rule,
             room: int) -> tuple[list[window.Block], int, bool]:

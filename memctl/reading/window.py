@@ -169,10 +169,15 @@ def links(hits: list[Entry], found: Windows) -> dict[tuple[str, int], set[tuple[
 
 @dataclass
 class Block:
-    """Chosen entries that are neighbours, in time order; `rank`: its best hit's."""
+    """Chosen entries that are neighbours, in time order once added (Blocks.trial's: not yet); `rank`: its
+    best hit's."""
 
     entries: list[Entry]
     rank: int
+
+    @property
+    def first(self) -> Entry:
+        return min(self.entries, key=Entry.order)
 
     @property
     def matches(self) -> list[Entry]:
@@ -197,13 +202,14 @@ class Blocks:
             block = self.block_of.get(key)
             if block is not None and not any(block is j for j in joined):
                 joined.append(block)
-        entries = sorted([entry, *(e for b in joined for e in b.entries)], key=Entry.order)
+        entries = [entry, *(e for b in joined for e in b.entries)]  # in time order when added (Blocks.add)
         new = Block(entries, min([rank, *(b.rank for b in joined)]))
         if not joined and not entry.match:
             return new, joined, 0  # a neighbour cut off from its hit: never added (Spend)
         return new, joined, self.cost(new) - sum(self.cost(b) for b in joined)
 
     def add(self, new: Block, joined: list[Block]) -> None:
+        new.entries.sort(key=Entry.order)
         self.blocks = [b for b in self.blocks if not any(b is j for j in joined)] + [new]
         for e in new.entries:
             self.block_of[e.key] = new
