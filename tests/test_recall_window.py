@@ -69,7 +69,7 @@ def test_a_hit_comes_with_its_neighbours_in_time_order_marked_same_agent_and_sou
     assert w["matches"] == [log["q"]]
     assert [e["match"] for e in w["episodes"]] == [False, True, False, False]
     lines = w["text"].splitlines()
-    assert lines[0].startswith("- [4 episodes in time order")
+    assert lines[0].startswith("- [4 episodes, ") and lines[0].endswith(", in time order; > matched]")
     assert lines[2] == "  > Question from the team: why is the orders API slow since the release?"
     assert lines[3] == "    The cause: the new ORM version issues one query per line item"
     assert log["spy"] not in w["ids"] and log["other_source"] not in w["ids"] and log["early"] not in w["ids"]

@@ -21,7 +21,7 @@ DEFAULT_TEMPLATE = "Relevant memory (facts are current; episodes are past events
 DEFAULT_LINES = {
     "fact": "- [fact] {key} = {value} (current fact{sourced})",
     "episode": "- [episode, {age}{sourced}] {content}{seen}{folded}",
-    "window": "- [{count} episodes in time order, from {age}{sourced}; > marks a match]",
+    "window": "- [{count} episodes, {age}{sourced}, in time order; > matched]",
     "runbook": "- [runbook] {name}: {title}",
 }
 FIELDS = {
