@@ -233,6 +233,12 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "fact_line": (_string, None),
         "episode_line": (_string, None),
         "runbook_line": (_string, None),
+        "window_line": (_string, None),
+        # windows around what is found (memctl.reading.window): off, as LoCoMo's dev split measured (docs/recall.md)
+        "window_before": (_int_range(0, 10), 0),
+        "window_after": (_int_range(0, 10), 0),
+        "window_gap": (_duration, "1h"),
+        "window_stride": (_number, 1.0),
     },
     # memctl summarize: off until a chat model is named. kinds None = every kind with a [retention] limit
     # except summary; context = the num_ctx asked of Ollama (capped at the model's context_length).

@@ -207,6 +207,10 @@ def search(
     every: Annotated[bool, typer.Option(
         "--all", help="List every repeat of a folded result right after it (repeat_of names the result).")]
     = False,
+    context: Annotated[int, typer.Option(
+        "--context", "-C", min=0, max=10, help="Also N entries before and after each hit in its agent's log (same "
+        "source, within [recall] window_gap), in time order, blocks merged where they meet; `match` marks the hits.")]
+    = 0,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Find episodes by meaning and by words, weighted by recency and importance.
@@ -235,10 +239,18 @@ def search(
         warn(outcome.warning)
     if outcome.note:
         warn(outcome.note)
-    rows = search_mod.with_repeats(conn, outcome.hits) if every else [h.to_dict() for h in outcome.hits]
+    if context and every:
+        raise UsageError("--context and --all: choose one")
+    if context:
+        from memctl.reading import window
+
+        rows = window.around(conn, settings(), outcome.hits, context)
+    else:
+        rows = search_mod.with_repeats(conn, outcome.hits) if every else [h.to_dict() for h in outcome.hits]
     if fmt is Format.table:
         rows = [{"id": r["id"], "score": "" if r["score"] is None else r["score"], "agent": r["agent"],
                  "kind": r["kind"], "created_at": r["created_at"], "seen": _seen(r),
+                 **({"block": r["block"], "match": ">" if r["match"] else ""} if context else {}),
                  "content": _preview(r["content"])} for r in rows]
     render(rows, fmt)
 
