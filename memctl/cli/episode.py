@@ -59,9 +59,9 @@ def add(
 
     st = settings()
     redactor = redact.Redactor.from_settings(st)
-    added = episodes.add_episode(connect(), st, read_text_arg(text), kind=kind, source=source, agent=agent,
-                                 importance=importance, created_at=created_at, meta=json_object("--meta", meta),
-                                 redactor=redactor)
+    added = episodes.add_episode(connect(), st, read_text_arg(text, "episode_bytes"), kind=kind, source=source,
+                                 agent=agent, importance=importance, created_at=created_at,
+                                 meta=json_object("--meta", meta), redactor=redactor)
     if redactor.note():
         warn(redactor.note())
     if added.id is None:
@@ -92,8 +92,12 @@ def import_(
     st = settings()
     result = episodes.ImportResult()
     handle = sys.stdin.buffer if file == "-" else _open(file)
+    from memctl import jsonl
+    from memctl.records import values
+
+    lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
-        episodes.import_episodes(conn, st, episodes.parse_jsonl(st, handle, skip_invalid=skip_invalid, result=result),
+        episodes.import_episodes(conn, st, episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
                                  result=result)
     finally:
         if handle is not sys.stdin.buffer:
@@ -218,8 +222,8 @@ def search(
         return
     if query is None:
         raise UsageError("give a QUERY or --batch FILE")
-    q = query_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, until=until,
-                         mode=mode)
+    q = query_mod.Query(read_text_arg(query, "episode_bytes", "query"), k=k, agent=agent, kind=kind, source=source,
+                        since=since, until=until, mode=mode)
     outcome = search_mod.search(conn, settings(), q, track=not no_track)
     if outcome.warning:
         warn(outcome.warning)

@@ -64,9 +64,9 @@ def recall(
     from memctl.reading import recall as recall_mod
     from memctl.records.facts import moment
 
-    request = recall_mod.Request(read_text_arg(observation), agent=agent, namespace=namespace, k=k,
-                                 max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track,
-                                 as_of=moment(as_of, "--as-of"))
+    request = recall_mod.Request(read_text_arg(observation, "episode_bytes", "observation"), agent=agent,
+                                 namespace=namespace, k=k, max_tokens=max_tokens, min_score=min_score, repo=repo,
+                                 track=not no_track, as_of=moment(as_of, "--as-of"))
     result = recall_mod.recall(connect_read(vector=True), settings(), request)
     for message in result.warnings:
         warn(message)

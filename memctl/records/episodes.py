@@ -47,6 +47,7 @@ def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
 class Added:
     id: int | None  # None: not stored (importance 0 by the write policy)
     folded_into: int | None = None  # a repeat (memctl.records.repeats): the first's id; not embedded
+    stored: gate.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
 
 
 def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
@@ -65,7 +66,7 @@ def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, sou
     with admit.writing():
         conn.execute(locks.WRITE_LOCK)
         first = repeats.fold_one(conn, episode, repeats.window_seconds(settings))
-        return Added(store.insert_episode(conn, episode, repeat_of=first), first)
+        return Added(store.insert_episode(conn, episode, repeat_of=first), first, episode)
 
 
 COLUMNS = "id, agent, kind, source, importance, created_at, meta, content"
