@@ -395,9 +395,10 @@ class Gate:
         clean = dict(row)
         clean["agent"] = self._text(name(row.get("agent"), "agent", default=DEFAULT_AGENT), "run agent")
         clean["name"] = self._text(name(row.get("name"), "name"), "run name")
-        for column in ("commit", "outcome"):
-            if clean.get(column) is not None:
-                clean[column] = self._text(check_value(clean[column], column, self.limits.value_bytes), f"run {column}")
+        if clean.get("commit") is not None:
+            clean["commit"] = self._text(check_value(clean["commit"], "commit", self.limits.value_bytes), "run commit")
+        if clean.get("outcome") not in RUN_OUTCOMES:  # a word of a list: no text that could hold a secret
+            raise BadValue("outcome: must be ok, failed or null (the value is not shown: it is not one)", "outcome")
         for column in ("steps", "from_step", "failed_step", "exit_code"):
             if clean.get(column) is not None:
                 clean[column] = integer(clean[column], column, -2**31, 2**31 - 1)
