@@ -195,6 +195,15 @@ def test_an_imported_run_record_is_redacted_in_every_field(cli, conn):
     assert out.exit_code == 2 and "outcome" in out.stderr and GITHUB not in out.stderr
 
 
+def test_redact_scan_finds_and_fixes_a_run_commit_stored_raw(cli, conn):
+    conn.execute("INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
+                 "VALUES ('default', 'rotate', %s, 1, 'ok', 'done')", (f"token={GITHUB}",))
+    scan = cli("redact", "scan", "-f", "json")
+    assert [h["column"] for h in scan.json() if h["table"] == "runbook_runs"] == ["commit"]
+    assert cli("redact", "scan", "--fix", "--yes").exit_code == 0
+    assert GITHUB not in conn.execute("SELECT commit FROM runbook_runs").fetchone()["commit"]
+
+
 def test_run_output_follows_the_mode_of_the_gate():
     text = f"pushed with {GITHUB}"
     assert GITHUB not in gate.Gate(None, None, redact.Redactor("redact")).run_output(text)

@@ -18,7 +18,11 @@ What the gate checks, for every path (`episode add` and `import`, `fact set` and
   chunk made here.
 - facts and their history: namespace, key, value and source checked and redacted; a value
   under a key that names a secret (`db.password`) is a secret whatever it looks like.
-- runbook runs, summary lineage, blocked sources: types checked, texts redacted.
+- runbook runs (agent, name, commit, output; outcome ok/failed/null), summary lineage, blocked sources (the
+  name too: a writer's source is matched as given and as stored): types checked, texts redacted.
+- sizes: [limits] episode_bytes (content), meta_bytes, value_bytes (fact and history values, reasons, commits),
+  and an episode's created_at no earlier than 1900 nor later than [limits] clock_skew from now
+  (memctl.records.values.Limits), exit 2 naming the setting.
 - every source (of an episode, a fact, a history entry) checked against blocked_sources, and again
   as the write commits (Gate.writing): a source blocked while an import ran refuses the whole import.
 
