@@ -163,9 +163,10 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
             raise jsonl.LineError(error.number, f"{error.reason}; nothing was imported", error.exit_code)
         result.skipped.append((error.number, error.reason))
 
+    limits = gate.values.Limits.of(settings)  # read once, not per line
     for number, item in jsonl.read(lines, fields=FIELDS, required=("content",), on_error=skip):
         try:
-            episode = _from_record(settings, item)
+            episode = _from_record(settings, item, limits)
         except (InvalidInput, BadValue) as exc:
             skip(jsonl.at(number, exc))
             continue
@@ -176,10 +177,10 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
         yield episode
 
 
-def _from_record(settings: Settings, item: dict) -> NewEpisode:
+def _from_record(settings: Settings, item: dict, limits=None) -> NewEpisode:
     return validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                     agent=item.get("agent"), importance=item.get("importance"), created_at=item.get("created_at"),
-                    meta=item.get("meta"))
+                    meta=item.get("meta"), limits=limits)
 
 
 BATCH = 5000

@@ -202,7 +202,7 @@ class _Loader:
         given = _given_chunks(item.get("chunks"))
         episode = gate.validate(self.settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                                 agent=item["agent"], importance=item.get("importance"),
-                                created_at=item["created_at"], meta=item.get("meta"))
+                                created_at=item["created_at"], meta=item.get("meta"), limits=self.gate.limits)
         episode.line = number
         self.batch.append((item["id"], episode, given, _fold_hint(item)))
         if len(self.batch) >= BATCH:
