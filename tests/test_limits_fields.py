@@ -104,6 +104,17 @@ def test_a_future_or_ancient_created_at_is_refused_on_every_path(cli, conn, memc
     assert cli("episode", "add", "x", "--created-at", "2030-01-01T00:00:00Z").exit_code == 0
 
 
+def test_the_installed_binary_refuses_a_far_future_created_at_and_an_export_onto_a_fifo(memctl_bin, memctl_env,
+                                                                                         conn, tmp_path):
+    out = memctl_bin("episode", "add", "from the future", "--created-at", "2030-06-01T00:00:00Z")
+    assert out.exit_code == 2 and "clock_skew" in out.stderr and out.stdout == ""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    out = memctl_bin("export", "--out", str(fifo), timeout=60)  # the old code blocked here or replaced it
+    assert out.exit_code == 2 and "FIFO" in out.stderr and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert count(conn, "episodes") == 0
+
+
 # ------------------------------------------------------------ files
 
 
