@@ -240,6 +240,15 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "window_gap": (_duration, "1h"),
         "window_stride": (_number, 1.0),
     },
+    # One size limit for every write, whatever brings it (the command line, an import, the MCP server), checked by
+    # the write gate (memctl.records.values.Limits; docs/configuration.md argues the defaults). clock_skew: how far
+    # in the future an episode's created_at may lie (this machine's clock against the writer's).
+    "limits": {
+        "episode_bytes": (_int_range(128 * 1024, 64 * 1024 * 1024), 1024 * 1024),  # >= a run's output tail
+        "value_bytes": (_int_range(256, 16 * 1024 * 1024), 64 * 1024),
+        "meta_bytes": (_int_range(256, 16 * 1024 * 1024), 64 * 1024),
+        "clock_skew": (_duration, "5m"),
+    },
     # memctl summarize: off until a chat model is named. kinds None = every kind with a [retention] limit
     # except summary; context = the num_ctx asked of Ollama (capped at the model's context_length).
     "summarize": {

@@ -60,9 +60,9 @@ def add(
 
     st = settings()
     redactor = redact.Redactor.from_settings(st)
-    added = episodes.add_episode(connect(), st, read_text_arg(text), kind=kind, source=source, agent=agent,
-                                 importance=importance, created_at=created_at, meta=json_object("--meta", meta),
-                                 redactor=redactor)
+    added = episodes.add_episode(connect(), st, read_text_arg(text, "episode_bytes"), kind=kind, source=source,
+                                 agent=agent, importance=importance, created_at=created_at,
+                                 meta=json_object("--meta", meta), redactor=redactor)
     if redactor.note():
         warn(redactor.note())
     if added.id is None:
@@ -93,8 +93,12 @@ def import_(
     st = settings()
     result = episodes.ImportResult()
     handle = sys.stdin.buffer if file == "-" else _open(file)
+    from memctl import jsonl
+    from memctl.records import values
+
+    lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
-        episodes.import_episodes(conn, st, episodes.parse_jsonl(st, handle, skip_invalid=skip_invalid, result=result),
+        episodes.import_episodes(conn, st, episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
                                  result=result)
     finally:
         if handle is not sys.stdin.buffer:
@@ -232,8 +236,8 @@ def search(
         return
     if query is None:
         raise UsageError("give a QUERY or --batch FILE")
-    q = query_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, until=until,
-                         mode=mode)
+    q = query_mod.Query(read_text_arg(query, "episode_bytes", "query"), k=k, agent=agent, kind=kind, source=source,
+                        since=since, until=until, mode=mode)
     outcome = search_mod.search(conn, settings(), q, track=not no_track)
     if outcome.warning:
         warn(outcome.warning)
@@ -266,9 +270,12 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
     from memctl import jsonl
     from memctl.cli.render import to_json
 
-    handle = jsonl.open_input(path)
+    from memctl.records import values
+
+    lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(), "a query within [limits]",
+                          "nothing was run")
     queries = [query_mod.batch_query(item, number)
-               for number, item in jsonl.read(handle, fields=query_mod.BATCH_FIELDS, required=("query",))]
+               for number, item in jsonl.read(lines, fields=query_mod.BATCH_FIELDS, required=("query",))]
     outcomes = search_mod.search_batch(conn, settings(), queries, track=track)
     warning = next((o.warning for o in outcomes if o.warning), None)
     if warning:

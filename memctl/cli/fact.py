@@ -51,8 +51,8 @@ def set_(
     from memctl.cli.common import read_text_arg
 
     redactor = _redactor()
-    change = facts.set_fact(connect(), key, read_text_arg(value), namespace=namespace, source=source,
-                            redactor=redactor, valid_from=valid_from)
+    change = facts.set_fact(connect(), key, read_text_arg(value, "value_bytes", "value"), namespace=namespace,
+                            source=source, redactor=redactor, valid_from=valid_from)
     if redactor.note():
         warn(redactor.note())
     if not change.current:
@@ -177,12 +177,17 @@ def import_(
 
     A bad line fails the whole import, naming the line; nothing is written.
     """
+    from memctl import jsonl
+    from memctl.records import values
+
+    bound = values.Limits.of(settings()).line_bytes()
+    what = "a fact within [limits] value_bytes"
     if file == "-":
-        records = facts.parse_import(sys.stdin.buffer)
+        records = facts.parse_import(jsonl.bounded(sys.stdin.buffer, bound, what))
     else:
         try:
             with open(file, "rb") as handle:
-                records = facts.parse_import(handle)
+                records = facts.parse_import(jsonl.bounded(handle, bound, what))
         except OSError as exc:
             from memctl.errors import InvalidInput
 

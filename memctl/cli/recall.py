@@ -81,7 +81,7 @@ def recall(
             raise UsageError("--batch writes one JSON object per observation: add -f jsonl")
         _recall_batch(batch, base)
         return
-    request = replace(base, observation=read_text_arg(observation))
+    request = replace(base, observation=read_text_arg(observation, "episode_bytes", "observation"))
     result = recall_mod.recall(connect_read(vector=True), settings(), request)
     for message in result.warnings:
         warn(message)
@@ -106,7 +106,11 @@ def _recall_batch(path: str, base) -> None:
     def refused(error) -> None:
         slots.append({"line": error.number, "field": None, "error": str(error)})
 
-    for number, item in jsonl.read(jsonl.open_input(path), on_error=refused):
+    from memctl.records import values
+
+    lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(),
+                          "an observation within [limits]", "nothing was run")
+    for number, item in jsonl.read(lines, on_error=refused):
         try:
             slots.append(recall_mod.batch_request(item, number, base))
         except BadValue as exc:

@@ -282,8 +282,7 @@ def block(
 @source_app.command("unblock")
 def unblock(source: Annotated[str, typer.Argument(help="A blocked source.")]) -> None:
     """Accept writes from SOURCE again; exit 4 if it was not blocked."""
-    sources.unblock(connect(), source)
-    warn(f"unblocked {source!r}")
+    warn(f"unblocked {sources.unblock(connect(), source)!r}")
 
 
 @source_app.command("list")

@@ -53,6 +53,7 @@ def _export(conn, out: str, agent, when, vectors: bool):
     else:  # private (0600) from the first byte, fsynced, renamed into place whole
         from memctl import files
 
+        files.regular_target(out, "--out")
         try:
             with files.atomic_write(out) as handle:
                 result = export_mod.export(conn, handle.write, agent=agent, since=when, vectors=vectors)
@@ -77,7 +78,10 @@ def import_(
     redactor = redact.Redactor.from_settings(st)
     handle = jsonl.open_input(file)
     try:
-        result = import_mod.import_stream(connect(), st, handle, redactor=redactor)
+        from memctl.records import values
+
+        lines = jsonl.bounded(handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]")
+        result = import_mod.import_stream(connect(), st, lines, redactor=redactor)
     finally:
         if handle is not sys.stdin.buffer:
             handle.close()

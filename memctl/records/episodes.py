@@ -47,6 +47,7 @@ def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
 class Added:
     id: int | None  # None: not stored (importance 0 by the write policy)
     folded_into: int | None = None  # a repeat (memctl.records.repeats): the first's id; not embedded
+    stored: gate.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
 
 
 def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
@@ -65,7 +66,7 @@ def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, sou
     with admit.writing():
         conn.execute(locks.WRITE_LOCK)
         first = repeats.fold_one(conn, episode, repeats.window_seconds(settings))
-        return Added(store.insert_episode(conn, episode, repeat_of=first), first)
+        return Added(store.insert_episode(conn, episode, repeat_of=first), first, episode)
 
 
 COLUMNS = "id, agent, kind, source, importance, created_at, meta, content"
@@ -195,9 +196,10 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
             raise jsonl.LineError(error.number, f"{error.reason}; nothing was imported", error.exit_code)
         result.skipped.append((error.number, error.reason))
 
+    limits = gate.values.Limits.of(settings)  # read once, not per line
     for number, item in jsonl.read(lines, fields=FIELDS, required=("content",), on_error=skip):
         try:
-            episode = _from_record(settings, item)
+            episode = _from_record(settings, item, limits)
         except (InvalidInput, BadValue) as exc:
             skip(jsonl.at(number, exc))
             continue
@@ -208,10 +210,10 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
         yield episode
 
 
-def _from_record(settings: Settings, item: dict) -> NewEpisode:
+def _from_record(settings: Settings, item: dict, limits=None) -> NewEpisode:
     return validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                     agent=item.get("agent"), importance=item.get("importance"), created_at=item.get("created_at"),
-                    meta=item.get("meta"))
+                    meta=item.get("meta"), limits=limits)
 
 
 BATCH = 5000

@@ -205,7 +205,7 @@ class _Loader:
         given = _given_chunks(item.get("chunks"))
         episode = gate.validate(self.settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                                 agent=item["agent"], importance=item.get("importance"),
-                                created_at=item["created_at"], meta=item.get("meta"))
+                                created_at=item["created_at"], meta=item.get("meta"), limits=self.gate.limits)
         episode.line = number
         self.batch.append((item["id"], episode, given, _fold_hint(item)))
         if len(self.batch) >= BATCH:
@@ -415,7 +415,9 @@ def merge_fact(conn, admit: gate.Gate, item: dict, result: ImportResult) -> None
     """Add a key's history: as it is on an empty key; else the entries not yet here, after the last version.
 
     The current row is then the merged history's (memctl.records.facts: the greatest valid_from wins)."""
-    fact = admit.fact(item["namespace"], item["key"], item.get("value"), item.get("source"), item.get("valid_from"))
+    if item.get("value") is not None:  # the current value is the history's: admitted (and counted) there alone
+        gate.check_value(item["value"], "value", admit.limits.value_bytes)
+    fact = admit.fact(item["namespace"], item["key"], None, item.get("source"), item.get("valid_from"))
     entries = _history_entries(admit, fact, item["history"])
     if item.get("version") is not None:  # checked where they enter; the current row comes from the history
         gate.integer(item["version"], "version", 1, 2**62)

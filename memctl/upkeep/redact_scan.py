@@ -72,7 +72,7 @@ SOURCES = {
     "facts": "SELECT namespace, key, value, source FROM facts",
     "fact_history": "SELECT id, namespace, key, old_value, new_value, source FROM fact_history",
     "jobs": "SELECT id, error, detail::text AS detail FROM jobs",
-    "runbook_runs": "SELECT agent, id, name, output_tail FROM runbook_runs",
+    "runbook_runs": "SELECT agent, id, name, commit, output_tail FROM runbook_runs",
     "summary_sources": "SELECT DISTINCT agent FROM summary_sources",
     "blocked_sources": "SELECT source, reason FROM blocked_sources",
 }
@@ -154,10 +154,11 @@ def scan(conn) -> Scan:
             result.hits.append(Hit("blocked_sources", "-", "reason", kinds))
             result.blocked.add(row["source"])
     for row in _rows(conn, "runbook_runs"):
-        kinds = _kinds(row["output_tail"])
-        if kinds:
-            result.hits.append(Hit("runbook_runs", str(row["id"]), "output_tail", kinds))
-            result.runs.add((row["agent"], row["id"]))
+        for column in ("commit", "output_tail"):
+            kinds = _kinds(row[column])
+            if kinds:
+                result.hits.append(Hit("runbook_runs", str(row["id"]), column, kinds))
+                result.runs.add((row["agent"], row["id"]))
     return result
 
 
@@ -177,8 +178,8 @@ CLEAR_NEW = "UPDATE fact_history SET new_value = NULL WHERE id = %s"
 CLEAR_SOURCE = "UPDATE fact_history SET source = NULL WHERE id = %s"
 GET_JOB = "SELECT error, detail FROM jobs WHERE id = %s FOR UPDATE"
 SET_JOB = "UPDATE jobs SET error = %s, detail = %s::jsonb WHERE id = %s"
-GET_RUN = "SELECT output_tail FROM runbook_runs WHERE agent = %s AND id = %s FOR UPDATE"
-SET_RUN = "UPDATE runbook_runs SET output_tail = %s WHERE agent = %s AND id = %s"
+GET_RUN = "SELECT commit, output_tail FROM runbook_runs WHERE agent = %s AND id = %s FOR UPDATE"
+SET_RUN = "UPDATE runbook_runs SET commit = %s, output_tail = %s WHERE agent = %s AND id = %s"
 
 
 def fix(conn, settings, found: Scan) -> Fixed:
@@ -215,7 +216,7 @@ def fix(conn, settings, found: Scan) -> Fixed:
         for agent, run_id in sorted(found.runs):
             row = conn.execute(GET_RUN, (agent, run_id)).fetchone()
             if row is not None:
-                conn.execute(SET_RUN, (redact_text(row["output_tail"]), agent, run_id))
+                conn.execute(SET_RUN, (redact_text(row["commit"]), redact_text(row["output_tail"]), agent, run_id))
                 done.runbook_runs += 1
     if found.history and conn.autocommit:
         facts._vacuum(conn, full=False)
