@@ -9,6 +9,7 @@ import re
 from functools import lru_cache
 from typing import Any, Callable
 
+from memctl.redact import keyword
 from memctl.redact.shapes import (
     NOT_A_SECRET,
     Finding,
@@ -181,26 +182,63 @@ def _jwt_findings(text: str, plugin) -> list[Finding]:
 _LINE = re.compile(r"[^\r\n]+")
 
 
+# Plugins whose every pattern holds a run of this many characters of [\w-] (their secret: 24 letters or 64 hex
+# digits for Cloudant, 44 for IBM Cloud IAM, 64 for SoftLayer): a window without a token that long is not given to
+# them. They run on any text with `key`, `pw`, `pass` or `token` in it, at 0.1 us a character each.
+RUN_NEEDED = {"cloudant-credentials": 24, "ibm-cloud-iam-key": 44, "softlayer-credentials": 64}
+
+
+# ASCII characters that end a run of [\w-], as blanks (other characters are kept: a run found is maybe longer than
+# the plugins' own, never shorter).
+_RUN_BREAKS = str.maketrans({chr(c): " " for c in range(128) if not re.match(r"[\w-]", chr(c))})
+
+
+def _has_run(long_tokens: list[tuple[int, int]], start: int, end: int, need: int) -> bool:
+    """Does one of the runs (sorted spans) hold `need` characters inside text[start:end]?"""
+    at = bisect.bisect_right(long_tokens, (start, start))
+    at = max(0, at - 1)
+    while at < len(long_tokens) and long_tokens[at][0] < end:
+        if min(end, long_tokens[at][1]) - max(start, long_tokens[at][0]) >= need:
+            return True
+        at += 1
+    return False
+
+
 def _plugin_findings(text: str, low: str) -> list[Finding]:
     found: list[Finding] = []
+    long_tokens: list[tuple[int, int]] | None = None
     for kind, plugin, gate, plain in _plugins():
         if gate is not None and not gate(text, low):
             continue
         if kind == "json-web-token":
             found.extend(_jwt_findings(text, plugin))
         elif plain:
+            need = RUN_NEEDED.get(kind)
+            if need and long_tokens is None:
+                runs = text.translate(_RUN_BREAKS)
+                long_tokens = [m.span() for m in _TOKEN.finditer(runs) if m.end() - m.start() >= min(RUN_NEEDED.values())]
             for start, end in _windows(text):
+                if need and not _has_run(long_tokens, start, end, need):
+                    continue
                 found.extend(_regex_findings(text, kind, plugin, start, end))
-        else:
-            # The keyword plugin reports one value per pattern per call: give it one line (window) at a time.
-            for line in _LINE.finditer(text) if kind == "secret-keyword" else [None]:
-                span = line.span() if line else (0, len(text))
-                for start, end in _windows(text, *span):
+        elif kind == "secret-keyword":
+            # The keyword plugin reports one value per pattern per call: one line (window) at a time, its values
+            # found by memctl.redact.keyword (the same values in linear time).
+            word_starts = keyword.starts(text, low)
+            for line in _LINE.finditer(text):
+                for start, end in _windows(text, *line.span()):
                     piece = text[start:end]
-                    if gate is not None and not gate(piece, piece.lower()):
+                    if not gate(piece, piece.lower()):
                         continue
-                    for value in set(plugin.analyze_string(piece)):
+                    for value in keyword.values(text, start, end, word_starts):
                         found.extend(_occurrences(text, value, kind, start, end))
+        else:
+            for start, end in _windows(text):
+                piece = text[start:end]
+                if gate is not None and not gate(piece, piece.lower()):
+                    continue
+                for value in set(plugin.analyze_string(piece)):
+                    found.extend(_occurrences(text, value, kind, start, end))
     return found
 
 
@@ -254,8 +292,13 @@ def find(text: str) -> list[Finding]:
     found.extend(shape_findings(text, low))
     if not found:
         return []
-    markers = [m.span() for m in _MARKER.finditer(text)] if "[REDACTED:" in text else []
-    return _merge([f for f in found if not _in_marker(markers, f) and not NOT_A_SECRET.match(text[f.start:f.end])])
+    # One finding per span, the first (detectors report the same value again: the keyword plugin's values, windows
+    # overlapping), then those inside a marker or that are no secret dropped.
+    found = list({(f.start, f.end): f for f in reversed(found)}.values())
+    if "[REDACTED:" in text:
+        markers = [m.span() for m in _MARKER.finditer(text)]
+        found = [f for f in found if not _in_marker(markers, f)]
+    return _merge([f for f in found if not NOT_A_SECRET.match(text[f.start:f.end])])
 
 
 def _in_marker(markers: list[tuple[int, int]], finding: Finding) -> bool:
