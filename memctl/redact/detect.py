@@ -183,9 +183,10 @@ _LINE = re.compile(r"[^\r\n]+")
 
 
 # Plugins whose every pattern holds a run of this many characters of [\w-] (their secret: 24 letters or 64 hex
-# digits for Cloudant, 44 for IBM Cloud IAM, 64 for SoftLayer): a window without a token that long is not given to
-# them. They run on any text with `key`, `pw`, `pass` or `token` in it, at 0.1 us a character each.
-RUN_NEEDED = {"cloudant-credentials": 24, "ibm-cloud-iam-key": 44, "softlayer-credentials": 64}
+# digits for Cloudant, 44 for IBM Cloud IAM, 64 for SoftLayer, 48 hex digits for IBM COS): a window without a run
+# that long is not given to them. They run on any text with `key`, `pw`, `pass`, `token` or `secret` in it, at
+# 0.1 us a character each.
+RUN_NEEDED = {"cloudant-credentials": 24, "ibm-cloud-iam-key": 44, "softlayer-credentials": 64, "ibm-cos-hmac-credentials": 48}
 
 
 # ASCII characters that end a run of [\w-], as blanks (other characters are kept: a run found is maybe longer than
@@ -215,8 +216,9 @@ def _plugin_findings(text: str, low: str) -> list[Finding]:
         elif plain:
             need = RUN_NEEDED.get(kind)
             if need and long_tokens is None:
-                runs = text.translate(_RUN_BREAKS)
-                long_tokens = [m.span() for m in _TOKEN.finditer(runs) if m.end() - m.start() >= min(RUN_NEEDED.values())]
+                runs, shortest = text.translate(_RUN_BREAKS), min(RUN_NEEDED.values())
+                long_tokens = ([m.span() for m in _TOKEN.finditer(runs) if m.end() - m.start() >= shortest]
+                               if max(map(len, runs.split()), default=0) >= shortest else [])
             for start, end in _windows(text):
                 if need and not _has_run(long_tokens, start, end, need):
                     continue

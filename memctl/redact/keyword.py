@@ -12,7 +12,8 @@ trying it only where it can start:
   no later than p''s (no word sits inside another one and ends before it: `_contained` is empty, a test holds
   it), so p's `\\w*` can reach wherever p''s reached, and the rest of the pattern matches from there alike.
   Trying p first therefore gives what `search` gives, the leftmost match; if p fails, so do the others.
-- Each pattern needs a literal (`:`, `=`, `;`, two of `!=`): without it in the window it is not run.
+- Each pattern needs a literal (`:`, `=`, `;`, two of `!=`), its quote after its separator (or before its `;`)
+  and a word character after a quote: a window without them is not given to it.
 - The fifth (a quoted value compared to a name: `"x" == password`) runs as the plugin runs it, gated so.
 
 tests/test_redact_shapes.py compares `values` with the plugin's analyze_string on adversarial windows.
@@ -31,6 +32,13 @@ FOLD = str.maketrans({**{chr(c): chr(c + 32) for c in range(ord("A"), ord("Z") +
                       "\u0130": "i", "\u0131": "i", "\u212a": "k", "\u017f": "s", "\u00d1": "\u00f1"})
 _NOT_WORD = re.compile(r"\W")
 _COMPARISON = re.compile(r"[!=]{2}")
+# What each pattern needs, beyond its literal: every one needs an opening quote before a word character (its SECRET
+# starts with one), and the separator before its quote (`:`, `=`, `=>`, blanks between) or a `;` after it.
+_QUOTE_WORD = re.compile(r"['\"`]\w")
+_COLON_QUOTE = re.compile(r":\s*['\"`]")
+_EQUAL_QUOTE = re.compile(r"=\s*['\"`]")
+_ARROW_QUOTE = re.compile(r"=>?\s*['\"`]")
+_QUOTE_SEMICOLON = re.compile(r"['\"`];")
 
 
 @lru_cache(maxsize=1)
@@ -43,10 +51,10 @@ def _patterns() -> tuple[tuple[str, ...], tuple[tuple[re.Pattern, int, str | Non
         if re.sub(r"_\?", "", word) != re.escape(re.sub(r"_\?", "", word)):
             raise RuntimeError(f"detect-secrets DENYLIST entry {word!r} is more than words and '_?'")
         words |= {word.replace("_?", "_"), word.replace("_?", "")}
-    needs = {keyword.FOLLOWED_BY_COLON_QUOTES_REQUIRED_REGEX: ":",
-             keyword.FOLLOWED_BY_EQUAL_SIGNS_QUOTES_REQUIRED_REGEX: "=",
-             keyword.FOLLOWED_BY_QUOTES_AND_SEMICOLON_REGEX: ";",
-             keyword.FOLLOWED_BY_ARROW_FUNCTION_SIGN_QUOTES_REQUIRED_REGEX: "=",
+    needs = {keyword.FOLLOWED_BY_COLON_QUOTES_REQUIRED_REGEX: (":", _COLON_QUOTE),
+             keyword.FOLLOWED_BY_EQUAL_SIGNS_QUOTES_REQUIRED_REGEX: ("=", _EQUAL_QUOTE),
+             keyword.FOLLOWED_BY_QUOTES_AND_SEMICOLON_REGEX: (";", _QUOTE_SEMICOLON),
+             keyword.FOLLOWED_BY_ARROW_FUNCTION_SIGN_QUOTES_REQUIRED_REGEX: ("=", _ARROW_QUOTE),
              keyword.PRECEDED_BY_EQUAL_COMPARISON_SIGNS_QUOTES_REQUIRED_REGEX: None}
     table = keyword.QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP
     if set(table) != set(needs):
@@ -82,11 +90,13 @@ def values(text: str, start: int, end: int, word_starts: list[int]) -> set[str]:
         if previous < 0 or _NOT_WORD.search(text, previous, at) is not None:
             first.append(at)
         previous = at
-    found = set()
+    found: set[str] = set()
+    if _QUOTE_WORD.search(text, start, end) is None:
+        return found
     for pattern, group, needs in _patterns()[1]:
         if needs is None:
             match = pattern.search(text, start, end) if _COMPARISON.search(text, start, end) else None
-        elif text.find(needs, start, end) < 0:
+        elif text.find(needs[0], start, end) < 0 or needs[1].search(text, start, end) is None:
             continue
         else:
             match = next((m for at in first if (m := pattern.match(text, at, end)) is not None), None)

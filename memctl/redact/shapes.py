@@ -274,6 +274,15 @@ _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 def _strip_trailing(value: str) -> str:
     """A bare value without the sentence's punctuation after it: `hunter2.`, `(password=x)`, but `<your-key>`."""
+    return _short_strip_trailing(value) if len(value) <= HEAD else _judge_strip_trailing(value)
+
+
+@lru_cache(maxsize=4096)
+def _short_strip_trailing(value: str) -> str:
+    return _judge_strip_trailing(value)
+
+
+def _judge_strip_trailing(value: str) -> str:
     return value[:_stripped_end(value, 0, len(value), {o for o in _CLOSERS.values() if o in value})]
 
 
