@@ -135,7 +135,7 @@ KEYWORD_PIECES = ["api_key", "API_KEY", "pwd", "PWD", "password", "PassWord", "s
                   "private_key", "key_pass", "contraseña", "CONTRASEÑA", "pa\u017f\u017fword", "\u212aey", "'", '"', "`",
                   "=", "==", "!=", "!==", "===", ":", ";", "=>", ":=", " ", "\t", "x", "1", "abc", "[", "]", "[0]", "(",
                   ".assign", "@", ",", "\n", "\v", "-", "_", "é", "\u0130", "'x'", '"y";', "=> '", "== pwd", "!==password",
-                  "`y`", "`a`b`", "x,"]
+                  "`y`", "`a`b`", "x,", "';", "`;", "`y`;", "b" * 30, "  "]
 
 
 @settings(max_examples=400, derandomize=True, deadline=None)
@@ -148,6 +148,7 @@ KEYWORD_PIECES = ["api_key", "API_KEY", "pwd", "PWD", "password", "PassWord", "s
 @example("x pwd pwdsecret = 'abc'", 2, 400)
 @example("PA\u017f\u017fWORD = 'abc'", 0, 400)
 @example("`a`b` == my_password", 0, 400)
+@example("pwd " + "x" * 49 + " \t'abc';", 0, 400)
 def test_keyword_values_are_the_plugins_own(text, one, other):
     from detect_secrets.plugins.keyword import KeywordDetector
 

@@ -109,10 +109,69 @@ def values(text: str, start: int, end: int, word_starts: list[int]) -> set[str]:
             continue
         if text.find(needs[0], start, end) < 0 or needs[1].search(text, start, end) is None:
             continue
-        match = next((m for at in first if (m := pattern.match(text, at, end)) is not None), None)
+        tries = first
+        if needs[0] == ";":
+            tries = _semicolon_starts(text, start, end, first)
+        match = next((m for at in tries if (m := pattern.match(text, at, end)) is not None), None)
         if match is not None:
             found.add(match.group(group))
     return found
+
+
+_WORD_RUN = re.compile(r"\w*")
+_SPACE = re.compile(r"\s")
+_SPACES = re.compile(r"\s*")
+_LAZY = 50  # the semicolon pattern's `[^\s]{0,50}?` between its name and its quote
+
+
+def _semicolon_starts(text: str, start: int, end: int, first: list[int]) -> list[int]:
+    """The word starts from which the semicolon pattern (`password foo "bar";`) can match: its own match costs
+    tens of us a start (`[^\s]{0,50}?` tried after each length of `\w*`), so a start is tried only when an opening
+    quote it can use lies within its reach: after its run of word characters and at most 50 other non-blank
+    characters, or right after the blanks that follow them."""
+    closing: dict[str, list[int]] = {"'": [], '"': [], "`": []}
+    for m in _QUOTE_SEMICOLON.finditer(text, start, end):
+        if m.start() - 1 > start and text[m.start() - 1] not in "\v,'\"`":
+            closing[m.group()[0]].append(m.start())
+    openings = [at for at, _ in _openings(text, start, end, closing)]
+    if not openings:
+        return []
+    tries = []
+    for at in first:
+        reach = min(_WORD_RUN.match(text, at, end).end() + _LAZY, end)
+        blank = _SPACE.search(text, at, min(reach + 1, end))
+        last = blank.start() - 1 if blank is not None else reach
+        index = bisect.bisect_right(openings, at)
+        if index < len(openings) and openings[index] <= last:
+            tries.append(at)
+        elif blank is not None:
+            after = _SPACES.match(text, blank.start(), end).end()
+            index = bisect.bisect_left(openings, after)
+            if index < len(openings) and openings[index] == after:
+                tries.append(at)
+    return tries
+
+
+def _openings(text: str, start: int, end: int, closing: dict[str, list[int]]):
+    """(opening quote, the last closing quote its SECRET can end at) for each opening quote in text[start:end] in
+    order that has one among `closing` (per quote character, sorted): a word character after it, as SECRET starts;
+    SECRET runs to the next ' " or vertical tab; a ' or " closes it only there, a backtick at any backtick before."""
+    if not any(closing.values()):
+        return
+    stops = [m.start() for m in _SECRET_STOP.finditer(text, start, end)]
+    for m in _QUOTE_WORD.finditer(text, start, end):
+        at, quote = m.start(), m.group()[0]
+        index = bisect.bisect_right(stops, at)
+        stop = stops[index] if index < len(stops) else end
+        ends = closing[quote]
+        if quote != "`":
+            index = bisect.bisect_left(ends, stop)
+            if index < len(ends) and ends[index] == stop and stop >= at + 2:
+                yield at, stop
+        else:
+            index = bisect.bisect_left(ends, stop) - 1
+            if index >= 0 and ends[index] >= at + 2:
+                yield at, ends[index]
 
 
 _QUOTE_BEFORE_COMPARISON = re.compile(r"['\"`](?=\s*[!=]{2})")
@@ -123,11 +182,9 @@ def _compared(text: str, start: int, end: int, tail: re.Pattern) -> str | None:
     """The value the plugin's fifth pattern, `(Q)(SECRET)(\\1)` then `tail` (`\\s*[!=]{2,3}\\s*\\w*WORD\\w*`), reports
     in text[start:end]: `"hunter2" == password`.
 
-    Its own search backtracks from each quote over the rest of the window. Here: the closing quotes c after which
-    `tail` matches are found once (a tail holds no quote, so each is matched once); then for each opening quote p
-    in order (a word character after it, as SECRET starts), SECRET runs to the next ' " or vertical tab r: a ' or "
-    closes it only at r, a backtick at the last closing backtick before r. The first p that has one is the
-    leftmost match, and its last c the greedy SECRET."""
+    Its own search backtracks from each quote over the rest of the window. Here: the closing quotes after which
+    `tail` matches are found once (a tail holds no quote, so each is matched once); the first opening quote that
+    has one (`_openings`) is the leftmost match, and its last closing quote the greedy SECRET's end."""
     if _COMPARISON.search(text, start, end) is None:
         return None
     closing: dict[str, list[int]] = {"'": [], '"': [], "`": []}
@@ -135,20 +192,6 @@ def _compared(text: str, start: int, end: int, tail: re.Pattern) -> str | None:
         at = m.start()
         if at - 1 > start and text[at - 1] not in "\v,'\"`" and tail.match(text, at + 1, end) is not None:
             closing[text[at]].append(at)
-    if not any(closing.values()):
-        return None
-    stops = [m.start() for m in _SECRET_STOP.finditer(text, start, end)]
-    for m in _QUOTE_WORD.finditer(text, start, end):
-        at, quote = m.start(), m.group()[0]
-        index = bisect.bisect_right(stops, at)
-        stop = stops[index] if index < len(stops) else end
-        ends = closing[quote]
-        if quote != "`":
-            index = bisect.bisect_left(ends, stop)
-            if index < len(ends) and ends[index] == stop and stop >= at + 2:
-                return text[at + 1:stop]
-        else:
-            index = bisect.bisect_left(ends, stop) - 1
-            if index >= 0 and ends[index] >= at + 2:
-                return text[at + 1:ends[index]]
+    for at, stop in _openings(text, start, end, closing):
+        return text[at + 1:stop]
     return None
