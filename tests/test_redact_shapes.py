@@ -171,3 +171,13 @@ def test_the_fold_is_re_ignorecase_for_the_denylist_letters():
     for letter in letters:
         for char in set(re.findall("(?i)" + re.escape(letter), every)):
             assert char.translate(keyword.FOLD) == letter, (letter, char)
+
+
+def test_the_pattern_gates_name_patterns_the_plugins_hold():
+    """detect.PATTERN_NEEDS and RUN_NEEDED skip windows by a pattern's source and a plugin's kind: an upgrade of
+    detect-secrets that renames them must not leave a gate that never applies."""
+    patterns = {regex.pattern for _, plugin, _, plain in detect._plugins() if plain for regex in plugin.denylist}
+    assert set(detect.PATTERN_NEEDS) <= patterns
+    assert set(detect.RUN_NEEDED) <= {kind for kind, _, _, plain in detect._plugins() if plain}
+    aws = "aws_secret_key = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'"
+    assert [f.kind for f in detect.find(aws)] == ["aws-access-key"]

@@ -149,12 +149,24 @@ def _occurrences(text: str, value: str, kind: str, start: int, end: int) -> list
     return found
 
 
+# A plugin pattern that needs more than its plugin's gate, by its source: AWS's secret key after `aws` (lazy
+# `.{0,20}?` twice around a case-insensitive alternation, from every `aws`) needs a quote then 40 key characters
+# (as re.IGNORECASE reads [0-9a-zA-Z]: the Kelvin sign, long s, dotted and dotless i too).
+PATTERN_NEEDS = {
+    r"aws.{0,20}?(?:key|pwd|pw|password|pass|token).{0,20}?[\'\"]([0-9a-zA-Z/+]{40})[\'\"]":
+        re.compile("['\"][0-9a-zA-Z/+\u212a\u017f\u0130\u0131]{40}"),
+}
+
+
 def _regex_findings(text: str, kind: str, plugin, window_start: int, window_end: int) -> list[Finding]:
     """A plain regex plugin's matches in text[start:end] as spans: its capture group when that is the secret,
     else the whole match. (Its analyze_string reports a group's text, for the GitHub pattern the bare "ghp".)
     """
     found = []
     for regex in plugin.denylist:
+        needs = PATTERN_NEEDS.get(regex.pattern)
+        if needs is not None and needs.search(text, window_start, window_end) is None:
+            continue
         for match in regex.finditer(text, window_start, window_end):
             start, end = match.span()
             for index in range(1, regex.groups + 1):

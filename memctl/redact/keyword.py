@@ -126,7 +126,7 @@ _LAZY = 50  # the semicolon pattern's `[^\s]{0,50}?` between its name and its qu
 
 def _semicolon_starts(text: str, start: int, end: int, first: list[int]) -> list[int]:
     """The word starts from which the semicolon pattern (`password foo "bar";`) can match: its own match costs
-    tens of us a start (`[^\s]{0,50}?` tried after each length of `\w*`), so a start is tried only when an opening
+    tens of us a start (`[^\\s]{0,50}?` tried after each length of `\\w*`), so a start is tried only when an opening
     quote it can use lies within its reach: after its run of word characters and at most 50 other non-blank
     characters, or right after the blanks that follow them."""
     closing: dict[str, list[int]] = {"'": [], '"': [], "`": []}

@@ -398,6 +398,8 @@ def _short_weak_password(value: str) -> bool:
 def _phrase_end(text: str, start: int) -> int | None:
     """The end of a passphrase that fills the rest of its line after `password:` (2 to 6 words, none common), or
     None. Looks at most HEAD characters."""
+    if start + HEAD <= len(text) and text.find("\n", start, start + HEAD) < 0 and text.find(";", start, start + HEAD) < 0:
+        return None  # the line goes on past HEAD: no phrase fills it (the common case, without copying it)
     line = text[start:start + HEAD].split("\n", 1)[0].split(";", 1)[0]
     if len(line) == HEAD:
         return None
