@@ -37,7 +37,8 @@ ADVERSARIAL = ["token:", "password=", "pw: ", "db password: Hunter2x ", "api_key
                "pwd';", "pwd'x';", "password: '", "'a'=='b'!=", "aws key '", "pw: a", "pw: secret ;", "token: a. ",
                "pw: " + "a" * 64 + " ", "cl_key: abcdefghijklmnopqrstuvwx ", "key=" + "0123456789abcdef" * 4 + ";",
                "authorization: ", "https://a:b@c:d@", "token:(a)(b)[c]{d}<e>", "-----END PRIVATE KEY-----",
-               "password is password is ", "passphrase: ", "contraseña='"]
+               "password is password is ", "passphrase: ", "contraseña='", "pwdpwdpwd';`", "+/!=`db_pass=aws ",
+               "aws pw: ", "pwd';`"]
 _WORDS = re.compile(r"\w+")
 
 
