@@ -93,14 +93,14 @@ def starts(text: str, low: str | None = None) -> list[int]:
 
 def values(text: str, start: int, end: int, word_starts: list[int]) -> set[str]:
     """What KeywordDetector().analyze_string(text[start:end]) reports, as a set. `word_starts` is starts(text)."""
+    found: set[str] = set()
+    if _QUOTE_WORD.search(text, start, end) is None:
+        return found
     first, previous = [], -1
     for at in word_starts[bisect.bisect_left(word_starts, start):bisect.bisect_left(word_starts, end)]:
         if previous < 0 or _NOT_WORD.search(text, previous, at) is not None:
             first.append(at)
         previous = at
-    found: set[str] = set()
-    if _QUOTE_WORD.search(text, start, end) is None:
-        return found
     for pattern, group, needs in _patterns()[1]:
         if not isinstance(needs, tuple):
             value = _compared(text, start, end, needs)
@@ -110,7 +110,7 @@ def values(text: str, start: int, end: int, word_starts: list[int]) -> set[str]:
         if text.find(needs[0], start, end) < 0 or needs[1].search(text, start, end) is None:
             continue
         tries = first
-        if needs[0] == ";":
+        if needs[0] == ";" and end - start > _SHORT:
             tries = _semicolon_starts(text, start, end, first)
         match = next((m for at in tries if (m := pattern.match(text, at, end)) is not None), None)
         if match is not None:
@@ -122,6 +122,9 @@ _WORD_RUN = re.compile(r"\w*")
 _SPACE = re.compile(r"\s")
 _SPACES = re.compile(r"\s*")
 _LAZY = 50  # the semicolon pattern's `[^\s]{0,50}?` between its name and its quote
+# A window this short (a line) is tried from each start as it is: its attempts cost at most its length times _LAZY
+# steps, less than looking for openings (hostile text of short lines each holding `pwd'1';`).
+_SHORT = 24
 
 
 def _semicolon_starts(text: str, start: int, end: int, first: list[int]) -> list[int]:
