@@ -103,6 +103,11 @@ def values(text: str, start: int, end: int, word_starts: list[int]) -> set[str]:
         previous = at
     for pattern, group, needs in _patterns()[1]:
         if not isinstance(needs, tuple):
+            if end - start <= _SHORT:  # a short line: its own search, at most _SHORT squared steps
+                match = pattern.search(text, start, end)
+                if match is not None:
+                    found.add(match.group(group))
+                continue
             value = _compared(text, start, end, needs)
             if value is not None:
                 found.add(value)
@@ -122,8 +127,9 @@ _WORD_RUN = re.compile(r"\w*")
 _SPACE = re.compile(r"\s")
 _SPACES = re.compile(r"\s*")
 _LAZY = 50  # the semicolon pattern's `[^\s]{0,50}?` between its name and its quote
-# A window this short (a line) is tried from each start as it is: its attempts cost at most its length times _LAZY
-# steps, less than looking for openings (hostile text of short lines each holding `pwd'1';`).
+# A window this short (a line) is tried from each start as it is, and searched as it is for the comparison pattern:
+# its attempts cost at most its length times _LAZY steps (its length squared), less than looking for openings or
+# closing quotes (hostile text of short lines each holding `pwd'1';` or `'1' == pwd`).
 _SHORT = 24
 
 
