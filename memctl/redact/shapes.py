@@ -274,15 +274,11 @@ _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 def _strip_trailing(value: str) -> str:
     """A bare value without the sentence's punctuation after it: `hunter2.`, `(password=x)`, but `<your-key>`."""
-    return _short_strip_trailing(value) if len(value) <= HEAD else _judge_strip_trailing(value)
+    return _short_strip_trailing(value) if len(value) <= HEAD else _short_strip_trailing.__wrapped__(value)
 
 
 @lru_cache(maxsize=4096)
 def _short_strip_trailing(value: str) -> str:
-    return _judge_strip_trailing(value)
-
-
-def _judge_strip_trailing(value: str) -> str:
     return value[:_stripped_end(value, 0, len(value), {o for o in _CLOSERS.values() if o in value})]
 
 
@@ -292,7 +288,7 @@ def _stripped_end(text: str, start: int, end: int, openers: set) -> int:
     return end
 
 
-_OPENER = re.compile(r"[(\[{<]")
+_OPENER, _NO_OPENERS = re.compile(r"[(\[{<]"), frozenset()
 
 
 class _BareValues:
@@ -318,14 +314,9 @@ class _BareValues:
         return max(start, end)
 
 
-_NO_OPENERS: frozenset = frozenset()
-
-
 def _pair_findings(text: str) -> list[Finding]:
-    """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value.
-
-    Hostile text holds a pair every few characters (`pw: pw: ...`), so this loop is kept tight: one groups() call
-    per match, and every judgment of a short string memoized."""
+    """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value. A tight loop: hostile
+    text holds a pair every few characters (`pw: pw: ...`)."""
     found, bare, reversed_text, at, size = [], _BareValues(text), None, 0, len(text)
     search, append = _PAIR.search, found.append
     while (m := search(text, at)) is not None:
