@@ -247,7 +247,11 @@ def _plugin_findings(text: str, low: str) -> list[Finding]:
             # found by memctl.redact.keyword (the same values in linear time).
             word_starts = keyword.starts(text, low)
             for line in _LINE.finditer(text):
-                for start, end in _windows(text, *line.span()):
+                span = line.span()
+                at = bisect.bisect_left(word_starts, span[0])
+                if at == len(word_starts) or word_starts[at] >= span[1]:
+                    continue  # no DENYLIST word in the line: every pattern starts with one or ends with one
+                for start, end in _windows(text, *span) if span[1] - span[0] > WINDOW else (span,):
                     piece = text[start:end]
                     if not gate(piece, piece.lower()):
                         continue
