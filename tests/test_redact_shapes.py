@@ -8,20 +8,23 @@ machine only makes both slower. tests/bench/redact.py prints the rates.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from memctl import redact
-from memctl.redact import detect
+from memctl.redact import detect, keyword
 from tests.redaction_shapes import CLEAN, OTHER_KEYS, SECRET_KEYS, SECRETS
 
 PIECES = ["token:", "password=", "pw: ", "api_key='", "secret = \"", '"', "'", "`", "Bearer ", "Bearer abcdef0123456789 ",
           "QUJD", "+/", "a1", "f0", "([{", ")]}", "[", "eyJ", "eyJhbGciOi.", "ghp_", "AKIA", "glpat-", "sk-", "xoxb-1-",
           "http://u:", "a://b:c@", "?token=", "&password=", "-----BEGIN PRIVATE KEY-----\n", "\nA", "mysql -p",
           "curl -u a:", "--password ", "docker login -p x ", "fact set db.pw ", "password is ", "key ", "x", "1", ":",
-          "=", " ", ";", "-", ".", "@", "\\"]
+          "=", " ", ";", "-", ".", "@", "\\",
+          # the keyword plugin's patterns and its Cloudant/IBM kin (memctl.redact.keyword, detect.RUN_NEEDED)
+          "pwd';", "'x'==", "=> '", "aws key '", "contraseña='", "a" * 26, "0123456789abcdef" * 3]
 SIZE = 6000  # characters of the smaller text: big enough that a quadratic detector shows, small enough to be quick
 
 
@@ -48,6 +51,8 @@ def copies(shape: str, size: int) -> str:
 @example("api_key='")
 @example("mysql -pabc ")
 @example("curl -u a:")
+@example("pwd';")
+@example("pw: " + "a" * 64 + " ")
 def test_redaction_costs_linear_time_on_adversarial_shapes(shape):
     detect.find("warm up password='x' token: abc")
     small, large = cost(copies(shape, SIZE)), cost(copies(shape, 4 * SIZE))
@@ -122,3 +127,57 @@ def test_block_mode_refuses_the_shapes_people_type(cli, conn, tmp_path):
         refused = cli("episode", "add", text)
         assert refused.exit_code == 1 and secret not in refused.stderr, (text, refused.stderr)
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 0
+
+
+# The keyword plugin's values, found where its patterns can start (memctl.redact.keyword), are its own: same windows,
+# same values, for shapes built against each of its five patterns and their gates.
+KEYWORD_PIECES = ["api_key", "API_KEY", "pwd", "PWD", "password", "PassWord", "secret", "db_pass", "databasekey",
+                  "private_key", "key_pass", "contraseña", "CONTRASEÑA", "pa\u017f\u017fword", "\u212aey", "'", '"', "`",
+                  "=", "==", "!=", "!==", "===", ":", ";", "=>", ":=", " ", "\t", "x", "1", "abc", "[", "]", "[0]", "(",
+                  ".assign", "@", ",", "\n", "\v", "-", "_", "é", "\u0130", "'x'", '"y";', "=> '", "== pwd", "!==password",
+                  "`y`", "`a`b`", "x,", "';", "`;", "`y`;", "b" * 30, "  "]
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(st.lists(st.sampled_from(KEYWORD_PIECES), min_size=1, max_size=40).map("".join), st.integers(0, 400),
+       st.integers(0, 400))
+@example("my_password => 'bar'", 0, 400)
+@example("db_pass: 'hunter2'", 0, 400)
+@example("password foo 'bar';", 0, 400)
+@example("'hunter2' == password", 0, 400)
+@example("x pwd pwdsecret = 'abc'", 2, 400)
+@example("PA\u017f\u017fWORD = 'abc'", 0, 400)
+@example("`a`b` == my_password", 0, 400)
+@example("pwd " + "x" * 49 + " \t'abc';", 0, 400)
+def test_keyword_values_are_the_plugins_own(text, one, other):
+    from detect_secrets.plugins.keyword import KeywordDetector
+
+    start, end = sorted((min(one, len(text)), min(other, len(text))))
+    expected = set(KeywordDetector().analyze_string(text[start:end]))
+    assert keyword.values(text, start, end, keyword.starts(text)) == expected
+
+
+def test_no_denylist_word_ends_inside_another():
+    """keyword.values tries each run of word characters at its first word only: sound while no word sits inside
+    another one after its start and ends before its end."""
+    assert keyword._contained() == set()
+
+
+def test_the_fold_is_re_ignorecase_for_the_denylist_letters():
+    """keyword.starts finds words in a copy folded by keyword.FOLD: every character re.IGNORECASE takes for a
+    letter of a DENYLIST word must fold to it (measured over every code point)."""
+    letters = sorted(set("".join(keyword._patterns()[0])) - {"_"})
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    for letter in letters:
+        for char in set(re.findall("(?i)" + re.escape(letter), every)):
+            assert char.translate(keyword.FOLD) == letter, (letter, char)
+
+
+def test_the_pattern_gates_name_patterns_the_plugins_hold():
+    """detect.PATTERN_NEEDS and RUN_NEEDED skip windows by a pattern's source and a plugin's kind: an upgrade of
+    detect-secrets that renames them must not leave a gate that never applies."""
+    patterns = {regex.pattern for _, plugin, _, plain in detect._plugins() if plain for regex in plugin.denylist}
+    assert set(detect.PATTERN_NEEDS) <= patterns
+    assert set(detect.RUN_NEEDED) <= {kind for kind, _, _, plain in detect._plugins() if plain}
+    aws = "aws_secret_key = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'"
+    assert [f.kind for f in detect.find(aws)] == ["aws-access-key"]

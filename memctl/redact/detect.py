@@ -9,6 +9,7 @@ import re
 from functools import lru_cache
 from typing import Any, Callable
 
+from memctl.redact import keyword
 from memctl.redact.shapes import (
     NOT_A_SECRET,
     Finding,
@@ -133,19 +134,35 @@ def _windows(text: str, start: int = 0, stop: int | None = None):
         start += WINDOW - OVERLAP
 
 
+_WORDISH = re.compile(r"[\w-]")
+
+
 def _occurrences(text: str, value: str, kind: str, start: int, end: int) -> list[Finding]:
     """Where a value a plugin reported in text[start:end] sits there; a short one only as a whole word."""
     value = value.strip(" \t\r\n\"'`")
     if len(value) < 4:
         return []
-    if len(value) < 12:
-        pattern = re.compile(r"(?<![\w-])" + re.escape(value) + r"(?![\w-])")
-        return [Finding(kind, *m.span()) for m in pattern.finditer(text, start, end)]
-    found, at = [], text.find(value, start, end)
+    found, size, at = [], len(value), text.find(value, start, end)
     while at >= 0:
-        found.append(Finding(kind, at, at + len(value)))
-        at = text.find(value, at + len(value), end)
+        after = at + size
+        # A short one only between characters that are not word characters or hyphens (compiling a pattern for
+        # each value cost 50-100 us: hostile lines each holding another value were 0.2 MB/s).
+        if size >= 12 or ((at == 0 or _WORDISH.match(text, at - 1) is None)
+                          and (after >= end or _WORDISH.match(text, after) is None)):
+            found.append(Finding(kind, at, after))
+            at = text.find(value, after, end)
+        else:
+            at = text.find(value, at + 1, end)
     return found
+
+
+# A plugin pattern that needs more than its plugin's gate, by its source: AWS's secret key after `aws` (lazy
+# `.{0,20}?` twice around a case-insensitive alternation, from every `aws`) needs a quote then 40 key characters
+# (as re.IGNORECASE reads [0-9a-zA-Z]: the Kelvin sign, long s, dotted and dotless i too).
+PATTERN_NEEDS = {
+    r"aws.{0,20}?(?:key|pwd|pw|password|pass|token).{0,20}?[\'\"]([0-9a-zA-Z/+]{40})[\'\"]":
+        re.compile("['\"][0-9a-zA-Z/+\u212a\u017f\u0130\u0131]{40}"),
+}
 
 
 def _regex_findings(text: str, kind: str, plugin, window_start: int, window_end: int) -> list[Finding]:
@@ -154,6 +171,9 @@ def _regex_findings(text: str, kind: str, plugin, window_start: int, window_end:
     """
     found = []
     for regex in plugin.denylist:
+        needs = PATTERN_NEEDS.get(regex.pattern)
+        if needs is not None and needs.search(text, window_start, window_end) is None:
+            continue
         for match in regex.finditer(text, window_start, window_end):
             start, end = match.span()
             for index in range(1, regex.groups + 1):
@@ -181,26 +201,69 @@ def _jwt_findings(text: str, plugin) -> list[Finding]:
 _LINE = re.compile(r"[^\r\n]+")
 
 
+# Plugins whose every pattern holds a run of this many characters of [\w-] (their secret: 24 letters or 64 hex
+# digits for Cloudant, 44 for IBM Cloud IAM, 64 for SoftLayer, 48 hex digits for IBM COS): a window without a run
+# that long is not given to them. They run on any text with `key`, `pw`, `pass`, `token` or `secret` in it, at
+# 0.1 us a character each.
+RUN_NEEDED = {"cloudant-credentials": 24, "ibm-cloud-iam-key": 44, "softlayer-credentials": 64, "ibm-cos-hmac-credentials": 48}
+
+
+# ASCII characters that end a run of [\w-], as blanks (other characters are kept: a run found is maybe longer than
+# the plugins' own, never shorter).
+_RUN_BREAKS = str.maketrans({chr(c): " " for c in range(128) if not re.match(r"[\w-]", chr(c))})
+
+
+def _has_run(long_tokens: list[tuple[int, int]], start: int, end: int, need: int) -> bool:
+    """Does one of the runs (sorted spans) hold `need` characters inside text[start:end]?"""
+    at = bisect.bisect_right(long_tokens, (start, start))
+    at = max(0, at - 1)
+    while at < len(long_tokens) and long_tokens[at][0] < end:
+        if min(end, long_tokens[at][1]) - max(start, long_tokens[at][0]) >= need:
+            return True
+        at += 1
+    return False
+
+
 def _plugin_findings(text: str, low: str) -> list[Finding]:
     found: list[Finding] = []
+    long_tokens: list[tuple[int, int]] | None = None
     for kind, plugin, gate, plain in _plugins():
         if gate is not None and not gate(text, low):
             continue
         if kind == "json-web-token":
             found.extend(_jwt_findings(text, plugin))
         elif plain:
+            need = RUN_NEEDED.get(kind)
+            if need and long_tokens is None:
+                runs, shortest = text.translate(_RUN_BREAKS), min(RUN_NEEDED.values())
+                long_tokens = ([m.span() for m in _TOKEN.finditer(runs) if m.end() - m.start() >= shortest]
+                               if max(map(len, runs.split()), default=0) >= shortest else [])
             for start, end in _windows(text):
+                if need and not _has_run(long_tokens, start, end, need):
+                    continue
                 found.extend(_regex_findings(text, kind, plugin, start, end))
-        else:
-            # The keyword plugin reports one value per pattern per call: give it one line (window) at a time.
-            for line in _LINE.finditer(text) if kind == "secret-keyword" else [None]:
-                span = line.span() if line else (0, len(text))
-                for start, end in _windows(text, *span):
+        elif kind == "secret-keyword":
+            # The keyword plugin reports one value per pattern per call: one line (window) at a time, its values
+            # found by memctl.redact.keyword (the same values in linear time).
+            word_starts = keyword.starts(text, low)
+            for line in _LINE.finditer(text):
+                span = line.span()
+                at = bisect.bisect_left(word_starts, span[0])
+                if at == len(word_starts) or word_starts[at] >= span[1]:
+                    continue  # no DENYLIST word in the line: every pattern starts with one or ends with one
+                for start, end in _windows(text, *span) if span[1] - span[0] > WINDOW else (span,):
                     piece = text[start:end]
-                    if gate is not None and not gate(piece, piece.lower()):
+                    if not gate(piece, piece.lower()):
                         continue
-                    for value in set(plugin.analyze_string(piece)):
+                    for value in keyword.values(text, start, end, word_starts):
                         found.extend(_occurrences(text, value, kind, start, end))
+        else:
+            for start, end in _windows(text):
+                piece = text[start:end]
+                if gate is not None and not gate(piece, piece.lower()):
+                    continue
+                for value in set(plugin.analyze_string(piece)):
+                    found.extend(_occurrences(text, value, kind, start, end))
     return found
 
 
@@ -254,8 +317,13 @@ def find(text: str) -> list[Finding]:
     found.extend(shape_findings(text, low))
     if not found:
         return []
-    markers = [m.span() for m in _MARKER.finditer(text)] if "[REDACTED:" in text else []
-    return _merge([f for f in found if not _in_marker(markers, f) and not NOT_A_SECRET.match(text[f.start:f.end])])
+    # One finding per span, the first (detectors report the same value again: the keyword plugin's values, windows
+    # overlapping), then those inside a marker or that are no secret dropped.
+    found = list({(f.start, f.end): f for f in reversed(found)}.values())
+    if "[REDACTED:" in text:
+        markers = [m.span() for m in _MARKER.finditer(text)]
+        found = [f for f in found if not _in_marker(markers, f)]
+    return _merge([f for f in found if not NOT_A_SECRET.match(text[f.start:f.end])])
 
 
 def _in_marker(markers: list[tuple[int, int]], finding: Finding) -> bool:

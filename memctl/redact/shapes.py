@@ -7,8 +7,8 @@ finders for name=value pairs, Authorization headers, passwords on command lines 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 MARKER = "[REDACTED:{}]"
 # A value is judged by its first HEAD characters (and its length): the cost of judging one is bounded, so a
@@ -16,9 +16,9 @@ MARKER = "[REDACTED:{}]"
 HEAD = 128
 
 
-@dataclass(frozen=True)
-class Finding:
-    """A secret in a text: its kind (the marker's name) and its span."""
+class Finding(NamedTuple):
+    """A secret in a text: its kind (the marker's name) and its span. A named tuple: hostile text makes one per
+    few characters, and a frozen dataclass costs four times as much to make."""
 
     kind: str
     start: int
@@ -274,6 +274,11 @@ _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 def _strip_trailing(value: str) -> str:
     """A bare value without the sentence's punctuation after it: `hunter2.`, `(password=x)`, but `<your-key>`."""
+    return _short_strip_trailing(value) if len(value) <= HEAD else _short_strip_trailing.__wrapped__(value)
+
+
+@lru_cache(maxsize=4096)
+def _short_strip_trailing(value: str) -> str:
     return value[:_stripped_end(value, 0, len(value), {o for o in _CLOSERS.values() if o in value})]
 
 
@@ -283,7 +288,7 @@ def _stripped_end(text: str, start: int, end: int, openers: set) -> int:
     return end
 
 
-_OPENER = re.compile(r"[(\[{<]")
+_OPENER, _NO_OPENERS = re.compile(r"[(\[{<]"), frozenset()
 
 
 class _BareValues:
@@ -302,33 +307,45 @@ class _BareValues:
             has = _OPENER.search(self.text, *self.run) is not None
             self.last = {o: self.text.rfind(o, *self.run) for o in _CLOSERS.values()} if has else {}
             self.ends = {}
-        openers = frozenset(o for o, at in self.last.items() if at >= start)
-        if openers not in self.ends:
-            self.ends[openers] = _stripped_end(self.text, start, self.run[1], set(openers))
-        return max(start, self.ends[openers])
+        openers = frozenset(o for o, at in self.last.items() if at >= start) if self.last else _NO_OPENERS
+        end = self.ends.get(openers)
+        if end is None:
+            end = self.ends[openers] = _stripped_end(self.text, start, self.run[1], set(openers))
+        return max(start, end)
 
 
 def _pair_findings(text: str) -> list[Finding]:
-    """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value."""
-    found, bare, reversed_text, at = [], _BareValues(text), None, 0
-    while (m := _PAIR.search(text, at)) is not None:
-        at, name = m.end(), m.group(1)
+    """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value. A tight loop: hostile
+    text holds a pair every few characters (`pw: pw: ...`)."""
+    found, bare, reversed_text, at, size = [], _BareValues(text), None, 0, len(text)
+    search, append = _PAIR.search, found.append
+    while (m := search(text, at)) is not None:
+        at = m.end()
+        name, _, sep, quote, _, _ = m.groups()
         if not _names_words(name):
             continue
+        full = name
         if "." not in name:
-            reversed_text = text[::-1] if reversed_text is None else reversed_text
-            prev = _PREV_WORD_REVERSED.match(reversed_text, len(text) - m.start())
-            name = f"{prev.group(1)[::-1]}_{name}" if prev else name
-        kind = _name_kind(name)
-        if kind is None or m.group(4) == "`":
+            if reversed_text is None:
+                reversed_text = text[::-1]
+            prev = _PREV_WORD_REVERSED.match(reversed_text, size - m.start())
+            if prev is not None:
+                full = f"{prev.group(1)[::-1]}_{name}"
+        kind = _name_kind(full)
+        if kind is None or quote == "`":
             continue
-        sep = m.group(3)
-        if sep.lstrip().startswith("=") and sep.endswith((" ", "\t")) and not sep.startswith((" ", "\t")):
+        if sep[0] == "=" and sep[-1] in " \t":
             continue  # `PGPASSWORD= psql`: an empty assignment before a command
-        quoted = m.group(5) is not None
-        start, end = m.span(5) if quoted else (m.start(6), bare.end(m.start(6)))
-        value = text[start:min(end, start + HEAD)]  # judged by its head: bounded work per pair
-        if end - start < 3 or "[REDACTED:" in value or placeholder(value, m.group(1)):
+        quoted = quote is not None
+        if quoted:
+            start, end = m.span(5)
+        else:
+            start = m.start(6)
+            end = bare.end(start)
+        if end - start < 3:
+            continue
+        value = text[start:end] if end - start <= HEAD else text[start:start + HEAD]  # judged by its head
+        if "[REDACTED:" in value or placeholder(value, name):
             continue
         if not quoted and ":" in sep and not _looks_secret(value, end - start):
             if kind != "password":
@@ -338,9 +355,9 @@ def _pair_findings(text: str) -> list[Finding]:
                 end = phrase  # `Password: correct horse battery staple`
             elif not _weak_password(_strip_trailing(value)):
                 continue
-        found.append(Finding(kind, start, end))
-        if not quoted:  # a pair inside this bare value adds nothing the merge keeps (`token:token:...`)
-            at = max(at, end)
+        append(Finding(kind, start, end))
+        if not quoted and end > at:  # a pair inside this bare value adds nothing the merge keeps (`token:token:...`)
+            at = end
     return found
 
 
@@ -372,6 +389,8 @@ def _short_weak_password(value: str) -> bool:
 def _phrase_end(text: str, start: int) -> int | None:
     """The end of a passphrase that fills the rest of its line after `password:` (2 to 6 words, none common), or
     None. Looks at most HEAD characters."""
+    if start + HEAD <= len(text) and text.find("\n", start, start + HEAD) < 0 and text.find(";", start, start + HEAD) < 0:
+        return None  # the line goes on past HEAD: no phrase fills it (the common case, without copying it)
     line = text[start:start + HEAD].split("\n", 1)[0].split(";", 1)[0]
     if len(line) == HEAD:
         return None
