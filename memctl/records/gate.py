@@ -74,7 +74,7 @@ class NewEpisode:
         return hashlib.sha256(self.content.encode("utf-8")).digest()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Episode:
     """An admitted episode: validated, source allowed, texts redacted, chunks made from its content."""
 
@@ -303,7 +303,7 @@ class Gate:
     def stored_episode(self, agent: str, content: str, meta: dict) -> Episode:
         """An episode already in memory whose text is being rewritten (redact scan --fix): redacted, rechunked."""
         episode = self.episode(NewEpisode(content, DEFAULT_KIND, agent, None, 1, None, meta or {}))
-        return dataclasses.replace(episode, agent=agent)  # the row keeps its agent: its key
+        return _sealed(dataclasses.replace(episode, agent=agent))  # the row keeps its agent: its key
 
     def episode(self, episode: NewEpisode) -> Episode | None:
         """Admit a validated episode; None when the write policy drops it (importance 0)."""
@@ -318,8 +318,8 @@ class Gate:
                                                            episode.source, episode.meta)
         digest = episode.content_hash if content == episode.content else \
             hashlib.sha256(content.encode("utf-8")).digest()
-        return Episode(content, kind, agent, source, episode.importance, episode.created_at, meta,
-                       chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed)
+        return _sealed(Episode(content, kind, agent, source, episode.importance, episode.created_at, meta,
+                               chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed))
 
     def new_episode(self, content: Any, **fields: Any) -> Episode | None:
         return self.episode(validate(self.settings, content, **fields))
@@ -338,16 +338,16 @@ class Gate:
         self.allow(source)
         label = f"fact {key!r}"
         clean_key = self._text(key, "fact key")
-        return FactValue(self._text(namespace, "fact namespace"), clean_key,
-                         self.redactor.named(key, value, f"value of {label}") if value is not None else None,
-                         self._source(source, "fact source"), when)
+        return _sealed(FactValue(self._text(namespace, "fact namespace"), clean_key,
+                                 self.redactor.named(key, value, f"value of {label}") if value is not None else None,
+                                 self._source(source, "fact source"), when))
 
     @staticmethod
     def fact_of(entry: HistoryEntry) -> FactValue:
         """The value an admitted `set` history entry makes current (an import's merge), as it was admitted."""
-        if not isinstance(entry, HistoryEntry) or entry.op != "set" or entry.new_value is None:
+        if not is_admitted(entry, HistoryEntry) or entry.op != "set" or entry.new_value is None:
             raise TypeError("only an admitted set entry with its value makes a fact's value")
-        return FactValue(entry.namespace, entry.key, entry.new_value, entry.source, entry.valid_from)
+        return _sealed(FactValue(entry.namespace, entry.key, entry.new_value, entry.source, entry.valid_from))
 
     def history(self, fact: FactValue, version: Any, op: Any, old_value: Any, new_value: Any, source: Any,
                 changed_at: Any = None, valid_from: Any = None) -> HistoryEntry:
@@ -367,8 +367,8 @@ class Gate:
         if valid is not None and when is not None and valid > when:
             raise BadValue(f"valid_from {valid.isoformat()} is after changed_at {when.isoformat()}: a value cannot "
                            "become true after memctl recorded it", "valid_from")
-        return HistoryEntry(fact.namespace, fact.key, version, op, values[0], values[1],
-                            self._source(source, "fact source"), when, valid)
+        return _sealed(HistoryEntry(fact.namespace, fact.key, version, op, values[0], values[1],
+                                    self._source(source, "fact source"), when, valid))
 
     # runbook runs, lineage, blocked sources
 
@@ -394,7 +394,7 @@ class Gate:
             from memctl import redact
 
             clean["output_tail"] = redact.redact_text(check_value(tail, "output_tail").replace("\x00", ""))
-        return RunRecord(clean)
+        return _sealed(RunRecord(clean))
 
     def lineage(self, agent: Any, summary_id: Any, source_id: Any, source_created_at: Any,
                 source_hash: Any) -> Lineage:
@@ -408,11 +408,11 @@ class Gate:
                 raise BadValue("source_hash: must be hex", "source_hash") from None
         if not isinstance(source_hash, (bytes, bytearray, memoryview)):
             raise BadValue("source_hash: must be hex", "source_hash")
-        return Lineage(self._text(agent, "lineage agent"), ids[0], ids[1],
-                       parse_time(source_created_at, "source_created_at"), bytes(source_hash))
+        return _sealed(Lineage(self._text(agent, "lineage agent"), ids[0], ids[1],
+                               parse_time(source_created_at, "source_created_at"), bytes(source_hash)))
 
     def window_lineage(self, agent: Any, summary_id: Any) -> WindowLineage:
-        return WindowLineage(name(agent, "agent"), integer(summary_id, "summary_id", 1, 2**63 - 1))
+        return _sealed(WindowLineage(name(agent, "agent"), integer(summary_id, "summary_id", 1, 2**63 - 1)))
 
     def blocked_source(self, source: Any, reason: Any = None, blocked_at: Any = None) -> BlockedSource:
         source = name(source, "source")
@@ -420,7 +420,38 @@ class Gate:
             reason = self._text(check_value(reason, "reason"), "block reason")
         when = None if blocked_at is None else parse_time(blocked_at, "blocked_at")
         self.blocking.add(source)
-        return BlockedSource(source, reason, when)
+        return _sealed(BlockedSource(source, reason, when))
+
+
+# --- admission: the records this process's gates made ---------------------------------------------------------
+
+# id -> the record a Gate made (weakly: an entry leaves with its record). The record types are public dataclasses
+# anyone can build, copy (dataclasses.replace) or fill with anything; the store writes only an object found here
+# under its own id, so a record reaches the store only as a gate made it (and frozen: as it was admitted).
+_ADMITTED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _sealed(record):
+    _ADMITTED[id(record)] = record
+    return record
+
+
+def is_admitted(record: Any, kind: type) -> bool:
+    """Whether `record` is a `kind` a gate of this process made (not one built or copied elsewhere)."""
+    return isinstance(record, kind) and _ADMITTED.get(id(record)) is record
+
+
+def admitted(record: Any, kind: type) -> None:
+    """Refuse (TypeError) a record no gate made: the store's first check on every record it writes."""
+    if not is_admitted(record, kind):
+        raise TypeError(f"only an admitted {kind.__name__} is written (got {type(record).__name__} that no gate made): "
+                        "pass it through memctl.records.gate.Gate first")
+
+
+def renumbered(entry: HistoryEntry, version: int) -> HistoryEntry:
+    """An admitted history entry under the next free version of its key (an import's merge)."""
+    admitted(entry, HistoryEntry)
+    return _sealed(dataclasses.replace(entry, version=integer(version, "history version", 1, 2**62)))
 
 
 _WRITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> gates in their writing()
