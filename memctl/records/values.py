@@ -14,6 +14,9 @@ from memctl.errors import BadValue, InvalidInput
 MAX_KEY = 255
 MAX_NAME = 200  # agent, kind, source, namespace: names, not texts
 DEFAULT_NAMESPACE = "default"  # a fact's namespace when none is given
+# Leads every statement that puts or changes data in a memory table (memctl.records.store's writers, and the
+# few UPDATEs listed in docs/testing.md "The writer check"): the test suite's trigger refuses a write without it.
+WRITER = "/* memctl:writer */\n"
 
 
 def no_nul(value: str | None, what: str) -> None:
