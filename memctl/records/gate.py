@@ -88,13 +88,14 @@ class Episode:
     chunks: list[str]
     content_hash: bytes
     redacted: bool  # redaction changed a field
+    secret: bytes | None = None  # when it did: a keyed digest of the fields as they came (repeats.secret_digest)
 
     @functools.cached_property
     def norm_hash(self) -> bytes:
-        """Its text as repeats are told apart (memctl.records.repeats: normalized, hashed)."""
+        """Its fold key (memctl.records.repeats.norm_hash: normalized text, meta, and the digest when redacted)."""
         from memctl.records import repeats
 
-        return repeats.norm_hash(self.content)
+        return repeats.norm_hash(self.content, self.meta, self.secret)
 
 
 def importance_for(settings, kind: str) -> int:
@@ -218,8 +219,12 @@ class Gate:
         self.sources: set[str] = set()  # the sources this gate allowed (SOURCES_KEPT): looked at by confirm()
         self.blocking: set[str] = set()  # sources this write blocks itself (an import's file): not refused
         self._before: dict[str, str | None] | None = None  # what was blocked when self.sources filled up
-        if bulk:
+        self._fold_key: bytes | None = None  # read when redaction first changes an episode
+        if bulk:  # read now: an import's copying thread holds the connection while the next batch is admitted
+            from memctl.records import repeats
+
             self._blocked = self._all_blocked()
+            self._fold_key = repeats.fold_key(conn)
 
     @functools.cached_property
     def chunk_size(self) -> int:
@@ -318,8 +323,18 @@ class Gate:
                                                            episode.source, episode.meta)
         digest = episode.content_hash if content == episode.content else \
             hashlib.sha256(content.encode("utf-8")).digest()
+        secret = self._secret_digest(episode) if changed else None
         return _sealed(Episode(content, kind, agent, source, episode.importance, episode.created_at, meta,
-                               chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed))
+                               chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed, secret))
+
+    def _secret_digest(self, episode: NewEpisode) -> bytes:
+        """What keeps two secrets redacted alike from folding (memctl.records.repeats.secret_digest)."""
+        from memctl.records import repeats
+
+        if self._fold_key is None:
+            self._fold_key = repeats.fold_key(self.conn)
+        return repeats.secret_digest(self._fold_key, {"content": episode.content, "meta": episode.meta,
+                                                      "kind": episode.kind, "source": episode.source})
 
     def new_episode(self, content: Any, **fields: Any) -> Episode | None:
         return self.episode(validate(self.settings, content, **fields))
