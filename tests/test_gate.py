@@ -50,9 +50,10 @@ def test_only_the_gate_writes_memory_tables():
 
 # The modules whose statements carry the writer marker (memctl.records.values.WRITER; the test suite's trigger lets
 # only marked writes into memory tables: tests/test_writer_check.py): the store, and the UPDATEs that count repeats,
-# finish a run, erase a fact's values and rewrite redacted text (docs/testing.md "The writer check").
+# finish a run, erase a fact's values, clear what an erasure removed from runs and rewrite redacted text
+# (docs/testing.md "The writer check").
 MARKED = {"records/values.py", "records/store.py", "records/repeats.py", "records/runbooks.py", "records/facts.py",
-          "upkeep/redact_scan.py"}
+          "records/erasures.py", "upkeep/redact_scan.py"}
 
 
 def test_the_writer_marker_is_used_only_by_the_writers():

@@ -1,24 +1,25 @@
 """The one gate: every record that enters memory passes here.
 
-A record is admitted by a `Gate` (validated, its source checked against the blocked
-sources, every text field redacted or refused per [redaction] mode) and only an admitted
-record can be written, by the writers of memctl.records.store. They hold every
-statement that inserts into or copies into a memory table (store.MEMORY_TABLES):
-tests/test_gate.py reads the library's source and fails if such a statement appears
-anywhere else, so a new write path cannot go around the gate unnoticed.
+A record is admitted by a `Gate` (validated, its source checked against the blocked sources, every text field
+redacted or refused per [redaction] mode) and only an admitted record, the very object a gate made
+(memctl.records.admission), can be written, by the writers of memctl.records.store. They hold every statement
+that inserts into or copies into a memory table (store.MEMORY_TABLES): tests/test_gate.py reads the library's
+source and fails if such a statement appears anywhere else, so a new write path cannot go around the gate unnoticed.
 
 What the gate checks, for every path (`episode add` and `import`, `fact set` and
 `import`, `memctl import`, summaries, runbook run records, the MCP server):
 
-- episodes: content a non-empty string without NUL; kind, agent, source non-empty
-  strings without NUL; importance an integer 0-10 (0: not stored, by the write policy);
-  created_at ISO 8601; meta a JSON object. Content, meta values, kind, source and agent are
-  redacted. Chunks are always made here from the admitted content: a chunk text given by
-  an import is never stored, and its vector is kept only when the text is exactly the
-  chunk made here.
+- episodes: content a non-empty string without NUL; kind, agent, source non-empty strings without NUL; importance
+  an integer 0-10 (0: not stored, by the write policy); created_at ISO 8601; meta a JSON object. Content, meta
+  values, kind, source and agent are redacted. Chunks are always made here from the admitted content: a chunk text
+  given by an import is never stored, and its vector is kept only when the text is exactly the chunk made here.
 - facts and their history: namespace, key, value and source checked and redacted; a value
   under a key that names a secret (`db.password`) is a secret whatever it looks like.
-- runbook runs, summary lineage, blocked sources: types checked, texts redacted.
+- runbook runs (agent, name, commit, output; outcome ok/failed/null), summary lineage, blocked sources (the
+  name too: a writer's source is matched as given and as stored): types checked, texts redacted.
+- sizes: [limits] episode_bytes (content), meta_bytes, value_bytes (fact and history values, reasons, commits),
+  and an episode's created_at no earlier than 1900 nor later than [limits] clock_skew from now
+  (memctl.records.values.Limits), exit 2 naming the setting.
 - every source (of an episode, a fact, a history entry) checked against blocked_sources, and again
   as the write commits (Gate.writing): a source blocked while an import ran refuses the whole import.
 
@@ -40,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked, InvalidInput
-from memctl.records import chunking, values
+from memctl.records import chunking, repeats, values
+from memctl.records.admission import admitted, is_admitted, seal as _sealed
 from memctl.records.values import check_key, check_value, integer, name, parse_time
 from memctl.records.values import no_nul as _no_nul, shown as _shown
 
@@ -93,8 +95,6 @@ class Episode:
     @functools.cached_property
     def norm_hash(self) -> bytes:
         """Its fold key (memctl.records.repeats.norm_hash: normalized text, meta, and the digest when redacted)."""
-        from memctl.records import repeats
-
         return repeats.norm_hash(self.content, self.meta, self.secret)
 
 
@@ -104,9 +104,14 @@ def importance_for(settings, kind: str) -> int:
 
 
 def validate(settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
-             importance: Any = None, created_at: Any = None, meta: Any = None) -> NewEpisode:
+             importance: Any = None, created_at: Any = None, meta: Any = None,
+             limits: values.Limits | None = None) -> NewEpisode:
+    """An episode's fields checked: types, NUL, names, importance, the [limits] (content and meta bytes, a
+    created_at between 1900 and clock_skew from now). `limits`: the settings' (given by a caller that checks many)."""
     if not isinstance(content, str):
         raise BadValue(f"content: must be a string, got {_shown(content)}", "content")
+    limits = limits or values.Limits.of(settings)
+    values.within(content, limits.episode_bytes, "content", "episode_bytes")
     if not content.strip():
         raise InvalidInput("the episode text is empty")
     _no_nul(content, "episode text")
@@ -114,7 +119,7 @@ def validate(settings, content: Any, *, kind: Any = None, source: Any = None, ag
     agent = name(agent, "agent", default=DEFAULT_AGENT)
     source = name(source, "source", optional=True)
     importance = importance_for(settings, kind) if importance is None else integer(importance, "importance", 0, 10)
-    when = None if created_at is None else parse_time(created_at)
+    when = None if created_at is None else values.in_time(parse_time(created_at), limits)
     if meta is None:
         meta = {}
     if not isinstance(meta, dict):
@@ -123,9 +128,11 @@ def validate(settings, content: Any, *, kind: Any = None, source: Any = None, ag
         return NewEpisode(content, kind, agent, source, importance, when, meta)
     try:
         encoded = json.dumps(meta, allow_nan=False)
-        json.dumps(meta, ensure_ascii=False).encode("utf-8")
+        stored = json.dumps(meta, ensure_ascii=False).encode("utf-8")
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise BadValue(f"meta: not storable as JSON ({type(exc).__name__})", "meta") from None
+    if len(stored) > limits.meta_bytes:
+        raise BadValue(values.too_long("meta", len(stored), limits.meta_bytes, "meta_bytes"), "meta")
     if "\\u0000" in encoded:
         raise BadValue("meta: contains a NUL character, which PostgreSQL jsonb cannot store", "meta")
     return NewEpisode(content, kind, agent, source, importance, when, meta)
@@ -221,10 +228,17 @@ class Gate:
         self._before: dict[str, str | None] | None = None  # what was blocked when self.sources filled up
         self._fold_key: bytes | None = None  # read when redaction first changes an episode
         if bulk:  # read now: an import's copying thread holds the connection while the next batch is admitted
-            from memctl.records import repeats
-
             self._blocked = self._all_blocked()
             self._fold_key = repeats.fold_key(conn)
+
+    @functools.cached_property
+    def limits(self) -> values.Limits:
+        """[limits] of the settings (a gate given none: the configuration's, as the CLI would load it)."""
+        if self.settings is None:
+            from memctl import config
+
+            return values.Limits.of(config.load())
+        return values.Limits.of(self.settings)
 
     @functools.cached_property
     def chunk_size(self) -> int:
@@ -238,21 +252,25 @@ class Gate:
     # sources
 
     def allow(self, source: str | None) -> None:
-        """Refuse a blocked source (Blocked, exit 1, with the reason)."""
+        """Refuse a blocked source (Blocked, exit 1, with the reason), by its name as given or as the gate stores
+        it (stored_name: redacted), so a source blocked under a name holding a password is refused either way."""
         if source is None:
             return
-        if source not in self.sources:
-            if len(self.sources) < SOURCES_KEPT:
-                self.sources.add(source)
-            elif self._before is None:  # memory stays flat: confirm() then refuses on any block made since
-                self._before = self._blocked if self._blocked is not None else self._all_blocked()
+        names = _forms(source)
+        for form in names:
+            if form not in self.sources:
+                if len(self.sources) < SOURCES_KEPT:
+                    self.sources.add(form)
+                elif self._before is None:  # memory stays flat: confirm() then refuses on any block made since
+                    self._before = self._blocked if self._blocked is not None else self._all_blocked()
         if self._blocked is not None:
-            if source in self._blocked:
-                refuse(source, self._blocked[source])
+            for form in names:
+                if form in self._blocked:
+                    refuse(names[-1], self._blocked[form])
             return
-        row = self.conn.execute(CHECK_BLOCKED, (source,)).fetchone()
+        row = self.conn.execute(CHECK_BLOCKED_ANY, (list(names),)).fetchone()
         if row is not None:
-            refuse(source, row["reason"])
+            refuse(names[-1], row["reason"])
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -297,11 +315,8 @@ class Gate:
         return self.redactor.text(value, what)
 
     def _source(self, source: str | None, what: str) -> str | None:
-        """An allowed source as stored: redacted, and the redacted name allowed too (it is what is kept)."""
-        clean = self._text(source, what)
-        if clean != source:
-            self.allow(clean)
-        return clean
+        """An allowed source as stored: redacted (allow() looked at this form too: it is what is kept)."""
+        return self._text(source, what)
 
     # episodes
 
@@ -323,18 +338,13 @@ class Gate:
                                                            episode.source, episode.meta)
         digest = episode.content_hash if content == episode.content else \
             hashlib.sha256(content.encode("utf-8")).digest()
-        secret = self._secret_digest(episode) if changed else None
+        secret = None
+        if changed:  # what keeps two secrets redacted alike from folding (memctl.records.repeats.secret_digest)
+            self._fold_key = self._fold_key or repeats.fold_key(self.conn)
+            secret = repeats.secret_digest(self._fold_key, {"content": episode.content, "meta": episode.meta,
+                                                            "kind": episode.kind, "source": episode.source})
         return _sealed(Episode(content, kind, agent, source, episode.importance, episode.created_at, meta,
                                chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed, secret))
-
-    def _secret_digest(self, episode: NewEpisode) -> bytes:
-        """What keeps two secrets redacted alike from folding (memctl.records.repeats.secret_digest)."""
-        from memctl.records import repeats
-
-        if self._fold_key is None:
-            self._fold_key = repeats.fold_key(self.conn)
-        return repeats.secret_digest(self._fold_key, {"content": episode.content, "meta": episode.meta,
-                                                      "kind": episode.kind, "source": episode.source})
 
     def new_episode(self, content: Any, **fields: Any) -> Episode | None:
         return self.episode(validate(self.settings, content, **fields))
@@ -349,13 +359,14 @@ class Gate:
         key = check_key(key)
         source = name(source, "source", optional=True)
         if value is not None:
-            value = check_value(value)
+            value = check_value(value, limit=self.limits.value_bytes)
         self.allow(source)
-        label = f"fact {key!r}"
+        # One rule on every path: a value is judged by its key as stored (redacted), the key `redact scan` reads
+        # and an export carries, so the gate, the scan and an import of the export all store the same value.
         clean_key = self._text(key, "fact key")
         return _sealed(FactValue(self._text(namespace, "fact namespace"), clean_key,
-                                 self.redactor.named(key, value, f"value of {label}") if value is not None else None,
-                                 self._source(source, "fact source"), when))
+                                 self.redactor.named(clean_key, value, f"value of fact {clean_key!r}")
+                                 if value is not None else None, self._source(source, "fact source"), when))
 
     @staticmethod
     def fact_of(entry: HistoryEntry) -> FactValue:
@@ -374,7 +385,7 @@ class Gate:
         values = []
         for what, value in (("old_value", old_value), ("new_value", new_value)):
             if value is not None:
-                check_value(value, f"history {what}")
+                check_value(value, f"history {what}", self.limits.value_bytes)
                 value = self.redactor.named(fact.key, value, f"history of fact {fact.key!r}")
             values.append(value)
         when = None if changed_at is None else parse_time(changed_at, "changed_at")
@@ -388,13 +399,14 @@ class Gate:
     # runbook runs, lineage, blocked sources
 
     def run_record(self, row: dict) -> RunRecord:
-        """A runbook run's record; its output is a log, so secrets in it are always replaced."""
+        """A runbook run's record: every text (agent, name, commit, outcome, output) redacted as any field is."""
         clean = dict(row)
         clean["agent"] = self._text(name(row.get("agent"), "agent", default=DEFAULT_AGENT), "run agent")
-        clean["name"] = name(row.get("name"), "name")
-        for column in ("commit", "outcome"):
-            if clean.get(column) is not None and not isinstance(clean[column], str):
-                raise BadValue(f"{column}: must be a string, got {_shown(clean[column])}", column)
+        clean["name"] = self._text(name(row.get("name"), "name"), "run name")
+        if clean.get("commit") is not None:
+            clean["commit"] = self._text(check_value(clean["commit"], "commit", self.limits.value_bytes), "run commit")
+        if clean.get("outcome") not in RUN_OUTCOMES:  # a word of a list: no text that could hold a secret
+            raise BadValue("outcome: must be ok, failed or null (the value is not shown: it is not one)", "outcome")
         for column in ("steps", "from_step", "failed_step", "exit_code"):
             if clean.get(column) is not None:
                 clean[column] = integer(clean[column], column, -2**31, 2**31 - 1)
@@ -404,12 +416,17 @@ class Gate:
         for column in ("started_at", "finished_at"):
             if clean.get(column) is not None:
                 clean[column] = parse_time(clean[column], column)
-        tail = clean.get("output_tail")
-        if tail is not None:
-            from memctl import redact
-
-            clean["output_tail"] = redact.redact_text(check_value(tail, "output_tail").replace("\x00", ""))
+        if clean.get("output_tail") is not None:
+            clean["output_tail"] = self.run_output(clean["output_tail"])
         return _sealed(RunRecord(clean))
+
+    def run_output(self, tail: Any) -> str:
+        """A run's output as stored: at most [limits] episode_bytes, connection passwords masked (a log never
+        holds one, whatever the mode), then redacted or refused (block mode) as any text."""
+        from memctl.config import mask_secrets
+
+        text = check_value(tail, "output_tail", self.limits.episode_bytes, "episode_bytes")
+        return self._text(mask_secrets(text), "run output")
 
     def lineage(self, agent: Any, summary_id: Any, source_id: Any, source_created_at: Any,
                 source_hash: Any) -> Lineage:
@@ -432,35 +449,11 @@ class Gate:
     def blocked_source(self, source: Any, reason: Any = None, blocked_at: Any = None) -> BlockedSource:
         source = name(source, "source")
         if reason is not None:
-            reason = self._text(check_value(reason, "reason"), "block reason")
+            reason = self._text(check_value(reason, "reason", self.limits.value_bytes), "block reason")
         when = None if blocked_at is None else parse_time(blocked_at, "blocked_at")
-        self.blocking.add(source)
-        return _sealed(BlockedSource(source, reason, when))
-
-
-# --- admission: the records this process's gates made ---------------------------------------------------------
-
-# id -> the record a Gate made (weakly: an entry leaves with its record). The record types are public dataclasses
-# anyone can build, copy (dataclasses.replace) or fill with anything; the store writes only an object found here
-# under its own id, so a record reaches the store only as a gate made it (and frozen: as it was admitted).
-_ADMITTED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def _sealed(record):
-    _ADMITTED[id(record)] = record
-    return record
-
-
-def is_admitted(record: Any, kind: type) -> bool:
-    """Whether `record` is a `kind` a gate of this process made (not one built or copied elsewhere)."""
-    return isinstance(record, kind) and _ADMITTED.get(id(record)) is record
-
-
-def admitted(record: Any, kind: type) -> None:
-    """Refuse (TypeError) a record no gate made: the store's first check on every record it writes."""
-    if not is_admitted(record, kind):
-        raise TypeError(f"only an admitted {kind.__name__} is written (got {type(record).__name__} that no gate made): "
-                        "pass it through memctl.records.gate.Gate first")
+        stored = self._text(source, "blocked source")  # a writer's source is matched in this form too (allow)
+        self.blocking.update(_forms(source) + (stored,))
+        return _sealed(BlockedSource(stored, reason, when))
 
 
 def renumbered(entry: HistoryEntry, version: int) -> HistoryEntry:
@@ -478,13 +471,27 @@ def writing_on(conn, source: str | None) -> bool:
     return any(admit.covers(source) for admit in _WRITING.get(conn, ()))
 
 
+@functools.lru_cache(maxsize=4096)
+def stored_name(source: str) -> str:
+    """A source's name as the gate stores it in redact mode: every secret in it a marker (a blocked
+    `https://user:pw@feeds...` is kept, listed and exported so, and still refuses the writer that names it)."""
+    from memctl import redact
+
+    return redact.redact_text(source) or source
+
+
+def _forms(source: str) -> tuple[str, ...]:
+    """The names a source is blocked under: as given and as stored (the same for most); the stored one last."""
+    clean = stored_name(source)
+    return (source,) if clean == source else (source, clean)
+
+
 def refuse(source: str, reason: str | None, *, late: bool = False) -> None:
     because = f": {reason}" if reason else ""
     state = "was blocked while this write ran (nothing of the write was kept)" if late else "is blocked"
     raise Blocked(f"source {source!r} {state}{because} (memctl source unblock {source!r} to allow it again)")
 
 
-CHECK_BLOCKED = "SELECT reason FROM blocked_sources WHERE source = %s"
 SOURCES_KEPT = 10_000  # distinct sources a write keeps for confirm()
 CHECK_BLOCKED_ANY = "SELECT source, reason FROM blocked_sources WHERE source = ANY(%s) ORDER BY source LIMIT 1"
 BLOCKED = "SELECT source, reason FROM blocked_sources"
