@@ -39,6 +39,35 @@ from psycopg.conninfo import make_conninfo
 from tests.ollama_server import local_embedder_available
 
 TEMPLATE = "memctl_test_template"
+
+# The writer check (docs/testing.md): in every test database (the template's copies), a statement-level trigger on
+# each memory table refuses an INSERT, UPDATE, MERGE, COPY ... FROM or TRUNCATE whose statement text does not carry
+# the writer marker (memctl.records.values.WRITER), whatever its spelling, so any test that reaches a write around
+# memctl.records.store fails with the statement quoted. DELETE is not checked: removal brings nothing in.
+WRITER_CHECK = """
+CREATE FUNCTION memctl_test_writer_check() RETURNS trigger LANGUAGE plpgsql AS $check$
+BEGIN
+  IF strpos(coalesce(current_query(), ''), %(marker)s) = 0 THEN
+    RAISE EXCEPTION 'memctl test writer check: % on % by a statement without the writer marker: %',
+      TG_OP, TG_TABLE_NAME, left(current_query(), 300) USING ERRCODE = 'P0037';
+  END IF;
+  RETURN NULL;
+END
+$check$
+"""
+WRITER_TRIGGER = ("CREATE TRIGGER memctl_test_writer BEFORE INSERT OR UPDATE OR TRUNCATE ON {} "
+                  "FOR EACH STATEMENT EXECUTE FUNCTION memctl_test_writer_check()")
+WRITER_REFUSED = "P0037"
+
+
+def install_writer_check(conn) -> None:
+    from memctl.records import store
+    from memctl.records.values import WRITER
+
+    marker = WRITER.strip()
+    conn.execute(sql.SQL(WRITER_CHECK.replace("%(marker)s", "{}")).format(sql.Literal(marker)))
+    for table in store.MEMORY_TABLES:
+        conn.execute(sql.SQL(WRITER_TRIGGER).format(sql.Identifier(table)))
 # The local embedder remembers verified weights in the user cache dir: tests keep their own.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="memctl-test-cache-")
 
@@ -92,6 +121,7 @@ def pg_server():
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
     with db.connect(_db_url(admin, TEMPLATE)) as conn:
         migrate.apply(conn)
+        install_writer_check(conn)
     yield admin
     with psycopg.connect(admin, autocommit=True) as conn:
         drop_database(conn, TEMPLATE)
@@ -168,9 +198,14 @@ def fresh_database(pg_server: str, prefix: str = "memctl_t"):
 
 
 @pytest.fixture
-def db_url(pg_server):
-    """A fresh, migrated database for this test; dropped afterwards."""
+def db_url(pg_server, request):
+    """A fresh, migrated database for this test; dropped afterwards. With the writer check (WRITER_CHECK) unless
+    the test is marked writer_check_off: a restore into the database it was dumped from recreates the check's
+    function, which the database still has (pg_restore is exempt from the rule anyway: docs/testing.md)."""
     with fresh_database(pg_server) as url:
+        if request.node.get_closest_marker("writer_check_off") is not None:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("DROP FUNCTION memctl_test_writer_check() CASCADE")
         yield url
 
 

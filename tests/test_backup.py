@@ -176,6 +176,7 @@ def test_verify_into_an_empty_database_the_operator_names(cli, memctl_env, tmp_p
     assert out.exit_code == 1 and "empty database only" in out.stderr
 
 
+@pytest.mark.writer_check_off
 def test_restore_replaces_memory_after_a_safety_backup(cli, conn, memctl_env, tmp_path):
     directory = configure(memctl_env, tmp_path)
     fill(cli)
@@ -211,6 +212,7 @@ def test_restore_replaces_memory_after_a_safety_backup(cli, conn, memctl_env, tm
     assert cli("fact", "get", "written.after", "-f", "json").json()["value"] == "the backup"
 
 
+@pytest.mark.writer_check_off
 def test_a_restore_that_does_not_match_its_manifest_changes_nothing(cli, conn, memctl_env, tmp_path):
     configure(memctl_env, tmp_path)
     fill(cli)
@@ -302,6 +304,7 @@ def test_rotate_deletes_only_backups_and_stale_leftovers(tmp_path):
                                                    names["C"], names["E"], names["G"]])
 
 
+@pytest.mark.writer_check_off
 def test_the_newest_client_programs_restore_into_this_server(db_url, tmp_path, conn):
     """A dump by a newer pg_dump than the server (the wheel's 18 on PostgreSQL 15) restores: the header
     settings an older server lacks (SET transaction_timeout) are left out."""

@@ -47,7 +47,7 @@ def disk():
         mount.rmdir()
         pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}): needs root with CAP_SYS_ADMIN")
     config = Path(tempfile.mkdtemp(prefix="memctl-diskfull-cfg-")) / "config.toml"
-    config.touch()
+    config.write_text("[limits]\nvalue_bytes = 1048576\n")  # a fact value of BIG characters (the default is 64 KiB)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMCTL_", "PG"))}
     env.update(MEMCTL_HOME=str(mount / "home"), MEMCTL_CONFIG=str(config), MEMCTL_EMBEDDER="hash",
                MEMCTL_EMBED_MODEL="hash-embed")

@@ -75,6 +75,7 @@ def test_every_erasure_is_in_the_table_and_the_file_never_the_text(cli, conn, me
     assert conn.execute("SELECT count(*) AS n FROM erasures").fetchone()["n"] == 3
 
 
+@pytest.mark.writer_check_off  # a restore into the database its dump came from (tests/conftest.py)
 def test_restore_re_applies_every_erasure_newer_than_the_backup(cli, conn, memctl_env, tmp_path):
     configure(memctl_env, tmp_path)
     leak, value, gone = marker("leak"), marker("value"), marker("gone")
@@ -191,6 +192,7 @@ def test_full_leaves_the_marker_in_no_file_of_the_data_directory(cli, conn, memc
     assert _files_holding(pgdata, value.encode()) == []
 
 
+@pytest.mark.writer_check_off  # a restore into the database its dump came from (tests/conftest.py)
 def test_the_issue_check_through_the_installed_binary(memctl_bin, memctl_env, conn, tmp_path):
     """Issue 41's check, as an operator runs it: the installed memctl in a subprocess."""
     configure(memctl_env, tmp_path)
@@ -227,6 +229,7 @@ def test_the_issue_check_through_the_installed_binary(memctl_bin, memctl_env, co
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 
 
+@pytest.mark.writer_check_off  # a restore into the database its dump came from (tests/conftest.py)
 def test_a_redaction_fix_and_a_prune_of_a_blocked_source_are_erasures_too(cli, conn, memctl_env, tmp_path):
     configure(memctl_env, tmp_path)
     Path(memctl_env["MEMCTL_CONFIG"]).write_text(Path(memctl_env["MEMCTL_CONFIG"]).read_text()

@@ -11,6 +11,7 @@ import pytest
 from memctl import db
 from memctl.errors import BadValue, NotFound
 from memctl.records import facts
+from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
 
 UTC = datetime.timezone.utc
 MON, TUE, WED, THU = "2026-08-10T00:00:00Z", "2026-08-11T03:10:00Z", "2026-08-12T12:00:00Z", "2026-08-13T00:00:00Z"
@@ -263,10 +264,10 @@ def test_the_migration_gives_existing_versions_their_recorded_time(empty_db_url,
             shutil.copy(m.path, older / m.name)
     with db.connect(empty_db_url) as conn:
         migrate.apply(conn, older)
-        conn.execute("INSERT INTO fact_history (namespace, key, version, op, new_value, changed_at) "
+        conn.execute(WRITER + "INSERT INTO fact_history (namespace, key, version, op, new_value, changed_at) "
                      "VALUES ('default', 'k', 1, 'set', 'v1', '2026-08-10T00:00:00Z'), "
                      "('default', 'k', 2, 'set', 'v2', '2026-08-12T00:00:00Z')")
-        conn.execute("INSERT INTO facts (namespace, key, value, version, updated_at) "
+        conn.execute(WRITER + "INSERT INTO facts (namespace, key, value, version, updated_at) "
                      "VALUES ('default', 'k', 'v2', 2, '2026-08-12T00:00:00.5Z')")
         assert "0012_facts_valid_time.sql" in [m.name for m in migrate.apply(conn)]
         rows = conn.execute("SELECT valid_from = changed_at AS same FROM fact_history").fetchall()

@@ -48,6 +48,22 @@ def test_only_the_gate_writes_memory_tables():
         f"the gate's writers (memctl/records/store.py) no longer write {set(store.MEMORY_TABLES) - written}"
 
 
+# The modules whose statements carry the writer marker (memctl.records.values.WRITER; the test suite's trigger lets
+# only marked writes into memory tables: tests/test_writer_check.py): the store, and the UPDATEs that count repeats,
+# finish a run, erase a fact's values, clear what an erasure removed from runs and rewrite redacted text
+# (docs/testing.md "The writer check").
+MARKED = {"records/values.py", "records/store.py", "records/repeats.py", "records/runbooks.py", "records/facts.py",
+          "records/erasures.py", "upkeep/redact_scan.py"}
+
+
+def test_the_writer_marker_is_used_only_by_the_writers():
+    from memctl.records.values import WRITER
+
+    users = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+             if "WRITER" in p.read_text() or WRITER.strip() in p.read_text()}
+    assert users == MARKED
+
+
 def test_the_pattern_catches_a_side_door():
     """The scan above would see the kind of statement the import (then transfer.py) used to hold."""
     door = 'COPY episodes (id, agent, kind, content) FROM STDIN (FORMAT BINARY)'
@@ -61,6 +77,43 @@ def test_writers_take_only_admitted_records(conn, settings_obj):
         with conn.transaction():
             store.insert_episode(conn, raw)
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 0
+
+
+def test_a_record_built_or_copied_outside_the_gate_is_refused(conn, settings_obj):
+    """The record types are public dataclasses: one built by hand, or a copy of an admitted one with a field
+    changed, is refused by every writer, inside a gate's writing() or not; the gate's own record is written."""
+    import dataclasses
+
+    from memctl import redact
+
+    admit = gate.Gate(conn, settings_obj, redact.Redactor("redact"))
+    real = admit.new_episode("admitted text", source="ops")
+    forged = gate.Episode(f"token {GITHUB}", "observation", "default", "ops", 5, None, {}, [f"token {GITHUB}"],
+                          b"\0" * 32, False)
+    fact = admit.fact("default", "db.host", "10.0.0.9", "ops")
+    writes = [lambda: store.insert_episode(conn, forged),
+              lambda: store.insert_episode(conn, dataclasses.replace(real, content=f"token {GITHUB}")),
+              lambda: store.insert_chunks(conn, forged, 1),
+              lambda: store.copy_episodes(conn, [forged], now=datetime.datetime.now(datetime.timezone.utc), queued=[]),
+              lambda: store.put_fact(conn, gate.FactValue("default", "db.password", "hunter2", "ops"), 1),
+              lambda: store.put_fact(conn, dataclasses.replace(fact, value="hunter2"), 1),
+              lambda: store.insert_history(conn, gate.HistoryEntry("default", "k", 1, "set", None, GITHUB, "ops")),
+              lambda: store.insert_run(conn, gate.RunRecord({"agent": "a", "name": GITHUB})),
+              lambda: store.insert_lineage(conn, [gate.Lineage("a", 1, 2, datetime.datetime.now(), b"")]),
+              lambda: store.insert_window_lineage(conn, gate.WindowLineage("a", 1)),
+              lambda: store.insert_blocked(conn, gate.BlockedSource(GITHUB, GITHUB, None))]
+    for write in writes:
+        with pytest.raises(TypeError, match="admitted"):
+            with admit.writing():
+                write()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        real.content = f"token {GITHUB}"  # type: ignore[misc]
+    assert GITHUB not in json.dumps(conn.execute(
+        "SELECT (SELECT json_agg(e) FROM episodes e) AS e, (SELECT json_agg(f) FROM facts f) AS f, "
+        "(SELECT json_agg(b) FROM blocked_sources b) AS b").fetchone(), default=str)
+    with admit.writing():
+        store.insert_episode(conn, real)
+    assert _count(conn, "episodes") == 1
 
 
 def test_a_sourced_record_is_written_only_inside_its_gates_writing_transaction(conn, settings_obj):

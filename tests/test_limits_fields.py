@@ -12,6 +12,7 @@ import pytest
 from memctl import files, redact
 from memctl.errors import BadValue
 from memctl.records import gate
+from memctl.records.values import WRITER
 from tests.conftest import fresh_database
 
 # Built at run time, so no scanner mistakes this file for a leak.
@@ -207,8 +208,8 @@ def test_an_imported_run_record_is_redacted_in_every_field(cli, conn):
 
 
 def test_redact_scan_finds_and_fixes_a_run_commit_stored_raw(cli, conn):
-    conn.execute("INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
-                 "VALUES ('default', 'rotate', %s, 1, 'ok', 'done')", (f"token={GITHUB}",))
+    conn.execute(WRITER + "INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
+                 "VALUES ('default', 'rotate', %s, 1, 'ok', 'done')", (f"token={GITHUB}",))  # planted raw
     scan = cli("redact", "scan", "-f", "json")
     assert [h["column"] for h in scan.json() if h["table"] == "runbook_runs"] == ["commit"]
     assert cli("redact", "scan", "--fix", "--yes").exit_code == 0
@@ -228,7 +229,7 @@ def test_export_import_of_a_redacted_database_is_the_identity(cli, conn, other_d
     assert cli("fact", "set", "password=Hunter2xyz", "v1").exit_code == 0
     assert cli("fact", "set", "db.password", "Hunter2xyz", "--source", FEED).exit_code == 0
     assert cli("source", "block", f"https://bot:{URL_PW}@spam.example.com", "--reason", f"key {GITHUB}").exit_code == 0
-    conn.execute("INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
+    conn.execute(WRITER + "INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
                  "VALUES ('default', 'rotate [REDACTED:github-token]', '[REDACTED:github-token]', 1, 'ok', 'done')")
     first = cli("export").stdout
     assert GITHUB not in first and URL_PW not in first and "Hunter2xyz" not in first

@@ -338,7 +338,7 @@ def test_a_query_with_no_word_and_a_repeat_say_so(conn, memctl_env, log):
             noise = await s.ok("search", query="!!!")
             assert noise["results"] == [] and "no word" in noise["note"]
             first = await s.ok("remember", content="disk 91% on web-3")
-            again = await s.ok("remember", content="Disk 91% on web-3.")
+            again = await s.ok("remember", content="Disk  91% on WEB-3")
             assert "folded_into" not in first and again["folded_into"] == first["id"]
 
     run(scenario)

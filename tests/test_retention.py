@@ -18,6 +18,7 @@ from memctl.embedding.embedders import HashEmbedder
 from memctl.errors import MemctlError
 from memctl.records import jobs
 from memctl.upkeep import policy as policy_mod, prune
+from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
 
 NOW = datetime.datetime.now(datetime.timezone.utc)
 POLICY = '[retention]\nraw = "30d"\nsummary = "365d"\n'
@@ -209,7 +210,7 @@ def old_job(conn, job: str, outcome: str, *, days: float) -> int:
 
 
 def old_run(conn, name: str, outcome: str, *, days: float) -> None:
-    conn.execute("INSERT INTO runbook_runs (name, commit, steps, outcome, started_at) "
+    conn.execute(WRITER + "INSERT INTO runbook_runs (name, commit, steps, outcome, started_at) "
                  "VALUES (%s, 'c0ffee', 1, %s, now() - make_interval(secs => %s))", (name, outcome, days * 86400))
 
 

@@ -524,6 +524,7 @@ def with_password(db_url: str, invented: str) -> tuple[str, str]:
     return make_conninfo(db_url, password=password), password
 
 
+@pytest.mark.writer_check_off
 def test_restore_database_runbook(cli, shipped, db_url, conn, tmp_path):
     from memctl.records import facts
 

@@ -15,6 +15,7 @@ from psycopg import sql
 from memctl import db
 from memctl.embedding import footprint, models
 from memctl.upkeep import size
+from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
 
 KINDS = ("observation", "conversation", "summary")
 AGENTS = ("default", "ops-bot")
@@ -289,9 +290,9 @@ def test_estimate_matches_a_measured_vector_table_and_index(conn, dims, kind):
     from memctl.embedding.embedders import HashEmbedder
 
     rows = 1500
-    conn.execute("""INSERT INTO episodes (id, agent, content, content_hash, importance)
+    conn.execute(WRITER + """INSERT INTO episodes (id, agent, content, content_hash, importance)
         SELECT g, 'default', 'episode ' || g, sha256(('e' || g)::bytea), 5 FROM generate_series(1, %s) g""", (rows,))
-    conn.execute("""INSERT INTO chunks (agent, episode_id, seq, content, content_hash)
+    conn.execute(WRITER + """INSERT INTO chunks (agent, episode_id, seq, content, content_hash)
         SELECT 'default', g, 0, 'episode ' || g, sha256(('episode ' || g)::bytea) FROM generate_series(1, %s) g""",
                  (rows,))
     model = models.register(conn, HashEmbedder("h", dims=dims), state="active", storage=kind, build_index=False)

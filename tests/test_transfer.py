@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
 from tests.conftest import fresh_database
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
@@ -174,10 +175,10 @@ def test_lineage_and_runbook_runs_are_remapped_to_the_new_ids(cli, conn, other_d
         ("web1 disk full at 03:10", "2026-08-01T03:10:00Z"), ("rotated nginx logs", "2026-08-01T03:20:00Z"),
         ("pruned source", "2026-08-01T03:30:00Z"), ("summary: disk full, logs rotated", "2026-08-02T00:00:00Z"))]
     first, second, pruned, summary = ids
-    conn.execute("INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash) "
+    conn.execute(WRITER + "INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash) "
                  "SELECT agent, %s, id, created_at, content_hash FROM episodes WHERE id = ANY(%s)",
                  (summary, [first, second, pruned]))
-    conn.execute("INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail, episode_id) "
+    conn.execute(WRITER + "INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail, episode_id) "
                  "VALUES ('default', 'rotate-logs', 'abc123', 2, 'ok', 'done', %s)", (second,))
     assert cli("episode", "delete", str(pruned)).exit_code == 0
     export = cli("export").stdout

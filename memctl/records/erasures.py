@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from memctl.errors import MemctlError
+from memctl.records.values import WRITER
 
 KEY_BYTES = 32
 OPS = ("purge", "fact_erase", "episode_delete", "redact_fix", "prune_blocked")
@@ -297,7 +298,7 @@ JOIN k ON c.agent = k.agent AND c.episode_id = k.id
 """
 MODELS = "SELECT table_name, state FROM embedding_models ORDER BY id"
 # A run whose record episode is erased keeps its outcome, not the link nor the output the episode repeated.
-UNLINK_RUNS = KEYS + """
+UNLINK_RUNS = WRITER + KEYS + """
 UPDATE runbook_runs r SET episode_id = NULL, output_tail = %(erased)s
 FROM k WHERE r.agent = k.agent AND r.episode_id = k.id
 """
@@ -351,7 +352,7 @@ QUOTING_RUNS = """
 SELECT r.agent, r.id, r.output_tail FROM runbook_runs r
 WHERE EXISTS (SELECT 1 FROM unnest(%(raw)s::text[]) AS t(raw) WHERE strpos(r.output_tail, t.raw) > 0)
 """
-SET_RUN = "UPDATE runbook_runs SET output_tail = %s WHERE agent = %s AND id = %s"
+SET_RUN = WRITER + "UPDATE runbook_runs SET output_tail = %s WHERE agent = %s AND id = %s"
 
 
 def _replace(value: Any, texts: list[str]) -> Any:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 from memctl import jsonl
 from memctl.errors import BadValue, InvalidInput, NotFound
 from memctl.records import values
+from memctl.records.values import WRITER
 
 if TYPE_CHECKING:
     from memctl import redact
@@ -266,7 +267,7 @@ def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: s
     return Change(namespace, key, "delete", old, None, last + 1, source)
 
 
-ERASE_VALUES = """
+ERASE_VALUES = WRITER + """
 UPDATE fact_history SET old_value = NULL, new_value = NULL
 WHERE namespace = %s AND key = %s AND (old_value IS NOT NULL OR new_value IS NOT NULL)
 """

@@ -1,21 +1,18 @@
 """The one gate: every record that enters memory passes here.
 
-A record is admitted by a `Gate` (validated, its source checked against the blocked
-sources, every text field redacted or refused per [redaction] mode) and only an admitted
-record can be written, by the writers of memctl.records.store. They hold every
-statement that inserts into or copies into a memory table (store.MEMORY_TABLES):
-tests/test_gate.py reads the library's source and fails if such a statement appears
-anywhere else, so a new write path cannot go around the gate unnoticed.
+A record is admitted by a `Gate` (validated, its source checked against the blocked sources, every text field
+redacted or refused per [redaction] mode) and only an admitted record, the very object a gate made
+(memctl.records.admission), can be written, by the writers of memctl.records.store. They hold every statement
+that inserts into or copies into a memory table (store.MEMORY_TABLES): tests/test_gate.py reads the library's
+source and fails if such a statement appears anywhere else, so a new write path cannot go around the gate unnoticed.
 
 What the gate checks, for every path (`episode add` and `import`, `fact set` and
 `import`, `memctl import`, summaries, runbook run records, the MCP server):
 
-- episodes: content a non-empty string without NUL; kind, agent, source non-empty
-  strings without NUL; importance an integer 0-10 (0: not stored, by the write policy);
-  created_at ISO 8601; meta a JSON object. Content, meta values, kind, source and agent are
-  redacted. Chunks are always made here from the admitted content: a chunk text given by
-  an import is never stored, and its vector is kept only when the text is exactly the
-  chunk made here.
+- episodes: content a non-empty string without NUL; kind, agent, source non-empty strings without NUL; importance
+  an integer 0-10 (0: not stored, by the write policy); created_at ISO 8601; meta a JSON object. Content, meta
+  values, kind, source and agent are redacted. Chunks are always made here from the admitted content: a chunk text
+  given by an import is never stored, and its vector is kept only when the text is exactly the chunk made here.
 - facts and their history: namespace, key, value and source checked and redacted; a value
   under a key that names a secret (`db.password`) is a secret whatever it looks like.
 - runbook runs (agent, name, commit, output; outcome ok/failed/null), summary lineage, blocked sources (the
@@ -44,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked, InvalidInput
-from memctl.records import chunking, values
+from memctl.records import chunking, repeats, values
+from memctl.records.admission import admitted, is_admitted, seal as _sealed
 from memctl.records.values import check_key, check_value, integer, name, parse_time
 from memctl.records.values import no_nul as _no_nul, shown as _shown
 
@@ -78,7 +76,7 @@ class NewEpisode:
         return hashlib.sha256(self.content.encode("utf-8")).digest()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Episode:
     """An admitted episode: validated, source allowed, texts redacted, chunks made from its content."""
 
@@ -92,13 +90,12 @@ class Episode:
     chunks: list[str]
     content_hash: bytes
     redacted: bool  # redaction changed a field
+    secret: bytes | None = None  # when it did: a keyed digest of the fields as they came (repeats.secret_digest)
 
     @functools.cached_property
     def norm_hash(self) -> bytes:
-        """Its text as repeats are told apart (memctl.records.repeats: normalized, hashed)."""
-        from memctl.records import repeats
-
-        return repeats.norm_hash(self.content)
+        """Its fold key (memctl.records.repeats.norm_hash: normalized text, meta, and the digest when redacted)."""
+        return repeats.norm_hash(self.content, self.meta, self.secret)
 
 
 def importance_for(settings, kind: str) -> int:
@@ -229,8 +226,10 @@ class Gate:
         self.sources: set[str] = set()  # the sources this gate allowed (SOURCES_KEPT): looked at by confirm()
         self.blocking: set[str] = set()  # sources this write blocks itself (an import's file): not refused
         self._before: dict[str, str | None] | None = None  # what was blocked when self.sources filled up
-        if bulk:
+        self._fold_key: bytes | None = None  # read when redaction first changes an episode
+        if bulk:  # read now: an import's copying thread holds the connection while the next batch is admitted
             self._blocked = self._all_blocked()
+            self._fold_key = repeats.fold_key(conn)
 
     @functools.cached_property
     def limits(self) -> values.Limits:
@@ -324,7 +323,7 @@ class Gate:
     def stored_episode(self, agent: str, content: str, meta: dict) -> Episode:
         """An episode already in memory whose text is being rewritten (redact scan --fix): redacted, rechunked."""
         episode = self.episode(NewEpisode(content, DEFAULT_KIND, agent, None, 1, None, meta or {}))
-        return dataclasses.replace(episode, agent=agent)  # the row keeps its agent: its key
+        return _sealed(dataclasses.replace(episode, agent=agent))  # the row keeps its agent: its key
 
     def episode(self, episode: NewEpisode) -> Episode | None:
         """Admit a validated episode; None when the write policy drops it (importance 0)."""
@@ -339,8 +338,13 @@ class Gate:
                                                            episode.source, episode.meta)
         digest = episode.content_hash if content == episode.content else \
             hashlib.sha256(content.encode("utf-8")).digest()
-        return Episode(content, kind, agent, source, episode.importance, episode.created_at, meta,
-                       chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed)
+        secret = None
+        if changed:  # what keeps two secrets redacted alike from folding (memctl.records.repeats.secret_digest)
+            self._fold_key = self._fold_key or repeats.fold_key(self.conn)
+            secret = repeats.secret_digest(self._fold_key, {"content": episode.content, "meta": episode.meta,
+                                                            "kind": episode.kind, "source": episode.source})
+        return _sealed(Episode(content, kind, agent, source, episode.importance, episode.created_at, meta,
+                               chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed, secret))
 
     def new_episode(self, content: Any, **fields: Any) -> Episode | None:
         return self.episode(validate(self.settings, content, **fields))
@@ -360,16 +364,16 @@ class Gate:
         # One rule on every path: a value is judged by its key as stored (redacted), the key `redact scan` reads
         # and an export carries, so the gate, the scan and an import of the export all store the same value.
         clean_key = self._text(key, "fact key")
-        return FactValue(self._text(namespace, "fact namespace"), clean_key,
-                         self.redactor.named(clean_key, value, f"value of fact {clean_key!r}")
-                         if value is not None else None, self._source(source, "fact source"), when)
+        return _sealed(FactValue(self._text(namespace, "fact namespace"), clean_key,
+                                 self.redactor.named(clean_key, value, f"value of fact {clean_key!r}")
+                                 if value is not None else None, self._source(source, "fact source"), when))
 
     @staticmethod
     def fact_of(entry: HistoryEntry) -> FactValue:
         """The value an admitted `set` history entry makes current (an import's merge), as it was admitted."""
-        if not isinstance(entry, HistoryEntry) or entry.op != "set" or entry.new_value is None:
+        if not is_admitted(entry, HistoryEntry) or entry.op != "set" or entry.new_value is None:
             raise TypeError("only an admitted set entry with its value makes a fact's value")
-        return FactValue(entry.namespace, entry.key, entry.new_value, entry.source, entry.valid_from)
+        return _sealed(FactValue(entry.namespace, entry.key, entry.new_value, entry.source, entry.valid_from))
 
     def history(self, fact: FactValue, version: Any, op: Any, old_value: Any, new_value: Any, source: Any,
                 changed_at: Any = None, valid_from: Any = None) -> HistoryEntry:
@@ -389,8 +393,8 @@ class Gate:
         if valid is not None and when is not None and valid > when:
             raise BadValue(f"valid_from {valid.isoformat()} is after changed_at {when.isoformat()}: a value cannot "
                            "become true after memctl recorded it", "valid_from")
-        return HistoryEntry(fact.namespace, fact.key, version, op, values[0], values[1],
-                            self._source(source, "fact source"), when, valid)
+        return _sealed(HistoryEntry(fact.namespace, fact.key, version, op, values[0], values[1],
+                                    self._source(source, "fact source"), when, valid))
 
     # runbook runs, lineage, blocked sources
 
@@ -414,7 +418,7 @@ class Gate:
                 clean[column] = parse_time(clean[column], column)
         if clean.get("output_tail") is not None:
             clean["output_tail"] = self.run_output(clean["output_tail"])
-        return RunRecord(clean)
+        return _sealed(RunRecord(clean))
 
     def run_output(self, tail: Any) -> str:
         """A run's output as stored: at most [limits] episode_bytes, connection passwords masked (a log never
@@ -436,11 +440,11 @@ class Gate:
                 raise BadValue("source_hash: must be hex", "source_hash") from None
         if not isinstance(source_hash, (bytes, bytearray, memoryview)):
             raise BadValue("source_hash: must be hex", "source_hash")
-        return Lineage(self._text(agent, "lineage agent"), ids[0], ids[1],
-                       parse_time(source_created_at, "source_created_at"), bytes(source_hash))
+        return _sealed(Lineage(self._text(agent, "lineage agent"), ids[0], ids[1],
+                               parse_time(source_created_at, "source_created_at"), bytes(source_hash)))
 
     def window_lineage(self, agent: Any, summary_id: Any) -> WindowLineage:
-        return WindowLineage(name(agent, "agent"), integer(summary_id, "summary_id", 1, 2**63 - 1))
+        return _sealed(WindowLineage(name(agent, "agent"), integer(summary_id, "summary_id", 1, 2**63 - 1)))
 
     def blocked_source(self, source: Any, reason: Any = None, blocked_at: Any = None) -> BlockedSource:
         source = name(source, "source")
@@ -449,7 +453,13 @@ class Gate:
         when = None if blocked_at is None else parse_time(blocked_at, "blocked_at")
         stored = self._text(source, "blocked source")  # a writer's source is matched in this form too (allow)
         self.blocking.update(_forms(source) + (stored,))
-        return BlockedSource(stored, reason, when)
+        return _sealed(BlockedSource(stored, reason, when))
+
+
+def renumbered(entry: HistoryEntry, version: int) -> HistoryEntry:
+    """An admitted history entry under the next free version of its key (an import's merge)."""
+    admitted(entry, HistoryEntry)
+    return _sealed(dataclasses.replace(entry, version=integer(version, "history version", 1, 2**62)))
 
 
 _WRITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> gates in their writing()

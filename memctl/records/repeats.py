@@ -4,8 +4,9 @@ and importance said, within [episodes] repeat_window of that one's last sighting
 A repeat is a row of its own (its text, time and meta kept, `repeat_of` = the first's id) with no chunks, so
 it is never embedded; the first counts it (`repeats`: the repeat rows linked to it now, the first not
 counted) and carries the latest time it was seen (`last_seen_at`, NULL while it has no repeat). "The same"
-is the same normalized text (normalize): NFKC, case folded, whitespace collapsed, sentence punctuation and
-quotes around it stripped; digits are kept, so "disk 91%" and "disk 92%" are two readings, not one.
+is the same fold key (norm_hash): the normalized text (NFKC, case folded, whitespace collapsed; punctuation and
+digits kept, so "deploy?" and "deploy!", "disk 91%" and "disk 92%" are two), the same meta, and, for an episode
+redaction changed, the same text as it came (a keyed digest: secret_digest), so two secrets redacted alike differ.
 
 The window slides: a repeat extends its first's span, so an alert every five minutes for a week is one
 first with its repeats; a gap longer than the window starts a new first. Writers of one agent take turns
@@ -19,27 +20,53 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import hmac
+import json
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from memctl.records.values import WRITER
+
 DEFAULT_WINDOW = "1d"
 LOCK_CLASS = 0x6D726570  # "mrep": advisory lock namespace, one lock per agent
-# Stripped from both ends after the whitespace: sentence punctuation and quotes, not %, #, -, brackets or
-# units, which belong to a reading ("91%", "-5", "(web-3)").
-EDGES = " .,;:!?\"'`\u2018\u2019\u201c\u201d\u00ab\u00bb"
 HASH_BYTES = 16  # of sha256: an index key half the size, collisions still out of reach
 
 
 def normalize(text: str) -> str:
-    """The text two episodes must share to be one event: NFKC, case folded, whitespace collapsed, edges stripped."""
+    """The text two episodes must share to be one event: NFKC, case folded, whitespace collapsed and trimmed.
+    Punctuation is kept: "Should we roll back the deploy?" is not "... deploy!"."""
     if not text.isascii():  # ASCII is its own NFKC form; skipping the pass is most of an import's cost here
         text = unicodedata.normalize("NFKC", text)
-    return " ".join(text.casefold().split()).strip(EDGES)
+    return " ".join(text.casefold().split())
 
 
-def norm_hash(text: str) -> bytes:
-    return hashlib.sha256(normalize(text).encode("utf-8")).digest()[:HASH_BYTES]
+def norm_hash(text: str, meta: dict | None = None, secret: bytes | None = None) -> bytes:
+    """The fold key: the normalized text, the meta exactly (keys sorted), and `secret_digest` when redaction
+    changed the episode. Text holds no NUL (the gate refuses it), so the parts cannot run into each other."""
+    digest = hashlib.sha256(normalize(text).encode("utf-8"))
+    if meta:
+        digest.update(b"\0meta\0" + _canonical(meta))
+    if secret is not None:
+        digest.update(b"\0secret\0" + secret)
+    return digest.digest()[:HASH_BYTES]
+
+
+def secret_digest(key: bytes, fields: dict) -> bytes:
+    """An HMAC (sha256, under the database's fold_key) of an episode's fields as they came, before redaction: two
+    different tokens redacted alike get different fold keys, and without the key no guess can be checked."""
+    return hmac.new(key, _canonical(fields), hashlib.sha256).digest()
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8")
+
+
+FOLD_KEY = "SELECT key FROM fold_key"
+
+
+def fold_key(conn) -> bytes:
+    return bytes(conn.execute(FOLD_KEY).fetchone()["key"])
 
 
 def window_seconds(settings) -> float | None:
@@ -76,7 +103,7 @@ WHERE agent = %(agent)s AND norm_hash = %(norm)s AND repeat_of IS NULL AND kind 
 ORDER BY created_at DESC, id DESC LIMIT 1
 FOR NO KEY UPDATE
 """
-BUMP = """
+BUMP = WRITER + """
 UPDATE episodes SET repeats = repeats + 1,
        last_seen_at = greatest(coalesce(last_seen_at, created_at), coalesce(%(at)s, now()))
 WHERE agent = %(agent)s AND id = %(id)s
@@ -108,7 +135,7 @@ WHERE agent = %(agent)s AND norm_hash = ANY(%(norms)s) AND repeat_of IS NULL AND
   AND (%(lo)s::timestamptz IS NULL OR coalesce(last_seen_at, created_at) >= %(lo)s)
 FOR NO KEY UPDATE
 """
-BUMP_MANY = """
+BUMP_MANY = WRITER + """
 UPDATE episodes f SET repeats = f.repeats + d.n,
        last_seen_at = greatest(coalesce(f.last_seen_at, f.created_at), d.latest)
 FROM unnest(%(ids)s::bigint[], %(n)s::int[], %(latest)s::timestamptz[]) AS d(id, n, latest)
@@ -236,7 +263,7 @@ def settle(conn, fold: BatchFold) -> None:
 # After repeats were deleted (in this transaction): their firsts' counts go down by what went, and last_seen_at
 # is found again unless the latest sighting stayed. Incremental, so a repeat linked by a writer meanwhile (which
 # this statement waits for, then sees the row it updated) keeps its count.
-RECOUNT = """
+RECOUNT = WRITER + """
 UPDATE episodes f SET repeats = greatest(f.repeats - d.n, 0),
        last_seen_at = CASE WHEN f.last_seen_at > d.newest THEN f.last_seen_at ELSE
            (SELECT max(r.created_at) FROM episodes r WHERE r.agent = f.agent AND r.repeat_of = f.id) END

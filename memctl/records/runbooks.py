@@ -19,6 +19,7 @@ from typing import Callable
 
 from memctl.errors import ConfigError, InvalidInput, MemctlError, NotFound, Unavailable, UsageError
 from memctl.records.runbook_format import NOT_RUNBOOKS, Runbook, Step, check_name, parse  # noqa: F401 - the public API
+from memctl.records.values import WRITER
 
 TAIL_BYTES = 64 * 1024
 MARKER_ROOM = 64  # "[N earlier bytes of output not kept]\n" fits
@@ -231,14 +232,14 @@ class _Tail:
         return f"[{dropped} earlier bytes of output not kept]\n" + kept.decode("utf-8")
 
 
-FINISH_RUN = """
+FINISH_RUN = WRITER + """
 UPDATE runbook_runs
    SET finished_at = now(), outcome = %(outcome)s, failed_step = %(failed_step)s, exit_code = %(exit_code)s,
        duration_s = %(duration_s)s, output_tail = %(output_tail)s
  WHERE agent = %(agent)s AND id = %(id)s
 RETURNING *
 """
-SET_EPISODE = "UPDATE runbook_runs SET episode_id = %s WHERE agent = %s AND id = %s"
+SET_EPISODE = WRITER + "UPDATE runbook_runs SET episode_id = %s WHERE agent = %s AND id = %s"
 
 
 def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: int = 1, agent: str = "default",

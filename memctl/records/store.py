@@ -14,16 +14,14 @@ from typing import Any, Callable, Iterable
 
 from memctl.records import gate
 from memctl.records.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
+from memctl.records.values import WRITER
 
 # The tables that hold memory. embed_queue, embed_failures, the vector tables (the embed worker's output
 # from chunks already admitted), jobs and episode_access hold no record that enters from outside.
 MEMORY_TABLES = ("episodes", "chunks", "facts", "fact_history", "summary_sources", "runbook_runs", "blocked_sources")
 
 
-def _admitted(record: Any, kind: type) -> None:
-    if not isinstance(record, kind):
-        raise TypeError(f"only an admitted {kind.__name__} is written (got {type(record).__name__}): pass it "
-                        "through memctl.records.gate.Gate first")
+_admitted = gate.admitted  # a record a Gate made, not one of the same type built or copied elsewhere
 
 
 def _sourced(conn, record: Any, kind: type) -> None:
@@ -36,13 +34,13 @@ def _sourced(conn, record: Any, kind: type) -> None:
                         "it commits")
 
 
-INSERT_EPISODE = """
+INSERT_EPISODE = WRITER + """
 INSERT INTO episodes (agent, kind, content, content_hash, source, importance, created_at, meta, norm_hash, repeat_of)
 VALUES (%(agent)s, %(kind)s, %(content)s, %(content_hash)s, %(source)s, %(importance)s,
         coalesce(%(created_at)s, now()), %(meta)s, %(norm_hash)s, %(repeat_of)s)
 RETURNING id
 """
-INSERT_CHUNK = """
+INSERT_CHUNK = WRITER + """
 INSERT INTO chunks (agent, episode_id, seq, content, content_hash) VALUES (%s, %s, %s, %s, %s) RETURNING id
 """
 ENQUEUE_EPISODE = """
@@ -87,12 +85,12 @@ EPISODE_SEQ = "SELECT pg_get_serial_sequence('episodes', 'id') AS s"
 CHUNK_SEQ = "SELECT pg_get_serial_sequence('chunks', 'id') AS s"
 # One array, not a row per id: 5,000 rows cost the import's copying thread 20 ms a batch to read.
 TAKE_IDS = "SELECT array(SELECT nextval(%s::regclass) FROM generate_series(1, %s)) AS ids"
-COPY_EPISODES = """COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at, meta,
+COPY_EPISODES = WRITER + """COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at, meta,
                       norm_hash, repeat_of, repeats, last_seen_at)
 FROM STDIN (FORMAT BINARY)"""
 EPISODE_TYPES = ["int8", "text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb", "bytea", "int8",
                  "int4", "timestamptz"]
-COPY_CHUNKS = "COPY chunks (id, agent, episode_id, seq, content, content_hash) FROM STDIN (FORMAT BINARY)"
+COPY_CHUNKS = WRITER + "COPY chunks (id, agent, episode_id, seq, content, content_hash) FROM STDIN (FORMAT BINARY)"
 CHUNK_TYPES = ["int8", "text", "int8", "int4", "text", "bytea"]
 QUEUED_MODELS = "SELECT id FROM embedding_models WHERE state IN ('active', 'backfill') ORDER BY id"
 COPY_QUEUE = "COPY embed_queue (model_id, agent, chunk_id) FROM STDIN (FORMAT BINARY)"
@@ -191,14 +189,14 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
 # valid_from (when the value became true) defaults to the time the row is recorded. A version is recorded
 # at the clock's time when it is written, under the key's lock, not at its transaction's start: versions of
 # one key then follow each other in time, so a plain set is always the latest valid (memctl.records.facts).
-UPSERT_FACT = """
+UPSERT_FACT = WRITER + """
 INSERT INTO facts (namespace, key, value, source, version, updated_at, valid_from)
 VALUES (%s, %s, %s, %s, %s, coalesce(%s, now()), coalesce(%s, %s, now()))
 ON CONFLICT (namespace, key) DO UPDATE
    SET value = excluded.value, source = excluded.source, version = excluded.version, updated_at = excluded.updated_at,
        valid_from = excluded.valid_from
 """
-INSERT_HISTORY = """
+INSERT_HISTORY = WRITER + """
 INSERT INTO fact_history (namespace, key, version, op, old_value, new_value, source, changed_at, valid_from)
 SELECT %s, %s, %s, %s, %s, %s, %s, t.at, coalesce(%s, t.at)
 FROM (SELECT coalesce(%s::timestamptz, clock_timestamp()) AS at) AS t
@@ -220,7 +218,7 @@ def insert_history(conn, entry: HistoryEntry) -> dict:
                                          entry.changed_at)).fetchone()
 
 
-INSERT_RUN = """
+INSERT_RUN = WRITER + """
 INSERT INTO runbook_runs (agent, name, commit, dirty, steps, from_step)
 VALUES (%(agent)s, %(name)s, %(commit)s, %(dirty)s, %(steps)s, %(from_step)s)
 RETURNING id, started_at
@@ -228,14 +226,14 @@ RETURNING id, started_at
 # The run's own row can vanish during the run: restoring the memory database
 # from a dump replaces runbook_runs. Then the finished record is written again
 # (with a new id: the restored identity sequence knows nothing of the old one).
-REINSERT_RUN = """
+REINSERT_RUN = WRITER + """
 INSERT INTO runbook_runs (agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
                           failed_step, exit_code, duration_s, output_tail)
 VALUES (%(agent)s, %(name)s, %(commit)s, %(dirty)s, %(started_at)s, now(), %(outcome)s, %(steps)s,
         %(from_step)s, %(failed_step)s, %(exit_code)s, %(duration_s)s, %(output_tail)s)
 RETURNING *
 """
-IMPORT_RUN = """
+IMPORT_RUN = WRITER + """
 INSERT INTO runbook_runs (agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
                           failed_step, exit_code, duration_s, output_tail, episode_id)
 SELECT %(agent)s, %(name)s, %(commit)s, %(dirty)s, %(started_at)s, %(finished_at)s, %(outcome)s, %(steps)s,
@@ -252,7 +250,7 @@ def insert_run(conn, record: RunRecord, how: str = "start"):
     return conn.execute(RUN_STATEMENTS[how], record.row)
 
 
-INSERT_LINEAGE = """
+INSERT_LINEAGE = WRITER + """
 INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash)
 VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING
 """
@@ -269,7 +267,7 @@ def insert_lineage(conn, rows: Iterable[Lineage]) -> int:
 
 
 # summarize_input: the window's episodes as summarize recorded them (memctl.upkeep.summarize), in this session.
-INSERT_WINDOW_LINEAGE = """
+INSERT_WINDOW_LINEAGE = WRITER + """
 INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash)
 SELECT %(agent)s, %(summary_id)s, i.id, i.created_at, i.content_hash FROM summarize_input i
 """
@@ -281,12 +279,12 @@ def insert_window_lineage(conn, lineage: WindowLineage) -> int:
     return conn.execute(INSERT_WINDOW_LINEAGE, {"agent": lineage.agent, "summary_id": lineage.summary_id}).rowcount
 
 
-BLOCK = """
+BLOCK = WRITER + """
 INSERT INTO blocked_sources (source, reason, blocked_at) VALUES (%s, %s, coalesce(%s::timestamptz, now()))
 ON CONFLICT (source) DO UPDATE SET reason = excluded.reason
 RETURNING source, reason, blocked_at, (xmax = 0) AS inserted
 """
-BLOCK_IF_NEW = """
+BLOCK_IF_NEW = WRITER + """
 INSERT INTO blocked_sources (source, reason, blocked_at) VALUES (%s, %s, coalesce(%s::timestamptz, now()))
 ON CONFLICT (source) DO NOTHING
 """

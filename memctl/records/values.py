@@ -15,6 +15,9 @@ from memctl.errors import BadValue, InvalidInput
 MAX_KEY = 255
 MAX_NAME = 200  # agent, kind, source, namespace: names, not texts
 DEFAULT_NAMESPACE = "default"  # a fact's namespace when none is given
+# Leads every statement that puts or changes data in a memory table (memctl.records.store's writers, and the
+# few UPDATEs listed in docs/testing.md "The writer check"): the test suite's trigger refuses a write without it.
+WRITER = "/* memctl:writer */\n"
 EARLIEST = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)  # no memory is older than this
 
 

@@ -15,7 +15,6 @@ needed); otherwise, or when redaction changed an episode, its chunks are made an
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import math
@@ -237,7 +236,7 @@ class _Loader:
         if source is None:  # pruned before the export: an id that names no episode here
             found = self.conn.execute(FIND_EPISODE, (row.agent, row.source_hash, row.source_created_at)).fetchone()
             source = found["id"] if found else -abs(row.source_id)
-        row = gate.Lineage(row.agent, row.summary_id, source, row.source_created_at, row.source_hash)
+        row = self.gate.lineage(row.agent, row.summary_id, source, row.source_created_at, row.source_hash)
         self.result.summary_sources += store.insert_lineage(self.conn, [row])
 
     def _runbook_run(self, item: dict) -> None:
@@ -434,7 +433,7 @@ def merge_fact(conn, admit: gate.Gate, item: dict, result: ImportResult) -> None
     added = []
     for offset, entry in enumerate(new, start=1):
         if here:
-            entry = dataclasses.replace(entry, version=last + offset)
+            entry = gate.renumbered(entry, last + offset)
         store.insert_history(conn, entry)
         added.append(entry)
     result.fact_changes += len(new)

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from memctl.db import locks
 from memctl.records import facts
+from memctl.records.values import WRITER
 from memctl.redact import Redactor, find, redact_named, redact_text, redact_value
 
 
@@ -165,21 +166,21 @@ def scan(conn) -> Scan:
 GET_EPISODE = """
 SELECT kind, source, content, meta, repeat_of FROM episodes WHERE agent = %s AND id = %s FOR UPDATE
 """
-SET_EPISODE = """
+SET_EPISODE = WRITER + """
 UPDATE episodes SET kind = %s, source = %s, content = %s, content_hash = %s, norm_hash = %s, meta = %s
 WHERE agent = %s AND id = %s
 """
-SET_REASON = "UPDATE blocked_sources SET reason = %s WHERE source = %s"
+SET_REASON = WRITER + "UPDATE blocked_sources SET reason = %s WHERE source = %s"
 DROP_CHUNKS = "DELETE FROM chunks WHERE agent = %s AND episode_id = %s"
-SET_FACT = "UPDATE facts SET value = %s, source = %s WHERE namespace = %s AND key = %s"
+SET_FACT = WRITER + "UPDATE facts SET value = %s, source = %s WHERE namespace = %s AND key = %s"
 GET_FACT = "SELECT value, source FROM facts WHERE namespace = %s AND key = %s FOR UPDATE"
-CLEAR_OLD = "UPDATE fact_history SET old_value = NULL WHERE id = %s"
-CLEAR_NEW = "UPDATE fact_history SET new_value = NULL WHERE id = %s"
-CLEAR_SOURCE = "UPDATE fact_history SET source = NULL WHERE id = %s"
+CLEAR_OLD = WRITER + "UPDATE fact_history SET old_value = NULL WHERE id = %s"
+CLEAR_NEW = WRITER + "UPDATE fact_history SET new_value = NULL WHERE id = %s"
+CLEAR_SOURCE = WRITER + "UPDATE fact_history SET source = NULL WHERE id = %s"
 GET_JOB = "SELECT error, detail FROM jobs WHERE id = %s FOR UPDATE"
 SET_JOB = "UPDATE jobs SET error = %s, detail = %s::jsonb WHERE id = %s"
 GET_RUN = "SELECT commit, output_tail FROM runbook_runs WHERE agent = %s AND id = %s FOR UPDATE"
-SET_RUN = "UPDATE runbook_runs SET commit = %s, output_tail = %s WHERE agent = %s AND id = %s"
+SET_RUN = WRITER + "UPDATE runbook_runs SET commit = %s, output_tail = %s WHERE agent = %s AND id = %s"
 
 
 def fix(conn, settings, found: Scan) -> Fixed:

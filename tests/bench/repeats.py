@@ -3,9 +3,10 @@
 The corpus: one agent's week of monitoring and notes. Twenty alert rules fire in incidents (from 30 minutes to
 12 hours, a new alert every five minutes while firing): twelve say the same text each time, five carry a
 reading that changes hourly ("disk 91% on web-3"), three one that changes every sample ("load 3.27 on db-1":
-these never fold, digits are kept); one alert in ten is written with other case or a trailing full stop. Among
-them 300 distinct notes (deploys, tickets, findings). The same rows are loaded by `episode import`'s library
-call into two fresh databases, [episodes] fold on and off, and embedded by the hash embedder.
+these never fold, digits are kept); one alert in ten is written with other case or a trailing full stop (a
+full stop no longer folds: punctuation is kept). Among them 300 distinct notes (deploys, tickets, findings).
+The same rows are loaded by `episode import`'s library call into two fresh databases, [episodes] fold on and
+off, and embedded by the hash embedder.
 
 Printed, for each: rows stored, firsts, chunks the embed worker gets (one queue row and one vector row each,
 per model), texts the embedder is asked for (the worker copies the vector of a text it embedded before, so

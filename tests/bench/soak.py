@@ -22,13 +22,25 @@ restarted; the data filesystem filled to the last byte, held, then freed.
 At the end (Ollama up, space free, the queue drained): every acknowledged write present exactly once
 (an old episode pruned after a summary holds it counts as present), an import all or nothing, no
 orphaned chunk, every chunk embedded or failed with a reason, summary lineage consistent, no
-traceback on any stderr, and the server stopping and starting clean. Prints the figures; exit 0
-when every check holds and every kind of fault was injected. Root only (it mounts a filesystem).
+traceback on any stderr, no command exiting with a code the moment does not explain (EXPECTED_EXITS: 3 while
+the server or Ollama is away, 5 on a full disk; any other, 1 included, fails the soak), every kind of write
+acknowledged at least once, and the server stopping and starting clean. Prints the figures; exit 0 when every
+check holds and every kind of fault was injected. Root only (it mounts a filesystem).
+
+Two topologies (--topology):
+  standard  the embedded server started on demand by the first command that needs it (kill -9 of the
+            postmaster: the next command starts it again)
+  managed   `memctl db serve` owns the server (DESIGN.md decision 9), run by a supervisor loop here as
+            memctl-db.service's Restart= would; commands never start a server and exit 3 while it is down.
+            Its fault is kill_serve: kill -9 of serve's whole process group (systemd kills the unit's
+            cgroup), then the supervisor restarts it after a second. As root, serve runs the server as
+            the owner of MEMCTL_HOME: a system user (memctl_tsrv, as tests/test_db_serve.py uses)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import errno
 import json
@@ -49,6 +61,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 FAULT_KINDS = ("kill_embed_worker", "kill_import", "ollama_restart", "kill_postmaster", "disk_full")
+TOPOLOGY_FAULTS = {"standard": FAULT_KINDS,
+                   "managed": ("kill_embed_worker", "kill_import", "ollama_restart", "kill_serve", "disk_full")}
+SERVER_USER = "memctl_tsrv"  # owns a managed home, as tests/test_db_serve.py's
+SERVE_READY = "memctl: embedded database ready"
 WRITES = ("episode", "import", "fact")
 PROFILES = {"short": 2.0, "full": 30.0}
 VOCABULARY = ("disk", "deploy", "nginx", "rotated", "failed", "restart", "replica", "volume", "alert", "queue",
@@ -115,6 +131,13 @@ class Soak:
         self.backup = False
         self.mounted = False
         self.ollama = None
+        self.faults = TOPOLOGY_FAULTS[args.topology]
+        self.managed = args.topology == "managed"
+        self.serve: subprocess.Popen | None = None  # managed: `memctl db serve` now
+        self.serve_held = threading.Event()  # managed: set while the supervisor must not restart it
+        self.serve_done = threading.Event()  # managed: set at the end: the supervisor ends
+        self.serve_log = self.work / "serve.log"
+        self.serve_starts = 0
 
     # ------------------------------------------------------------------ set-up
 
@@ -144,6 +167,8 @@ class Soak:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMCTL_", "PG", "OLLAMA_"))}
         self.env.update(MEMCTL_HOME=str(self.home), MEMCTL_CONFIG=str(config), OLLAMA_HOST=self.ollama.url)
         os.environ["MEMCTL_HOME"] = str(self.home)  # for memctl.db.embedded.status() in this process
+        if self.managed:
+            self.start_managed()
         first = self.memctl("setup", ["fact", "set", "soak.start", self.run_id])
         if first.rc != 0:
             raise SystemExit(f"soak: the first command failed ({first.rc}): {first.err.strip()}")
@@ -162,13 +187,70 @@ class Soak:
             proc.terminate()
         if self.ollama is not None:
             self.ollama.stop()
+        if self.managed:
+            self.serve_done.set()
+            self.stop_serve()
         if self.mounted:
-            self.memctl("teardown", ["db", "stop"])
+            if not self.managed:
+                self.memctl("teardown", ["db", "stop"])
             if subprocess.run(["umount", str(self.mount)], capture_output=True).returncode != 0:
                 subprocess.run(["umount", "--lazy", str(self.mount)], check=False)
         if not self.args.keep:
             self.mount.rmdir()
             shutil.rmtree(self.work, ignore_errors=True)
+
+    # ------------------------------------------------------- managed topology
+
+    def start_managed(self) -> None:
+        import pwd
+
+        try:
+            owner = pwd.getpwnam(SERVER_USER)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
+                            "/usr/sbin/nologin", SERVER_USER], check=True, capture_output=True)
+            owner = pwd.getpwnam(SERVER_USER)
+        self.home.mkdir(mode=0o750)
+        os.chown(self.home, owner.pw_uid, owner.pw_gid)
+        threading.Thread(target=self.supervisor, name="supervisor", daemon=True).start()
+        self.wait_served(self.serve_log_size(0))
+
+    def supervisor(self) -> None:
+        """memctl-db.service: run `db serve`; when it ends (killed, failed), start it again a second later."""
+        while not self.serve_done.is_set():
+            if self.serve_held.is_set():
+                time.sleep(0.1)
+                continue
+            with open(self.serve_log, "a") as log:
+                proc = subprocess.Popen([self.exe, "db", "serve"], env=self.env, stdout=subprocess.DEVNULL,
+                                        stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.serve, self.serve_starts = proc, self.serve_starts + 1
+            proc.wait()
+            self.serve_done.wait(1.0)  # RestartSec=1
+
+    def serve_log_size(self, default: int = 0) -> int:
+        return self.serve_log.stat().st_size if self.serve_log.exists() else default
+
+    def wait_served(self, offset: int, seconds: float = 120) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.serve_log.exists() and SERVE_READY in self.serve_log.read_text(errors="replace")[offset:]:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def stop_serve(self) -> int | None:
+        """SIGTERM (the unit's stop: a fast clean shutdown); the supervisor does not restart it."""
+        self.serve_held.set()
+        proc = self.serve
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait()
 
     # ----------------------------------------------------------------- running
 
@@ -267,7 +349,7 @@ class Soak:
         while at < deadline - self.args.margin and not self.stop.is_set():
             if self.stop.wait(max(0.0, at - time.monotonic())):
                 return
-            kind = FAULT_KINDS[n % len(FAULT_KINDS)]
+            kind = self.faults[n % len(self.faults)]
             fault = Fault(kind, time.monotonic())
             detail = getattr(self, f"_{kind}")()
             fault.end = time.monotonic()
@@ -315,6 +397,9 @@ class Soak:
     def _url(self) -> str:
         from memctl.db import embedded
 
+        if self.managed:
+            marker = json.loads((self.home / embedded.MANAGED).read_text())
+            return f"postgresql://postgres@/{embedded.DATABASE}?host={marker['socket_dir']}&port={marker['port']}"
         info = embedded.status()
         return f"postgresql://postgres@/memctl?host={info.pgdata}&port={info.port or 5432}"
 
@@ -334,6 +419,21 @@ class Soak:
             except (OSError, ValueError, IndexError):
                 time.sleep(0.1)
         return None
+
+    def _kill_serve(self) -> str | None:
+        """kill -9 of `db serve` and everything of its unit (its process group: the postmaster, its backends)."""
+        proc = self.serve
+        if proc is None or proc.poll() is not None:
+            return None
+        try:
+            pid = int((self.home / "pgdata" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pid = None
+        os.killpg(proc.pid, signal.SIGKILL)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # had it left serve's group, systemd's cgroup kill would reach it
+        return f"db serve pid {proc.pid} and postmaster {pid}"
 
     def _disk_full(self) -> str:
         free = shutil.disk_usage(self.mount).free
@@ -402,6 +502,8 @@ class Soak:
             return consistency(conn, self.state)
 
     def restart_clean(self) -> bool:
+        if self.managed:
+            return self.restart_managed()
         log = self.home / "pgdata" / "log"
         stopped = self.memctl("final", ["db", "stop"])
         offset = log.stat().st_size
@@ -417,6 +519,22 @@ class Soak:
             return False
         return True
 
+    def restart_managed(self) -> bool:
+        """The unit stopped (SIGTERM: exit 0, a clean shutdown) and started again: no crash recovery."""
+        stopped = self.stop_serve()
+        offset = self.serve_log_size()
+        self.serve_held.clear()
+        started = self.wait_served(offset)
+        status = self.memctl("final", ["status", "-f", "json"])
+        text = self.serve_log.read_text(errors="replace")[offset:]
+        clean = "database system was shut down at" in text and not re.search(
+            r"not properly shut down|PANIC|recovery", text)
+        if not (stopped == 0 and started and status.rc == 0 and clean):
+            self.note(f"restart: serve stopped {stopped}, started {started}, status {status.rc}; "
+                      f"log: {text.strip()[-500:]}")
+            return False
+        return True
+
     def figures(self, checks: dict, load_before, load_after, elapsed: float) -> dict:
         runs, faults = self.state.runs, self.state.faults
         for f in faults:
@@ -424,7 +542,7 @@ class Soak:
         acked = {w: len(self.state.acked[w]) for w in WRITES}
         latencies = sorted(v[2] for w in WRITES for v in self.state.acked[w].values() if w != "import") + sorted(
             r.t1 - r.t0 for r in runs if r.actor == "import" and r.rc == 0)
-        by_kind = {k: sum(f.kind == k for f in faults) for k in FAULT_KINDS}
+        by_kind = {k: sum(f.kind == k for f in faults) for k in self.faults}
         durations: dict[str, list[float]] = {}
         for r in runs:
             durations.setdefault(r.actor, []).append(r.t1 - r.t0)
@@ -435,8 +553,9 @@ class Soak:
             exits[key] = exits.get(key, 0) + 1
             if r.rc not in (0, -signal.SIGKILL) and r.err.strip():
                 said.setdefault(f"exit {r.rc}: {r.err.strip().splitlines()[-1][:160]}", key)
-        unexpected = [f"{r.actor} `{r.command}` exit {r.rc}: {(r.err.strip().splitlines() or [''])[-1][:240]}" for r in runs
-                      if not r.killed and r.rc not in EXPECTED_EXITS and r.actor not in ("setup", "teardown")]
+        unexpected = [f"{r.actor} `{r.command}` exit {r.rc} at {r.t1 - self.begin:.1f} s: "
+                      f"{(r.err.strip().splitlines() or [''])[-1][:240]}" for r in runs
+                      if not r.killed and not explained(r, faults) and r.actor not in ("setup", "teardown")]
         tracebacks = [f"{r.actor} `{r.command}`: {r.err.strip()[-500:]}" for r in runs if "Traceback" in r.err]
         result = {
             "minutes": self.args.minutes, "elapsed_s": round(elapsed, 1), "cores": os.cpu_count(),
@@ -448,7 +567,8 @@ class Soak:
             "recovery_s": [{"kind": f.kind, "at_s": round(f.start - self.begin, 1), "recovery_s":
                             None if f.recovery_s is None else round(f.recovery_s, 2), "detail": f.detail,
                             "refused": refused(f, runs)} for f in faults],
-            "server_log": server_log(self.home / "pgdata" / "log"),
+            "topology": self.args.topology, "serve_starts": self.serve_starts,
+            "server_log": server_log(self.serve_log if self.managed else self.home / "pgdata" / "log"),
             "exit_codes": dict(sorted(exits.items())), "messages": sorted(said),
             "command_s": {a: {"n": len(d), "p50": round(statistics.median(d), 2), "max": round(max(d), 2)}
                           for a, d in sorted(durations.items())}, "unexpected_exits": unexpected[:20],
@@ -457,7 +577,9 @@ class Soak:
                       (r.err.strip().splitlines() or [""])[-1][:200]] for r in runs],
             **{k: v for k, v in checks.items() if k != "lost"},
         }
+        result["unexpected_exit_count"] = len(unexpected)
         result["passed"] = (result["writes_lost"] == 0 and all(by_kind.values()) and not tracebacks
+                            and not unexpected and all(acked.values())
                             and checks["duplicated"] == 0 and checks["half_written_imports"] == 0
                             and checks["orphaned_chunks"] == 0 and checks["episodes_without_chunks"] == 0
                             and checks["chunks_unsettled"] == 0 and checks["lineage_errors"] == 0
@@ -468,7 +590,8 @@ class Soak:
 
 # An import's COPY of episodes, chunks or queue rows, still inside its transaction (embed workers COPY vectors).
 IMPORT_COPY = """SELECT count(*) FROM pg_stat_activity WHERE application_name = 'memctl'
-AND query ~ '^COPY (episodes|chunks|embed_queue) ' AND state IN ('active', 'idle in transaction')"""
+AND query ~ '^(/\\* memctl:writer \\*/\\s*)?COPY (episodes|chunks|embed_queue) '
+AND state IN ('active', 'idle in transaction')"""
 ORPHANED_CHUNKS = """SELECT count(*) FROM chunks c
 WHERE NOT EXISTS (SELECT FROM episodes e WHERE e.agent = c.agent AND e.id = c.episode_id)"""
 EPISODES_WITHOUT_CHUNKS = """SELECT count(*) FROM episodes e
@@ -549,6 +672,15 @@ def recovery(fault: Fault, runs: list[Run], embed_times: list[float]) -> float |
     return min(done) - fault.end if done else None
 
 
+def explained(run: Run, faults: list[Fault], slack: float = 10.0) -> bool:
+    """Exit 0, or an exit of EXPECTED_EXITS (3 unavailable, 5 disk full) by a command that ended during a fault
+    or its recovery (plus `slack` seconds): any other exit, or one of those at a calm moment, is unexpected."""
+    if run.rc == 0:
+        return True
+    return run.rc in EXPECTED_EXITS and any(
+        f.start - 1 <= run.t1 and run.t0 <= f.end + (f.recovery_s or 0.0) + slack for f in faults)
+
+
 def refused(fault: Fault, runs: list[Run]) -> dict[str, int]:
     """Exit codes of the commands that ended, failing, while the fault lasted or within 2 s of its end."""
     codes: dict[str, int] = {}
@@ -597,7 +729,7 @@ def _memctl() -> str:
 
 def print_figures(result: dict) -> None:
     acked = result["acknowledged_by_kind"]
-    print(f"soak: {result['minutes']:g} min ({result['elapsed_s']} s with set-up and checks), "
+    print(f"soak ({result['topology']}, `db serve` started {result['serve_starts']} times): {result['minutes']:g} min ({result['elapsed_s']} s with set-up and checks), "
           f"{result['cores']} cores, load {result['load_before'][0]} -> {result['load_after'][0]}")
     print(f"writes acknowledged: {result['writes_acknowledged']} (episode add {acked['episode']}, import "
           f"{acked['import']} in {result['import_batches_acknowledged']} batches, fact set {acked['fact']})")
@@ -634,6 +766,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, help="how long the workload runs (default: the profile's)")
     p.add_argument("--profile", choices=sorted(PROFILES), default="short", help="short: 2 min; full: 30 min")
+    p.add_argument("--topology", choices=sorted(TOPOLOGY_FAULTS), default="standard",
+                   help="standard: the server a command starts; managed: `memctl db serve` under a supervisor")
     p.add_argument("--fault-every", type=float, help="seconds between faults (default: five per run up to 2 "
                    "min, then every 45 s)")
     p.add_argument("--hold", type=float, default=10.0, help="seconds a full disk or a stopped Ollama lasts")
@@ -652,7 +786,7 @@ def main() -> int:
     args.minutes = args.minutes if args.minutes is not None else PROFILES[args.profile]
     if args.fault_every is None:
         span = args.minutes * 60 - args.warmup - args.margin
-        args.fault_every = max(10.0, min(45.0, span / len(FAULT_KINDS)))
+        args.fault_every = max(10.0, min(45.0, span / len(TOPOLOGY_FAULTS[args.topology])))
     args.disk_mb = args.disk_mb or int(512 + 64 * args.minutes)
     if os.geteuid() != 0:
         print("soak: needs root (it mounts a size-limited filesystem for the data directory)", file=sys.stderr)
