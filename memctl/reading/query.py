@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from memctl.config import Settings, default
 from memctl.errors import BadValue, UsageError
@@ -51,6 +51,21 @@ MAX_K = 1000
 BATCH_FIELDS = ("query", "agent", "k", "kind", "source", "since", "until", "mode")
 
 
+def check_strings(item: dict, names, bad: Callable[[str, str], Exception], shown: Callable[[Any], str]) -> None:
+    """A batch line's text fields, those of NAMES it has: each a non-empty string without NUL, valid UTF-8;
+    the first that is not raises bad(name, why)."""
+    for name in (n for n in names if n in item):
+        value = item[name]
+        if not isinstance(value, str) or not value.strip():
+            raise bad(name, f"must be a non-empty string, got {shown(value)}")
+        if "\x00" in value:
+            raise bad(name, "contains a NUL character (\\0)")
+        try:
+            values.utf8(value, name, BadValue)
+        except BadValue:
+            raise bad(name, "is not valid UTF-8 text (a lone surrogate)") from None
+
+
 def batch_query(item: dict, number: int) -> Query:
     """One line of `episode search --batch`, every field checked where it enters.
 
@@ -65,16 +80,7 @@ def batch_query(item: dict, number: int) -> Query:
         text = json.dumps(value, default=str)
         return text if len(text) <= 60 else text[:57] + "..."
 
-    for name in (n for n in ("query", "agent", "kind", "source", "since", "until", "mode") if n in item):
-        value = item[name]
-        if not isinstance(value, str) or not value.strip():
-            raise bad(name, f"must be a non-empty string, got {shown(value)}")
-        if "\x00" in value:
-            raise bad(name, "contains a NUL character (\\0)")
-        try:
-            values.utf8(value, name, BadValue)
-        except BadValue:
-            raise bad(name, "is not valid UTF-8 text (a lone surrogate)") from None
+    check_strings(item, ("query", "agent", "kind", "source", "since", "until", "mode"), bad, shown)
     k = item.get("k", 5)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         raise bad("k", f"must be an integer from 1 to {MAX_K}, got {shown(k)}")

@@ -69,7 +69,7 @@ from typing import Any, Callable
 
 from memctl.config import Settings
 from memctl.errors import BadValue, MemctlError, UsageError
-from memctl.reading import recall_episodes, window
+from memctl.reading import query, recall_episodes, window
 from memctl.reading.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
                                  setting, sourced, template)
 from memctl.reading.recall_episodes import collapse, max_distance  # noqa: F401  (recall's API, as before)
@@ -248,18 +248,7 @@ def batch_request(item: Any, number: int, base: Request) -> Request:
         raise bad(unknown[0], f"unknown field (fields: {', '.join(BATCH_FIELDS)})")
     if "observation" not in item:
         raise bad("observation", "is required")
-    for name in ("observation", "agent", "namespace", "as_of"):
-        value = item.get(name)
-        if name not in item:
-            continue
-        if not isinstance(value, str) or not value.strip():
-            raise bad(name, f"must be a non-empty string, got {values.shown(value)}")
-        if "\x00" in value:
-            raise bad(name, "contains a NUL character (\\0)")
-        try:
-            values.utf8(value, name, BadValue)
-        except BadValue:
-            raise bad(name, "is not valid UTF-8 text (a lone surrogate)") from None
+    query.check_strings(item, ("observation", "agent", "namespace", "as_of"), bad, values.shown)
     for name, low, high in (("max_tokens", 1, 2**31 - 1), ("k", 1, MAX_K)):
         value = item.get(name)
         if name in item and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
