@@ -12,7 +12,9 @@ Recall (memctl.reading.recall) then spends its budget on hits and neighbours in 
 (`plan`): the hit of rank r (0 for the best) comes at r, its neighbour d entries away at r + d x
 `stride`; so a neighbour earns its tokens before the next hit when stride < 1, after the next
 `stride` hits otherwise. Chosen entries that are neighbours in a window join one block, printed
-in time order with each hit marked (`Block`). The rule and the figures it rests on: docs/recall.md.
+in time order with each hit marked (`Block`). With `group` (the default), hits whose heading would say the
+same (agent, source, age) are linked too (`grouped`): one block, the heading said once. The rule and the
+figures it rests on: docs/recall.md.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class Rule:
     after: int = 0
     gap: float = 3600.0  # seconds between an entry and the next one towards the hit
     stride: float = 1.0
-    group: bool = False  # hits with the same heading (agent, source, age) print as one block
+    group: bool = True  # hits with the same heading (agent, source, age) print as one block
 
     @property
     def off(self) -> bool:
@@ -67,7 +69,7 @@ def rule(settings, before: int | None = None, after: int | None = None) -> Rule:
     return Rule(before=int(get("window_before", 0) if before is None else before),
                 after=int(get("window_after", 0) if after is None else after),
                 gap=float(parse_duration(str(get("window_gap", "1h")))),
-                stride=float(get("window_stride", 1.0)), group=bool(get("group", False)))
+                stride=float(get("window_stride", 1.0)), group=bool(get("group", True)))
 
 
 @dataclass
