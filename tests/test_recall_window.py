@@ -228,3 +228,22 @@ def test_grouped_hits_say_their_heading_once_and_more_of_them_fit_the_budget(cli
     config(memctl_env, "[recall]\ngroup = false\n")
     tight = recall_json(cli, "disk alert full nginx logs", "--agent", "ops", "-k", "5", "--max-tokens", str(doc["tokens"]))
     assert len(tight["items"]) < 5 and tight["left_out"] >= 1
+
+
+def test_hits_are_grouped_by_default_and_a_repeat_keeps_its_own_line(cli, memctl_env):
+    """With no [recall] settings, hits of one agent, source and age share a heading; a folded repeat does not
+    (its line says how often it was seen)."""
+    config(memctl_env, "")
+    a = add(cli, "Queue backlog on the billing consumer, scaled it to four workers", "--agent", "ops",
+            "--source", "pager", "--created-at", at(0))
+    b = add(cli, "Queue backlog on the orders consumer, scaled it to six workers", "--agent", "ops",
+            "--source", "pager", "--created-at", at(5))
+    doc = recall_json(cli, "queue backlog consumer scaled workers", "--agent", "ops")
+    assert [(i["kind"], i.get("ids")) for i in doc["items"]] == [("window", [a, b])]
+    assert doc["items"][0]["text"].splitlines()[0].startswith("- [2 episodes, ")
+    # seen again: the repeat says so on its own line, the other hit is alone under its own heading
+    add(cli, "Queue backlog on the billing consumer, scaled it to four workers", "--agent", "ops",
+        "--source", "pager", "--created-at", at(10))
+    doc = recall_json(cli, "queue backlog consumer scaled workers", "--agent", "ops")
+    kinds = {i["id"]: i for i in doc["items"] if i["kind"] == "episode"}
+    assert set(kinds) == {a, b} and "seen 2 times" in kinds[a]["text"]
