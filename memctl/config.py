@@ -239,6 +239,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "window_after": (_int_range(0, 10), 0),
         "window_gap": (_duration, "1h"),
         "window_stride": (_number, 1.0),
+        "group": (_bool, True),
     },
     # One size limit for every write, whatever brings it (the command line, an import, the MCP server), checked by
     # the write gate (memctl.records.values.Limits; docs/configuration.md argues the defaults). clock_skew: how far

@@ -202,3 +202,48 @@ def test_a_repeat_counts_once(cli, memctl_env):
     doc = recall_json(cli, "disk db-9 full")
     shown = [i for i in doc["items"] if i["kind"] in ("episode", "window")]
     assert len(shown) == 1 and shown[0]["kind"] == "episode" and shown[0]["repeats"] == 2
+
+
+def test_grouped_hits_say_their_heading_once_and_more_of_them_fit_the_budget(cli, memctl_env):
+    """[recall] group: hits of one agent and source with the same age are one block under one heading, in time
+    order, each marked; another source's hit keeps its own line; the tokens saved hold another hit."""
+    texts = [f"Disk alert on web{n}: /var is 9{n}% full, rotated the nginx logs" for n in range(1, 5)]
+    ids = [add(cli, t, "--agent", "ops", "--source", "pager", "--created-at", at(10 * n)) for n, t in enumerate(texts)]
+    other = add(cli, "Disk alert on db1: /var is 97% full, rotated the nginx logs", "--agent", "ops",
+                "--source", "chat", "--created-at", at(45))
+    assert cli("embed").exit_code == 0
+    config(memctl_env, "[recall]\ngroup = false\n")
+    alone = recall_json(cli, "disk alert full nginx logs", "--agent", "ops", "-k", "5", "--max-tokens", "2000")
+    assert [i["kind"] for i in alone["items"]] == ["episode"] * 5
+    config(memctl_env, "[recall]\ngroup = true\n")
+    doc = recall_json(cli, "disk alert full nginx logs", "--agent", "ops", "-k", "5", "--max-tokens", "2000")
+    blocks = [i for i in doc["items"] if i["kind"] == "window"]
+    assert len(blocks) == 1 and blocks[0]["ids"] == ids and blocks[0]["matches"] == ids
+    lines = blocks[0]["text"].splitlines()
+    assert lines[0].startswith("- [4 episodes, ") and "source: pager" in lines[0]
+    assert lines[1:] == [f"  > {t}" for t in texts]
+    assert [i["id"] for i in doc["items"] if i["kind"] == "episode"] == [other]
+    assert doc["tokens"] < alone["tokens"]
+    # the budget the grouped block takes holds fewer hits alone
+    config(memctl_env, "[recall]\ngroup = false\n")
+    tight = recall_json(cli, "disk alert full nginx logs", "--agent", "ops", "-k", "5", "--max-tokens", str(doc["tokens"]))
+    assert len(tight["items"]) < 5 and tight["left_out"] >= 1
+
+
+def test_hits_are_grouped_by_default_and_a_repeat_keeps_its_own_line(cli, memctl_env):
+    """With no [recall] settings, hits of one agent, source and age share a heading; a folded repeat does not
+    (its line says how often it was seen)."""
+    config(memctl_env, "")
+    a = add(cli, "Queue backlog on the billing consumer, scaled it to four workers", "--agent", "ops",
+            "--source", "pager", "--created-at", at(0))
+    b = add(cli, "Queue backlog on the orders consumer, scaled it to six workers", "--agent", "ops",
+            "--source", "pager", "--created-at", at(5))
+    doc = recall_json(cli, "queue backlog consumer scaled workers", "--agent", "ops")
+    assert [(i["kind"], i.get("ids")) for i in doc["items"]] == [("window", [a, b])]
+    assert doc["items"][0]["text"].splitlines()[0].startswith("- [2 episodes, ")
+    # seen again: the repeat says so on its own line, the other hit is alone under its own heading
+    add(cli, "Queue backlog on the billing consumer, scaled it to four workers", "--agent", "ops",
+        "--source", "pager", "--created-at", at(10))
+    doc = recall_json(cli, "queue backlog consumer scaled workers", "--agent", "ops")
+    kinds = {i["id"]: i for i in doc["items"] if i["kind"] == "episode"}
+    assert set(kinds) == {a, b} and "seen 2 times" in kinds[a]["text"]

@@ -244,6 +244,10 @@ class Spend:
             cost = self._lines[header] = self.count(header + "\n")
         return cost + sum(self._line(e, entry_line) for e in block.entries)
 
+    def heading(self, e: window.Entry) -> tuple | None:
+        """What a block's first line says of a hit (agent, source, age); None for a repeat, whose line says more."""
+        return None if e.extra["seen"][0] else (e.agent, e.source, age(e.created_at, self.now))
+
     def _line(self, e: window.Entry, render: Callable, alone: bool = False) -> int:
         key = (e.key, alone)
         if key not in self._costs:
@@ -253,7 +257,10 @@ class Spend:
     def run(self, hits: list[window.Entry], found: window.Windows, rule: window.Rule,
             room: int) -> tuple[list[window.Block], int, bool]:
         """(blocks, tokens used, whether every hit fitted)."""
-        blocks = window.Blocks(window.links(hits, found), self.cost)
+        linked = window.links(hits, found)
+        if rule.group:
+            linked = window.grouped(hits, linked, self.heading)
+        blocks = window.Blocks(linked, self.cost)
         used, stopped = 0, False
         folded_ids = {(h.agent, d) for h in hits for d in h.extra.get("duplicates") or []}
         for unit in window.plan(hits, found, rule):

@@ -12,7 +12,9 @@ Recall (memctl.reading.recall) then spends its budget on hits and neighbours in 
 (`plan`): the hit of rank r (0 for the best) comes at r, its neighbour d entries away at r + d x
 `stride`; so a neighbour earns its tokens before the next hit when stride < 1, after the next
 `stride` hits otherwise. Chosen entries that are neighbours in a window join one block, printed
-in time order with each hit marked (`Block`). The rule and the figures it rests on: docs/recall.md.
+in time order with each hit marked (`Block`). With `group` (the default), hits whose heading would say the
+same (agent, source, age) are linked too (`grouped`): one block, the heading said once. The rule and the
+figures it rests on: docs/recall.md.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Rule:
     after: int = 0
     gap: float = 3600.0  # seconds between an entry and the next one towards the hit
     stride: float = 1.0
+    group: bool = True  # hits with the same heading (agent, source, age) print as one block
 
     @property
     def off(self) -> bool:
@@ -66,7 +69,7 @@ def rule(settings, before: int | None = None, after: int | None = None) -> Rule:
     return Rule(before=int(get("window_before", 0) if before is None else before),
                 after=int(get("window_after", 0) if after is None else after),
                 gap=float(parse_duration(str(get("window_gap", "1h")))),
-                stride=float(get("window_stride", 1.0)))
+                stride=float(get("window_stride", 1.0)), group=bool(get("group", True)))
 
 
 @dataclass
@@ -164,6 +167,22 @@ def links(hits: list[Entry], found: Windows) -> dict[tuple[str, int], set[tuple[
         for a, b in zip(run, run[1:]):  # by key: a neighbour that is a hit links as the hit
             linked.setdefault(a.key, set()).add(b.key)
             linked.setdefault(b.key, set()).add(a.key)
+    return linked
+
+
+def grouped(hits: list[Entry], linked: dict[tuple[str, int], set[tuple[str, int]]],
+            heading: Callable[[Entry], tuple | None]) -> dict[tuple[str, int], set[tuple[str, int]]]:
+    """`linked` with each hit also linked to the best hit of the same heading (None: never grouped), so
+    the hits one heading would say the same of join one block under it: the heading said once, not a line."""
+    first: dict[tuple, Entry] = {}
+    for h in hits:  # best first
+        head = heading(h)
+        if head is None:
+            continue
+        leader = first.setdefault(head, h)
+        if leader is not h:
+            linked.setdefault(h.key, set()).add(leader.key)
+            linked.setdefault(leader.key, set()).add(h.key)
     return linked
 
 

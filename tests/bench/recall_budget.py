@@ -64,7 +64,8 @@ def write_config(path: Path, variant: str) -> None:
     lines = ["[embedding]", "search_timeout = 300", "", "[recall]"]
     for item in variant.split():
         key, _, value = item.partition("=")
-        lines.append(f"{key} = {value if value.replace('.', '').isdigit() else json.dumps(value)}")
+        bare = value.replace('.', '').isdigit() or value in ("true", "false")
+        lines.append(f"{key} = {value if bare else json.dumps(value)}")
     path.write_text("\n".join(lines) + "\n")
 
 
