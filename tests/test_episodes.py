@@ -361,3 +361,22 @@ def test_import_redacts_content_and_meta(cli, conn):
     assert rows[0]["content"] == "pushed with [REDACTED:github-token]" and token not in rows[0]["meta"]
     assert rows[1]["content"] == "nothing secret here"
     assert token not in "".join(r["content"] for r in conn.execute("SELECT content FROM chunks").fetchall())
+
+
+def test_an_import_run_twice_changes_nothing(cli, conn):
+    """A record already stored (same agent, source, time and content: memctl.records.identity) is skipped and
+    counted, not stored again nor folded as a repeat; a record with no time is told by its occurrence."""
+    data = jsonl({"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:04:05Z"},
+                 {"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:04:05Z"},
+                 {"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:09:05Z"},
+                 {"content": "no time given"}, {"content": "no time given"})
+    first = cli("episode", "import", "-", "-f", "json", input=data)
+    assert first.exit_code == 0, first.stderr
+    assert (first.json()[0]["imported"], first.json()[0]["already_stored"], first.json()[0]["folded"]) == (4, 1, 2)
+    count = conn.execute("SELECT count(*) AS n, sum(repeats) AS r FROM episodes").fetchone()
+    again = cli("episode", "import", "-", "-f", "json", input=data)
+    assert again.exit_code == 0, again.stderr
+    assert (again.json()[0]["imported"], again.json()[0]["already_stored"]) == (0, 5)
+    assert conn.execute("SELECT count(*) AS n, sum(repeats) AS r FROM episodes").fetchone() == count == {"n": 4, "r": 2}
+    grown = cli("episode", "import", "-", "-f", "json", input=data + jsonl({"content": "no time given"}))
+    assert (grown.json()[0]["imported"], grown.json()[0]["already_stored"]) == (1, 5)  # its third occurrence
