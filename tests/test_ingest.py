@@ -153,3 +153,29 @@ def test_syslog_parser_is_linear_on_hostile_input():
             logformats.syslog(line, NOW)
         except Exception as exc:  # noqa: BLE001
             assert "closing ]" in str(exc)
+
+
+# --- the shell's rough edges (issue 40) ---------------------------------------------------------------------
+
+
+def test_a_reader_that_goes_away_is_a_quiet_exit_0(memctl_env, cli):
+    rows = "".join(json.dumps({"content": f"episode number {i} " + "x" * 200}) + "\n" for i in range(3000))
+    assert cli("episode", "import", "-", input=rows).exit_code == 0
+    proc = subprocess.Popen([exe(), "episode", "list", "-n", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **memctl_env})
+    assert proc.stdout.readline()
+    proc.stdout.close()  # `| head -1`
+    proc.wait(60)
+    assert proc.returncode == 0 and proc.stderr.read() == b""
+
+
+def test_an_unknown_job_and_a_reversed_period_exit_2(cli):
+    out = cli("jobs", "--job", "nonsense")
+    assert out.exit_code == 2 and "nonsense" in out.stderr and "backup" in out.stderr and "restore" in out.stderr
+    assert cli("jobs", "--job", "backup").exit_code == 0
+    help_text = " ".join(cli("jobs", "--help").stdout.split())
+    for job in ("embed", "summarize", "prune", "purge", "reembed", "backup", "restore"):
+        assert job in help_text
+    out = cli("episode", "search", "disk", "--mode", "text", "--since", "1d", "--until", "7d")
+    assert out.exit_code == 2 and "--since" in out.stderr and "empty" in out.stderr
+    assert cli("episode", "search", "disk", "--mode", "text", "--since", "7d", "--until", "1d").exit_code == 0

@@ -27,7 +27,8 @@ class MemctlGroup(TyperGroup):
             warn(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except BrokenPipeError:
-            raise typer.Exit(EXIT_ERROR) from None
+            _quiet_stdout()
+            raise typer.Exit(0) from None
         except Exception as exc:
             disk = _disk_full(exc)
             if disk is not None:
@@ -187,7 +188,22 @@ def main() -> None:
     noun = _noun(sys.argv[1:])
     load([NOUNS[noun], *EXTRA.get(noun, [])] if noun else None)
     try:
-        _app()
+        try:
+            _app()
+        finally:
+            sys.stdout.flush()  # here, where a reader gone is caught, not at exit
     except BrokenPipeError:
-        sys.stderr.close()
-        sys.exit(EXIT_ERROR)
+        _quiet_stdout()
+        sys.exit(0)
+
+
+def _quiet_stdout() -> None:
+    """The reader went away (`memctl episode list | head -1`): like any Unix filter, a quiet exit 0. stdout is
+    pointed at /dev/null so that flushing it at exit does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

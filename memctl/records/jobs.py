@@ -7,7 +7,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from memctl.errors import MemctlError, Unavailable
+from memctl.errors import BadValue, MemctlError, Unavailable
+
+# The jobs the log records (the seven, then the two steps of a model change that are logged apart).
+NAMES = ("embed", "summarize", "prune", "purge", "reembed", "backup", "restore")
+LOGGED = (*NAMES, "reembed-drop-old", "reembed-abort")
 
 START = "INSERT INTO jobs (job) VALUES (%s) RETURNING id"
 FINISH = """
@@ -84,6 +88,9 @@ def _finish(conn, job: Job) -> None:
 
 
 def list_jobs(conn, *, job: str | None = None, limit: int = 20) -> list[dict]:
+    """The log, newest first; an unknown `job` is a BadValue naming the known ones (not an empty answer)."""
+    if job is not None and job not in LOGGED:
+        raise BadValue(f"--job: no job {job!r}; the jobs are {', '.join(LOGGED)}", "--job")
     return conn.execute(LIST, {"job": job, "limit": limit}).fetchall()
 
 
