@@ -455,3 +455,18 @@ def test_install_refuses_a_database_another_user_owns_and_says_what_to_run(tmp_p
                    "--state-dir", str(state))
     assert done.exit_code == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == sorted(systemd.UNIT_NAMES)
+
+
+def test_the_ingest_template_follows_a_units_journal_hardened(analyze, unit_dir):
+    """memctl-ingest@.service: an instance verifies clean, exposure <= 4, and runs ingest with its cursor."""
+    instance = unit_dir / "memctl-ingest@nginx.service"
+    instance.write_text((unit_dir / systemd.INGEST_SERVICE).read_text())
+    result = analyze("verify", "--man=no", str(instance))
+    assert (result.returncode, result.stderr) == (0, "")
+    result = analyze("security", "--offline=yes", str(instance))
+    match = re.search(r"Overall exposure level for memctl-ingest@nginx\.service: (\d+\.\d+)", result.stdout)
+    assert match and float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+    directives = _directives(instance.read_text())
+    assert _one(directives, "ExecStart") == (f"{REAL_BIN} ingest --journal-unit %i --source %i "
+                                             "--cursor-file /var/lib/memctl/ingest/%i.cursor")
+    assert _one(directives, "SupplementaryGroups") == "systemd-journal"

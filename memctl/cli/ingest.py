@@ -52,6 +52,10 @@ def ingest(
         "--cursor-file", help="Resume where the last stored batch ended: a byte offset in FILE, or journald's "
                               "__CURSOR (--format journal). Kept in the database with each batch; written here "
                               "after each commit.")] = None,
+    journal_unit: Annotated[Optional[str], typer.Option(
+        "--journal-unit", help="Follow this systemd unit's journal (runs journalctl -f -o json; implies --format "
+                               "journal; with --cursor-file it resumes after the last stored entry, else starts "
+                               "at the journal's end).")] = None,
     max_line: Annotated[int, typer.Option(
         "--max-line", min=1024, max=64 << 20, help="Bytes a line may have; a longer one is reported and skipped.")]
         = 1 << 20,
@@ -67,7 +71,11 @@ def ingest(
 
     if file == "-" and follow:
         raise BadValue("--follow: needs a FILE (stdin is followed as long as it is open)", "--follow")
-    fd = 0 if file == "-" else _open(file)
+    if journal_unit is not None:
+        if file != "-":
+            raise BadValue("--journal-unit: reads the journal, not a FILE as well", "--journal-unit")
+        fmt = LogFormat.journal
+    fd = 0 if file == "-" or journal_unit is not None else _open(file)
     seekable = os.path.isfile(f"/proc/self/fd/{fd}")
     if cursor_file is not None and fmt != LogFormat.journal and not seekable:
         raise BadValue("--cursor-file: a byte offset resumes a FILE (or stdin redirected from one), not a pipe; "
@@ -76,6 +84,10 @@ def ingest(
     conn = connect()
     name = os.path.abspath(cursor_file) if cursor_file is not None else None
     resume = ingest_mod.stored_position(conn, name) if name is not None else None
+    child = None
+    if journal_unit is not None:
+        child = _journalctl(journal_unit, resume)
+        fd = child.stdout.fileno()
     offset = 0
     if resume is not None and fmt != LogFormat.journal:
         offset = int(resume) if resume.isdigit() else 0
@@ -94,12 +106,31 @@ def ingest(
                             cursor_name=name, after_commit=after_commit, resume=resume)
     signal.signal(signal.SIGTERM, run.stop)
     signal.signal(signal.SIGINT, run.stop)
-    counts = run.run()
+    try:
+        counts = run.run()
+    finally:
+        if child is not None:
+            child.terminate()
+            child.wait(30)
     if run.result.redactor is not None and run.result.redactor.note():
         warn(run.result.redactor.note())
     warn(f"ingest: stored {counts.stored} ({counts.folded} folded as repeats), already stored {counts.already}, "
          f"skipped {counts.skipped}, in {counts.batches} batches")
     sys.stdout.flush()
+
+
+def _journalctl(unit: str, cursor: str | None):
+    import shutil
+    import subprocess
+
+    from memctl.errors import Unavailable
+
+    exe = shutil.which("journalctl")
+    if exe is None:
+        raise Unavailable("--journal-unit: journalctl is not installed")
+    start = [f"--after-cursor={cursor}"] if cursor else ["--lines=0"]
+    return subprocess.Popen([exe, "--follow", "--output=json", f"--unit={unit}", *start], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE)
 
 
 def _open(path: str) -> int:

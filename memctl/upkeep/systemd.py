@@ -25,7 +25,8 @@ from memctl.errors import MemctlError, UsageError
 
 DB_SERVICE = "memctl-db.service"
 SERVICES = ("memctl-embed", "memctl-summarize", "memctl-prune", "memctl-backup")  # the scheduled jobs
-UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")))
+INGEST_SERVICE = "memctl-ingest@.service"  # a template: one instance per unit followed (memctl-ingest@nginx)
+UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")), INGEST_SERVICE)
 TIMERS = tuple(f"{name}.timer" for name in SERVICES)
 DEFAULT_USER = "memctl"
 DEFAULT_ENV_FILE = "/etc/memctl/memctl.env"
