@@ -254,6 +254,7 @@ def jobs(
     are stored with URL and DSN passwords masked. `memctl prune` deletes rows older than \\[retention] jobs
     (default 90d).
     """
+    jobs_mod.check_name(job)
     rows = jobs_mod.list_jobs(connect(), job=job, limit=limit)
     render(rows, fmt, columns=JOB_COLUMNS if fmt in (Format.table, Format.csv) else None)
 

@@ -87,10 +87,13 @@ def _finish(conn, job: Job) -> None:
         pass  # the database itself went away; the row stays 'running'
 
 
-def list_jobs(conn, *, job: str | None = None, limit: int = 20) -> list[dict]:
-    """The log, newest first; an unknown `job` is a BadValue naming the known ones (not an empty answer)."""
+def check_name(job: str | None) -> None:
+    """An unknown job name is a BadValue naming the known ones (`memctl jobs --job`: not an empty answer)."""
     if job is not None and job not in LOGGED:
         raise BadValue(f"--job: no job {job!r}; the jobs are {', '.join(LOGGED)}", "--job")
+
+
+def list_jobs(conn, *, job: str | None = None, limit: int = 20) -> list[dict]:
     return conn.execute(LIST, {"job": job, "limit": limit}).fetchall()
 
 

@@ -222,6 +222,8 @@ def _jobs(conn, settings: Settings | None) -> list[Metric]:
 def _last_run(conn, job: str, families: dict[str, GaugeMetricFamily]) -> None:
     last = next(iter(jobs.list_jobs(conn, job=job, limit=1)), None)
     if last is None:
+        if job in JOBS:  # never run: its last success is the epoch, so MemctlJobLate fires for a scheduled job
+            families["success"].add_metric([job], 0.0)
         return
     for outcome in OUTCOMES:
         families["outcome"].add_metric([job, outcome], 1 if last["outcome"] == outcome else 0)
