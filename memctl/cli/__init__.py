@@ -75,8 +75,24 @@ def _disk_full(exc: Exception) -> MemctlError | None:
             what = str(exc) if isinstance(exc, MemctlError) else (link.strerror or str(link))
             if link.filename:
                 return errors.DiskFull.at(link.filename, what)
+            output = _full_stdout_file()
+            if output is not None:
+                return errors.DiskFull.output(output)
             return errors.DiskFull("a disk memctl writes to", what)
     return None
+
+
+def _full_stdout_file() -> str | None:
+    """The file standard output was redirected to, when it is one and its disk has no space left."""
+    import os
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.fstat(1).st_mode) or os.fstatvfs(1).f_bavail > 0:
+            return None
+        return os.readlink("/proc/self/fd/1")
+    except OSError:
+        return None
 
 
 def _target():
