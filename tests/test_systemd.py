@@ -309,7 +309,7 @@ def test_cli_install_writes_the_units(tmp_path):
     dest = tmp_path / "system"
     dest.mkdir()
     result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", "root",
-                     "--env-file", str(env_file), "--state-dir", str(tmp_path / "no-state-yet"))
+                     "--env-file", str(env_file), "--state-dir", str(tmp_path / "no-state-yet"), "--force")
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in dest.iterdir()) == sorted(systemd.UNIT_NAMES)
     assert f"EnvironmentFile=-{env_file}\n" in (dest / "memctl-prune.service").read_text()
@@ -438,7 +438,7 @@ def test_install_refuses_a_database_another_user_owns_and_says_what_to_run(tmp_p
     dest = tmp_path / "system"
     dest.mkdir()
     result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(),
-                     "--state-dir", str(state))
+                     "--state-dir", str(state), "--force")  # --user may be root here
     assert result.exit_code == 1
     assert list(dest.iterdir()) == []  # nothing written
     assert (state / "pgdata").stat().st_uid == 1234567  # nothing chowned
@@ -447,12 +447,12 @@ def test_install_refuses_a_database_another_user_owns_and_says_what_to_run(tmp_p
     assert commands == [f"MEMCTL_HOME={state} memctl db stop", f"chown -R {_me()}:{_me()} {state}",
                         f"MEMCTL_HOME={state} memctl db stop", f"mv {state} {state}.before-units"]
     dry = _invoke("systemd", "install", "--dest", str(dest), "--dry-run", "--bin", REAL_BIN, "--user", _me(),
-                  "--state-dir", str(state))
+                  "--state-dir", str(state), "--force")  # --user may be root here
     assert dry.exit_code == 1 and dry.stdout == result.stdout
 
     os.chown(state / "pgdata", os.geteuid(), os.getegid())  # what the printed chown does
     done = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(),
-                   "--state-dir", str(state))
+                   "--state-dir", str(state), "--force")  # --user may be root here
     assert done.exit_code == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == sorted(systemd.UNIT_NAMES)
 
@@ -470,3 +470,18 @@ def test_the_ingest_template_follows_a_units_journal_hardened(analyze, unit_dir)
     assert _one(directives, "ExecStart") == (f"{REAL_BIN} ingest --journal-unit %i --source %i "
                                              "--cursor-file /var/lib/memctl/ingest/%i.cursor")
     assert _one(directives, "SupplementaryGroups") == "systemd-journal"
+
+
+@pytest.mark.parametrize("args,reason", [(["--user", "root"], "PostgreSQL refuses root"),
+                                         (["--bin", "/tmp/venv/bin/memctl"], "under /tmp"),
+                                         (["--bin", "/home/alice/.venv/bin/memctl"], "under /home")])
+def test_cli_install_refuses_units_it_knows_would_fail_unless_forced(tmp_path, args, reason):
+    dest = tmp_path / "system"
+    dest.mkdir()
+    base = ["systemd", "install", "--dest", str(dest), "--state-dir", str(tmp_path / "no-state-yet")]
+    full = [*base, *(["--bin", REAL_BIN] if "--bin" not in args else []), *args]
+    result = _invoke(*full)
+    assert result.exit_code == 1 and reason in result.stderr and "--force" in result.stderr
+    assert list(dest.iterdir()) == [] and result.stdout == ""
+    assert _invoke(*full, "--force").exit_code == 0
+    assert list(dest.iterdir())

@@ -41,11 +41,18 @@ def _extras(no_embedded: bool, metrics_textfile: str | None) -> systemd.Extras:
                           backup_dir=config.get("backup", "dir"))
 
 
-def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extras) -> dict[str, str]:
+def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extras, *,
+            refuse: bool = False) -> dict[str, str]:
+    """The units; what would make them fail here is a warning (render: they may be meant for another machine),
+    or with `refuse` (install: they are for this one) a refusal that writes nothing."""
     bin_path = bin_path or systemd.default_bin()
     units = systemd.render_units(bin_path, user, env_file, extras)
-    for problem in systemd.placement_problems(bin_path, user, extras):
-        warn(f"warning: {problem}")
+    problems = systemd.placement_problems(bin_path, user, extras)
+    for problem in problems:
+        warn(f"{'refused' if refuse else 'warning'}: {problem}")
+    if refuse and problems:
+        raise MemctlError(f"nothing written: {len(problems)} problem(s) above would make these units fail on this "
+                          "machine (--force writes them anyway)")
     return units
 
 
@@ -82,15 +89,21 @@ def install(
     no_embedded: NoEmbeddedOption = False,
     metrics_textfile: MetricsOption = None,
     state_dir: Annotated[Path, typer.Option("--state-dir", hidden=True)] = Path(systemd.STATE_DIR),
+    force: Annotated[bool, typer.Option(
+        "--force", help="Write units that would fail here (--user root, a --bin under /home or /tmp, ...).")] = False,
 ) -> None:
     """Write the units to /etc/systemd/system and print the commands that enable them.
+
+    Refuses (exit 1, nothing written) units it knows would fail on this machine: --user root (PostgreSQL refuses
+    root), a --bin or file under a directory the units hide (/home, /root, /tmp, ...), a --bin that is not an
+    executable; --force writes them anyway.
 
     memctl never runs systemctl, useradd or chown itself: the commands go to stdout. Refuses (exit 1) when
     /var/lib/memctl holds data the units' user does not own (a Quickstart run as root), which systemd would
     chown silently; it prints the commands that keep that data for the units or move it aside.
     """
     extras = _extras(no_embedded, metrics_textfile)
-    units = _render(bin_path, user, env_file, extras)
+    units = _render(bin_path, user, env_file, extras, refuse=not force)
     foreign = systemd.foreign_data(state_dir, user)
     if foreign:
         owners = ", ".join(f"{path.name or path} ({owner})" for path, owner in foreign[:6])
