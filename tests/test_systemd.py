@@ -279,15 +279,19 @@ def _invoke(*args: str):
 def test_cli_render_out_lists_the_files(tmp_path):
     result = _invoke("systemd", "render", "--out", str(tmp_path), "--bin", REAL_BIN, "--user", "agentmem")
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.splitlines() == [str(tmp_path / name) for name in systemd.UNIT_NAMES]
+    assert result.stdout.splitlines() == [str(tmp_path / name) for name in systemd.UNIT_NAMES] + \
+        [str(tmp_path / "memctl.env.example"), str(tmp_path / "config.toml.example")]
     assert "User=agentmem\n" in (tmp_path / "memctl-embed.service").read_text()
+    # where the timers' config lives: named in the env file, said on stderr
+    assert "MEMCTL_CONFIG=/etc/memctl/config.toml\n" in (tmp_path / "memctl.env.example").read_text()
+    assert "MEMCTL_CONFIG=/etc/memctl/config.toml" in result.stderr and "~/.config" in result.stderr
 
 
 def test_cli_render_prints_units_with_headers():
     result = _invoke("systemd", "render", "--bin", "/opt/memctl/bin/memctl")
     assert result.exit_code == 0, result.stderr
     headers = re.findall(r"^# --- (\S+) ---$", result.stdout, re.M)
-    assert headers == list(systemd.UNIT_NAMES)
+    assert headers == [*systemd.UNIT_NAMES, "memctl.env.example", "config.toml.example"]
     assert "ExecStart=/opt/memctl/bin/memctl prune --yes\n" in result.stdout
     assert "not an executable file" in result.stderr
 
@@ -437,7 +441,7 @@ def test_install_refuses_a_database_another_user_owns_and_says_what_to_run(tmp_p
     os.chown(state / "pgdata", 1234567, 1234567)  # an owner that is not the units' user
     dest = tmp_path / "system"
     dest.mkdir()
-    result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(),
+    result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(), "--env-file", str(tmp_path / "memctl.env"),
                      "--state-dir", str(state), "--force")  # --user may be root here
     assert result.exit_code == 1
     assert list(dest.iterdir()) == []  # nothing written
@@ -446,12 +450,12 @@ def test_install_refuses_a_database_another_user_owns_and_says_what_to_run(tmp_p
     commands = [line for line in result.stdout.splitlines() if not line.startswith("#")]
     assert commands == [f"MEMCTL_HOME={state} memctl db stop", f"chown -R {_me()}:{_me()} {state}",
                         f"MEMCTL_HOME={state} memctl db stop", f"mv {state} {state}.before-units"]
-    dry = _invoke("systemd", "install", "--dest", str(dest), "--dry-run", "--bin", REAL_BIN, "--user", _me(),
+    dry = _invoke("systemd", "install", "--dest", str(dest), "--dry-run", "--bin", REAL_BIN, "--user", _me(), "--env-file", str(tmp_path / "memctl.env"),
                   "--state-dir", str(state), "--force")  # --user may be root here
     assert dry.exit_code == 1 and dry.stdout == result.stdout
 
     os.chown(state / "pgdata", os.geteuid(), os.getegid())  # what the printed chown does
-    done = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(),
+    done = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(), "--env-file", str(tmp_path / "memctl.env"),
                    "--state-dir", str(state), "--force")  # --user may be root here
     assert done.exit_code == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == sorted(systemd.UNIT_NAMES)
@@ -478,10 +482,15 @@ def test_the_ingest_template_follows_a_units_journal_hardened(analyze, unit_dir)
 def test_cli_install_refuses_units_it_knows_would_fail_unless_forced(tmp_path, args, reason):
     dest = tmp_path / "system"
     dest.mkdir()
-    base = ["systemd", "install", "--dest", str(dest), "--state-dir", str(tmp_path / "no-state-yet")]
+    base = ["systemd", "install", "--dest", str(dest), "--state-dir", str(tmp_path / "no-state-yet"),
+            "--env-file", str(tmp_path / "etc" / "memctl.env")]
     full = [*base, *(["--bin", REAL_BIN] if "--bin" not in args else []), *args]
     result = _invoke(*full)
     assert result.exit_code == 1 and reason in result.stderr and "--force" in result.stderr
     assert list(dest.iterdir()) == [] and result.stdout == ""
     assert _invoke(*full, "--force").exit_code == 0
     assert list(dest.iterdir())
+    # the env file did not exist: an example was written, naming the config written beside it
+    assert f"MEMCTL_CONFIG={tmp_path / 'etc' / 'config.toml'}" in (tmp_path / "etc" / "memctl.env").read_text()
+    assert (tmp_path / "etc" / "memctl.env").stat().st_mode & 0o777 == 0o600
+    assert "[retention]" in (tmp_path / "etc" / "config.toml").read_text()
