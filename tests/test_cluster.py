@@ -86,7 +86,7 @@ def test_distribute_places_every_table_keeps_the_data_and_search_finds_it(citus)
     first = [cluster.Placement(**row) for row in json.loads(_cli("db", "distribute", "-f", "json").stdout)]
     assert {p.action for p in first if p.type != "coordinator"} == {"done"}
     with db.connect(citus) as conn:
-        assert {p.table for p in first if p.type == "coordinator"} == {"facts", "fact_history", "jobs", "ingest_cursors"}
+        assert {p.table for p in first if p.type == "coordinator"} == {"facts", "fact_history", "jobs", "ingest_cursors", "erasures"}
         again = cluster.distribute(conn)
         assert [(p.table, p.action) for p in again] == [
             (p.table, "kept" if p.type == "coordinator" else "already") for p in first]
@@ -330,7 +330,7 @@ def test_search_and_the_issue_checks_1_to_6_on_the_ops_corpus(citus, ollama, mon
     with db.connect(citus) as conn:
         for rel in (r for r in report["relations"] if r["kind"] in ("table", "vectors")):
             name = rel["relation"].split(".", 1)[1]
-            if name in ("facts", "fact_history", "jobs", "ingest_cursors"):
+            if name in ("facts", "fact_history", "jobs", "ingest_cursors", "erasures"):
                 continue  # plain tables on the coordinator
             assert rel["total_bytes"] == cluster.total_size(conn, name) == sum(
                 n["bytes"] for n in nodes if n["table"] == name), name
