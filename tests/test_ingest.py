@@ -114,6 +114,37 @@ def test_a_line_too_long_or_unreadable_is_reported_and_the_stream_goes_on(memctl
     assert [r["content"] for r in conn.execute("SELECT content FROM episodes ORDER BY id")] == ["short", "after"]
 
 
+def test_limits_bound_lines_groups_and_times_and_the_stream_goes_on(memctl_env, conn):
+    """[limits] as every other write path: a line longer than a record within them is reported naming [limits]
+    and skipped (read to its end, not held), a group closes before it outgrows episode_bytes, and a created_at
+    before 1900 or past clock_skew is reported and skipped."""
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[limits]\nepisode_bytes = 131072\n")
+    big = b"y" * 200_000
+    proc = start(memctl_env, "--source", "app")
+    _, err = proc.communicate(b"first\n" + big + b"\nlast\n", timeout=60)
+    assert proc.returncode == 0, err
+    assert b"line 2: longer than 131,073 bytes" in err and b"[limits]" in err
+    assert [r["content"] for r in conn.execute("SELECT content FROM episodes ORDER BY id")] == ["first", "last"]
+
+    block = ("z" * 50_000 + "\n").encode() * 4  # 200 KB of lines in one group
+    proc = start(memctl_env, "--source", "grouped", "--group", "blank")
+    _, err = proc.communicate(block, timeout=60)
+    assert proc.returncode == 0, err
+    sizes = [r["n"] for r in conn.execute(
+        "SELECT octet_length(content) AS n FROM episodes WHERE source = 'grouped' ORDER BY id")]
+    assert sum(sizes) == 4 * 50_000 + 2 and len(sizes) == 2 and max(sizes) <= 131072
+
+    far = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=3)
+    rows = [{"content": "too early", "created_at": "1850-01-01T00:00:00Z"},
+            {"content": "ahead", "created_at": far.isoformat()},
+            {"content": "on time", "created_at": "2026-01-01T00:00:00Z"}]
+    proc = start(memctl_env, "--format", "jsonl", "--source", "timed")
+    _, err = proc.communicate("".join(json.dumps(r) + "\n" for r in rows).encode(), timeout=60)
+    assert proc.returncode == 0, err
+    assert b"line 1: " in err and b"1900" in err and b"line 2: " in err and b"clock_skew" in err
+    assert [r["content"] for r in conn.execute("SELECT content FROM episodes WHERE source = 'timed'")] == ["on time"]
+
+
 def test_lines_grouped_by_a_blank_line(memctl_env, conn):
     proc = start(memctl_env, "--source", "app", "--group", "blank")
     proc.communicate(b"Traceback:\n  File x\n\nnext one\n", timeout=60)

@@ -56,9 +56,9 @@ def ingest(
         "--journal-unit", help="Follow this systemd unit's journal (runs journalctl -f -o json; implies --format "
                                "journal; with --cursor-file it resumes after the last stored entry, else starts "
                                "at the journal's end).")] = None,
-    max_line: Annotated[int, typer.Option(
-        "--max-line", min=1024, max=64 << 20, help="Bytes a line may have; a longer one is reported and skipped.")]
-        = 1 << 20,
+    max_line: Annotated[Optional[int], typer.Option(
+        "--max-line", min=1024, max=64 << 20, help="Bytes a line may have; a longer one is reported and skipped "
+                                                   "(default: what a record within \\[limits] takes).")] = None,
 ) -> None:
     """Store log records as they arrive: each within --flush seconds, in batches, through the write gate.
 
@@ -68,6 +68,7 @@ def ingest(
     """
     from memctl import files
     from memctl.records import ingest as ingest_mod
+    from memctl.records import values
 
     if file == "-" and follow:
         raise BadValue("--follow: needs a FILE (stdin is followed as long as it is open)", "--follow")
@@ -95,13 +96,16 @@ def ingest(
             warn(f"{cursor_file}: the stored offset {offset} is past the file's end: reading it from the start")
             offset = 0
         os.lseek(fd, offset, os.SEEK_SET)
+    bound = "--max-line"
+    if max_line is None:
+        max_line, bound = ingest_mod.line_limit(values.Limits.of(st), fmt.value), "what a record within [limits] takes"
     reader = ingest_mod.LineReader(fd, offset=offset, max_line=max_line,
                                    follow=os.path.abspath(file) if follow else None)
 
     def after_commit(position: str) -> None:
         files.write_text(cursor_file, position + "\n")
 
-    options = ingest_mod.Options(fmt.value, source, kind, agent, flush, group.value, gap, max_line)
+    options = ingest_mod.Options(fmt.value, source, kind, agent, flush, group.value, gap, max_line, bound)
     run = ingest_mod.Ingest(conn, st, reader, options, report=lambda n, why: warn(f"line {n}: {why}: skipped"),
                             cursor_name=name, after_commit=after_commit, resume=resume)
     signal.signal(signal.SIGTERM, run.stop)

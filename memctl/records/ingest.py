@@ -8,8 +8,10 @@ restart reads that position from the database: after kill -9 too, the last commi
 resumes, with no record lost or stored twice; the cursor file is written after each commit for people and
 for `journalctl --after-cursor`, and a record read again anyway is one already stored (records.identity).
 
-Memory is bounded: a line is at most `max_line` bytes (a longer one is reported and skipped, read to its end
-without keeping it), a batch at most BATCH records, a group of lines at most `max_line` bytes.
+Memory is bounded: a line is at most `max_line` bytes ([limits]: what a record within them takes, line_limit;
+a longer one is reported and skipped, read to its end without keeping it), a batch at most BATCH records, a
+group of lines at most [limits] episode_bytes. Each record passes the gate's checks with the same [limits]
+(its size, a created_at between 1900 and clock_skew from now): one outside them is reported and skipped.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from memctl.errors import BadValue, InvalidInput
-from memctl.records import episodes, identity, logformats
+from memctl.records import episodes, identity, logformats, values
 
 BATCH = 5000  # records a batch holds at most: stored at once when reached
 MAX_LINE = 1 << 20
@@ -34,6 +36,17 @@ PUT_CURSOR = """
 INSERT INTO ingest_cursors (name, position, updated_at) VALUES (%s, %s, now())
 ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at
 """
+
+
+SYSLOG_HEADER = 1024  # bytes a syslog line may have besides its message (priority, time, host, tag, data)
+
+
+def line_limit(limits: values.Limits, fmt: str) -> int:
+    """The longest line of FMT a record within [limits] can come from: its content (and a syslog header), or for
+    JSON formats a record at the limits with every byte escaped (episode import's line_bytes)."""
+    if fmt in ("jsonl", "journal"):
+        return limits.line_bytes()
+    return limits.episode_bytes + 1 + (SYSLOG_HEADER if fmt == "syslog" else 0)  # + 1: a CRLF line's \r
 
 
 def stored_position(conn, name: str) -> str | None:
@@ -132,6 +145,7 @@ class Options:
     group: str = "none"  # lines: none, blank (a blank line ends an episode), gap (a pause of `gap` s does)
     gap: float = 2.0
     max_line: int = MAX_LINE
+    bound: str = "--max-line"  # what sets max_line, named when a line is longer
 
 
 @dataclass
@@ -163,6 +177,7 @@ class Ingest:
         self.conn, self.settings, self.reader, self.options = conn, settings, reader, options
         self.report, self.cursor_name, self.after_commit = report, cursor_name, after_commit
         self.counts = Counts()
+        self.limits = values.Limits.of(settings)  # read once, not per record
         self.pending = _Pending()
         self.stopping = False
         self.group_first: int | None = None
@@ -202,7 +217,7 @@ class Ingest:
 
     def _take(self, line: Line) -> None:
         if line.raw is None:
-            self._skip(line.number, f"longer than {self.options.max_line:,} bytes")
+            self._skip(line.number, f"longer than {self.options.max_line:,} bytes ({self.options.bound})")
             return
         raw = line.raw[:-1] if line.raw.endswith(b"\r") else line.raw
         try:
@@ -249,10 +264,11 @@ class Ingest:
             self._close_group()
             pending.position = str(line.end)
             return
-        if pending.group and pending.group_bytes + len(content) > opts.max_line:
-            self._close_group()
+        size = len(content.encode("utf-8", "surrogatepass")) + 1
+        if pending.group and pending.group_bytes + size > self.limits.episode_bytes + 1:
+            self._close_group()  # the next line would take the group past [limits] episode_bytes
         pending.group.append(content)
-        pending.group_bytes += len(content) + 1
+        pending.group_bytes += size
         pending.group_end, pending.last_line_at = line.end, time.monotonic()
         self.group_first = self.group_first or line.number
 
@@ -274,7 +290,8 @@ class Ingest:
             episode = episodes.validate(
                 self.settings, record.content, kind=record.kind or opts.kind or logformats.LOG_KIND,
                 source=record.source or opts.source, agent=record.agent or opts.agent, importance=record.importance,
-                created_at=record.created_at or datetime.datetime.now(datetime.timezone.utc), meta=record.meta)
+                created_at=record.created_at or datetime.datetime.now(datetime.timezone.utc), meta=record.meta,
+                limits=self.limits)
         except (InvalidInput, BadValue) as exc:
             self._skip(number, str(exc))
             return
