@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from memctl.errors import BadValue, InvalidInput
 
 MAX_KEY = 255
+# C0 and C1 controls and DEL: in a key or a name they break every table and line that shows it (a newline
+# splits a row, an escape sequence rewrites the terminal). Text and values may hold them; keys and names not.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 MAX_NAME = 200  # agent, kind, source, namespace: names, not texts
 DEFAULT_NAMESPACE = "default"  # a fact's namespace when none is given
 EARLIEST = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)  # no memory is older than this
@@ -155,6 +159,7 @@ def name(value: Any, what: str, *, default: str | None = None, optional: bool = 
     utf8(value, what, BadValue)
     if len(value) > MAX_NAME:
         raise BadValue(f"{what}: at most {MAX_NAME} characters (got {len(value)})", what)
+    no_control(value, what)
     return value
 
 
@@ -179,7 +184,16 @@ def check_key(key: Any) -> str:
     if "\x00" in key:
         raise BadValue("key: contains a NUL character (\\0), which PostgreSQL text cannot store", "key")
     utf8(key, "key", BadValue)
+    no_control(key, "key")
     return key
+
+
+def no_control(value: str, what: str) -> None:
+    """A key or name with a control character (a newline, a tab, an escape) is refused: exit 2, naming it."""
+    found = CONTROL.search(value)
+    if found is not None:
+        raise BadValue(f"{what}: contains a control character ({found.group()!r} at position {found.start()}); "
+                       "keys and names are one line of printable text", what)
 
 
 def check_value(value: Any, what: str = "value", limit: int | None = None, setting: str = "value_bytes") -> str:
