@@ -101,6 +101,16 @@ def last(conn, name: str, *, outcome: str | None = None) -> dict | None:
     return conn.execute(LAST, (name, outcome, outcome)).fetchone()
 
 
+CREATED = "SELECT min(applied_at) AS at, extract(epoch FROM now() - min(applied_at)) AS age_s FROM memctl_migrations"
+
+
+def memory_created(conn) -> dict:
+    """When this memory was created (its first migration) and its age in seconds: where a scheduled job that never
+    ran starts being late (status --check, memctl_job_last_success_timestamp_seconds)."""
+    row = conn.execute(CREATED).fetchone()
+    return {"at": row["at"], "age_s": float(row["age_s"] or 0.0)}
+
+
 def last_completed(conn, name: str, outcomes: tuple[str, ...] = COMPLETED) -> dict | None:
     """The last run that finished its work (ok, or partial: it ran but left something), with age_s."""
     return conn.execute(LAST_COMPLETED, (name, list(outcomes))).fetchone()
