@@ -18,3 +18,33 @@ def test_a_source_with_a_newline_exits_2(cli, conn):
     out = cli("episode", "add", "disk full", "--source", "app\nfake row")
     assert out.exit_code == 2 and "source" in out.stderr
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 0
+
+
+@pytest.mark.local
+def test_a_missing_or_corrupt_local_model_falls_back_to_text_like_ollama_down(memctl_bin, memctl_env, tmp_path):
+    """The Quickstart's local model gone or damaged: search and recall answer by words with a warning (exit 0),
+    and embed leaves rows pending with exit 3, as when Ollama is down (not exit 1)."""
+    from tests.conftest import needs_local_embedder
+
+    needs_local_embedder()
+    from memctl.embedding.embedders import bundled_model_dir
+
+    good, wrong = tmp_path / "good", tmp_path / "wrong"
+    for target in (good, wrong):
+        target.mkdir()
+        (target / "tokenizer.json").symlink_to(bundled_model_dir() / "tokenizer.json")
+    (good / "model.safetensors").symlink_to(bundled_model_dir() / "model.safetensors")
+    (wrong / "model.safetensors").write_bytes(b"\0" * 64)
+    env = {**memctl_env, "MEMCTL_EMBEDDER": "local", "MEMCTL_EMBED_MODEL": "all-minilm",
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "MEMCTL_LOCAL_MODEL": str(good)}
+    assert memctl_bin("episode", "add", "the disk on web-3 filled up", env=env).exit_code == 0
+    assert memctl_bin("embed", env=env).exit_code == 0
+    for broken in (wrong, tmp_path / "absent"):
+        env["MEMCTL_LOCAL_MODEL"] = str(broken)
+        found = memctl_bin("episode", "search", "disk web-3", env=env)
+        assert found.exit_code == 0 and "web-3" in found.stdout and "text" in found.stderr, found.stderr
+        recalled = memctl_bin("recall", "disk web-3", env=env)
+        assert recalled.exit_code == 0 and "web-3" in recalled.stdout, recalled.stderr
+        assert memctl_bin("episode", "add", "another disk alert", env=env).exit_code == 0
+        embedded = memctl_bin("embed", env=env)
+        assert embedded.exit_code == 3, embedded.stderr
