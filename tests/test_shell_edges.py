@@ -48,3 +48,14 @@ def test_a_missing_or_corrupt_local_model_falls_back_to_text_like_ollama_down(me
         assert memctl_bin("episode", "add", "another disk alert", env=env).exit_code == 0
         embedded = memctl_bin("embed", env=env)
         assert embedded.exit_code == 3, embedded.stderr
+
+
+def test_a_recall_budget_nothing_fits_in_exits_2_and_nothing_relevant_still_exits_0(cli):
+    assert cli("episode", "add", "the disk on web-3 filled up with nginx logs").exit_code == 0
+    tiny = cli("recall", "disk web-3 nginx", "--max-tokens", "5")
+    assert tiny.exit_code == 2 and "--max-tokens 5" in tiny.stderr and "none fits" in tiny.stderr
+    assert tiny.stdout == ""
+    roomy = cli("recall", "disk web-3 nginx", "--max-tokens", "500")
+    assert roomy.exit_code == 0 and "web-3" in roomy.stdout
+    nothing = cli("recall", "quokka zanzibar", "--max-tokens", "5")
+    assert nothing.exit_code == 0 and nothing.stdout == ""
