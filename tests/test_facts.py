@@ -16,7 +16,7 @@ def test_set_prints_old_and_new_value_and_version(cli):
     first = cli("fact", "set", "db.port", "5432", "-f", "json")
     assert first.exit_code == 0, first.stderr
     assert first.json() == [{"namespace": "default", "key": "db.port", "old_value": None, "new_value": "5432",
-                             "version": 1}]
+                             "version": 1, "current_value": "5432"}]
     second = cli("fact", "set", "db.port", "5433", "--source", "ops", "-f", "json")
     assert second.json()[0]["old_value"] == "5432"
     assert second.json()[0]["version"] == 2
