@@ -278,7 +278,7 @@ def test_bad_requests(cli):
     assert cli("recall", "   ").exit_code == 2
     assert cli("recall", "x", "--max-tokens", "0").exit_code == 2
     assert cli("recall", "x", "-k", "0").exit_code == 2
-    assert cli("recall", "-", input=b"\xff\xfe").exit_code == 1
+    assert cli("recall", "-", input=b"\xff\xfe").exit_code == 2
 
 
 def test_stdin_observation(cli, memory):

@@ -59,3 +59,19 @@ def test_a_recall_budget_nothing_fits_in_exits_2_and_nothing_relevant_still_exit
     assert roomy.exit_code == 0 and "web-3" in roomy.stdout
     nothing = cli("recall", "quokka zanzibar", "--max-tokens", "5")
     assert nothing.exit_code == 0 and nothing.stdout == ""
+
+
+def test_bad_input_is_exit_2_wherever_it_comes_from(cli, memctl_bin):
+    """One rule (README, exit codes): empty text, a NUL, text that is not UTF-8 and a line that is no record are
+    exit 2 in an argument, on stdin, in a field and in a JSONL line alike (were 1 in some places, 2 in others)."""
+    pairs = {
+        "empty": (cli("episode", "add", "  "), cli("episode", "search", "  ")),
+        "NUL": (cli("episode", "add", "a\x00b"), cli("episode", "add", "ab", "--meta", '{"a": "x\\u0000y"}')),
+        "UTF-8": (memctl_bin("episode", "add", "-", input=b"ab\xff\xfe cd"),
+                  memctl_bin("episode", "add", b"ab\xff".decode("utf-8", "surrogateescape"))),
+        "line": (cli("episode", "import", "-", input='{"content": "ok"}\n{nope\n'),
+                 cli("episode", "import", "-", input='{"content": "ok"}\n{"content": "x", "importance": 42}\n')),
+    }
+    for what, outcomes in pairs.items():
+        assert [o.exit_code for o in outcomes] == [2, 2], (what, [o.stderr for o in outcomes])
+        assert all(o.stderr.startswith("memctl: ") and o.stdout == "" for o in outcomes), what

@@ -120,7 +120,7 @@ def test_a_corrupt_line_fails_the_import_names_it_and_leaves_nothing(cli, other_
     lines = cli("export").stdout.splitlines()
     lines[6] = lines[6][: len(lines[6]) // 2]  # line 7 cut in half
     result = cli("import", "-", input="\n".join(lines) + "\n", env={"MEMCTL_DATABASE_URL": other_db})
-    assert result.exit_code == 1 and "line 7" in result.stderr
+    assert result.exit_code == 2 and "line 7" in result.stderr
     assert counts(other_db) == {"episodes": 0, "chunks": 0, "facts": 0, "history": 0, "blocked": 0, "queued": 0,
                                 "models": 0}
     lines = cli("export").stdout.splitlines()

@@ -1,6 +1,7 @@
 """The checks every field of a record passes at the gate (memctl.records.gate): types, NUL, UTF-8, lengths.
 
-Bad values raise errors.BadValue naming the field (exit 2); text PostgreSQL cannot hold raises InvalidInput.
+Bad values raise errors.BadValue naming the field (exit 2), text PostgreSQL cannot hold (NUL, lone surrogates)
+included: bad input is exit 2 wherever it comes from (an argument, stdin, a field, a JSONL line).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memctl.errors import BadValue, InvalidInput
+from memctl.errors import BadValue
 
 MAX_KEY = 255
 # C0 and C1 controls and DEL: in a key or a name they break every table and line that shows it (a newline
@@ -108,12 +109,12 @@ def _seconds(seconds: float) -> str:
 
 def no_nul(value: str | None, what: str) -> None:
     if value is not None and "\x00" in value:
-        raise InvalidInput(f"the {what} contains a NUL character (\\0) at position {value.index(chr(0))}; "
-                           "PostgreSQL text cannot store it: remove or escape it")
+        raise BadValue(f"the {what} contains a NUL character (\\0) at position {value.index(chr(0))}; "
+                       "PostgreSQL text cannot store it: remove or escape it", what)
     utf8(value, what)
 
 
-def utf8(value: str | None, what: str, error: type = InvalidInput) -> None:
+def utf8(value: str | None, what: str, error: type = BadValue) -> None:
     """Refuse a str UTF-8 cannot hold: a lone surrogate (invalid bytes in an argument, a \\uD800 escape)."""
     if value is None or value.isascii():
         return
@@ -203,6 +204,6 @@ def check_value(value: Any, what: str = "value", limit: int | None = None, setti
     if limit is not None:
         within(value, limit, what, setting)
     if "\x00" in value:
-        raise InvalidInput(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store")
+        raise BadValue(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store", what)
     utf8(value, what)
     return value
