@@ -255,8 +255,8 @@ def _facts_note(source: str, facts: list[dict], *, planned: bool, delete_facts: 
 
 def jobs(
     job: Annotated[Optional[str], typer.Option(
-        "--job", "-j", help="Only this job: embed, summarize, prune, purge, reembed (reembed-drop-old, "
-                            "reembed-abort), backup or restore.")] = None,
+        "--job", "-j", help="Only this job: embed, summarize, prune, purge, reembed (reembed-switch, "
+                            "reembed-drop-old, reembed-abort), backup, restore or export.")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many, newest first.")] = 20,
     fmt: FormatOption = Format.table,
 ) -> None:

@@ -9,9 +9,10 @@ from typing import Any, Iterator
 
 from memctl.errors import BadValue, MemctlError, Unavailable
 
-# The jobs the log records (the seven, then the two steps of a model change that are logged apart).
+# The jobs the log records (the seven, then the steps of a model change that are logged apart, and exports:
+# an erasure's receipt lists the exports before it).
 NAMES = ("embed", "summarize", "prune", "purge", "reembed", "backup", "restore")
-LOGGED = (*NAMES, "reembed-drop-old", "reembed-abort")
+LOGGED = (*NAMES, "reembed-switch", "reembed-drop-old", "reembed-abort", "export")
 
 START = "INSERT INTO jobs (job) VALUES (%s) RETURNING id"
 FINISH = """
