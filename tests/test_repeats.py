@@ -219,12 +219,15 @@ def test_episode_import_folds_against_the_stored_firsts_and_within_its_own_batch
 def test_episodes_at_the_first_moment_of_time_fold_without_overflow(cli, conn, memctl_env):
     """The window reaches back from an episode's time: from 0001-01-01 that is before the year 1, which
     Python cannot hold (the long fuzz profile found `episode import` failing with OverflowError there). Such
-    a window has no start: the repeats fold, by import and by add."""
+    a window has no start: the repeats fold, by import and by add. [limits] now refuses a time before 1900
+    (exit 2, nothing imported); the earliest one taken, with the longest window, folds."""
     configure(memctl_env, '[episodes]\nrepeat_window = "1000y"\n')
-    dawn = datetime.datetime(1, 1, 1, tzinfo=datetime.timezone.utc)
-    summary = load(cli, [{"content": ALERT}, {"content": ALERT, "created_at": "0001-01-01T00:00:00"},
-                         {"content": ALERT, "created_at": "0001-01-01T00:00:05Z"}])
-    assert (summary["imported"], summary["folded"]) == (3, 1)  # today's alert is a first of its own
+    refused = cli("episode", "import", "-", input='{"content": "x", "created_at": "0001-01-01T00:00:00Z"}\n')
+    assert refused.exit_code == 2 and "1900" in refused.stderr
+    dawn = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)
+    summary = load(cli, [{"content": ALERT, "created_at": "1900-01-01T00:00:00"},
+                         {"content": ALERT, "created_at": "1900-01-01T00:00:05Z"}])
+    assert (summary["imported"], summary["folded"]) == (2, 1)
     assert add(conn, ALERT, created_at=dawn + datetime.timedelta(seconds=9)).folded_into is not None
     stored = conn.execute("SELECT repeats, last_seen_at FROM episodes WHERE repeat_of IS NULL AND created_at = %s",
                           (dawn,)).fetchone()
