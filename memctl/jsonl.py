@@ -23,7 +23,10 @@ class BadLine(InvalidInput):
 
 
 class LineError(InvalidInput):
-    """A bad JSONL line: the message names it."""
+    """A bad JSONL line: the message names it. Bad input (exit 2) unless the error it came from says otherwise
+    (a refused write: a blocked source, a secret in block mode, keeps its 1)."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, number: int, reason: str, exit_code: int | None = None):
         super().__init__(f"line {number}: {reason}")
