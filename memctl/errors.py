@@ -74,6 +74,16 @@ class DiskFull(MemctlError):
                          "written: free space there, then run the command again")
 
     @classmethod
+    def output(cls, path: str) -> "DiskFull":
+        """Standard output was a file (the shell's redirect) on the disk that filled: that file is cut short."""
+        error = cls.__new__(cls)
+        error.disk = f"the disk holding {path}"
+        MemctlError.__init__(error, f"disk full: the disk holding {path} (standard output) has no space left; what "
+                                    f"was written to {path} is cut short (your shell created it, memctl cannot "
+                                    "remove it): free space there, then run the command again")
+        return error
+
+    @classmethod
     def at(cls, path, what: str = "") -> "DiskFull":
         """The disk holding PATH, named by the path and the mount point of its filesystem."""
         mount = mount_point(path)

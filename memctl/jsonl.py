@@ -12,11 +12,21 @@ import json
 import re
 from typing import Any, Callable, Iterable, Iterator
 
-from memctl.errors import InvalidInput
+from memctl.errors import EXIT_USAGE, InvalidInput
+
+
+class BadLine(InvalidInput):
+    """A line that is not a record (not UTF-8, not JSON, not an object, a field unknown or missing): bad input,
+    exit 2 like a bad value in a field or an argument (README, exit codes)."""
+
+    exit_code = EXIT_USAGE
 
 
 class LineError(InvalidInput):
-    """A bad JSONL line: the message names it."""
+    """A bad JSONL line: the message names it. Bad input (exit 2) unless the error it came from says otherwise
+    (a refused write: a blocked source, a secret in block mode, keeps its 1)."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, number: int, reason: str, exit_code: int | None = None):
         super().__init__(f"line {number}: {reason}")
@@ -38,7 +48,7 @@ def parse(raw: bytes | str, *, fields: Iterable[str] | None = None, required: It
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidInput(f"not valid UTF-8 (byte {exc.start})") from None
+            raise BadLine(f"not valid UTF-8 (byte {exc.start})") from None
     else:
         text = raw
     if not text.strip():
@@ -46,20 +56,20 @@ def parse(raw: bytes | str, *, fields: Iterable[str] | None = None, required: It
     try:
         item = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise BadLine(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     if _SURROGATE_ESCAPE.search(text) and not _encodable(item):
-        raise InvalidInput("a \\uD800-\\uDFFF escape that is not a surrogate pair: not text UTF-8 can hold")
+        raise BadLine("a \\uD800-\\uDFFF escape that is not a surrogate pair: not text UTF-8 can hold")
     if fields is None and not required:
         return item
     if not isinstance(item, dict):
-        raise InvalidInput("expected a JSON object")
+        raise BadLine("expected a JSON object")
     if fields is not None:
         unknown = set(item) - set(fields)
         if unknown:
-            raise InvalidInput(f"unknown field(s): {', '.join(sorted(unknown))}")
+            raise BadLine(f"unknown field(s): {', '.join(sorted(unknown))}")
     for name in required:
         if name not in item:
-            raise InvalidInput(f"'{name}' is required")
+            raise BadLine(f"'{name}' is required")
     return item
 
 

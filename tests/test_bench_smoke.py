@@ -26,6 +26,7 @@ BENCH = Path(__file__).resolve().parent / "bench"
 RUNS = [
     ("startup.py --runs 3", "ratio (goal <= 1.5)"),
     ("import_.py --rows 2000 --rounds 1", "median of the rounds"),
+    ("ingest.py --rows 1000 --rounds 1 --lines 2", "ratio ingest / episode import"),
     ("embed.py --chunks 64", "ratio (goal >= 0.9)"),
     ("reembed.py --chunks 64 --slices 2 --embedder hash", "ratio, whole run"),
     ("search.py --episodes 2000 --queries 20 --runs 1", "filtered recall@10"),

@@ -13,7 +13,7 @@ import pytest
 
 from memctl import config, db
 from memctl.db import overlap
-from memctl.errors import BadValue, InvalidInput
+from memctl.errors import BadValue
 from memctl.records import chunking, episodes, store
 
 
@@ -38,12 +38,12 @@ def test_add_from_stdin_and_invalid_utf8(cli):
     ok = cli("episode", "add", "-", input="from a pipe\n".encode())
     assert ok.exit_code == 0
     bad = cli("episode", "add", "-", input=b"caf\xe9")
-    assert bad.exit_code == 1 and "UTF-8" in bad.stderr and bad.stdout == ""
+    assert bad.exit_code == 2 and "UTF-8" in bad.stderr and bad.stdout == ""  # as in an argument (issue 40)
 
 
 @pytest.mark.parametrize("args,needle,code", [
-    (["   "], "empty", 1),
-    (["a\x00b"], "NUL", 1),
+    (["   "], "empty", 2),  # bad input is exit 2 wherever it is (issue 40): was 1 here, 2 for a query
+    (["a\x00b"], "NUL", 2),
     (["x", "--importance", "11"], "--importance", 2),
     (["x", "--importance", "-1"], "--importance", 2),
     (["x", "--created-at", "last tuesday"], "ISO 8601", 2),
@@ -157,7 +157,7 @@ def test_import_loads_all_fields(cli, conn):
 def test_import_fails_whole_on_line_n_and_leaves_nothing(cli, conn):
     data = jsonl({"content": "ok"}, {"content": "fine"}, "{broken json", {"content": "later"})
     result = cli("episode", "import", "-", input=data)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "line 3" in result.stderr and "nothing was imported" in result.stderr
     assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
 
@@ -204,7 +204,7 @@ def test_import_failing_after_batches_were_copied_leaves_nothing(cli, conn, db_u
     monkeypatch.setattr(episodes, "BATCH", 2)
     data = jsonl(*({"content": f"line {i} fine"} for i in range(1, 6)), "{broken json", {"content": "later"})
     result = cli("episode", "import", "-", input=data)
-    assert result.exit_code == 1 and "line 6" in result.stderr and "nothing was imported" in result.stderr
+    assert result.exit_code == 2 and "line 6" in result.stderr and "nothing was imported" in result.stderr
     assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
 
     settings, calls, real = config.load(), [], store.copy_episodes
@@ -276,10 +276,9 @@ def test_overlap_raises_the_calls_error_in_the_caller(db_url):
     ([1, 2], "JSON object"),
 ])
 def test_import_names_the_problem(cli, line, needle):
-    """A bad field value is a usage error (2), a line that is no episode record bad input (1): both named."""
+    """A bad field value and a line that is no episode record are both bad input (exit 2), both named."""
     result = cli("episode", "import", "-", input=jsonl({"content": "fine"}, line))
-    expected = 2 if needle in ("0 to 10", "ISO 8601") else 1
-    assert result.exit_code == expected and "line 2" in result.stderr and needle in result.stderr
+    assert result.exit_code == 2 and "line 2" in result.stderr and needle in result.stderr
 
 
 def test_import_skip_invalid_reports_line_numbers(cli, conn):
@@ -295,7 +294,7 @@ def test_import_skip_invalid_reports_line_numbers(cli, conn):
 def test_import_invalid_utf8_line(cli, conn):
     data = b'{"content": "ok"}\n{"content": "caf\xe9"}\n'
     result = cli("episode", "import", "-", input=data)
-    assert result.exit_code == 1 and "line 2" in result.stderr and "UTF-8" in result.stderr
+    assert result.exit_code == 2 and "line 2" in result.stderr and "UTF-8" in result.stderr
     assert count(conn, "episodes") == 0
 
 
@@ -315,7 +314,7 @@ def test_validate_library_defaults():
     assert (episode.kind, episode.agent, episode.importance) == ("observation", "default", 4)
     with pytest.raises(BadValue, match="importance"):
         episodes.validate(settings, "text", importance=True)
-    with pytest.raises(InvalidInput, match="empty"):
+    with pytest.raises(BadValue, match="empty"):
         episodes.validate(settings, "  ")
 
 
@@ -336,7 +335,7 @@ def test_every_jsonl_reader_reports_a_bad_line_alike(cli, tmp_path):
         "import": cli("import", two_lines('{"type": "header", "format": 1}')),
     }
     for name, outcome in outcomes.items():
-        assert outcome.exit_code == 1, name
+        assert outcome.exit_code == 2, name
         assert "line 2: not valid JSON" in outcome.stderr, (name, outcome.stderr)
 
 
@@ -363,3 +362,22 @@ def test_import_redacts_content_and_meta(cli, conn):
     assert rows[0]["content"] == "pushed with [REDACTED:github-token]" and token not in rows[0]["meta"]
     assert rows[1]["content"] == "nothing secret here"
     assert token not in "".join(r["content"] for r in conn.execute("SELECT content FROM chunks").fetchall())
+
+
+def test_an_import_run_twice_changes_nothing(cli, conn):
+    """A record already stored (same agent, source, time and content: memctl.records.identity) is skipped and
+    counted, not stored again nor folded as a repeat; a record with no time is told by its occurrence."""
+    data = jsonl({"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:04:05Z"},
+                 {"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:04:05Z"},
+                 {"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:09:05Z"},
+                 {"content": "no time given"}, {"content": "no time given"})
+    first = cli("episode", "import", "-", "-f", "json", input=data)
+    assert first.exit_code == 0, first.stderr
+    assert (first.json()[0]["imported"], first.json()[0]["already_stored"], first.json()[0]["folded"]) == (4, 1, 2)
+    count = conn.execute("SELECT count(*) AS n, sum(repeats) AS r FROM episodes").fetchone()
+    again = cli("episode", "import", "-", "-f", "json", input=data)
+    assert again.exit_code == 0, again.stderr
+    assert (again.json()[0]["imported"], again.json()[0]["already_stored"]) == (0, 5)
+    assert conn.execute("SELECT count(*) AS n, sum(repeats) AS r FROM episodes").fetchone() == count == {"n": 4, "r": 2}
+    grown = cli("episode", "import", "-", "-f", "json", input=data + jsonl({"content": "no time given"}))
+    assert (grown.json()[0]["imported"], grown.json()[0]["already_stored"]) == (1, 5)  # its third occurrence

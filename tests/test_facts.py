@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from memctl import db
-from memctl.errors import BadValue, InvalidInput, NotFound
+from memctl.errors import BadValue, NotFound
 from memctl.records import facts
 
 
@@ -16,7 +16,7 @@ def test_set_prints_old_and_new_value_and_version(cli):
     first = cli("fact", "set", "db.port", "5432", "-f", "json")
     assert first.exit_code == 0, first.stderr
     assert first.json() == [{"namespace": "default", "key": "db.port", "old_value": None, "new_value": "5432",
-                             "version": 1}]
+                             "version": 1, "current_value": "5432"}]
     second = cli("fact", "set", "db.port", "5433", "--source", "ops", "-f", "json")
     assert second.json()[0]["old_value"] == "5432"
     assert second.json()[0]["version"] == 2
@@ -155,7 +155,7 @@ def test_bad_keys_and_nul_are_refused(cli):
     too_long = cli("fact", "set", "k" * 256, "v")
     assert too_long.exit_code == 2 and "255" in too_long.stderr
     nul = cli("fact", "set", "k", "a\x00b")
-    assert nul.exit_code == 1 and "NUL" in nul.stderr
+    assert nul.exit_code == 2 and "NUL" in nul.stderr
     assert cli("fact", "set", "k" * 255, "ok").exit_code == 0
 
 
@@ -163,7 +163,7 @@ def test_value_from_stdin_rejects_invalid_utf8(cli):
     assert cli("fact", "set", "k", "-", input=b"from stdin").exit_code == 0
     assert cli("fact", "get", "k").stdout == "from stdin\n"
     bad = cli("fact", "set", "k", "-", input=b"\xff\xfe")
-    assert bad.exit_code == 1 and "UTF-8" in bad.stderr
+    assert bad.exit_code == 2 and "UTF-8" in bad.stderr
     assert cli("fact", "get", "k").stdout == "from stdin\n"
 
 
@@ -214,11 +214,11 @@ def test_import_with_a_bad_line_fails_whole_and_names_the_line(cli, conn):
     lines = [json.dumps({"key": "a", "value": "1"}), json.dumps({"key": "b", "value": "x\u0000y"}),
              json.dumps({"key": "c", "value": "3"})]
     result = cli("fact", "import", "-", input="\n".join(lines) + "\n")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "line 2" in result.stderr and "NUL" in result.stderr
     assert conn.execute("SELECT count(*) AS n FROM facts").fetchone()["n"] == 0
     malformed = cli("fact", "import", "-", input='{"key": "a", "value": "1"}\n{not json\n')
-    assert malformed.exit_code == 1 and "line 2" in malformed.stderr
+    assert malformed.exit_code == 2 and "line 2" in malformed.stderr
 
 
 def test_library_errors_are_typed(conn):
@@ -226,7 +226,7 @@ def test_library_errors_are_typed(conn):
         facts.get_fact(conn, "missing")
     with pytest.raises(BadValue, match="key"):
         facts.set_fact(conn, "", "v")
-    with pytest.raises(InvalidInput, match="NUL"):
+    with pytest.raises(BadValue, match="NUL"):
         facts.set_fact(conn, "k", "a\x00b")
 
 

@@ -68,14 +68,18 @@ def test_a_back_dated_correction_is_history_not_the_current_value(cli, conn):
     late = cli("fact", "set", "db.port", "5432", "--valid-from", "2026-01-01T00:00:00Z", "-f", "json")
     assert late.exit_code == 0, late.stderr
     assert "version 2 recorded as valid from 2026-01-01" in late.stderr and "stays '5433'" in late.stderr
+    assert late.json()[0]["current_value"] == "5433" and late.json()[0]["new_value"] == "5432"
+    table = cli("fact", "set", "db.port", "5430", "--valid-from", "2025-12-01T00:00:00Z").stdout.splitlines()
+    assert table[0].split()[-1] == "current_value" and table[2].split()[-1] == "5433"  # what `fact get` answers
     assert get(cli, "db.port") == "5433" and get(cli, "db.port", "--as-of", "2026-02-01") == "5432"
     row = conn.execute("SELECT value, version FROM facts WHERE key = 'db.port'").fetchone()
     assert (row["value"], row["version"]) == ("5433", 1)
     change = facts.set_fact(conn, "db.port", "5431", valid_from="2026-06-01T00:00:00Z")
-    assert (change.current, change.version, change.old_value) == (False, 3, "5433")
+    assert (change.current, change.version, change.old_value, change.current_value) == (False, 4, "5433", "5433")
     assert facts.get_fact(conn, "db.port", as_of="2026-07-01").value == "5431"
     assert facts.set_fact(conn, "db.port", "5434").current is True  # a plain set is always the latest valid
-    assert facts.get_fact(conn, "db.port").version == 4
+    assert facts.get_fact(conn, "db.port").version == 5
+    assert cli("fact", "set", "db.port", "5435", "-f", "json").json()[0]["current_value"] == "5435"
 
 
 def test_a_later_recorded_version_wins_a_tie_of_valid_from(cli, conn):

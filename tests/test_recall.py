@@ -107,6 +107,10 @@ def test_budget_is_never_exceeded_and_only_whole_leading_items_are_kept(cli, mem
     ends = [full["tokens"] - sum(estimate_tokens(t + "\n") for t in texts[n:]) for n in range(1, len(texts) + 1)]
     for budget in sorted({1, *ends, *(e - 1 for e in ends)}):
         args = (observation, "--repo", str(books), "--no-track", "--max-tokens", str(budget))
+        if budget < ends[0]:  # found, but not even the first item fits: a usage error, not silence (issue 40)
+            refused = cli("recall", *args, "-f", "json")
+            assert refused.exit_code == 2 and "none fits" in refused.stderr and refused.stdout == ""
+            continue
         doc = run(cli, *args, "-f", "json").json()
         kept = [item["text"] for item in doc["items"]]
         assert kept == texts[: len(kept)]  # a prefix, in order: stops at the first item that does not fit
@@ -274,7 +278,7 @@ def test_bad_requests(cli):
     assert cli("recall", "   ").exit_code == 2
     assert cli("recall", "x", "--max-tokens", "0").exit_code == 2
     assert cli("recall", "x", "-k", "0").exit_code == 2
-    assert cli("recall", "-", input=b"\xff\xfe").exit_code == 1
+    assert cli("recall", "-", input=b"\xff\xfe").exit_code == 2
 
 
 def test_stdin_observation(cli, memory):

@@ -131,7 +131,7 @@ def test_known_items_from_a_file(cli, conn, env, server, tmp_path):
     assert bad.exit_code == 2 and "line 1: texts: no episode holds" in bad.stderr
     items.write_text("\n" + json.dumps({"query": "x", "episode": [1]}) + "\n")
     bad = cli("reembed", "compare", "--queries", str(items))
-    assert bad.exit_code == 1 and "line 2: unknown field(s): episode" in bad.stderr
+    assert bad.exit_code == 2 and "line 2: unknown field(s): episode" in bad.stderr
 
 
 def test_an_empty_memory_switches_saying_there_is_nothing_to_measure(cli, conn, env, server):

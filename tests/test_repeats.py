@@ -234,7 +234,7 @@ def test_episode_import_folds_against_the_stored_firsts_and_within_its_own_batch
              "created_at": (ago(days=2) + datetime.timedelta(minutes=5 * (i + 1))).isoformat()} for i in range(287)]
     rows += [{"content": text, "kind": "alert", "source": "nagios"} for text in DISTINCT]
     rows += [{"content": "disk 95% on web-3", "kind": "alert", "source": "nagios",
-              "created_at": ago(hours=1).isoformat()} for _ in range(3)]
+              "created_at": (ago(hours=1) + datetime.timedelta(minutes=i)).isoformat()} for i in range(3)]
     summary = load(cli, rows)
     assert (summary["imported"], summary["folded"], summary["chunks"]) == (300, 289, 11)
     stored = firsts(conn)
@@ -251,6 +251,8 @@ def test_episodes_at_the_first_moment_of_time_fold_without_overflow(cli, conn, m
     time memctl takes is 1900-01-01 ([limits]), so no window (1000y at most) reaches that far: from the first
     moment the repeats fold, by import and by add, and today's alert, more than the window later, does not."""
     configure(memctl_env, '[episodes]\nrepeat_window = "100y"\n')
+    refused = cli("episode", "import", "-", input='{"content": "x", "created_at": "0001-01-01T00:00:00Z"}\n')
+    assert refused.exit_code == 2 and "1900" in refused.stderr  # [limits]: nothing imported
     dawn = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)
     summary = load(cli, [{"content": ALERT}, {"content": ALERT, "created_at": "1900-01-01T00:00:00"},
                          {"content": ALERT, "created_at": "1900-01-01T00:00:05Z"}])
@@ -413,7 +415,9 @@ def test_writers_adding_and_importing_the_same_text_at_once_make_one_first(db_ur
     def importer() -> None:
         try:
             with db.connect(db_url) as own:
-                new = [episodes.validate(settings, ALERT.upper(), kind="alert", created_at=NOW) for _ in range(25)]
+                # each its own time: 25 records at one time would be one record stored once (records.identity)
+                new = [episodes.validate(settings, ALERT.upper(), kind="alert",
+                                         created_at=NOW + datetime.timedelta(microseconds=i)) for i in range(25)]
                 start.wait()
                 episodes.import_episodes(own, settings, iter(new), result=episodes.ImportResult())
         except BaseException as exc:  # noqa: BLE001 - reported below

@@ -324,3 +324,31 @@ def test_build_memory_model_predicts_the_notice(conn):
     model = models.Model(1, "hash", "m", 384, "vector", None, "t", "active")
     assert footprint.build_warning(model, 700, 1024 * 1024) is not None
     assert footprint.build_warning(model, 400, 1024 * 1024) is None
+
+
+def test_size_starts_with_a_total_in_human_units_then_groups(cli, loaded):
+    """`memctl size` read at a glance (issue 40): the total first, in human units, then groups that sum to it;
+    the tables only (no TOAST rows with their repeated note) unless --all."""
+    report = size_json(cli, loaded)
+    tables = [r for r in report["relations"] if r["kind"] in ("table", "vectors")]
+    total = report["total"]
+    assert total["total_bytes"] == sum(r["total_bytes"] for r in tables) == report["growth"]["total_bytes"]
+    assert sum(g["total_bytes"] for g in total["groups"]) == total["total_bytes"]
+    assert {g["group"] for g in total["groups"]} >= {"episodes", "chunks", "facts", "other"}
+    table = cli("size")
+    first = table.stdout.splitlines()[0]
+    assert table.exit_code == 0 and first.startswith("total: ") and f"({total['total_bytes']:,} bytes)" in first
+    assert first.split()[2] in ("KiB", "MiB", "GiB")
+    relations = table.stdout.split("relations:", 1)[1].split("models:", 1)[0]
+    assert "pg_toast." not in relations and "_pkey" not in relations and "public.episodes" in relations
+    every = cli("size", "--all").stdout.split("relations:", 1)[1].split("models:", 1)[0]
+    assert "pg_toast." in every and "_pkey" in every
+    groups = cli("size", "--section", "total", "-f", "csv").stdout.splitlines()
+    assert groups[0].startswith("group,size,total_bytes,share")
+
+
+def test_human_bytes():
+    from memctl.upkeep.size import human_bytes
+
+    assert [human_bytes(n) for n in (0, 1023, 1536, 10 * 2**20, 3 * 2**30 + 2**29)] == \
+        ["0 bytes", "1,023 bytes", "1.5 KiB", "10 MiB", "3.5 GiB"]

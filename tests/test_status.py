@@ -146,3 +146,19 @@ def test_backups_are_watched_once_one_has_run(cli, conn, memctl_env):
     code, report, _ = check(cli)
     assert code == 1 and report["warnings"] == [
         "the last backup run ended failed: pg_dump failed: disk full (memctl jobs --job backup)"]
+
+
+def test_a_backup_and_prune_that_never_ran_warn_once_the_memory_is_older_than_twice_their_schedule(cli, conn):
+    """Issue 40: a timer never enabled is as late as one that stopped (status --check and MemctlJobLate)."""
+    assert check(cli)[0] == 0  # a memory created just now: nothing is late yet
+    conn.execute("UPDATE memctl_migrations SET applied_at = applied_at - interval '3 days'")
+    run_job(conn, "embed")
+    code, report, _ = check(cli)
+    assert code == 1, report
+    late = {w.split()[0]: w for w in report["warnings"]}
+    assert set(late) == {"prune", "backup"}, report["warnings"]
+    assert "has never run, and this memory was created 3.0d ago" in late["backup"]
+    assert "memctl-backup.timer" in late["backup"] and "memctl prune --yes" in late["prune"]
+    run_job(conn, "backup")
+    run_job(conn, "prune")
+    assert check(cli)[0] == 0

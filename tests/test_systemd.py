@@ -279,15 +279,19 @@ def _invoke(*args: str):
 def test_cli_render_out_lists_the_files(tmp_path):
     result = _invoke("systemd", "render", "--out", str(tmp_path), "--bin", REAL_BIN, "--user", "agentmem")
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.splitlines() == [str(tmp_path / name) for name in systemd.UNIT_NAMES]
+    assert result.stdout.splitlines() == [str(tmp_path / name) for name in systemd.UNIT_NAMES] + \
+        [str(tmp_path / "memctl.env.example"), str(tmp_path / "config.toml.example")]
     assert "User=agentmem\n" in (tmp_path / "memctl-embed.service").read_text()
+    # where the timers' config lives: named in the env file, said on stderr
+    assert "MEMCTL_CONFIG=/etc/memctl/config.toml\n" in (tmp_path / "memctl.env.example").read_text()
+    assert "MEMCTL_CONFIG=/etc/memctl/config.toml" in result.stderr and "~/.config" in result.stderr
 
 
 def test_cli_render_prints_units_with_headers():
     result = _invoke("systemd", "render", "--bin", "/opt/memctl/bin/memctl")
     assert result.exit_code == 0, result.stderr
     headers = re.findall(r"^# --- (\S+) ---$", result.stdout, re.M)
-    assert headers == list(systemd.UNIT_NAMES)
+    assert headers == [*systemd.UNIT_NAMES, "memctl.env.example", "config.toml.example"]
     assert "ExecStart=/opt/memctl/bin/memctl prune --yes\n" in result.stdout
     assert "not an executable file" in result.stderr
 
@@ -309,7 +313,7 @@ def test_cli_install_writes_the_units(tmp_path):
     dest = tmp_path / "system"
     dest.mkdir()
     result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", "root",
-                     "--env-file", str(env_file), "--state-dir", str(tmp_path / "no-state-yet"))
+                     "--env-file", str(env_file), "--state-dir", str(tmp_path / "no-state-yet"), "--force")
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in dest.iterdir()) == sorted(systemd.UNIT_NAMES)
     assert f"EnvironmentFile=-{env_file}\n" in (dest / "memctl-prune.service").read_text()
@@ -437,8 +441,8 @@ def test_install_refuses_a_database_another_user_owns_and_says_what_to_run(tmp_p
     os.chown(state / "pgdata", 1234567, 1234567)  # an owner that is not the units' user
     dest = tmp_path / "system"
     dest.mkdir()
-    result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(),
-                     "--state-dir", str(state))
+    result = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(), "--env-file", str(tmp_path / "memctl.env"),
+                     "--state-dir", str(state), "--force")  # --user may be root here
     assert result.exit_code == 1
     assert list(dest.iterdir()) == []  # nothing written
     assert (state / "pgdata").stat().st_uid == 1234567  # nothing chowned
@@ -446,12 +450,47 @@ def test_install_refuses_a_database_another_user_owns_and_says_what_to_run(tmp_p
     commands = [line for line in result.stdout.splitlines() if not line.startswith("#")]
     assert commands == [f"MEMCTL_HOME={state} memctl db stop", f"chown -R {_me()}:{_me()} {state}",
                         f"MEMCTL_HOME={state} memctl db stop", f"mv {state} {state}.before-units"]
-    dry = _invoke("systemd", "install", "--dest", str(dest), "--dry-run", "--bin", REAL_BIN, "--user", _me(),
-                  "--state-dir", str(state))
+    dry = _invoke("systemd", "install", "--dest", str(dest), "--dry-run", "--bin", REAL_BIN, "--user", _me(), "--env-file", str(tmp_path / "memctl.env"),
+                  "--state-dir", str(state), "--force")  # --user may be root here
     assert dry.exit_code == 1 and dry.stdout == result.stdout
 
     os.chown(state / "pgdata", os.geteuid(), os.getegid())  # what the printed chown does
-    done = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(),
-                   "--state-dir", str(state))
+    done = _invoke("systemd", "install", "--dest", str(dest), "--bin", REAL_BIN, "--user", _me(), "--env-file", str(tmp_path / "memctl.env"),
+                   "--state-dir", str(state), "--force")  # --user may be root here
     assert done.exit_code == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == sorted(systemd.UNIT_NAMES)
+
+
+def test_the_ingest_template_follows_a_units_journal_hardened(analyze, unit_dir):
+    """memctl-ingest@.service: an instance verifies clean, exposure <= 4, and runs ingest with its cursor."""
+    instance = unit_dir / "memctl-ingest@nginx.service"
+    instance.write_text((unit_dir / systemd.INGEST_SERVICE).read_text())
+    result = analyze("verify", "--man=no", str(instance))
+    assert (result.returncode, result.stderr) == (0, "")
+    result = analyze("security", "--offline=yes", str(instance))
+    match = re.search(r"Overall exposure level for memctl-ingest@nginx\.service: (\d+\.\d+)", result.stdout)
+    assert match and float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+    directives = _directives(instance.read_text())
+    assert _one(directives, "ExecStart") == (f"{REAL_BIN} ingest --journal-unit %i --source %i "
+                                             "--cursor-file /var/lib/memctl/ingest/%i.cursor")
+    assert _one(directives, "SupplementaryGroups") == "systemd-journal"
+
+
+@pytest.mark.parametrize("args,reason", [(["--user", "root"], "PostgreSQL refuses root"),
+                                         (["--bin", "/tmp/venv/bin/memctl"], "under /tmp"),
+                                         (["--bin", "/home/alice/.venv/bin/memctl"], "under /home")])
+def test_cli_install_refuses_units_it_knows_would_fail_unless_forced(tmp_path, args, reason):
+    dest = tmp_path / "system"
+    dest.mkdir()
+    base = ["systemd", "install", "--dest", str(dest), "--state-dir", str(tmp_path / "no-state-yet"),
+            "--env-file", str(tmp_path / "etc" / "memctl.env")]
+    full = [*base, *(["--bin", REAL_BIN] if "--bin" not in args else []), *args]
+    result = _invoke(*full)
+    assert result.exit_code == 1 and reason in result.stderr and "--force" in result.stderr
+    assert list(dest.iterdir()) == [] and result.stdout == ""
+    assert _invoke(*full, "--force").exit_code == 0
+    assert list(dest.iterdir())
+    # the env file did not exist: an example was written, naming the config written beside it
+    assert f"MEMCTL_CONFIG={tmp_path / 'etc' / 'config.toml'}" in (tmp_path / "etc" / "memctl.env").read_text()
+    assert (tmp_path / "etc" / "memctl.env").stat().st_mode & 0o777 == 0o600
+    assert "[retention]" in (tmp_path / "etc" / "config.toml").read_text()

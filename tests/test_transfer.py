@@ -121,13 +121,13 @@ def test_a_corrupt_line_fails_the_import_names_it_and_leaves_nothing(cli, other_
     lines = cli("export").stdout.splitlines()
     lines[6] = lines[6][: len(lines[6]) // 2]  # line 7 cut in half
     result = cli("import", "-", input="\n".join(lines) + "\n", env={"MEMCTL_DATABASE_URL": other_db})
-    assert result.exit_code == 1 and "line 7" in result.stderr
+    assert result.exit_code == 2 and "line 7" in result.stderr
     assert counts(other_db) == {"episodes": 0, "chunks": 0, "facts": 0, "history": 0, "blocked": 0, "queued": 0,
                                 "models": 0}
     lines = cli("export").stdout.splitlines()
     lines[300] = json.dumps({"type": "episodee", "content": "x"})
     unknown = cli("import", "-", input="\n".join(lines) + "\n", env={"MEMCTL_DATABASE_URL": other_db})
-    assert unknown.exit_code == 1 and "line 301" in unknown.stderr and "unknown record type" in unknown.stderr
+    assert unknown.exit_code == 2 and "line 301" in unknown.stderr and "unknown record type" in unknown.stderr
     assert counts(other_db)["episodes"] == 0
 
 
@@ -138,7 +138,7 @@ def test_a_newer_format_is_refused_and_a_headerless_file_too(cli, other_db):
     assert result.exit_code == 1 and "format 99" in result.stderr and "upgrade memctl" in result.stderr
     bare = cli("import", "-", input=json.dumps({"type": "fact", "namespace": "d", "key": "k", "history": []}) + "\n",
                env=env)
-    assert bare.exit_code == 1 and "line 1" in bare.stderr and "header" in bare.stderr
+    assert bare.exit_code == 2 and "line 1" in bare.stderr and "header" in bare.stderr
 
 
 def test_import_redacts_and_drops_the_vectors_of_a_redacted_text(cli, conn, tmp_path):

@@ -27,7 +27,8 @@ class MemctlGroup(TyperGroup):
             warn(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except BrokenPipeError:
-            raise typer.Exit(EXIT_ERROR) from None
+            _quiet_stdout()
+            raise typer.Exit(0) from None
         except Exception as exc:
             disk = _disk_full(exc)
             if disk is not None:
@@ -74,8 +75,24 @@ def _disk_full(exc: Exception) -> MemctlError | None:
             what = str(exc) if isinstance(exc, MemctlError) else (link.strerror or str(link))
             if link.filename:
                 return errors.DiskFull.at(link.filename, what)
+            output = _full_stdout_file()
+            if output is not None:
+                return errors.DiskFull.output(output)
             return errors.DiskFull("a disk memctl writes to", what)
     return None
+
+
+def _full_stdout_file() -> str | None:
+    """The file standard output was redirected to, when it is one and its disk has no space left."""
+    import os
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.fstat(1).st_mode) or os.fstatvfs(1).f_bavail > 0:
+            return None
+        return os.readlink("/proc/self/fd/1")
+    except OSError:
+        return None
 
 
 def _target():
@@ -143,11 +160,11 @@ NOUNS = {
     "prune": "retention", "purge": "retention", "jobs": "retention", "source": "retention",
     "runbook": "runbook", "size": "size", "reembed": "reembed", "recall": "recall", "systemd": "systemd",
     "summarize": "summarize", "mcp": "mcp",
-    "backup": "backup", "restore": "backup", "metrics": "metrics", "erasure": "erasure",
+    "backup": "backup", "restore": "backup", "metrics": "metrics", "erasure": "erasure", "ingest": "ingest",
 }
 EXTRA = {"embed": ["timing"]}  # modules that add commands to another noun's sub-app
 ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "summarize", "runbook", "size", "reembed",
-         "recall", "redact", "transfer", "backup", "erasure", "metrics", "db", "config", "systemd", "mcp"]
+         "recall", "ingest", "redact", "transfer", "backup", "erasure", "metrics", "db", "config", "systemd", "mcp"]
 _loaded: set[str] = set()
 
 
@@ -187,7 +204,22 @@ def main() -> None:
     noun = _noun(sys.argv[1:])
     load([NOUNS[noun], *EXTRA.get(noun, [])] if noun else None)
     try:
-        _app()
+        try:
+            _app()
+        finally:
+            sys.stdout.flush()  # here, where a reader gone is caught, not at exit
     except BrokenPipeError:
-        sys.stderr.close()
-        sys.exit(EXIT_ERROR)
+        _quiet_stdout()
+        sys.exit(0)
+
+
+def _quiet_stdout() -> None:
+    """The reader went away (`memctl episode list | head -1`): like any Unix filter, a quiet exit 0. stdout is
+    pointed at /dev/null so that flushing it at exit does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -109,7 +109,7 @@ def connect_read(*, vector: bool = False):
 def read_text_arg(value: str, limit: str | None = None, what: str = "content") -> str:
     """TEXT or '-' for stdin, decoded strictly as UTF-8. `limit`: the [limits] setting that bounds it (e.g.
     episode_bytes): stdin is read up to one byte past it, and refused there (exit 2) without reading on."""
-    from memctl.errors import InvalidInput
+    from memctl.errors import BadValue
 
     if value != "-":
         return value
@@ -123,7 +123,8 @@ def read_text_arg(value: str, limit: str | None = None, what: str = "content") -
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidInput(f"stdin is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
+        raise BadValue(f"stdin is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r}): memctl takes "
+                       "UTF-8 text", what) from None
 
 
 # --- option values, checked where they enter (typer callbacks: exit 2 naming the option) -------------

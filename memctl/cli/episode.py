@@ -86,6 +86,8 @@ def import_(
     """Load episodes from JSONL (content required; kind, source, agent, importance, created_at, meta optional).
 
     One transaction: by default a malformed line fails the import, names the line, and leaves nothing behind.
+    A record stored already (same agent, source, time and content: docs/ingest.md) is skipped and counted in
+    already_stored, so importing a file twice changes nothing.
     """
     from memctl.records import episodes
 
@@ -110,7 +112,7 @@ def import_(
     if len(result.skipped) > 20:
         warn(f"... and {len(result.skipped) - 20} more skipped lines")
     render([{"imported": result.imported, "chunks": result.chunks, "folded": result.folded,
-             "dropped_by_policy": result.dropped, "skipped": len(result.skipped),
+             "already_stored": result.already, "dropped_by_policy": result.dropped, "skipped": len(result.skipped),
              "skipped_lines": [n for n, _ in result.skipped]}], fmt)
 
 

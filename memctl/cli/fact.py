@@ -44,9 +44,10 @@ def set_(
         "2d); default now; never in the future.", show_default=False)] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Set KEY to VALUE; prints the key, the old value, the new value and the version.
+    """Set KEY to VALUE; prints the key, the old value, the new value, the version and the value now current.
 
-    With --valid-from older than the current value's, the version is history: the current value stays.
+    With --valid-from older than the current value's, the version is history: the current value stays, and
+    current_value says which it is.
     """
     from memctl.cli.common import read_text_arg
 
@@ -59,7 +60,7 @@ def set_(
         stays = "stays deleted" if change.old_value is None else f"stays {change.old_value!r}"
         warn(f"{key}: version {change.version} recorded as valid from {change.valid_from.isoformat()}; a version "
              f"valid from later is current, so the current value {stays} (fact history {key})")
-    render([change.to_dict()], fmt, columns=["namespace", "key", "old_value", "new_value", "version"])
+    render([change.to_dict()], fmt, columns=["namespace", "key", "old_value", "new_value", "version", "current_value"])
 
 
 @app.command()

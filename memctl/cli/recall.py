@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl.cli.common import connect_read, read_text_arg, settings, since_value, warn
-from memctl.errors import UsageError
+from memctl.errors import BadValue, UsageError
 
 
 MAX_K = 100  # memctl.reading.recall.check's bound, checked here too so the error names -k
@@ -66,7 +66,7 @@ def recall(
 
     With the embedder down, episodes are found by words only (warning on stderr).
 
-    With nothing relevant, prints nothing and exits 0. Episodes returned count as accessed unless --no-track.
+    With nothing relevant, prints nothing and exits 0; when what was found does not fit --max-tokens, exits 2 saying so. Episodes returned count as accessed unless --no-track.
     """
     from memctl.cli.render import to_json
     from memctl.reading import recall as recall_mod
@@ -85,6 +85,9 @@ def recall(
     result = recall_mod.recall(connect_read(vector=True), settings(), request)
     for message in result.warnings:
         warn(message)
+    if not result.items and result.left_out:  # found, but the budget holds none: not the silence of "nothing"
+        raise BadValue(f"--max-tokens {result.max_tokens}: {result.left_out} relevant item(s) found and none fits "
+                       "in that budget (the header included): raise --max-tokens", "--max-tokens")
     if fmt is RecallFormat.text:
         sys.stdout.write(result.text())
     elif fmt is RecallFormat.json:

@@ -255,16 +255,19 @@ def _facts_note(source: str, facts: list[dict], *, planned: bool, delete_facts: 
 
 def jobs(
     job: Annotated[Optional[str], typer.Option(
-        "--job", "-j", help="Only this job: embed, summarize, prune or purge.")] = None,
+        "--job", "-j", help="Only this job: embed, summarize, prune, purge, reembed (reembed-switch, "
+                            "reembed-drop-old, reembed-abort), backup, restore or export.")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many, newest first.")] = 20,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """The job log: every embed, summarize, prune and purge run with start, end, outcome, rows affected and error.
+    """The job log: every embed, summarize, prune, purge, reembed, backup and restore run with start, end, outcome,
+    rows affected and error.
 
     json/jsonl also carry `detail` (e.g. a prune's table sizes before and after, its longest transaction). Errors
     are stored with URL and DSN passwords masked. `memctl prune` deletes rows older than \\[retention] jobs
     (default 90d).
     """
+    jobs_mod.check_name(job)
     rows = jobs_mod.list_jobs(connect(), job=job, limit=limit)
     render(rows, fmt, columns=JOB_COLUMNS if fmt in (Format.table, Format.csv) else None)
 

@@ -15,6 +15,7 @@ app = typer.Typer(invoke_without_command=True)
 
 
 class Section(str, Enum):
+    total = "total"
     relations = "relations"
     models = "models"
     kinds = "kinds"
@@ -35,9 +36,17 @@ def size(
     exact: Annotated[bool, typer.Option(
         "--exact", help="count(*) every memctl table however large, and read every episode for kinds and agents "
                    "(TOAST tables are always estimated).")] = False,
+    every: Annotated[bool, typer.Option(
+        "--all", help="table: every relation (TOAST tables and indexes too), not only the tables.")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Disk used by memctl: relations, models, kinds, agents, growth; `size estimate` before any data.
+    """Disk used by memctl: the total first, then groups, relations, models, kinds, agents, growth; `size
+    estimate` before any data.
+
+    The table starts with the total of every memctl table in human units (`total: 1.2 GiB (1,288,490,188
+    bytes)`), then its groups (episodes, chunks, vectors, facts, other: each with its TOAST and indexes) largest
+    first; the relations section lists the tables (--all: their TOAST tables and indexes too). json has it all
+    (`total`: total_bytes, total, groups); jsonl and csv print relations, every one, unless --section says.
 
     One row per memctl relation (tables, TOAST, indexes, each model's vector table), each figure as psql
     reports it: rows = count(*) for a table up to 64 MiB (rows_source exact), else the statistics' estimate
@@ -64,7 +73,9 @@ def size(
         section = Section.relations
     if section is not None:
         data = report[section.value]
-        if section is Section.growth:
+        if section is Section.total:
+            render_one(data, fmt) if fmt is Format.json else render(data["groups"], fmt)
+        elif section is Section.growth:
             render_one(data, fmt) if fmt is Format.json else render([data], fmt)
         else:
             render(data, fmt)
@@ -72,9 +83,14 @@ def size(
     if fmt is Format.json:
         render_one(report, fmt)
         return
+    total = report["total"]
+    sys.stdout.write(f"total: {total['total']} ({total['total_bytes']:,} bytes)\n\ngroups:\n")
+    render(total["groups"], fmt)
+    sys.stdout.write("\n")
+    shown = {"relations": [r for r in report["relations"] if every or r["kind"] in ("table", "vectors")]}
     for name in ("relations", "models", "kinds", "agents"):
         sys.stdout.write(f"{name}:\n")
-        render(report[name], fmt)
+        render(shown.get(name, report[name]), fmt)
         sys.stdout.write("\n")
     sys.stdout.write("growth:\n")
     render([report["growth"]], fmt)

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl.cli.common import settings, warn
+from memctl import files
 from memctl.errors import MemctlError
 from memctl.upkeep import systemd
 
@@ -41,11 +42,18 @@ def _extras(no_embedded: bool, metrics_textfile: str | None) -> systemd.Extras:
                           backup_dir=config.get("backup", "dir"))
 
 
-def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extras) -> dict[str, str]:
+def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extras, *,
+            refuse: bool = False) -> dict[str, str]:
+    """The units; what would make them fail here is a warning (render: they may be meant for another machine),
+    or with `refuse` (install: they are for this one) a refusal that writes nothing."""
     bin_path = bin_path or systemd.default_bin()
     units = systemd.render_units(bin_path, user, env_file, extras)
-    for problem in systemd.placement_problems(bin_path, user, extras):
-        warn(f"warning: {problem}")
+    problems = systemd.placement_problems(bin_path, user, extras)
+    for problem in problems:
+        warn(f"{'refused' if refuse else 'warning'}: {problem}")
+    if refuse and problems:
+        raise MemctlError(f"nothing written: {len(problems)} problem(s) above would make these units fail on this "
+                          "machine (--force writes them anyway)")
     return units
 
 
@@ -62,13 +70,25 @@ def render(
     no_embedded: NoEmbeddedOption = False,
     metrics_textfile: MetricsOption = None,
 ) -> None:
-    """Render the units (memctl-db.service; embed, backup, summarize, prune: a service and a timer each)."""
+    """Render the units (memctl-db.service; embed, backup, summarize, prune: a service and a timer each;
+    memctl-ingest@.service) and an example of the env file they read and of the config it names
+    (memctl.env.example, config.toml.example with --out)."""
     units = _render(bin_path, user, env_file, _extras(no_embedded, metrics_textfile))
+    examples = {"memctl.env.example": systemd.example_env(), "config.toml.example": systemd.example_config()}
+    _where(env_file)
     if out is None:
-        sys.stdout.write("\n".join(f"# --- {name} ---\n{text}" for name, text in units.items()))
+        sys.stdout.write("\n".join(f"# --- {name} ---\n{text}" for name, text in {**units, **examples}.items()))
         return
     for path in systemd.write_units(units, out):
         sys.stdout.write(f"{path}\n")
+    for name, text in examples.items():
+        sys.stdout.write(f"{files.write_text(out / name, text)}\n")
+
+
+def _where(env_file: str) -> None:
+    warn(f"the units read {env_file} (example: memctl.env.example), which names their config: "
+         f"MEMCTL_CONFIG={systemd.DEFAULT_CONFIG}; a config in ~/.config/memctl never reaches them "
+         "(HOME=/var/lib/memctl)")
 
 
 @app.command()
@@ -82,15 +102,21 @@ def install(
     no_embedded: NoEmbeddedOption = False,
     metrics_textfile: MetricsOption = None,
     state_dir: Annotated[Path, typer.Option("--state-dir", hidden=True)] = Path(systemd.STATE_DIR),
+    force: Annotated[bool, typer.Option(
+        "--force", help="Write units that would fail here (--user root, a --bin under /home or /tmp, ...).")] = False,
 ) -> None:
     """Write the units to /etc/systemd/system and print the commands that enable them.
+
+    Refuses (exit 1, nothing written) units it knows would fail on this machine: --user root (PostgreSQL refuses
+    root), a --bin or file under a directory the units hide (/home, /root, /tmp, ...), a --bin that is not an
+    executable; --force writes them anyway.
 
     memctl never runs systemctl, useradd or chown itself: the commands go to stdout. Refuses (exit 1) when
     /var/lib/memctl holds data the units' user does not own (a Quickstart run as root), which systemd would
     chown silently; it prints the commands that keep that data for the units or move it aside.
     """
     extras = _extras(no_embedded, metrics_textfile)
-    units = _render(bin_path, user, env_file, extras)
+    units = _render(bin_path, user, env_file, extras, refuse=not force)
     foreign = systemd.foreign_data(state_dir, user)
     if foreign:
         owners = ", ".join(f"{path.name or path} ({owner})" for path, owner in foreign[:6])
@@ -105,9 +131,27 @@ def install(
         for path in systemd.write_units(units, dest, create=False):
             warn(f"wrote {path}")
     if not Path(env_file).exists():
-        warn(f"note: {env_file} does not exist; the jobs use memctl's defaults until it does")
+        if dry_run:
+            warn(f"would write {env_file} and the config it names (examples): {env_file} does not exist")
+        else:
+            _write_examples(Path(env_file))
+    _where(env_file)
     for command in systemd.enable_commands(user, extras.embedded):
         sys.stdout.write(f"{command}\n")
+
+
+def _write_examples(env_file: Path) -> None:
+    """The env file (0600: secrets go there) and, if missing, the config it names (0644: no secrets)."""
+    try:
+        env_file.parent.mkdir(parents=True, exist_ok=True)
+        config = env_file.parent / Path(systemd.DEFAULT_CONFIG).name  # beside it: /etc/memctl/config.toml
+        warn(f"wrote {files.write_text(env_file, systemd.example_env(str(config)))} (an example: edit it)")
+        if not config.exists():
+            config.parent.mkdir(parents=True, exist_ok=True)
+            warn(f"wrote {files.write_text(config, systemd.example_config(), mode=0o644)} (an example: edit it)")
+    except OSError as exc:
+        warn(f"note: could not write the example {env_file} ({exc.strerror}); the jobs use memctl's defaults "
+             "until it exists")
 
 
 def register(app_: typer.Typer) -> None:

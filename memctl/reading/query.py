@@ -41,6 +41,7 @@ class Query:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip() or "\x00" in value):
                 raise BadValue(f"{name}: must be a non-empty string without NUL, got {type(value).__name__}", name)
+        episode_filters.check_period(self.since, self.until)
         for name in ("text", "agent", "kind", "source"):
             values.utf8(getattr(self, name), "query" if name == "text" else name, BadValue)
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:

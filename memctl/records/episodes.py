@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from memctl import jsonl, redact
 from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
-from memctl.records import chunking, gate, repeats, store
+from memctl.records import chunking, gate, identity, repeats, store
 from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
 
 DEFAULT_AGENT = gate.DEFAULT_AGENT
@@ -184,6 +184,7 @@ class ImportResult:
     dropped: int = 0  # importance 0 by policy
     chunks: int = 0
     folded: int = 0  # stored as repeats of an earlier episode: not embedded (memctl.records.repeats)
+    already: int = 0  # stored before, by an import of the same records (memctl.records.identity): skipped
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
     redactor: redact.Redactor | None = None  # what was redacted; default: from the settings
 
@@ -221,11 +222,19 @@ BATCH = 5000
 FIRST_BATCH = 500
 
 
-def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *, result: ImportResult) -> ImportResult:
+def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *, result: ImportResult,
+                    occurrences: identity.Occurrences | None = None,
+                    refused: Callable[[NewEpisode, Exception], None] | None = None,
+                    then: Callable[[Any], None] | None = None) -> ImportResult:
     """Load episodes with binary COPY, in one transaction: all of them or none.
 
-    Every episode passes the gate on its way in (result.redactor, default from the settings).
+    Every episode passes the gate on its way in (result.redactor, default from the settings). A record
+    stored before (memctl.records.identity; `occurrences` counts the stream's untimed records, carried from
+    one call to the next by `memctl ingest`) is skipped and counted in result.already. `refused`: a record
+    the gate refuses (blocked source, secret in block mode) is handed to it and skipped instead of failing
+    the whole. `then(conn)` runs in the transaction after the last batch (ingest's cursor).
     """
+    occurrences = occurrences if occurrences is not None else identity.Occurrences()
     if result.redactor is None:
         result.redactor = redact.Redactor.from_settings(settings)
     admit = gate.Gate(conn, settings, result.redactor, bulk=True)
@@ -239,6 +248,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
         # Under locks.WRITE_LOCK no model registers while this transaction runs.
         queued = store.queued_models(conn)
         batch: list[gate.Episode] = []
+        keys: list[bytes] = []
         # A batch is copied on a second thread while this one parses and admits the next (the gate reads
         # nothing per record in bulk, so the connection is the copy's alone); its folding is planned first,
         # alone (held).
@@ -248,17 +258,24 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
                 try:
                     admitted = admit.episode(episode)
                 except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
+                    if refused is not None:
+                        refused(episode, exc)
+                        continue
                     raise (jsonl.at(episode.line, exc) if episode.line else exc) from None
                 if admitted is None:
                     result.dropped += 1
                     continue
                 admitted.norm_hash  # noqa: B018 (every row stores it: computed here, the copying thread is the slower)
                 batch.append(admitted)
+                keys.append(occurrences.key(admitted.agent, admitted.source, episode.created_at,
+                                            admitted.content_hash))
                 if len(batch) >= size:
-                    copier.run(_copy_batch, conn, batch, now, queued, result, fold, held=True)
-                    batch, size = [], BATCH
+                    copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, held=True)
+                    batch, keys, size = [], [], BATCH
             if batch:
-                copier.run(_copy_batch, conn, batch, now, queued, result, fold, held=True)
+                copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, held=True)
+        if then is not None:
+            then(conn)
     return result
 
 
@@ -268,10 +285,11 @@ class _Fold:
     locked: set[str] = field(default_factory=set)  # agents whose fold lock this transaction holds
 
 
-def _copy_batch(conn, batch: list[gate.Episode], now, queued: list[int], result: ImportResult, fold: _Fold,
-                release=None) -> None:
+def _copy_batch(conn, batch: list[gate.Episode], keys: list[bytes], now, queued: list[int], result: ImportResult,
+                fold: _Fold, release=None) -> None:
     copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked,
-                                 release=release)
-    result.imported += len(batch)
+                                 release=release, keys=keys)
+    result.imported += len(copied.ids)
+    result.already += copied.already
     result.chunks += copied.chunks
     result.folded += copied.folded

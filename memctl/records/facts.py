@@ -58,8 +58,14 @@ class Change:
     valid_from: datetime.datetime | None = None
     current: bool = True  # False: a back-dated version, a later-valid one stays the current value
 
+    @property
+    def current_value(self) -> str | None:
+        """The value `fact get` answers after this change: the new one, or for a back-dated version the one
+        that stays (None: the key stays deleted)."""
+        return self.new_value if self.current else self.old_value
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "current_value": self.current_value}
 
 
 # Where erased values can still be, after each kind of vacuum: said in the result, not only in the docs.

@@ -65,7 +65,14 @@ def filters(*, agent=None, kind=None, source=None, since=None, until=None, alias
     if until is not None:
         clauses.append(sql.SQL("{}.created_at < {}").format(table, sql.Placeholder("until")))
         params["until"] = parse_since(until, "--until")
+    check_period(since, until)
     return clauses, params
+
+
+def check_period(since: str | None, until: str | None) -> None:
+    """--since at or after --until is an empty period: a usage error (exit 2), not a silent empty answer."""
+    if since is not None and until is not None and parse_since(since) >= parse_since(until, "--until"):
+        raise BadValue(f"--since {since} is not before --until {until}: that period is empty", "--since")
 
 
 def where(clauses):

@@ -23,8 +23,8 @@ What the gate checks, for every path (`episode add` and `import`, `fact set` and
 - every source (of an episode, a fact, a history entry) checked against blocked_sources, and again
   as the write commits (Gate.writing): a source blocked while an import ran refuses the whole import.
 
-Bad values raise errors.BadValue naming the field (exit 2); refused content raises
-InvalidInput (exit 1); a blocked source raises Blocked (exit 1).
+Bad values raise errors.BadValue naming the field (exit 2), empty or NUL text included; refused content
+(a secret in block mode) raises InvalidInput (exit 1); a blocked source raises Blocked (exit 1).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def validate(settings, content: Any, *, kind: Any = None, source: Any = None, ag
     limits = limits or values.Limits.of(settings)
     values.within(content, limits.episode_bytes, "content", "episode_bytes")
     if not content.strip():
-        raise InvalidInput("the episode text is empty")
+        raise BadValue("the episode text is empty", "content")
     _no_nul(content, "episode text")
     kind = name(kind, "kind", default=DEFAULT_KIND)
     agent = name(agent, "agent", default=DEFAULT_AGENT)

@@ -7,7 +7,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from memctl.errors import MemctlError, Unavailable
+from memctl.errors import BadValue, MemctlError, Unavailable
+
+# The jobs the log records (the seven, then the steps of a model change that are logged apart, and exports:
+# an erasure's receipt lists the exports before it).
+NAMES = ("embed", "summarize", "prune", "purge", "reembed", "backup", "restore")
+LOGGED = (*NAMES, "reembed-switch", "reembed-drop-old", "reembed-abort", "export")
 
 START = "INSERT INTO jobs (job) VALUES (%s) RETURNING id"
 FINISH = """
@@ -83,12 +88,28 @@ def _finish(conn, job: Job) -> None:
         pass  # the database itself went away; the row stays 'running'
 
 
+def check_name(job: str | None) -> None:
+    """An unknown job name is a BadValue naming the known ones (`memctl jobs --job`: not an empty answer)."""
+    if job is not None and job not in LOGGED:
+        raise BadValue(f"--job: no job {job!r}; the jobs are {', '.join(LOGGED)}", "--job")
+
+
 def list_jobs(conn, *, job: str | None = None, limit: int = 20) -> list[dict]:
     return conn.execute(LIST, {"job": job, "limit": limit}).fetchall()
 
 
 def last(conn, name: str, *, outcome: str | None = None) -> dict | None:
     return conn.execute(LAST, (name, outcome, outcome)).fetchone()
+
+
+CREATED = "SELECT min(applied_at) AS at, extract(epoch FROM now() - min(applied_at)) AS age_s FROM memctl_migrations"
+
+
+def memory_created(conn) -> dict:
+    """When this memory was created (its first migration) and its age in seconds: where a scheduled job that never
+    ran starts being late (status --check, memctl_job_last_success_timestamp_seconds)."""
+    row = conn.execute(CREATED).fetchone()
+    return {"at": row["at"], "age_s": float(row["age_s"] or 0.0)}
 
 
 def last_completed(conn, name: str, outcomes: tuple[str, ...] = COMPLETED) -> dict | None:

@@ -86,10 +86,10 @@ CHUNK_SEQ = "SELECT pg_get_serial_sequence('chunks', 'id') AS s"
 # One array, not a row per id: 5,000 rows cost the import's copying thread 20 ms a batch to read.
 TAKE_IDS = "SELECT array(SELECT nextval(%s::regclass) FROM generate_series(1, %s)) AS ids"
 COPY_EPISODES = WRITER + """COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at, meta,
-                      norm_hash, repeat_of, repeats, last_seen_at)
+                      norm_hash, repeat_of, repeats, last_seen_at, record_key)
 FROM STDIN (FORMAT BINARY)"""
 EPISODE_TYPES = ["int8", "text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb", "bytea", "int8",
-                 "int4", "timestamptz"]
+                 "int4", "timestamptz", "bytea"]
 COPY_CHUNKS = WRITER + "COPY chunks (id, agent, episode_id, seq, content, content_hash) FROM STDIN (FORMAT BINARY)"
 CHUNK_TYPES = ["int8", "text", "int8", "int4", "text", "bytea"]
 QUEUED_MODELS = "SELECT id FROM embedding_models WHERE state IN ('active', 'backfill') ORDER BY id"
@@ -115,29 +115,46 @@ class Copied:
     vectors: int = 0
     queued: int = 0
     folded: int = 0  # stored as repeats of a first (no chunks)
+    already: int = 0  # records stored before (memctl.records.identity): skipped, not in ids
 
 
 def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
                   vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
                   hints: list[str | None] | None = None, locked: set[str] | None = None,
-                  release: Callable[[], None] | None = None) -> Copied:
+                  release: Callable[[], None] | None = None, keys: list[bytes] | None = None) -> Copied:
     """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
 
     `vectors[i]`, when given, holds one vector per chunk of batch[i] made by `model` (whose
     table receives them); those chunks are not queued for that model. Repeats are folded
     (memctl.records.repeats.plan_batch: `window`, `hints`, `locked`) and get no chunks. `release` is called
     once the batch is planned, before the COPYs (memctl.db.overlap: a caller waiting for it may go on).
+    `keys` (an import's records, memctl.records.identity): a record whose key is stored already is skipped
+    (counted in `already`, given no id) and the others store theirs.
     """
     from psycopg import sql
     from psycopg.types.json import Jsonb
 
-    from memctl.records import repeats
+    from memctl.records import identity, repeats
 
     for episode in batch:
         _admitted(episode, Episode)
     for episode in {e.source: e for e in batch}.values():  # one episode per source: a batch holds few
         _sourced(conn, episode, Episode)
-    copied = Copied(take_ids(conn, EPISODE_SEQ, len(batch)))
+    already = 0
+    if keys is not None:
+        conn.execute(repeats.LOCK_IMPORTS, (repeats.IMPORT_CLASS,))
+        keep = identity.unseen(conn, [e.agent for e in batch], keys)
+        if not all(keep):
+            batch = [e for e, k in zip(batch, keep) if k]
+            keys = [k for k, fresh in zip(keys, keep) if fresh]
+            vectors = None if vectors is None else [v for v, fresh in zip(vectors, keep) if fresh]
+            hints = None if hints is None else [h for h, fresh in zip(hints, keep) if fresh]
+            already = len(keep) - len(batch)
+    copied = Copied(take_ids(conn, EPISODE_SEQ, len(batch)), already=already)
+    if not batch:
+        if release is not None:
+            release()
+        return copied
     times = [ep.created_at or now for ep in batch]
     fold = repeats.plan_batch(conn, batch, copied.ids, times, window, hints, locked)
     copied.folded = fold.folded
@@ -152,7 +169,7 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
             for i, (episode_id, ep) in enumerate(zip(copied.ids, batch)):
                 copy.write_row((episode_id, ep.agent, ep.kind, ep.content, ep.content_hash, ep.source,
                                 ep.importance, times[i], Jsonb(ep.meta), ep.norm_hash, fold.repeat_of[i],
-                                fold.repeats[i], fold.last_seen[i]))
+                                fold.repeats[i], fold.last_seen[i], keys[i] if keys is not None else None))
         repeats.settle(conn, fold)
         next_chunk = iter(chunk_ids)
         with cur.copy(COPY_CHUNKS) as copy:

@@ -1,18 +1,23 @@
 """The checks every field of a record passes at the gate (memctl.records.gate): types, NUL, UTF-8, lengths.
 
-Bad values raise errors.BadValue naming the field (exit 2); text PostgreSQL cannot hold raises InvalidInput.
+Bad values raise errors.BadValue naming the field (exit 2), text PostgreSQL cannot hold (NUL, lone surrogates)
+included: bad input is exit 2 wherever it comes from (an argument, stdin, a field, a JSONL line).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from memctl.errors import BadValue, InvalidInput
+from memctl.errors import BadValue
 
 MAX_KEY = 255
+# C0 and C1 controls and DEL: in a key or a name they break every table and line that shows it (a newline
+# splits a row, an escape sequence rewrites the terminal). Text and values may hold them; keys and names not.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 MAX_NAME = 200  # agent, kind, source, namespace: names, not texts
 DEFAULT_NAMESPACE = "default"  # a fact's namespace when none is given
 # Leads every statement that puts or changes data in a memory table (memctl.records.store's writers, and the
@@ -107,12 +112,12 @@ def _seconds(seconds: float) -> str:
 
 def no_nul(value: str | None, what: str) -> None:
     if value is not None and "\x00" in value:
-        raise InvalidInput(f"the {what} contains a NUL character (\\0) at position {value.index(chr(0))}; "
-                           "PostgreSQL text cannot store it: remove or escape it")
+        raise BadValue(f"the {what} contains a NUL character (\\0) at position {value.index(chr(0))}; "
+                       "PostgreSQL text cannot store it: remove or escape it", what)
     utf8(value, what)
 
 
-def utf8(value: str | None, what: str, error: type = InvalidInput) -> None:
+def utf8(value: str | None, what: str, error: type = BadValue) -> None:
     """Refuse a str UTF-8 cannot hold: a lone surrogate (invalid bytes in an argument, a \\uD800 escape)."""
     if value is None or value.isascii():
         return
@@ -158,6 +163,7 @@ def name(value: Any, what: str, *, default: str | None = None, optional: bool = 
     utf8(value, what, BadValue)
     if len(value) > MAX_NAME:
         raise BadValue(f"{what}: at most {MAX_NAME} characters (got {len(value)})", what)
+    no_control(value, what)
     return value
 
 
@@ -182,7 +188,16 @@ def check_key(key: Any) -> str:
     if "\x00" in key:
         raise BadValue("key: contains a NUL character (\\0), which PostgreSQL text cannot store", "key")
     utf8(key, "key", BadValue)
+    no_control(key, "key")
     return key
+
+
+def no_control(value: str, what: str) -> None:
+    """A key or name with a control character (a newline, a tab, an escape) is refused: exit 2, naming it."""
+    found = CONTROL.search(value)
+    if found is not None:
+        raise BadValue(f"{what}: contains a control character ({found.group()!r} at position {found.start()}); "
+                       "keys and names are one line of printable text", what)
 
 
 def check_value(value: Any, what: str = "value", limit: int | None = None, setting: str = "value_bytes") -> str:
@@ -192,6 +207,6 @@ def check_value(value: Any, what: str = "value", limit: int | None = None, setti
     if limit is not None:
         within(value, limit, what, setting)
     if "\x00" in value:
-        raise InvalidInput(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store")
+        raise BadValue(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store", what)
     utf8(value, what)
     return value

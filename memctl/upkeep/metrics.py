@@ -223,6 +223,8 @@ def _jobs(conn, settings: Settings | None) -> list[Metric]:
 def _last_run(conn, job: str, families: dict[str, GaugeMetricFamily]) -> None:
     last = next(iter(jobs.list_jobs(conn, job=job, limit=1)), None)
     if last is None:
+        if job in JOBS:  # never run: late from the memory's creation, so MemctlJobLate fires for a timer never run
+            families["success"].add_metric([job], jobs.memory_created(conn)["at"].timestamp())
         return
     for outcome in OUTCOMES:
         families["outcome"].add_metric([job, outcome], 1 if last["outcome"] == outcome else 0)
@@ -235,6 +237,8 @@ def _last_run(conn, job: str, families: dict[str, GaugeMetricFamily]) -> None:
     completed = jobs.last_completed(conn, job)
     if completed is not None:
         families["success"].add_metric([job], completed["finished_at"].timestamp())
+    elif job in JOBS:  # runs, none completed: late from the memory's creation too
+        families["success"].add_metric([job], jobs.memory_created(conn)["at"].timestamp())
 
 
 def _database(conn, sizes: dict, data_dir: Path | None) -> list[Metric]:

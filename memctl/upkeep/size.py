@@ -320,6 +320,45 @@ def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
     return report
 
 
+# What a person reads first: the total, then these groups of tables (each with its TOAST and indexes).
+GROUPS = (("episodes", ("episodes",)), ("chunks", ("chunks",)), ("facts", ("facts", "fact_history")))
+UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(count: int | None) -> str:
+    """1536 -> '1.5 KiB': binary units, three significant figures (as `du -h` and psql's pg_size_pretty read)."""
+    if count is None:
+        return "?"
+    size, unit = float(count), 0
+    while size >= 1024 and unit < len(UNITS) - 1:
+        size, unit = size / 1024, unit + 1
+    if unit == 0:
+        return f"{count:,} bytes"
+    return f"{size:.3g} {UNITS[unit]}" if size < 1000 else f"{size:,.0f} {UNITS[unit]}"
+
+
+def overview(rels: list[dict], names: dict[str, str]) -> dict:
+    """The total of every memctl table (pg_total_relation_size: heap, TOAST, indexes, maps), in bytes and in
+    human units, and its split into groups: episodes, chunks, vectors (every model's table), facts (with
+    history), other (jobs, runbook runs, ledgers, ...), largest first."""
+    groups: dict[str, dict] = {}
+    for rel in rels:
+        if rel["kind"] not in ("table", "vectors"):
+            continue
+        name = names.get(rel["relation"], rel["relation"])
+        group = "vectors" if rel["kind"] == "vectors" else \
+            next((label for label, members in GROUPS if name in members), "other")
+        entry = groups.setdefault(group, {"group": group, "size": "", "total_bytes": 0, "share": 0.0, "tables": 0})
+        entry["total_bytes"] += rel["total_bytes"] or 0
+        entry["tables"] += 1
+    total = sum(g["total_bytes"] for g in groups.values())
+    for entry in groups.values():
+        entry["size"] = human_bytes(entry["total_bytes"])
+        entry["share"] = round(100 * entry["total_bytes"] / total, 1) if total else 0.0
+    ordered = sorted(groups.values(), key=lambda g: (-g["total_bytes"], g["group"]))
+    return {"total_bytes": total, "total": human_bytes(total), "groups": ordered}
+
+
 def report(conn, exact: bool = False) -> dict:
     """The whole size report: relations, models, kinds, agents, growth, and warnings.
 
@@ -334,6 +373,7 @@ def report(conn, exact: bool = False) -> dict:
     percent = sample_percent(episodes, exact)
     pairs = _pairs(conn, percent)
     return {
+        "total": overview(rels, names),
         "relations": rels,
         "models": model_rows,
         "kinds": _rollup(pairs, "kind", percent),

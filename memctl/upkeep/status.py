@@ -69,8 +69,13 @@ def human(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+RUN = {"prune": "memctl prune --yes", "backup": "memctl backup", "embed": "memctl embed"}
+
+
 def _late(conn, job: str, schedule: str, *, never: str | None) -> str | None:
-    """A warning if the job's last completed run is older than LATE_FACTOR times its schedule."""
+    """A warning if the job's last completed run is older than LATE_FACTOR times its schedule; for a job that
+    never ran: `never` when it is worth saying at once, else once the memory itself is older than that (a
+    timer never enabled is as late as one that stopped)."""
     limit = LATE_FACTOR * parse_duration(schedule)
     last = jobs.last_completed(conn, job)
     if last is None:
@@ -78,7 +83,13 @@ def _late(conn, job: str, schedule: str, *, never: str | None) -> str | None:
         if attempt is not None and attempt["outcome"] != "running":
             return (f"{job} has never completed a run: the last one ended {attempt['outcome']}"
                     + (f" ({attempt['error']})" if attempt["error"] else "") + f" (memctl jobs --job {job})")
-        return never
+        if never is not None or attempt is not None:
+            return never
+        age = jobs.memory_created(conn)["age_s"]
+        if age > limit:
+            return (f"{job} has never run, and this memory was created {human(age)} ago, more than twice its "
+                    f"schedule ({schedule}, [schedule] {job}): enable memctl-{job}.timer, or run {RUN[job]}")
+        return None
     if last["age_s"] > limit:
         return (f"the last successful {job} finished {human(last['age_s'])} ago, more than twice its schedule "
                 f"({schedule}, [schedule] {job}): is memctl-{job}.timer running? (memctl jobs --job {job})")
@@ -136,13 +147,14 @@ def warnings(conn, settings, report: dict) -> list[str]:
         found.append(f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
                      "(memctl embed --retry-failed puts them back in the queue)")
     policy = _retention(settings)
+    never = None
     if policy:
         never = ("prune has never run although a retention policy is set ([retention] "
                  + ", ".join(f"{k} = {v}" for k, v in sorted(policy.items())) + "): memctl prune --yes "
                  "or enable memctl-prune.timer")
-        found.append(_late(conn, "prune", _schedule(settings, "prune"), never=never))
-    # Backups are watched once the first one has run (by memctl-backup.timer or by hand): a database
-    # never backed up is the operator's choice, one whose backups stopped is not.
+    # Prune (it trims the job log too) and backup are scheduled from the start (docs/systemd.md): one that
+    # never ran is late once the memory is older than twice its schedule, like one that stopped.
+    found.append(_late(conn, "prune", _schedule(settings, "prune"), never=never))
     found.append(_late(conn, "backup", _schedule(settings, "backup"), never=None))
     found.append(_failed_last(conn, "backup", 0))
     from memctl.db import preflight

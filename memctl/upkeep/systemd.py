@@ -25,7 +25,8 @@ from memctl.errors import MemctlError, UsageError
 
 DB_SERVICE = "memctl-db.service"
 SERVICES = ("memctl-embed", "memctl-summarize", "memctl-prune", "memctl-backup")  # the scheduled jobs
-UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")))
+INGEST_SERVICE = "memctl-ingest@.service"  # a template: one instance per unit followed (memctl-ingest@nginx)
+UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")), INGEST_SERVICE)
 TIMERS = tuple(f"{name}.timer" for name in SERVICES)
 DEFAULT_USER = "memctl"
 DEFAULT_ENV_FILE = "/etc/memctl/memctl.env"
@@ -253,3 +254,43 @@ def placement_problems(bin_path: str, user: str, extras: Extras | None = None) -
     if user == "root":
         problems.append("the jobs would run as root, and memctl-db.service cannot: PostgreSQL refuses root")
     return problems
+
+
+# --- the settings the units read --------------------------------------------------------------------------
+
+DEFAULT_CONFIG = "/etc/memctl/config.toml"
+
+
+def example_env(config_file: str = DEFAULT_CONFIG) -> str:
+    """An example EnvironmentFile= for the units: where their config lives, and the settings usually set."""
+    return f"""# memctl.env: settings and secrets for memctl's systemd units (EnvironmentFile=).
+# systemd reads it as root before the job drops to its user: root:root 0600 is right.
+#
+# The units run with HOME=/var/lib/memctl, so a config in an operator's ~/.config/memctl never reaches
+# them (a [retention] policy there would never reach the prune timer). They read this file instead,
+# which must exist and be readable by the units' user (root:memctl 0640); the operator's shell reads
+# the same one with `export MEMCTL_CONFIG={config_file}`.
+MEMCTL_CONFIG={config_file}
+#
+# The database: the embedded one owned by memctl-db.service (nothing to set), or your own server:
+#MEMCTL_DATABASE_URL=postgresql://memctl:SECRET@127.0.0.1:5432/memctl
+# The embedder: Ollama on this host (the default), or the in-process one (pip install 'memctl[local]'):
+#OLLAMA_HOST=http://127.0.0.1:11434
+#MEMCTL_EMBED_MODEL=nomic-embed-text
+#MEMCTL_EMBEDDER=local
+"""
+
+
+def example_config() -> str:
+    return """# memctl's configuration for the systemd units and the operator's shell (MEMCTL_CONFIG names it).
+# Every setting: docs/configuration.md. Secrets belong in memctl.env, not here.
+
+[retention]
+# conversation = "90d"
+# observation = "30d"
+jobs = "90d"
+
+[backup]
+# keep_daily = 7
+# keep_weekly = 4
+"""
