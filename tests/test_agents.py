@@ -1,0 +1,160 @@
+"""Agents as principals: registry, roles, tokens, and row-level security that the database keeps.
+
+Every check here runs against the real test server. Where a test needs to make roles and the test role
+may not (CI step 3's unprivileged owner without CREATEROLE), it is skipped, saying so, as the server says.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from memctl import config
+from memctl.records import agents, episodes, facts
+
+
+@pytest.fixture
+def can_create_roles(pg_role, conn):
+    if not conn.execute(agents.CAN_CREATE_ROLES).fetchone()["yes"]:
+        pytest.skip(f"needs CREATEROLE to make agents' roles; the test role {pg_role.name!r} lacks it "
+                    "(pg_roles.rolcreaterole is false)")
+
+
+def _as(conn, agent: str):
+    """The connection in agent's role, as `psql` would be after SET ROLE."""
+    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(agents.role_name_for(agent))))
+    return conn
+
+
+def _seed(conn):
+    settings = config.load()
+    mine = episodes.add(conn, settings, "alice saw the heron queue back up", agent="alice")
+    theirs = episodes.add(conn, settings, "bob saw the heron queue back up", agent="bob")
+    facts.set_fact(conn, "db.host", "10.0.0.1", namespace="alice")
+    facts.set_fact(conn, "db.host", "10.0.0.2", namespace="bob")
+    facts.set_fact(conn, "dns", "1.1.1.1", namespace="infra")
+    return mine, theirs
+
+
+def test_role_names_are_derived_and_fit():
+    assert agents.role_name_for("alice") == "memctl_agent_alice"
+    odd = agents.role_name_for("Deploy-Bot")
+    assert odd.startswith("memctl_agent_deploy_bot_") and len(odd) == len("memctl_agent_deploy_bot_") + 8
+    assert agents.role_name_for("Deploy-Bot") != agents.role_name_for("deploy_bot")
+    assert len(agents.role_name_for("x" * 200).encode()) <= 63
+
+
+def test_every_memory_table_has_row_level_security_and_policies(conn):
+    """From the catalog: every table with an agent or namespace column (vector tables too), not a list."""
+    tables = [row["name"] for row in conn.execute(agents.MEMORY_TABLES)]
+    assert {"episodes", "chunks", "facts", "fact_history", "episode_access", "summary_sources", "runbook_runs",
+            "embed_queue", "embed_failures"} <= set(tables)
+    unprotected = conn.execute("""
+        SELECT c.relname FROM pg_class c WHERE c.relname = ANY(%s) AND c.relnamespace = current_schema()::regnamespace
+          AND (NOT c.relrowsecurity OR NOT EXISTS (SELECT FROM pg_policy p WHERE p.polrelid = c.oid))""",
+                               (tables,)).fetchall()
+    assert unprotected == []
+
+
+def test_a_table_added_later_is_caught_and_a_new_models_table_is_protected(conn, memctl_env):
+    from memctl.embedding import embedders, models
+
+    conn.execute("CREATE TABLE later_memory (agent text, note text)")
+    missing = [r["relname"] for r in conn.execute(
+        "SELECT relname FROM pg_class WHERE relname = ANY(%s) AND NOT relrowsecurity",
+        ([row["name"] for row in conn.execute(agents.MEMORY_TABLES)],))]
+    assert missing == ["later_memory"]
+    conn.execute("DROP TABLE later_memory")
+    model = models.register(conn, embedders.HashEmbedder("h", dims=8), state="backfill", build_index=False)
+    row = conn.execute("SELECT relrowsecurity, (SELECT count(*) FROM pg_policy WHERE polrelid = c.oid) AS n "
+                       "FROM pg_class c WHERE relname = %s", (model.table_name,)).fetchone()
+    assert row == {"relrowsecurity": True, "n": 1}
+
+
+def test_set_role_to_an_agent_sees_only_its_own_episodes_and_facts(conn, can_create_roles, memctl_env):
+    agents.add(conn, "alice", shared=["infra"])
+    agents.add(conn, "bob")
+    mine, theirs = _seed(conn)
+    episodes.add(conn, config.load(), "the owner's own note", agent="default")
+    _as(conn, "alice")
+    assert [r["id"] for r in conn.execute("SELECT id FROM episodes ORDER BY id")] == [mine]
+    assert {r["agent"] for r in conn.execute("SELECT agent FROM chunks")} == {"alice"}
+    assert {(r["namespace"], r["value"]) for r in conn.execute("SELECT namespace, value FROM facts")} == {
+        ("alice", "10.0.0.1"), ("infra", "1.1.1.1")}
+    assert {r["namespace"] for r in conn.execute("SELECT namespace FROM fact_history")} == {"alice", "infra"}
+    # nothing the policies hide can be written either: bob's episode, a shared namespace, another agent's rows
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with conn.transaction():
+            conn.execute("INSERT INTO episodes (agent, content, content_hash, importance) VALUES ('bob', 'x', '', 5)")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with conn.transaction():
+            conn.execute("INSERT INTO facts (namespace, key, value, version) VALUES ('infra', 'dns', '6.6.6.6', 9)")
+    assert conn.execute("UPDATE episodes SET importance = 0 WHERE id = %s", (theirs,)).rowcount == 0
+    # the registry (token hashes), the job log and the migrations are not its to read
+    for table in ("agents", "jobs", "memctl_migrations"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with conn.transaction():
+                conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+    conn.execute("RESET ROLE")  # the owner is unaffected
+    assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 3
+
+
+def test_an_agent_writes_through_the_library_in_its_role(conn, can_create_roles, memctl_env):
+    agents.add(conn, "alice")
+    settings = config.load()
+    _as(conn, "alice")
+    new = episodes.add(conn, settings, "alice deployed api v2 to the canary", agent="alice", source="mcp:alice")
+    facts.set_fact(conn, "db.port", "5432", namespace="alice")
+    facts.set_fact(conn, "db.port", "5433", namespace="alice")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        episodes.add(conn, settings, "alice pretends to be bob", agent="bob")
+    conn.execute("RESET ROLE")
+    assert conn.execute("SELECT agent FROM episodes WHERE id = %s", (new,)).fetchone()["agent"] == "alice"
+    assert facts.get_fact(conn, "db.port", namespace="alice").value == "5433"
+
+
+def test_a_read_only_agent_writes_nothing(conn, can_create_roles, memctl_env):
+    agents.add(conn, "watcher", read_only=True)
+    _as(conn, "watcher")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        episodes.add(conn, config.load(), "a watcher writes", agent="watcher")
+    conn.execute("RESET ROLE")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        _as(conn, "watcher")
+        facts.set_fact(conn, "k", "v", namespace="watcher")
+    conn.execute("RESET ROLE")
+    assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 0
+
+
+def test_the_cli_registers_lists_shows_issues_tokens_and_revokes(conn, cli, can_create_roles):
+    added = cli("agent", "add", "alice", "--shared-namespace", "infra", "-f", "json")
+    assert added.exit_code == 0, added.stderr
+    assert added.json()["role"] == "memctl_agent_alice" and added.json()["shared"] == "infra"
+    assert cli("agent", "add", "alice").exit_code == 2
+    first = cli("agent", "token", "alice")
+    assert first.exit_code == 0 and first.stdout.startswith(agents.TOKEN_PREFIX) and first.stdout.count("\n") == 1
+    token = first.stdout.strip()
+    assert token not in first.stderr
+    assert agents.by_token(conn, token).name == "alice"
+    stored = conn.execute("SELECT token_sha256 FROM agents").fetchone()["token_sha256"]
+    assert bytes(stored) == agents.hash_token(token) and token.encode() not in bytes(stored)
+    second = cli("agent", "token", "alice").stdout.strip()
+    assert agents.by_token(conn, token) is None and agents.by_token(conn, second).name == "alice"
+    listed = cli("agent", "list", "-f", "json").json()
+    assert [a["name"] for a in listed] == ["alice"] and listed[0]["token"] is True and token not in str(listed)
+    assert cli("agent", "show", "nobody").exit_code == 4
+    assert cli("agent", "token", "nobody").exit_code == 4
+    revoked = cli("agent", "revoke", "alice")
+    assert revoked.exit_code == 0 and "memctl_agent_alice" in revoked.stderr
+    assert agents.by_token(conn, second) is None
+    assert conn.execute(agents.ROLE_EXISTS, ("memctl_agent_alice",)).fetchone()["yes"] is False
+    assert cli("agent", "revoke", "alice").exit_code == 4
+
+
+def test_print_sql_makes_the_roles_a_dba_runs(conn, cli, can_create_roles):
+    printed = cli("agent", "add", "carol", "--print-sql")
+    assert printed.exit_code == 0 and "CREATE ROLE" in printed.stdout and '"memctl_agent_carol"' in printed.stdout
+    assert conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 0
+    conn.execute(printed.stdout)  # what the DBA runs
+    assert cli("agent", "add", "carol").exit_code == 0
