@@ -158,3 +158,43 @@ def test_print_sql_makes_the_roles_a_dba_runs(conn, cli, can_create_roles):
     assert conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 0
     conn.execute(printed.stdout)  # what the DBA runs
     assert cli("agent", "add", "carol").exit_code == 0
+
+
+def test_every_mcp_tool_as_alice_with_memctls_scope_removed_never_returns_bobs_rows(conn, db_url, can_create_roles,
+                                                                                   memctl_env, monkeypatch):
+    """The server's scope is the operator's view (no agent: no WHERE agent, any namespace) and episode_get's
+    scoped query is swapped for the unscoped one; only alice's role remains. The database keeps her in."""
+    from memctl import db
+    from memctl.mcp import tools
+
+    alice = agents.add(conn, "alice", shared=["infra"])
+    agents.add(conn, "bob")
+    mine, theirs = _seed(conn)
+    monkeypatch.setattr(tools, "EPISODE", tools.EPISODE_ANY_AGENT)
+    session = tools.Session(config.load(), tools.Scope.make(), lambda: db.connect(db_url, vector=True),
+                            role=alice.role)
+    seen = []
+    for mode in ("hybrid", "text", "vector"):
+        try:
+            seen += [(h["agent"], h["text"]) for h in tools.search(session, "heron queue", k=50, mode=mode).data["results"]]
+        except Exception:
+            pass  # vector mode with nothing embedded may refuse; nothing was returned
+    seen += [(i.get("agent"), i.get("text", "")) for i in tools.recall(session, "heron queue db.host").data["items"]]
+    assert ("alice", "alice saw the heron queue back up") in seen
+    assert all("bob" not in str(item) for item in seen), seen
+    assert tools.episode_get(session, mine).data["agent"] == "alice"
+    with pytest.raises(Exception, match="no episode"):
+        tools.episode_get(session, theirs)
+    with pytest.raises(Exception, match="not found|no fact|does not exist"):
+        tools.fact_get(session, "db.host", namespace="bob")
+    assert tools.fact_get(session, "db.host", namespace="alice").text == "10.0.0.1"
+    assert tools.fact_list(session, namespace="bob").data["facts"] == []
+    with pytest.raises(Exception, match="no history"):
+        tools.fact_history(session, "db.host", namespace="bob")
+    for write in (lambda: tools.remember(session, "written as the default agent"),
+                  lambda: tools.fact_set(session, "db.host", "6.6.6.6", namespace="bob")):
+        with pytest.raises(Exception, match="row-level security|permission denied"):
+            write()
+    session.close()
+    assert facts.get_fact(conn, "db.host", namespace="bob").value == "10.0.0.2"
+    assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 2
