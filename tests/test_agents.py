@@ -198,3 +198,16 @@ def test_every_mcp_tool_as_alice_with_memctls_scope_removed_never_returns_bobs_r
     session.close()
     assert facts.get_fact(conn, "db.host", namespace="bob").value == "10.0.0.2"
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 2
+
+
+def test_recall_for_an_agent_reads_the_namespaces_its_server_reads(conn, cli, can_create_roles):
+    agents.add(conn, "alice", shared=["infra"])
+    facts.set_fact(conn, "dns.resolver", "10.1.1.1", namespace="infra")
+    facts.set_fact(conn, "dns.resolver", "10.9.9.9", namespace="default")
+    facts.set_fact(conn, "nginx.port", "8080", namespace="carol")
+    alice = cli("recall", "what is the dns resolver", "--agent", "alice", "-f", "json")
+    assert alice.exit_code == 0, alice.stderr
+    values_ = {i.get("value") for i in alice.json()["items"] if i["kind"] == "fact"}
+    assert "10.1.1.1" in values_ and "10.9.9.9" not in values_
+    carol = cli("recall", "what is the dns resolver", "--agent", "carol", "-f", "json").json()  # unregistered
+    assert {i.get("value") for i in carol["items"] if i["kind"] == "fact"} == {"10.9.9.9"}

@@ -28,7 +28,10 @@ def recall(
     observation: Annotated[str, typer.Argument(
         metavar="OBSERVATION", help="What the agent sees or is about to decide; '-' reads stdin (UTF-8).")],
     agent: Annotated[Optional[str], typer.Option("--agent", "-a", help="Only this agent's episodes.")] = None,
-    namespace: Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the facts.")] = "default",
+    namespace: Annotated[Optional[str], typer.Option(
+        "--namespace", "-n", help="Namespace of the facts (default: with --agent, the namespaces its MCP server reads: "
+                                  "a registered agent's own and shared ones; else 'default').",
+        show_default=False)] = None,
     max_tokens: Annotated[Optional[int], typer.Option(
         "--max-tokens", min=1, help="Budget for the whole block, header included (default: recall.max_tokens, 1000).",
         show_default=False)] = None,
@@ -64,10 +67,16 @@ def recall(
     from memctl.reading import recall as recall_mod
     from memctl.records.facts import moment
 
-    request = recall_mod.Request(read_text_arg(observation), agent=agent, namespace=namespace, k=k,
+    from memctl.records import agents
+
+    conn = connect_read(vector=True)
+    shared: tuple[str, ...] = ()
+    if namespace is None:
+        namespace, shared = agents.namespaces_for(conn, agent)
+    request = recall_mod.Request(read_text_arg(observation), agent=agent, namespace=namespace, shared=shared, k=k,
                                  max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track,
                                  as_of=moment(as_of, "--as-of"))
-    result = recall_mod.recall(connect_read(vector=True), settings(), request)
+    result = recall_mod.recall(conn, settings(), request)
     for message in result.warnings:
         warn(message)
     if fmt is RecallFormat.text:

@@ -229,6 +229,13 @@ def show(conn, name: str, *, missing_ok: bool = False) -> Agent | None:
     return found
 
 
+def namespaces_for(conn, agent: str | None) -> tuple[str, tuple[str, ...]]:
+    """The facts' namespaces a registered agent's MCP server reads (its own, then shared ones); 'default' for an
+    unregistered agent or none (the operator's commands' default, as before agents were registered)."""
+    found = show(conn, agent, missing_ok=True) if agent is not None else None
+    return (found.namespace, tuple(found.shared)) if found is not None else (values.DEFAULT_NAMESPACE, ())
+
+
 def issue_token(conn, name: str) -> str:
     """A new bearer token for the agent, replacing any earlier one (which stops working at once)."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
