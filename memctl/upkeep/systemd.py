@@ -25,7 +25,8 @@ from memctl.errors import MemctlError, UsageError
 
 DB_SERVICE = "memctl-db.service"
 SERVICES = ("memctl-embed", "memctl-summarize", "memctl-prune", "memctl-backup")  # the scheduled jobs
-UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")))
+MCP_SERVICE = "memctl-mcp.service"  # agents over streamable HTTP: rendered, enabled by the operator
+UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")), MCP_SERVICE)
 TIMERS = tuple(f"{name}.timer" for name in SERVICES)
 DEFAULT_USER = "memctl"
 DEFAULT_ENV_FILE = "/etc/memctl/memctl.env"
@@ -120,7 +121,8 @@ class Extras:
         backup = ""
         if self.backup_dir and not (self.backup_dir + "/").startswith(STATE_DIR + "/"):
             backup = f"ReadWritePaths=-{self.backup_dir}"
-        return {"DB_UNIT": db, "METRICS": metrics, "BACKUP_DIR": backup}
+        required = f"Requires={DB_SERVICE}\nAfter={DB_SERVICE}" if self.embedded else ""
+        return {"DB_UNIT": db, "DB_REQUIRED": required, "METRICS": metrics, "BACKUP_DIR": backup}
 
 
 def unit_names(embedded: bool = True) -> tuple[str, ...]:
