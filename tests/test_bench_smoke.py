@@ -41,6 +41,7 @@ RUNS = [
     ("repeats.py --days 1 --rounds 1", "saved by folding"),
     ("ops_kinds.py", "retrieval_log.json"),
     ("local_start.py --episodes 20 --runs 3 --rounds 0", "ratio (goal <= 2)"),
+    ("agents.py --episodes 2000 --calls 10 --clients 4 --seconds 2", "answers out of scope"),
 ]
 
 
