@@ -8,8 +8,9 @@
 -- Who is an agent is asked by SECURITY DEFINER functions (an agent's role cannot read this table, which
 -- holds token hashes): the agent a role stands for, '' for a role of the memctl_agents group that is
 -- registered in another database on the same server (it sees nothing here), NULL for any other role
--- (policies leave it to its grants, as before this file). Policies call them as (SELECT f(current_user)),
--- which PostgreSQL evaluates once per statement, not once per row.
+-- (policies leave it to its grants, as before this file: `agent = coalesce(NULL, agent)` holds for every row,
+-- as agent and namespace are NOT NULL). Policies call them as (SELECT f(current_user)), which PostgreSQL
+-- evaluates once per statement (an InitPlan), not once per row.
 CREATE TABLE agents (
     name              text        PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
     role_name         text        NOT NULL UNIQUE,
@@ -22,30 +23,38 @@ CREATE TABLE agents (
 );
 
 CREATE FUNCTION memctl_agent_of(role_name name) RETURNS text
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    SELECT coalesce(
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN  -- plpgsql, not sql: its statements' plans are kept for the session, not made again per statement
+    RETURN coalesce(
         (SELECT a.name FROM agents a WHERE a.role_name = $1),
         (SELECT '' FROM pg_catalog.pg_auth_members m
          JOIN pg_catalog.pg_roles g ON g.oid = m.roleid
          JOIN pg_catalog.pg_roles u ON u.oid = m.member
-         WHERE g.rolname = 'memctl_agents' AND u.rolname = $1 LIMIT 1))
+         WHERE g.rolname = 'memctl_agents' AND u.rolname = $1 LIMIT 1));
+END
 $$;
 
 -- The namespaces a role reads (its own first), '{}' for another database's agent, NULL for a non-agent.
 CREATE FUNCTION memctl_agent_reads(role_name name) RETURNS text[]
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    SELECT CASE WHEN agent IS NULL THEN NULL
-                ELSE coalesce((SELECT ARRAY[a.writes_namespace] || a.reads_namespaces FROM agents a
-                               WHERE a.role_name = $1), '{}') END
-    FROM (SELECT memctl_agent_of($1) AS agent) found
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    IF memctl_agent_of($1) IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce((SELECT ARRAY[a.writes_namespace] || a.reads_namespaces FROM agents a WHERE a.role_name = $1),
+                    '{}');
+END
 $$;
 
 -- The namespace a role writes: '' (none) for another database's agent, NULL for a non-agent.
 CREATE FUNCTION memctl_agent_writes(role_name name) RETURNS text
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    SELECT CASE WHEN agent IS NULL THEN NULL
-                ELSE coalesce((SELECT a.writes_namespace FROM agents a WHERE a.role_name = $1), '') END
-    FROM (SELECT memctl_agent_of($1) AS agent) found
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    IF memctl_agent_of($1) IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce((SELECT a.writes_namespace FROM agents a WHERE a.role_name = $1), '');
+END
 $$;
 
 -- Row-level security and memctl's policies on one memory table; also run for each model's vector table
@@ -64,22 +73,22 @@ BEGIN
     EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', tbl);
     IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = tbl AND attname = 'agent' AND NOT attisdropped) THEN
         EXECUTE format('DROP POLICY IF EXISTS memctl_agent ON %s', tbl);
-        EXECUTE format('CREATE POLICY memctl_agent ON %s USING (%s IS NULL OR agent = %s) '
-                       'WITH CHECK (%s IS NULL OR agent = %s)', tbl, own, own, own, own);
+        EXECUTE format('CREATE POLICY memctl_agent ON %s USING (agent = coalesce(%s, agent)) '
+                       'WITH CHECK (agent = coalesce(%s, agent))', tbl, own, own);
     END IF;
     IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = tbl AND attname = 'namespace' AND NOT attisdropped) THEN
         EXECUTE format('DROP POLICY IF EXISTS memctl_read ON %s', tbl);
         EXECUTE format('DROP POLICY IF EXISTS memctl_insert ON %s', tbl);
         EXECUTE format('DROP POLICY IF EXISTS memctl_update ON %s', tbl);
         EXECUTE format('DROP POLICY IF EXISTS memctl_delete ON %s', tbl);
-        EXECUTE format('CREATE POLICY memctl_read ON %s FOR SELECT USING (%s IS NULL OR namespace = ANY (CAST(%s AS text[])))',
-                       tbl, reads, reads);
-        EXECUTE format('CREATE POLICY memctl_insert ON %s FOR INSERT WITH CHECK (%s IS NULL OR namespace = %s)',
-                       tbl, writes, writes);
-        EXECUTE format('CREATE POLICY memctl_update ON %s FOR UPDATE USING (%s IS NULL OR namespace = %s) '
-                       'WITH CHECK (%s IS NULL OR namespace = %s)', tbl, writes, writes, writes, writes);
-        EXECUTE format('CREATE POLICY memctl_delete ON %s FOR DELETE USING (%s IS NULL OR namespace = %s)',
-                       tbl, writes, writes);
+        EXECUTE format('CREATE POLICY memctl_read ON %s FOR SELECT '
+                       'USING (namespace = ANY (coalesce(%s, ARRAY[namespace])))', tbl, reads);
+        EXECUTE format('CREATE POLICY memctl_insert ON %s FOR INSERT WITH CHECK (namespace = coalesce(%s, namespace))',
+                       tbl, writes);
+        EXECUTE format('CREATE POLICY memctl_update ON %s FOR UPDATE USING (namespace = coalesce(%s, namespace)) '
+                       'WITH CHECK (namespace = coalesce(%s, namespace))', tbl, writes, writes);
+        EXECUTE format('CREATE POLICY memctl_delete ON %s FOR DELETE USING (namespace = coalesce(%s, namespace))',
+                       tbl, writes);
     END IF;
     RETURN true;
 END
