@@ -1,7 +1,7 @@
 """Agents as principals: registry, roles, tokens, and row-level security that the database keeps.
 
 Every check here runs against the real test server. Where a test needs to make roles and the test role
-may not (CI step 3's unprivileged owner without CREATEROLE), it is skipped, saying so, as the server says.
+may not and no role that may is given (MEMCTL_TEST_CREATEROLE_URL), it is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -12,6 +12,13 @@ from psycopg import sql
 
 from memctl import config
 from memctl.records import agents, episodes, facts
+
+
+@pytest.fixture
+def db_url(agents_db_url):
+    """An owner that may make agents' roles: the test role where it may, else the CREATEROLE role's
+    (CI step 3: memctl_dba; tests/test_agents_owner.py tests the owner without CREATEROLE)."""
+    return agents_db_url
 
 
 @pytest.fixture

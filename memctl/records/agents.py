@@ -20,6 +20,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+import psycopg
 from psycopg import sql
 
 from memctl.errors import MemctlError, NotFound, UsageError
@@ -82,6 +83,7 @@ JOIN pg_class t ON t.oid = d.refobjid
 WHERE d.deptype IN ('a', 'i') AND t.relnamespace = current_schema()::regnamespace AND t.relname = ANY(%s)
 """
 SCHEMA_USAGE = "SELECT has_schema_privilege(%s, current_schema(), 'USAGE') AS yes"
+IS_MEMBER = "SELECT pg_has_role(%s, %s, 'USAGE') AS yes"
 
 
 def role_name_for(name: str) -> str:
@@ -136,7 +138,10 @@ def print_sql(conn, name: str, *, read_only: bool = False) -> str:
     `memctl agent add` as the owner registers the agent on the roles they made."""
     name = _checked(name, "NAME")
     owner = conn.execute("SELECT current_user AS me").fetchone()["me"]
-    return "".join(s.as_string(conn) + ";\n" for s in role_sql(role_name_for(name), read_only, owner))
+    head = (f"-- agent {name!r}: run as a superuser, or a role with CREATEROLE (on PostgreSQL 16+ one that made\n"
+            f"-- {READERS} and {WRITERS}, or holds them WITH ADMIN OPTION); then, as {owner}:\n"
+            f"--   memctl agent add {name} [--namespace NS] [--shared-namespace NS]...\n")
+    return head + "".join(s.as_string(conn) + ";\n" for s in role_sql(role_name_for(name), read_only, owner))
 
 
 def grant(conn) -> None:
@@ -164,28 +169,44 @@ def grant(conn) -> None:
             conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.Identifier(row["name"]), writers))
 
 
-def _make_roles(conn, role: str, read_only: bool) -> None:
+def _make_roles(conn, name: str, role: str, read_only: bool) -> None:
     owner = conn.execute("SELECT current_user AS me").fetchone()["me"]
     if not _yes(conn, CAN_CREATE_ROLES):
         if not _yes(conn, ROLE_EXISTS, (role,)):
             raise AgentsUnsupported(
-                f"the role {owner!r} may not create roles (no CREATEROLE): a DBA runs the output of "
-                "`memctl agent add NAME --print-sql` once, then `memctl agent add NAME` works")
-        return  # made by a DBA: memberships are theirs (the check in assume() says if one is missing)
+                f"the role {owner} may not create roles: a superuser runs `ALTER ROLE {owner} CREATEROLE`, or a DBA "
+                f"runs what `memctl agent add {name} --print-sql` prints, then `memctl agent add {name}` again")
+        return  # made by a DBA: _check_roles() says if a membership is missing
     for statement in role_sql(role, read_only, owner):
-        conn.execute(statement)
+        try:
+            with conn.transaction():
+                conn.execute(statement)
+        except psycopg.errors.InsufficientPrivilege as e:  # PostgreSQL 16+: groups another role made
+            raise AgentsUnsupported(
+                f"the role {owner} may not grant the agents' roles ({e.diag.message_primary}): a superuser runs "
+                f"`GRANT {READERS}, {WRITERS} TO {owner} WITH ADMIN OPTION`, or a DBA runs what "
+                f"`memctl agent add {name} --print-sql` prints") from None
 
 
-def _check_assumable(conn, role: str) -> None:
+def _check_roles(conn, name: str, role: str, read_only: bool) -> None:
+    """The owner can assume the role, and the role is in the groups that carry its grants: else what a DBA
+    runs (a role made by hand rather than by --print-sql)."""
+    owner = conn.execute("SELECT current_user AS me").fetchone()["me"]
+    missing = [group for group in (READERS,) + (() if read_only else (WRITERS,))
+               if not _yes(conn, IS_MEMBER, (role, group))]
+    if missing:
+        raise AgentsUnsupported(f"the role {role} is not in {', '.join(missing)}: a DBA runs `GRANT "
+                                f"{', '.join(missing)} TO {role}` (`memctl agent add {name} --print-sql` prints "
+                                "every statement)")
     try:
         with conn.transaction():
             conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
             raise _Rollback
     except _Rollback:
         return
-    except Exception:
-        raise AgentsUnsupported(f"the owner cannot SET ROLE {role}: a DBA runs `GRANT {role} TO <owner>` "
-                                "(`memctl agent add NAME --print-sql` prints every statement)") from None
+    except psycopg.Error:
+        raise AgentsUnsupported(f"the role {owner} cannot SET ROLE {role}: a DBA runs `GRANT {role} TO {owner}` "
+                                f"(`memctl agent add {name} --print-sql` prints every statement)") from None
 
 
 class _Rollback(Exception):
@@ -211,10 +232,10 @@ def add(conn, name: str, *, namespace: str | None = None, shared: list[str] | No
         raise UsageError(f"agent {name!r} is registered already: `memctl agent revoke {name}` first to change it")
     role = role_name_for(name)
     with conn.transaction():
-        _make_roles(conn, role, read_only)
+        _make_roles(conn, name, role, read_only)
+        _check_roles(conn, name, role, read_only)
         conn.execute(INSERT, (name, role, namespace, reads, read_only))
         grant(conn)
-    _check_assumable(conn, role)
     return show(conn, name)
 
 
