@@ -22,7 +22,7 @@ CREATE TABLE agents (
     token_issued_at   timestamptz
 );
 
-CREATE FUNCTION memctl_agent_of(role_name name) RETURNS text
+CREATE OR REPLACE FUNCTION memctl_agent_of(role_name name) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN  -- plpgsql, not sql: its statements' plans are kept for the session, not made again per statement
     RETURN coalesce(
@@ -35,7 +35,7 @@ END
 $$;
 
 -- The namespaces a role reads (its own first), '{}' for another database's agent, NULL for a non-agent.
-CREATE FUNCTION memctl_agent_reads(role_name name) RETURNS text[]
+CREATE OR REPLACE FUNCTION memctl_agent_reads(role_name name) RETURNS text[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     IF memctl_agent_of($1) IS NULL THEN
@@ -47,7 +47,7 @@ END
 $$;
 
 -- The namespace a role writes: '' (none) for another database's agent, NULL for a non-agent.
-CREATE FUNCTION memctl_agent_writes(role_name name) RETURNS text
+CREATE OR REPLACE FUNCTION memctl_agent_writes(role_name name) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     IF memctl_agent_of($1) IS NULL THEN
@@ -60,7 +60,7 @@ $$;
 -- Row-level security and memctl's policies on one memory table; also run for each model's vector table
 -- when it is created (memctl.embedding.models.register). Idempotent. On Citus nothing is done (false):
 -- agents are refused there (docs/agents.md).
-CREATE FUNCTION memctl_protect(tbl regclass) RETURNS boolean
+CREATE OR REPLACE FUNCTION memctl_protect(tbl regclass) RETURNS boolean
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     own text := '(SELECT memctl_agent_of(current_user))';
