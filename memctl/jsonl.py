@@ -103,6 +103,23 @@ def read(lines: Iterable[bytes | str], *, fields: Iterable[str] | None = None, r
             yield number, item
 
 
+def bounded(handle, limit: int, what: str, outcome: str = "nothing was imported") -> Iterator[bytes]:
+    """HANDLE's lines, none held longer than LIMIT bytes: a longer one is refused (exit 2, naming the line and
+    WHAT bounds it) once LIMIT + 1 bytes of it are read, so one endless line never fills memory."""
+    number = 0
+    while True:
+        line = handle.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
+            from memctl.errors import EXIT_USAGE
+
+            raise LineError(number, f"longer than {limit:,} bytes, the most {what} takes; {outcome}",
+                            EXIT_USAGE)
+        yield line
+
+
 def open_input(path: str, stdin=None):
     """A binary handle on a file, or on stdin for '-'; an unreadable file is InvalidInput."""
     if path == "-":

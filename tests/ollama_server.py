@@ -22,7 +22,13 @@ computed by one of, in this order:
   - else a HashEmbedder stand-in (``server.real_minilm`` is then False, and tests
     that need meaning skip, saying why).
 "nomic-embed-text" (768 dims, 2,048 tokens) is always a deterministic
-HashEmbedder stand-in, not the real network.
+HashEmbedder stand-in, not the real network. ``meaningless_fn(dims)`` makes a model
+that carries no meaning (a vector from a hash of the whole text): add it with
+add_model to see a model switch refused.
+
+Every text /api/embed receives is recorded as it came, instruction and all, in
+``inputs`` ((model, text) in order; cleared by clear()): tests check that each
+model got its own instructions (memctl.model_catalogue.INSTRUCTIONS) and no other.
 
 Chat: "llama3.2:3b" (``CHAT_MODELS``; /api/chat, /api/show with ``llama.context_length``
 4,096, /api/tags) is a deterministic extractive stand-in, not a language model: it
@@ -120,6 +126,16 @@ def unit(vector: list[float]) -> list[float]:
 def _hash_fn(model: str, dims: int) -> EmbedFn:
     embedder = HashEmbedder(model, dims=dims)
     return lambda texts: embedder.embed(texts).vectors
+
+
+def meaningless_fn(dims: int) -> EmbedFn:
+    """A model that carries no meaning: each text's vector comes from a hash of the whole text, so
+    two texts that differ by one character are as far apart as any two."""
+    def vector(text: str) -> list[float]:
+        stream = hashlib.shake_256(text.encode("utf-8", "surrogatepass")).digest(4 * dims)
+        return unit([int.from_bytes(stream[i:i + 4], "big") / 2**31 - 1.0 for i in range(0, 4 * dims, 4)])
+
+    return lambda texts: [vector(t) for t in texts]
 
 
 class MiniLMWorker:
@@ -236,6 +252,7 @@ class OllamaTestServer:
     fail_times: int | None                  -- ...or only to the next N, then clears
     delay_s: float                          -- how long "slow" waits before answering
     requests: list[(path, model, n_inputs)] -- every request received, in order
+    inputs: list[(model, text)]             -- every text /api/embed received, as received
     errors: list[str]                       -- internal errors of the server itself
     """
 
@@ -246,6 +263,7 @@ class OllamaTestServer:
         self.fail_times: int | None = None
         self.delay_s = 5.0
         self.requests: list[tuple[str, str | None, int]] = []
+        self.inputs: list[tuple[str, str]] = []
         self.errors: list[str] = []
         self.chat_models: dict[str, ChatSpec] = dict(CHAT_MODELS)
         self.answer_fault: str | None = None
@@ -346,6 +364,8 @@ class OllamaTestServer:
         self.inject(None)
         self.inject_answer(None)
         self.chat_overflows.clear()
+        with self._lock:
+            self.inputs.clear()
 
     def inject_answer(self, fault: str | None, times: int | None = None, after: int = 0) -> None:
         """After `after` good answers, make the next `times` chat answers (all with None) empty, a refusal,
@@ -477,6 +497,8 @@ class OllamaTestServer:
         started = time.perf_counter_ns()
         spec = self._model(body)
         texts = self._inputs(body)
+        with self._lock:
+            self.inputs.extend((str(body["model"]), text) for text in texts)
         tokens = self._check_context(spec, texts)
         dimensions = body.get("dimensions")
         vectors = spec.embed(texts) if texts else []

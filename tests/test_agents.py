@@ -98,8 +98,8 @@ def test_set_role_to_an_agent_sees_only_its_own_episodes_and_facts(conn, can_cre
         with conn.transaction():
             conn.execute("INSERT INTO facts (namespace, key, value, version) VALUES ('infra', 'dns', '6.6.6.6', 9)")
     assert conn.execute("UPDATE episodes SET importance = 0 WHERE id = %s", (theirs,)).rowcount == 0
-    # the registry (token hashes), the job log and the migrations are not its to read
-    for table in ("agents", "jobs", "memctl_migrations"):
+    # the registry (token hashes), the job log, the migrations and the erasure ledger are not its to read
+    for table in ("agents", "jobs", "memctl_migrations", "erasures"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             with conn.transaction():
                 conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))

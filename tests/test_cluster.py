@@ -86,7 +86,7 @@ def test_distribute_places_every_table_keeps_the_data_and_search_finds_it(citus)
     first = [cluster.Placement(**row) for row in json.loads(_cli("db", "distribute", "-f", "json").stdout)]
     assert {p.action for p in first if p.type != "coordinator"} == {"done"}
     with db.connect(citus) as conn:
-        assert {p.table for p in first if p.type == "coordinator"} == {"facts", "fact_history", "jobs", "agents"}
+        assert {p.table for p in first if p.type == "coordinator"} == set(cluster.COORDINATOR_ONLY)
         again = cluster.distribute(conn)
         assert [(p.table, p.action) for p in again] == [
             (p.table, "kept" if p.type == "coordinator" else "already") for p in first]

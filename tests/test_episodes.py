@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -81,7 +82,8 @@ def test_chunking_by_code_points_with_overlap():
     assert chunking.chunk_size_for("nomic-embed-text:latest", 1000) == 1000
 
 
-def test_ten_megabyte_episode_is_accepted_and_chunked(cli, conn):
+def test_ten_megabyte_episode_is_accepted_and_chunked_under_a_raised_limit(cli, conn, memctl_env):
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[limits]\nepisode_bytes = 16777216\n")  # default 1 MiB refuses it
     big = ("The disk on web1 filled up again. " * 320_000)[:10 * 1024 * 1024]
     result = cli("episode", "add", "-", input=big.encode())
     assert result.exit_code == 0, result.stderr

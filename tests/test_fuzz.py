@@ -871,8 +871,9 @@ SAFE_META = st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4),
                             max_size=3)
 ROUND_EPISODES = st.lists(st.tuples(SAFE_TEXT, st.sampled_from(["observation", "conversation", "raw"]),
                                     st.none() | SOURCES, st.integers(1, 10),
-                                    st.datetimes(min_value=datetime.datetime(1990, 1, 1),
-                                                 max_value=datetime.datetime(2090, 1, 1), timezones=ZONES.filter(bool)),
+                                    st.datetimes(min_value=datetime.datetime(1990, 1, 1),  # no later than now:
+                                                 max_value=datetime.datetime(2025, 12, 31),  # [limits] clock_skew
+                                                 timezones=ZONES.filter(bool)),
                                     SAFE_META, st.booleans()), max_size=5)
 ROUND_FACTS = st.lists(st.tuples(st.integers(0, 50), st.lists(st.none() | SAFE_TEXT, min_size=1, max_size=4),
                                  st.none() | SOURCES), max_size=4, unique_by=lambda f: f[0])

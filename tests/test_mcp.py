@@ -276,7 +276,7 @@ def test_bad_arguments_are_tool_errors_and_the_server_goes_on(conn, memctl_env, 
             assert "valid string" in await s.error("remember", content=123)
             assert "less than or equal to 10" in await s.error("remember", content="x", importance=11)
             assert "'hybrid', 'vector' or 'text'" in await s.error("search", query="x", mode="fuzzy")
-            assert "at most 100000 characters" in await s.error("remember", content="x" * 2_000_000)
+            assert "[limits] episode_bytes" in await s.error("remember", content="x" * 2_000_000)
             assert "NUL" in await s.error("remember", content="before\x00after")
             assert "NUL" in await s.error("search", query="a\x00b")
             assert "NUL" in await s.error("fact_set", key="k\x00", value="v")

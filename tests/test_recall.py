@@ -58,8 +58,10 @@ def memory(cli, tmp_path):
     ids = {
         "disk": add(cli, "Deploy failed because the disk was full; rotating nginx logs fixed it",
                     "--agent", "ops", "--source", "ticket:42", "--created-at", "2026-01-01T00:00:00Z"),
-        "replica": add(cli, "The postgres replica on db-2 lagged during the deploy", "--agent", "ops"),
-        "refund": add(cli, "A customer asked for a refund of order 1234", "--agent", "ops"),
+        # unrelated events from sources of their own: no episode is another's neighbour (no windows)
+        "replica": add(cli, "The postgres replica on db-2 lagged during the deploy", "--agent", "ops",
+                       "--source", "monitoring"),
+        "refund": add(cli, "A customer asked for a refund of order 1234", "--agent", "ops", "--source", "crm"),
         "other": add(cli, "Deploy of the mobile app went fine", "--agent", "someone-else"),
     }
     assert cli("embed").exit_code == 0
@@ -155,7 +157,7 @@ def test_near_duplicate_episodes_collapse_onto_the_best(cli):
     first = add(cli, "Deploy failed because the disk was full; rotating nginx logs fixed it",
                 "--created-at", "2025-01-01T00:00:00Z")
     second = add(cli, "deploy failed because the DISK was full - rotating nginx logs fixed it!")
-    different = add(cli, "Deploy failed because the disk was full on web-2")
+    different = add(cli, "Deploy failed because the disk was full on web-2", "--source", "web-2")  # no window
     cli("embed")
     items = run(cli, "deploy failed disk full", "-f", "json").json()["items"]
     episodes = {i["id"]: i for i in items if i["kind"] == "episode"}

@@ -9,7 +9,7 @@ import pytest
 
 from memctl import redact
 from memctl.errors import MemctlError
-from memctl.records import jobs, runbooks
+from memctl.records import gate, jobs, runbooks
 from memctl.redact import detect
 
 LABELLED = [json.loads(line) for line in (Path(__file__).parent / "data" / "secrets_labelled.jsonl").open()]
@@ -287,7 +287,7 @@ def test_job_errors_and_run_records_are_redacted(conn):
     assert GITHUB not in row["error"] + row["detail"] and "[REDACTED:github-token]" in row["error"]
     tail = runbooks._Tail()
     tail.add(f"exported AWS_ACCESS_KEY_ID={AWS}\n{PRIVATE_KEY}\ndone\n".encode())
-    text = tail.text()
+    text = tail.text(gate.Gate(None, None, redact.Redactor()).run_output)
     assert AWS not in text and KEY_BODY not in text and "[REDACTED:private-key]" in text and "done" in text
 
 

@@ -284,13 +284,19 @@ def test_paraphrases_are_found_after_the_switch(cli, conn, env, server):
     all-MiniLM-L6-v2's, zero-padded to 768 dims (the real nomic-embed-text cannot run here):
     the same meaning space in a different table and size. This shows that a switch carries
     meaning-based search over to the new model's table; it says nothing of nomic's own quality.
-    The old model stays the word-hash stand-in, which cannot find these paraphrases.
+    The old model stays the word-hash stand-in, which cannot find these paraphrases. The stand-in
+    reads nomic's instructions (search_query: / search_document: ) as nomic does, as a task, not as
+    words of the text: all-MiniLM gets the text after them.
     """
+    import re
+
     from memctl.embedding.embedders import LocalEmbedder
 
     local = LocalEmbedder()
+    task = re.compile(r"^search_(query|document): ")
     server.add_model("nomic-embed-text", 768, 2048,
-                     lambda texts: [v + [0.0] * 384 for v in local.embed(texts).vectors], family="nomic-bert")
+                     lambda texts: [v + [0.0] * 384 for v in local.embed([task.sub("", t) for t in texts]).vectors],
+                     family="nomic-bert")
     facts = ["The primary database ran out of storage because old logs were never rotated.",
              "Customers could not sign in after the TLS certificate expired on the load balancer.",
              "The nightly backup job was moved to 3am so it no longer slows the morning traffic.",

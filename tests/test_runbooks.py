@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from memctl import redact
 from memctl.errors import InvalidInput, UsageError
-from memctl.records import runbooks
+from memctl.records import gate, runbooks
 
 SHIPPED = Path(__file__).resolve().parent.parent / "runbooks"
 VENV_BIN = Path(sys.executable).parent
@@ -339,7 +340,7 @@ def test_a_password_cut_at_the_front_of_the_kept_output_is_masked_whole():
     tail = runbooks._Tail(limit=120, slack=60)  # keeps the last 120 - 64 (marker room) = 56 bytes
     tail.add(b"x" * 200 + b" postgresql://u:cut-pw-0123456789@127.0.0.1/db ")
     tail.add(b"y" * 27)  # a cut of the raw bytes would fall inside the password
-    text = tail.text()
+    text = tail.text(gate.Gate(None, None, redact.Redactor()).run_output)
     assert len(text.encode()) <= 120 and text.startswith("[") and "earlier bytes of output not kept" in text
     assert "6789" not in text and "****@127.0.0.1/db " + "y" * 27 in text
 

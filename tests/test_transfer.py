@@ -109,8 +109,8 @@ def test_import_into_a_populated_database_deduplicates_and_merges(cli, db_url, o
     assert cli("fact", "get", "svc1.host", env=env).stdout.strip() == "10.8.1.1"
     lines = path.read_text().splitlines()
     copy = json.loads(lines[-1] if '"episode"' in lines[-1] else next(x for x in lines if '"type":"episode"' in x))
-    twice = "\n".join([lines[0], json.dumps({**copy, "id": 10**9, "created_at": "2030-01-01T00:00:00+00:00"}),
-                       json.dumps({**copy, "id": 10**9 + 1, "created_at": "2030-01-01T00:00:00+00:00"})]) + "\n"
+    twice = "\n".join([lines[0], json.dumps({**copy, "id": 10**9, "created_at": "2026-01-01T00:00:00+00:00"}),
+                       json.dumps({**copy, "id": 10**9 + 1, "created_at": "2026-01-01T00:00:00+00:00"})]) + "\n"
     inner = cli("import", "-", "-f", "json", input=twice, env=env).json()[0]
     assert (inner["episodes"], inner["duplicates"]) == (1, 1)
 
@@ -156,7 +156,8 @@ def test_import_redacts_and_drops_the_vectors_of_a_redacted_text(cli, conn, tmp_
     data = "\n".join([export[0], json.dumps(fact), json.dumps(episode)]) + "\n"
     result = cli("import", "-", "-f", "json", input=data)
     assert result.exit_code == 0, result.stderr
-    assert "redacted 3 secret(s)" in result.stderr and GITHUB not in result.stderr + result.stdout
+    # one count: the fact's current value is its history's, admitted (and counted) once with the episode's
+    assert "redacted 2 secret(s)" in result.stderr and GITHUB not in result.stderr + result.stdout
     summary = result.json()[0]
     assert summary["vectors"] == 0 and summary["queued"] == 1
     from tests.test_redact import all_text

@@ -143,11 +143,11 @@ NOUNS = {
     "prune": "retention", "purge": "retention", "jobs": "retention", "source": "retention",
     "runbook": "runbook", "size": "size", "reembed": "reembed", "recall": "recall", "systemd": "systemd",
     "summarize": "summarize", "mcp": "mcp", "agent": "agent",
-    "backup": "backup", "restore": "backup", "metrics": "metrics",
+    "backup": "backup", "restore": "backup", "metrics": "metrics", "erasure": "erasure",
 }
 EXTRA = {"embed": ["timing"]}  # modules that add commands to another noun's sub-app
 ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "summarize", "runbook", "size", "reembed",
-         "recall", "redact", "transfer", "backup", "metrics", "db", "config", "systemd", "mcp", "agent"]
+         "recall", "redact", "transfer", "backup", "erasure", "metrics", "db", "config", "systemd", "mcp", "agent"]
 _loaded: set[str] = set()
 
 

@@ -77,8 +77,13 @@ def verify(
     """
     from memctl.upkeep import restore as restore_mod
 
-    result = restore_mod.verify(connect(migrate=False), target().url, file, scratch_url=scratch_url)
+    from memctl.upkeep import erasure
+
+    conn = connect(migrate=False)
+    result = restore_mod.verify(conn, target().url, file, scratch_url=scratch_url,
+                                inspect=lambda scratch: erasure.backup_report(conn, scratch))
     render([t.to_dict() for t in result.tables], fmt)
+    _erasures_note(result)
     if not result.ok:
         warn(f"backup verify failed: {file}: {', '.join(result.failed)} differ(s) from the manifest")
         raise typer.Exit(EXIT_ERROR)
@@ -104,7 +109,26 @@ def restore(
     from memctl.upkeep import backup as backup_mod, restore as restore_mod
 
     result = restore_mod.restore(connect(migrate=False), target().url, file,
-                                 directory=backup_mod.default_dir(settings()))
+                                 directory=backup_mod.default_dir(settings()), settings=settings())
     render_one(result.to_dict(), fmt)
+    if result.reapplied:
+        warn(f"re-applied {len(result.reapplied)} erasure(s) newer than the backup (the erasure ledger: a restore "
+             "never brings back what was erased): " + "; ".join(
+                 f"{r['op']} {r['what']} at {r['erased_at']} ({r.get('episodes', 0)} episode(s), "
+                 f"{r.get('facts', 0)} fact(s), {r.get('fact_history_values', 0)} history value(s) removed)"
+                 for r in result.reapplied))
     saved = f"; the previous contents are in {result.safety}" if result.safety else ""
     warn(f"restored {file} ({result.manifest['created_at']}){saved}")
+
+
+def _erasures_note(result) -> None:
+    """What verify found of the erasure ledger in the backup."""
+    found = result.inspected
+    if not found:
+        return
+    if found["newer"]:
+        warn(f"{len(found['newer'])} erasure(s) are newer than this backup; `memctl restore` re-applies them: "
+             + "; ".join(found["newer"][:10]))
+    if found["matches"]:
+        warn(f"the backup holds {len(found['matches'])} row(s) of erased text (memctl erasure verify --backup "
+             "names them)")

@@ -106,13 +106,20 @@ def connect_read(*, vector: bool = False):
     return conn
 
 
-def read_text_arg(value: str) -> str:
-    """TEXT or '-' for stdin, decoded strictly as UTF-8."""
+def read_text_arg(value: str, limit: str | None = None, what: str = "content") -> str:
+    """TEXT or '-' for stdin, decoded strictly as UTF-8. `limit`: the [limits] setting that bounds it (e.g.
+    episode_bytes): stdin is read up to one byte past it, and refused there (exit 2) without reading on."""
     from memctl.errors import InvalidInput
 
     if value != "-":
         return value
-    data = sys.stdin.buffer.read()
+    if limit is None:
+        data = sys.stdin.buffer.read()
+    else:
+        from memctl.records import values
+
+        bound = getattr(values.Limits.of(settings()), limit)
+        data = values.read_bounded(sys.stdin.buffer, bound, what, limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -9,6 +9,7 @@ import typer
 
 from memctl.cli.common import (FormatOption, choice_value, connect, connect_read, json_object, json_object_value,
                                read_text_arg, settings, since_value, time_value, warn)
+from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import InvalidInput, UsageError
 from memctl.reading import query as query_mod, search as search_mod
@@ -59,9 +60,9 @@ def add(
 
     st = settings()
     redactor = redact.Redactor.from_settings(st)
-    added = episodes.add_episode(connect(), st, read_text_arg(text), kind=kind, source=source, agent=agent,
-                                 importance=importance, created_at=created_at, meta=json_object("--meta", meta),
-                                 redactor=redactor)
+    added = episodes.add_episode(connect(), st, read_text_arg(text, "episode_bytes"), kind=kind, source=source,
+                                 agent=agent, importance=importance, created_at=created_at,
+                                 meta=json_object("--meta", meta), redactor=redactor)
     if redactor.note():
         warn(redactor.note())
     if added.id is None:
@@ -92,8 +93,12 @@ def import_(
     st = settings()
     result = episodes.ImportResult()
     handle = sys.stdin.buffer if file == "-" else _open(file)
+    from memctl import jsonl
+    from memctl.records import values
+
+    lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
-        episodes.import_episodes(conn, st, episodes.parse_jsonl(st, handle, skip_invalid=skip_invalid, result=result),
+        episodes.import_episodes(conn, st, episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
                                  result=result)
     finally:
         if handle is not sys.stdin.buffer:
@@ -164,19 +169,28 @@ def _preview(text: str, width: int = 60) -> str:
 
 
 @app.command()
-def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], fmt: FormatOption = Format.table) -> None:
-    """Delete episodes with their chunks and vectors of every model; exit 4 if none of them existed."""
+def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], receipt: ReceiptOption = None,
+           fmt: FormatOption = Format.table) -> None:
+    """Delete episodes with their chunks and vectors of every model; exit 4 if none of them existed.
+
+    Recorded in the erasure ledger (a restore of an older backup deletes them again; `memctl erasure verify`).
+    """
     from memctl.records import episodes
 
     from memctl.errors import NotFound
 
-    deleted = episodes.delete(connect(), ids)
+    done = episodes.delete_episodes(connect(), ids)
+    deleted = done.ids
     missing = sorted(set(ids) - set(deleted))
     if missing:
         warn(f"no such episode(s): {', '.join(map(str, missing))}")
     if not deleted:
         raise NotFound("nothing deleted")
-    render(({"deleted": i} for i in sorted(deleted)), fmt)
+    if receipt is not None:
+        write_receipt(receipt, "episode_delete", ledger=done.ledger.id, removed=done.removed,
+                      target_={"ids": sorted(deleted)}, vacuum=None)
+    if receipt != "-":
+        render(({"deleted": i} for i in sorted(deleted)), fmt)
 
 
 @app.command()
@@ -197,6 +211,10 @@ def search(
     every: Annotated[bool, typer.Option(
         "--all", help="List every repeat of a folded result right after it (repeat_of names the result).")]
     = False,
+    context: Annotated[int, typer.Option(
+        "--context", "-C", min=0, max=10, help="Also N entries before and after each hit in its agent's log (same "
+        "source, within [recall] window_gap), in time order, blocks merged where they meet; `match` marks the hits.")]
+    = 0,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Find episodes by meaning and by words, weighted by recency and importance.
@@ -218,17 +236,25 @@ def search(
         return
     if query is None:
         raise UsageError("give a QUERY or --batch FILE")
-    q = query_mod.Query(read_text_arg(query), k=k, agent=agent, kind=kind, source=source, since=since, until=until,
-                         mode=mode)
+    q = query_mod.Query(read_text_arg(query, "episode_bytes", "query"), k=k, agent=agent, kind=kind, source=source,
+                        since=since, until=until, mode=mode)
     outcome = search_mod.search(conn, settings(), q, track=not no_track)
     if outcome.warning:
         warn(outcome.warning)
     if outcome.note:
         warn(outcome.note)
-    rows = search_mod.with_repeats(conn, outcome.hits) if every else [h.to_dict() for h in outcome.hits]
+    if context and every:
+        raise UsageError("--context and --all: choose one")
+    if context:
+        from memctl.reading import window
+
+        rows = window.around(conn, settings(), outcome.hits, context)
+    else:
+        rows = search_mod.with_repeats(conn, outcome.hits) if every else [h.to_dict() for h in outcome.hits]
     if fmt is Format.table:
         rows = [{"id": r["id"], "score": "" if r["score"] is None else r["score"], "agent": r["agent"],
                  "kind": r["kind"], "created_at": r["created_at"], "seen": _seen(r),
+                 **({"block": r["block"], "match": ">" if r["match"] else ""} if context else {}),
                  "content": _preview(r["content"])} for r in rows]
     render(rows, fmt)
 
@@ -244,9 +270,12 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
     from memctl import jsonl
     from memctl.cli.render import to_json
 
-    handle = jsonl.open_input(path)
+    from memctl.records import values
+
+    lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(), "a query within [limits]",
+                          "nothing was run")
     queries = [query_mod.batch_query(item, number)
-               for number, item in jsonl.read(handle, fields=query_mod.BATCH_FIELDS, required=("query",))]
+               for number, item in jsonl.read(lines, fields=query_mod.BATCH_FIELDS, required=("query",))]
     outcomes = search_mod.search_batch(conn, settings(), queries, track=track)
     warning = next((o.warning for o in outcomes if o.warning), None)
     if warning:

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl.cli.common import FormatOption, connect, connect_read, settings, since_value, warn
+from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.records import facts
 
@@ -50,8 +51,8 @@ def set_(
     from memctl.cli.common import read_text_arg
 
     redactor = _redactor()
-    change = facts.set_fact(connect(), key, read_text_arg(value), namespace=namespace, source=source,
-                            redactor=redactor, valid_from=valid_from)
+    change = facts.set_fact(connect(), key, read_text_arg(value, "value_bytes", "value"), namespace=namespace,
+                            source=source, redactor=redactor, valid_from=valid_from)
     if redactor.note():
         warn(redactor.note())
     if not change.current:
@@ -116,6 +117,7 @@ def delete(
                      "new files; an exclusive lock on both while it runs), then CHECKPOINT so the WAL holding the "
                      "old values can be recycled (needs superuser or pg_checkpoint)."),
     ] = False,
+    receipt: ReceiptOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Delete KEY (its history stays), or with --erase remove it and its history's values.
@@ -128,10 +130,19 @@ def delete(
 
     if full and not erase:
         raise UsageError("--full needs --erase")
+    if receipt is not None and not erase:
+        raise UsageError("--receipt needs --erase")
     conn = connect()
     if erase:
         result = facts.erase_fact(conn, key, namespace=namespace, full=full)
-        render([result.to_dict()], fmt, columns=ERASURE_COLUMNS if fmt is Format.table else None)
+        if receipt is not None:
+            removed = {"facts": int(result.fact_removed), "fact_history_values": result.history_values_erased,
+                       **(result.quotes_erased or {})}
+            write_receipt(receipt, "fact_erase", ledger=result.ledger, removed=removed, target_={
+                "namespace": namespace, "key": key}, vacuum={"ran": result.vacuum, "tables": list(facts.ERASED_TABLES),
+                                                           "checkpoint": result.checkpoint, "still_in": result.still_in})
+        if receipt != "-":
+            render([result.to_dict()], fmt, columns=ERASURE_COLUMNS if fmt is Format.table else None)
         warn(f"erased {key!r}: fact row {'removed' if result.fact_removed else 'already absent'}, "
              f"{result.history_values_erased} history value(s) cleared; " + _vacuum_note(result))
     else:
@@ -166,12 +177,17 @@ def import_(
 
     A bad line fails the whole import, naming the line; nothing is written.
     """
+    from memctl import jsonl
+    from memctl.records import values
+
+    bound = values.Limits.of(settings()).line_bytes()
+    what = "a fact within [limits] value_bytes"
     if file == "-":
-        records = facts.parse_import(sys.stdin.buffer)
+        records = facts.parse_import(jsonl.bounded(sys.stdin.buffer, bound, what))
     else:
         try:
             with open(file, "rb") as handle:
-                records = facts.parse_import(handle)
+                records = facts.parse_import(jsonl.bounded(handle, bound, what))
         except OSError as exc:
             from memctl.errors import InvalidInput
 

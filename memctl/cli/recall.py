@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 
 from memctl.cli.common import connect_read, read_text_arg, settings, since_value, warn
+from memctl.errors import UsageError
 
 
 MAX_K = 100  # memctl.reading.recall.check's bound, checked here too so the error names -k
@@ -25,8 +27,9 @@ def register(root: typer.Typer) -> None:
 
 
 def recall(
-    observation: Annotated[str, typer.Argument(
-        metavar="OBSERVATION", help="What the agent sees or is about to decide; '-' reads stdin (UTF-8).")],
+    observation: Annotated[Optional[str], typer.Argument(
+        metavar="OBSERVATION", help="What the agent sees or is about to decide; '-' reads stdin (UTF-8).",
+        show_default=False)] = None,
     agent: Annotated[Optional[str], typer.Option("--agent", "-a", help="Only this agent's episodes.")] = None,
     namespace: Annotated[Optional[str], typer.Option(
         "--namespace", "-n", help="Namespace of the facts (default: with --agent, the namespaces its MCP server reads: "
@@ -49,6 +52,11 @@ def recall(
         "--as-of", callback=since_value, help="The memory the agent would have had at this time (ISO 8601, or a "
         "duration back: 2d): facts valid then, episodes created before it; counts no access.",
         show_default=False)] = None,
+    batch: Annotated[Optional[str], typer.Option(
+        "--batch", help="JSONL file or '-' of observations (observation, optional agent, namespace, max_tokens, k, "
+                        "as_of; the options are the defaults): with -f jsonl, one JSON object per line, in order, "
+                        "the one -f json prints; a bad line gets {line, field, error} and the batch goes on.",
+        show_default=False)] = None,
     fmt: Annotated[RecallFormat, typer.Option(
         "--format", "-f", help="text: a block to append to a prompt; json: the items with kind, score and tokens, "
                                "and the total; jsonl: one item per line.")] = RecallFormat.text,
@@ -69,13 +77,22 @@ def recall(
 
     from memctl.records import agents
 
+    if (batch is None) == (observation is None):
+        raise UsageError("give an OBSERVATION or --batch FILE, not both" if batch else "give an OBSERVATION or --batch FILE")
     conn = connect_read(vector=True)
     shared: tuple[str, ...] = ()
-    if namespace is None:
-        namespace, shared = agents.namespaces_for(conn, agent)
-    request = recall_mod.Request(read_text_arg(observation), agent=agent, namespace=namespace, shared=shared, k=k,
-                                 max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track,
-                                 as_of=moment(as_of, "--as-of"))
+    scoped = namespace
+    if namespace is None:  # the namespaces the agent's MCP server reads
+        scoped, shared = agents.namespaces_for(conn, agent)
+    base = recall_mod.Request(observation or "", agent=agent, namespace=scoped, shared=shared, k=k,
+                              max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track,
+                              as_of=moment(as_of, "--as-of"))
+    if batch is not None:
+        if fmt is not RecallFormat.jsonl:
+            raise UsageError("--batch writes one JSON object per observation: add -f jsonl")
+        _recall_batch(conn, batch, base, namespace_given=namespace is not None)
+        return
+    request = replace(base, observation=read_text_arg(observation, "episode_bytes", "observation"))
     result = recall_mod.recall(conn, settings(), request)
     for message in result.warnings:
         warn(message)
@@ -86,3 +103,49 @@ def recall(
     else:
         for item in result.items:
             sys.stdout.write(to_json(item.to_dict()) + "\n")
+
+
+def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
+    """One recall per JSONL line, all in one recall_batch; a bad line's place holds its error object. A line
+    naming an agent but no namespace reads that agent's namespaces, as `recall --agent` does."""
+    from memctl import jsonl
+    from memctl.cli.render import to_json
+    from memctl.errors import BadValue
+    from memctl.reading import recall as recall_mod
+    from memctl.records import agents
+
+    slots: list = []  # a Request, or the error object of a bad line
+
+    def refused(error) -> None:
+        slots.append({"line": error.number, "field": None, "error": str(error)})
+
+    from memctl.records import values
+
+    lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(),
+                          "an observation within [limits]", "nothing was run")
+    for number, item in jsonl.read(lines, on_error=refused):
+        try:
+            request = recall_mod.batch_request(item, number, base)
+            if "namespace" in item:
+                request = replace(request, shared=())
+            elif "agent" in item and not namespace_given:
+                scoped, shared = agents.namespaces_for(conn, request.agent)
+                request = replace(request, namespace=scoped, shared=shared)
+            slots.append(request)
+        except BadValue as exc:
+            slots.append({"line": number, "field": exc.field, "error": str(exc)})
+    requests = [s for s in slots if isinstance(s, recall_mod.Request)]
+    results = iter(recall_mod.recall_batch(conn, settings(), requests) if requests else [])
+    warnings: dict[str, None] = {}
+    for slot in slots:
+        if isinstance(slot, dict):
+            sys.stdout.write(to_json(slot) + "\n")
+            continue
+        result = next(results)
+        warnings.update(dict.fromkeys(result.warnings))
+        sys.stdout.write(to_json(result.to_dict()) + "\n")
+    for message in warnings:
+        warn(message)
+    bad = sum(isinstance(slot, dict) for slot in slots)
+    if bad:
+        warn(f"{bad} of {len(slots)} lines were not recalled (their error objects say why)")

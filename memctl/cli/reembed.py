@@ -18,6 +18,11 @@ app = typer.Typer(
 )
 
 
+ToleranceOption = Annotated[Optional[float], typer.Option(
+    "--tolerance", min=0.0, max=1.0, help="How much lower the new model's recall@k may be before switch refuses "
+    "it (default 0.02).")]
+
+
 def register(root: typer.Typer) -> None:
     root.add_typer(app, name="reembed")
 
@@ -139,38 +144,73 @@ def compare(
     sample: Annotated[int, typer.Option(
         "--sample", "-n", min=1, help="Sample queries: first sentences of episodes.")] = 20,
     queries: Annotated[Optional[str], typer.Option(
-        "--queries", "-q", help="A file of queries: one per line, or JSONL with \"query\".")] = None,
+        "--queries", "-q", help="Known items: JSONL lines {\"query\": ..., \"episodes\": [ids]} or {\"query\": ..., "
+        "\"texts\": [...]} (the episodes holding each text); a plain line is a query for the overlap only.")] = None,
     k: Annotated[int, typer.Option("-k", min=1, max=1000, help="Top-k episodes compared per query.")] = 10,
+    tolerance: ToleranceOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """For sample queries, the overlap (0..1) of the active and the new model's vector top-k episodes."""
-    from memctl.embedding import timing
-    from memctl.upkeep import reembed
+    """recall@k and MRR of the active and the new model side by side, and the overlap (0..1) of their
+    vector top-k episodes for sample queries.
 
-    texts = timing.read_texts(queries) if queries else None
-    result = reembed.compare(connect(vector=True), settings(), sample=sample, queries=texts, k=k)
+    Without --queries the known items are built from the memory itself: episodes each asked for by one
+    of their sentences, with that sentence left out of what is embedded (docs/size-and-model-changes.md).
+    These are the figures `switch` goes by.
+    """
+    from memctl.upkeep import quality, reembed
+
+    tolerance = quality.TOLERANCE if tolerance is None else tolerance
+    result = reembed.compare(connect(vector=True), settings(), sample=sample, queries=queries, k=k,
+                             tolerance=tolerance)
     if result["warning"]:
         warn(result["warning"])
+    measured = result["quality"]
+    warn(measured["note"])
     if fmt is Format.json:
         render_one(result, fmt)
         return
+    if measured["active"] is not None:
+        render([measured["active"], measured["new"]], fmt, columns=["model", f"recall@{k}", "mrr", "queries"])
+    if fmt is Format.table and measured["worse"]:
+        sys.stdout.write(f"\nthe new model finds less beyond the tolerance ({tolerance}): `switch` will refuse it\n")
+    if fmt is not Format.table:
+        return
+    sys.stdout.write("\n")
     render(result["rows"], fmt, columns=["query", "overlap", "active_top", "new_top"])
-    if fmt is Format.table:
+    if result["rows"]:
         sys.stdout.write(f"\nmean_overlap {result['mean_overlap']} over {result['queries']} queries, "
                          f"k={result['k']}: {result['active']} -> {result['new']}\n")
 
 
 @app.command()
-def switch(fmt: FormatOption = Format.table) -> None:
-    """Make the new model the active one, atomically. Refuses unless backfilled and indexed.
+def switch(
+    accept_worse: Annotated[bool, typer.Option(
+        "--accept-worse", help="Switch even when the new model finds less than the active one.")] = False,
+    queries: Annotated[Optional[str], typer.Option(
+        "--queries", "-q", help="Known items to measure on (as `compare --queries`); default: built from "
+        "the memory.")] = None,
+    k: Annotated[int, typer.Option("-k", min=1, max=1000, help="recall@k and MRR at this k.")] = 10,
+    tolerance: ToleranceOption = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Make the new model the active one, atomically, if it finds no less than the active one.
 
+    Refuses unless backfilled and indexed; then measures both models' recall@k and MRR on the same
+    known items (as `compare`) and refuses (exit 1, both figures printed) when the new model's recall
+    is lower by more than --tolerance, unless --accept-worse. With nothing to measure (an empty
+    memory) it switches and says so. The job log (`memctl jobs --job reembed-switch`) keeps the figures.
     Search, recall and `memctl embed` follow the database's active model at once, also where the
     configuration still names the old one (they warn until it is changed: printed on stderr).
     """
-    from memctl.upkeep import reembed
+    from memctl.upkeep import quality, reembed
 
-    result = reembed.switch(connect())
-    render_one({k: v for k, v in result.items() if k != "config"}, fmt)
+    tolerance = quality.TOLERANCE if tolerance is None else tolerance
+    result = reembed.switch(connect(vector=True), settings(), accept_worse=accept_worse, queries=queries, k=k,
+                            tolerance=tolerance)
+    warn(quality.figures(result["quality"]))
+    if result["accepted_worse"]:
+        warn("the new model finds less than the old one: switched because of --accept-worse")
+    render_one({key: v for key, v in result.items() if key not in ("config", "quality")}, fmt)
     config = result["config"]
     warn(f"switched: {result['new']} is active, {result['old']} is retired "
          "(`memctl reembed drop-old` returns its space)")

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl.cli.common import FormatOption, connect, settings, since_value, warn
+from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import EXIT_ERROR, UsageError
 from memctl.records import jobs as jobs_mod
@@ -168,6 +169,11 @@ def purge(
         "--facts", help="Also delete the facts this source last set (history keeps their values: "
         "`memctl fact delete --erase KEY` removes those too).")] = False,
     batch_size: BatchSize = deletion.DEFAULT_BATCH,
+    full: Annotated[bool, typer.Option(
+        "--full", help="With --yes: then VACUUM FULL every table touched (each rewritten into new files under an "
+        "exclusive lock: writers and readers of memory wait) and CHECKPOINT, so no file of the database keeps "
+        "the purged texts; the WAL keeps them until it is recycled.")] = False,
+    receipt: ReceiptOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Remove what a source wrote: its episodes with their chunks and vectors, and (--facts) the facts it last set.
@@ -177,6 +183,8 @@ def purge(
     run: episodes per kind and the facts whose current value came from SOURCE. Block the source too
     (`memctl source block SOURCE`) so it cannot write again. Recorded in `memctl jobs`.
     """
+    if (full or receipt is not None) and not yes:
+        raise UsageError("--full and --receipt need --yes (a dry run erases nothing)")
     conn = connect()
     if not yes:
         found = purge_mod.purge_plan(conn, source, since)
@@ -190,11 +198,16 @@ def purge(
         if not found.blocked:
             warn(f"{source!r} is not blocked: memctl source block {source!r} --reason ... refuses its writes")
         return
-    report = purge_mod.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size)
+    report = purge_mod.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size, full=full)
     summary = {k: v for k, v in report.to_dict().items() if k not in ("kinds", "facts", "tables", "job_log")}
     _summaries_note(source, report.summaries, planned=False)
-    _purge_output(fmt, report.kinds, report.facts, PURGED_COLUMNS, {"source": source, "dry_run": False, **summary},
-                  tables=report.tables)
+    if receipt is not None:
+        write_receipt(receipt, "purge", ledger=report.ledger, removed=report.removed, vacuum=report.vacuum,
+                      target_={"source": source, "since": since,
+                               "facts": [f"{f['namespace']}/{f['key']}" for f in report.facts if f["deleted"]]})
+    if receipt != "-":
+        _purge_output(fmt, report.kinds, report.facts, PURGED_COLUMNS,
+                      {"source": source, "dry_run": False, **summary}, tables=report.tables)
     _facts_note(source, report.facts, planned=False, delete_facts=delete_facts)
     _summary("purged", report)
     if source not in sources.blocked_set(conn):
@@ -269,8 +282,7 @@ def block(
 @source_app.command("unblock")
 def unblock(source: Annotated[str, typer.Argument(help="A blocked source.")]) -> None:
     """Accept writes from SOURCE again; exit 4 if it was not blocked."""
-    sources.unblock(connect(), source)
-    warn(f"unblocked {source!r}")
+    warn(f"unblocked {sources.unblock(connect(), source)!r}")
 
 
 @source_app.command("list")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -34,20 +35,31 @@ def export(
     A header line first (format version, memctl version, models), then one object per record, from one
     consistent snapshot, streamed in constant memory. Facts and blocked sources are always exported whole.
     """
+    from memctl.records import jobs
+
     when = episodes.parse_since(since) if since else None
     conn = connect(vector=False)
+    with jobs.record(conn, "export") as job:  # where it went: an erasure's receipt lists the exports before it
+        job.detail = {"file": out if out == "-" else str(Path(out).resolve())}
+        result = _export(conn, out, agent, when, vectors)
+        job.rows = result.episodes + result.facts
+    counts = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in result.to_dict().items())
+    warn(f"exported {counts}")
+
+
+def _export(conn, out: str, agent, when, vectors: bool):
     if out == "-":
         result = export_mod.export(conn, sys.stdout.write, agent=agent, since=when, vectors=vectors)
     else:  # private (0600) from the first byte, fsynced, renamed into place whole
         from memctl import files
 
+        files.regular_target(out, "--out")
         try:
             with files.atomic_write(out) as handle:
                 result = export_mod.export(conn, handle.write, agent=agent, since=when, vectors=vectors)
         except OSError as exc:
             raise InvalidInput(f"cannot write {out}: {exc.strerror}") from None
-    counts = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in result.to_dict().items())
-    warn(f"exported {counts}")
+    return result
 
 
 def import_(
@@ -66,7 +78,10 @@ def import_(
     redactor = redact.Redactor.from_settings(st)
     handle = jsonl.open_input(file)
     try:
-        result = import_mod.import_stream(connect(), st, handle, redactor=redactor)
+        from memctl.records import values
+
+        lines = jsonl.bounded(handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]")
+        result = import_mod.import_stream(connect(), st, lines, redactor=redactor)
     finally:
         if handle is not sys.stdin.buffer:
             handle.close()

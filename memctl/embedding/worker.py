@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from memctl.embedding import models
+from memctl.embedding.embedders import as_documents
 from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError
 
 MAX_SPLIT_DEPTH = 6
@@ -107,7 +108,7 @@ def _mean(vectors: list[list[float]]) -> list[float]:
 def embed_one(embedder, text: str, depth: int = 0) -> list[float]:
     """Embed a text the model may refuse as too long: split it in halves, average the halves."""
     try:
-        return embedder.embed([text]).vectors[0]
+        return embedder.embed(as_documents(embedder, [text])).vectors[0]
     except EmbedInputRejected:
         if depth >= MAX_SPLIT_DEPTH or len(text) < 2:
             raise
@@ -120,7 +121,7 @@ def embed_one(embedder, text: str, depth: int = 0) -> list[float]:
 def embed_texts(embedder, texts: list[str]) -> tuple[list[list[float] | None], list[str | None], int]:
     """Vectors for texts (None where the model refused one even after splitting), errors, tokens."""
     try:
-        result = embedder.embed(texts)
+        result = embedder.embed(as_documents(embedder, texts))
         return list(result.vectors), [None] * len(texts), result.prompt_eval_count or 0
     except EmbedInputRejected:
         pass

@@ -31,7 +31,6 @@ log = logging.getLogger("memctl.mcp")
 # ---------------------------------------------------------------------------
 # Parameters
 
-Text = Annotated[str, Field(min_length=1, max_length=tools.MAX_CONTENT)]
 Name = Annotated[Optional[str], Field(min_length=1, max_length=tools.MAX_NAME)]
 Key = Annotated[str, Field(description="The fact's key, e.g. db.host.", min_length=1, max_length=255)]
 Namespace = Annotated[Optional[str], Field(
@@ -96,7 +95,8 @@ def remember(
     content: Annotated[str, Field(
         description="What happened, in plain words: an event, a decision, its outcome, a lesson learned. "
                     "Secrets (passwords, tokens, keys) are redacted before anything is stored, or the write is "
-                    "refused, as memctl's [redaction] mode says.", min_length=1, max_length=tools.MAX_CONTENT)],
+                    "refused, as memctl's [redaction] mode says. At most memctl's [limits] episode_bytes "
+                    "(1 MiB by default) of UTF-8.", min_length=1)],
     kind: Annotated[Name, Field(description="observation (default), conversation, decision, ...; sets the "
                                             "default importance. Kinds of importance 0 are not stored.")] = None,
     importance: Annotated[Optional[int], Field(
@@ -165,8 +165,8 @@ def fact_list(
 
 def fact_set(
     key: Key,
-    value: Annotated[str, Field(description="The new value. Secrets are redacted or refused as for remember.",
-                                max_length=tools.MAX_CONTENT)],
+    value: Annotated[str, Field(description="The new value, at most memctl's [limits] value_bytes (64 KiB by "
+                                            "default). Secrets are redacted or refused as for remember.")],
     namespace: Annotated[Optional[str], Field(
         description="Default and, on a server started for an agent, the only one: this server's namespace.",
         min_length=1, max_length=tools.MAX_NAME)] = None,

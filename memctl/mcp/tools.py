@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from memctl.config import Settings, mask_secrets
-from memctl.errors import DatabaseUnavailable, InvalidInput, MemctlError, NotFound, UsageError
+from memctl.errors import DatabaseUnavailable, MemctlError, NotFound, UsageError
 from memctl.records import episodes, facts, values
 
-MAX_CONTENT = 100_000  # characters of one remembered episode or fact value
 MAX_QUERY = 10_000  # characters of a query or an observation
 MAX_NAME = values.MAX_NAME  # an agent, namespace, source or kind: as long as a write may store
 MAX_FACTS = 500  # rows fact_list returns
@@ -270,18 +269,20 @@ def _redacted(redactor) -> dict[str, Any]:
 
 def remember(session: Session, content: str, *, kind: str | None = None, importance: int | None = None) -> Reply:
     """Store an episode through episodes.add, as `memctl episode add` does, as the server's agent and source."""
-    scope = session.scope
-    if isinstance(content, str) and len(content) > MAX_CONTENT:
-        raise InvalidInput(f"the episode text has {len(content):,} characters; at most {MAX_CONTENT:,} are taken")
+    scope = session.scope  # its size: the gate's [limits] episode_bytes, as for every write
     redactor = _redactor(session.settings)
     with session.connection() as conn:
         added = episodes.add_episode(conn, session.settings, content, kind=kind, source=scope.source,
                                      agent=scope.writer, importance=importance, redactor=redactor)
-    new_id = added.id
-    kind = kind or episodes.DEFAULT_KIND
-    data = {"stored": new_id is not None, "id": new_id, "agent": scope.writer, "kind": kind, "source": scope.source,
-            "importance": importance if importance is not None else episodes.importance_for(session.settings, kind),
-            **_redacted(redactor)}
+    new_id, stored = added.id, added.stored
+    if stored is not None:  # every echo is the stored value: the names as the gate redacted them
+        kind, agent, source, importance = stored.kind, stored.agent, stored.source, stored.importance
+    else:  # importance 0: nothing stored, and no text of the call is echoed but the gate's checked kind
+        kind, agent, source = episodes.DEFAULT_KIND if kind is None else _redactor(session.settings).text(kind), \
+            scope.writer, scope.source
+        importance = importance if importance is not None else episodes.importance_for(session.settings, kind)
+    data = {"stored": new_id is not None, "id": new_id, "agent": agent, "kind": kind, "source": source,
+            "importance": importance, **_redacted(redactor)}
     if new_id is None:
         data["reason"] = f"importance 0 for kind {kind!r} (write policy [importance])"
         return Reply(data, f"Not stored: {data['reason']}.")
@@ -407,9 +408,7 @@ def fact_list(session: Session, *, prefix: str | None = None, namespace: str | N
 
 def fact_set(session: Session, key: str, value: str, *, namespace: str | None = None) -> Reply:
     """Set a fact through facts.set_fact, as `memctl fact set` does, with the server's source."""
-    ns = session.scope.writable(namespace)
-    if isinstance(value, str) and len(value) > MAX_CONTENT:
-        raise InvalidInput(f"the value has {len(value):,} characters; at most {MAX_CONTENT:,} are taken")
+    ns = session.scope.writable(namespace)  # the value's size: the gate's [limits] value_bytes
     redactor = _redactor(session.settings)
     with session.connection() as conn:
         change = facts.set_fact(conn, key, value, namespace=ns, source=session.scope.source, redactor=redactor,
@@ -417,7 +416,7 @@ def fact_set(session: Session, key: str, value: str, *, namespace: str | None = 
     data = {**change.to_dict(), **_redacted(redactor)}
     was = "new" if change.old_value is None else f"was {change.old_value!r}"
     note = f" Note: {redactor.note()}." if redactor.count else ""
-    return Reply(data, f"Set {key} in {ns!r} (version {change.version}; {was}).{note}")
+    return Reply(data, f"Set {change.key} in {change.namespace!r} (version {change.version}; {was}).{note}")
 
 
 def fact_history(session: Session, key: str, *, namespace: str | None = None) -> Reply:

@@ -14,7 +14,10 @@
    within `max_distance` (cosine) of the observation's; so with nothing
    relevant, nothing comes back. Near-duplicates collapse onto the best-scored
    one: equal text after lowercasing and dropping punctuation, or word sets with
-   Jaccard similarity >= `dedupe` (0.9).
+   Jaccard similarity >= `dedupe` (0.9); the folded ones are named by id on the line
+   kept (`folded`) and in its `duplicates`, so what they said stays reachable.
+   Each hit comes with its window (memctl.reading.window: the entries beside it in
+   its agent's log, same source, within window_gap), as far as the budget holds.
 3. Runbooks whose name, title or description has a word of the observation
    (3 letters or more, common English words dropped; Repository.find);
    score p / (p + 2) with find's points (2 per title word, 1 per description word).
@@ -26,7 +29,15 @@ created before it, ages counted back from it; it counts no access. Runbooks are 
 
 At most k items of each kind, none scoring below min_score. They are then taken
 in that order until the next one would overflow max_tokens; an item is never
-cut, and the items after the first that does not fit are left out.
+cut, and the items after the first that does not fit are left out. Episodes
+and their neighbours are taken in window.plan's order (recall_episodes.Spend): a
+neighbour that does not fit is skipped (and those beyond it), a hit that does
+not fit ends the episodes; the chosen ones print as blocks (form.window_lines),
+in the order of their best hit.
+
+recall_batch runs many requests on one connection: their observations embedded
+in sub-batches, their searches one search_batch, the rest in shared read
+transactions; batch_request reads one line of `recall --batch`.
 
 Tokens are counted with the active model's tokenizer when the embedder runs in
 process (local all-minilm, WordPiece, already loaded to embed the observation),
@@ -39,7 +50,8 @@ The text block comes from [recall] in the config (str.format syntax):
                 (default "Relevant memory (facts are current; episodes are past events):\\n{items}\\n")
   fact_line     fields: key value source sourced namespace version valid_from age score
   episode_line  fields: id agent kind source sourced importance created_at age content score
-                repeats seen first_seen last_seen
+                repeats seen first_seen last_seen folded
+  window_line   fields: count age agent kind source sourced (a window's first line; memctl.reading.form)
   runbook_line  fields: name title score
 `sourced` is ", source: X", or "" for an item without a source; `age` reads
 "just now", "5 minutes ago", "3 days ago", "2 months ago" (a fact's: since it became true).
@@ -52,37 +64,16 @@ from __future__ import annotations
 
 import datetime
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from memctl.config import Settings
-from memctl.embedding import models
-from memctl.errors import ConfigError, EmbedInputRejected, MemctlError, UsageError
-from memctl.reading import search
-from memctl.reading.fusion import Hit
-from memctl.reading.query import Query
+from memctl.errors import BadValue, MemctlError, UsageError
+from memctl.reading import recall_episodes, window
+from memctl.reading.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
+                                 setting, sourced, template)
+from memctl.reading.recall_episodes import collapse, max_distance  # noqa: F401  (recall's API, as before)
 
-DEFAULT_TEMPLATE = "Relevant memory (facts are current; episodes are past events):\n{items}\n"
-DEFAULT_LINES = {
-    "fact": "- [fact] {key} = {value} (current fact{sourced})",
-    "episode": "- [episode, {age}{sourced}] {content}{seen}",
-    "runbook": "- [runbook] {name}: {title}",
-}
-FIELDS = {
-    "fact": ("key", "value", "source", "sourced", "namespace", "version", "valid_from", "age", "score"),
-    "episode": ("id", "agent", "kind", "source", "sourced", "importance", "created_at", "age", "content", "score",
-                "repeats", "seen", "first_seen", "last_seen"),
-    "runbook": ("name", "title", "score"),
-}
-# to check a line format's fields and specs
-SAMPLE = {"score": 0.5, "id": 1, "importance": 5, "version": 1, "repeats": 0}
-DEFAULTS = {"max_tokens": 1000, "min_score": 0.0, "dedupe": 0.9, "max_distance": None}
-# Cosine distance within which an episode counts as related without sharing a
-# word. Models spread their distances differently: unrelated texts sit near 0.9
-# for all-minilm (measured), near 0.5-0.6 for nomic-embed-text.
-MAX_DISTANCE = {"all-minilm": 0.7, "nomic-embed-text": 0.45}
-FALLBACK_MAX_DISTANCE = 0.6
-CLIPPED_QUERY_CHARS = 1000  # an observation the embedder rejects as too long is embedded from its start
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being below between
 both but by can could did do does doing down during each few for from further had has have having he her here
@@ -109,18 +100,6 @@ class Request:
 
 
 @dataclass
-class Item:
-    kind: str  # fact | episode | runbook
-    score: float
-    line: str
-    tokens: int = 0
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "score": self.score, "tokens": self.tokens, "text": self.line, **self.data}
-
-
-@dataclass
 class Recall:
     items: list[Item]
     header: str
@@ -144,64 +123,6 @@ class Recall:
                 "token_counter": self.token_counter}
 
 
-def setting(settings: Settings, key: str) -> Any:
-    """A [recall] value, or this module's default when the config schema does not know the key."""
-    value = settings.get("recall", key)
-    return DEFAULTS.get(key) if value is None else value
-
-
-# ---------------------------------------------------------------------------
-# The template
-
-
-@dataclass
-class Template:
-    header: str
-    footer: str
-    lines: dict[str, str]
-
-    def line(self, kind: str, values: dict[str, Any]) -> str:
-        return " ".join(self.lines[kind].format(**values).split())  # one line per item, however the text ran
-
-
-_ITEMS = "\x00items\x00"
-
-
-def template(settings: Settings) -> Template:
-    """The configured block and line formats, checked now so a typo fails loudly, not per item."""
-    block = setting(settings, "template") or DEFAULT_TEMPLATE
-    try:
-        rendered = block.format(items=_ITEMS)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(f"[recall] template: {exc!r} (the only field is {{items}}; write {{{{ for a brace)") from None
-    if rendered.count(_ITEMS) != 1:
-        raise ConfigError("[recall] template: must contain {items} exactly once")
-    header, footer = rendered.split(_ITEMS)
-    lines = {}
-    for kind, default in DEFAULT_LINES.items():
-        text = setting(settings, f"{kind}_line") or default
-        try:
-            text.format(**{name: SAMPLE.get(name, "x") for name in FIELDS[kind]})
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError(f"[recall] {kind}_line: {exc!r}; fields: {', '.join(FIELDS[kind])}") from None
-        lines[kind] = text
-    return Template(header, footer, lines)
-
-
-# ---------------------------------------------------------------------------
-# Pieces
-
-
-def age(then: datetime.datetime, now: datetime.datetime) -> str:
-    """'just now', '1 minute ago', '3 days ago', '2 months ago', '4 years ago'."""
-    seconds = (now - then).total_seconds()
-    for unit, size in (("year", 365 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds >= size:
-            n = int(seconds // size)
-            return f"{n} {unit}{'' if n == 1 else 's'} ago"
-    return "just now"
-
-
 _WORD = re.compile(r"\w+")
 
 
@@ -212,10 +133,6 @@ def observation_words(text: str) -> list[str]:
         if len(word) >= 3 and word not in STOPWORDS:
             seen.setdefault(word)
     return list(seen)
-
-
-def _sourced(source: str | None) -> str:
-    return f", source: {source}" if source else ""
 
 
 def _saturate(points: float) -> float:
@@ -273,123 +190,10 @@ def _fact_item(row: dict, form: Template, now: datetime.datetime) -> Item:
     value = " ".join(row["value"].split())
     data = {"namespace": row["namespace"], "key": row["key"], "value": row["value"], "source": row["source"],
             "version": row["version"], "updated_at": row["updated_at"], "valid_from": row["valid_from"]}
-    line = form.line("fact", {**data, "value": value, "sourced": _sourced(row["source"]), "score": row["score"],
+    line = form.line("fact", {**data, "value": value, "sourced": sourced(row["source"]), "score": row["score"],
                               "valid_from": row["valid_from"].isoformat(timespec="seconds"),
                               "age": age(row["valid_from"], now)})
     return Item("fact", row["score"], line, data=data)
-
-
-# ---------------------------------------------------------------------------
-# Episodes
-
-
-def max_distance(settings: Settings, model: models.Model | None) -> float:
-    configured = setting(settings, "max_distance")
-    if configured is not None:
-        return float(configured)
-    name = model.model.removesuffix(":latest") if model else ""
-    return MAX_DISTANCE.get(name, FALLBACK_MAX_DISTANCE)
-
-
-def _query_vector(settings: Settings, model: models.Model, embedder, text: str):
-    """(vector or None, warning); an observation too long for the model is embedded from its start."""
-    try:
-        vectors, warning = search.embed_queries(settings, model, [text], embedder)
-    except EmbedInputRejected:
-        try:
-            vectors, warning = search.embed_queries(settings, model, [text[:CLIPPED_QUERY_CHARS]], embedder)
-        except EmbedInputRejected as exc:
-            return None, f"observation too long to embed, text search only: {exc}"
-    return (vectors[0] if vectors else None), warning
-
-
-@dataclass
-class Episodes:
-    outcome: search.Outcome
-    max_distance: float  # cosine distance that counts as related (0 when no vector half ran)
-    count: Callable[[str], int]  # the token counter that goes with the active model
-    counter: str
-
-
-def find_episodes(conn, settings: Settings, request: Request) -> Episodes:
-    """The hybrid search for the observation, on the vector it was embedded to once."""
-    from memctl.embedding.embedders import estimate_tokens
-
-    model = models.active(conn)
-    vector, warning, embedder = None, None, None
-    if model is None:
-        warning = "no embedding model registered yet (run memctl embed): text search only"
-    else:
-        mismatch = search.configured_warning(settings, model)
-        embedder = search.query_embedder(settings, model)
-        vector, warning = _query_vector(settings, model, embedder, request.observation)
-        warning = "; ".join(w for w in (mismatch, warning) if w) or None
-    mode = "hybrid" if vector is not None else "text"
-    until = None if request.as_of is None else request.as_of.isoformat()  # created before it (exclusive)
-    query = Query(request.observation, k=min(1000, request.k * 3), agent=request.agent, mode=mode, until=until)
-    outcome = search.search(conn, settings, query, vector=vector)
-    outcome.warning = warning
-    limit = max_distance(settings, model) if vector is not None else 0.0
-    if embedder is not None and embedder.name == "local" and vector is not None:
-        return Episodes(outcome, limit, embedder.count_tokens, "all-minilm tokenizer")
-    return Episodes(outcome, limit, estimate_tokens, "estimate: ceil(characters / 4)")
-
-
-def _normal(text: str) -> str:
-    return " ".join(_WORD.findall(text.lower()))
-
-
-def collapse(hits: list[Hit], threshold: float) -> list[tuple[Hit, list[int]]]:
-    """Keep the best of each group of near-identical episodes: (hit, ids of the ones folded into it)."""
-    kept: list[tuple[Hit, list[int], str, set[str]]] = []
-    for hit in sorted(hits, key=lambda h: (-h.score, -h.id)):
-        normal = _normal(hit.content)
-        words = set(normal.split())
-        for other, duplicates, other_normal, other_words in kept:
-            union = len(words | other_words)
-            if normal == other_normal or (union and len(words & other_words) / union >= threshold):
-                duplicates.append(hit.id)
-                break
-        else:
-            kept.append((hit, [], normal, words))
-    return [(hit, duplicates) for hit, duplicates, _, _ in kept]
-
-
-def _related(hit: Hit, limit: float) -> bool:
-    return hit.text_rank is not None or (hit.distance is not None and hit.distance <= limit)
-
-
-Sightings = tuple[int, datetime.datetime, datetime.datetime]  # repeats, first seen, last seen
-
-
-def sightings(conn, hit: Hit, as_of: datetime.datetime | None) -> Sightings:
-    """(repeats, first seen, last seen) of a hit; with as_of, of the sightings before it only."""
-    if not hit.repeats:
-        return 0, hit.created_at, hit.created_at
-    if as_of is None or hit.last_seen < as_of:
-        return hit.repeats, hit.first_seen, hit.last_seen
-    from memctl.records import episodes
-
-    seen = [r["created_at"] for r in episodes.repeats_of(conn, hit.agent, hit.id, limit=hit.repeats + 1)
-            if r["created_at"] < as_of]
-    return max(0, len(seen) - 1), hit.created_at, max(seen, default=hit.created_at)
-
-
-def _episode_item(hit: Hit, duplicates: list[int], form: Template, now: datetime.datetime,
-                  seen: Sightings) -> Item:
-    repeats, first, last = seen
-    data = {"id": hit.id, "agent": hit.agent, "episode_kind": hit.kind, "source": hit.source,
-            "importance": hit.importance, "created_at": hit.created_at, "age": age(hit.created_at, now),
-            "content": hit.content, "duplicates": duplicates}
-    if repeats:
-        data.update(repeats=repeats, first_seen=first, last_seen=last)
-    values = {"id": hit.id, "agent": hit.agent, "kind": hit.kind, "source": hit.source,
-              "sourced": _sourced(hit.source), "importance": hit.importance,
-              "created_at": hit.created_at.isoformat(timespec="seconds"), "age": data["age"],
-              "content": hit.content, "score": hit.score, "repeats": repeats, "first_seen": age(first, now),
-              "last_seen": age(last, now),
-              "seen": f" (seen {repeats + 1} times, first {age(first, now)}, last {age(last, now)})" if repeats else ""}
-    return Item("episode", hit.score, form.line("episode", values), data=data)
 
 
 # ---------------------------------------------------------------------------
@@ -418,6 +222,60 @@ def _runbook_item(row: dict, form: Template) -> Item:
 
 
 # ---------------------------------------------------------------------------
+# A batch's lines (recall --batch)
+
+BATCH_FIELDS = ("observation", "agent", "namespace", "max_tokens", "k", "as_of")
+MAX_K = 100
+
+
+def batch_request(item: Any, number: int, base: Request) -> Request:
+    """One JSONL line of `recall --batch` as a Request, the fields it leaves out taken from `base`.
+
+    Every field given is checked where it enters: observation a non-empty string, agent and namespace
+    non-empty strings, max_tokens an integer >= 1, k an integer from 1 to MAX_K, as_of a duration back
+    or an ISO 8601 time; none may hold NUL. BadValue names the line and the field (`field`).
+    """
+    from memctl.records import values
+    from memctl.records.facts import moment
+
+    def bad(name: str | None, why: str) -> BadValue:
+        return BadValue(f"line {number}: " + (f"field {name}: " if name else "") + why, name)
+
+    if not isinstance(item, dict):
+        raise bad(None, "expected a JSON object")
+    unknown = sorted(set(item) - set(BATCH_FIELDS))
+    if unknown:
+        raise bad(unknown[0], f"unknown field (fields: {', '.join(BATCH_FIELDS)})")
+    if "observation" not in item:
+        raise bad("observation", "is required")
+    for name in ("observation", "agent", "namespace", "as_of"):
+        value = item.get(name)
+        if name not in item:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise bad(name, f"must be a non-empty string, got {values.shown(value)}")
+        if "\x00" in value:
+            raise bad(name, "contains a NUL character (\\0)")
+        try:
+            values.utf8(value, name, BadValue)
+        except BadValue:
+            raise bad(name, "is not valid UTF-8 text (a lone surrogate)") from None
+    for name, low, high in (("max_tokens", 1, 2**31 - 1), ("k", 1, MAX_K)):
+        value = item.get(name)
+        if name in item and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise bad(name, f"must be an integer from {low} to {high}, got {values.shown(value)}")
+    as_of = base.as_of
+    if "as_of" in item:
+        try:
+            as_of = moment(item["as_of"], "as_of")
+        except MemctlError as exc:
+            raise bad("as_of", str(exc)) from None
+    return replace(base, observation=item["observation"], agent=item.get("agent", base.agent),
+                   namespace=item.get("namespace", base.namespace), max_tokens=item.get("max_tokens", base.max_tokens),
+                   k=item.get("k", base.k), as_of=as_of)
+
+
+# ---------------------------------------------------------------------------
 # Assembly
 
 
@@ -438,38 +296,74 @@ def check(request: Request, settings: Settings) -> tuple[int, float]:
 
 
 def recall(conn, settings: Settings, request: Request) -> Recall:
-    """Facts, then episodes, then runbooks, as many whole items as the budget holds."""
-    max_tokens, min_score = check(request, settings)
+    """Facts, then episodes (with their windows), then runbooks, as many whole items as the budget holds."""
+    return recall_batch(conn, settings, [request])[0]
+
+
+def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Recall]:
+    """Many recalls on one connection: their searches one search batch, the rest in shared read transactions
+    (statement.Scans), the accesses counted at the end."""
+    from memctl.reading.statement import Scans
+
+    limits = [check(r, settings) for r in requests]
     form = template(settings)
-    now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
-    fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)
-    found = find_episodes(conn, settings, request)
-    outcome = found.outcome
-    hits = [h for h in outcome.hits if _related(h, found.max_distance)]
-    episodes = collapse(hits, float(setting(settings, "dedupe")))
-    books, book_warning = find_runbooks(settings, request)
-    candidates = (
-        [_fact_item(r, form, now) for r in fact_rows if r["score"] >= min_score][: request.k]
-        + [_episode_item(h, d, form, now, sightings(conn, h, request.as_of))
-           for h, d in episodes if h.score >= min_score][: request.k]
-        + [_runbook_item(r, form) for r in books if r["score"] >= min_score][: request.k]
-    )
-    chosen, used = fit(candidates, form, found.count, max_tokens)
-    result = Recall(chosen, form.header, form.footer, used, max_tokens, outcome.mode, found.counter,
-                    left_out=len(candidates) - len(chosen),
-                    warnings=[w for w in (outcome.warning, book_warning) if w])
-    if request.track and request.as_of is None:
+    rule = window.rule(settings)
+    found = recall_episodes.find_episodes(conn, settings, requests)
+    results = []
+    with Scans(conn, settings.get("search", "ef_search")) as scans:
+        for request, (max_tokens, min_score), episodes in zip(requests, limits, found):
+            scans.begin()
+            results.append(assemble(conn, settings, request, max_tokens, min_score, form, rule, episodes))
+    tracked = [(i.data["agent"], episode_id) for request, result in zip(requests, results)
+               if request.track and request.as_of is None
+               for i in result.items if i.kind in ("episode", "window")
+               for episode_id in ([i.data["id"]] if i.kind == "episode" else i.data["ids"])]
+    if tracked:
         from memctl.records import access
 
-        access.record(conn, [(i.data["agent"], i.data["id"]) for i in chosen if i.kind == "episode"])
-    return result
+        access.record(conn, tracked)
+    return results
+
+
+def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,
+              rule: window.Rule, found: recall_episodes.Episodes) -> Recall:
+    now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
+    fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)
+    outcome = found.outcome
+    hits = [h for h in outcome.hits if recall_episodes.related(h, found.max_distance)]
+    kept = [(h, d) for h, d in recall_episodes.collapse(hits, float(setting(settings, "dedupe")))
+            if h.score >= min_score][: request.k]
+    books, book_warning = find_runbooks(settings, request)
+    facts = [_fact_item(r, form, now) for r in fact_rows if r["score"] >= min_score][: request.k]
+    runbooks = [_runbook_item(r, form) for r in books if r["score"] >= min_score][: request.k]
+    entries = [recall_episodes.entry(conn, h, d, request.as_of) for h, d in kept]
+    windows = window.windows(conn, entries, rule, until=request.as_of)
+    chosen, used = fit(facts, form, found.count, max_tokens)
+    spend = recall_episodes.Spend(form, found.count, now)
+    if len(chosen) == len(facts):
+        blocks, spent, whole = spend.run(entries, windows, rule, max_tokens - used)
+        for block in blocks:
+            chosen.append(recall_episodes.window_item(block, form, now))
+            chosen[-1].tokens = spend.cost(block)
+        used += spent
+        if whole:
+            more, used = fit(runbooks, form, found.count, max_tokens, used)
+            chosen += more
+    shown = sum(len(i.data.get("matches", [0])) for i in chosen)
+    return Recall(chosen, form.header, form.footer, used if chosen else 0, max_tokens, outcome.mode, found.counter,
+                  left_out=len(facts) + len(entries) + len(runbooks) - shown,
+                  warnings=[w for w in (outcome.warning, book_warning) if w])
 
 
 def fit(candidates: list[Item], form: Template, count: Callable[[str], int],
-        max_tokens: int) -> tuple[list[Item], int]:
-    """The leading items whose lines, with the header and footer, fit max_tokens; and the tokens they use."""
+        max_tokens: int, used: int | None = None) -> tuple[list[Item], int]:
+    """The leading items whose lines, with the header and footer, fit max_tokens; and the tokens used then.
+
+    `used`: what the block already holds (None: nothing yet, the header and footer are counted now).
+    """
     # Each line is counted with the newline after it; the last one's is the footer's first character.
-    used = sum(count(part) for part in (form.header, form.footer.removeprefix("\n")) if part)
+    if used is None:
+        used = sum(count(part) for part in (form.header, form.footer.removeprefix("\n")) if part)
     chosen = []
     for item in candidates:
         item.tokens = count(item.line + "\n")
@@ -477,4 +371,4 @@ def fit(candidates: list[Item], form: Template, count: Callable[[str], int],
             break
         chosen.append(item)
         used += item.tokens
-    return chosen, used if chosen else 0
+    return chosen, used

@@ -39,6 +39,7 @@ from typing import Any, Generator
 
 from memctl.config import Settings
 from memctl.embedding import models
+from memctl.embedding.embedders import as_queries
 from memctl.errors import EmbedderUnavailable, UnknownModel
 from memctl.reading import bm25, when
 from memctl.reading.fusion import Hit, fuse
@@ -106,7 +107,7 @@ def embed_query_texts(settings: Settings, model: models.Model | None, texts: lis
             vectors.extend([None] * len(part))
             continue
         try:
-            vectors.extend(embedder.embed(part).vectors)
+            vectors.extend(embedder.embed(as_queries(embedder, part)).vectors)
             failures = 0
         except EMBED_FAILURES as exc:
             failures, last_error = failures + 1, exc

@@ -47,6 +47,7 @@ def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
 class Added:
     id: int | None  # None: not stored (importance 0 by the write policy)
     folded_into: int | None = None  # a repeat (memctl.records.repeats): the first's id; not embedded
+    stored: gate.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
 
 
 def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
@@ -65,7 +66,7 @@ def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, sou
     with admit.writing():
         conn.execute(locks.WRITE_LOCK)
         first = repeats.fold_one(conn, episode, repeats.window_seconds(settings))
-        return Added(store.insert_episode(conn, episode, repeat_of=first), first)
+        return Added(store.insert_episode(conn, episode, repeat_of=first), first, episode)
 
 
 COLUMNS = "id, agent, kind, source, importance, created_at, meta, content"
@@ -106,13 +107,46 @@ RETURNING e.id, e.agent, e.repeat_of, e.created_at
 """
 
 
+TARGETS = """
+WITH target AS (SELECT agent, id FROM episodes WHERE id = ANY(%s))
+SELECT e.agent, e.id FROM episodes e JOIN target t ON e.agent = t.agent AND (e.id = t.id OR e.repeat_of = t.id)
+"""
+
+
+@dataclass
+class Deletion:
+    ids: list[int]
+    removed: dict[str, int] = field(default_factory=dict)  # rows per table (memctl.records.erasures.count_rows)
+    ledger: Any = None  # the erasure ledger's entry
+
+
 def delete(conn, ids: list[int]) -> list[int]:
     """Delete episodes with their chunks and vectors (all models), a first with its repeats; returns ids deleted."""
+    return delete_episodes(conn, ids).ids
+
+
+def delete_episodes(conn, ids: list[int]) -> Deletion:
+    """delete(), recorded in the erasure ledger (memctl.records.erasures) with the rows removed per table;
+    runbook runs that recorded a deleted episode lose the link and their output tail."""
+    from memctl.records import erasures
+
+    secret = erasures.load_key()
     with conn.transaction():
+        keys = [(r["agent"], r["id"]) for r in conn.execute(TARGETS, (list(ids),)).fetchall()]
+        items, texts = erasures.capture_episodes(conn, keys, secret)
+        before = erasures.count_rows(conn, keys)
         rows = conn.execute(DELETE, (list(ids),)).fetchall()
         gone = {r["id"] for r in rows}
         repeats.recount(conn, [r for r in repeats.deleted_repeats(rows) if r[1] not in gone])
-    return [r["id"] for r in rows]
+        removed = erasures.removed(before, erasures.count_rows(conn, keys))
+        removed["runbook_runs"] = erasures.unlink_runs(conn, keys)
+        removed.update(erasures.scrub_quotes(conn, texts))
+    done = Deletion([r["id"] for r in rows], removed)
+    if rows:
+        entry = erasures.new_entry(conn, "episode_delete", key=secret, target=",".join(map(str, sorted(gone))),
+                                   counts=removed, items={"episodes": items})
+        done.ledger = erasures.record(conn, entry)
+    return done
 
 
 # --- repeats, for the read side --------------------------------------------
@@ -162,9 +196,10 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
             raise jsonl.LineError(error.number, f"{error.reason}; nothing was imported", error.exit_code)
         result.skipped.append((error.number, error.reason))
 
+    limits = gate.values.Limits.of(settings)  # read once, not per line
     for number, item in jsonl.read(lines, fields=FIELDS, required=("content",), on_error=skip):
         try:
-            episode = _from_record(settings, item)
+            episode = _from_record(settings, item, limits)
         except (InvalidInput, BadValue) as exc:
             skip(jsonl.at(number, exc))
             continue
@@ -175,10 +210,10 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
         yield episode
 
 
-def _from_record(settings: Settings, item: dict) -> NewEpisode:
+def _from_record(settings: Settings, item: dict, limits=None) -> NewEpisode:
     return validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                     agent=item.get("agent"), importance=item.get("importance"), created_at=item.get("created_at"),
-                    meta=item.get("meta"))
+                    meta=item.get("meta"), limits=limits)
 
 
 BATCH = 5000

@@ -83,6 +83,8 @@ class Erasure:
     vacuum: str | None = None  # "VACUUM", "VACUUM FULL", or None (not run)
     checkpoint: bool = False
     still_in: str = LEFT_UNVACUUMED
+    ledger: str | None = None  # the erasure ledger's entry (memctl.records.erasures)
+    quotes_erased: dict | None = None  # job log and runbook run rows that quoted a value, rewritten
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -274,7 +276,15 @@ ERASED_TABLES = ("facts", "fact_history")
 CHECKPOINT = "CHECKPOINT"
 
 
-def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool = False) -> Erasure:
+VALUES_HELD = """
+SELECT value AS v FROM facts WHERE namespace = %(ns)s AND key = %(key)s
+UNION SELECT old_value FROM fact_history WHERE namespace = %(ns)s AND key = %(key)s AND old_value IS NOT NULL
+UNION SELECT new_value FROM fact_history WHERE namespace = %(ns)s AND key = %(key)s AND new_value IS NOT NULL
+"""
+
+
+def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool = False,
+               record: bool = True) -> Erasure:
     """Remove the fact and every value its history held, keeping a record that an erasure happened.
 
     The old row versions stay in the table files as dead tuples. On an
@@ -284,20 +294,33 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
     lock on them while it runs) and a CHECKPOINT lets the WAL that holds the old
     values be recycled (skipped without the privilege: superuser or
     pg_checkpoint). Neither reaches WAL archives, backups or replicas.
+
+    With `record` (the default) the erasure goes into the erasure ledger (memctl.records.erasures: the
+    key, and keyed digests of every value erased), and job log rows that quoted a value are rewritten.
     """
     from memctl import redact
-    from memctl.records import gate, store
+    from memctl.records import erasures, gate, store
 
+    secret = erasures.load_key() if record else b""
     admit = gate.Gate(conn, None, redact.Redactor("off"))  # an erasure record holds no value to check
     fact = admit.fact(namespace, key, None, None)
     with admit.writing():
         old, last = _lock(conn, namespace, key)
         if old is None and last == 0:
             raise NotFound(f"no fact {key!r} in namespace {namespace!r}")
+        held = [r["v"] for r in conn.execute(VALUES_HELD, {"ns": namespace, "key": key}).fetchall()]
         removed = conn.execute(DELETE, (namespace, key)).rowcount > 0
         erased = conn.execute(ERASE_VALUES, (namespace, key)).rowcount
         store.insert_history(conn, admit.history(fact, last + 1, "erase", None, None, None))
     result = Erasure(namespace, key, removed, erased, last + 1)
+    if record:
+        with conn.transaction():
+            result.quotes_erased = erasures.scrub_quotes(conn, held)
+        entry = erasures.new_entry(conn, "fact_erase", key=secret, target=f"{namespace}/{key}", counts={
+            "facts": int(removed), "fact_history_values": erased, **result.quotes_erased}, items={"facts": [
+                {"namespace": namespace, "key": key, "digests": sorted({erasures.digest(secret, v) for v in held}),
+                 "erased": True}]})
+        result.ledger = erasures.record(conn, entry).id
     if not conn.autocommit:
         return result
     _vacuum(conn, full=full)

@@ -18,7 +18,11 @@ What the gate checks, for every path (`episode add` and `import`, `fact set` and
   chunk made here.
 - facts and their history: namespace, key, value and source checked and redacted; a value
   under a key that names a secret (`db.password`) is a secret whatever it looks like.
-- runbook runs, summary lineage, blocked sources: types checked, texts redacted.
+- runbook runs (agent, name, commit, output; outcome ok/failed/null), summary lineage, blocked sources (the
+  name too: a writer's source is matched as given and as stored): types checked, texts redacted.
+- sizes: [limits] episode_bytes (content), meta_bytes, value_bytes (fact and history values, reasons, commits),
+  and an episode's created_at no earlier than 1900 nor later than [limits] clock_skew from now
+  (memctl.records.values.Limits), exit 2 naming the setting.
 - every source (of an episode, a fact, a history entry) checked against blocked_sources, and again
   as the write commits (Gate.writing): a source blocked while an import ran refuses the whole import.
 
@@ -103,9 +107,14 @@ def importance_for(settings, kind: str) -> int:
 
 
 def validate(settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
-             importance: Any = None, created_at: Any = None, meta: Any = None) -> NewEpisode:
+             importance: Any = None, created_at: Any = None, meta: Any = None,
+             limits: values.Limits | None = None) -> NewEpisode:
+    """An episode's fields checked: types, NUL, names, importance, the [limits] (content and meta bytes, a
+    created_at between 1900 and clock_skew from now). `limits`: the settings' (given by a caller that checks many)."""
     if not isinstance(content, str):
         raise BadValue(f"content: must be a string, got {_shown(content)}", "content")
+    limits = limits or values.Limits.of(settings)
+    values.within(content, limits.episode_bytes, "content", "episode_bytes")
     if not content.strip():
         raise InvalidInput("the episode text is empty")
     _no_nul(content, "episode text")
@@ -113,7 +122,7 @@ def validate(settings, content: Any, *, kind: Any = None, source: Any = None, ag
     agent = name(agent, "agent", default=DEFAULT_AGENT)
     source = name(source, "source", optional=True)
     importance = importance_for(settings, kind) if importance is None else integer(importance, "importance", 0, 10)
-    when = None if created_at is None else parse_time(created_at)
+    when = None if created_at is None else values.in_time(parse_time(created_at), limits)
     if meta is None:
         meta = {}
     if not isinstance(meta, dict):
@@ -122,9 +131,11 @@ def validate(settings, content: Any, *, kind: Any = None, source: Any = None, ag
         return NewEpisode(content, kind, agent, source, importance, when, meta)
     try:
         encoded = json.dumps(meta, allow_nan=False)
-        json.dumps(meta, ensure_ascii=False).encode("utf-8")
+        stored = json.dumps(meta, ensure_ascii=False).encode("utf-8")
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise BadValue(f"meta: not storable as JSON ({type(exc).__name__})", "meta") from None
+    if len(stored) > limits.meta_bytes:
+        raise BadValue(values.too_long("meta", len(stored), limits.meta_bytes, "meta_bytes"), "meta")
     if "\\u0000" in encoded:
         raise BadValue("meta: contains a NUL character, which PostgreSQL jsonb cannot store", "meta")
     return NewEpisode(content, kind, agent, source, importance, when, meta)
@@ -222,6 +233,15 @@ class Gate:
             self._blocked = self._all_blocked()
 
     @functools.cached_property
+    def limits(self) -> values.Limits:
+        """[limits] of the settings (a gate given none: the configuration's, as the CLI would load it)."""
+        if self.settings is None:
+            from memctl import config
+
+            return values.Limits.of(config.load())
+        return values.Limits.of(self.settings)
+
+    @functools.cached_property
     def chunk_size(self) -> int:
         return chunking.chunk_size_for(self.settings.get("embedding", "model"),
                                        self.settings.get("chunking", "max_chars"))
@@ -233,21 +253,25 @@ class Gate:
     # sources
 
     def allow(self, source: str | None) -> None:
-        """Refuse a blocked source (Blocked, exit 1, with the reason)."""
+        """Refuse a blocked source (Blocked, exit 1, with the reason), by its name as given or as the gate stores
+        it (stored_name: redacted), so a source blocked under a name holding a password is refused either way."""
         if source is None:
             return
-        if source not in self.sources:
-            if len(self.sources) < SOURCES_KEPT:
-                self.sources.add(source)
-            elif self._before is None:  # memory stays flat: confirm() then refuses on any block made since
-                self._before = self._blocked if self._blocked is not None else self._all_blocked()
+        names = _forms(source)
+        for form in names:
+            if form not in self.sources:
+                if len(self.sources) < SOURCES_KEPT:
+                    self.sources.add(form)
+                elif self._before is None:  # memory stays flat: confirm() then refuses on any block made since
+                    self._before = self._blocked if self._blocked is not None else self._all_blocked()
         if self._blocked is not None:
-            if source in self._blocked:
-                refuse(source, self._blocked[source])
+            for form in names:
+                if form in self._blocked:
+                    refuse(names[-1], self._blocked[form])
             return
-        row = self.conn.execute(CHECK_BLOCKED, (source,)).fetchone()
+        row = self.conn.execute(CHECK_BLOCKED_ANY, (list(names),)).fetchone()
         if row is not None:
-            refuse(source, row["reason"])
+            refuse(names[-1], row["reason"])
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -292,11 +316,8 @@ class Gate:
         return self.redactor.text(value, what)
 
     def _source(self, source: str | None, what: str) -> str | None:
-        """An allowed source as stored: redacted, and the redacted name allowed too (it is what is kept)."""
-        clean = self._text(source, what)
-        if clean != source:
-            self.allow(clean)
-        return clean
+        """An allowed source as stored: redacted (allow() looked at this form too: it is what is kept)."""
+        return self._text(source, what)
 
     # episodes
 
@@ -334,13 +355,14 @@ class Gate:
         key = check_key(key)
         source = name(source, "source", optional=True)
         if value is not None:
-            value = check_value(value)
+            value = check_value(value, limit=self.limits.value_bytes)
         self.allow(source)
-        label = f"fact {key!r}"
+        # One rule on every path: a value is judged by its key as stored (redacted), the key `redact scan` reads
+        # and an export carries, so the gate, the scan and an import of the export all store the same value.
         clean_key = self._text(key, "fact key")
         return FactValue(self._text(namespace, "fact namespace"), clean_key,
-                         self.redactor.named(key, value, f"value of {label}") if value is not None else None,
-                         self._source(source, "fact source"), when)
+                         self.redactor.named(clean_key, value, f"value of fact {clean_key!r}")
+                         if value is not None else None, self._source(source, "fact source"), when)
 
     @staticmethod
     def fact_of(entry: HistoryEntry) -> FactValue:
@@ -359,7 +381,7 @@ class Gate:
         values = []
         for what, value in (("old_value", old_value), ("new_value", new_value)):
             if value is not None:
-                check_value(value, f"history {what}")
+                check_value(value, f"history {what}", self.limits.value_bytes)
                 value = self.redactor.named(fact.key, value, f"history of fact {fact.key!r}")
             values.append(value)
         when = None if changed_at is None else parse_time(changed_at, "changed_at")
@@ -373,13 +395,14 @@ class Gate:
     # runbook runs, lineage, blocked sources
 
     def run_record(self, row: dict) -> RunRecord:
-        """A runbook run's record; its output is a log, so secrets in it are always replaced."""
+        """A runbook run's record: every text (agent, name, commit, outcome, output) redacted as any field is."""
         clean = dict(row)
         clean["agent"] = self._text(name(row.get("agent"), "agent", default=DEFAULT_AGENT), "run agent")
-        clean["name"] = name(row.get("name"), "name")
-        for column in ("commit", "outcome"):
-            if clean.get(column) is not None and not isinstance(clean[column], str):
-                raise BadValue(f"{column}: must be a string, got {_shown(clean[column])}", column)
+        clean["name"] = self._text(name(row.get("name"), "name"), "run name")
+        if clean.get("commit") is not None:
+            clean["commit"] = self._text(check_value(clean["commit"], "commit", self.limits.value_bytes), "run commit")
+        if clean.get("outcome") not in RUN_OUTCOMES:  # a word of a list: no text that could hold a secret
+            raise BadValue("outcome: must be ok, failed or null (the value is not shown: it is not one)", "outcome")
         for column in ("steps", "from_step", "failed_step", "exit_code"):
             if clean.get(column) is not None:
                 clean[column] = integer(clean[column], column, -2**31, 2**31 - 1)
@@ -389,12 +412,17 @@ class Gate:
         for column in ("started_at", "finished_at"):
             if clean.get(column) is not None:
                 clean[column] = parse_time(clean[column], column)
-        tail = clean.get("output_tail")
-        if tail is not None:
-            from memctl import redact
-
-            clean["output_tail"] = redact.redact_text(check_value(tail, "output_tail").replace("\x00", ""))
+        if clean.get("output_tail") is not None:
+            clean["output_tail"] = self.run_output(clean["output_tail"])
         return RunRecord(clean)
+
+    def run_output(self, tail: Any) -> str:
+        """A run's output as stored: at most [limits] episode_bytes, connection passwords masked (a log never
+        holds one, whatever the mode), then redacted or refused (block mode) as any text."""
+        from memctl.config import mask_secrets
+
+        text = check_value(tail, "output_tail", self.limits.episode_bytes, "episode_bytes")
+        return self._text(mask_secrets(text), "run output")
 
     def lineage(self, agent: Any, summary_id: Any, source_id: Any, source_created_at: Any,
                 source_hash: Any) -> Lineage:
@@ -417,10 +445,11 @@ class Gate:
     def blocked_source(self, source: Any, reason: Any = None, blocked_at: Any = None) -> BlockedSource:
         source = name(source, "source")
         if reason is not None:
-            reason = self._text(check_value(reason, "reason"), "block reason")
+            reason = self._text(check_value(reason, "reason", self.limits.value_bytes), "block reason")
         when = None if blocked_at is None else parse_time(blocked_at, "blocked_at")
-        self.blocking.add(source)
-        return BlockedSource(source, reason, when)
+        stored = self._text(source, "blocked source")  # a writer's source is matched in this form too (allow)
+        self.blocking.update(_forms(source) + (stored,))
+        return BlockedSource(stored, reason, when)
 
 
 _WRITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> gates in their writing()
@@ -432,13 +461,27 @@ def writing_on(conn, source: str | None) -> bool:
     return any(admit.covers(source) for admit in _WRITING.get(conn, ()))
 
 
+@functools.lru_cache(maxsize=4096)
+def stored_name(source: str) -> str:
+    """A source's name as the gate stores it in redact mode: every secret in it a marker (a blocked
+    `https://user:pw@feeds...` is kept, listed and exported so, and still refuses the writer that names it)."""
+    from memctl import redact
+
+    return redact.redact_text(source) or source
+
+
+def _forms(source: str) -> tuple[str, ...]:
+    """The names a source is blocked under: as given and as stored (the same for most); the stored one last."""
+    clean = stored_name(source)
+    return (source,) if clean == source else (source, clean)
+
+
 def refuse(source: str, reason: str | None, *, late: bool = False) -> None:
     because = f": {reason}" if reason else ""
     state = "was blocked while this write ran (nothing of the write was kept)" if late else "is blocked"
     raise Blocked(f"source {source!r} {state}{because} (memctl source unblock {source!r} to allow it again)")
 
 
-CHECK_BLOCKED = "SELECT reason FROM blocked_sources WHERE source = %s"
 SOURCES_KEPT = 10_000  # distinct sources a write keeps for confirm()
 CHECK_BLOCKED_ANY = "SELECT source, reason FROM blocked_sources WHERE source = ANY(%s) ORDER BY source LIMIT 1"
 BLOCKED = "SELECT source, reason FROM blocked_sources"

@@ -202,10 +202,11 @@ def prepare(repository: Repository, name: str, *, from_step: int = 1, allow_dirt
 
 
 class _Tail:
-    """The last TAIL_BYTES of a run's output: the part kept in the record, passwords masked, secrets redacted.
+    """The last TAIL_BYTES of a run's output: the part kept in the record, through the gate (Gate.run_output:
+    secrets redacted, or the output refused, as [redaction] mode says for every text).
 
     A little more than that is held, so a URL cut at the front of the tail is still
-    whole when it is masked; the cut to TAIL_BYTES comes after masking.
+    whole when it is redacted; the cut to TAIL_BYTES comes after redaction.
     """
 
     def __init__(self, limit: int = TAIL_BYTES, slack: int = 4096):
@@ -218,15 +219,9 @@ class _Tail:
             del self.data[:excess]
             self.dropped += excess
 
-    def text(self) -> str:
-        from memctl.config import mask_secrets
-
-        from memctl.redact import redact_text
-
+    def text(self, clean: Callable[[str], str]) -> str:
         text = bytes(self.data).replace(b"\x00", b"").decode("utf-8", "replace")  # text columns reject NUL
-        # Secrets (tokens, keys, URL passwords) become [REDACTED:<kind>] markers, whatever [redaction] mode
-        # says: a run record is a log, and a log never holds a secret.
-        data = redact_text(mask_secrets(text)).encode("utf-8")
+        data = clean(text).encode("utf-8")
         if not self.dropped and len(data) <= self.limit:
             return data.decode("utf-8")
         budget = self.limit - MARKER_ROOM
@@ -257,7 +252,8 @@ def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: 
     """
     from memctl.records import gate, store
 
-    admitted = gate.Gate(conn, settings).run_record(
+    admit = gate.Gate(conn, settings)
+    admitted = admit.run_record(
         {"agent": agent, "name": runbook.name, "commit": runbook.commit, "dirty": runbook.dirty,
          "steps": len(runbook.steps), "from_step": from_step})
     record = {**admitted.row, **store.insert_run(conn, admitted).fetchone()}
@@ -280,9 +276,9 @@ def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: 
     except BaseException:  # interrupted (Ctrl-C) or crashed: leave a finished, failed record behind
         failed = failed or runbook.steps[from_step - 1]
         tail.add(f"--- interrupted during step {failed.number}\n".encode())
-        _add_episode(conn, settings, runbook, _finish(conn, record, failed, None, tail, clock))
+        _add_episode(conn, settings, runbook, _finish(conn, admit, record, failed, None, tail, clock))
         raise
-    result = _finish(conn, record, failed, code if failed else None, tail, clock)
+    result = _finish(conn, admit, record, failed, code if failed else None, tail, clock)
     return _add_episode(conn, settings, runbook, result)
 
 
@@ -311,11 +307,16 @@ def exit_text(code: int | None) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _finish(conn, record: dict, failed: Step | None, code: int | None, tail: _Tail, clock: float) -> dict:
+def _finish(conn, admit, record: dict, failed: Step | None, code: int | None, tail: _Tail, clock: float) -> dict:
     from memctl.records import gate, store
+    from memctl.redact import SecretRefused
 
+    try:
+        output = tail.text(admit.run_output)
+    except SecretRefused as refused:  # block mode: the run happened and is recorded, its output is not kept
+        output = f"[output not kept: {refused}]"
     values = {**record, "outcome": "failed" if failed else "ok", "failed_step": failed.number if failed else None,
-              "exit_code": code, "duration_s": round(time.monotonic() - clock, 3), "output_tail": tail.text()}
+              "exit_code": code, "duration_s": round(time.monotonic() - clock, 3), "output_tail": output}
     row = conn.execute(FINISH_RUN, values).fetchone()
     if row is None:  # the row vanished during the run (a restore): written again, through the gate
         row = store.insert_run(conn, gate.Gate(conn, None, redact_off()).run_record(values), "reinsert").fetchone()
@@ -323,7 +324,7 @@ def _finish(conn, record: dict, failed: Step | None, code: int | None, tail: _Ta
 
 
 def redact_off():
-    """The run's output is redacted by _Tail already; its other fields are the runbook's own."""
+    """The run's fields were admitted through the gate already (run_record, run_output)."""
     from memctl.redact import Redactor
 
     return Redactor("off")

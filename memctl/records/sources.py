@@ -8,7 +8,7 @@ from memctl.errors import NotFound
 from memctl.records import gate, store
 
 ALL = "SELECT source, reason, blocked_at FROM blocked_sources ORDER BY source"
-UNBLOCK = "DELETE FROM blocked_sources WHERE source = %s RETURNING source"
+UNBLOCK = "DELETE FROM blocked_sources WHERE source = ANY(%s) RETURNING source"
 
 
 refuse = gate.refuse
@@ -33,9 +33,12 @@ def block(conn, source: str, reason: str | None = None) -> dict:
     return {"source": row["source"], "reason": row["reason"], "blocked_at": row["blocked_at"]}
 
 
-def unblock(conn, source: str) -> None:
-    if conn.execute(UNBLOCK, (source,)).fetchone() is None:
-        raise NotFound(f"source {source!r} is not blocked")
+def unblock(conn, source: str) -> str:
+    """Unblock SOURCE, named as it was blocked or as it is stored (redacted); returns the name removed."""
+    row = conn.execute(UNBLOCK, (list(gate._forms(source)),)).fetchone()
+    if row is None:
+        raise NotFound(f"source {gate.stored_name(source)!r} is not blocked")
+    return row["source"]
 
 
 def list_blocked(conn) -> list[dict]:

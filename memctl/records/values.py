@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from memctl.errors import BadValue, InvalidInput
@@ -14,6 +15,91 @@ from memctl.errors import BadValue, InvalidInput
 MAX_KEY = 255
 MAX_NAME = 200  # agent, kind, source, namespace: names, not texts
 DEFAULT_NAMESPACE = "default"  # a fact's namespace when none is given
+EARLIEST = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)  # no memory is older than this
+
+
+@dataclass(frozen=True)
+class Limits:
+    """[limits]: the one size limit of every write (bytes of UTF-8), and how far ahead a created_at may be.
+
+    Every path reaches them through the gate (memctl.records.gate); the readers of stdin and of JSONL lines
+    read at most what a record within them can take (`line_bytes`), so an oversized input is refused before
+    it is held in memory.
+    """
+
+    episode_bytes: int
+    value_bytes: int
+    meta_bytes: int
+    clock_skew: float  # seconds
+
+    @classmethod
+    def of(cls, settings) -> "Limits":
+        from memctl import config
+
+        def get(key: str):
+            value = settings.get("limits", key) if settings is not None else None
+            return config.default("limits", key) if value is None else value
+
+        return cls(get("episode_bytes"), get("value_bytes"), get("meta_bytes"),
+                   config.parse_duration(get("clock_skew")))
+
+    def line_bytes(self) -> int:
+        """The longest JSONL line of `episode import` or `fact import`: a record at the limits, every byte
+        escaped (\\u0001 is 6 bytes for 1), with room for its other fields."""
+        return 6 * max(self.episode_bytes + self.meta_bytes, self.value_bytes) + LINE_SLACK
+
+    def export_line_bytes(self) -> int:
+        """The longest line of `memctl import`: an episode at the limit with its chunks and their vectors as
+        JSON text (up to about 110 bytes a byte of text with 4,000-dimension vectors), or a fact's history."""
+        return EXPORT_LINE_FACTOR * self.episode_bytes + LINE_SLACK
+
+
+LINE_SLACK = 64 * 1024
+EXPORT_LINE_FACTOR = 128
+
+
+def within(value: str, limit: int, what: str, setting: str) -> str:
+    """VALUE, refused (BadValue, exit 2) when its UTF-8 is longer than LIMIT bytes, naming the setting."""
+    if len(value) * 4 <= limit:  # at most 4 bytes a character: no need to count
+        return value
+    size = len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise BadValue(too_long(what, size, limit, setting), what)
+    return value
+
+
+def too_long(what: str, size: int | None, limit: int, setting: str) -> str:
+    has = f"{size:,} bytes, over the limit of {limit:,}" if size is not None else f"over the limit of {limit:,} bytes"
+    return f"{what}: {has} ([limits] {setting}); nothing was written: split it, or raise the limit"
+
+
+def read_bounded(handle, limit: int, what: str, setting: str) -> bytes:
+    """At most LIMIT bytes of HANDLE (stdin): one byte more is read to tell, and refused without reading on."""
+    data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise BadValue(too_long(what, None, limit, setting), what)
+    return data
+
+
+def in_time(when: datetime.datetime, limits: Limits, what: str = "created_at",
+            now: datetime.datetime | None = None) -> datetime.datetime:
+    """An episode's time: not before 1900, not more than [limits] clock_skew after now (BadValue, exit 2)."""
+    if when < EARLIEST:
+        raise BadValue(f"{what} {when.isoformat()}: before {EARLIEST.date().isoformat()}, the earliest time memctl "
+                       "takes (a typo, or a clock that was never set?)", what)
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if (when - now).total_seconds() > limits.clock_skew:
+        raise BadValue(f"{what} {when.isoformat()}: in the future (it is {now.isoformat(timespec='seconds')}), "
+                       f"more than the {_seconds(limits.clock_skew)} [limits] clock_skew allows; nothing was "
+                       "written: memory holds what happened", what)
+    return when
+
+
+def _seconds(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 def no_nul(value: str | None, what: str) -> None:
@@ -96,9 +182,12 @@ def check_key(key: Any) -> str:
     return key
 
 
-def check_value(value: Any, what: str = "value") -> str:
+def check_value(value: Any, what: str = "value", limit: int | None = None, setting: str = "value_bytes") -> str:
+    """A text field's value; with LIMIT, at most that many bytes (the [limits] SETTING)."""
     if not isinstance(value, str):
         raise BadValue(f"{what}: must be a string, got {shown(value)}", what)
+    if limit is not None:
+        within(value, limit, what, setting)
     if "\x00" in value:
         raise InvalidInput(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store")
     utf8(value, what)

@@ -11,7 +11,11 @@ day (issue 19):
   `--password hunter2`. Only the value is replaced (`db password: [REDACTED:password]`).
   After `=` or in quotes any value counts; a bare value after `:` must look like one (6+
   characters mixing two of lower case, inner upper case, digits, symbols; or 16+ without a
-  hyphen), so `token: expired, log in again` stays prose.
+  hyphen), so `token: expired, log in again` stays prose; after a password's name any word
+  that is not common prose counts (`password: admin`), and so does a passphrase filling the
+  line (`Password: correct horse battery staple`).
+- `password is hunter2xyz`, `the root password is changeme`, `aws secret access key wJalr...`
+  (`shapes._said_findings`), `docker login -p X`, `memctl fact set db.password X`.
 - `Authorization:` headers (Bearer, Basic, Token, ...) and a lone `Bearer <16+ chars>`.
 - passwords on command lines: `mysql -phunter2` (and mariadb, mysqldump...; a bare number
   of up to 5 digits is taken for a mistyped port), `sshpass -p`, `redis-cli -a`,
@@ -44,6 +48,9 @@ replaced whole by `Redactor.named` / `redact_value` (kind `secret-named`, or the
 kind when the value is one known secret), unless it is a placeholder or reads as a sentence
 (has a space and a common word: "rotated, see the vault"), which is scanned like any text;
 a number or boolean under such a name is left as it is.
+
+Every detector runs in time linear in the text (docs/secrets-and-export.md, "Linear time"):
+tests/test_redact_shapes.py holds the property, tests/bench/redact.py the rates.
 
 This module is the API (the mode, the markers, the walk over JSON-like values); detect.py finds
 secrets (the plugins, the gates, `find`), shapes.py holds the shapes and what is no secret.

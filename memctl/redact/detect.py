@@ -4,6 +4,7 @@ memctl.redact.shapes, each behind a cheap substring gate; `find` merges them int
 
 from __future__ import annotations
 
+import bisect
 import re
 from functools import lru_cache
 from typing import Any, Callable
@@ -24,13 +25,16 @@ _MARKER = re.compile(r"\[REDACTED:[a-z0-9-]+\]")
 EXCLUDED_PLUGINS = {"Base64HighEntropyString", "HexHighEntropyString", "IPPublicDetector", "BasicAuthDetector"}
 KIND_NAMES = {"AWS Access Key": "aws-access-key", "Secret Keyword": "secret-keyword", "Private Key": "private-key"}
 
-# A PEM or OpenSSH private key, BEGIN to END (or, cut off, to the end of its base64 lines).
-_PRIVATE_KEY = re.compile(
-    r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY(?: BLOCK)?-----"
-    r"(?:.*?-----END \1PRIVATE KEY(?: BLOCK)?-----|(?:[ \t]*\r?\n[ \t]*[A-Za-z0-9+/=:-][^\n]*)*)",
-    re.DOTALL)
-# scheme://user:password@host: the password runs to the last @ of the token, as in config.mask_secrets.
-_URL_PASSWORD = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@?#]*:([^\s]+)@")
+# A PEM or OpenSSH private key, BEGIN to END (or, cut off, to the end of its base64 lines). The END line is
+# looked up among all END lines found once (`_private_keys`), never searched for again from each BEGIN.
+_KEY_BEGIN = re.compile(r"-----BEGIN ((?:[A-Z0-9]{1,12} ){0,4})PRIVATE KEY(?: BLOCK)?-----")
+_KEY_END = re.compile(r"-----END ((?:[A-Z0-9]{1,12} ){0,4})PRIVATE KEY(?: BLOCK)?-----")
+_KEY_LINES = re.compile(r"(?:[ \t]*\r?\n[ \t]*[A-Za-z0-9+/=:-][^\n]*+)*+")
+# scheme://user:password@host: the password runs to the last @ of its whitespace-delimited token, as in
+# config.mask_secrets. A scheme starts where no scheme character precedes it and is at most 32 long, so
+# no position is the start of more than one attempt (`_url_findings`).
+_URL_HEAD = re.compile(r"(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s:/@?#]*+:")
+_TOKEN = re.compile(r"\S+")
 # ?password=... / ?token=... in a URL's query string (a libpq password=... pair is a name=value pair: _PAIR).
 _QUERY_SECRET = re.compile(
     r"[?&](?:(?:ssl)?(?:password|passwd|pwd)|token|api[_-]?key|access[_-]?token|secret)=([^&#\s'\"]+)", re.IGNORECASE)
@@ -113,29 +117,44 @@ def _plugins() -> tuple[tuple[str, Any, Callable[[str, str], bool] | None, bool]
     return tuple(plugins)
 
 
-def _occurrences(text: str, value: str, kind: str) -> list[Finding]:
-    """Where a value a plugin reported sits in the text; a short one only as a whole word."""
+# detect-secrets' patterns are not written for hostile text (its JWT pattern rescans a run of `eyJ` from each
+# one): each sees at most WINDOW characters at a time, windows overlapping by OVERLAP (longer than any secret
+# they match), so their cost is linear in the text whatever they do inside a window.
+WINDOW, OVERLAP = 1024, 256
+
+
+def _windows(text: str, start: int = 0, stop: int | None = None):
+    """(start, end) of the windows covering text[start:stop]."""
+    stop = len(text) if stop is None else stop
+    while True:
+        yield start, min(stop, start + WINDOW)
+        if start + WINDOW >= stop:
+            return
+        start += WINDOW - OVERLAP
+
+
+def _occurrences(text: str, value: str, kind: str, start: int, end: int) -> list[Finding]:
+    """Where a value a plugin reported in text[start:end] sits there; a short one only as a whole word."""
     value = value.strip(" \t\r\n\"'`")
     if len(value) < 4:
         return []
     if len(value) < 12:
         pattern = re.compile(r"(?<![\w-])" + re.escape(value) + r"(?![\w-])")
-        return [Finding(kind, *m.span()) for m in pattern.finditer(text)]
-    found, at = [], text.find(value)
+        return [Finding(kind, *m.span()) for m in pattern.finditer(text, start, end)]
+    found, at = [], text.find(value, start, end)
     while at >= 0:
         found.append(Finding(kind, at, at + len(value)))
-        at = text.find(value, at + len(value))
+        at = text.find(value, at + len(value), end)
     return found
 
 
-def _regex_findings(text: str, kind: str, plugin) -> list[Finding]:
-    """A plain regex plugin's matches as spans: its capture group when that is the secret, else the whole match.
-
-    (Its analyze_string reports a group's text, for the GitHub pattern the bare "ghp" prefix.)
+def _regex_findings(text: str, kind: str, plugin, window_start: int, window_end: int) -> list[Finding]:
+    """A plain regex plugin's matches in text[start:end] as spans: its capture group when that is the secret,
+    else the whole match. (Its analyze_string reports a group's text, for the GitHub pattern the bare "ghp".)
     """
     found = []
     for regex in plugin.denylist:
-        for match in regex.finditer(text):
+        for match in regex.finditer(text, window_start, window_end):
             start, end = match.span()
             for index in range(1, regex.groups + 1):
                 if match.group(index) and len(match.group(index)) >= 8:
@@ -149,12 +168,17 @@ def _regex_findings(text: str, kind: str, plugin) -> list[Finding]:
     return found
 
 
-_TOKEN_TAIL = re.compile(r"[A-Za-z0-9_\-+/=.]*")
+# A JWT starts where no token character precedes it (so a run of `eyJ` is one attempt, not one per `eyJ`), and
+# runs on to its signature, which the plugin's lazy pattern leaves out; the plugin checks header and payload.
+_JWT = re.compile(r"(?<![\w=-])(eyJ[\w=-]*+\.[\w=-]++)(?:\.[\w.+/=-]*+)?")
 
 
-def _extend_token(text: str, finding: Finding) -> Finding:
-    """A JWT runs on to its signature, which the plugin's lazy pattern leaves out."""
-    return Finding(finding.kind, finding.start, _TOKEN_TAIL.match(text, finding.end).end())
+def _jwt_findings(text: str, plugin) -> list[Finding]:
+    return [Finding("json-web-token", *m.span()) for m in _JWT.finditer(text)
+            if plugin.is_formally_valid(m.group(1))]
+
+
+_LINE = re.compile(r"[^\r\n]+")
 
 
 def _plugin_findings(text: str, low: str) -> list[Finding]:
@@ -162,17 +186,50 @@ def _plugin_findings(text: str, low: str) -> list[Finding]:
     for kind, plugin, gate, plain in _plugins():
         if gate is not None and not gate(text, low):
             continue
-        if plain:
-            found.extend(_regex_findings(text, kind, plugin))
+        if kind == "json-web-token":
+            found.extend(_jwt_findings(text, plugin))
+        elif plain:
+            for start, end in _windows(text):
+                found.extend(_regex_findings(text, kind, plugin, start, end))
+        else:
+            # The keyword plugin reports one value per pattern per call: give it one line (window) at a time.
+            for line in _LINE.finditer(text) if kind == "secret-keyword" else [None]:
+                span = line.span() if line else (0, len(text))
+                for start, end in _windows(text, *span):
+                    piece = text[start:end]
+                    if gate is not None and not gate(piece, piece.lower()):
+                        continue
+                    for value in set(plugin.analyze_string(piece)):
+                        found.extend(_occurrences(text, value, kind, start, end))
+    return found
+
+
+def _private_keys(text: str) -> list[Finding]:
+    """Each BEGIN line to the first matching END line after it (or to the end of its base64 lines)."""
+    ends: dict[str, list[tuple[int, int]]] = {}
+    for m in _KEY_END.finditer(text):
+        ends.setdefault(m.group(1), []).append(m.span())
+    found: list[Finding] = []
+    for begin in _KEY_BEGIN.finditer(text):
+        if found and begin.start() < found[-1].end:
+            continue  # a BEGIN inside a key already found
+        same = ends.get(begin.group(1), [])
+        at = bisect.bisect_left(same, (begin.end(), 0))
+        end = same[at][1] if at < len(same) else _KEY_LINES.match(text, begin.end()).end()
+        found.append(Finding("private-key", begin.start(), end))
+    return found
+
+
+def _url_findings(text: str) -> list[Finding]:
+    """URL passwords: for each token holding `://`, the password of each URL in it runs to the token's last @."""
+    found = []
+    for token in _TOKEN.finditer(text):
+        if "://" not in token.group():
             continue
-        # The keyword plugin reports one value per pattern per call: give it one line at a time.
-        pieces = text.splitlines() if kind == "secret-keyword" else [text]
-        for piece in pieces:
-            if gate is not None and not gate(piece, piece.lower()):
-                continue
-            for value in set(plugin.analyze_string(piece)):
-                found.extend(_extend_token(text, f) if kind == "json-web-token" else f
-                             for f in _occurrences(text, value, kind))
+        last_at = token.group().rfind("@") + token.start()
+        for head in _URL_HEAD.finditer(text, token.start(), token.end()):
+            if head.end() < last_at and not (found and head.end() < found[-1].end):
+                found.append(Finding("url-password", head.end(), last_at))
     return found
 
 
@@ -185,9 +242,9 @@ def find(text: str) -> list[Finding]:
         return []
     found: list[Finding] = []
     if "private key" in low:
-        found.extend(Finding("private-key", *m.span()) for m in _PRIVATE_KEY.finditer(text))
+        found.extend(_private_keys(text))
     if "://" in text:
-        found.extend(Finding("url-password", *m.span(1)) for m in _URL_PASSWORD.finditer(text))
+        found.extend(_url_findings(text))
     if "=" in text:
         found.extend(Finding("url-secret", *m.span(1)) for m in _QUERY_SECRET.finditer(text))
     # In this order, because the first of two findings with the same span names it: a provider's key
@@ -197,11 +254,14 @@ def find(text: str) -> list[Finding]:
     found.extend(shape_findings(text, low))
     if not found:
         return []
-    return _merge([f for f in found if not NOT_A_SECRET.match(text[f.start:f.end]) and not _in_marker(text, f)])
+    markers = [m.span() for m in _MARKER.finditer(text)] if "[REDACTED:" in text else []
+    return _merge([f for f in found if not _in_marker(markers, f) and not NOT_A_SECRET.match(text[f.start:f.end])])
 
 
-def _in_marker(text: str, finding: Finding) -> bool:
-    return any(m.start() <= finding.start and finding.end <= m.end() for m in _MARKER.finditer(text))
+def _in_marker(markers: list[tuple[int, int]], finding: Finding) -> bool:
+    """Is the finding inside one of the text's markers (their spans, in order)?"""
+    at = bisect.bisect_right(markers, (finding.start, float("inf")))
+    return at > 0 and markers[at - 1][0] <= finding.start and finding.end <= markers[at - 1][1]
 
 
 def _merge(found: list[Finding]) -> list[Finding]:

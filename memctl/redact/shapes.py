@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 MARKER = "[REDACTED:{}]"
+# A value is judged by its first HEAD characters (and its length): the cost of judging one is bounded, so a
+# line of ten thousand `token:` is judged in time linear in its length.
+HEAD = 128
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,14 @@ _SECRET_SUFFIXES = (("password", "password"), ("passwd", "password"), ("passphra
                     ("secret", "secret-keyword"), ("token", "secret-keyword"), ("apikey", "secret-keyword"),
                     ("secretkey", "secret-keyword"), ("accesskey", "secret-keyword"),
                     ("privatekey", "secret-keyword"), ("authkey", "secret-keyword"))
-_SECRET_WORDS = {"pwd": "password", "pass": "password", "credential": "secret-keyword",
-                 "credentials": "secret-keyword"}
+_SECRET_WORDS = {"pwd": "password", "pw": "password", "pass": "password", "requirepass": "password",
+                 "masterauth": "password", "credential": "secret-keyword", "credentials": "secret-keyword",
+                 "pat": "secret-keyword"}
+# A service whose "auth" is its password (redis.auth, registry_auth); auth alone is a method, not a secret.
+_AUTH_MODIFIERS = {"basic", "http", "proxy", "redis", "smtp", "ldap", "registry", "docker", "mongo", "mongodb",
+                   "nats", "kafka", "rabbitmq", "amqp", "memcached", "api", "ftp", "imap", "vnc"}
+# Words after the secret's own name that say how it is written down, not what it is (SECRET_KEY_BASE).
+_ENCODING_WORDS = {"base", "b64", "base64", "hex", "raw", "value", "data", "str", "string"}
 # "key" alone names a secret only after one of these (api key, AWS_SECRET_ACCESS_KEY); not ssh, primary,
 # public, sort, partition, cache, idempotency keys.
 _KEY_MODIFIERS = {"api", "access", "secret", "private", "client", "auth", "encryption", "signing", "master",
@@ -50,9 +60,10 @@ _KEY_MODIFIERS = {"api", "access", "secret", "private", "client", "auth", "encry
 _TOKEN_NOT = {"max", "min", "num", "total", "input", "output", "prompt", "completion", "page", "next", "continuation",
               "cursor", "sync", "eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "stop", "start", "end",
               "first", "last", "per", "context"}
-NAME_WORDS = any_word("pass", "pwd", "secret", "token", "key", "auth", "credential")
-# The name a pair's separator ends: word characters, dots and dashes, maybe a closing quote, then blanks.
-_NAME_TAIL = re.compile(r"[\w.-]{1,81}['\"]?[ \t]*$")
+NAME_WORDS = any_word("pass", "pw", "secret", "token", "key", "auth", "credential", "pat")
+# The name a pair's separator ends, read backwards from the separator in the reversed text (one anchored match
+# per separator, not a search of the 90 characters before it): blanks, maybe a closing quote, the name.
+_NAME_TAIL_REVERSED = re.compile(r"[ \t]{0,8}['\"]?([\w.-]{1,81})")
 
 
 def named_pair(text: str, low: str) -> bool:
@@ -63,28 +74,43 @@ def named_pair(text: str, low: str) -> bool:
     """
     if not ("=" in text or ":" in text) or not NAME_WORDS(text, low):
         return False
+    reversed_low = low[::-1]
     for separator in "=:":
         at = low.find(separator)
         while at >= 0:
-            name = _NAME_TAIL.search(low, max(0, at - 90), at)
-            if name is not None and NAME_WORDS(name.group(), name.group()):
+            name = _NAME_TAIL_REVERSED.match(reversed_low, len(low) - at)
+            if name is not None and NAME_WORDS(name.group(1)[::-1], name.group(1)[::-1]):
                 return True
             at = low.find(separator, at + 1)
     return False
 
 
 def _name_kind(name: str) -> str | None:
-    """The kind of secret a field, fact key or variable name names, or None."""
-    words = [w.lower() for w in _WORD.findall(_SEGMENT.split(name.strip())[-1])]
-    while words and words[-1].isdigit():
+    return _short_name_kind(name) if len(name) <= HEAD else _judge_name(name)
+
+
+@lru_cache(maxsize=4096)
+def _short_name_kind(name: str) -> str | None:
+    return _judge_name(name)
+
+
+def _judge_name(name: str) -> str | None:
+    """The kind of secret a field, fact key or variable name names, or None. The last segment's last word
+    decides; a last segment of one word (`openai.key`, `redis.auth`) takes the segment before it as its modifier."""
+    segments = [seg for seg in _SEGMENT.split(name.strip()[:200]) if seg]
+    words = [w.lower() for w in _WORD.findall(segments[-1])] if segments else []
+    while len(words) > 1 and (words[-1].isdigit() or words[-1] in _ENCODING_WORDS):
         words.pop()
-    if not words:
+    if not words or words[-1].isdigit():
         return None
     last, before = words[-1], words[-2] if len(words) > 1 else ""
+    if not before and len(segments) > 1:
+        previous = _WORD.findall(segments[-2])
+        before = previous[-1].lower() if previous else ""
     if last == "key":
         return "secret-keyword" if before in _KEY_MODIFIERS else None
     if last == "auth":
-        return "secret-keyword" if before in ("basic", "http", "proxy") else None
+        return "secret-keyword" if before in _AUTH_MODIFIERS else None
     if last.endswith("token") and before in _TOKEN_NOT:
         return None
     for suffix, kind in _SECRET_SUFFIXES:
@@ -120,7 +146,20 @@ _PLACEHOLDER_WORDS = {"none", "null", "nil", "true", "false", "yes", "no", "on",
 
 def placeholder(value: str, name: str = "") -> bool:
     """A value that stands for a secret without being one. A value that ends in its own name is a variable
-    passed on (`password=password`, `token = self.token`)."""
+    passed on (`password=password`, `token = self.token`). Short values are memoized (`_short_placeholder`)."""
+    if len(value) <= HEAD and len(name) <= HEAD:
+        return _short_placeholder(value, name)
+    return _placeholder(value, name)
+
+
+# Hostile text repeats one name and value thousands of times (`pw: pw: pw: ...`): the pure judgments of short
+# strings are memoized, so a repeat costs a lookup. Bounded caches, short strings only.
+@lru_cache(maxsize=4096)
+def _short_placeholder(value: str, name: str) -> bool:
+    return _placeholder(value, name)
+
+
+def _placeholder(value: str, name: str) -> bool:
     value = value.strip()
     low = value.lower()
     if not value or low in _PLACEHOLDER_WORDS or NOT_A_SECRET.match(value) or _REFERENCE.match(value):
@@ -135,13 +174,25 @@ def placeholder(value: str, name: str = "") -> bool:
 _SYMBOLS = frozenset("!@#$%^&*+=/\\|?~<>()[]{}")  # not - . _ : , ' which words, versions and times hold
 
 
-def _looks_secret(value: str) -> bool:
-    """A bare word after `name:` is a secret only if it looks like one: `hunter2` does, `expired` does not."""
-    classes = (any(c.islower() for c in value) + any(c.isupper() for c in value[1:])
-               + any(c.isdigit() for c in value) + any(c in _SYMBOLS for c in value))
-    if not any(c.isalpha() for c in value):
+_LOWER, _UPPER, _DIGITS = re.compile(r"[a-z]"), re.compile(r"[A-Z]"), re.compile(r"[0-9]")
+_SYMBOL = re.compile("[" + re.escape("".join(sorted(_SYMBOLS))) + "]")
+_ALPHA = re.compile(r"[^\W\d_]")
+
+
+def _looks_secret(value: str, length: int | None = None) -> bool:
+    return _judge_looks_secret(value[:HEAD], len(value) if length is None else length)
+
+
+@lru_cache(maxsize=4096)
+def _judge_looks_secret(value: str, length: int) -> bool:
+    """A bare word after `name:` is a secret only if it looks like one: `hunter2` does, `expired` does not.
+    `value` may be the head of a longer value of `length` characters."""
+    head, length = value[:HEAD], len(value) if length is None else length
+    if not _ALPHA.search(head):
         return False  # 128/128, 12:30:00, 2026-03-02
-    return len(value) >= 6 and classes >= 2 or len(value) >= 16 and "-" not in value
+    classes = (bool(_LOWER.search(head)) + bool(_UPPER.search(head, 1)) + bool(_DIGITS.search(head))
+               + bool(_SYMBOL.search(head)))
+    return length >= 6 and classes >= 2 or length >= 16 and "-" not in head
 
 
 # --- Shapes: name=value pairs, Authorization headers, command-line passwords, provider keys ----------------
@@ -149,30 +200,39 @@ def _looks_secret(value: str) -> bool:
 # name, an optional closing quote, the separator, then a quoted or a bare value (a bare one ends at ; or a
 # quote), the value in a lookahead so that a pair inside a quoted value is seen too (value="...;Password=x").
 _PAIR = re.compile(r"(?<![\w.$?&%/])([A-Za-z][\w.-]{0,80})(['\"]?)([ \t]*(?::=|=>|=(?![=~>])|:(?![:/\\]))[ \t]*)"
-                   r"(?=(['\"`])(.*?)\4|([^\s'\"`;]+))")
-_PREV_WORD = re.compile(r"([A-Za-z][\w-]*)[ \t]+$")
+                   r"(?=(['\"`])(.{0,1024}?)\4|([^\s'\"`;]))")
+_BARE_RUN = re.compile(r"[^\s'\"`;]*+")
+# The word before a pair's name, read backwards from the name (one anchored match, not a search of a window).
+_PREV_WORD_REVERSED = re.compile(r"[ \t]{1,8}([\w-]{0,38}[A-Za-z])(?![\w-])")
+
+
+@lru_cache(maxsize=4096)
+def _names_words(name: str) -> bool:
+    return NAME_WORDS(name, name.lower())
 _AUTH_HEADER = re.compile(
     r"(?<![\w-])(?:proxy-)?authorization['\"]?[ \t]*[:=][ \t]*['\"]?"
     r"(?:(bearer|basic|token|negotiate|ntlm|apikey|api-key|sso-key|key|jwt|dpop)[ \t]+)?([^\s'\",;]+)",
     re.IGNORECASE)
 _BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+([A-Za-z0-9._~+/-]{16,}=*)")
 # A password-taking command, then the rest of its command line (to a pipe, ; or &).
-_PASSWORD_COMMAND = re.compile(r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl)\b([^\n|;&]*)")
-_VALUE = r"(?:(['\"])(.*?)\1|([^\s'\"]\S*))"
+_PASSWORD_COMMAND = re.compile(
+    r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl|(?:docker|podman|nerdctl)[ \t]+login)\b([^\n|;&]*)")
+_VALUE = r"(?:(['\"])(.{0,1024}?)\1|([^\s'\"]\S*+))"
 _COMMAND_PASSWORD = {
     "mysql": re.compile(r"(?<=\s)-p" + _VALUE),  # attached only: `mysql -p` alone prompts
     "sshpass": re.compile(r"(?<=\s)-p[ \t]*" + _VALUE),
     "redis-cli": re.compile(r"(?<=\s)(?:-a|--pass)[ \t]+" + _VALUE),
+    "login": re.compile(r"(?<=\s)(?:-p|--password)(?:[ \t]+|=)" + _VALUE),  # docker login -p
     "curl": re.compile(r"(?<=\s)(?:-u|--user)[ \t]*['\"]?[^\s:'\"]+:" + r"([^\s'\"]+)"),
 }
 
 
 def command_words(text: str, low: str) -> bool:
-    return ("mysql" in low or "mariadb" in low or "sshpass" in low or "redis-cli" in low
+    return ("mysql" in low or "login" in low and "-p" in text or "fact" in low and "set" in low or "mariadb" in low or "sshpass" in low or "redis-cli" in low
             or "curl" in low and ("-u" in text or "--user" in text))
 
 
-_OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.*?)\2|([^\s'\"-]\S*))")
+_OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.{0,1024}?)\2|([^\s'\"-]\S*+))")
 
 # Provider keys by prefix: (kind, literal prefix for the gate, pattern). The body must hold a digit and a letter.
 _PROVIDER_KEYS = tuple((kind, prefix, re.compile(r"(?<![\w-])" + pattern + r"(?![\w-])")) for kind, prefix, pattern in (
@@ -209,47 +269,160 @@ def provider_findings(text: str) -> list[Finding]:
     return found
 
 
-def _value_span(m: re.Match, quoted: int, bare: int) -> tuple[int, int, bool]:
-    """(start, end, was quoted) of a quoted or a bare value group; trailing punctuation is not part of a bare one."""
-    if m.group(quoted) is not None:
-        return m.start(quoted), m.end(quoted), True
-    start, end = m.span(bare)
-    return start, start + len(_strip_trailing(m.group(bare))), False
-
-
 _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 
 def _strip_trailing(value: str) -> str:
     """A bare value without the sentence's punctuation after it: `hunter2.`, `(password=x)`, but `<your-key>`."""
-    while value and (value[-1] in ".," or value[-1] in _CLOSERS and _CLOSERS[value[-1]] not in value):
-        value = value[:-1]
-    return value
+    return value[:_stripped_end(value, 0, len(value), {o for o in _CLOSERS.values() if o in value})]
+
+
+def _stripped_end(text: str, start: int, end: int, openers: set) -> int:
+    while end > start and (text[end - 1] in ".," or text[end - 1] in _CLOSERS and _CLOSERS[text[end - 1]] not in openers):
+        end -= 1
+    return end
+
+
+_OPENER = re.compile(r"[(\[{<]")
+
+
+class _BareValues:
+    """Where a bare value starting at a position ends (its run of value characters, without trailing
+    punctuation). Pairs inside one run (`token:token:...`) share its end: the run is measured once, and its
+    trailing punctuation stripped once per set of openers, so the values of a line cost linear time in all."""
+
+    def __init__(self, text: str):
+        self.text, self.run = text, (-1, -1)
+        self.last: dict[str, int] = {}
+        self.ends: dict[frozenset, int] = {}
+
+    def end(self, start: int) -> int:
+        if not self.run[0] <= start < self.run[1]:
+            self.run = (start, _BARE_RUN.match(self.text, start).end())
+            has = _OPENER.search(self.text, *self.run) is not None
+            self.last = {o: self.text.rfind(o, *self.run) for o in _CLOSERS.values()} if has else {}
+            self.ends = {}
+        openers = frozenset(o for o, at in self.last.items() if at >= start)
+        if openers not in self.ends:
+            self.ends[openers] = _stripped_end(self.text, start, self.run[1], set(openers))
+        return max(start, self.ends[openers])
 
 
 def _pair_findings(text: str) -> list[Finding]:
     """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value."""
-    found = []
-    for m in _PAIR.finditer(text):
-        name = m.group(1)
-        if not NAME_WORDS(name, name.lower()):
+    found, bare, reversed_text, at = [], _BareValues(text), None, 0
+    while (m := _PAIR.search(text, at)) is not None:
+        at, name = m.end(), m.group(1)
+        if not _names_words(name):
             continue
         if "." not in name:
-            prev = _PREV_WORD.search(text, max(0, m.start() - 40), m.start())
-            name = f"{prev.group(1)}_{name}" if prev else name
+            reversed_text = text[::-1] if reversed_text is None else reversed_text
+            prev = _PREV_WORD_REVERSED.match(reversed_text, len(text) - m.start())
+            name = f"{prev.group(1)[::-1]}_{name}" if prev else name
         kind = _name_kind(name)
         if kind is None or m.group(4) == "`":
             continue
         sep = m.group(3)
         if sep.lstrip().startswith("=") and sep.endswith((" ", "\t")) and not sep.startswith((" ", "\t")):
             continue  # `PGPASSWORD= psql`: an empty assignment before a command
-        start, end, quoted = _value_span(m, 5, 6)
-        value = text[start:end]
-        if placeholder(value, m.group(1)) or "[REDACTED:" in value or len(value) < 3:
+        quoted = m.group(5) is not None
+        start, end = m.span(5) if quoted else (m.start(6), bare.end(m.start(6)))
+        value = text[start:min(end, start + HEAD)]  # judged by its head: bounded work per pair
+        if end - start < 3 or "[REDACTED:" in value or placeholder(value, m.group(1)):
             continue
-        if not quoted and ":" in sep and not _looks_secret(value):
-            continue
+        if not quoted and ":" in sep and not _looks_secret(value, end - start):
+            if kind != "password":
+                continue
+            phrase = _phrase_end(text, start)
+            if phrase is not None:
+                end = phrase  # `Password: correct horse battery staple`
+            elif not _weak_password(_strip_trailing(value)):
+                continue
         found.append(Finding(kind, start, end))
+        if not quoted:  # a pair inside this bare value adds nothing the merge keeps (`token:token:...`)
+            at = max(at, end)
+    return found
+
+
+# Words that follow `password:` or `password is` in prose about a password, never as one.
+_COMMON = set("""the a an in on at of to for and or not no is was are be been set see same new old ok okay fine
+good bad weak strong secure insecure short long here there this that it now still also too only again reset change
+changed stored kept saved sent shared known unchanged different right case policy manager field prompt below above
+attached given pending needed ready your my our their his her its from with via by as will must should can cannot
+what which who where when how why if then than so but all any some none both each every per please use used ask
+asked do does did done has have had get got make made same vault file env environment prod production staging test
+correctly incorrectly wrong expired rotated hashed salted encrypted""".split())
+_PROSE_ENDING = re.compile(r"[a-z]+(?:ed|ing|ly|ion|ions|ment|ness)")
+_PHRASE_WORD = re.compile(r"[A-Za-z0-9!@#$%^&*+=-]{2,32}")
+
+
+def _weak_password(value: str) -> bool:
+    return len(value) <= HEAD and _short_weak_password(value)
+
+
+@lru_cache(maxsize=4096)
+def _short_weak_password(value: str) -> bool:
+    """A one-word value under a password's name: even `admin` or `changeme` is somebody's password; a common word, a
+    word that reads as a verb or adverb (`stored`, `rotating`), or a placeholder is not."""
+    low = value.lower()
+    return (3 <= len(value) <= HEAD and _ALPHA.search(value) is not None and low not in _COMMON
+            and not _PROSE_ENDING.fullmatch(low) and not placeholder(value))
+
+
+def _phrase_end(text: str, start: int) -> int | None:
+    """The end of a passphrase that fills the rest of its line after `password:` (2 to 6 words, none common), or
+    None. Looks at most HEAD characters."""
+    line = text[start:start + HEAD].split("\n", 1)[0].split(";", 1)[0]
+    if len(line) == HEAD:
+        return None
+    words = line.rstrip(" \t\r.,").split()
+    if not 2 <= len(words) <= 6 or any(not _PHRASE_WORD.fullmatch(w) or w.lower() in _COMMON for w in words):
+        return None
+    return start + len(line.rstrip(" \t\r.,"))
+
+
+# `password is hunter2`, `the root password is changeme`, `aws secret access key wJalr...`: a secret's name, then
+# `is`/`was` or nothing, then one word. Without a verb the word must look strongly like a secret.
+_SAID = re.compile(r"(?<![A-Za-z])(password|passwd|passphrase|pwd|pw|secret|token|key|pat|credentials?)"
+                   r"(?:[ \t]+(is|was))?[ \t]+['\"]?([^\s'\"]{3,128})", re.IGNORECASE)
+# The two words before a name, read backwards in the reversed text: one anchored match per name.
+_WORDS_BEFORE_REVERSED = re.compile(r"[ \t]{1,8}([\w-]{0,30}[A-Za-z])(?![\w-])(?:[ \t]{1,8}([\w-]{0,30}[A-Za-z])(?![\w-]))?")
+_CLAUSE_END = re.compile(r"['\"]?[ \t]*(?:$|[\r\n.,;!)])")
+
+
+def _said_findings(text: str) -> list[Finding]:
+    found, reversed_text = [], None
+    for m in _SAID.finditer(text):
+        reversed_text = text[::-1] if reversed_text is None else reversed_text
+        before = _WORDS_BEFORE_REVERSED.match(reversed_text, len(text) - m.start())
+        words = [w[::-1] for w in (before.groups()[::-1] if before else ()) if w and w[::-1].lower() not in _COMMON]
+        name = "_".join(words[-2:] + [m.group(1)])
+        kind = _name_kind(name)
+        value = _strip_trailing(m.group(3))
+        if kind is None or len(value) < 3 or placeholder(value, name):
+            continue
+        end = m.start(3) + len(value)
+        if m.group(2):  # `is`/`was`: a secret-looking word, or a weak password that ends the clause
+            ok = _looks_secret(value) or (kind == "password" and _weak_password(value)
+                                          and _CLAUSE_END.match(text, end) is not None)
+        else:
+            ok = len(value) >= 12 and _looks_secret(value) and bool(_DIGITS.search(value)) and "-" not in value
+        if ok:
+            found.append(Finding(kind, m.start(3), end))
+    return found
+
+
+# `memctl fact set db.password Hunter2xyz` typed into a note: the value of a fact whose key names a secret.
+_FACT_SET = re.compile(r"(?<![\w-])fact[ \t]+set[ \t]+['\"]?([\w.:/-]{1,200})['\"]?[ \t]+"
+                       r"(?:(['\"])(.{1,1024}?)\2|([^\s'\"]\S*+))")
+
+
+def _fact_set_findings(text: str) -> list[Finding]:
+    found = []
+    for m in _FACT_SET.finditer(text):
+        kind, group = _name_kind(m.group(1)), 3 if m.group(3) is not None else 4
+        if kind and len(m.group(group)) >= 3 and not placeholder(m.group(group), m.group(1)):
+            found.append(Finding(kind, *m.span(group)))
     return found
 
 
@@ -271,7 +444,8 @@ def _command_findings(text: str) -> list[Finding]:
     found = []
     for command in _PASSWORD_COMMAND.finditer(text):
         name = command.group(1)
-        rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else name]
+        rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else
+                                 "login" if name.endswith("login") else name]
         for m in rule.finditer(text, command.start(2), command.end(2)):
             span = (m.start(m.lastindex), m.end(m.lastindex))
             value = text[span[0]:span[1]]
@@ -294,5 +468,9 @@ def shape_findings(text: str, low: str) -> list[Finding]:
         found.extend(_command_findings(text))
     if named_pair(text, low):
         found.extend(_pair_findings(text))
+    if NAME_WORDS(text, low):
+        found.extend(_said_findings(text))
+    if "fact" in low and "set" in low:
+        found.extend(_fact_set_findings(text))
     return found
 

@@ -154,7 +154,8 @@ def export(conn, write: Callable[[str], Any], *, agent: str | None = None, since
 
 def _model(model: models.Model) -> dict:
     return {"embedder": model.embedder, "model": model.model, "dims": model.dims, "storage": model.storage,
-            "request_dims": model.request_dims, "state": model.state}
+            "request_dims": model.request_dims, "state": model.state,
+            "query_prefix": model.query_prefix, "document_prefix": model.document_prefix}
 
 
 def _facts(rows: Iterable[dict]) -> Iterator[dict]:

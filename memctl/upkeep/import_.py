@@ -141,6 +141,8 @@ class _Described:
     request_dims: int | None
     size: int
     storage: str = "vector"
+    query_prefix: str = ""  # the instructions the vectors were made with; files written before memctl
+    document_prefix: str = ""  # knew them have none, and their vectors were made with none
 
     def dims(self) -> int:
         return self.size
@@ -185,8 +187,9 @@ class _Loader:
             self.index_later = models.register(self.conn, described, state="active", storage=described.storage,
                                                build_index=False)
             return self.index_later
-        same = (active.embedder, active.model, active.dims) == (described.name, described.model, described.size)
-        return active if same else None
+        same = (active.embedder, active.model, active.dims, active.query_prefix, active.document_prefix) == (
+            described.name, described.model, described.size, described.query_prefix, described.document_prefix)
+        return active if same else None  # another model's vectors, or other instructions': re-embedded here
 
     def _blocked_source(self, item: dict) -> None:
         blocked = self.gate.blocked_source(item["source"], item.get("reason"), item.get("blocked_at"))
@@ -202,7 +205,7 @@ class _Loader:
         given = _given_chunks(item.get("chunks"))
         episode = gate.validate(self.settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                                 agent=item["agent"], importance=item.get("importance"),
-                                created_at=item["created_at"], meta=item.get("meta"))
+                                created_at=item["created_at"], meta=item.get("meta"), limits=self.gate.limits)
         episode.line = number
         self.batch.append((item["id"], episode, given, _fold_hint(item)))
         if len(self.batch) >= BATCH:
@@ -277,7 +280,10 @@ def _described(described: Any) -> _Described:
     request = described.get("request_dims")
     if request is not None and (isinstance(request, bool) or not isinstance(request, int)):
         raise BadValue("header: vectors.request_dims must be an integer", "vectors.request_dims")
-    return _Described(described["embedder"], described["model"], request, described["dims"], storage)
+    prefixes = [described.get(name) or "" for name in ("query_prefix", "document_prefix")]
+    if not all(isinstance(p, str) for p in prefixes):
+        raise BadValue("header: vectors.query_prefix and document_prefix must be strings", "vectors.query_prefix")
+    return _Described(described["embedder"], described["model"], request, described["dims"], storage, *prefixes)
 
 
 def _given_chunks(chunks: Any) -> list[dict] | None:
@@ -409,7 +415,9 @@ def merge_fact(conn, admit: gate.Gate, item: dict, result: ImportResult) -> None
     """Add a key's history: as it is on an empty key; else the entries not yet here, after the last version.
 
     The current row is then the merged history's (memctl.records.facts: the greatest valid_from wins)."""
-    fact = admit.fact(item["namespace"], item["key"], item.get("value"), item.get("source"), item.get("valid_from"))
+    if item.get("value") is not None:  # the current value is the history's: admitted (and counted) there alone
+        gate.check_value(item["value"], "value", admit.limits.value_bytes)
+    fact = admit.fact(item["namespace"], item["key"], None, item.get("source"), item.get("valid_from"))
     entries = _history_entries(admit, fact, item["history"])
     if item.get("version") is not None:  # checked where they enter; the current row comes from the history
         gate.integer(item["version"], "version", 1, 2**62)

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, InfoMetricFamily, Metric
 
 import memctl
+from memctl import files
 from memctl.config import SCHEMA, Settings, parse_duration
 from memctl.errors import BadValue, MemctlError
 from memctl.records import jobs
@@ -359,6 +360,7 @@ def check_textfile(path: str) -> Path:
     if target.suffix != ".prom":
         raise BadValue(f"--textfile {path!r}: node_exporter's textfile collector reads only files ending in .prom",
                        "--textfile")
+    files.regular_target(target, "--textfile")
     if not target.parent.is_dir():
         raise MemctlError(f"--textfile {path!r}: no directory {str(target.parent)!r} (create it, and point "
                           "node_exporter's --collector.textfile.directory at it)")
@@ -373,15 +375,10 @@ def write_textfile(path: Path, families: list[Metric]) -> None:
     names (agents, kinds, models), never memory text: the file is 0644 whatever the umask.
     """
     data = text(families)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # not *.prom: the collector skips it
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, TEXTFILE_MODE)
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), TEXTFILE_MODE)
+    try:  # the temporary file is .NAME.*.tmp, not *.prom: the collector skips it
+        with files.atomic_write(path, mode=TEXTFILE_MODE, text=False) as handle:
             handle.write(data)
-        os.replace(temporary, path)
     except OSError as exc:
-        temporary.unlink(missing_ok=True)
         raise MemctlError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 

@@ -143,8 +143,12 @@ def run(argv: list[str], env: dict[str, str], *, stdout: IO | int | None = None)
 
 
 def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str], *, server_major: int,
-                   before: str, after: str) -> None:
-    """Run the dump's objects (those in `listing`) through psql in one transaction, `before` first, `after` last.
+                   before: str, after: str) -> bytes:
+    """Run the dump's objects (those in `listing`) through psql in one transaction, `before` first, `after` last;
+    psql's stderr (its notices and warnings).
+
+    `after` follows the dump on psql's standard input, never in its arguments (`ps` shows those): a
+    restore's re-applied erasures carry the digest key's pads (memctl.upkeep.erasure).
 
     pg_restore writes the script to a pipe, this process drops the header settings the server lacks,
     and psql runs it with ON_ERROR_STOP: any failing statement, or an exception raised by `after`, rolls
@@ -155,7 +159,7 @@ def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str
                                 str(dump)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
     psql = subprocess.Popen([tools["psql"], "-X", "-q", "-o", os.devnull, "-v", "ON_ERROR_STOP=1",
-                             "--single-transaction", "-c", before, "-f", "-", "-c", after],
+                             "--single-transaction", "-c", before, "-f", "-"],
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     errors: dict[str, bytes] = {}
     readers = [threading.Thread(target=lambda p=p, n=n: errors.__setitem__(n, p.stderr.read()), daemon=True)
@@ -164,6 +168,8 @@ def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str
         reader.start()
     try:
         _copy(restore.stdout, psql.stdin, drop)
+        if restore.wait() == 0:  # never after a dump cut short: psql must not reach a commit
+            psql.stdin.write(b"\n" + after.encode("utf-8") + b"\n")
     except BrokenPipeError:
         pass  # psql stopped at an error: its stderr says which
     restore.stdout.close()
@@ -179,6 +185,7 @@ def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str
         raise failure("psql", errors.get("psql", b""))
     if restore.returncode != 0:
         raise failure("pg_restore", errors.get("pg_restore", b""))
+    return errors.get("psql", b"")
 
 
 def _copy(source: IO[bytes], sink: IO[bytes], drop: list[re.Pattern]) -> None:

@@ -136,14 +136,21 @@ def prune(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run
     Kinds in await_summary lose only episodes some summary holds; each kind's row says how many it kept
     (kept_for_summary).
     """
-    from memctl.records import jobs
+    from memctl.records import erasures, jobs
 
     with jobs.record(conn, "prune") as job:
         now = conn.execute(deletion.NOW).fetchone()["now"]
         cutoffs = policy.cutoffs(now)
         selections = {kind: prune_selection(kind, cutoff, policy.keep_importance, await_summary=kind in await_summary)
                       for kind, cutoff in cutoffs.items()}
+        blocked = _blocked_keys(conn, selections)
+        secret = erasures.load_key() if blocked else b""
+        items, _ = erasures.capture_episodes(conn, blocked, secret) if blocked else ([], [])
         report, _ = deletion.run(conn, selections, batch_size=batch_size, run_vacuum=run_vacuum)
+        if items:  # a blocked source's episodes are an erasure: a restore must not bring them back
+            sources = ",".join(sorted({r["source"] for r in conn.execute(BLOCKED_SOURCES).fetchall()}))
+            erasures.record(conn, erasures.new_entry(conn, "prune_blocked", key=secret, source=sources,
+                                                     counts={"episodes": len(items)}, items={"episodes": items}))
         for row in report.kinds:
             kind = row["kind"]
             kept = kept_for_summary(conn, kind, cutoffs[kind], policy.keep_importance) if kind in await_summary else 0
@@ -160,3 +167,20 @@ def prune(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run
                                      job_log_policy=policy.jobs, awaiting_summary=sorted(await_summary))
     return report
 
+
+
+BLOCKED_SOURCES = "SELECT source FROM blocked_sources"
+BLOCKED_KEYS = """
+SELECT e.agent, e.id FROM episodes e WHERE ({where}) AND e.source IN (SELECT source FROM blocked_sources)
+"""
+
+
+def _blocked_keys(conn, selections: dict[str, deletion.Selection]) -> list[tuple[str, int]]:
+    """The episodes a prune is about to delete that came from a blocked source (recorded in the erasure ledger)."""
+    from psycopg import sql
+
+    keys = []
+    for selection in selections.values():
+        query = sql.SQL(BLOCKED_KEYS).format(where=sql.SQL(selection.where))
+        keys += [(r["agent"], r["id"]) for r in conn.execute(query, selection.params, prepare=False).fetchall()]
+    return keys

@@ -76,20 +76,32 @@ def purge_plan(conn, source: str, since: str | datetime.datetime | None = None) 
                      lineage.built_from(conn, source, when))
 
 
+PURGED_KEYS = "SELECT e.agent, e.id FROM episodes e WHERE {where}"
+
+
 def purge(conn, source: str, since: str | datetime.datetime | None = None, *, delete_facts: bool = False,
-          batch_size: int = deletion.DEFAULT_BATCH) -> deletion.Report:
+          batch_size: int = deletion.DEFAULT_BATCH, full: bool = False) -> deletion.Report:
     """Delete the episodes (chunks, vectors) from `source`, and with delete_facts the facts it last set.
 
     Facts go through facts.delete_fact, so their history records the deletion
     (source 'purge:<source>'); the values stay in the history until erased.
-    Recorded as job 'purge'.
+    Recorded as job 'purge', and in the erasure ledger (memctl.records.erasures): the episodes and summaries
+    deleted (ids, keyed digests of their texts and chunks), the source's digest, the facts deleted, and the
+    rows removed per table (report.removed). With `full`, VACUUM FULL of every table touched and a
+    CHECKPOINT (erasure.vacuum_full).
     """
     from psycopg import sql
 
-    from memctl.records import jobs
+    from memctl.records import erasures, jobs
 
     _check_source(source)
     when = _since(since)
+    secret = erasures.load_key()
+    query = sql.SQL(PURGED_KEYS).format(where=sql.SQL(PURGE_WHERE))
+    keys = [(r["agent"], r["id"]) for r in conn.execute(query, {"source": source, "since": when}).fetchall()]
+    keys += [(s["agent"], s["id"]) for s in lineage.built_from(conn, source, when)]
+    items, texts = erasures.capture_episodes(conn, keys, secret)
+    before = erasures.count_rows(conn, keys)
     with jobs.record(conn, "purge") as job:
         # Summaries first: found through the lineage while the sources still exist (and again after, by the
         # source names each summary records, for one written meanwhile): a poisoned source must not live on.
@@ -100,8 +112,14 @@ def purge(conn, source: str, since: str | datetime.datetime | None = None, *, de
         report, _ = deletion.run(conn, selections, batch_size=batch_size, run_vacuum=False)
         report.summaries = summaries + _purge_summaries(conn, source, when, batch_size)
         report.facts = _source_facts(conn, source, when)
+        fact_values = {(f["namespace"], f["key"]): f["value"] for f in report.facts}
         if delete_facts:
             _delete_facts(conn, report.facts, source)
+        with conn.transaction():
+            report.removed = erasures.removed(before, erasures.count_rows(conn, keys))
+            report.removed["runbook_runs"] = erasures.unlink_runs(conn, keys)
+            report.removed["facts"] = sum(f["deleted"] for f in report.facts)
+            report.removed.update(erasures.scrub_quotes(conn, texts))
         if report.remaining:
             report.outcome = "partial"
             report.error = f"{report.remaining} episode(s) from {source!r} were written during the purge and remain"
@@ -110,6 +128,17 @@ def purge(conn, source: str, since: str | datetime.datetime | None = None, *, de
         job.detail = deletion.detail(report, source=source, since=when)
         # keys only: the job log must not keep a copy of the values being removed
         job.detail["facts"] = [{k: f[k] for k in ("namespace", "key", "deleted")} for f in report.facts]
+    facts_items = [{"namespace": ns, "key": k, "digests": [erasures.digest(secret, fact_values[(ns, k)])],
+                    "erased": False} for ns, k in ((f["namespace"], f["key"]) for f in report.facts if f["deleted"])]
+    entry = erasures.new_entry(conn, "purge", key=secret, source=source, target=when.isoformat() if when else None,
+                               counts=report.removed, items={
+                                   "episodes": items, "facts": facts_items, "since": when.isoformat() if when else None,
+                                   "source_digest": erasures.digest(secret, source)})
+    report.ledger = erasures.record(conn, entry).id
+    if full:
+        from memctl.upkeep import erasure
+
+        report.vacuum = erasure.vacuum_full(conn, facts=delete_facts)
     return report
 
 

@@ -72,7 +72,7 @@ SOURCES = {
     "facts": "SELECT namespace, key, value, source FROM facts",
     "fact_history": "SELECT id, namespace, key, old_value, new_value, source FROM fact_history",
     "jobs": "SELECT id, error, detail::text AS detail FROM jobs",
-    "runbook_runs": "SELECT agent, id, name, output_tail FROM runbook_runs",
+    "runbook_runs": "SELECT agent, id, name, commit, output_tail FROM runbook_runs",
     "summary_sources": "SELECT DISTINCT agent FROM summary_sources",
     "blocked_sources": "SELECT source, reason FROM blocked_sources",
 }
@@ -154,10 +154,11 @@ def scan(conn) -> Scan:
             result.hits.append(Hit("blocked_sources", "-", "reason", kinds))
             result.blocked.add(row["source"])
     for row in _rows(conn, "runbook_runs"):
-        kinds = _kinds(row["output_tail"])
-        if kinds:
-            result.hits.append(Hit("runbook_runs", str(row["id"]), "output_tail", kinds))
-            result.runs.add((row["agent"], row["id"]))
+        for column in ("commit", "output_tail"):
+            kinds = _kinds(row[column])
+            if kinds:
+                result.hits.append(Hit("runbook_runs", str(row["id"]), column, kinds))
+                result.runs.add((row["agent"], row["id"]))
     return result
 
 
@@ -177,17 +178,21 @@ CLEAR_NEW = "UPDATE fact_history SET new_value = NULL WHERE id = %s"
 CLEAR_SOURCE = "UPDATE fact_history SET source = NULL WHERE id = %s"
 GET_JOB = "SELECT error, detail FROM jobs WHERE id = %s FOR UPDATE"
 SET_JOB = "UPDATE jobs SET error = %s, detail = %s::jsonb WHERE id = %s"
-GET_RUN = "SELECT output_tail FROM runbook_runs WHERE agent = %s AND id = %s FOR UPDATE"
-SET_RUN = "UPDATE runbook_runs SET output_tail = %s WHERE agent = %s AND id = %s"
+GET_RUN = "SELECT commit, output_tail FROM runbook_runs WHERE agent = %s AND id = %s FOR UPDATE"
+SET_RUN = "UPDATE runbook_runs SET commit = %s, output_tail = %s WHERE agent = %s AND id = %s"
 
 
 def fix(conn, settings, found: Scan) -> Fixed:
     """Rewrite every row the scan found, in one transaction; then vacuum the fact tables if history changed."""
     from psycopg.types.json import Jsonb
 
+    from memctl.records import erasures
+
     done = Fixed()
+    secret = erasures.load_key()
     with conn.transaction():
         conn.execute(locks.WRITE_LOCK)
+        items = _ledger_items(conn, found, secret)
         for agent, episode_id in sorted(found.episodes):
             _fix_episode(conn, settings, agent, episode_id, done, Jsonb)
         for namespace, key in sorted(found.facts):
@@ -211,12 +216,40 @@ def fix(conn, settings, found: Scan) -> Fixed:
         for agent, run_id in sorted(found.runs):
             row = conn.execute(GET_RUN, (agent, run_id)).fetchone()
             if row is not None:
-                conn.execute(SET_RUN, (redact_text(row["output_tail"]), agent, run_id))
+                conn.execute(SET_RUN, (redact_text(row["commit"]), redact_text(row["output_tail"]), agent, run_id))
                 done.runbook_runs += 1
     if found.history and conn.autocommit:
         facts._vacuum(conn, full=False)
         done.vacuum = True
+    if items["episodes"] or items["facts"]:
+        erasures.record(conn, erasures.new_entry(conn, "redact_fix", key=secret, counts=done.to_dict(), items=items))
     return done
+
+
+HELD_VALUES = """
+SELECT namespace, key, value AS text FROM facts
+WHERE (namespace, key) IN (SELECT * FROM unnest(%(ns)s::text[], %(keys)s::text[]))
+UNION ALL SELECT namespace, key, old_value FROM fact_history WHERE id = ANY(%(old)s)
+UNION ALL SELECT namespace, key, new_value FROM fact_history WHERE id = ANY(%(new)s)
+"""
+
+
+def _ledger_items(conn, found: Scan, secret: bytes) -> dict:
+    """What the fix is about to overwrite, for the erasure ledger: digests of the old texts, never the texts."""
+    from memctl.records import erasures
+
+    episodes, _ = erasures.capture_episodes(conn, sorted(found.episodes), secret)
+    names = sorted(found.facts)
+    params = {"ns": [n for n, _ in names], "keys": [k for _, k in names],
+              "old": [i for i, cols in found.history.items() if "old_value" in cols],
+              "new": [i for i, cols in found.history.items() if "new_value" in cols]}
+    digests: dict[tuple[str, str], set[str]] = {}
+    for row in conn.execute(HELD_VALUES, params).fetchall():
+        if row["text"] is not None:
+            digests.setdefault((row["namespace"], row["key"]), set()).add(erasures.digest(secret, row["text"]))
+    return {"episodes": episodes, "history": sorted(found.history),
+            "facts": [{"namespace": n, "key": k, "digests": sorted(d), "erased": True}
+                      for (n, k), d in digests.items()]}
 
 
 def _reason(conn, source: str) -> str | None:

@@ -4,8 +4,10 @@
     run     embed the queue from the stored texts (memctl.embedding.worker.run: resumable, kill -9 safe),
             then build the HNSW index CONCURRENTLY
     status  done / total, rate, ETA, index state
-    compare overlap of both models' top-k episodes for sample queries
-    switch  atomically retire the active model and activate the new one
+    compare recall@k and MRR of both models on known items (memctl.upkeep.quality), and the overlap
+            of their top-k episodes for sample queries
+    switch  atomically retire the active model and activate the new one, unless the new one finds
+            less than the active one beyond a tolerance (--accept-worse); the job log keeps the figures
     drop-old drop retired models' tables (DROP TABLE returns the space at once)
     abort   drop the new model's table instead
 
@@ -26,7 +28,7 @@ from memctl.db import cluster
 from memctl.embedding import footprint, models, worker
 from memctl.errors import EmbedderUnavailable, MemctlError, NotFound, UsageError
 from memctl.records import jobs
-from memctl.upkeep import size
+from memctl.upkeep import quality, size
 
 REEMBED_LOCK = 0x6D656D72  # "memr": a session lock held by `reembed run`, second key the model id
 TRY_LOCK = "SELECT pg_try_advisory_lock(%s::int4, %s::int4) AS ok"
@@ -282,9 +284,11 @@ def sample_queries(conn, n: int) -> list[str]:
 
 
 def _embed_all(embedder, texts: list[str], batch: int = 32) -> list:
+    from memctl.embedding.embedders import as_queries
+
     vectors = []
     for i in range(0, len(texts), batch):
-        vectors.extend(embedder.embed(texts[i:i + batch]).vectors)
+        vectors.extend(embedder.embed(as_queries(embedder, texts[i:i + batch])).vectors)
     return vectors
 
 
@@ -307,14 +311,33 @@ def overlap(a: list[int], b: list[int]) -> float:
     return 1.0 if size == 0 else len(set(a) & set(b)) / size
 
 
-def compare(conn, settings, *, sample: int = 20, queries: list[str] | None = None, k: int = 10) -> dict:
-    """How much the top-k would change: per-query overlap of the active and the new model's results."""
+def known_items(conn, path: str | None, sample: int) -> tuple[list, list[str] | None, str]:
+    """(known items, plain queries from the file or None, where the items came from)."""
+    if path is None:
+        return quality.from_memory(conn, sample), None, "memory"
+    items, plain = quality.read_file(conn, path)
+    if items:
+        return items, plain, str(path)
+    return quality.from_memory(conn, sample), plain, "memory"
+
+
+def compare(conn, settings, *, sample: int = 20, queries: str | None = None, k: int = 10,
+            tolerance: float = quality.TOLERANCE) -> dict:
+    """recall@k and MRR of both models on known items (`queries`: a file, see memctl.upkeep.quality; else
+    built from the memory), and how much the top-k would change: per-query overlap of their results."""
     if not 1 <= k <= 1000:
         raise UsageError(f"k must be between 1 and 1000, got {k}")
     active, new = models.require_active(conn), backfill_model(conn)
-    texts = queries if queries is not None else sample_queries(conn, sample)
+    items, plain, source = known_items(conn, queries, quality.SAMPLE)  # the figures `switch` goes by
+    measured = quality.side_by_side(conn, settings, active, new, items, k=k, source=source, tolerance=tolerance)
+    if queries is None:
+        texts = sample_queries(conn, sample)
+    else:
+        texts = plain or [i.query for i in items[:sample]]
     if not texts:
-        raise UsageError("no queries: store some episodes or give --queries FILE")
+        return {"active": active.label, "new": new.label, "k": k, "queries": 0, "mean_overlap": None,
+                "done": _vectors(conn, new), "total": _count(conn, CHUNKS), "warning": None, "rows": [],
+                "quality": measured}
     ef = settings.get("search", "ef_search") or 100
     from memctl.embedding.embedders import make_embedder
 
@@ -329,7 +352,7 @@ def compare(conn, settings, *, sample: int = 20, queries: list[str] | None = Non
                                           "overlap is understated until `memctl reembed run` completes")
     mean = sum(r["overlap"] for r in rows) / len(rows)
     return {"active": active.label, "new": new.label, "k": k, "queries": len(rows), "mean_overlap": round(mean, 3),
-            "done": done, "total": total, "warning": warning, "rows": rows}
+            "done": done, "total": total, "warning": warning, "rows": rows, "quality": measured}
 
 
 # --------------------------------------------------------------------- switch
@@ -344,33 +367,62 @@ def config_change(model: models.Model) -> dict:
     return {"env": env, "toml": toml, "dimensions": dims}
 
 
-def switch(conn) -> dict:
-    """Make the backfilled model the active one, atomically; refuses unless it is complete and indexed."""
+class WorseModel(MemctlError):
+    """The new model finds less than the active one: `switch` refused (exit 1)."""
+
+
+def switch(conn, settings, *, accept_worse: bool = False, queries: str | None = None, k: int = 10,
+           tolerance: float = quality.TOLERANCE) -> dict:
+    """Make the backfilled model the active one, atomically, if it finds no less than the active one.
+
+    Refuses unless it is complete and indexed; then measures both models on the same known items
+    (memctl.upkeep.quality) before taking the registry lock (writes wait for that lock), and refuses
+    a model whose recall@k is lower beyond `tolerance` unless `accept_worse`. A memory with nothing
+    to measure switches, saying so. The job log (job reembed-switch) keeps the figures.
+    """
+    _ready(conn, backfill_model(conn))
+    active, new = models.require_active(conn), backfill_model(conn)
+    items, _, source = known_items(conn, queries, quality.SAMPLE)
+    measured = quality.side_by_side(conn, settings, active, new, items, k=k, source=source, tolerance=tolerance)
+    if measured["worse"] and not accept_worse:
+        raise WorseModel(f"switch refused: the new model finds less than the active one beyond the tolerance "
+                         f"of {tolerance}: {quality.figures(measured)}; `memctl reembed switch --accept-worse` "
+                         "switches anyway, `memctl reembed abort` drops it")
+    with jobs.record(conn, "reembed-switch") as job:
+        with conn.transaction():
+            models.lock_registry(conn)
+            if backfill_model(conn).id != new.id:
+                raise MemctlError(f"the model being backfilled changed while {new.label} was measured: run again")
+            _ready(conn, new)
+            old = models.activate(conn, new)
+        job.rows = measured["queries"]
+        job.detail = {"old": old.label if old else None, "new": new.label, "accepted_worse": accept_worse,
+                      "figures": measured}
+    return {"old": old.label if old else None, "new": new.label, "relation": new.table_name,
+            "config": config_change(new), "quality": measured, "accepted_worse": accept_worse and measured["worse"]}
+
+
+def _ready(conn, new: models.Model) -> None:
+    """Refuse a model that is not completely backfilled and indexed, saying what to run."""
     from psycopg import sql
 
-    with conn.transaction():
-        models.lock_registry(conn)
-        new = backfill_model(conn)
-        problems = []
-        pending, failed = _count(conn, QUEUED, new.id), _count(conn, FAILED, new.id)
-        if pending:
-            problems.append(f"{pending} chunk(s) still queued for {new.label}: run `memctl reembed run`")
-        if failed:
-            problems.append(f"{failed} chunk(s) refused by {new.label}: `memctl reembed run --retry-failed` "
-                            "or `memctl reembed abort`")
-        if not pending and not failed:
-            missing = conn.execute(sql.SQL(MISSING).format(sql.Identifier(new.table_name)), prepare=False
-                                   ).fetchone()["n"]
-            if missing:
-                problems.append(f"{missing} chunk(s) have no vector in {new.table_name}: run `memctl reembed run`")
-        state = index_state(conn, new)
-        if state != "valid":
-            problems.append(f"its HNSW index is {state}: `memctl reembed run` builds it")
-        if problems:
-            raise MemctlError("switch refused: " + "; ".join(problems))
-        old = models.activate(conn, new)
-    return {"old": old.label if old else None, "new": new.label, "relation": new.table_name,
-            "config": config_change(new)}
+    problems = []
+    pending, failed = _count(conn, QUEUED, new.id), _count(conn, FAILED, new.id)
+    if pending:
+        problems.append(f"{pending} chunk(s) still queued for {new.label}: run `memctl reembed run`")
+    if failed:
+        problems.append(f"{failed} chunk(s) refused by {new.label}: `memctl reembed run --retry-failed` "
+                        "or `memctl reembed abort`")
+    if not pending and not failed:
+        missing = conn.execute(sql.SQL(MISSING).format(sql.Identifier(new.table_name)), prepare=False
+                               ).fetchone()["n"]
+        if missing:
+            problems.append(f"{missing} chunk(s) have no vector in {new.table_name}: run `memctl reembed run`")
+    state = index_state(conn, new)
+    if state != "valid":
+        problems.append(f"its HNSW index is {state}: `memctl reembed run` builds it")
+    if problems:
+        raise MemctlError("switch refused: " + "; ".join(problems))
 
 
 # ------------------------------------------------------------ drop-old, abort

@@ -21,8 +21,10 @@ from __future__ import annotations
 import tempfile
 import time
 import uuid
+import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from psycopg import sql
 
@@ -94,6 +96,7 @@ class Verification:
     file: Path
     manifest: dict
     tables: list[TableCheck] = field(default_factory=list)
+    inspected: Any = None  # what verify's `inspect` found in the scratch database
 
     @property
     def ok(self) -> bool:
@@ -110,15 +113,18 @@ class Restored:
     manifest: dict
     safety: Path | None
     migrations: list[str]
+    reapplied: list[dict] = field(default_factory=list)  # erasures newer than the backup (memctl.upkeep.erasure)
 
     def to_dict(self) -> dict:
         return {"file": str(self.file), "created_at": self.manifest["created_at"], **self.manifest["records"],
                 "safety_backup": str(self.safety) if self.safety else None,
-                "migrations_applied": len(self.migrations)}
+                "migrations_applied": len(self.migrations), "erasures_reapplied": self.reapplied}
 
 
-def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None) -> Verification:
-    """Restore the backup into a scratch database and compare every table with the manifest."""
+def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None,
+           inspect: Callable[[Any], Any] | None = None) -> Verification:
+    """Restore the backup into a scratch database and compare every table with the manifest; `inspect`, given
+    a connection to the scratch database, looks at it before it is dropped (its result: .inspected)."""
     from memctl import db
     from memctl.upkeep import pgtools
 
@@ -137,7 +143,27 @@ def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None) 
                 pgtools.restore_script(tools, dump, listing, env, server_major=major, before=prepare,
                                        after=NOTHING)
             with db.connect(target) as scratch:
-                return Verification(path, manifest, _compare(scratch, schema, manifest["tables"]))
+                checked = Verification(path, manifest, _compare(scratch, schema, manifest["tables"]))
+                if inspect is not None:
+                    checked.inspected = inspect(scratch)
+                return checked
+
+
+def verify_backup(conn, url: str, path: str | Path, *, scratch_url: str | None = None) -> dict:
+    """`memctl erasure verify --backup`: the erasure ledger's test (memctl.upkeep.erasure.find_matches) on a
+    backup restored into a scratch database."""
+    from memctl.records import erasures
+    from memctl.upkeep import erasure
+
+    entries = erasures.sync(conn)
+    key = erasures.load_key(create=False)
+    checked = verify(conn, url, path, scratch_url=scratch_url,
+                     inspect=lambda scratch: erasure.find_matches(scratch, entries, key))
+    matches, untestable = checked.inspected
+    created = datetime.datetime.fromisoformat(checked.manifest["created_at"])
+    return {"entries": len(entries), "matches": matches, "untestable": len(untestable),
+            "newer_than_backup": [e.summary() for e in entries if e.erased_at > created],
+            "backup_created_at": checked.manifest["created_at"], "tables_ok": checked.ok}
 
 
 def _compare(conn, schema: str, expected: dict[str, dict]) -> list[TableCheck]:
@@ -215,10 +241,11 @@ def _check(schema: str, expected: dict[str, dict]) -> sql.Composed:
     return CHECK.format(settings=settings, tables=tables)
 
 
-def restore(conn, url: str, path: str | Path, *, directory: Path) -> Restored:
+def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None) -> Restored:
     """Replace memctl's tables with the backup's, after a safety backup of what is there now into DIRECTORY."""
     from memctl.db import migrate
-    from memctl.upkeep import pgtools
+    from memctl.records import erasures
+    from memctl.upkeep import erasure, pgtools
 
     path = Path(path)
     manifest = backup_file.read_manifest(path)
@@ -235,18 +262,30 @@ def restore(conn, url: str, path: str | Path, *, directory: Path) -> Restored:
         safety = None
         if backup_mod.tables(conn):
             safety = backup_mod.take(conn, url, directory, prefix=backup_mod.SAFETY_PREFIX, record=False).path
+        # The erasure ledger, read before the table is replaced by the backup's older one: every entry newer than
+        # the backup is re-applied in the same transaction, after the check (memctl.upkeep.erasure).
+        ledger = erasures.sync(conn)
+        newer = erasure.newer_than(ledger, manifest["created_at"])
+        key = erasures.load_key(create=False)
         before = _prepare(schema, drop=True).as_string(conn)
-        after = _check(schema, manifest["tables"]).as_string(conn)
+        after = _check(schema, manifest["tables"]).as_string(conn) + erasure.reapply_sql(conn, schema, newer, key)
         with pgtools.connection_env(url) as env:
             try:
-                pgtools.restore_script(tools, dump, listing, env, server_major=major, before=before, after=after)
+                said = pgtools.restore_script(tools, dump, listing, env, server_major=major, before=before,
+                                              after=after)
             except MemctlError as exc:
                 kept = f"; nothing was changed (safety backup: {safety})" if safety else "; nothing was changed"
                 raise MemctlError(f"restore of {path} failed: {exc}{kept}") from None
     applied = migrate.apply(conn)
-    restored = Restored(path, manifest, safety, [m.name for m in applied])
+    erasures.sync(conn, ledger)  # the table holds every entry again
+    erasure.after_restore(conn, settings, newer)
+    counts = erasure.reapplied_counts(said)
+    restored = Restored(path, manifest, safety, [m.name for m in applied],
+                        [{"erasure": e.id, "op": e.op, "what": e.target or e.source,
+                          "erased_at": e.erased_at.isoformat(), **counts.get(e.id, {})} for e in newer])
     with jobs.record(conn, JOB) as job:
         job.rows = manifest["records"].get("facts", 0) + manifest["records"].get("episodes", 0)
         job.detail = {"file": str(path), "safety_backup": str(safety) if safety else None,
-                      "backup_created_at": manifest["created_at"], "migrations": restored.migrations}
+                      "backup_created_at": manifest["created_at"], "migrations": restored.migrations,
+                      "erasures_reapplied": restored.reapplied}
     return restored

@@ -6,6 +6,7 @@ import datetime
 
 from memctl.config import SCHEMA, parse_duration
 from memctl.embedding import models
+from memctl.errors import MemctlError
 from memctl.records import jobs
 
 COUNTS = """
@@ -98,6 +99,22 @@ def _failed_last(conn, job: str, pending: int) -> str | None:
             + f"{waiting} (memctl jobs --job {job})")
 
 
+def _instructions(conn, settings) -> str | None:
+    """A warning when the active model's vectors were made with other instructions than it expects
+    (DESIGN 12): a database embedded before memctl knew nomic-embed-text's, or a changed
+    [embedding] query_prefix / document_prefix. Search goes on with the vectors' own instructions."""
+    from memctl.embedding.embedders import make_embedder
+
+    model = models.active(conn)
+    if model is None:
+        return None
+    try:
+        configured = make_embedder(settings, embedder=model.embedder, model=model.model)
+    except MemctlError:  # e.g. the local embedder named with another model: nothing to compare
+        return None
+    return models.instruction_warning(model, models.instructions(configured))
+
+
 def warnings(conn, settings, report: dict) -> list[str]:
     found = []
     embed_every = _schedule(settings, "embed")
@@ -114,6 +131,7 @@ def warnings(conn, settings, report: dict) -> list[str]:
     if report.get("orphaned"):
         found.append(f"{report['orphaned']} chunk(s) have no vector, no queue row and no failure (written while a "
                      "model was being registered): the next memctl embed queues them")
+    found.append(_instructions(conn, settings))
     if report["failed"]:
         found.append(f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
                      "(memctl embed --retry-failed puts them back in the queue)")

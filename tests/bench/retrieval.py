@@ -32,6 +32,7 @@ BM25 outside memctl (no dialogue terms, no database) is printed beside them.
 
     python tests/bench/retrieval.py [--data ../shared/eval/locomo-dev.json] [-k 10]
         [--conversations conv-26,conv-30] [--variant "rrf_k=60"] [--embedder local|ollama] [--halves]
+        [--model M --ollama-host URL] [--embedding query_prefix= --embedding document_prefix=]
 """
 
 from __future__ import annotations
@@ -94,9 +95,16 @@ def memctl_command(explicit: str | None) -> list[str]:
     return [str(beside)] if beside.exists() else [sys.executable, "-m", "memctl"]
 
 
-def write_config(path: Path, variant: str) -> None:
-    """[embedding] search_timeout = 300 and the variant's [search] settings ("key=value key=value")."""
-    lines = ["[embedding]", "search_timeout = 300", "", "[search]"]
+def write_config(path: Path, variant: str, embedding: tuple[str, ...] = ()) -> None:
+    """[embedding] search_timeout = 300 and `embedding`'s settings (strings: "query_prefix="), then the
+    variant's [search] settings ("key=value key=value")."""
+    lines = ["[embedding]", "search_timeout = 300"]
+    for item in embedding:
+        key, _, value = item.partition("=")
+        if not re.fullmatch(r"[a-z_]+", key):
+            raise SystemExit(f"--embedding: expected key=value, got {item!r}")
+        lines.append(f"{key} = {json.dumps(value)}")
+    lines += ["", "[search]"]
     for item in variant.split():
         key, _, value = item.partition("=")
         if not re.fullmatch(r"[a-z_]+", key) or not value:
@@ -243,6 +251,8 @@ def main() -> None:
     p.add_argument("--embedder", choices=("local", "ollama"), default="local")
     p.add_argument("--model", default="all-minilm")
     p.add_argument("--ollama-host", default=os.environ.get("OLLAMA_HOST"))
+    p.add_argument("--embedding", action="append", default=[],
+                   help="an [embedding] string setting, e.g. 'query_prefix=' (no query instruction; repeatable)")
     p.add_argument("--memctl", help="the memctl command (default: the one beside this Python)")
     p.add_argument("--halves", action="store_true",
                    help="also ask with each half alone (--mode text, --mode vector), default settings: how far "
@@ -261,7 +271,7 @@ def main() -> None:
                    "HF_HUB_OFFLINE": "1"}
             if args.ollama_host:
                 env["OLLAMA_HOST"] = args.ollama_host
-            write_config(scratch / "memctl.toml", "")
+            write_config(scratch / "memctl.toml", "", tuple(args.embedding))
             (scratch / "turns.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             started = time.perf_counter()
             for step in (["episode", "import", str(scratch / "turns.jsonl")], ["embed"]):
@@ -274,7 +284,7 @@ def main() -> None:
             if args.halves:
                 runs += [("", "text half alone", "text"), ("", "vector half alone", "vector")]
             for variant, label, mode in runs:
-                write_config(scratch / "memctl.toml", variant)
+                write_config(scratch / "memctl.toml", variant, tuple(args.embedding))
                 answers, elapsed, stderr = ask(memctl, env, questions, args.k, mode)
                 by_category, scores, by_conversation = score(questions, answers, turn_ids, args.k)
                 vector_ran = sum(1 for a in answers for h in a["results"] if h.get("vector_rank") is not None)
