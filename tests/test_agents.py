@@ -218,3 +218,12 @@ def test_recall_for_an_agent_reads_the_namespaces_its_server_reads(conn, cli, ca
     assert "10.1.1.1" in values_ and "10.9.9.9" not in values_
     carol = cli("recall", "what is the dns resolver", "--agent", "carol", "-f", "json").json()  # unregistered
     assert {i.get("value") for i in carol["items"] if i["kind"] == "fact"} == {"10.9.9.9"}
+    # recall --batch: a line naming alice reads her namespaces too; a line naming a namespace reads that one
+    lines = '{"observation": "what is the dns resolver", "agent": "alice"}\n' \
+            '{"observation": "what is the dns resolver", "agent": "alice", "namespace": "default"}\n'
+    batch = cli("recall", "--batch", "-", "-f", "jsonl", input=lines)
+    assert batch.exit_code == 0, batch.stderr
+    first, second = batch.jsonl()
+    assert {i.get("value") for i in first["items"] if i["kind"] == "fact"} >= {"10.1.1.1"}
+    assert "10.9.9.9" not in {i.get("value") for i in first["items"] if i["kind"] == "fact"}
+    assert {i.get("value") for i in second["items"] if i["kind"] == "fact"} == {"10.9.9.9"}

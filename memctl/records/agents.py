@@ -67,7 +67,9 @@ DELETE = "DELETE FROM agents WHERE name = %s RETURNING role_name"
 ROLE_EXISTS = "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) AS yes"
 CAN_CREATE_ROLES = "SELECT rolcreaterole OR rolsuper AS yes FROM pg_roles WHERE rolname = current_user"
 IS_CITUS = "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') AS yes"
-# Every memory table: a table of this schema with an agent or a namespace column (the registry aside).
+# Every memory table: a table of this schema with an agent or a namespace column (the registry aside). The
+# operator's tables have neither and are granted to no agent: jobs, memctl_migrations, erasures (the erasure
+# ledger's ids and digests).
 MEMORY_TABLES = """
 SELECT c.relname AS name FROM pg_class c
 WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND c.relname <> 'agents'
