@@ -209,6 +209,121 @@ def db_url(pg_server, request):
         yield url
 
 
+def _migrated_database_of(pg_server: str, role_url: str, name: str, superuser: bool) -> str:
+    """A database made and migrated by the role of role_url (so its tables are that role's): its URL.
+
+    Where `vector` is not in template1 the test role, a superuser there, creates it first (memctl's
+    preflight would refuse a role that may not)."""
+    from memctl import db
+    from memctl.db import migrate
+
+    with psycopg.connect(role_url, autocommit=True) as conn:
+        drop_database(conn, name)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    if superuser:
+        with psycopg.connect(_db_url(pg_server, name), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    with db.connect(_db_url(role_url, name)) as conn:
+        migrate.apply(conn)
+    return _db_url(role_url, name)
+
+
+def _login_role(pg_server: str, name: str, attributes: str) -> str:
+    """A login role made by the superuser test role, with a fresh random password: its server URL."""
+    import secrets
+
+    password = secrets.token_hex(16)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("ALTER ROLE {} LOGIN NOSUPERUSER {} PASSWORD {}").format(
+            sql.Identifier(name), sql.SQL(attributes), sql.Literal(password)))
+    return make_conninfo(pg_server, user=name, password=password)
+
+
+@pytest.fixture(scope="session")
+def createrole_server(pg_server, pg_role):
+    """The server URL of a login role with CREATEROLE and CREATEDB that is not a superuser (the operator's
+    owner who makes agents' roles, or the DBA who runs `memctl agent add --print-sql`), and the name of a
+    migrated template it owns; None where this run has none.
+
+    MEMCTL_TEST_CREATEROLE_URL names it (CI step 3: memctl_dba, made by tests/ci/own-postgres.sh); on a
+    superuser's server it is made here. The agents' group roles are made by it when missing (on
+    PostgreSQL 16+ a role may grant only the roles it holds with ADMIN OPTION: its own)."""
+    given = os.environ.get("MEMCTL_TEST_CREATEROLE_URL")
+    if given:
+        url = given
+    elif pg_role.superuser:
+        url = _login_role(pg_server, "memctl_test_createrole", "CREATEROLE CREATEDB")
+    else:
+        yield None
+        return
+    with psycopg.connect(make_conninfo(url, dbname="template1"), autocommit=True) as conn:
+        for group in ("memctl_agents", "memctl_agents_write"):
+            if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (group,)).fetchone():
+                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
+            elif pg_role.superuser and pg_role.server_version >= 160000:
+                with psycopg.connect(pg_server, autocommit=True) as admin:
+                    admin.execute(sql.SQL("GRANT {} TO {} WITH ADMIN OPTION").format(
+                        sql.Identifier(group), sql.Identifier(conn.info.user)))
+    template = TEMPLATE + "_cr"
+    _migrated_database_of(pg_server, url, template, pg_role.superuser)
+    yield url, template
+    with psycopg.connect(make_conninfo(url, dbname="template1"), autocommit=True) as conn:
+        drop_database(conn, template)
+
+
+@pytest.fixture
+def createrole_db_url(createrole_server):
+    """A fresh migrated database owned by the createrole_server role (skips, saying why, without one)."""
+    if createrole_server is None:
+        pytest.skip("needs a login role with CREATEROLE that is not a superuser: MEMCTL_TEST_CREATEROLE_URL "
+                    "(tests/ci/own-postgres.sh makes memctl_dba), or a superuser test role to make one")
+    url, template = createrole_server
+    name = f"memctl_r_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(make_conninfo(url, dbname="template1"), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+    try:
+        yield _db_url(url, name)
+    finally:
+        with psycopg.connect(make_conninfo(url, dbname="template1"), autocommit=True) as conn:
+            drop_database(conn, name)
+
+
+@pytest.fixture
+def agents_db_url(request, pg_server, pg_role):
+    """This test's database, owned by a role that may make agents' roles: the test role's when it may
+    (a superuser, or CREATEROLE), else the createrole_server role's."""
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        may = conn.execute("SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+    if may:
+        with fresh_database(pg_server) as url:
+            yield url
+    else:
+        yield request.getfixturevalue("createrole_db_url")
+
+
+@pytest.fixture
+def plain_owner_db_url(pg_server, pg_role):
+    """A fresh migrated database whose owner is neither a superuser nor has CREATEROLE: the test role's
+    when it is such a role (CI step 3), else one made here by the superuser test role."""
+    if not pg_role.superuser:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            if conn.execute("SELECT rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
+                pytest.skip(f"needs an owner without CREATEROLE; the test role {pg_role.name!r} has it")
+        with fresh_database(pg_server) as url:
+            yield url
+        return
+    role_url = _login_role(pg_server, "memctl_test_plain_owner", "NOCREATEROLE CREATEDB")
+    name = f"memctl_p_{uuid.uuid4().hex[:12]}"
+    url = _migrated_database_of(pg_server, role_url, name, superuser=True)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            drop_database(conn, name)
+
+
 @pytest.fixture
 def empty_db_url(pg_server):
     """A fresh database with no schema at all (for migration tests)."""

@@ -518,3 +518,24 @@ def test_a_query_naming_a_date_with_agent_runs_its_halves_in_the_period_on_that_
     today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     touched, mine, commands = _remote_shards(citus, mode, f"why was the disk full on db01 on {today}")
     assert touched and touched <= mine, (sorted(touched - mine)[:5], commands)
+
+
+@needs_cluster
+def test_agents_are_refused_on_citus_where_memctls_policies_could_not_be_placed(citus):
+    """What holds on Citus: the migration leaves the memory tables without row-level security (so `db
+    distribute` places them) and `agent add` is refused, saying why, making no role. What does not: a
+    policy like memctl's, whose agent test is a subquery evaluated once per statement, is refused by Citus
+    on a distributed table (docs/agents.md#citus)."""
+    _cli("db", "migrate")
+    _cli("db", "distribute")
+    result = memctl_runner().invoke(app, ["agent", "add", "alice"], catch_exceptions=False)
+    assert result.exit_code == 1 and "not offered on Citus" in result.stderr
+    with db.connect(citus) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM agents").fetchone()["n"] == 0
+        assert conn.execute("SELECT count(*) AS n FROM pg_roles WHERE rolname = 'memctl_agent_alice'").fetchone()["n"] == 0
+        protected = conn.execute("SELECT relname FROM pg_class WHERE relrowsecurity AND relnamespace = "
+                                 "'public'::regnamespace").fetchall()
+        assert protected == []
+        # Citus 13's own words (commands/policy.c forbids subqueries in distributed tables' policies)
+        with pytest.raises(psycopg.Error, match="Subqueries are not supported in policies|non-SELECT command in SubLink"):
+            conn.execute("CREATE POLICY memctl_probe ON episodes USING (agent = (SELECT current_user::text))")

@@ -22,7 +22,7 @@ REAL_BIN = str(Path(sys.executable).parent / "memctl") if (Path(sys.executable).
     else sys.executable
 JOBS = {"memctl-embed": "embed", "memctl-summarize": "summarize --skip-if-off", "memctl-prune": "prune --yes",
         "memctl-backup": "backup"}
-SERVICES = ["memctl-db", *JOBS]
+SERVICES = ["memctl-db", *JOBS, "memctl-mcp"]
 MAX_EXPOSURE = 4.0
 # The CLI must never open a database: this URL would fail at once if it did. No config file of the runner's.
 NO_DB_ENV = {"MEMCTL_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1",
@@ -91,6 +91,15 @@ def test_security_exposure_at_most_4(analyze, unit_dir, job):
     match = re.search(rf"Overall exposure level for {job}\.service: (\d+\.\d+)", result.stdout)
     assert match, result.stdout
     assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+
+
+def test_the_mcp_unit_serves_http_on_loopback_after_the_database(unit_dir):
+    service = _directives((unit_dir / "memctl-mcp.service").read_text())
+    assert _one(service, "ExecStart") == f"{REAL_BIN} mcp --http ${{MEMCTL_MCP_ADDRESS}}"
+    assert "MEMCTL_MCP_ADDRESS=127.0.0.1:8765" in service["Environment"]
+    assert service["Requires"] == ["memctl-db.service"] and "memctl-db.service" in service["After"]
+    assert "Requires" not in _directives(systemd.render_units(REAL_BIN, extras=systemd.Extras(embedded=False))[
+        "memctl-mcp.service"])
 
 
 def test_verify_catches_a_missing_binary(analyze, tmp_path):

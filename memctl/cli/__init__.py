@@ -159,12 +159,13 @@ NOUNS = {
     "episode": "episode", "embed": "embed", "status": "status",
     "prune": "retention", "purge": "retention", "jobs": "retention", "source": "retention",
     "runbook": "runbook", "size": "size", "reembed": "reembed", "recall": "recall", "systemd": "systemd",
-    "summarize": "summarize", "mcp": "mcp",
+    "summarize": "summarize", "mcp": "mcp", "agent": "agent",
     "backup": "backup", "restore": "backup", "metrics": "metrics", "erasure": "erasure", "ingest": "ingest",
 }
 EXTRA = {"embed": ["timing"]}  # modules that add commands to another noun's sub-app
 ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "summarize", "runbook", "size", "reembed",
-         "recall", "ingest", "redact", "transfer", "backup", "erasure", "metrics", "db", "config", "systemd", "mcp"]
+         "recall", "ingest", "redact", "transfer", "backup", "erasure", "metrics", "db", "config", "systemd", "mcp",
+         "agent"]
 _loaded: set[str] = set()
 
 

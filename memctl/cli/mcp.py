@@ -1,4 +1,4 @@
-"""memctl mcp: an agent's memory over the Model Context Protocol (stdio), scoped to one agent."""
+"""memctl mcp: agents' memory over the Model Context Protocol: stdio for one agent, or streamable HTTP for many."""
 
 from __future__ import annotations
 
@@ -29,6 +29,13 @@ def mcp(
     source: Annotated[Optional[str], typer.Option(
         "--source", "-s", help="Source of what the agent writes (default mcp:AGENT): `memctl source block` and "
                                "`purge --source` act on it.", show_default=False)] = None,
+    http: Annotated[Optional[str], typer.Option(
+        "--http", help="Serve streamable HTTP at http://[HOST:]PORT/mcp instead of stdio, for every registered agent: "
+                       "each request's agent is its bearer token's (HOST default 127.0.0.1).", show_default=False,
+        metavar="[HOST:]PORT")] = None,
+    allow_origin: Annotated[Optional[list[str]], typer.Option(
+        "--allow-origin", help="With --http: an Origin a browser-based client may send (repeatable; loopback "
+                               "origins are allowed; any other is refused).", show_default=False)] = None,
 ) -> None:
     """Serve memory to an agent over MCP on stdin/stdout (for Claude Code, Claude Desktop, Cursor, ...).
 
@@ -39,9 +46,34 @@ def mcp(
     from memctl import db
     from memctl.mcp import tools
 
-    scope = tools.Scope.make(agent=agent, namespace=namespace, shared=shared_namespace, read_only=read_only,
-                                  source=source)
-    session = tools.Session(settings(), scope, lambda: db.open_database(target(), report=warn, vector=True))
+    def open_connection():
+        return db.open_database(target(), report=warn, vector=True)
+
+    if http is not None:
+        from memctl.mcp import http as http_mod
+
+        if agent or namespace or shared_namespace or read_only or source:
+            from memctl.errors import UsageError
+
+            raise UsageError("--http serves every registered agent, each by its token: --agent, --namespace, "
+                             "--shared-namespace, --read-only and --source are the registry's (memctl agent add)")
+        host, port = http_mod.parse_address(http)
+        try:
+            http_mod.serve(settings(), open_connection, host, port, origins=allow_origin or [], warn=warn)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        return
+    if allow_origin:
+        from memctl.errors import UsageError
+
+        raise UsageError("--allow-origin needs --http")
+    from memctl.mcp import principals
+
+    asked = tools.Scope.make(agent=agent, namespace=namespace, shared=shared_namespace, read_only=read_only,
+                             source=source)
+    scope = principals.resolve(open_connection, asked, namespace_given=namespace is not None,
+                               shared_given=bool(shared_namespace), source=source, warn=warn)
+    session = tools.Session(settings(), scope, open_connection)
     warn(f"mcp: {scope.describe()}; {len(tools.offered(scope))} tools over stdio")
     from memctl.mcp import protocol
 

@@ -31,7 +31,10 @@ def recall(
         metavar="OBSERVATION", help="What the agent sees or is about to decide; '-' reads stdin (UTF-8).",
         show_default=False)] = None,
     agent: Annotated[Optional[str], typer.Option("--agent", "-a", help="Only this agent's episodes.")] = None,
-    namespace: Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the facts.")] = "default",
+    namespace: Annotated[Optional[str], typer.Option(
+        "--namespace", "-n", help="Namespace of the facts (default: with --agent, the namespaces its MCP server reads: "
+                                  "a registered agent's own and shared ones; else 'default').",
+        show_default=False)] = None,
     max_tokens: Annotated[Optional[int], typer.Option(
         "--max-tokens", min=1, help="Budget for the whole block, header included (default: recall.max_tokens, 1000).",
         show_default=False)] = None,
@@ -72,17 +75,25 @@ def recall(
     from memctl.reading import recall as recall_mod
     from memctl.records.facts import moment
 
+    from memctl.records import agents
+
     if (batch is None) == (observation is None):
         raise UsageError("give an OBSERVATION or --batch FILE, not both" if batch else "give an OBSERVATION or --batch FILE")
-    base = recall_mod.Request(observation or "", agent=agent, namespace=namespace, k=k, max_tokens=max_tokens,
-                              min_score=min_score, repo=repo, track=not no_track, as_of=moment(as_of, "--as-of"))
+    conn = connect_read(vector=True)
+    shared: tuple[str, ...] = ()
+    scoped = namespace
+    if namespace is None:  # the namespaces the agent's MCP server reads
+        scoped, shared = agents.namespaces_for(conn, agent)
+    base = recall_mod.Request(observation or "", agent=agent, namespace=scoped, shared=shared, k=k,
+                              max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track,
+                              as_of=moment(as_of, "--as-of"))
     if batch is not None:
         if fmt is not RecallFormat.jsonl:
             raise UsageError("--batch writes one JSON object per observation: add -f jsonl")
-        _recall_batch(batch, base)
+        _recall_batch(conn, batch, base, namespace_given=namespace is not None)
         return
     request = replace(base, observation=read_text_arg(observation, "episode_bytes", "observation"))
-    result = recall_mod.recall(connect_read(vector=True), settings(), request)
+    result = recall_mod.recall(conn, settings(), request)
     for message in result.warnings:
         warn(message)
     if not result.items and result.left_out:  # found, but the budget holds none: not the silence of "nothing"
@@ -97,12 +108,14 @@ def recall(
             sys.stdout.write(to_json(item.to_dict()) + "\n")
 
 
-def _recall_batch(path: str, base) -> None:
-    """One recall per JSONL line, all in one recall_batch; a bad line's place holds its error object."""
+def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
+    """One recall per JSONL line, all in one recall_batch; a bad line's place holds its error object. A line
+    naming an agent but no namespace reads that agent's namespaces, as `recall --agent` does."""
     from memctl import jsonl
     from memctl.cli.render import to_json
     from memctl.errors import BadValue
     from memctl.reading import recall as recall_mod
+    from memctl.records import agents
 
     slots: list = []  # a Request, or the error object of a bad line
 
@@ -115,11 +128,17 @@ def _recall_batch(path: str, base) -> None:
                           "an observation within [limits]", "nothing was run")
     for number, item in jsonl.read(lines, on_error=refused):
         try:
-            slots.append(recall_mod.batch_request(item, number, base))
+            request = recall_mod.batch_request(item, number, base)
+            if "namespace" in item:
+                request = replace(request, shared=())
+            elif "agent" in item and not namespace_given:
+                scoped, shared = agents.namespaces_for(conn, request.agent)
+                request = replace(request, namespace=scoped, shared=shared)
+            slots.append(request)
         except BadValue as exc:
             slots.append({"line": number, "field": exc.field, "error": str(exc)})
     requests = [s for s in slots if isinstance(s, recall_mod.Request)]
-    results = iter(recall_mod.recall_batch(connect_read(vector=True), settings(), requests) if requests else [])
+    results = iter(recall_mod.recall_batch(conn, settings(), requests) if requests else [])
     warnings: dict[str, None] = {}
     for slot in slots:
         if isinstance(slot, dict):

@@ -96,6 +96,9 @@ def all_models(conn) -> list[Model]:
     return [Model(**row) for row in conn.execute(ALL).fetchall()]
 
 
+PROTECT = "SELECT memctl_protect(%s::regclass)"
+
+
 def template(name: str) -> str:
     from memctl.db.migrate import sql_dir
 
@@ -129,6 +132,7 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
     from psycopg import sql
 
     from memctl.db import cluster
+    from memctl.records import agents
 
     dims = embedder.dims()
     storage = storage_for(dims, storage)
@@ -147,6 +151,8 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
             table=sql.Identifier(table), fk=sql.Identifier(f"{table}_chunk_fk"),
             hash_index=sql.Identifier(f"{table}_hash"), type=sql.SQL(storage), dims=sql.Literal(dims)))
         cluster.adopt(conn, table)  # on Citus: distributed by agent beside chunks, before any row or index
+        conn.execute(PROTECT, (table,))  # row-level security for agents' roles (sql/0019_agents.sql)
+        agents.grant(conn)
         if build_index:
             model = Model(model_id, embedder.name, embedder.model, dims, storage, embedder.request_dims, table, state,
                           query, document)

@@ -13,7 +13,7 @@ stderr for everything else, and every log line goes to stderr as `memctl: mcp: .
 import functools
 import inspect
 import logging
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -217,10 +217,16 @@ def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-def answer(name: str, session: tools.Session, arguments: dict[str, Any]) -> CallToolResult:
-    """Run one tool; memctl's errors (and anything unexpected) become an error result, never a traceback."""
-    implementation, _ = tools.TOOLS[name]
+def answer(name: str, session: tools.Session | Callable[[], tools.Session], arguments: dict[str, Any]) -> CallToolResult:
+    """Run one tool; memctl's errors (and anything unexpected) become an error result, never a traceback.
+
+    `session` may be a function giving the session of this call's agent (the HTTP server's, by token)."""
+    implementation, writes = tools.TOOLS[name]
     try:
+        if callable(session):
+            session = session()
+        if writes and session.scope.read_only:
+            raise MemctlError(f"{name} writes, and agent {session.scope.agent!r} is read-only")
         reply = implementation(session, **arguments)
     except MemctlError as exc:
         message = _clean(str(exc))
@@ -235,7 +241,7 @@ def answer(name: str, session: tools.Session, arguments: dict[str, Any]) -> Call
     return CallToolResult(content=[TextContent(type="text", text=reply.text)], structured_content=reply.data)
 
 
-def _bind(declared, session: tools.Session):
+def _bind(declared, session):
     @functools.wraps(declared)  # the SDK reads the declaration's signature through __wrapped__
     def call(**arguments):
         return answer(declared.__name__, session, arguments)
@@ -264,12 +270,16 @@ INSTRUCTIONS = ("memctl: long-term memory on PostgreSQL. Call recall at the star
                 "purges or runs a runbook: those are the operator's.")
 
 
-def build(session: tools.Session) -> Server:
-    offered = set(tools.offered(session.scope))
+def build(session: tools.Session | Callable[[], tools.Session], *, scope: tools.Scope | None = None,
+          describe: str | None = None, **options: Any) -> Server:
+    """The server of one session (stdio), or of a function giving each call's session (HTTP: `scope` says which
+    tools to offer, `describe` the instructions' scope, `options` go to MCPServer: the token verifier)."""
+    scope = scope or session.scope
+    offered = set(tools.offered(scope))
     declared = [d for d in DECLARED if d.__name__ in offered]
-    server = Server("memctl", version=__version__, instructions=INSTRUCTIONS.format(scope=session.scope.describe()),
+    server = Server("memctl", version=__version__, instructions=INSTRUCTIONS.format(scope=describe or scope.describe()),
                     log_level="WARNING", parameters={d.__name__: set(inspect.signature(d).parameters)
-                                                     for d in declared})
+                                                     for d in declared}, **options)
     for item in declared:
         writes = tools.TOOLS[item.__name__][1]
         server.add_tool(_bind(item, session), name=item.__name__, annotations=WRITE if writes else READ)

@@ -95,7 +95,7 @@ class Scope:
 
 
 # ---------------------------------------------------------------------------
-# The session: one connection, one tool call at a time on it
+# The session: connections held and reopened, each call in the agent's role when it is registered
 
 PING = "SELECT 1"
 
@@ -106,18 +106,27 @@ def _first_line(exc: Exception) -> str:
 
 
 class Session:
-    """What every tool call shares: settings, scope, and one connection, held and reopened when broken.
+    """What every tool call shares: settings, scope, and connections, held and reopened when broken.
 
-    `open_connection` opens the configured database (starting the embedded server when it is
-    not running), so a server that was stopped between two calls is started again on demand.
+    `open_connection` opens the configured database as its owner (starting the embedded server when it
+    is not running, migrating), so a server that was stopped between two calls is started again on
+    demand. A registered agent's calls run in its role (memctl.records.agents): the first statement of
+    every call is SET ROLE, so row-level security keeps the call to the agent's rows whatever the
+    statements after it say, and a role revoked since is refused at the next call. `role` fixes the role
+    (the HTTP server, which resolved the agent from its token); otherwise the registry is asked when a
+    connection opens. `connections`: how many calls run at once (stdio: one at a time).
     """
 
-    def __init__(self, settings: Settings, scope: Scope, open_connection: Callable[[], Any]):
+    def __init__(self, settings: Settings, scope: Scope, open_connection: Callable[[], Any], *,
+                 role: str | None = None, connections: int = 1):
         self.settings = settings
         self.scope = scope
         self._open = open_connection
-        self._conn = None
+        self.role = role
+        self._idle: list[Any] = []
+        self._slots = threading.BoundedSemaphore(connections)
         self._lock = threading.Lock()
+        self._size = connections
 
     @property
     def track(self) -> bool:
@@ -126,49 +135,93 @@ class Session:
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
-        """The live connection for one call at a time; a database failure becomes memctl's error."""
+        """A live connection for one call; a database failure becomes memctl's error."""
         import psycopg
 
-        with self._lock:
+        with self._slots:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
             try:
-                yield self._live()
+                conn = self._live(conn)
+                yield conn
             except psycopg.OperationalError as exc:
-                self._drop()
+                conn = self._drop(conn)
                 raise DatabaseUnavailable(f"database unavailable: {_first_line(exc)}") from None
             except psycopg.Error as exc:
-                if self._conn is not None and (self._conn.closed or self._conn.broken):
-                    self._drop()
+                if conn is not None and (conn.closed or conn.broken):
+                    conn = self._drop(conn)
                 raise MemctlError(f"database error: {_first_line(exc)}") from None
+            finally:
+                if conn is not None:
+                    with self._lock:
+                        self._idle.append(conn)
 
-    def _live(self):
+    def _ping(self, conn) -> None:
+        from psycopg import sql
+
+        if self.role is None:
+            conn.execute(PING)
+        else:
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
+
+    def _live(self, conn):
         import psycopg
 
-        conn = self._conn
         if conn is not None and not conn.closed and not conn.broken:
             try:
-                conn.execute(PING)
+                self._ping(conn)
                 return conn
-            except psycopg.Error:  # restarted or cut off since the last call: open a new one
+            except psycopg.OperationalError:  # restarted or cut off since the last call: open a new one
                 pass
-        self._drop()
-        self._conn = self._open()
-        return self._conn
+            except psycopg.Error as exc:  # the role is gone (revoked): refused, said in memctl's words
+                self._drop(conn)
+                raise MemctlError(f"agent {self.scope.agent!r} is no longer registered ({_first_line(exc)}): "
+                                  f"`memctl agent add {self.scope.agent}` registers it again") from None
+        self._drop(conn)
+        conn = self._open()
+        try:
+            if self.role is None and self.scope.agent is not None:
+                self.role = registered_role(conn, self.scope.agent)
+            self._ping(conn)
+        except BaseException:
+            self._drop(conn)
+            raise
+        return conn
 
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
+    @staticmethod
+    def _drop(conn) -> None:
         if conn is not None:
             try:
                 conn.close()
             except Exception:
                 pass
+        return None
 
     def close(self) -> None:
-        """At exit; a call still running on the connection has a few seconds, then exit goes on without it."""
-        if self._lock.acquire(timeout=5):
-            try:
-                self._drop()
-            finally:
-                self._lock.release()
+        """At exit; a call still running has a few seconds, then exit goes on without it."""
+        taken = sum(1 for _ in range(self._size) if self._slots.acquire(timeout=5 if self._size == 1 else 0.5))
+        try:
+            with self._lock:
+                idle, self._idle = self._idle, []
+            for conn in idle:
+                self._drop(conn)
+        finally:
+            for _ in range(taken):
+                self._slots.release()
+
+
+def registered_role(conn, agent: str) -> str | None:
+    """The agent's role when it is registered; None when no agent is registered in this database (memctl's
+    SQL scope alone, as before agents had roles); refused when others are and it is not."""
+    from memctl.records import agents
+
+    found = agents.show(conn, agent, missing_ok=True)
+    if found is not None:
+        return found.role
+    if agents.list_agents(conn):
+        raise MemctlError(f"agent {agent!r} is not registered, and agents here run in their own roles: "
+                          f"`memctl agent add {agent}` registers it")
+    return None
 
 
 # ---------------------------------------------------------------------------

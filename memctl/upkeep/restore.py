@@ -37,9 +37,9 @@ SCRATCH_PREFIX = "memctl_verify_"
 LOCK_TIMEOUT = "30s"  # how long the restore waits for writers' locks on memctl's tables before giving up
 DROP_WAIT_S = 30
 
-# Before the dump's script, in its transaction: memctl's tables dropped (a restore; never an extension's),
-# its schema made if missing, `vector` created if missing (it needs a superuser on an operator's server,
-# where it must already be there).
+# Before the dump's script, in its transaction: memctl's tables and functions dropped (a restore; never an
+# extension's), its schema made if missing, `vector` created if missing (it needs a superuser on an
+# operator's server, where it must already be there).
 DROP_TABLES = """
 DO $memctl$ DECLARE r record; BEGIN
   FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
@@ -47,6 +47,11 @@ DO $memctl$ DECLARE r record; BEGIN
              AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
                              AND d.deptype = 'e')
   LOOP EXECUTE format('DROP TABLE IF EXISTS %s CASCADE', r.rel); END LOOP;
+  FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p  -- memctl's functions (sql/0019), in the dump too
+           WHERE p.pronamespace = current_schema()::regnamespace AND p.prokind IN ('f', 'p')
+             AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                             AND d.deptype = 'e')
+  LOOP EXECUTE format('DROP ROUTINE IF EXISTS %s CASCADE', r.fn); END LOOP;
 END $memctl$;
 """
 PREPARE = sql.SQL("""

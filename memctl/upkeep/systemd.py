@@ -26,7 +26,9 @@ from memctl.errors import MemctlError, UsageError
 DB_SERVICE = "memctl-db.service"
 SERVICES = ("memctl-embed", "memctl-summarize", "memctl-prune", "memctl-backup")  # the scheduled jobs
 INGEST_SERVICE = "memctl-ingest@.service"  # a template: one instance per unit followed (memctl-ingest@nginx)
-UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")), INGEST_SERVICE)
+MCP_SERVICE = "memctl-mcp.service"  # agents over streamable HTTP: rendered, enabled by the operator
+UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")), MCP_SERVICE,
+              INGEST_SERVICE)
 TIMERS = tuple(f"{name}.timer" for name in SERVICES)
 DEFAULT_USER = "memctl"
 DEFAULT_ENV_FILE = "/etc/memctl/memctl.env"
@@ -121,7 +123,8 @@ class Extras:
         backup = ""
         if self.backup_dir and not (self.backup_dir + "/").startswith(STATE_DIR + "/"):
             backup = f"ReadWritePaths=-{self.backup_dir}"
-        return {"DB_UNIT": db, "METRICS": metrics, "BACKUP_DIR": backup}
+        required = f"Requires={DB_SERVICE}\nAfter={DB_SERVICE}" if self.embedded else ""
+        return {"DB_UNIT": db, "DB_REQUIRED": required, "METRICS": metrics, "BACKUP_DIR": backup}
 
 
 def unit_names(embedded: bool = True) -> tuple[str, ...]:

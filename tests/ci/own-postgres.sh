@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The operator's own PostgreSQL, for the test suite: Debian's PostgreSQL 15, pgvector built from
-# the vendored source, `CREATE EXTENSION vector` done once by the superuser in template1, and an
-# unprivileged login role `memctl` (CREATEDB, not superuser) with a random password.
+# the vendored source, `CREATE EXTENSION vector` done once by the superuser in template1, an
+# unprivileged login role `memctl` (CREATEDB, not superuser) with a random password, and a second
+# one, `memctl_dba` (CREATEROLE and CREATEDB, not superuser): the DBA who runs what `memctl agent add
+# --print-sql` prints for `memctl`, and an owner that makes agents' roles itself (its URL, naming the
+# same passfile, is written to $STATE/dba-url).
 #
 #   url=$(bash tests/ci/own-postgres.sh)      # then MEMCTL_TEST_DATABASE_URL=$url pytest ...
+#   MEMCTL_TEST_CREATEROLE_URL=$(cat /root/.memctl-ci/dba-url)   # the agents tests' second role
 #
 # Run as root; the server runs as the `postgres` OS user, on 127.0.0.1 only, with scram
 # password authentication. stdout is one line, the URL. It holds no secret: the password is in
@@ -94,11 +98,15 @@ SQL
 #    passfile, and goes to the server on stdin with statement logging off for the session,
 #    so it reaches neither argv nor the server log.
 install -d -m 0700 "$STATE"
-if [ ! -s "$PASSFILE" ]; then
-  (umask 077; printf '127.0.0.1:%s:*:memctl:%s\n' "$PORT" "$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')" >"$PASSFILE")
-fi
+touch "$PASSFILE"
 chmod 0600 "$PASSFILE"
-password=$(cut -d: -f5 "$PASSFILE")
+for role in memctl memctl_dba; do  # one line each: 127.0.0.1:PORT:*:ROLE:PASSWORD
+  grep -q "^127\.0\.0\.1:$PORT:\*:$role:" "$PASSFILE" \
+    || printf '127.0.0.1:%s:*:%s:%s\n' "$PORT" "$role" "$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')" >>"$PASSFILE"
+done
+password_of() { grep "^127\.0\.0\.1:$PORT:\*:$1:" "$PASSFILE" | head -n 1 | cut -d: -f5; }
+password=$(password_of memctl)
+dba_password=$(password_of memctl_dba)
 psql_super postgres <<SQL
 SET log_statement = 'none';
 SET log_min_error_statement = 'panic';
@@ -112,8 +120,14 @@ SELECT NOT EXISTS (SELECT FROM pg_database WHERE datname = 'memctl') AS new_db \
 \if :new_db
 CREATE DATABASE memctl OWNER memctl;
 \endif
+\set dba_password '$dba_password'
+SELECT NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'memctl_dba') AS new_dba \gset
+\if :new_dba
+CREATE ROLE memctl_dba LOGIN PASSWORD :'dba_password';
+\endif
+ALTER ROLE memctl_dba LOGIN CREATEDB CREATEROLE NOSUPERUSER NOREPLICATION NOBYPASSRLS PASSWORD :'dba_password';
 SQL
-unset password
+unset password dba_password
 
 # 6. Check it as the tests will use it: over TCP, by password, not a superuser, vector present.
 url="postgresql://memctl@127.0.0.1:$PORT/memctl?passfile=$PASSFILE"
@@ -121,6 +135,10 @@ check=$("$PG_BIN/psql" -X -At -v ON_ERROR_STOP=1 "$url" -c \
   "SELECT rolsuper, rolcreatedb, (SELECT extversion FROM pg_extension WHERE extname = 'vector')
      FROM pg_roles WHERE rolname = current_user")
 [ "${check%|*}" = "f|t" ] || { say "role memctl is not (non-superuser, CREATEDB): $check"; exit 1; }
-say "ready: PostgreSQL $("$PG_BIN/postgres" -V | awk '{print $3}'), pgvector ${check##*|}, role memctl (not superuser)"
-(umask 077; echo "$url" >"$STATE/database-url")
+say "ready: PostgreSQL $("$PG_BIN/postgres" -V | awk '{print $3}'), pgvector ${check##*|}, role memctl (not superuser), role memctl_dba (CREATEROLE)"
+dba_url="postgresql://memctl_dba@127.0.0.1:$PORT/memctl?passfile=$PASSFILE"
+dba_check=$("$PG_BIN/psql" -X -At -v ON_ERROR_STOP=1 "$dba_url" -c \
+  "SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = current_user")
+[ "$dba_check" = "f|t" ] || { say "role memctl_dba is not (non-superuser, CREATEROLE): $dba_check"; exit 1; }
+(umask 077; echo "$url" >"$STATE/database-url"; echo "$dba_url" >"$STATE/dba-url")
 echo "$url"
