@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from memctl.embedding import models
 from memctl.upkeep import status
 
 FIELDS = {"episodes", "chunks", "pending", "failed", "active_model", "oldest_pending_age_s", "last_embed",
           "last_prune", "warnings"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_memory(conn):
+    """A memory created just now: a job that never ran is not late yet. The test database is made once per run,
+    and a run slower than twice the embed schedule (10m) would otherwise see every never-run embed as late."""
+    conn.execute("UPDATE memctl_migrations SET applied_at = now()")
 
 
 def configure(memctl_env, text: str) -> None:
