@@ -325,8 +325,15 @@ def test_search_since_and_until(conn, memctl_env, log):
             since = await s.ok("search", query="ibis backup", since="2026-02-01T00:00:00Z")
             assert [r["id"] for r in until["results"]] == [old]
             assert [r["id"] for r in since["results"]] == [new]
+            # until is exclusive (memctl.records.filters.UNTIL), since inclusive
+            at = await s.ok("search", query="ibis backup", since="2026-01-10T00:00:00Z",
+                            until="2026-03-10T00:00:00Z")
+            assert [r["id"] for r in at["results"]] == [old]
 
     run(scenario)
+    # every hit returned counts as accessed, once per call that returned it
+    counts = conn.execute("SELECT episode_id, access_count FROM episode_access ORDER BY episode_id").fetchall()
+    assert counts == [{"episode_id": old, "access_count": 2}, {"episode_id": new, "access_count": 1}]
 
 
 def test_a_query_with_no_word_and_a_repeat_say_so(conn, memctl_env, log):
