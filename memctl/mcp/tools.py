@@ -303,7 +303,7 @@ def _hit(hit) -> dict[str, Any]:
 
 def search(session: Session, query: str, *, k: int = 5, kind: str | None = None, since: str | None = None,
            until: str | None = None, mode: str = "hybrid") -> Reply:
-    """Hybrid search over the scope's episodes, as `memctl episode search` runs it (until is exclusive)."""
+    """Hybrid search over the scope's episodes, as `memctl episode search` runs it (filters.SINCE, filters.UNTIL)."""
     from memctl.reading import search as search_mod
     from memctl.reading.query import Query
 
