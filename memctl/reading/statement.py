@@ -102,11 +102,6 @@ def period_exact(episodes: float) -> int:
     return max(PERIOD_EXACT, int(PERIOD_EXACT_SHARE * episodes) // PERIOD_EXACT * PERIOD_EXACT)
 
 
-def _exact(halves) -> int:
-    """The period's exact bound a query's statement is written with (Halves.period_exact)."""
-    return PERIOD_EXACT if halves.period_exact is None else halves.period_exact
-
-
 PERIOD_EPISODES = """
 period_eps AS MATERIALIZED (
     SELECT e.agent, e.id FROM episodes e
@@ -196,9 +191,9 @@ DISTANCE = """(SELECT min(v.embedding <=> %(q)b::{type}) FROM chunks c
 AGENT = " AND {}.agent = %(agent)s"
 
 
-def _filters(query: Query):
+def _filters(query: Query, alias: str = "e"):
     return episode_filters.filters(agent=query.agent, kind=query.kind, source=query.source, since=query.since,
-                            until=query.until)
+                                   until=query.until, alias=alias)
 
 
 # the period's bounds on an episodes alias (parameters set by statement()): written in it, or a first
@@ -335,6 +330,21 @@ class Halves:
     period: Period | None = None  # the period the query names: each half also runs inside it
     period_exact: int | None = None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
 
+    @property
+    def vector_runs(self) -> bool:
+        """Whether the vector half runs: there is a model and a query vector."""
+        return self.vector is not None and self.model is not None
+
+    @property
+    def scoring(self) -> bool:
+        """Whether the text half scores: its plan has words to score with."""
+        return self.plan is not None and bool(self.plan.terms)
+
+    @property
+    def exact(self) -> int:
+        """The named period's exact bound the statement is written with (period_exact, else PERIOD_EXACT)."""
+        return PERIOD_EXACT if self.period_exact is None else self.period_exact
+
 
 # Composed statements by their shape (_shape): composing one costs more Python than the
 # rest of a query's, and a batch repeats a few shapes. Bounded: a long-running process (the MCP
@@ -347,24 +357,20 @@ def _shape(query: Query, halves: Halves, matching: bool, n: int) -> tuple:
     """What the statement's text depends on: the halves that run, which filters are set, the number
     of scored words, whether words find, the neighbours, the exclusions, the candidates each half
     reads, a named period's exact bound (the other values are parameters)."""
-    vector = halves.vector is not None and halves.model is not None
-    scoring = halves.plan is not None and bool(halves.plan.terms)
-    return (int(n), (halves.model.table_name, halves.model.storage) if vector else None,
+    return (int(n), (halves.model.table_name, halves.model.storage) if halves.vector_runs else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
-            len(halves.plan.terms) if scoring else None, matching, halves.context, any(halves.excluded),
-            _exact(halves) if halves.period is not None else None)
+            len(halves.plan.terms) if halves.scoring else None, matching, halves.context, any(halves.excluded),
+            halves.exact if halves.period is not None else None)
 
 
 def statement(query: Query, halves: Halves, settings: Settings, n: int):
     """The one statement of a query (bytes) and its parameters; None when no half can run."""
-    vector = halves.vector is not None and halves.model is not None
-    scoring = halves.plan is not None and bool(halves.plan.terms)
-    match = match_query(halves.plan.matched, halves.excluded) if scoring else None
+    match = match_query(halves.plan.matched, halves.excluded) if halves.scoring else None
     params: dict[str, Any] = {}
-    if not vector and match is None:
+    if not halves.vector_runs and match is None:
         return None, params
     params.update(_filters(query)[1])  # the filters' values, under the names every part uses
-    if scoring:
+    if halves.scoring:
         params.update(bm25.parameters(halves.plan, halves.stats, setting(settings, "bm25_k1"),
                                       setting(settings, "bm25_b")))
     if match is not None:
@@ -390,63 +396,57 @@ def _compose(query: Query, halves: Halves, matching: bool, n: int):
     from psycopg import sql
 
     limit = sql.Literal(int(n))
-    parts = []
-    vector = halves.vector is not None and halves.model is not None
+    ctes = []
     agent_c = agent_e = sql.SQL("")
     if query.agent is not None:
         agent_c, agent_e = sql.SQL(AGENT.format("c")), sql.SQL(AGENT.format("e"))
-    scoring = halves.plan is not None and bool(halves.plan.terms)
-    period = halves.period is not None and (vector or matching)
+    clauses, _ = _filters(query)
+    period = halves.period is not None and (halves.vector_runs or matching)
     if period:  # the period's episodes, and whether they are few enough to rank exactly (PERIOD_EXACT)
-        clauses, _ = _filters(query)
-        parts.append(sql.SQL(PERIOD_EPISODES).format(
-            period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(_exact(halves) + 1),
-            exact=sql.Literal(_exact(halves)), filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
+        ctes.append(sql.SQL(PERIOD_EPISODES).format(
+            period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(halves.exact + 1),
+            exact=sql.Literal(halves.exact), filters=episode_filters.and_joined(clauses)))
     prefix = "every_" if period else ""
-    if vector:
+    if halves.vector_runs:
         model = halves.model
         where, join, _ = _vector_where(query)
-        parts.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage), n=limit,
+        ctes.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage), n=limit,
                                                 table=sql.Identifier(model.table_name), join=join, where=where,
                                                 vec=sql.SQL(prefix + "vec"), hits=sql.SQL(prefix + "vhits")))
         if period:
             where, join, _ = _vector_where(query, period=True)
             agent_c0 = sql.SQL(AGENT.format("c0")) if query.agent is not None else sql.SQL("")
-            parts.append(sql.SQL(PERIOD_VECTOR).format(type=sql.SQL(model.storage), n=limit, join=join, where=where,
+            ctes.append(sql.SQL(PERIOD_VECTOR).format(type=sql.SQL(model.storage), n=limit, join=join, where=where,
                                                        table=sql.Identifier(model.table_name), agent_c0=agent_c0))
-            parts.append(sql.SQL(VECTOR_HITS).format(
+            ctes.append(sql.SQL(VECTOR_HITS).format(
                 agent_c=agent_c, vec=sql.SQL("period_vec"), hits=sql.SQL("period_vhits")))
-            parts.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("vhits"), everywhere=sql.SQL("every_vhits"),
+            ctes.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("vhits"), everywhere=sql.SQL("every_vhits"),
                                                       inside=sql.SQL("period_vhits"), best=sql.SQL("distance")))
-    score = bm25.score(halves.plan, "e.tsv") if scoring else sql.SQL("0::float8")
+    score = bm25.score(halves.plan, "e.tsv") if halves.scoring else sql.SQL("0::float8")
     if matching:
-        clauses, _ = _filters(query)
-        filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
-        parts.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"),
-                                              filters=filters))
+        ctes.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"),
+                                             filters=episode_filters.and_joined(clauses)))
         if period:
-            parts.append(sql.SQL(PERIOD_TEXT).format(
+            ctes.append(sql.SQL(PERIOD_TEXT).format(
                 score=score, n=limit, agent_e=agent_e,
-                filters=filters + sql.SQL(" AND ") + sql.SQL(PERIOD_CLAUSE.format("e"))))
-            parts.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("thits"), everywhere=sql.SQL("every_thits"),
+                filters=episode_filters.and_joined([*clauses, sql.SQL(PERIOD_CLAUSE.format("e"))])))
+            ctes.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("thits"), everywhere=sql.SQL("every_thits"),
                                                       inside=sql.SQL("period_thits"), best=sql.SQL("text_score DESC")))
-    found = FOUND_BOTH if vector and matching else FOUND_VECTOR if vector else FOUND_TEXT
+    found = FOUND_BOTH if halves.vector_runs and matching else FOUND_VECTOR if halves.vector_runs else FOUND_TEXT
     near = sql.SQL(NO_NEAR)
     if halves.context:
         filters = {}
         for alias, name in (("b", "before"), ("a", "after")):
-            clauses, _ = episode_filters.filters(agent=query.agent, kind=query.kind, source=query.source,
-                                                 since=query.since, until=query.until, alias=alias)
-            filters[name] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
+            filters[name] = episode_filters.and_joined(_filters(query, alias)[0])
         near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)
     distance = sql.SQL("NULL::float8")
-    if vector:
+    if halves.vector_runs:
         exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(halves.model.storage),
                                          table=sql.Identifier(halves.model.table_name))
         distance = sql.SQL("coalesce(x.distance, {})").format(exact)
-    text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if scoring else score
+    text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if halves.scoring else score
     excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery") if any(halves.excluded) else sql.SQL("")
-    return sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(parts), found=sql.SQL(found), near=near,
+    return sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(ctes), found=sql.SQL(found), near=near,
                                   distance=distance, text_score=text_score, excluded=excluded)
 
 
@@ -456,7 +456,7 @@ def statement_request(conn, query: Query, halves: Halves, settings: Settings, n:
     text, params = statement(query, halves, settings, n)
     if text is None:
         return None
-    if halves.vector is not None and halves.model is not None:
+    if halves.vector_runs:
         params["q"] = _query_vector(conn, halves.vector, halves.model)
     # rows in binary: a query's hundred or so candidates, their times, numbers and arrays load faster so
     return Request(text, params, prepare=None, binary=True, stage=1)
@@ -467,12 +467,11 @@ def read_rows(rows: list[dict] | None, halves: Halves):
 
     vector rows and text rows are None for a half that did not run; their order is their half's ranking.
     """
-    vector_ran = halves.vector is not None and halves.model is not None
     if rows is None:
-        return ([] if vector_ran else None), ([] if halves.plan is not None else None), {}, {}
+        return ([] if halves.vector_runs else None), ([] if halves.plan is not None else None), {}, {}
     scored = {r["id"]: r for r in rows}
     vector_rows = None
-    if vector_ran:
+    if halves.vector_runs:
         vector_rows = [{"episode_id": r["id"], "content": r["chunk"]}
                        for r in sorted((r for r in rows if r["vector_distance"] is not None),
                                        key=lambda r: (r["vector_distance"], -r["id"]))]

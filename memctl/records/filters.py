@@ -81,8 +81,16 @@ def check_period(since: str | None, until: str | None) -> None:
 
 
 def where(clauses):
+    """The clauses as a WHERE clause ('' for none)."""
     from psycopg import sql
 
     if not clauses:
         return sql.SQL("")
     return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses)
+
+
+def and_joined(clauses):
+    """The clauses as SQL that follows a condition: ' AND c1 AND c2' ('' for none)."""
+    from psycopg import sql
+
+    return sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
