@@ -170,8 +170,8 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     if (wants_text or period is not None) and key not in cache:  # a period's exact bound needs the count
         cache[key] = bm25.cached_term_stats(conn)
     # on Citus, a query for one agent counts its rare words in that agent's shard (scaled to the
-    # table), so the whole query is routed; on one server over all episodes (LoCoMo dev recall@10
-    # 0.706 against 0.701 counted per agent)
+    # table), so the whole query is routed; on one server over all episodes, which ranks a little
+    # better (docs/benchmarks.md)
     scope = query.agent if wants_text and cache[key].citus else None
     kinds = context_kinds(settings)
     context = setting(settings, "fusion") != "rrf" and bool(kinds) and setting(settings, "context_weight") != 0

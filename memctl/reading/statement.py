@@ -83,14 +83,11 @@ TEXT_CTE = """
 # (found by both: once, with its best chunk). The period's episodes are read first, at most PERIOD_EXACT + 1 of
 # them: when they are that few, each half ranks them exactly; when more, each half runs on its index with
 # the period as a filter. An HNSW scan filtered to a narrow period reads most of the index before it has
-# its rows (a day of a 30,000-episode log: 117 ms). Measured by tests/bench/period.py at 300,000
-# episodes: exactly, 1,900 episodes cost 23 ms a query, 3,000 52, 5,500 60, 8,300 65; on the indexes
-# 55-135, 104, 62, 43.
-# At 1,000,000 (913 a day) the filtered scan costs more, the period being a smaller share of the index it
-# walks: exactly, 4,600 episodes cost 55 ms, 6,400 57, 9,100 180, 13,700 232; on the indexes 249, 197, 156
-# (27,400: 92-132). The bound is therefore also a share of the table: exact up to 1% of the episodes, in
-# steps of PERIOD_EXACT, so that the statement's text (its LIMIT written in, as the halves') stays the same
-# while the table grows.
+# its rows, so ranking a few thousand episodes exactly is the cheaper way up to about PERIOD_EXACT of them;
+# in a larger table the filtered scan costs more, the period being a smaller share of the index it walks
+# (the figures: docs/benchmarks.md, "Figures behind the code"; tests/bench/period.py). The bound is
+# therefore also a share of the table: exact up to 1% of the episodes, in steps of PERIOD_EXACT, so that
+# the statement's text (its LIMIT written in, as the halves') stays the same while the table grows.
 PERIOD_EXACT = 5000
 PERIOD_EXACT_SHARE = 0.01
 
@@ -254,7 +251,7 @@ class ScanTransactions:
     """Transactions that set the HNSW scan once (set_scan) for every query run in them.
 
     A batch's queries share them: BEGIN, the settings and COMMIT are three round trips, which a
-    query would otherwise pay each time (1.1 of 11.6 ms a hybrid query, measured at 100k episodes).
+    query would otherwise pay each time (about a tenth of a hybrid query: docs/benchmarks.md).
     Each lasts at most `seconds` (begin() starts a new one after that), so a batch holds the
     share locks its reads take, which DDL such as a model switch waits for, only briefly at a time.
     Reads only: a transaction open here is never written in. `pipelined`: the connection is in
