@@ -146,6 +146,23 @@ def test_a_sourced_record_is_written_only_inside_its_gates_writing_transaction(c
     assert _count(conn, "episodes") == 1
 
 
+def test_a_gates_writing_transaction_covers_its_own_connection_only(conn, db_url, settings_obj):
+    """What writing() opens is kept on the connection it writes on: a write of the same record on another
+    connection, meanwhile, is refused as outside any gate's writing()."""
+    from memctl import db, redact
+
+    admit = gate.Gate(conn, settings_obj, redact.Redactor("off"))
+    episode = admit.new_episode("admitted once, written on its gate's connection", source="anywhere")
+    with db.connect(db_url) as other:
+        with admit.writing():
+            with pytest.raises(TypeError, match="writing"):
+                with other.transaction():
+                    store.insert_episode(other, episode)
+            store.insert_episode(conn, episode)
+        assert not gate.writing_on(conn, "anywhere") and not gate.writing_on(other, "anywhere")
+    assert _count(conn, "episodes") == 1
+
+
 def test_a_redacted_source_is_the_one_allowed_and_looked_at_again(conn, settings_obj):
     """The source kept is the redacted one: it is what the blocked sources are checked against, and confirm()
     looks at it again (a source blocked in its redacted form refuses the write)."""

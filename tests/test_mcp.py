@@ -26,11 +26,11 @@ from mcp.client.stdio import stdio_client
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from memctl import config
+from memctl.mcp import tools as catalogue
 from memctl.records import episodes, facts, values
 
-TOOLS = {"remember", "search", "recall", "episode_get", "fact_get", "fact_list", "fact_set", "fact_history",
-         "runbook_list", "runbook_show"}
-WRITE_TOOLS = {"remember", "fact_set"}
+TOOLS = set(catalogue.TOOLS)  # the one list of tools (test_the_tool_list_is_stated_once)
+WRITE_TOOLS = {name for name, (_, writes) in catalogue.TOOLS.items() if writes}
 # Built at run time, so no scanner mistakes this file for a leak; each is a shape memctl redacts.
 GITHUB_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0" + "K1l2M3n4O5p6Q7r8"
 URL_PASSWORD = "Zq7-" + "harbour-" + "lantern-91"
@@ -173,6 +173,23 @@ def test_lists_the_tools_and_calls_each(conn, memctl_bin, ollama_env, log, tmp_p
     row = conn.execute("SELECT agent, source, kind FROM episodes").fetchone()
     assert row == {"agent": "deploy-bot", "source": "mcp:deploy-bot", "kind": "conversation"}
     assert facts.get_fact(conn, "db.host", namespace="deploy-bot").source == "mcp:deploy-bot"
+
+
+def test_the_tool_list_is_stated_once():
+    """memctl.mcp.tools.TOOLS is the list of tools: the protocol's declarations follow it, and the two texts
+    that cannot import it, `memctl mcp --help` and docs/mcp.md, are held to it here."""
+    import re
+
+    from memctl.cli import mcp as cli_mcp
+    from memctl.mcp import protocol
+
+    assert [d.__name__ for d in protocol.DECLARED] == list(catalogue.TOOLS)
+    assert WRITE_TOOLS == {"remember", "fact_set"}  # the tools --read-only leaves out, as its help says
+    listed = re.search(r"Tools: (.*?)\. ", " ".join(cli_mcp.mcp.__doc__.split())).group(1)
+    assert listed.split(", ") == list(catalogue.TOOLS)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "mcp.md").read_text()
+    rows = [line.split("|")[1] for line in page.splitlines() if line.startswith("| `")]
+    assert sorted(name for row in rows for name in re.findall(r"`(\w+)`", row)) == sorted(catalogue.TOOLS)
 
 
 def test_importance_zero_is_not_stored_and_says_so(conn, memctl_env, log):
@@ -325,8 +342,15 @@ def test_search_since_and_until(conn, memctl_env, log):
             since = await s.ok("search", query="ibis backup", since="2026-02-01T00:00:00Z")
             assert [r["id"] for r in until["results"]] == [old]
             assert [r["id"] for r in since["results"]] == [new]
+            # until is exclusive (memctl.records.filters.UNTIL), since inclusive
+            at = await s.ok("search", query="ibis backup", since="2026-01-10T00:00:00Z",
+                            until="2026-03-10T00:00:00Z")
+            assert [r["id"] for r in at["results"]] == [old]
 
     run(scenario)
+    # every hit returned counts as accessed, once per call that returned it
+    counts = conn.execute("SELECT episode_id, access_count FROM episode_access ORDER BY episode_id").fetchall()
+    assert counts == [{"episode_id": old, "access_count": 2}, {"episode_id": new, "access_count": 1}]
 
 
 def test_a_query_with_no_word_and_a_repeat_say_so(conn, memctl_env, log):

@@ -387,7 +387,7 @@ def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn
     Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nef_search = 7\n")
     settings = config.load()
     seen = scan_witness(conn)
-    for mode in ("hybrid", "vector"):  # one statement each, in a transaction of statement.Scans
+    for mode in ("hybrid", "vector"):  # one statement each, in a transaction of statement.ScanTransactions
         assert search.search(conn, settings, Query("backup", mode=mode, agent="ops")).hits
     model = models.active(conn)
     vectors, _ = search.embed_queries(settings, model, ["backup"])
@@ -418,7 +418,7 @@ def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, m
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # committed at the end
     seen.clear()
     # a transaction no longer than nothing, a query at a time: each query's statement in one of its own
-    monkeypatch.setattr(statement.Scans, "seconds", 0.0)
+    monkeypatch.setattr(statement.ScanTransactions, "seconds", 0.0)
     monkeypatch.setattr(search, "WINDOW", 1)
     again = search.search_batch(conn, settings, [Query(q) for q in queries])
     assert [{h.id for h in o.hits} for o in again] == [{h.id for h in o.hits} for o in outcomes]
@@ -426,7 +426,7 @@ def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, m
 
 
 def test_a_pipelined_batch_answers_as_its_queries_one_at_a_time(cli, conn, memctl_env):
-    """A batch's statements go through one pipeline, a window of queries ahead of the scoring (search._drive):
+    """A batch's statements go through one pipeline, a window of queries ahead of the scoring (search._run_steps):
     every query gets the answer it gets alone, over several windows, with words, phrases, exclusions,
     filters and a query that runs nothing among them."""
     lines = "".join(json.dumps({"content": f"{w} incident {i} on web-{i % 7}: {v}", "agent": f"a{i % 3}",
@@ -467,7 +467,7 @@ def test_a_statement_reused_by_shape_is_the_one_composed_for_it(memctl_env):
         query = Query("q", agent=agent, kind=kind, source=source, since=since and "1d", until=until and "1h")
         words = [f"'w{i}'" for i in range(terms)]
         plan = bm25.Plan(words, [1.0] * terms, [], words[:1] if matched else [], float(terms)) if terms else None
-        halves = st.Halves(model=model if vector else None, vector=[1.0, 0, 0] if vector else None, plan=plan,
+        halves = st.StatementParts(model=model if vector else None, vector=[1.0, 0, 0] if vector else None, plan=plan,
                            stats=stats, excluded=["'z'"] if excluded else [], context=context)
         text, params = st.statement(query, halves, settings, 50)
         if text is None:
@@ -490,7 +490,7 @@ def test_the_composed_statements_kept_are_bounded(memctl_env, monkeypatch):
     monkeypatch.setattr(st, "TEXTS_SIZE", 8)
     st._TEXTS.clear()
     for k in range(1, 30):
-        halves = st.Halves(model=None, vector=None, plan=plan, stats=stats)
+        halves = st.StatementParts(model=None, vector=None, plan=plan, stats=stats)
         text, params = st.statement(Query("w", k=k), halves, settings, k)
         assert text == st._compose(Query("w", k=k), halves, "match" in params, k).as_bytes(None)
         assert 0 < len(st._TEXTS) <= 8

@@ -13,6 +13,7 @@ from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import InvalidInput, UsageError
 from memctl.reading import query as query_mod, search as search_mod
+from memctl.records.filters import SINCE, UNTIL
 
 # The write path (memctl.records.episodes: the gate, redaction, the repeats fold) is imported by the
 # commands that write or list, not at the top: `episode search` starts without it.
@@ -24,9 +25,10 @@ Agent = Annotated[Optional[str], typer.Option("--agent", "-a", help="Agent the e
 Kind = Annotated[Optional[str], typer.Option("--kind", help="Kind, e.g. conversation, observation, summary.")]
 SourceOpt = Annotated[Optional[str], typer.Option("--source", "-s", help="Where it came from (purgeable by source).")]
 Since = Annotated[Optional[str], typer.Option(
-    "--since", callback=since_value, help="Only newer than a duration (7d, 12h; at most 1000y) or ISO date.")]
+    "--since", callback=since_value,
+    help=f"Only episodes {SINCE} a duration back (7d, 12h; at most 1000y) or ISO date.")]
 Until = Annotated[Optional[str], typer.Option(
-    "--until", callback=since_value, help="Only older than a duration (7d) or ISO date (exclusive).")]
+    "--until", callback=since_value, help=f"Only episodes {UNTIL} a duration back (7d) or ISO date.")]
 MAX_LIST = 1_000_000  # rows episode list prints at most: far past a screen, short of PostgreSQL's bigint LIMIT
 
 

@@ -13,6 +13,8 @@ def register(root: typer.Typer) -> None:
     root.command("mcp")(mcp)
 
 
+# The help's list of tools is memctl.mcp.tools.TOOLS written out (the catalogue is not imported to build
+# the help), held to it by tests/test_mcp.py.
 def mcp(
     agent: Annotated[Optional[str], typer.Option(
         "--agent", "-a", help="Serve this agent only: its episodes, and facts in its namespace. Without it: the "

@@ -13,8 +13,7 @@ the start once. A data directory memctl creates gets `shared_buffers` = a
 quarter of the memory this process may use (the cgroup's limit or RAM), 128 MB
 to 8 GB, instead of PostgreSQL's 128 MB: search reads the HNSW index, the
 vectors, the GIN index and the episodes together, and at 100k episodes that is
-~480 MB (measured: hybrid search p50 13.6 ms at 128 MB, 9.3 ms at 2 GB, the
-bare HNSW query 1.7-1.8 ms either way). It is written into the new data
+~480 MB, which 128 MB cannot hold (the figures: docs/benchmarks.md). It is written into the new data
 directory's postgresql.auto.conf (as ALTER SYSTEM would) between initdb and the
 first start, so the server starts once, with its final memory; an operator's own
 setting is never changed afterwards. Finding a running server reads

@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 # While a call runs, the interpreter offers the other thread the GIL every SWITCH seconds, not every 5 ms:
 # the copying thread mostly waits on the socket, and each time it wakes it needs the GIL back from a caller
-# busy parsing. At 5 ms a wake-up could cost more than the statement it waited for. With a server that takes
-# 100k episodes in 4 s, the copying thread wakes so often that 0.5 ms still left the server waiting on it:
-# 100k episodes took 7.4-7.7 s at 0.5 ms, 5.9-6.3 s at 0.1 ms, alternated (tests/bench/import_.py; 0.03 ms
-# was no faster). Only a thread that wants the GIL makes the other let go, so a slower server, whose
-# copying thread waits on the socket instead, pays nothing for it.
+# busy parsing. At 5 ms a wake-up could cost more than the statement it waited for; against a fast server
+# the copying thread wakes so often that 0.5 ms still left the server waiting on it, and less than 0.1 ms
+# was no faster (the figures: docs/benchmarks.md, tests/bench/import_.py). Only a thread that wants the
+# GIL makes the other let go, so a slower server, whose copying thread waits on the socket instead, pays
+# nothing for it.
 SWITCH = 0.0001
 
 

@@ -41,7 +41,7 @@ TOKENS_PER_PASS = 2048
 GELU_ROWS = 256  # rows of the 1536-wide activation per GELU step: stays in cache
 # One BLAS thread per pass. OpenBLAS threads spin-wait at every small matrix product;
 # on a 2-core machine with anything else running, 2 threads made a one-query search
-# 10x slower (measured: 18 ms vs 170-230 ms). Throughput comes from running groups
+# about ten times slower (docs/benchmarks.md). Throughput comes from running groups
 # of texts side by side instead (`workers`), which degrades gracefully under load.
 BLAS_THREADS = 1
 

@@ -25,6 +25,7 @@ from memctl import __version__
 from memctl.config import mask_secrets
 from memctl.errors import MemctlError, Unavailable
 from memctl.mcp import tools
+from memctl.records import filters
 
 log = logging.getLogger("memctl.mcp")
 
@@ -114,8 +115,8 @@ def search(
                     "\"quotes\" keep a phrase.", min_length=1, max_length=tools.MAX_QUERY)],
     k: Annotated[int, Field(description="How many episodes to return.", ge=1, le=50)] = 5,
     kind: Annotated[Name, Field(description="Only episodes of this kind.")] = None,
-    since: Annotated[When, Field(description="Only episodes created at or after this.")] = None,
-    until: Annotated[When, Field(description="Only episodes created at or before this.")] = None,
+    since: Annotated[When, Field(description=f"Only episodes {filters.SINCE} this.")] = None,
+    until: Annotated[When, Field(description=f"Only episodes {filters.UNTIL} this.")] = None,
     mode: Annotated[Literal["hybrid", "vector", "text"], Field(
         description="hybrid (default): meaning and words; vector: meaning only (fails while the embedder is "
                     "down); text: words only.")] = "hybrid",
@@ -192,8 +193,9 @@ def runbook_show(
     """A runbook's title, description and numbered steps with their commands, at a known commit."""
 
 
-DECLARED = [remember, search, recall, episode_get, fact_get, fact_list, fact_set, fact_history, runbook_list,
-            runbook_show]
+# One declaration above for each tool of the catalogue (tools.TOOLS, the one list of tools), in its order:
+# a tool added there without a declaration here fails at import.
+DECLARED = [globals()[name] for name in tools.TOOLS]
 READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 

@@ -303,20 +303,17 @@ def _hit(hit) -> dict[str, Any]:
 
 def search(session: Session, query: str, *, k: int = 5, kind: str | None = None, since: str | None = None,
            until: str | None = None, mode: str = "hybrid") -> Reply:
-    """Hybrid search over the scope's episodes, as `memctl episode search` runs it (until is exclusive)."""
+    """Hybrid search over the scope's episodes, as `memctl episode search` runs it (filters.SINCE, filters.UNTIL)."""
     from memctl.reading import search as search_mod
     from memctl.reading.query import Query
-    from memctl.records import access
 
     _when(since, "since")
     _when(until, "until")
     q = Query(query, k=k, agent=session.scope.agent, kind=kind, since=since, until=until, mode=mode)
     q.check()
-    with session.connection() as conn:
-        outcome = search_mod.search(conn, session.settings, q, track=False)
-        hits = outcome.hits
-        if session.track:
-            access.record(conn, [(h.agent, h.id) for h in hits])
+    with session.connection() as conn:  # the hits count as accessed as the library counts them (its `track`)
+        outcome = search_mod.search(conn, session.settings, q, track=session.track)
+    hits = outcome.hits
     degraded = outcome.mode != mode
     data = {"results": [_hit(h) for h in hits], "mode": outcome.mode, "degraded": degraded,
             "warning": outcome.warning}

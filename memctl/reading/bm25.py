@@ -38,10 +38,8 @@ pair's estimated co-occurrence, df_a * df_b / N as if the words were
 independent, fits the same bound (the PAIRED_TERMS rarest of them: at most 28
 pairs); one holding a single commoner word has at most its (small) idf, and the
 vector half finds it if it is about the query. The text half then reads about
-that many heap pages per matched part whatever the words. A fixed 1,000 lost
-56% of keyword recall@10 at 1M episodes; 1% of the episodes (10,000 there,
-with the pairs) loses under 2% (tests/bench/match_rows.py), and at 100k it is
-the same 1,000 as before.
+that many heap pages per matched part whatever the words. The budget grows with
+the table (match_bound), since a fixed count loses keyword recall as memory grows.
 
 The statistics (episode count, average length, common lexemes) are read once per
 process and database and kept STATS_TTL seconds: they change with ANALYZE, not
@@ -205,9 +203,9 @@ class Plan:
 
 def match_bound(stats: TermStats, match_rows: float, match_share: float = 0.0) -> float:
     """How many episodes the finding words may be in together: match_rows, or match_share of the episodes
-    when that is more. A fixed count loses keyword recall as memory grows (at 1M episodes 1,000 lost 56%
-    of it, 10,000 with pairs 1.6%: tests/bench/match_rows.py); a share keeps the loss about where it is,
-    since word frequencies grow with the corpus."""
+    when that is more. A fixed count loses keyword recall as memory grows; a share keeps the loss about
+    where it is, since word frequencies grow with the corpus (the figures: docs/benchmarks.md,
+    tests/bench/match_rows.py)."""
     return max(float(match_rows), match_share * stats.n)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from memctl.reading import bm25
 from memctl.reading.query import Query, Terms, split_terms, synonyms
-from memctl.reading.statement import Request
+from memctl.reading.statement import StatementCall
 from memctl.records import filters as episode_filters
 
 # Each piece of the query (a word, a "quoted phrase") becomes its own tsquery text: lexemes as
@@ -71,7 +71,7 @@ class Parsed(Terms):
 class PiecesCall:
     """The statement of pieces() and what reading its rows needs."""
 
-    request: Request
+    request: StatementCall
     terms: Terms
     groups: list[list[str]]
     stats: bm25.TermStats | None
@@ -120,7 +120,7 @@ def pieces_call(conn, text: str, stats: bm25.TermStats | None = None, *,
     if not plain:
         return Parsed([], [])
     if stats is None and probe is None:
-        return PiecesCall(Request(PIECES, (every,), prepare=False), terms, groups, None, False)
+        return PiecesCall(StatementCall(PIECES, (every,), prepare=False), terms, groups, None, False)
     params: dict[str, Any] = {"pieces": every}
     counting = stats is not None and bool(terms.wanted)
     if probe is not None:
@@ -139,7 +139,7 @@ def pieces_call(conn, text: str, stats: bm25.TermStats | None = None, *,
     if statement is None:
         statement = _PIECES[shape] = _compose_pieces(probe, counting, scope).as_bytes(None)
     # prepared once used a few times (psycopg's default)
-    return PiecesCall(Request(statement, params), terms, groups, stats, counting, share)
+    return PiecesCall(StatementCall(statement, params), terms, groups, stats, counting, share)
 
 
 # pieces()' statements by their shape: the probe's kinds and filters, whether it counts, in an agent's episodes

@@ -28,7 +28,7 @@ class Query:
     source: str | None = None
     since: str | None = None
     mode: str = "hybrid"
-    until: str | None = None  # exclusive
+    until: str | None = None  # memctl.records.filters.UNTIL
 
     def check(self) -> None:
         if self.mode not in MODES:

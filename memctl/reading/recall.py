@@ -291,15 +291,15 @@ def recall(conn, settings: Settings, request: Request) -> Recall:
 
 def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Recall]:
     """Many recalls on one connection: their searches one search batch, the rest in shared read transactions
-    (statement.Scans), the accesses counted at the end."""
-    from memctl.reading.statement import Scans
+    (statement.ScanTransactions), the accesses counted at the end."""
+    from memctl.reading.statement import ScanTransactions
 
     limits = [check(r, settings) for r in requests]
     form = template(settings)
     rule = window.rule(settings)
     found = recall_episodes.find_episodes(conn, settings, requests)
     results = []
-    with Scans(conn, settings.get("search", "ef_search")) as scans:
+    with ScanTransactions(conn, settings.get("search", "ef_search")) as scans:
         for request, (max_tokens, min_score), episodes in zip(requests, limits, found):
             scans.begin()
             results.append(assemble(conn, settings, request, max_tokens, min_score, form, rule, episodes))

@@ -20,9 +20,9 @@ with_repeats lists every repeat after its first (search --all).
 A query costs two statements: one parses it and counts its rare words, one runs
 both halves, the context neighbours and the scoring of every candidate by both
 halves (HYBRID), inside a transaction that sets the HNSW scan; a batch's queries
-share such transactions, each at most a second long (statement.Scans), and send
+share such transactions, each at most a second long (statement.ScanTransactions), and send
 their statements through one pipeline, the database running the next queries'
-while memctl scores the last ones (_drive).
+while memctl scores the last ones (_run_steps).
 
 The pieces: memctl.reading.query (what a query asks), memctl.reading.statement (its one
 statement), memctl.reading.fusion (the scoring). This module runs them and holds the embedder
@@ -45,7 +45,8 @@ from memctl.reading import bm25, when
 from memctl.reading.fusion import Hit, fuse
 from memctl.reading.query import Query, context_kinds, setting, unsearchable
 from memctl.reading.pieces import Parsed, pieces_call
-from memctl.reading.statement import Halves, Request, Scans, period_exact, read_rows, statement_request
+from memctl.reading.statement import (ScanTransactions, StatementCall, StatementParts, period_exact, read_rows,
+                                     statement_call)
 
 
 @dataclass
@@ -158,8 +159,8 @@ def _narrowed(plan: bm25.Plan) -> bool:
 
 
 def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Generator:
-    """One query's work: yields the statements it needs run (statement.Request) and takes their rows;
-    its outcome's hits set when it ends. _drive runs many of these at once."""
+    """One query's work: yields the statements it needs run (statement.StatementCall) and takes their rows;
+    its outcome's hits set when it ends. _run_steps runs many of these at once."""
     conf = settings.section("search")
     n = max(conf["candidates"], query.k * 4)
     vector_runs = outcome.mode in ("hybrid", "vector") and model is not None and vector is not None
@@ -169,35 +170,35 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     if (wants_text or period is not None) and key not in cache:  # a period's exact bound needs the count
         cache[key] = bm25.cached_term_stats(conn)
     # on Citus, a query for one agent counts its rare words in that agent's shard (scaled to the
-    # table), so the whole query is routed; on one server over all episodes (LoCoMo dev recall@10
-    # 0.706 against 0.701 counted per agent)
+    # table), so the whole query is routed; on one server over all episodes, which ranks a little
+    # better (docs/benchmarks.md)
     scope = query.agent if wants_text and cache[key].citus else None
     kinds = context_kinds(settings)
     context = setting(settings, "fusion") != "rrf" and bool(kinds) and setting(settings, "context_weight") != 0
     call = pieces_call(conn, query.text, cache[key] if wants_text else None,
                        probe=(kinds, query) if context else None, scope=scope)
     parsed = call if isinstance(call, Parsed) else call.answer(conn, (yield call.request))
-    halves = Halves(model=model if vector_runs else None, vector=vector if vector_runs else None,
-                    excluded=parsed.excluded, context=context and parsed.context,
-                    period=period, period_exact=None if period is None else period_exact(cache[key].n))
+    parts = StatementParts(model=model if vector_runs else None, vector=vector if vector_runs else None,
+                           excluded=parsed.excluded, context=context and parsed.context,
+                           period=period, period_exact=None if period is None else period_exact(cache[key].n))
     if wants_text and any(parsed.wanted):
-        halves.stats = cache[key]
+        parts.stats = cache[key]
         # with the vector half running, words in nearly every episode are left out, and only the
         # rarest words find episodes (memctl.reading.bm25); on words alone, every word counts
         hybrid = vector_runs
-        halves.plan = bm25.plan(conn, halves.stats, parsed.wanted,
-                                common_share=setting(settings, "common_terms") if hybrid else None,
-                                match_rows=bm25.match_bound(halves.stats, setting(settings, "match_rows"),
-                                                            setting(settings, "match_share")) if hybrid else None)
-    request = statement_request(conn, query, halves, settings, n)
-    vector_rows, text_rows, scored, context = read_rows((yield request) if request else None, halves)
-    if vector_runs and halves.plan is not None and not vector_rows and _narrowed(halves.plan):
+        parts.plan = bm25.plan(conn, parts.stats, parsed.wanted,
+                               common_share=setting(settings, "common_terms") if hybrid else None,
+                               match_rows=bm25.match_bound(parts.stats, setting(settings, "match_rows"),
+                                                           setting(settings, "match_share")) if hybrid else None)
+    request = statement_call(conn, query, parts, settings, n)
+    vector_rows, text_rows, scored, context = read_rows((yield request) if request else None, parts)
+    if vector_runs and parts.plan is not None and not vector_rows and _narrowed(parts.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the
         # words are all there is, so every one of them finds, as on words alone
-        halves = replace(halves, model=None, vector=None,
-                         plan=bm25.plan(conn, halves.stats, parsed.wanted, common_share=None))
-        request = statement_request(conn, query, halves, settings, n)
-        _, text_rows, scored, context = read_rows((yield request) if request else None, halves)
+        parts = replace(parts, model=None, vector=None,
+                        plan=bm25.plan(conn, parts.stats, parsed.wanted, common_share=None))
+        request = statement_call(conn, query, parts, settings, n)
+        _, text_rows, scored, context = read_rows((yield request) if request else None, parts)
     if outcome.mode == "text" or (outcome.mode == "hybrid" and not vector_runs):
         vector_rows = None
     if outcome.mode == "vector":
@@ -211,17 +212,17 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
         from memctl.records import access
 
         accessed = access.last_accessed(conn, list(scored))
-    ceiling = halves.plan.ceiling if halves.plan is not None else None
+    ceiling = parts.plan.ceiling if parts.plan is not None else None
     outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k,
-                        text_ceiling=ceiling, period=halves.period)
+                        text_ceiling=ceiling, period=parts.period)
 
 
-# Queries a batch starts at a time in its pipeline (_drive): their statements run while memctl
+# Queries a batch starts at a time in its pipeline (_run_steps): their statements run while memctl
 # scores the ones before.
 WINDOW = 16
 
 
-def _drive(conn, scans: Scans, runs: list[Generator], pipelined: bool) -> None:
+def _run_steps(conn, scans: ScanTransactions, runs: list[Generator], pipelined: bool) -> None:
     """Run the queries' steps, their statements pipelined: the database runs a window of queries'
     statements while memctl scores the window before (fusion is pure Python; the server is another
     process, on another core).
@@ -233,7 +234,7 @@ def _drive(conn, scans: Scans, runs: list[Generator], pipelined: bool) -> None:
     steps run one statement at a time.
     """
     waiting = deque(runs)
-    asked: list[tuple[Generator, Request, Any]] = []
+    asked: list[tuple[Generator, StatementCall, Any]] = []
 
     def advance(run: Generator, rows) -> None:
         try:
@@ -260,7 +261,7 @@ def _drive(conn, scans: Scans, runs: list[Generator], pipelined: bool) -> None:
 
         if answered:
             read(0)  # waits for every answer: a pipeline answers in the order asked
-        scans.begin()  # nothing in flight: a transaction older than Scans.seconds ends here
+        scans.begin()  # nothing in flight: a transaction older than ScanTransactions.seconds ends here
         for i, (run, request, _) in enumerate(answered):
             if request.stage == 0:
                 advance(run, read(i))
@@ -326,9 +327,9 @@ def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, 
     runs = [_steps(conn, settings, q, model, by_index.get(i), o, cache)
             for i, (q, o) in enumerate(zip(queries, outcomes)) if i not in nothing]
     pipelined = len(runs) > 1 and _pipelines()
-    with Scans(conn, settings.get("search", "ef_search"), pipelined=pipelined) as scans, \
+    with ScanTransactions(conn, settings.get("search", "ef_search"), pipelined=pipelined) as scans, \
             conn.pipeline() if pipelined else contextlib.nullcontext():
-        _drive(conn, scans, runs, pipelined)
+        _run_steps(conn, scans, runs, pipelined)
     if track:
         _track(conn, outcomes)
     return outcomes

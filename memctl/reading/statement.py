@@ -3,7 +3,7 @@
 A query costs two statements: one parses it and counts its rare words (memctl.reading.pieces), one runs
 both halves, the context neighbours and the scoring of every candidate by both halves
 (HYBRID, built by `statement`), inside a transaction that sets the HNSW scan (`set_scan`;
-`Scans` lets the queries of a batch share their transactions).
+`ScanTransactions` let the queries of a batch share their transactions).
 With an agent filter every part of the statement names the agent, so that Citus routes the
 whole statement to the agent's shard.
 """
@@ -40,8 +40,8 @@ JOIN episodes e ON e.agent = c0.agent AND e.id = c0.episode_id"""
 # hnsw.* for the transaction, on every node it reaches: Citus forwards SET LOCAL (never set_config)
 # to the workers once citus.propagate_set_commands is 'local'; on one server that is a placeholder.
 # One simple-protocol round trip, run by set_scan (SET takes no parameters: ef_search is a sql.Literal).
-# In a pipeline (a batch: search._drive), the three go as statements of their own: a pipeline takes one
-# statement per query.
+# In a pipeline (a batch: search._run_steps), the three go as statements of their own: a pipeline takes
+# one statement per query.
 SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'", "SET LOCAL hnsw.iterative_scan = relaxed_order",
                  "SET LOCAL hnsw.ef_search = {ef}")
 
@@ -83,14 +83,11 @@ TEXT_CTE = """
 # (found by both: once, with its best chunk). The period's episodes are read first, at most PERIOD_EXACT + 1 of
 # them: when they are that few, each half ranks them exactly; when more, each half runs on its index with
 # the period as a filter. An HNSW scan filtered to a narrow period reads most of the index before it has
-# its rows (a day of a 30,000-episode log: 117 ms). Measured by tests/bench/period.py at 300,000
-# episodes: exactly, 1,900 episodes cost 23 ms a query, 3,000 52, 5,500 60, 8,300 65; on the indexes
-# 55-135, 104, 62, 43.
-# At 1,000,000 (913 a day) the filtered scan costs more, the period being a smaller share of the index it
-# walks: exactly, 4,600 episodes cost 55 ms, 6,400 57, 9,100 180, 13,700 232; on the indexes 249, 197, 156
-# (27,400: 92-132). The bound is therefore also a share of the table: exact up to 1% of the episodes, in
-# steps of PERIOD_EXACT, so that the statement's text (its LIMIT written in, as the halves') stays the same
-# while the table grows.
+# its rows, so ranking a few thousand episodes exactly is the cheaper way up to about PERIOD_EXACT of them;
+# in a larger table the filtered scan costs more, the period being a smaller share of the index it walks
+# (the figures: docs/benchmarks.md, "Figures behind the code"; tests/bench/period.py). The bound is
+# therefore also a share of the table: exact up to 1% of the episodes, in steps of PERIOD_EXACT, so that
+# the statement's text (its LIMIT written in, as the halves') stays the same while the table grows.
 PERIOD_EXACT = 5000
 PERIOD_EXACT_SHARE = 0.01
 
@@ -100,11 +97,6 @@ def period_exact(episodes: float) -> int:
     the indexes): PERIOD_EXACT, or PERIOD_EXACT_SHARE of the table, rounded down to a multiple of
     PERIOD_EXACT, when that is more."""
     return max(PERIOD_EXACT, int(PERIOD_EXACT_SHARE * episodes) // PERIOD_EXACT * PERIOD_EXACT)
-
-
-def _exact(halves) -> int:
-    """The period's exact bound a query's statement is written with (Halves.period_exact)."""
-    return PERIOD_EXACT if halves.period_exact is None else halves.period_exact
 
 
 PERIOD_EPISODES = """
@@ -196,9 +188,9 @@ DISTANCE = """(SELECT min(v.embedding <=> %(q)b::{type}) FROM chunks c
 AGENT = " AND {}.agent = %(agent)s"
 
 
-def _filters(query: Query):
+def _filters(query: Query, alias: str = "e"):
     return episode_filters.filters(agent=query.agent, kind=query.kind, source=query.source, since=query.since,
-                            until=query.until)
+                                   until=query.until, alias=alias)
 
 
 # the period's bounds on an episodes alias (parameters set by statement()): written in it, or a first
@@ -243,7 +235,7 @@ def vector_half(conn, model: models.Model, vector, query: Query, n: int, ef_sear
 def set_scan(conn, ef_search: int, *, pipelined: bool = False) -> None:
     """Iterative HNSW scan and ef_search for the current transaction, on every node it reaches.
 
-    The one place search's transactions (vector_half, Scans) get them.
+    The one place search's transactions (vector_half, ScanTransactions) get them.
     """
     from psycopg import sql
 
@@ -255,15 +247,15 @@ def set_scan(conn, ef_search: int, *, pipelined: bool = False) -> None:
         conn.execute(sql.SQL("; ").join(commands))
 
 
-class Scans:
+class ScanTransactions:
     """Transactions that set the HNSW scan once (set_scan) for every query run in them.
 
     A batch's queries share them: BEGIN, the settings and COMMIT are three round trips, which a
-    query would otherwise pay each time (1.1 of 11.6 ms a hybrid query, measured at 100k episodes).
+    query would otherwise pay each time (about a tenth of a hybrid query: docs/benchmarks.md).
     Each lasts at most `seconds` (begin() starts a new one after that), so a batch holds the
     share locks its reads take, which DDL such as a model switch waits for, only briefly at a time.
     Reads only: a transaction open here is never written in. `pipelined`: the connection is in
-    pipeline mode (search._drive), where the settings go as statements of their own.
+    pipeline mode (search._run_steps), where the settings go as statements of their own.
     """
 
     seconds = 1.0
@@ -273,7 +265,7 @@ class Scans:
         self._open = None
         self._since = 0.0
 
-    def __enter__(self) -> "Scans":
+    def __enter__(self) -> "ScanTransactions":
         return self
 
     def begin(self) -> None:
@@ -312,7 +304,7 @@ def _query_vector(conn, vector, model: models.Model):
 
 
 @dataclass
-class Request:
+class StatementCall:
     """A statement a query's steps ask to run (search._steps), and how."""
 
     text: bytes | str
@@ -323,8 +315,8 @@ class Request:
 
 
 @dataclass
-class Halves:
-    """What one query runs: the vector half (model and vector), the text half (plan), context."""
+class StatementParts:
+    """What one query's statement is built from: the vector half (model, vector), the text half (plan), context."""
 
     model: models.Model | None = None
     vector: Any = None
@@ -335,6 +327,21 @@ class Halves:
     period: Period | None = None  # the period the query names: each half also runs inside it
     period_exact: int | None = None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
 
+    @property
+    def vector_runs(self) -> bool:
+        """Whether the vector half runs: there is a model and a query vector."""
+        return self.vector is not None and self.model is not None
+
+    @property
+    def scoring(self) -> bool:
+        """Whether the text half scores: its plan has words to score with."""
+        return self.plan is not None and bool(self.plan.terms)
+
+    @property
+    def exact(self) -> int:
+        """The named period's exact bound the statement is written with (period_exact, else PERIOD_EXACT)."""
+        return PERIOD_EXACT if self.period_exact is None else self.period_exact
+
 
 # Composed statements by their shape (_shape): composing one costs more Python than the
 # rest of a query's, and a batch repeats a few shapes. Bounded: a long-running process (the MCP
@@ -343,141 +350,130 @@ _TEXTS: dict[tuple, bytes] = {}
 TEXTS_SIZE = 1024
 
 
-def _shape(query: Query, halves: Halves, matching: bool, n: int) -> tuple:
+def _shape(query: Query, parts: StatementParts, matching: bool, n: int) -> tuple:
     """What the statement's text depends on: the halves that run, which filters are set, the number
     of scored words, whether words find, the neighbours, the exclusions, the candidates each half
     reads, a named period's exact bound (the other values are parameters)."""
-    vector = halves.vector is not None and halves.model is not None
-    scoring = halves.plan is not None and bool(halves.plan.terms)
-    return (int(n), (halves.model.table_name, halves.model.storage) if vector else None,
+    return (int(n), (parts.model.table_name, parts.model.storage) if parts.vector_runs else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
-            len(halves.plan.terms) if scoring else None, matching, halves.context, any(halves.excluded),
-            _exact(halves) if halves.period is not None else None)
+            len(parts.plan.terms) if parts.scoring else None, matching, parts.context, any(parts.excluded),
+            parts.exact if parts.period is not None else None)
 
 
-def statement(query: Query, halves: Halves, settings: Settings, n: int):
+def statement(query: Query, parts: StatementParts, settings: Settings, n: int):
     """The one statement of a query (bytes) and its parameters; None when no half can run."""
-    vector = halves.vector is not None and halves.model is not None
-    scoring = halves.plan is not None and bool(halves.plan.terms)
-    match = match_query(halves.plan.matched, halves.excluded) if scoring else None
+    match = match_query(parts.plan.matched, parts.excluded) if parts.scoring else None
     params: dict[str, Any] = {}
-    if not vector and match is None:
+    if not parts.vector_runs and match is None:
         return None, params
     params.update(_filters(query)[1])  # the filters' values, under the names every part uses
-    if scoring:
-        params.update(bm25.parameters(halves.plan, halves.stats, setting(settings, "bm25_k1"),
+    if parts.scoring:
+        params.update(bm25.parameters(parts.plan, parts.stats, setting(settings, "bm25_k1"),
                                       setting(settings, "bm25_b")))
     if match is not None:
         params["match"] = match
-    if halves.context:
+    if parts.context:
         params.update(kinds=context_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
-    if halves.period is not None:
-        params.update(period_start=halves.period.start, period_end=halves.period.end)
-    unwanted = [f"( {q} )" for q in halves.excluded if q]
+    if parts.period is not None:
+        params.update(period_start=parts.period.start, period_end=parts.period.end)
+    unwanted = [f"( {q} )" for q in parts.excluded if q]
     if unwanted:
         params["excluded"] = " | ".join(unwanted)
-    shape = _shape(query, halves, match is not None, n)
+    shape = _shape(query, parts, match is not None, n)
     text = _TEXTS.get(shape)
     if text is None:
         if len(_TEXTS) >= TEXTS_SIZE:
             _TEXTS.clear()
-        text = _TEXTS[shape] = _compose(query, halves, match is not None, n).as_bytes(None)
+        text = _TEXTS[shape] = _compose(query, parts, match is not None, n).as_bytes(None)
     return text, params
 
 
-def _compose(query: Query, halves: Halves, matching: bool, n: int):
+def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
     """The statement's text (psycopg.sql) for statement()'s shape."""
     from psycopg import sql
 
     limit = sql.Literal(int(n))
-    parts = []
-    vector = halves.vector is not None and halves.model is not None
+    ctes = []
     agent_c = agent_e = sql.SQL("")
     if query.agent is not None:
         agent_c, agent_e = sql.SQL(AGENT.format("c")), sql.SQL(AGENT.format("e"))
-    scoring = halves.plan is not None and bool(halves.plan.terms)
-    period = halves.period is not None and (vector or matching)
+    clauses, _ = _filters(query)
+    period = parts.period is not None and (parts.vector_runs or matching)
     if period:  # the period's episodes, and whether they are few enough to rank exactly (PERIOD_EXACT)
-        clauses, _ = _filters(query)
-        parts.append(sql.SQL(PERIOD_EPISODES).format(
-            period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(_exact(halves) + 1),
-            exact=sql.Literal(_exact(halves)), filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)))
+        ctes.append(sql.SQL(PERIOD_EPISODES).format(
+            period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(parts.exact + 1),
+            exact=sql.Literal(parts.exact), filters=episode_filters.and_joined(clauses)))
     prefix = "every_" if period else ""
-    if vector:
-        model = halves.model
+    if parts.vector_runs:
+        model = parts.model
         where, join, _ = _vector_where(query)
-        parts.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage), n=limit,
+        ctes.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage), n=limit,
                                                 table=sql.Identifier(model.table_name), join=join, where=where,
                                                 vec=sql.SQL(prefix + "vec"), hits=sql.SQL(prefix + "vhits")))
         if period:
             where, join, _ = _vector_where(query, period=True)
             agent_c0 = sql.SQL(AGENT.format("c0")) if query.agent is not None else sql.SQL("")
-            parts.append(sql.SQL(PERIOD_VECTOR).format(type=sql.SQL(model.storage), n=limit, join=join, where=where,
+            ctes.append(sql.SQL(PERIOD_VECTOR).format(type=sql.SQL(model.storage), n=limit, join=join, where=where,
                                                        table=sql.Identifier(model.table_name), agent_c0=agent_c0))
-            parts.append(sql.SQL(VECTOR_HITS).format(
+            ctes.append(sql.SQL(VECTOR_HITS).format(
                 agent_c=agent_c, vec=sql.SQL("period_vec"), hits=sql.SQL("period_vhits")))
-            parts.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("vhits"), everywhere=sql.SQL("every_vhits"),
+            ctes.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("vhits"), everywhere=sql.SQL("every_vhits"),
                                                       inside=sql.SQL("period_vhits"), best=sql.SQL("distance")))
-    score = bm25.score(halves.plan, "e.tsv") if scoring else sql.SQL("0::float8")
+    score = bm25.score(parts.plan, "e.tsv") if parts.scoring else sql.SQL("0::float8")
     if matching:
-        clauses, _ = _filters(query)
-        filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
-        parts.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"),
-                                              filters=filters))
+        ctes.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"),
+                                             filters=episode_filters.and_joined(clauses)))
         if period:
-            parts.append(sql.SQL(PERIOD_TEXT).format(
+            ctes.append(sql.SQL(PERIOD_TEXT).format(
                 score=score, n=limit, agent_e=agent_e,
-                filters=filters + sql.SQL(" AND ") + sql.SQL(PERIOD_CLAUSE.format("e"))))
-            parts.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("thits"), everywhere=sql.SQL("every_thits"),
+                filters=episode_filters.and_joined([*clauses, sql.SQL(PERIOD_CLAUSE.format("e"))])))
+            ctes.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("thits"), everywhere=sql.SQL("every_thits"),
                                                       inside=sql.SQL("period_thits"), best=sql.SQL("text_score DESC")))
-    found = FOUND_BOTH if vector and matching else FOUND_VECTOR if vector else FOUND_TEXT
+    found = FOUND_BOTH if parts.vector_runs and matching else FOUND_VECTOR if parts.vector_runs else FOUND_TEXT
     near = sql.SQL(NO_NEAR)
-    if halves.context:
+    if parts.context:
         filters = {}
         for alias, name in (("b", "before"), ("a", "after")):
-            clauses, _ = episode_filters.filters(agent=query.agent, kind=query.kind, source=query.source,
-                                                 since=query.since, until=query.until, alias=alias)
-            filters[name] = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
+            filters[name] = episode_filters.and_joined(_filters(query, alias)[0])
         near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)
     distance = sql.SQL("NULL::float8")
-    if vector:
-        exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(halves.model.storage),
-                                         table=sql.Identifier(halves.model.table_name))
+    if parts.vector_runs:
+        exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(parts.model.storage),
+                                         table=sql.Identifier(parts.model.table_name))
         distance = sql.SQL("coalesce(x.distance, {})").format(exact)
-    text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if scoring else score
-    excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery") if any(halves.excluded) else sql.SQL("")
-    return sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(parts), found=sql.SQL(found), near=near,
+    text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if parts.scoring else score
+    excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery") if any(parts.excluded) else sql.SQL("")
+    return sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(ctes), found=sql.SQL(found), near=near,
                                   distance=distance, text_score=text_score, excluded=excluded)
 
 
-def statement_request(conn, query: Query, halves: Halves, settings: Settings, n: int) -> Request | None:
-    """The query's one statement, to run in a transaction with the scan set (Scans); None when no half can
-    run (read_rows(None, halves) is then its answer)."""
-    text, params = statement(query, halves, settings, n)
+def statement_call(conn, query: Query, parts: StatementParts, settings: Settings, n: int) -> StatementCall | None:
+    """The query's one statement, to run in a transaction with the scan set (ScanTransactions); None when no
+    half can run (read_rows(None, parts) is then its answer)."""
+    text, params = statement(query, parts, settings, n)
     if text is None:
         return None
-    if halves.vector is not None and halves.model is not None:
-        params["q"] = _query_vector(conn, halves.vector, halves.model)
+    if parts.vector_runs:
+        params["q"] = _query_vector(conn, parts.vector, parts.model)
     # rows in binary: a query's hundred or so candidates, their times, numbers and arrays load faster so
-    return Request(text, params, prepare=None, binary=True, stage=1)
+    return StatementCall(text, params, prepare=None, binary=True, stage=1)
 
 
-def read_rows(rows: list[dict] | None, halves: Halves):
+def read_rows(rows: list[dict] | None, parts: StatementParts):
     """(vector rows, text rows, scored, context) of one query, from its statement's rows (None: it ran none).
 
     vector rows and text rows are None for a half that did not run; their order is their half's ranking.
     """
-    vector_ran = halves.vector is not None and halves.model is not None
     if rows is None:
-        return ([] if vector_ran else None), ([] if halves.plan is not None else None), {}, {}
+        return ([] if parts.vector_runs else None), ([] if parts.plan is not None else None), {}, {}
     scored = {r["id"]: r for r in rows}
     vector_rows = None
-    if vector_ran:
+    if parts.vector_runs:
         vector_rows = [{"episode_id": r["id"], "content": r["chunk"]}
                        for r in sorted((r for r in rows if r["vector_distance"] is not None),
                                        key=lambda r: (r["vector_distance"], -r["id"]))]
     text_rows = None
-    if halves.plan is not None:
+    if parts.plan is not None:
         text_rows = [{"episode_id": r["id"]}
                      for r in sorted((r for r in rows if r["text_found"]), key=lambda r: (-r["text_score"], -r["id"]))]
     return vector_rows, text_rows, scored, neighbours(rows)

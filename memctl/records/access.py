@@ -14,7 +14,6 @@ reached costs the counts of that invocation and one note, never the read.
 from __future__ import annotations
 
 import datetime
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -66,17 +65,14 @@ class _Route:
             self.note(message)
 
 
-# read connection -> its route; weak, so a closed and dropped connection leaves no entry behind
-_ROUTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def route_to_primary(read_conn, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None) -> None:
     """Write the accesses recorded on `read_conn` (a replica) through `open_primary()` instead.
 
     `open_primary` runs at most once, at the first record() with something to write; `note`
-    receives one line if it fails (the counts of this connection are then skipped).
+    receives one line if it fails (the counts of this connection are then skipped). The route is kept on
+    the read connection itself (a psycopg Connection takes attributes), and goes with it.
     """
-    _ROUTES[read_conn] = _Route(open_primary, note)
+    read_conn.memctl_access_route = _Route(open_primary, note)
 
 
 def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
@@ -90,7 +86,7 @@ def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
     if not pairs:
         return 0
     params = {"agents": [agent for agent, _ in pairs], "ids": [int(i) for _, i in pairs]}
-    route = _ROUTES.get(conn)
+    route = getattr(conn, "memctl_access_route", None)
     if route is not None:
         conn = route.writer()
         if conn is None:

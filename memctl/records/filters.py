@@ -12,6 +12,11 @@ from memctl.config import DurationTooLong, parse_duration
 from memctl.errors import BadValue
 from memctl.records.values import parse_time, shown  # the gate's reading of an ISO 8601 time; a value cut short
 
+# What the period filters mean, said once: filters() writes them so (created_at >= since, created_at < until),
+# and every description of them (the CLI's --since/--until, MCP's search tool) quotes these.
+SINCE = "created at or after"
+UNTIL = "created before (exclusive: not at)"
+
 
 def moment(value: str) -> datetime.datetime:
     """A moment to read at: 'now', a duration back from now ('7d', at most config.MAX_DURATION) or an
@@ -49,7 +54,7 @@ def parse_since(value: str, option: str = "--since") -> datetime.datetime:
 def filters(*, agent=None, kind=None, source=None, since=None, until=None, alias: str = "e"):
     """SQL conditions on the episodes table for the common filters, with named parameters.
 
-    `since` and `until` take a duration back from now (7d) or an ISO 8601 time; `until` is exclusive.
+    `since` and `until` take a duration back from now (7d) or an ISO 8601 time, and mean SINCE and UNTIL.
     """
     from psycopg import sql
 
@@ -76,8 +81,16 @@ def check_period(since: str | None, until: str | None) -> None:
 
 
 def where(clauses):
+    """The clauses as a WHERE clause ('' for none)."""
     from psycopg import sql
 
     if not clauses:
         return sql.SQL("")
     return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses)
+
+
+def and_joined(clauses):
+    """The clauses as SQL that follows a condition: ' AND c1 AND c2' ('' for none)."""
+    from psycopg import sql
+
+    return sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)

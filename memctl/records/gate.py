@@ -35,7 +35,6 @@ import datetime
 import functools
 import hashlib
 import json
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -276,7 +275,7 @@ class Gate:
     def writing(self) -> Iterator[None]:
         """The write's transaction, committed once confirm() finds none of its sources blocked (writing_on)."""
         with self.conn.transaction():
-            open_gates = _WRITING.setdefault(self.conn, [])
+            open_gates = _open_gates(self.conn)
             open_gates.append(self)
             try:
                 yield
@@ -462,13 +461,17 @@ def renumbered(entry: HistoryEntry, version: int) -> HistoryEntry:
     return _sealed(dataclasses.replace(entry, version=integer(version, "history version", 1, 2**62)))
 
 
-_WRITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> gates in their writing()
+def _open_gates(conn) -> list[Gate]:
+    """The gates in their writing() on `conn`, kept on it (a psycopg Connection takes attributes), gone with it."""
+    if getattr(conn, "memctl_open_gates", None) is None:
+        conn.memctl_open_gates = []
+    return conn.memctl_open_gates
 
 
 def writing_on(conn, source: str | None) -> bool:
     """Whether a record from `source` is written on `conn` inside the writing() transaction of a gate that allowed
     that source, so that it is looked at again before the commit."""
-    return any(admit.covers(source) for admit in _WRITING.get(conn, ()))
+    return any(admit.covers(source) for admit in getattr(conn, "memctl_open_gates", ()))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -34,8 +34,8 @@ KINDS_LIMIT = 20  # kinds are free text too: the top 20 by episodes keep their o
 OTHER = "other"
 # memctl-summarize.timer runs daily (systemd/memctl-summarize.timer); it has no [schedule] setting.
 SUMMARIZE_EVERY = "1d"
-# Episodes read for the per-kind and per-agent figures once there are more (see groups): measured at 1M
-# episodes, 0.1-0.2 s, and each of four equal kinds within 0.6% of its count.
+# Episodes read for the per-kind and per-agent figures once there are more (see groups): quick at any size,
+# and close to the counts (the figures: docs/benchmarks.md).
 SAMPLE_ROWS = 5000
 TEXTFILE_MODE = 0o644  # node_exporter runs as another user
 PREFIX = "memctl"
