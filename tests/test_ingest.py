@@ -93,16 +93,34 @@ def test_a_file_resumes_at_its_cursor_with_nothing_lost_or_twice(memctl_env, con
         ["one", "two", "three", "four", "three", "four"]
 
 
-def test_sigterm_stores_what_was_read_and_exits_0(memctl_env, conn):
+def test_a_line_that_comes_alone_is_stored_long_before_its_flush_deadline(memctl_env, conn):
+    # --flush is the longest a record waits: once the input goes quiet, what was read is stored
     proc = start(memctl_env, "--source", "app", "--flush", "3600")
+    try:
+        for n in (1, 2):
+            proc.stdin.write(f"line {n} of a quiet log\n".encode())
+            proc.stdin.flush()
+            assert wait_for(lambda: count(conn) == n)
+        assert proc.poll() is None  # still reading
+    finally:
+        proc.stdin.close()
+    proc.wait(60)
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err
+    assert b"stored 2" in err and b"in 2 batches" in err
+
+
+def test_sigterm_stores_what_was_read_and_exits_0(memctl_env, conn):
+    # a group still open (no blank line yet) is what was read and not yet stored
+    proc = start(memctl_env, "--source", "app", "--flush", "3600", "--group", "blank")
     proc.stdin.write(b"first line\nsecond line\n")
     proc.stdin.flush()
     time.sleep(1.5)
-    assert count(conn) == 0  # waiting for its flush
+    assert count(conn) == 0  # its group is open
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert count(conn) == 2
+    assert [r["content"] for r in conn.execute("SELECT content FROM episodes")] == ["first line\nsecond line"]
 
 
 def test_a_line_too_long_or_unreadable_is_reported_and_the_stream_goes_on(memctl_env, conn):

@@ -41,7 +41,9 @@ def ingest(
     kind: Annotated[Optional[str], typer.Option("--kind", help="Kind of records that name none (default log).")] = None,
     agent: Annotated[Optional[str], typer.Option("--agent", "-a", help="Agent of records that name none.")] = None,
     flush: Annotated[float, typer.Option(
-        "--flush", min=0.05, max=3600, help="Seconds a record waits at most before its batch is stored.")] = 1.0,
+        "--flush", min=0.05, max=3600,
+        help="Seconds a record waits at most before its batch is stored (sooner once the input is quiet "
+             "for 0.1 s).")] = 1.0,
     group: Annotated[Group, typer.Option(
         "--group", help="lines: one episode a line (none), lines up to a blank line (blank), or lines up to a "
                         "pause of --gap seconds (gap).")] = Group.none,

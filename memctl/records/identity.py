@@ -20,8 +20,9 @@ import hashlib
 
 KEY_BYTES = 16
 UTC = datetime.timezone.utc
-# One look-up per agent in the batch; under the imports' advisory lock (memctl.records.repeats.LOCK_IMPORTS),
-# so two imports of one file cannot both find a key missing.
+# One look-up per agent in the batch (an index probe per key: sql/0021), all in one round trip (ask());
+# under the imports' advisory lock (memctl.records.repeats.LOCK_IMPORTS), so two imports of one file cannot
+# both find a key missing.
 STORED = "SELECT record_key FROM episodes WHERE agent = %s AND record_key = ANY(%s)"
 
 
@@ -47,15 +48,22 @@ class Occurrences:
         return key(agent, source, None, n, content_hash)
 
 
-def unseen(conn, agents: list[str], keys: list[bytes]) -> list[bool]:
-    """Per record: True when no stored episode of its agent has its key and no earlier record of the batch does."""
+def ask(conn, agents: list[str], keys: list[bytes]) -> list:
+    """The look-ups of the batch's keys, one per agent (call in a pipeline: they go in one round trip); the
+    imports' lock first, so two imports of one file cannot both find a key missing (held until the commit)."""
+    from memctl.records.repeats import IMPORT_CLASS, LOCK_IMPORTS
+
     by_agent: dict[str, list[bytes]] = {}
     for agent, k in zip(agents, keys):
         by_agent.setdefault(agent, []).append(k)
-    stored: set[tuple[str, bytes]] = set()
-    for agent, wanted in sorted(by_agent.items()):
-        for row in conn.execute(STORED, (agent, wanted)).fetchall():
-            stored.add((agent, bytes(row["record_key"])))
+    conn.execute(LOCK_IMPORTS, (IMPORT_CLASS,))
+    return [(agent, conn.execute(STORED, (agent, wanted))) for agent, wanted in sorted(by_agent.items())]
+
+
+def unseen(asked: list, agents: list[str], keys: list[bytes]) -> list[bool]:
+    """Per record (from ask()'s answers): True when no stored episode of its agent has its key and no earlier
+    record of the batch does."""
+    stored = {(agent, bytes(row["record_key"])) for agent, cursor in asked for row in cursor.fetchall()}
     keep = []
     for agent, k in zip(agents, keys):
         fresh = (agent, k) not in stored

@@ -225,7 +225,7 @@ def _stored_firsts(conn, batch, times, reach, hints, locked: set[str]) -> dict[t
     asked = []
     # One round trip for every agent's look-up (the import's copying thread plans alone meanwhile, the server
     # idle): in a pipeline where libpq has them, else one statement after another.
-    with _pipeline(conn):
+    with pipeline(conn):
         for agent in sorted(by_agent):
             rows = by_agent[agent]
             if agent not in locked:
@@ -242,7 +242,8 @@ def _stored_firsts(conn, batch, times, reach, hints, locked: set[str]) -> dict[t
     return found
 
 
-def _pipeline(conn):
+def pipeline(conn):
+    """A block whose statements go in one round trip where libpq can pipeline them (read their results after it)."""
     from psycopg import Pipeline
 
     return conn.pipeline() if Pipeline.is_supported() else contextlib.nullcontext()

@@ -81,8 +81,8 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
-EPISODE_SEQ = "SELECT pg_get_serial_sequence('episodes', 'id') AS s"
-CHUNK_SEQ = "SELECT pg_get_serial_sequence('chunks', 'id') AS s"
+SEQUENCES = """SELECT pg_get_serial_sequence('episodes', 'id') AS episodes,
+                      pg_get_serial_sequence('chunks', 'id') AS chunks"""
 # One array, not a row per id: 5,000 rows cost the import's copying thread 20 ms a batch to read.
 TAKE_IDS = "SELECT array(SELECT nextval(%s::regclass) FROM generate_series(1, %s)) AS ids"
 COPY_EPISODES = WRITER + """COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at, meta,
@@ -97,11 +97,10 @@ COPY_QUEUE = "COPY embed_queue (model_id, agent, chunk_id) FROM STDIN (FORMAT BI
 COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STDIN"
 
 
-def take_ids(conn, sequence_query: str, count: int) -> list[int]:
+def take_ids(conn, sequence: str, count: int) -> list[int]:
     if count == 0:
         return []
-    seq = conn.execute(sequence_query).fetchone()["s"]
-    return conn.execute(TAKE_IDS, (seq, count), binary=True).fetchone()["ids"]
+    return conn.execute(TAKE_IDS, (sequence, count), binary=True).fetchone()["ids"]
 
 
 def queued_models(conn) -> list[int]:
@@ -141,16 +140,22 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     for episode in {e.source: e for e in batch}.values():  # one episode per source: a batch holds few
         _sourced(conn, episode, Episode)
     already = 0
-    if keys is not None:
-        conn.execute(repeats.LOCK_IMPORTS, (repeats.IMPORT_CLASS,))
-        keep = identity.unseen(conn, [e.agent for e in batch], keys)
+    # What the batch asks before it is planned, in one round trip: the planning runs alone (`release` not yet
+    # called), so each round trip here is time the import's other thread waits.
+    agents = [e.agent for e in batch]
+    with repeats.pipeline(conn):
+        sequences = conn.execute(SEQUENCES)
+        asked = identity.ask(conn, agents, keys) if keys is not None else None
+    sequences = sequences.fetchone()
+    if asked is not None:
+        keep = identity.unseen(asked, agents, keys)
         if not all(keep):
             batch = [e for e, k in zip(batch, keep) if k]
             keys = [k for k, fresh in zip(keys, keep) if fresh]
             vectors = None if vectors is None else [v for v, fresh in zip(vectors, keep) if fresh]
             hints = None if hints is None else [h for h, fresh in zip(hints, keep) if fresh]
             already = len(keep) - len(batch)
-    copied = Copied(take_ids(conn, EPISODE_SEQ, len(batch)), already=already)
+    copied = Copied(take_ids(conn, sequences["episodes"], len(batch)), already=already)
     if not batch:
         if release is not None:
             release()
@@ -158,7 +163,8 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     times = [ep.created_at or now for ep in batch]
     fold = repeats.plan_batch(conn, batch, copied.ids, times, window, hints, locked)
     copied.folded = fold.folded
-    chunk_ids = take_ids(conn, CHUNK_SEQ, sum(len(e.chunks) for e, r in zip(batch, fold.repeat_of) if r is None))
+    chunk_ids = take_ids(conn, sequences["chunks"],
+                         sum(len(e.chunks) for e, r in zip(batch, fold.repeat_of) if r is None))
     if release is not None:
         release()
     with_vector: list[tuple[str, int, bytes, Any]] = []

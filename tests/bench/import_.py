@@ -5,7 +5,8 @@ parsing, validation, chunking, COPY of episodes and chunks, queueing) and, as
 the baseline, by one binary COPY of the already-parsed rows into an identical
 table (`CREATE TABLE ... (LIKE episodes INCLUDING ALL)`: same columns, the
 generated tsvector, defaults and indexes, and the same gin_pending_list_limit).
-Goal: ratio >= 0.6.
+Goal: ratio >= 0.6. 2026-12-06, defaults with --against main, load average 5-7: 0.48 (main 0.47), below
+the goal (docs/benchmarks.md).
 
 The two are alternated over --rounds rounds (memctl, COPY, memctl, COPY, ...), each in a fresh
 database, so a machine that is busier for a while slows both; the ratio printed is the median of

@@ -7,7 +7,8 @@ alternated rounds; the ratio is import's time ÷ ingest's (goal >= 0.5). Latency
 --format lines --flush 1` reads a pipe; a line with a word of its own is written every --interval
 seconds, and `memctl episode search WORD --mode text` (a fresh process each time, as an operator's shell
 runs it) is run until it finds it; the time from the write to the first answer that holds it, p50 and
-p95 (goal p95 <= 2 s; a search process's start is part of it).
+p95 (goal p95 <= 2 s; a search process's start is part of it). 2026-12-06, defaults, load average 6-7: ratio
+0.85, p50 0.79 s, p95 0.95 s (docs/benchmarks.md).
 
     python tests/bench/ingest.py [--rows 20000] [--rounds 2] [--lines 20] [--interval 0.3] [--database-url URL]
 """
