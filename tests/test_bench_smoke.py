@@ -43,6 +43,7 @@ RUNS = [
     ("ops_kinds.py", "retrieval_log.json"),
     ("redact.py --size 2000 --runs 1", "clean records altered"),
     ("recall_budget.py --data none --observations 0", "[ops retrieval_log.json] recall defaults"),
+    ("collapse.py --data none --hits 50", "(same groups)"),
     ("local_start.py --episodes 20 --runs 3 --rounds 0", "ratio (goal <= 2)"),
     ("agents.py --episodes 2000 --calls 10 --clients 4 --seconds 2", "answers out of scope"),
     ("erasure_verify.py --episodes 2000 --runs 1", "ratio verify / plain read"),

@@ -111,45 +111,88 @@ def collapse(hits: list[Hit], threshold: float) -> list[tuple[Hit, list[int]]]:
     """Keep the best of each group of near-identical episodes: (hit, ids of the ones folded into it).
 
     Near-identical: equal text after lowercasing and dropping punctuation, or word sets with Jaccard
-    similarity >= threshold. Only the kept sets that share a word of its prefix with a hit's set are
-    compared with it (prefix filtering: two sets that close share one of the first |A| - ceil(t|A|) + 1
-    words of each, in any fixed order), so a search's 300 hits cost about 300 comparisons, not 45,000.
+    similarity >= threshold. Walking the hits best first, each joins the first kept one close to it.
+    Only kept sets that share a word of its prefix are compared with a hit's set (prefix filtering: two
+    sets that close share one of the first |A| - ceil(t|A|) + 1 words of each, in one fixed order), and
+    of those only the ones of a size that can be that close. The order puts each set's rarest words in
+    these hits first: a prefix of common words ("the", "a", "i") would make every kept set a candidate
+    (300 hits, 45,000 comparisons); rare words make the candidates the few sets that really overlap.
     """
-    kept: list[tuple[Hit, list[int], str, set[str]]] = []
+    ranked = sorted(hits, key=lambda h: (-h.score, -h.id))
+    normals = [_normal(h.content) for h in ranked]
+    sets = [set(n.split()) for n in normals]
+    frequency: dict[str, int] = {}
+    for words in sets:
+        for word in words:
+            frequency[word] = frequency.get(word, 0) + 1
+    order = {w: i for i, w in enumerate(sorted(frequency, key=lambda w: (frequency[w], w)))}
+    kept: list[tuple[Hit, list[int], set[str]]] = []
     by_text: dict[str, int] = {}
-    by_word: dict[str, list[int]] = {}
-    for hit in sorted(hits, key=lambda h: (-h.score, -h.id)):
-        normal = _normal(hit.content)
-        words = set(normal.split())
+    by_word: dict[str, list[tuple[int, int]]] = {}  # a prefix word -> (kept set, its position there)
+    sizes: list[int] = []
+    for hit, normal, words in zip(ranked, normals, sets):
+        prefix = _prefix(words, threshold, order)
         match = by_text.get(normal)  # the first kept one that is close wins, as it would walking them all
-        for index in _candidates(words, threshold, by_word, len(kept) if match is None else match):
+        for index in _candidates(words, prefix, threshold, by_word, sizes, len(kept) if match is None else match):
             if match is not None and index >= match:
                 break
-            other = kept[index][3]
-            union = len(words | other)
-            if union and len(words & other) / union >= threshold:
+            if _close(words, kept[index][2], threshold):
                 match = index
                 break
         if match is not None:
             kept[match][1].append(hit.id)
             continue
         by_text[normal] = len(kept)
-        for word in _prefix(words, threshold):
-            by_word.setdefault(word, []).append(len(kept))
-        kept.append((hit, [], normal, words))
-    return [(hit, duplicates) for hit, duplicates, _, _ in kept]
+        for position, word in enumerate(prefix):
+            by_word.setdefault(word, []).append((len(kept), position))
+        kept.append((hit, [], words))
+        sizes.append(len(words))
+    return [(hit, duplicates) for hit, duplicates, _ in kept]
 
 
-def _prefix(words: set[str], threshold: float) -> list[str]:
+def _prefix(words: set[str], threshold: float, order: dict[str, int]) -> list[str]:
+    """A set's first words in `order` (its rarest: fewest hits holding them, then alphabetical), as many as
+    two sets that close must share one of."""
     size = len(words)
-    return sorted(words)[: size - math.ceil(threshold * size - 1e-9) + 1]
+    length = size - math.ceil(threshold * size - 1e-9) + 1
+    if length <= 0:
+        return []
+    return sorted(words, key=order.__getitem__)[:length]
 
 
-def _candidates(words: set[str], threshold: float, by_word: dict[str, list[int]], count: int) -> list[int]:
-    """Kept sets that may lie within threshold of `words`, best first."""
-    if threshold <= 0 or not words:
+def _candidates(words: set[str], prefix: list[str], threshold: float, by_word: dict[str, list[tuple[int, int]]],
+                sizes: list[int], count: int) -> list[int]:
+    """Kept sets that may lie within threshold of `words`, best first.
+
+    A kept set sharing prefix words with `words` is dropped once the words it still could share (positional
+    filtering: those after the shared one in both, in the same order) leave it short of the overlap that
+    Jaccard >= t needs, t / (1 + t) * (|A| + |B|).
+    """
+    if threshold <= 0:
         return list(range(count))  # every set is that close
-    return sorted({i for word in _prefix(words, threshold) for i in by_word.get(word, ())})
+    if not words:
+        return []  # only the same (empty) text is
+    size, need = len(words), threshold / (1 + threshold)
+    overlap: dict[int, int] = {}  # kept set -> prefix words shared so far; -1 once it cannot be close
+    for position, word in enumerate(prefix):
+        for index, at in by_word.get(word, ()):
+            seen = overlap.get(index, 0)
+            if seen < 0:
+                continue
+            other = sizes[index]
+            bound = seen + min(size - position, other - at)  # 1 for this word, then what follows it in both
+            overlap[index] = seen + 1 if bound >= need * (size + other) - 1e-9 else -1
+    return sorted(i for i, seen in overlap.items() if seen > 0)
+
+
+def _close(words: set[str], other: set[str], threshold: float) -> bool:
+    """Jaccard similarity >= threshold; sizes too far apart are not (|B| >= t|A| when B is the smaller)."""
+    small, large = sorted((len(words), len(other)))
+    if small < threshold * large - 1e-9:
+        return False
+    shared = len(words & other)
+    union = len(words) + len(other) - shared
+    return bool(union) and shared / union >= threshold
 
 
 def related(hit: Hit, limit: float) -> bool:

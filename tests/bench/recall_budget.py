@@ -16,7 +16,8 @@ asked the same way, one fresh database each, with the share of each question's a
 the returned context at each budget.
 
 --variant "window_before=0 window_after=0" asks again with those [recall] settings, on the same data
-(repeatable); the figures of each variant are printed beside the defaults'.
+(repeatable); `search.text_weight=0.4` sets a [search] setting (LoCoMo's searches then run again). The
+figures of each variant are printed beside the defaults'.
 
 Speed: `recall --batch` of --observations observations (the questions, cycled) ÷ `episode search --batch`
 of the same texts as queries, both one process, defaults otherwise (recall k 5, budget 1000; search k 5):
@@ -60,13 +61,16 @@ def memctl(env: dict, *args: str, stdin: str | None = None) -> tuple[str, float]
 
 
 def write_config(path: Path, variant: str) -> None:
-    """search_timeout 300 (retrieval.py's reason) and the variant's [recall] settings."""
-    lines = ["[embedding]", "search_timeout = 300", "", "[recall]"]
+    """search_timeout 300 (retrieval.py's reason) and the variant's settings: `key=value` in [recall],
+    `search.key=value` in [search]."""
+    sections: dict[str, list[str]] = {"embedding": ["search_timeout = 300"], "recall": [], "search": []}
     for item in variant.split():
         key, _, value = item.partition("=")
+        section, _, name = key.rpartition(".")
         bare = value.replace('.', '').isdigit() or value in ("true", "false")
-        lines.append(f"{key} = {value if bare else json.dumps(value)}")
-    path.write_text("\n".join(lines) + "\n")
+        sections[section or "recall"].append(f"{name} = {value if bare else json.dumps(value)}")
+    path.write_text("".join(f"[{name}]\n" + "".join(f"{line}\n" for line in lines) + "\n"
+                            for name, lines in sections.items()))
 
 
 def recall_batch(env: dict, asks: list[tuple[str | None, str]], budget: int, k: int = 100) -> list[dict]:
@@ -169,10 +173,14 @@ def in_process(env: dict, scratch: Path, asks, wanted, splits, variants: list[st
         for variant in variants:
             write_config(scratch / "memctl.toml", variant)
             chosen = config.load()
+            if "search." in variant:  # the search itself changes: asked again (the defaults' kept for the next)
+                found_here = recall_episodes.find_episodes(conn, chosen, requests)
+            else:
+                found_here = found
             form, rule = recall.template(chosen), window.rule(chosen)
             for budget in BUDGETS:
                 results = [recall.assemble(conn, chosen, replace(r, max_tokens=budget), budget, 0.0, form, rule, f)
-                           for r, f in zip(requests, found)]
+                           for r, f in zip(requests, found_here)]
                 inside = [ids_inside(plain(x.to_dict())) for x in results]
                 for name, picked in splits.items():
                     a, al, m = shares([wanted[i] for i in picked], [inside[i] for i in picked])
