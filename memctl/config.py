@@ -173,3 +173,61 @@ def shown_settings(settings: Settings) -> list[dict[str, Any]]:
         origin = settings.origins.get((section, key), "file" if key in settings.retention else "default")
         rows.append({"setting": name, "value": value, "origin": origin})
     return rows
+
+
+# The reference block of docs/configuration.md, made from the schema (tests/test_docs.py checks the page holds it):
+# `python -c 'from memctl import config; print(config.reference())'` prints it. [importance] and [retention] take
+# any kind as a key: their lines are these examples.
+FREE_EXAMPLES = {
+    "importance": ("default importance per kind; 0 = not stored at all",
+                   [*((kind, str(value), "") for kind, value in DEFAULT_IMPORTANCE.items()),
+                    ("default", "5", "kinds not listed")]),
+    "retention": ("maximum age per kind; kinds not named are kept",
+                  [("raw", '"30d"', ""), ("summary", '"365d"', ""),
+                   ("keep_importance", "9", "not a kind: importance >= 9 is kept whatever its age"),
+                   ("jobs", f'"{RETENTION_DEFAULTS["jobs"]}"',
+                    f"not a kind: the job log's age (jobs, runbook runs); at least {JOB_LOG_MIN}"),
+                   ("require_summary", "true", "with [summarize] model set, prune keeps what no summary holds yet")]),
+}
+_COMMENT_AT, _WIDTH = 29, 116
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def _line(text: str, doc: str) -> list[str]:
+    """`text`, then `doc` as a comment at column _COMMENT_AT, wrapped to _WIDTH."""
+    if not doc:
+        return [text]
+    import textwrap
+
+    start = max(_COMMENT_AT, len(text) + 2)
+    first, *rest = textwrap.wrap(doc, _WIDTH - start - 2) or [""]
+    rest = textwrap.wrap(" ".join(rest), _WIDTH - _COMMENT_AT - 2)
+    return [text.ljust(start) + "# " + first, *(" " * _COMMENT_AT + "# " + more for more in rest)]
+
+
+def reference() -> str:
+    """Every setting of the schema as a commented TOML file: defaults set, examples of the unset commented out."""
+    out: list[str] = []
+    sections = [*SCHEMA, *FREE_EXAMPLES]
+    for section in sections:
+        if section:
+            doc = (SECTIONS[section].__doc__ or "").partition(": ")[2] if section in SECTIONS \
+                else FREE_EXAMPLES[section][0]
+            out += ["", *_line(f"[{section}]", doc.strip())]
+        if section in FREE_EXAMPLES:
+            out += [line for key, value, doc in FREE_EXAMPLES[section][1] for line in _line(f"{key} = {value}", doc)]
+            continue
+        for spec in SCHEMA[section].values():
+            doc = spec.doc + (f"; or {spec.env}" if spec.env else "")
+            if spec.default is None:
+                out += _line(f"# {spec.name} = {spec.example}", doc)
+            else:
+                out += _line(f"{spec.name} = {_toml(spec.default)}", doc)
+    return "\n".join(out).strip("\n") + "\n"

@@ -199,7 +199,7 @@ class Section:
 
 
 class Embedding(Section, section="embedding"):
-    """[embedding]: the model that embeds what is stored and what is asked."""
+    """[embedding]: the model that embeds what is stored and what is asked"""
     embedder: str = Setting("ollama", _choice("ollama", "local", "hash"),
                              "ollama | local | hash (hash: deterministic, for tests)", env="MEMCTL_EMBEDDER")
     model: str = Setting("nomic-embed-text", _string, "the embedding model", env="MEMCTL_EMBED_MODEL")
@@ -362,7 +362,7 @@ class Settings(Section, section=""):
     [importance] and [retention] take any key (a kind name), so they are dictionaries.
     """
 
-    database_url: str | None = Setting(None, _string, "the database (see Database)", env="MEMCTL_DATABASE_URL",
+    database_url: str | None = Setting(None, _string, "the database's connection string", env="MEMCTL_DATABASE_URL",
                                         example='"postgresql://memctl@db.internal/memctl"')
     runbooks: str | None = Setting(None, _string, "the runbook repository (docs/runbooks.md)",
                                     env="MEMCTL_RUNBOOKS", example='"/srv/runbooks"')
