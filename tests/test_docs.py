@@ -50,3 +50,17 @@ def test_the_readme_is_an_entry_point():
         assert f"\n{section}\n" in text, section
     assert all((ROOT / "docs" / p).exists() for p in re.findall(r"\(docs/([\w.-]+\.md)", text))
     assert len(re.findall(r"\(docs/[\w.-]+\.md", text)) >= 15  # every page is reachable from here
+
+
+def test_the_configuration_reference_is_the_schema_s():
+    """docs/configuration.md's TOML block is memctl.config.reference(): a setting documented and not in the schema,
+    or in the schema and not documented, or documented with another default or variable, fails here."""
+    from memctl import config
+
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    block = page.split("```toml\n", 1)[1].split("```\n", 1)[0]
+    assert block == config.reference(), ("docs/configuration.md's block differs from the schema: print it with "
+                                         "python -c 'from memctl import config; print(config.reference())'")
+    for section, keys in config.SCHEMA.items():
+        for name in keys:
+            assert f"{name} = " in block, f"{section}.{name} undocumented"

@@ -377,7 +377,7 @@ def typed_documents(draw) -> bytes:
     tables: dict = {}
     for name in draw(st.lists(st.sampled_from(sorted(s for s in config.SCHEMA if s)), max_size=4, unique=True)):
         keys = draw(st.lists(st.sampled_from(sorted(config.SCHEMA[name])), min_size=1, max_size=4, unique=True))
-        tables[name] = {key: draw(typed(config.SCHEMA[name][key][0])) for key in keys}
+        tables[name] = {key: draw(typed(config.SCHEMA[name][key].check)) for key in keys}
     if draw(st.booleans()):
         tables["retention"] = {kind: draw(TYPED["_duration"]) for kind in draw(st.lists(
             st.sampled_from(["raw", "conversation", "jobs"]), max_size=2, unique=True))}
@@ -396,20 +396,17 @@ ENVS = st.dictionaries(st.sampled_from(sorted(config.ENV_OVERRIDES.values())),
 
 
 def _numbers(settings: config.Settings):
-    for section, values in settings.values.items():
-        for key, value in values.items():
-            if isinstance(value, float):
-                yield f"{section}.{key}", value
+    for section, key, value in settings.items():
+        if isinstance(value, float):
+            yield f"{section}.{key}", value
 
 
 def _durations(settings: config.Settings):
-    for section, keys in config.SCHEMA.items():
-        for key, (check, _) in keys.items():
-            if check is config._duration and settings.get(section, key) is not None:
-                yield f"{section}.{key}", settings.get(section, key)
-    for key, value in settings.values.get("retention", {}).items():
-        if isinstance(value, str):
-            yield f"retention.{key}", value
+    for section, key, value in settings.items():
+        check = config.SCHEMA[section][key].check if section in config.SCHEMA else None
+        if (getattr(check, "__name__", "") == "_duration" and value is not None) or (
+                section == "retention" and isinstance(value, str)):
+            yield f"{section}.{key}", value
 
 
 @given(document=CONFIG_FILES, env=ENVS)

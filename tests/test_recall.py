@@ -239,14 +239,14 @@ def test_template_from_the_config(cli, memory, memory_env_config):
 
 
 def test_line_formats_and_bad_fields():
-    settings = config.Settings(Path("/none"), False, values={"recall": {
-        "template": "Memory:\n{items}\n", "fact_line": "* {key}: {value}{sourced} ({score:.1f})",
-        "episode_line": "* ({age}) {content}", "runbook_line": "* runbook {name}"}})
+    settings = config.Settings(recall=config.Recall(
+        template="Memory:\n{items}\n", fact_line="* {key}: {value}{sourced} ({score:.1f})",
+        episode_line="* ({age}) {content}", runbook_line="* runbook {name}"))
     form = recall.template(settings)
     assert (form.header, form.footer) == ("Memory:\n", "\n")
     line = form.line("fact", {"key": "a.b", "value": "two\nlines", "sourced": ", source: x", "score": 0.25})
     assert line == "* a.b: two lines, source: x (0.2)"
-    settings.values["recall"]["episode_line"] = "{nope}"
+    settings.recall.episode_line = "{nope}"
     with pytest.raises(ConfigError, match="episode_line"):
         recall.template(settings)
 

@@ -91,7 +91,7 @@ def test_recall_and_the_mcp_search_show_the_alert_once_with_its_count(cli, conn)
 
     # a custom line without {seen} is unchanged; one with {repeats} gets the count
     settings = config.load()
-    settings.values["recall"] = {"episode_line": "* {content} [{repeats}]"}
+    settings.recall = config.Recall(episode_line="* {content} [{repeats}]")
     plain = recall.recall(conn, settings, recall.Request("disk 91% on web-3", agent="ops", track=False))
     assert "* alert: disk 91% on web-3 [500]" in plain.text() and "seen" not in plain.text()
 

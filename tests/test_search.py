@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from memctl import config
 from memctl.embedding import models
 from memctl.reading import bm25, search, statement
-from memctl.reading.query import Query, setting
+from memctl.reading.query import Query
 from memctl.reading.pieces import pieces
 from memctl.reading.statement import vector_half
 from tests.conftest import needs_local_embedder
@@ -398,9 +398,8 @@ def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn
 
 
 def test_search_defaults_are_the_config_schema_s(memctl_env):
-    loaded = config.load().section("search")  # an empty configuration file: every [search] key at its default
-    bare = config.Settings(Path("/none"), False)  # settings handed to search without a [search] table
-    assert {key: setting(bare, key) for key in loaded} == loaded  # no second copy to drift
+    loaded = config.load().search  # an empty configuration file: every [search] key at its default
+    assert loaded == config.Settings().search == config.Search()  # settings made in code: the same, no second copy
 
 
 def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, memctl_env, monkeypatch):

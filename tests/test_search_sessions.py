@@ -80,14 +80,14 @@ def test_a_neighbour_counts_by_its_words_more_than_by_its_cosine():
     text_rows = [{"episode_id": i} for i in (near_y, x, y)]
 
     def relevance(share: float) -> dict[int, float]:
-        settings = config.Settings(Path("memctl.toml"), False, {"search": {"context_text_weight": share}})
+        settings = config.Settings(search=config.Search(context_text_weight=share))
         return fusion.relevances(settings, vector_rows, text_rows, scored, context, text_ceiling=1.0)
 
     equal, words = relevance(0.5), relevance(0.7)
     assert equal[x] > equal[y]
     assert words[y] > words[x]
     # on words alone (no vector half) a neighbour's base is its words, whatever the setting
-    settings = config.Settings(Path("memctl.toml"), False, {"search": {"context_text_weight": 0.0}})
+    settings = config.Settings(search=config.Search(context_text_weight=0.0))
     alone = fusion.relevances(settings, None, text_rows, scored, context, text_ceiling=1.0)
     assert alone[y] > alone[x]
 

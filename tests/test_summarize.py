@@ -324,7 +324,7 @@ def test_overdue_warns_until_the_windows_are_summarized(cli, conn, setup, ollama
     assert cli("summarize").exit_code == 0
     assert summarize.overdue(conn, settings) is None
     off = config.load(Path(ollama_env["MEMCTL_CONFIG"]), environ={})
-    off.values["summarize"]["model"] = None
+    off.summarize.model = None
     assert summarize.overdue(conn, off) is None
 
 

@@ -54,8 +54,8 @@ def backup(
     directory = Path(to).expanduser() if to else backup_mod.default_dir(st)
     conn = connect()
     made = backup_mod.take(conn, target().url, directory,
-                           keep_daily=st.get("backup", "keep_daily") if keep_daily is None else keep_daily,
-                           keep_weekly=st.get("backup", "keep_weekly") if keep_weekly is None else keep_weekly)
+                           keep_daily=st.backup.keep_daily if keep_daily is None else keep_daily,
+                           keep_weekly=st.backup.keep_weekly if keep_weekly is None else keep_weekly)
     render_one(made.to_dict(), fmt)
     removed = f"; removed {len(made.removed)} older backup(s)" if made.removed else ""
     warn(f"backup written to {made.path} ({_size(made.bytes)}){removed}")

@@ -56,7 +56,7 @@ def embed(
     from memctl.embedding.embedders import make_embedder
 
     st = settings()
-    size = batch_size or st.get("embedding", "batch_size")
+    size = batch_size or st.embedding.batch_size
     conn = connect(vector=True)
     embedder = make_embedder(st)
     progress = _progress if sys.stderr.isatty() else None

@@ -117,7 +117,7 @@ def run(
         warn(message)
 
     try:
-        result = reembed.run(connect(vector=True), st, batch_size=batch_size or st.get("embedding", "batch_size"),
+        result = reembed.run(connect(vector=True), st, batch_size=batch_size or st.embedding.batch_size,
                              limit=limit, retry_failed=retry_failed, progress=bar, on_warning=on_warning)
     finally:
         if bar is not None:

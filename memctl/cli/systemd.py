@@ -38,8 +38,8 @@ MetricsOption = Annotated[Optional[str], typer.Option(
 def _extras(no_embedded: bool, metrics_textfile: str | None) -> systemd.Extras:
     config = settings()
     return systemd.Extras(embedded=not no_embedded,
-                          metrics_textfile=metrics_textfile or config.get("metrics", "textfile"),
-                          backup_dir=config.get("backup", "dir"))
+                          metrics_textfile=metrics_textfile or config.metrics.textfile,
+                          backup_dir=config.backup.dir)
 
 
 def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extras, *,

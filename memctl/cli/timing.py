@@ -41,5 +41,5 @@ def timing(
         model = LOCAL_MODEL
     emb = make_embedder(st, embedder=embedder, model=model)
     texts = timing_mod.read_texts(file) if file else None
-    size = batch_size or st.get("embedding", "batch_size")
+    size = batch_size or st.embedding.batch_size
     render_one(timing_mod.measure(connect(), emb, sample=sample, batch_size=size, texts=texts), fmt)

@@ -50,7 +50,7 @@ class ReadTarget:
 
 def resolve_read(settings: config_mod.Settings) -> ReadTarget | None:
     """[database] read_url, or MEMCTL_READ_DATABASE_URL; None: reads go to the primary."""
-    url = settings.get("database", "read_url")
+    url = settings.database.read_url
     if not url:
         return None
     return ReadTarget(url, settings.origins.get(("database", "read_url"), "file"))

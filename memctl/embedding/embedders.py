@@ -29,7 +29,7 @@ from memctl import model_catalogue
 from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError, UnknownModel, UsageError
 
 if TYPE_CHECKING:
-    from memctl.config import Settings
+    from memctl.config import Embedding as EmbeddingSettings, Settings
 
 DEFAULT_OLLAMA_HOST = "http://127.0.0.1:11434"
 EMBEDDERS = ("ollama", "local", "hash")
@@ -425,13 +425,11 @@ class HashEmbedder:
 # -------------------------------------------------------------------- factory
 
 
-def _setting(settings: Settings | None, key: str) -> Any:
-    """An [embedding] setting, or its schema default when no settings were loaded."""
-    if settings is not None:
-        return settings.get("embedding", key)
-    from memctl.config import SCHEMA
+def _configured(settings: Settings | None) -> EmbeddingSettings:
+    """The [embedding] settings; the schema's defaults when no settings were loaded."""
+    from memctl.config import Embedding
 
-    return SCHEMA["embedding"][key][1]
+    return settings.embedding if settings is not None else Embedding()
 
 
 def make_embedder(
@@ -462,12 +460,11 @@ def make_embedder(
         explicit_model = model
         dimensions = registered.dims if registered.embedder == "hash" else registered.request_dims
     else:
-        configured = _setting(settings, "model")
-        model = model or configured
-        if dimensions is None and model == configured and embedder in (None, _setting(settings, "embedder")):
-            dimensions = _setting(settings, "dimensions")
-    made = _make(settings, embedder or _setting(settings, "embedder") or "ollama", model, explicit_model,
-                 dimensions, timeout)
+        conf = _configured(settings)
+        model = model or conf.model
+        if dimensions is None and model == conf.model and embedder in (None, conf.embedder):
+            dimensions = conf.dimensions
+    made = _make(settings, embedder or _configured(settings).embedder, model, explicit_model, dimensions, timeout)
     made.query_prefix, made.document_prefix = ((registered.query_prefix, registered.document_prefix)
                                                if registered is not None else configured_instructions(settings, made))
     return made
@@ -477,23 +474,25 @@ def configured_instructions(settings: Settings | None, embedder: Any) -> tuple[s
     """The instructions a model registered now gets: the model card's, or the configuration's
     `query_prefix` / `document_prefix` where the configuration names this model."""
     query, document = model_catalogue.instructions(embedder.model)
-    if embedder.model == _setting(settings, "model") and embedder.name == (_setting(settings, "embedder") or "ollama"):
+    conf = _configured(settings)
+    if embedder.model == conf.model and embedder.name == conf.embedder:
         query, document = (default if value is None else value for value, default in (
-            (_setting(settings, "query_prefix"), query), (_setting(settings, "document_prefix"), document)))
+            (conf.query_prefix, query), (conf.document_prefix, document)))
     return query, document
 
 
 def _make(settings: Settings | None, name: str, model: str | None, explicit_model: str | None,
           dimensions: int | None, timeout: float | None) -> Any:
     if name == "ollama":
-        return OllamaEmbedder(model, host=_setting(settings, "ollama_host"), dimensions=dimensions,
-                              timeout=timeout if timeout is not None else _setting(settings, "timeout"))
+        conf = _configured(settings)
+        return OllamaEmbedder(model, host=conf.ollama_host, dimensions=dimensions,
+                              timeout=timeout if timeout is not None else conf.timeout)
     if name == "local":
         if explicit_model is not None and explicit_model.removesuffix(":latest") != LOCAL_MODEL:
             raise UsageError(f"the local embedder has one model, {LOCAL_MODEL}; got {model!r}")
         if dimensions is not None and dimensions != LOCAL_DIMS:
             raise UsageError(f"the local embedder makes {LOCAL_DIMS}-dim vectors; got dimensions={dimensions}")
-        return LocalEmbedder(_setting(settings, "local_path"))
+        return LocalEmbedder(_configured(settings).local_path)
     if name == "hash":
         model = model or "hash-embed"
         return HashEmbedder(model, dims=dimensions or model_catalogue.known_dims(model) or LOCAL_DIMS)

@@ -149,7 +149,7 @@ def model_dims(model: str, settings=None) -> int:
 
         try:
             return make_embedder(settings, embedder="ollama", model=model,
-                                 timeout=settings.get("embedding", "search_timeout")).dims()
+                                 timeout=settings.embedding.search_timeout).dims()
         except MemctlError:
             pass
     raise UsageError(f"unknown model {model!r} (not in memctl's list, not on the Ollama server): give --dims")

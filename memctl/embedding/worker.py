@@ -300,7 +300,7 @@ def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | N
         mismatch = models.mismatch_warning(active, configured_embedder)
         return [], [mismatch] if mismatch else []
     with jobs.record(conn, "embed") as job:
-        active = models.ensure_active(conn, configured_embedder, storage=settings.get("embedding", "storage"))
+        active = models.ensure_active(conn, configured_embedder, storage=settings.embedding.storage)
         mismatch = models.mismatch_warning(active, configured_embedder)
         if mismatch:
             warnings.append(mismatch)

@@ -34,13 +34,6 @@ FIELDS = {
 MATCH, BESIDE = "  > ", "    "
 # to check a line format's fields and specs
 SAMPLE = {"score": 0.5, "id": 1, "importance": 5, "version": 1, "repeats": 0, "count": 2}
-DEFAULTS = {"max_tokens": 1000, "min_score": 0.0, "dedupe": 0.9, "max_distance": None}
-
-
-def setting(settings: Settings, key: str) -> Any:
-    """A [recall] value, or this module's default when the config schema does not know the key."""
-    value = settings.get("recall", key)
-    return DEFAULTS.get(key) if value is None else value
 
 
 @dataclass
@@ -74,7 +67,7 @@ _ITEMS = "\x00items\x00"
 
 def template(settings: Settings) -> Template:
     """The configured block and line formats, checked now so a typo fails loudly, not per item."""
-    block = setting(settings, "template") or DEFAULT_TEMPLATE
+    block = settings.recall.template or DEFAULT_TEMPLATE
     try:
         rendered = block.format(items=_ITEMS)
     except (KeyError, IndexError, ValueError) as exc:
@@ -84,7 +77,7 @@ def template(settings: Settings) -> Template:
     header, footer = rendered.split(_ITEMS)
     lines = {}
     for kind, default in DEFAULT_LINES.items():
-        text = setting(settings, f"{kind}_line") or default
+        text = getattr(settings.recall, f"{kind}_line") or default
         try:
             text.format(**{name: SAMPLE.get(name, "x") for name in FIELDS[kind]})
         except (KeyError, IndexError, ValueError) as exc:

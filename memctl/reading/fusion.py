@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memctl.config import Settings, parse_duration
-from memctl.reading.query import context_kinds, setting
+from memctl.reading.query import context_kinds
 from memctl.reading.when import Period
 
 # candidate -> (the entry just before it, the one just after it) in its agent's log (statement.neighbours)
@@ -87,13 +87,13 @@ def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
 def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dict],
                context: Neighbours, text_ceiling: float | None = None) -> dict[int, float]:
     """Episode id -> relevance, 1.0 for the best: weighted scores, or reciprocal rank fusion."""
-    if setting(settings, "fusion") == "rrf":
-        rrf_k = settings.get("search", "rrf_k")
+    if settings.search.fusion == "rrf":
+        rrf_k = settings.search.rrf_k
         halves = [_ranks(h) for h in (vector_rows, text_rows) if h is not None]
         fused = {i: sum(1 / (rrf_k + h[i][0]) for h in halves if i in h) for i in scored}
         best = len(halves) / (rrf_k + 1)
         return {i: f / best for i, f in fused.items() if f > 0}
-    text_share = setting(settings, "text_weight") if vector_rows is not None else 1.0
+    text_share = settings.search.text_weight if vector_rows is not None else 1.0
     if text_rows is None:
         text_share = 0.0
     # BM25 over what the query could score at most, not over the best found: a candidate holding one
@@ -102,7 +102,7 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
 
     # a turn next to a match: what the neighbour shares with the query in words says more than
     # its cosine, which every turn of the same talk has (LoCoMo dev recall@10: docs/search.md)
-    near_share = setting(settings, "context_text_weight") if vector_rows is not None and text_rows is not None \
+    near_share = settings.search.context_text_weight if vector_rows is not None and text_rows is not None \
         else text_share
     base: dict[int, float] = {}
     near: dict[int, float] = {}
@@ -112,7 +112,7 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
         words = min(1.0, float(r["text_score"] or 0) / scale)
         base[i] = (1 - text_share) * similarity + text_share * words
         near[i] = (1 - near_share) * similarity + near_share * words
-    beta, reply = setting(settings, "context_weight"), setting(settings, "reply_weight")
+    beta, reply = settings.search.context_weight, settings.search.reply_weight
     raw = {}
     for i, b in base.items():
         before, after = context.get(i, NO_NEIGHBOURS)
@@ -121,7 +121,7 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
         # question, and often shares none of its words (LoCoMo dev recall@10: docs/search.md)
         if reply and before in near and asks(scored[before].get("content") or ""):
             raw[i] += reply * near[before]
-    gamma = setting(settings, "session_weight")
+    gamma = settings.search.session_weight
     if gamma:
         for i, best in sessions(settings, scored, base, context).items():
             raw[i] += gamma * best
@@ -150,7 +150,7 @@ def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float]
     context term counts them. Only the candidates already fetched: no further statement.
     """
     kinds = set(context_kinds(settings))
-    window = parse_duration(str(setting(settings, "context_window")))
+    window = parse_duration(str(settings.search.context_window))
     groups: dict[tuple, list[tuple[float, int]]] = {}
     for i, row in scored.items():
         if row.get("kind") in kinds and row.get("created_at") is not None:
@@ -177,10 +177,10 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
          accessed: dict | None = None, k: int | None = None, text_ceiling: float | None = None,
          period: Period | None = None) -> list[Hit]:
     """The candidates as hits, best first (the first k when given); `period`: the one the query names."""
-    conf = settings.section("search")
-    when_weight = conf["when_weight"] if period is not None else 0
-    half_life = parse_duration(conf["recency_half_life"])
-    recency_weight, importance_weight = conf["recency_weight"], conf["importance_weight"]
+    conf = settings.search
+    when_weight = conf.when_weight if period is not None else 0
+    half_life = parse_duration(conf.recency_half_life)
+    recency_weight, importance_weight = conf.recency_weight, conf.importance_weight
     if when_weight:
         # a query that names a period asks about then: what is recent now is not nearer its answer (a day's
         # deploy failure against last week's, told in the same words: tests/bench/dated.py)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from memctl.config import Settings, default
+from memctl.config import Settings
 from memctl.errors import BadValue, UsageError
 from memctl.records import filters as episode_filters, values
 
@@ -196,13 +196,5 @@ def match_query(wanted: list[str], excluded: list[str]) -> str | None:
     return " & ".join(["( " + " | ".join(kept) + " )", *(f"!( {q} )" for q in excluded if q)])
 
 
-# The [search] settings and their defaults are memctl.config's schema (the defaults chosen on the
-# LoCoMo tuning split and the operations sets; see tests/bench/retrieval.py).
-def setting(settings: Settings, key: str) -> Any:
-    """A [search] setting; its default in memctl.config's schema when `settings` lacks it."""
-    value = settings.get("search", key)
-    return default("search", key) if value is None else value
-
-
 def context_kinds(settings: Settings) -> list[str]:
-    return [k.strip() for k in str(setting(settings, "context_kinds")).split(",") if k.strip()]
+    return [k.strip() for k in str(settings.search.context_kinds).split(",") if k.strip()]

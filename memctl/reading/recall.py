@@ -71,7 +71,7 @@ from memctl.config import Settings
 from memctl.errors import BadValue, MemctlError, UsageError
 from memctl.reading import query, recall_episodes, window
 from memctl.reading.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
-                                 setting, sourced, template)
+                                 sourced, template)
 from memctl.reading.recall_episodes import collapse, max_distance  # noqa: F401  (recall's API, as before)
 
 STOPWORDS = frozenset("""
@@ -204,7 +204,7 @@ def find_runbooks(settings: Settings, request: Request) -> tuple[list[dict], str
     """Runbooks matching the observation's words, each with a 0..1 `score`; ([], warning) on a broken repo."""
     from memctl.records import runbooks
 
-    if not (request.repo or settings.get("", "runbooks")):
+    if not (request.repo or settings.runbooks):
         return [], None
     words = observation_words(request.observation)
     if not words:
@@ -277,10 +277,10 @@ def check(request: Request, settings: Settings) -> tuple[int, float]:
         raise UsageError("the observation contains a NUL character")
     if not 1 <= request.k <= 100:
         raise UsageError(f"k must be between 1 and 100, got {request.k}")
-    max_tokens = request.max_tokens if request.max_tokens is not None else setting(settings, "max_tokens")
+    max_tokens = request.max_tokens if request.max_tokens is not None else settings.recall.max_tokens
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
-    min_score = request.min_score if request.min_score is not None else setting(settings, "min_score")
+    min_score = request.min_score if request.min_score is not None else settings.recall.min_score
     return int(max_tokens), float(min_score)
 
 
@@ -299,7 +299,7 @@ def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Reca
     rule = window.rule(settings)
     found = recall_episodes.find_episodes(conn, settings, requests)
     results = []
-    with ScanTransactions(conn, settings.get("search", "ef_search")) as scans:
+    with ScanTransactions(conn, settings.search.ef_search) as scans:
         for request, (max_tokens, min_score), episodes in zip(requests, limits, found):
             scans.begin()
             results.append(assemble(conn, settings, request, max_tokens, min_score, form, rule, episodes))
@@ -320,7 +320,7 @@ def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_sc
     fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)
     outcome = found.outcome
     hits = [h for h in outcome.hits if recall_episodes.related(h, found.max_distance)]
-    kept = [(h, d) for h, d in recall_episodes.collapse(hits, float(setting(settings, "dedupe")))
+    kept = [(h, d) for h, d in recall_episodes.collapse(hits, float(settings.recall.dedupe))
             if h.score >= min_score][: request.k]
     books, book_warning = find_runbooks(settings, request)
     facts = [_fact_item(r, form, now) for r in fact_rows if r["score"] >= min_score][: request.k]

@@ -18,7 +18,7 @@ from memctl.config import Settings
 from memctl.embedding import models
 from memctl.errors import EmbedInputRejected
 from memctl.reading import search, window
-from memctl.reading.form import (Item, Template, age, entry_line, folded, setting, sourced, window_header,
+from memctl.reading.form import (Item, Template, age, entry_line, folded, sourced, window_header,
                                  window_lines)
 from memctl.reading.fusion import Hit
 from memctl.reading.query import Query
@@ -32,7 +32,7 @@ CLIPPED_QUERY_CHARS = 1000  # an observation the embedder rejects as too long is
 
 
 def max_distance(settings: Settings, model: models.Model | None) -> float:
-    configured = setting(settings, "max_distance")
+    configured = settings.recall.max_distance
     if configured is not None:
         return float(configured)
     name = model.model.removesuffix(":latest") if model else ""

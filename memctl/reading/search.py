@@ -43,7 +43,7 @@ from memctl.embedding.embedders import as_queries
 from memctl.errors import EmbedderUnavailable, UnknownModel
 from memctl.reading import bm25, when
 from memctl.reading.fusion import Hit, fuse
-from memctl.reading.query import Query, context_kinds, setting, unsearchable
+from memctl.reading.query import Query, context_kinds, unsearchable
 from memctl.reading.pieces import Parsed, pieces_call
 from memctl.reading.statement import (ScanTransactions, StatementCall, StatementParts, period_exact, read_rows,
                                      statement_call)
@@ -61,7 +61,7 @@ def query_embedder(settings: Settings, model: models.Model):
     """An embedder for the active model's query vectors, with the short search timeout."""
     from memctl.embedding.embedders import make_embedder
 
-    return make_embedder(settings, registered=model, timeout=settings.get("embedding", "search_timeout"))
+    return make_embedder(settings, registered=model, timeout=settings.embedding.search_timeout)
 
 
 def configured_warning(settings: Settings, model: models.Model) -> str | None:
@@ -83,7 +83,7 @@ class QueryVectors:
 
 
 def _sub_batch_size(settings: Settings, embedder) -> int:
-    limit = getattr(embedder, "max_batch", None) or settings.get("embedding", "batch_size") or 32
+    limit = getattr(embedder, "max_batch", None) or settings.embedding.batch_size
     return max(1, int(limit))
 
 
@@ -161,12 +161,12 @@ def _narrowed(plan: bm25.Plan) -> bool:
 def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Generator:
     """One query's work: yields the statements it needs run (statement.StatementCall) and takes their rows;
     its outcome's hits set when it ends. _run_steps runs many of these at once."""
-    conf = settings.section("search")
-    n = max(conf["candidates"], query.k * 4)
+    conf = settings.search
+    n = max(conf.candidates, query.k * 4)
     vector_runs = outcome.mode in ("hybrid", "vector") and model is not None and vector is not None
     wants_text = outcome.mode in ("hybrid", "text")
     key = ("stats", query.agent)
-    period = when.period(query.text) if conf["when_weight"] else None
+    period = when.period(query.text) if conf.when_weight else None
     if (wants_text or period is not None) and key not in cache:  # a period's exact bound needs the count
         cache[key] = bm25.cached_term_stats(conn)
     # on Citus, a query for one agent counts its rare words in that agent's shard (scaled to the
@@ -174,7 +174,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     # better (docs/benchmarks.md)
     scope = query.agent if wants_text and cache[key].citus else None
     kinds = context_kinds(settings)
-    context = setting(settings, "fusion") != "rrf" and bool(kinds) and setting(settings, "context_weight") != 0
+    context = settings.search.fusion != "rrf" and bool(kinds) and settings.search.context_weight != 0
     call = pieces_call(conn, query.text, cache[key] if wants_text else None,
                        probe=(kinds, query) if context else None, scope=scope)
     parsed = call if isinstance(call, Parsed) else call.answer(conn, (yield call.request))
@@ -187,9 +187,9 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
         # rarest words find episodes (memctl.reading.bm25); on words alone, every word counts
         hybrid = vector_runs
         parts.plan = bm25.plan(conn, parts.stats, parsed.wanted,
-                               common_share=setting(settings, "common_terms") if hybrid else None,
-                               match_rows=bm25.match_bound(parts.stats, setting(settings, "match_rows"),
-                                                           setting(settings, "match_share")) if hybrid else None)
+                               common_share=settings.search.common_terms if hybrid else None,
+                               match_rows=bm25.match_bound(parts.stats, settings.search.match_rows,
+                                                           settings.search.match_share) if hybrid else None)
     request = statement_call(conn, query, parts, settings, n)
     vector_rows, text_rows, scored, context = read_rows((yield request) if request else None, parts)
     if vector_runs and parts.plan is not None and not vector_rows and _narrowed(parts.plan):
@@ -208,7 +208,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     candidates = set(scored)
     now = datetime.datetime.now(datetime.timezone.utc)
     accessed = None
-    if conf["recency_from"] == "accessed" and scored:
+    if conf.recency_from == "accessed" and scored:
         from memctl.records import access
 
         accessed = access.last_accessed(conn, list(scored))
@@ -327,7 +327,7 @@ def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, 
     runs = [_steps(conn, settings, q, model, by_index.get(i), o, cache)
             for i, (q, o) in enumerate(zip(queries, outcomes)) if i not in nothing]
     pipelined = len(runs) > 1 and _pipelines()
-    with ScanTransactions(conn, settings.get("search", "ef_search"), pipelined=pipelined) as scans, \
+    with ScanTransactions(conn, settings.search.ef_search, pipelined=pipelined) as scans, \
             conn.pipeline() if pipelined else contextlib.nullcontext():
         _run_steps(conn, scans, runs, pipelined)
     if track:

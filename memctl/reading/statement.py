@@ -17,7 +17,7 @@ from typing import Any
 from memctl.config import Settings, parse_duration
 from memctl.embedding import models
 from memctl.reading import bm25
-from memctl.reading.query import Query, context_kinds, match_query, setting
+from memctl.reading.query import Query, context_kinds, match_query
 from memctl.reading.when import Period
 from memctl.records import filters as episode_filters
 
@@ -368,12 +368,12 @@ def statement(query: Query, parts: StatementParts, settings: Settings, n: int):
         return None, params
     params.update(_filters(query)[1])  # the filters' values, under the names every part uses
     if parts.scoring:
-        params.update(bm25.parameters(parts.plan, parts.stats, setting(settings, "bm25_k1"),
-                                      setting(settings, "bm25_b")))
+        params.update(bm25.parameters(parts.plan, parts.stats, settings.search.bm25_k1,
+                                      settings.search.bm25_b))
     if match is not None:
         params["match"] = match
     if parts.context:
-        params.update(kinds=context_kinds(settings), window=parse_duration(str(setting(settings, "context_window"))))
+        params.update(kinds=context_kinds(settings), window=parse_duration(str(settings.search.context_window)))
     if parts.period is not None:
         params.update(period_start=parts.period.start, period_end=parts.period.end)
     unwanted = [f"( {q} )" for q in parts.excluded if q]

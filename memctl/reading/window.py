@@ -62,14 +62,10 @@ class Rule:
 
 def rule(settings, before: int | None = None, after: int | None = None) -> Rule:
     """The [recall] window settings (before/after given here win: `episode search --context N`)."""
-    def get(key, fallback):
-        value = settings.get("recall", key)
-        return fallback if value is None else value
-
-    return Rule(before=int(get("window_before", 0) if before is None else before),
-                after=int(get("window_after", 0) if after is None else after),
-                gap=float(parse_duration(str(get("window_gap", "1h")))),
-                stride=float(get("window_stride", 1.0)), group=bool(get("group", True)))
+    conf = settings.recall
+    return Rule(before=int(conf.window_before if before is None else before),
+                after=int(conf.window_after if after is None else after),
+                gap=float(parse_duration(conf.window_gap)), stride=float(conf.window_stride), group=bool(conf.group))
 
 
 @dataclass

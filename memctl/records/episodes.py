@@ -28,11 +28,11 @@ importance_for = gate.importance_for
 
 
 def chunk_size(settings: Settings) -> int:
-    return chunking.chunk_size_for(settings.get("embedding", "model"), settings.get("chunking", "max_chars"))
+    return chunking.chunk_size_for(settings.embedding.model, settings.chunking.max_chars)
 
 
 def chunks_of(settings: Settings, content: str) -> list[str]:
-    return chunking.chunk_text(content, chunk_size(settings), settings.get("chunking", "overlap"))
+    return chunking.chunk_text(content, chunk_size(settings), settings.chunking.overlap)
 
 
 def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:

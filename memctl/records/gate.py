@@ -98,7 +98,7 @@ class Episode:
 
 
 def importance_for(settings, kind: str) -> int:
-    policy = settings.section("importance")
+    policy = settings.importance
     return policy.get(kind, policy.get("default", FALLBACK_IMPORTANCE))
 
 
@@ -241,12 +241,12 @@ class Gate:
 
     @functools.cached_property
     def chunk_size(self) -> int:
-        return chunking.chunk_size_for(self.settings.get("embedding", "model"),
-                                       self.settings.get("chunking", "max_chars"))
+        return chunking.chunk_size_for(self.settings.embedding.model,
+                                       self.settings.chunking.max_chars)
 
     @functools.cached_property
     def overlap(self) -> int:
-        return self.settings.get("chunking", "overlap")
+        return self.settings.chunking.overlap
 
     # sources
 

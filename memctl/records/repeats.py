@@ -28,7 +28,6 @@ from typing import Any, Iterable
 
 from memctl.records.values import WRITER
 
-DEFAULT_WINDOW = "1d"
 LOCK_CLASS = 0x6D726570  # "mrep": advisory lock namespace, one lock per agent
 HASH_BYTES = 16  # of sha256: an index key half the size, collisions still out of reach
 
@@ -70,12 +69,12 @@ def fold_key(conn) -> bytes:
 
 
 def window_seconds(settings) -> float | None:
-    """[episodes] repeat_window in seconds, or None when [episodes] fold is off (absent keys: on, 1d)."""
+    """[episodes] repeat_window in seconds, or None when [episodes] fold is off (or no settings are given)."""
     from memctl.config import parse_duration
 
-    if settings is None or settings.get("episodes", "fold") is False:
+    if settings is None or not settings.episodes.fold:
         return None
-    return parse_duration(settings.get("episodes", "repeat_window") or DEFAULT_WINDOW)
+    return parse_duration(settings.episodes.repeat_window)
 
 
 LOCK_AGENT = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"

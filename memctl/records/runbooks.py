@@ -40,7 +40,7 @@ def _git():
 
 def open_repository(option: str | None, settings) -> "Repository":
     """The runbook directory from --repo, else MEMCTL_RUNBOOKS, else `runbooks` in the config file."""
-    value = option or settings.get("", "runbooks")
+    value = option or settings.runbooks
     if not value:
         raise ConfigError("no runbook repository configured: pass --repo DIR, set MEMCTL_RUNBOOKS=DIR, "
                           "or put runbooks = \"DIR\" at the top of the config file (memctl config path)")

@@ -44,12 +44,8 @@ class Limits:
     def of(cls, settings) -> "Limits":
         from memctl import config
 
-        def get(key: str):
-            value = settings.get("limits", key) if settings is not None else None
-            return config.default("limits", key) if value is None else value
-
-        return cls(get("episode_bytes"), get("value_bytes"), get("meta_bytes"),
-                   config.parse_duration(get("clock_skew")))
+        conf = settings.limits if settings is not None else config.Limits()
+        return cls(conf.episode_bytes, conf.value_bytes, conf.meta_bytes, config.parse_duration(conf.clock_skew))
 
     def line_bytes(self) -> int:
         """The longest JSONL line of `episode import` or `fact import`: a record at the limits, every byte

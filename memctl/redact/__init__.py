@@ -172,7 +172,7 @@ class Redactor:
 
     @classmethod
     def from_settings(cls, settings) -> "Redactor":
-        return cls(settings.get("redaction", "mode") or DEFAULT_MODE)
+        return cls(settings.redaction.mode)
 
     @property
     def count(self) -> int:

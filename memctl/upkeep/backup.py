@@ -108,7 +108,7 @@ def default_dir(settings) -> Path:
     """[backup] dir, else MEMCTL_HOME/backups."""
     from memctl.db import embedded
 
-    configured = settings.get("backup", "dir") if settings is not None else None
+    configured = settings.backup.dir if settings is not None else None
     return Path(configured).expanduser() if configured else embedded.memctl_home() / "backups"
 
 

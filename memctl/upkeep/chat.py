@@ -71,7 +71,7 @@ class OllamaChat(OllamaEmbedder):
 
 def make_chat(settings: Settings, name: str) -> OllamaChat:
     """The chat client at [embedding] ollama_host / OLLAMA_HOST, as the embedder uses."""
-    return OllamaChat(name, host=settings.get("embedding", "ollama_host"), timeout=settings.get("summarize", "timeout"))
+    return OllamaChat(name, host=settings.embedding.ollama_host, timeout=settings.summarize.timeout)
 
 
 # --- fitting a window to the context ------------------------------------------

@@ -127,7 +127,7 @@ def _rollup(pairs: list[dict], column: str) -> list[dict]:
 def _memory(conn, total: int, settings: Settings | None) -> list[Metric]:
     """Episodes and chunks by kind and by agent, each bounded (see bounded)."""
     pairs, ratio = groups(conn, total)
-    agents_limit = settings.get("metrics", "agents") if settings is not None else SCHEMA["metrics"]["agents"][1]
+    agents_limit = (settings or Settings()).metrics.agents
     out = []
     for column, limit, prefix in (("kind", KINDS_LIMIT, ""), ("agent", agents_limit, "agent_")):
         rows = bounded(_rollup(pairs, column), column, limit, ("episodes", "chunks"))
@@ -173,8 +173,8 @@ def _schedules(settings: Settings | None) -> dict[str, float]:
     """Each timer job's interval, as status reads it ([schedule]; summarize: its daily timer)."""
     from memctl.upkeep import summarize
 
-    every = {job: parse_duration(settings.get("schedule", job) if settings is not None else default)
-             for job, (_, default) in SCHEMA["schedule"].items()}
+    schedule = (settings or Settings()).schedule
+    every = {job: parse_duration(getattr(schedule, job)) for job in SCHEMA["schedule"]}
     if settings is not None and summarize.model(settings) is not None:
         every["summarize"] = parse_duration(SUMMARIZE_EVERY)
     return every
@@ -279,7 +279,7 @@ def overdue_episodes(conn, settings: Settings | None) -> int | None:
 
     if settings is None or summarize.model(settings) is None or not summarize.kinds(settings):
         return None
-    late = parse_duration(settings.get("summarize", "after")) + 86400 + summarize.OVERDUE_GRACE_S  # as overdue()
+    late = parse_duration(settings.summarize.after) + 86400 + summarize.OVERDUE_GRACE_S  # as overdue()
     return conn.execute(summarize.OVERDUE, (summarize.kinds(settings), late)).fetchone()["n"]
 
 

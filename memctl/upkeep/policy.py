@@ -70,7 +70,7 @@ def _default_job_age() -> str:
 
 
 def policy_from_settings(settings) -> Policy:
-    return Policy.from_section(settings.section("retention"))
+    return Policy.from_section(dict(settings.retention))
 
 
 def read_policy(path: str | Path) -> Policy:

@@ -145,7 +145,7 @@ def measure(conn, settings, model: models.Model, items: list[KnownItem], k: int)
     from memctl.embedding.embedders import make_embedder
 
     embedder = make_embedder(settings, registered=model)
-    ef = settings.get("search", "ef_search") or 100
+    ef = settings.search.ef_search
     queries = _embed([i.query for i in items], lambda t: embedder.embed(as_queries(embedder, t)).vectors)
     held = [i for i in items if i.held_out is not None]
     documents = dict(zip(map(id, held), _embed([i.held_out for i in held],

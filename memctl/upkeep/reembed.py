@@ -338,7 +338,7 @@ def compare(conn, settings, *, sample: int = 20, queries: str | None = None, k: 
         return {"active": active.label, "new": new.label, "k": k, "queries": 0, "mean_overlap": None,
                 "done": _vectors(conn, new), "total": _count(conn, CHUNKS), "warning": None, "rows": [],
                 "quality": measured}
-    ef = settings.get("search", "ef_search") or 100
+    ef = settings.search.ef_search
     from memctl.embedding.embedders import make_embedder
 
     old_vectors = _embed_all(make_embedder(settings, registered=active), texts)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 
-from memctl.config import SCHEMA, parse_duration
+from memctl.config import Settings, parse_duration
 from memctl.embedding import models
 from memctl.errors import MemctlError
 from memctl.records import jobs
@@ -50,8 +50,7 @@ def collect(conn, settings=None) -> dict:
 
 
 def _schedule(settings, job: str) -> str:
-    value = settings.get("schedule", job) if settings is not None else None
-    return value or SCHEMA["schedule"][job][1]
+    return getattr((settings or Settings()).schedule, job)
 
 
 def _retention(settings) -> dict:

@@ -52,12 +52,12 @@ PARTS_PAGE = 32  # part summaries read back per query (each at most one answer, 
 
 
 def model(settings: Settings) -> str | None:
-    return settings.get("summarize", "model")
+    return settings.summarize.model
 
 
 def kinds(settings: Settings) -> list[str]:
     """[summarize] kinds, else every kind with a [retention] limit except summary."""
-    configured = settings.get("summarize", "kinds")
+    configured = settings.summarize.kinds
     if configured is not None:
         return [k for k in configured if k != SUMMARY_KIND]
     return [k for k in policy_from_settings(settings).max_age if k != SUMMARY_KIND]
@@ -71,7 +71,7 @@ def awaited_kinds(settings: Settings, policy) -> frozenset[str]:
 
 
 def _older_than(settings: Settings, older_than: str | None) -> float:
-    value = older_than if older_than is not None else settings.get("summarize", "after")
+    value = older_than if older_than is not None else settings.summarize.after
     try:
         return parse_duration(value)
     except ValueError as exc:
@@ -353,7 +353,7 @@ def run(conn, settings: Settings, *, older_than: str | None = None, agent: str |
     chat = chat or chat_mod.make_chat(settings, name)
     result = RunResult()
     with jobs.record(conn, JOB) as job:
-        budget = Budget.for_model(chat.context_tokens(), settings.get("summarize", "context"))
+        budget = Budget.for_model(chat.context_tokens(), settings.summarize.context)
         for window in windows(conn, settings, older_than=older_than, agent=agent, limit=limit):
             _one(conn, settings, chat, name, budget, window, result)
         conn.execute(DROP_SCRATCH)
@@ -404,7 +404,7 @@ def overdue(conn, settings: Settings | None) -> str | None:
     """A warning when episodes should have been summarized two days ago and are not (None when all is well)."""
     if settings is None or model(settings) is None or not kinds(settings):
         return None
-    after = settings.get("summarize", "after")
+    after = settings.summarize.after
     late = parse_duration(after) + 86400 + OVERDUE_GRACE_S  # its whole window is past `after`, plus two runs
     row = conn.execute(OVERDUE, (kinds(settings), late)).fetchone()
     if not row["n"]:

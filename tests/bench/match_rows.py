@@ -337,7 +337,7 @@ def main() -> None:
     try:
         with server(args.database_url) as admin, fresh_database(admin) as url, db.connect(url, vector=True) as conn:
             load(conn, args.episodes, args.vocabulary, args.embedded)
-            common_terms = config.load().get("search", "common_terms")
+            common_terms = config.load().search.common_terms
             words = pick_words(conn, args.episodes, args.vocabulary, common_terms, rng)
             queries = make_queries(words, args.per_class, rng)
             started = time.perf_counter()

@@ -97,7 +97,7 @@ def load(url: str, rows: list[dict], fold: bool) -> dict:
     from memctl.records import episodes
 
     settings = config.load()
-    settings.values.setdefault("episodes", {})["fold"] = fold
+    settings.episodes.fold = fold
     lines = [json.dumps(r).encode() for r in rows]
     with db.connect(url, vector=True) as conn:
         worker.work(conn, settings, HashEmbedder(), batch_size=64)  # the model first: every chunk is queued

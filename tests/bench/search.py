@@ -177,7 +177,7 @@ def per_query(conn, settings, model, texts, vectors) -> None:
     from memctl.reading.query import Query
 
     # the bare query's ef_search as memctl's (a top-50 needs ef_search >= 50; pgvector's default is 40)
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, false)", (str(settings.get("search", "ef_search")),))
+    conn.execute("SELECT set_config('hnsw.ef_search', %s, false)", (str(settings.search.ef_search),))
     for text, vector in list(zip(texts, vectors))[:5]:  # warm caches for every path
         search.search(conn, settings, Query(text, k=10), vector=vector)
         bare(conn, model, vector)
@@ -255,12 +255,12 @@ def main() -> None:
     rng = random.Random(11)
     with server(args.database_url) as admin, fresh_database(admin) as url, db.connect(url, vector=True) as conn:
         model, centers = load(conn, settings, args.episodes, rng)
-        ef = settings.get("search", "ef_search")
+        ef = settings.search.ef_search
         texts = [sentence(rng, 4) for _ in range(args.queries)]
         vectors = np.asarray(HashEmbedder("bench", DIMS).embed(texts).vectors, dtype=np.float32)
         processes(url, model, texts, vectors, ef, args.runs, scratch, args.against)
         per_query(conn, settings, model, texts, vectors)
-        filtered_recall(conn, model, centers, ef, settings.get("search", "candidates"))
+        filtered_recall(conn, model, centers, ef, settings.search.candidates)
 
 
 if __name__ == "__main__":
