@@ -242,7 +242,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "group": (_bool, True),
     },
     # One size limit for every write, whatever brings it (the command line, an import, the MCP server), checked by
-    # the write gate (memctl.records.values.Limits; docs/configuration.md argues the defaults). clock_skew: how far
+    # the write gate (memctl.write.values.Limits; docs/configuration.md argues the defaults). clock_skew: how far
     # in the future an episode's created_at may lie (this machine's clock against the writer's).
     "limits": {
         "episode_bytes": (_int_range(128 * 1024, 64 * 1024 * 1024), 1024 * 1024),  # >= a run's output tail

@@ -14,7 +14,8 @@ import pytest
 from memctl import config, db
 from memctl.db import overlap
 from memctl.errors import BadValue
-from memctl.records import chunking, episodes, store
+from memctl.write import chunking, store
+from memctl.records import episodes
 
 
 def count(conn, table: str) -> int:
@@ -365,7 +366,7 @@ def test_import_redacts_content_and_meta(cli, conn):
 
 
 def test_an_import_run_twice_changes_nothing(cli, conn):
-    """A record already stored (same agent, source, time and content: memctl.records.identity) is skipped and
+    """A record already stored (same agent, source, time and content: memctl.write.identity) is skipped and
     counted, not stored again nor folded as a repeat; a record with no time is told by its occurrence."""
     data = jsonl({"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:04:05Z"},
                  {"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:04:05Z"},

@@ -14,7 +14,8 @@ from pathlib import Path
 import memctl
 
 PACKAGE = Path(memctl.__file__).parent
-LAYERS = ("base", "db", "records", "embedding", "reading", "upkeep", "mcp", "cli")
+LAYERS = ("base", "db", "write", "records", "ingest", "runbooks", "embedding", "reading", "recall", "backup",
+          "retention", "transfer", "observe", "reembed", "upkeep", "mcp", "cli")
 MAX_LINES = 500
 # Subpackages whose __init__ is their API: the others hold a docstring and import nothing, so that
 # importing one module of a package never loads its siblings (start-up cost, tests/bench/startup.py).
@@ -79,11 +80,11 @@ def test_no_import_goes_up_a_layer():
 
 
 def test_the_check_sees_an_upward_import():
-    assert layer("memctl.records.gate") < layer("memctl.embedding.models") < layer("memctl.upkeep.size")
+    assert layer("memctl.write.gate") < layer("memctl.embedding.models") < layer("memctl.upkeep.size")
     assert layer("memctl.redact.detect") == layer("memctl.errors") == 0
     assert layer("memctl.__main__") == layer("memctl.cli.common") == len(LAYERS) - 1
     assert "memctl.db.locks" in EDGES["memctl.embedding.models"]  # `from memctl.db import locks`
-    assert "memctl.records.gate" in EDGES["memctl.records.store"]  # `from memctl.records.gate import ...`
+    assert "memctl.write.gate" in EDGES["memctl.write.store"]  # `from memctl.write.gate import ...`
 
 
 def test_no_import_circles():
@@ -140,7 +141,7 @@ def test_search_starts_without_the_write_path():
     import subprocess
     import sys
 
-    write_path = ("memctl.records.episodes", "memctl.records.store", "memctl.records.repeats", "memctl.redact")
+    write_path = ("memctl.records.episodes", "memctl.write.store", "memctl.write.repeats", "memctl.redact")
     code = ("import sys, memctl.cli.episode, memctl.reading.search, memctl.reading.recall; "
             f"print(sorted(set({write_path!r}) & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -153,7 +154,7 @@ def test_reading_a_fact_starts_without_the_write_path():
     import subprocess
     import sys
 
-    write_path = ("memctl.records.gate", "memctl.records.store", "memctl.records.episodes", "memctl.redact")
+    write_path = ("memctl.write.gate", "memctl.write.store", "memctl.records.episodes", "memctl.redact")
     code = ("import sys, memctl.cli.fact, memctl.records.facts as f; f.moment('3d', 'as_of'); "
             "f.moment('2026-08-11T03:10:00Z', 'as_of'); "
             f"print(sorted(set({write_path!r}) & set(sys.modules)))")

@@ -26,7 +26,8 @@ from mcp.client.stdio import stdio_client
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from memctl import config
-from memctl.records import episodes, facts, values
+from memctl.records import episodes, facts
+from memctl.write import values
 
 TOOLS = {"remember", "search", "recall", "episode_get", "fact_get", "fact_list", "fact_set", "fact_history",
          "runbook_list", "runbook_show"}
@@ -389,7 +390,7 @@ def test_block_mode_refuses_the_write(conn, memctl_env, log):
 
 
 def test_a_blocked_source_is_refused(conn, memctl_env, log):
-    from memctl.records import sources
+    from memctl.write import sources
 
     sources.block(conn, "mcp:a", "runaway agent")
 

@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 from memctl import config, db
-from memctl.records import episodes, repeats
+from memctl.records import episodes
+from memctl.write import repeats
 from tests.conftest import fresh_database
 
 NOW = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)

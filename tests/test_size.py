@@ -15,7 +15,7 @@ from psycopg import sql
 from memctl import db
 from memctl.embedding import footprint, models
 from memctl.upkeep import size
-from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
+from memctl.write.values import WRITER  # rows planted on purpose pass the writer check
 
 KINDS = ("observation", "conversation", "summary")
 AGENTS = ("default", "ops-bot")

@@ -96,7 +96,7 @@ def import_(
     result = episodes.ImportResult()
     handle = sys.stdin.buffer if file == "-" else _open(file)
     from memctl import jsonl
-    from memctl.records import values
+    from memctl.write import values
 
     lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
@@ -272,7 +272,7 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
     from memctl import jsonl
     from memctl.cli.render import to_json
 
-    from memctl.records import values
+    from memctl.write import values
 
     lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(), "a query within [limits]",
                           "nothing was run")

@@ -68,7 +68,7 @@ def ingest(
     """
     from memctl import files
     from memctl.records import ingest as ingest_mod
-    from memctl.records import values
+    from memctl.write import values
 
     if file == "-" and follow:
         raise BadValue("--follow: needs a FILE (stdin is followed as long as it is open)", "--follow")

@@ -122,7 +122,7 @@ def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
     def refused(error) -> None:
         slots.append({"line": error.number, "field": None, "error": str(error)})
 
-    from memctl.records import values
+    from memctl.write import values
 
     lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(),
                           "an observation within [limits]", "nothing was run")

@@ -12,7 +12,7 @@ from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import EXIT_ERROR, UsageError
 from memctl.records import jobs as jobs_mod
-from memctl.records import sources
+from memctl.write import sources
 from memctl.upkeep import deletion, policy as policy_mod, prune as prune_mod, purge as purge_mod
 
 source_app = typer.Typer(help="Blocked sources: writes (episode add/import, fact set/import) from a blocked "

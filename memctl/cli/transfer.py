@@ -78,7 +78,7 @@ def import_(
     redactor = redact.Redactor.from_settings(st)
     handle = jsonl.open_input(file)
     try:
-        from memctl.records import values
+        from memctl.write import values
 
         lines = jsonl.bounded(handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]")
         result = import_mod.import_stream(connect(), st, lines, redactor=redactor)

@@ -12,7 +12,7 @@ never applied by filtering what the database answered. Without an agent the serv
 operator's view.
 
 Writes go through the same library calls as the CLI's (episodes.add, facts.set_fact), so through
-the one write gate (memctl.records.gate): blocked sources refused, secrets redacted or refused per
+the one write gate (memctl.write.gate): blocked sources refused, secrets redacted or refused per
 [redaction], importance 0 not stored.
 No tool deletes, purges or runs a runbook.
 """
@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterator
 
 from memctl.config import Settings, mask_secrets
 from memctl.errors import DatabaseUnavailable, MemctlError, NotFound, UsageError
-from memctl.records import episodes, facts, values
+from memctl.records import episodes, facts
+from memctl.write import values
 
 MAX_QUERY = 10_000  # characters of a query or an observation
 MAX_NAME = values.MAX_NAME  # an agent, namespace, source or kind: as long as a write may store

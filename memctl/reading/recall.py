@@ -235,7 +235,7 @@ def batch_request(item: Any, number: int, base: Request) -> Request:
     non-empty strings, max_tokens an integer >= 1, k an integer from 1 to MAX_K, as_of a duration back
     or an ISO 8601 time; none may hold NUL. BadValue names the line and the field (`field`).
     """
-    from memctl.records import values
+    from memctl.write import values
     from memctl.records.facts import moment
 
     def bad(name: str | None, why: str) -> BadValue:

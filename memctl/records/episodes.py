@@ -14,7 +14,7 @@ from memctl import jsonl, redact
 from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
-from memctl.records import chunking, gate, identity, repeats, store
+from memctl.write import chunking, gate, identity, repeats, store
 from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
 
 DEFAULT_AGENT = gate.DEFAULT_AGENT
@@ -46,7 +46,7 @@ def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
 @dataclass(frozen=True)
 class Added:
     id: int | None  # None: not stored (importance 0 by the write policy)
-    folded_into: int | None = None  # a repeat (memctl.records.repeats): the first's id; not embedded
+    folded_into: int | None = None  # a repeat (memctl.write.repeats): the first's id; not embedded
     stored: gate.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
 
 
@@ -163,7 +163,7 @@ ORDER BY created_at, id LIMIT %(limit)s
 
 
 def repeat_info(conn, ids: Iterable[int], agent: str | None = None) -> dict[int, dict]:
-    """{id: {repeats, first_seen, last_seen, repeat_of}} of stored episodes (memctl.records.repeats): a first's
+    """{id: {repeats, first_seen, last_seen, repeat_of}} of stored episodes (memctl.write.repeats): a first's
     repeats (0: none) and the span it was seen in; a repeat's repeat_of names its first. `agent` routes it to
     one shard on Citus."""
     rows = conn.execute(REPEAT_INFO, {"ids": list(ids), "agent": agent}).fetchall()
@@ -183,8 +183,8 @@ class ImportResult:
     imported: int = 0
     dropped: int = 0  # importance 0 by policy
     chunks: int = 0
-    folded: int = 0  # stored as repeats of an earlier episode: not embedded (memctl.records.repeats)
-    already: int = 0  # stored before, by an import of the same records (memctl.records.identity): skipped
+    folded: int = 0  # stored as repeats of an earlier episode: not embedded (memctl.write.repeats)
+    already: int = 0  # stored before, by an import of the same records (memctl.write.identity): skipped
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
     redactor: redact.Redactor | None = None  # what was redacted; default: from the settings
 
@@ -229,7 +229,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *,
     """Load episodes with binary COPY, in one transaction: all of them or none.
 
     Every episode passes the gate on its way in (result.redactor, default from the settings). A record
-    stored before (memctl.records.identity; `occurrences` counts the stream's untimed records, carried from
+    stored before (memctl.write.identity; `occurrences` counts the stream's untimed records, carried from
     one call to the next by `memctl ingest`) is skipped and counted in result.already. `refused`: a record
     the gate refuses (blocked source, secret in block mode) is handed to it and skipped instead of failing
     the whole. `then(conn)` runs in the transaction after the last batch (ingest's cursor).

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 from memctl import jsonl
 from memctl.errors import BadValue, InvalidInput, NotFound
-from memctl.records import values
-from memctl.records.values import WRITER
+from memctl.write import values
+from memctl.write.values import WRITER
 
 if TYPE_CHECKING:
     from memctl import redact
-    from memctl.records import gate
+    from memctl.write import gate
 
 # Reading a fact (get, list, history) imports neither the gate nor redaction: `memctl fact get` starts
 # about 25 ms sooner (tests/bench/startup.py). Writes import them where they write.
@@ -156,7 +156,7 @@ def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_f
 
 
 def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
-    from memctl.records import store
+    from memctl.write import store
 
     old, last = _lock(conn, fact.namespace, fact.key)
     if fact.valid_from is not None:  # the database's clock records the version: no later than its now()
@@ -195,7 +195,7 @@ def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, 
 
 def _gate(conn, redactor: redact.Redactor | None, settings, *, bulk: bool = False) -> gate.Gate:
     from memctl import config, redact
-    from memctl.records import gate
+    from memctl.write import gate
 
     settings = settings if settings is not None else config.load()
     return gate.Gate(conn, settings, redactor if redactor is not None else redact.Redactor.from_settings(settings),
@@ -260,7 +260,7 @@ DELETE = "DELETE FROM facts WHERE namespace = %s AND key = %s"
 
 def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
                 settings=None) -> Change:
-    from memctl.records import store
+    from memctl.write import store
 
     admit = _gate(conn, None, settings)
     fact = admit.fact(namespace, key, None, source)
@@ -306,7 +306,8 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
     key, and keyed digests of every value erased), and job log rows that quoted a value are rewritten.
     """
     from memctl import redact
-    from memctl.records import erasures, gate, store
+    from memctl.records import erasures
+    from memctl.write import gate, store
 
     secret = erasures.load_key() if record else b""
     admit = gate.Gate(conn, None, redact.Redactor("off"))  # an erasure record holds no value to check

@@ -19,7 +19,7 @@ from typing import Callable
 
 from memctl.errors import ConfigError, InvalidInput, MemctlError, NotFound, Unavailable, UsageError
 from memctl.records.runbook_format import NOT_RUNBOOKS, Runbook, Step, check_name, parse  # noqa: F401 - the public API
-from memctl.records.values import WRITER
+from memctl.write.values import WRITER
 
 TAIL_BYTES = 64 * 1024
 MARKER_ROOM = 64  # "[N earlier bytes of output not kept]\n" fits
@@ -251,7 +251,7 @@ def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: 
     their output (stdout and stderr together) goes to on_output as it comes.
     Returns the recorded run, with episode_id or episode_error.
     """
-    from memctl.records import gate, store
+    from memctl.write import gate, store
 
     admit = gate.Gate(conn, settings)
     admitted = admit.run_record(
@@ -309,7 +309,7 @@ def exit_text(code: int | None) -> str:
 
 
 def _finish(conn, admit, record: dict, failed: Step | None, code: int | None, tail: _Tail, clock: float) -> dict:
-    from memctl.records import gate, store
+    from memctl.write import gate, store
     from memctl.redact import SecretRefused
 
     try:

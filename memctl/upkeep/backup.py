@@ -51,7 +51,8 @@ from psycopg import sql
 
 from memctl import __version__
 from memctl.errors import DiskFull, MemctlError, no_space
-from memctl.records import jobs, store
+from memctl.records import jobs
+from memctl.write import store
 from memctl.upkeep import backup_file
 
 JOB = "backup"

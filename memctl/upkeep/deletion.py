@@ -20,7 +20,7 @@ from typing import Any
 
 from memctl.embedding import models
 from memctl.errors import UsageError
-from memctl.records import repeats
+from memctl.write import repeats
 
 DEFAULT_BATCH = 2000
 NOW = "SELECT now() AS now"
@@ -98,7 +98,7 @@ def summarise(conn, selection: Selection, vector_tables: list[str]) -> list[dict
 # with explicit set-based DELETEs before the episodes ran 2x slower, as the
 # cascade triggers still fire and probe every table.
 #
-# Repeats (memctl.records.repeats): a selection is deleted in two passes, its repeats first, then its firsts
+# Repeats (memctl.write.repeats): a selection is deleted in two passes, its repeats first, then its firsts
 # that no repeat is left of (PASSES). Deleting a repeat uncounts it from its first (repeats.RECOUNT, from the
 # rows `gone` returns); a first is deleted only with its count at 0 (checked again by the DELETE itself, so a
 # repeat linked meanwhile keeps it): a first stays while any repeat of it does (kept by importance, awaiting a

@@ -1,7 +1,7 @@
 """`memctl import`: an export's JSONL stream (format: memctl.upkeep.export) back into memory.
 
 Import runs in one transaction: a corrupt or unknown line fails it, naming the line, and
-nothing is left behind. Every record passes the write gate (memctl.records.gate): a record from a
+nothing is left behind. Every record passes the write gate (memctl.write.gate): a record from a
 source blocked in this database refuses the import; the file's own blocked sources are
 added and refuse later writes, while the file's records from them (accepted where they were
 written, before the block) are restored as they were. Chunks are made anew from each
@@ -26,7 +26,8 @@ from memctl.config import Settings
 from memctl.db import locks
 from memctl.embedding import models
 from memctl.errors import BadValue, Blocked, InvalidInput
-from memctl.records import facts, gate, repeats, store
+from memctl.records import facts
+from memctl.write import gate, repeats, store
 from memctl.upkeep.export import FORMAT, TYPES
 
 BATCH = 2000
@@ -39,7 +40,7 @@ class ImportResult:
     fact_changes: int = 0  # history entries added
     episodes: int = 0
     duplicates: int = 0
-    folded: int = 0  # of the episodes, stored as repeats of a first (memctl.records.repeats): not embedded
+    folded: int = 0  # of the episodes, stored as repeats of a first (memctl.write.repeats): not embedded
     chunks: int = 0
     vectors: int = 0  # vectors taken from the file
     queued: int = 0  # chunks queued for embedding
@@ -321,7 +322,7 @@ SELECT agent, content_hash, created_at, id FROM episodes WHERE created_at = ANY(
 
 
 def _fold_hint(item: dict) -> str | None:
-    """What the file says of a record's folding (memctl.records.repeats): null repeat_of keeps it a first, an id
+    """What the file says of a record's folding (memctl.write.repeats): null repeat_of keeps it a first, an id
     folds it into the latest first of its text before it; a file from before repeats were folded says nothing."""
     if "repeat_of" not in item:
         return None

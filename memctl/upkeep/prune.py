@@ -15,7 +15,7 @@ from memctl.upkeep import deletion
 from memctl.upkeep.policy import Policy
 
 # The episodes of one kind past its age (a WHERE clause over `episodes e`). A first's age counts from the last
-# time it was seen (memctl.records.repeats): it goes with its last repeat, and never before (memctl.upkeep.deletion).
+# time it was seen (memctl.write.repeats): it goes with its last repeat, and never before (memctl.upkeep.deletion).
 PRUNE_WHERE = ("e.kind = %(kind)s AND e.created_at < %(cutoff)s AND coalesce(e.last_seen_at, e.created_at) < %(cutoff)s"
                " AND (%(keep)s::int IS NULL OR e.importance < %(keep)s)")
 # An episode some summary was built from: the lineage's one definition (memctl.records.lineage).

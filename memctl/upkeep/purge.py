@@ -12,7 +12,7 @@ from memctl.records import lineage
 from memctl.upkeep import deletion
 
 # The episodes from a source (a WHERE clause over `episodes e`), of one kind. A repeat has its first's source
-# (memctl.records.repeats folds only within one source), so a purge takes a first with its repeats; with --since,
+# (memctl.write.repeats folds only within one source), so a purge takes a first with its repeats; with --since,
 # the repeats since then go and a first from before stays, uncounted (memctl.upkeep.deletion).
 PURGE_WHERE = "e.source = %(source)s AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s)"
 PURGE_KIND_WHERE = PURGE_WHERE + " AND e.kind = %(kind)s"

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from memctl.db import locks
 from memctl.records import facts
-from memctl.records.values import WRITER
+from memctl.write.values import WRITER
 from memctl.redact import Redactor, find, redact_named, redact_text, redact_value
 
 
@@ -66,7 +66,7 @@ class Fixed:
 
 
 ITERSIZE = 2000
-# Every column the write gate (memctl.records.gate) redacts, and the job log.
+# Every column the write gate (memctl.write.gate) redacts, and the job log.
 SOURCES = {
     "episodes": "SELECT agent, id, kind, source, content, meta::text AS meta FROM episodes",
     "chunks": "SELECT agent, id, episode_id, content FROM chunks",
@@ -259,7 +259,7 @@ def _reason(conn, source: str) -> str | None:
 
 
 def _fix_episode(conn, settings, agent: str, episode_id: int, done: Fixed, Jsonb: Any) -> None:
-    from memctl.records import gate, store
+    from memctl.write import gate, store
 
     row = conn.execute(GET_EPISODE, (agent, episode_id)).fetchone()
     if row is None:
@@ -269,7 +269,7 @@ def _fix_episode(conn, settings, agent: str, episode_id: int, done: Fixed, Jsonb
     conn.execute(SET_EPISODE, (redact_text(row["kind"]), redact_text(row["source"]), episode.content,
                                episode.content_hash, episode.norm_hash, Jsonb(episode.meta), agent, episode_id))
     conn.execute(DROP_CHUNKS, (agent, episode_id))  # vectors, queue and failure rows cascade
-    if row["repeat_of"] is None:  # a repeat has no chunks of its own (memctl.records.repeats): its first's count
+    if row["repeat_of"] is None:  # a repeat has no chunks of its own (memctl.write.repeats): its first's count
         done.queued += store.insert_chunks(conn, episode, episode_id)
         done.chunks += len(episode.chunks)
     done.episodes += 1

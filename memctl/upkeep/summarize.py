@@ -180,7 +180,7 @@ def summarize_window(conn, chat: OllamaChat, budget: Budget, agent: str, day: st
 
 # The window's episodes as one statement's snapshot saw them: the lineage is written from this record and the
 # sources are re-checked against it, so an episode backdated into the window meanwhile is never claimed (the
-# next run summarizes it in an addendum). Repeats (memctl.records.repeats) are recorded, so the lineage holds
+# next run summarizes it in an addendum). Repeats (memctl.write.repeats) are recorded, so the lineage holds
 # them, but only the earliest of each first's group in the window is fed (lead), with how many times the group
 # was seen in the window (seen) and when last. upto: bytes of fed content up to and including the episode (1
 # for one not fed), in time order (so it grows strictly): the key pages of about PAGE_BYTES are cut by.
@@ -298,7 +298,8 @@ FROM summarize_input
 
 def _write(conn, settings: Settings, name: str, window: Window, sources: int, summary: Summary) -> int | None:
     """Summary episode and lineage in one transaction; None if another run summarized these episodes meanwhile."""
-    from memctl.records import episodes as episodes_mod, gate, store
+    from memctl.records import episodes as episodes_mod
+    from memctl.write import gate, store
 
     with conn.transaction():
         held = conn.execute(RECHECK, {"agent": window.agent}).fetchone()

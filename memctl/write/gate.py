@@ -2,7 +2,7 @@
 
 A record is admitted by a `Gate` (validated, its source checked against the blocked sources, every text field
 redacted or refused per [redaction] mode) and only an admitted record, the very object a gate made
-(memctl.records.admission), can be written, by the writers of memctl.records.store. They hold every statement
+(memctl.write.admission), can be written, by the writers of memctl.write.store. They hold every statement
 that inserts into or copies into a memory table (store.MEMORY_TABLES): tests/test_gate.py reads the library's
 source and fails if such a statement appears anywhere else, so a new write path cannot go around the gate unnoticed.
 
@@ -19,7 +19,7 @@ What the gate checks, for every path (`episode add` and `import`, `fact set` and
   name too: a writer's source is matched as given and as stored): types checked, texts redacted.
 - sizes: [limits] episode_bytes (content), meta_bytes, value_bytes (fact and history values, reasons, commits),
   and an episode's created_at no earlier than 1900 nor later than [limits] clock_skew from now
-  (memctl.records.values.Limits), exit 2 naming the setting.
+  (memctl.write.values.Limits), exit 2 naming the setting.
 - every source (of an episode, a fact, a history entry) checked against blocked_sources, and again
   as the write commits (Gate.writing): a source blocked while an import ran refuses the whole import.
 
@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked, InvalidInput
-from memctl.records import chunking, repeats, values
-from memctl.records.admission import admitted, is_admitted, seal as _sealed
-from memctl.records.values import check_key, check_value, integer, name, parse_time
-from memctl.records.values import no_nul as _no_nul, shown as _shown
+from memctl.write import chunking, repeats, values
+from memctl.write.admission import admitted, is_admitted, seal as _sealed
+from memctl.write.values import check_key, check_value, integer, name, parse_time
+from memctl.write.values import no_nul as _no_nul, shown as _shown
 
 if TYPE_CHECKING:
     from memctl import redact
@@ -94,7 +94,7 @@ class Episode:
 
     @functools.cached_property
     def norm_hash(self) -> bytes:
-        """Its fold key (memctl.records.repeats.norm_hash: normalized text, meta, and the digest when redacted)."""
+        """Its fold key (memctl.write.repeats.norm_hash: normalized text, meta, and the digest when redacted)."""
         return repeats.norm_hash(self.content, self.meta, self.secret)
 
 
@@ -339,7 +339,7 @@ class Gate:
         digest = episode.content_hash if content == episode.content else \
             hashlib.sha256(content.encode("utf-8")).digest()
         secret = None
-        if changed:  # what keeps two secrets redacted alike from folding (memctl.records.repeats.secret_digest)
+        if changed:  # what keeps two secrets redacted alike from folding (memctl.write.repeats.secret_digest)
             self._fold_key = self._fold_key or repeats.fold_key(self.conn)
             secret = repeats.secret_digest(self._fold_key, {"content": episode.content, "meta": episode.meta,
                                                             "kind": episode.kind, "source": episode.source})

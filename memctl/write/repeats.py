@@ -26,7 +26,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from memctl.records.values import WRITER
+from memctl.write.values import WRITER
 
 DEFAULT_WINDOW = "1d"
 LOCK_CLASS = 0x6D726570  # "mrep": advisory lock namespace, one lock per agent

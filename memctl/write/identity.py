@@ -20,7 +20,7 @@ import hashlib
 
 KEY_BYTES = 16
 UTC = datetime.timezone.utc
-# One look-up per agent in the batch; under the imports' advisory lock (memctl.records.repeats.LOCK_IMPORTS),
+# One look-up per agent in the batch; under the imports' advisory lock (memctl.write.repeats.LOCK_IMPORTS),
 # so two imports of one file cannot both find a key missing.
 STORED = "SELECT record_key FROM episodes WHERE agent = %s AND record_key = ANY(%s)"
 

@@ -1,4 +1,4 @@
-"""The checks every field of a record passes at the gate (memctl.records.gate): types, NUL, UTF-8, lengths.
+"""The checks every field of a record passes at the gate (memctl.write.gate): types, NUL, UTF-8, lengths.
 
 Bad values raise errors.BadValue naming the field (exit 2), text PostgreSQL cannot hold (NUL, lone surrogates)
 included: bad input is exit 2 wherever it comes from (an argument, stdin, a field, a JSONL line).
@@ -20,7 +20,7 @@ MAX_KEY = 255
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 MAX_NAME = 200  # agent, kind, source, namespace: names, not texts
 DEFAULT_NAMESPACE = "default"  # a fact's namespace when none is given
-# Leads every statement that puts or changes data in a memory table (memctl.records.store's writers, and the
+# Leads every statement that puts or changes data in a memory table (memctl.write.store's writers, and the
 # few UPDATEs listed in docs/testing.md "The writer check"): the test suite's trigger refuses a write without it.
 WRITER = "/* memctl:writer */\n"
 EARLIEST = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)  # no memory is older than this
@@ -30,7 +30,7 @@ EARLIEST = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)  # no mem
 class Limits:
     """[limits]: the one size limit of every write (bytes of UTF-8), and how far ahead a created_at may be.
 
-    Every path reaches them through the gate (memctl.records.gate); the readers of stdin and of JSONL lines
+    Every path reaches them through the gate (memctl.write.gate); the readers of stdin and of JSONL lines
     read at most what a record within them can take (`line_bytes`), so an oversized input is refused before
     it is held in memory.
     """

@@ -1,6 +1,6 @@
 """The writers: the only statements that insert into or copy into a memory table (MEMORY_TABLES).
 
-They take only records a `memctl.records.gate.Gate` admitted (validated, source allowed, redacted): a raw
+They take only records a `memctl.write.gate.Gate` admitted (validated, source allowed, redacted): a raw
 record is a TypeError. tests/test_gate.py reads the library's source and fails if such a statement
 appears anywhere but here, so a new write path cannot go around the gate unnoticed.
 """
@@ -12,9 +12,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from memctl.records import gate
-from memctl.records.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
-from memctl.records.values import WRITER
+from memctl.write import gate
+from memctl.write.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
+from memctl.write.values import WRITER
 
 # The tables that hold memory. embed_queue, embed_failures, the vector tables (the embed worker's output
 # from chunks already admitted), jobs and episode_access hold no record that enters from outside.
@@ -53,7 +53,7 @@ WHERE c.agent = %s AND c.episode_id = %s AND m.state IN ('active', 'backfill')
 
 def insert_episode(conn, episode: Episode, repeat_of: int | None = None) -> int:
     """One episode with its chunks, queued for every model being filled (call inside a transaction); a repeat
-    (`repeat_of` its first's id, memctl.records.repeats) gets no chunks: it is never embedded."""
+    (`repeat_of` its first's id, memctl.write.repeats) gets no chunks: it is never embedded."""
     from psycopg.types.json import Jsonb
 
     _sourced(conn, episode, Episode)
@@ -115,7 +115,7 @@ class Copied:
     vectors: int = 0
     queued: int = 0
     folded: int = 0  # stored as repeats of a first (no chunks)
-    already: int = 0  # records stored before (memctl.records.identity): skipped, not in ids
+    already: int = 0  # records stored before (memctl.write.identity): skipped, not in ids
 
 
 def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
@@ -126,15 +126,15 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
 
     `vectors[i]`, when given, holds one vector per chunk of batch[i] made by `model` (whose
     table receives them); those chunks are not queued for that model. Repeats are folded
-    (memctl.records.repeats.plan_batch: `window`, `hints`, `locked`) and get no chunks. `release` is called
+    (memctl.write.repeats.plan_batch: `window`, `hints`, `locked`) and get no chunks. `release` is called
     once the batch is planned, before the COPYs (memctl.db.overlap: a caller waiting for it may go on).
-    `keys` (an import's records, memctl.records.identity): a record whose key is stored already is skipped
+    `keys` (an import's records, memctl.write.identity): a record whose key is stored already is skipped
     (counted in `already`, given no id) and the others store theirs.
     """
     from psycopg import sql
     from psycopg.types.json import Jsonb
 
-    from memctl.records import identity, repeats
+    from memctl.write import identity, repeats
 
     for episode in batch:
         _admitted(episode, Episode)

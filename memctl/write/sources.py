@@ -5,7 +5,7 @@ from __future__ import annotations
 from memctl import redact
 from memctl.db import locks
 from memctl.errors import NotFound
-from memctl.records import gate, store
+from memctl.write import gate, store
 
 ALL = "SELECT source, reason, blocked_at FROM blocked_sources ORDER BY source"
 UNBLOCK = "DELETE FROM blocked_sources WHERE source = ANY(%s) RETURNING source"

@@ -1,8 +1,8 @@
-"""Admission: the records this process's gates made (memctl.records.gate seals them, the store asks).
+"""Admission: the records this process's gates made (memctl.write.gate seals them, the store asks).
 
 The record types are public dataclasses anyone can build, copy (dataclasses.replace) or fill with anything; the
 store writes only an object found here under its own id, so a record reaches the store only as a gate made it,
-and frozen: as it was admitted. Only memctl.records.gate calls `seal` (tests/test_gate.py checks the source).
+and frozen: as it was admitted. Only memctl.write.gate calls `seal` (tests/test_gate.py checks the source).
 """
 
 from __future__ import annotations
@@ -28,4 +28,4 @@ def admitted(record: Any, kind: type) -> None:
     """Refuse (TypeError) a record no gate made: the store's first check on every record it writes."""
     if not is_admitted(record, kind):
         raise TypeError(f"only an admitted {kind.__name__} is written (got {type(record).__name__} that no gate made): "
-                        "pass it through memctl.records.gate.Gate first")
+                        "pass it through memctl.write.gate.Gate first")
