@@ -53,7 +53,7 @@ def test_only_the_gate_writes_memory_tables():
 # finish a run, erase a fact's values, clear what an erasure removed from runs and rewrite redacted text
 # (docs/testing.md "The writer check").
 MARKED = {"write/values.py", "write/store.py", "write/repeats.py", "records/runbooks.py", "records/facts.py",
-          "records/erasures.py", "upkeep/redact_scan.py"}
+          "records/erasures.py", "records/redact_scan.py"}
 
 
 def test_the_writer_marker_is_used_only_by_the_writers():

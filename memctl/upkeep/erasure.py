@@ -290,7 +290,7 @@ def after_restore(conn, settings, entries: list[erasures.Entry]) -> None:
     in the history), a redaction fix run again over what came back."""
     from memctl.errors import NotFound
     from memctl.records import facts
-    from memctl.upkeep import redact_scan
+    from memctl.records import redact_scan
 
     for entry in (e for e in entries if e.op != "redact_fix"):
         for fact in entry.items.get("facts", []):
