@@ -67,7 +67,7 @@ def ingest(
     `memctl ingest app.log --follow --source app --cursor-file /var/lib/memctl/app.cursor`.
     """
     from memctl import files
-    from memctl.records import ingest as ingest_mod
+    from memctl.ingest import ingest as ingest_mod
     from memctl.write import values
 
     if file == "-" and follow:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from memctl.errors import BadValue, InvalidInput
-from memctl.records import episodes, logformats
+from memctl.records import episodes
+from memctl.ingest import logformats
 from memctl.write import identity, values
 
 BATCH = 5000  # records a batch holds at most: stored at once when reached
