@@ -38,7 +38,8 @@ from memctl.errors import MemctlError
 from memctl.reading import search
 from memctl.reading.query import Query, split_terms
 from memctl.reading.when import period
-from memctl.records import episodes, facts, runbook_format
+from memctl.records import episodes, facts
+from memctl.runbooks import runbook_format
 from memctl.upkeep import import_
 from tests.conftest import fresh_database
 from tests.fuzz_profiles import share

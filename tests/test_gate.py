@@ -52,7 +52,7 @@ def test_only_the_gate_writes_memory_tables():
 # only marked writes into memory tables: tests/test_writer_check.py): the store, and the UPDATEs that count repeats,
 # finish a run, erase a fact's values, clear what an erasure removed from runs and rewrite redacted text
 # (docs/testing.md "The writer check").
-MARKED = {"write/values.py", "write/store.py", "write/repeats.py", "records/runbooks.py", "records/facts.py",
+MARKED = {"write/values.py", "write/store.py", "write/repeats.py", "runbooks/runbooks.py", "records/facts.py",
           "records/erasures.py", "records/redact_scan.py"}
 
 

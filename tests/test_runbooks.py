@@ -15,7 +15,7 @@ import pytest
 from memctl import redact
 from memctl.errors import InvalidInput, UsageError
 from memctl.write import gate
-from memctl.records import runbooks
+from memctl.runbooks import runbooks
 
 SHIPPED = Path(__file__).resolve().parent.parent / "runbooks"
 VENV_BIN = Path(sys.executable).parent

@@ -435,7 +435,7 @@ def fact_history(session: Session, key: str, *, namespace: str | None = None) ->
 
 
 def _repository(session: Session):
-    from memctl.records import runbooks
+    from memctl.runbooks import runbooks
 
     return runbooks.open_repository(None, session.settings)
 
@@ -448,7 +448,7 @@ def runbook_list(session: Session) -> Reply:
 
 
 def runbook_show(session: Session, name: str, *, at: str | None = None) -> Reply:
-    from memctl.records import runbooks
+    from memctl.runbooks import runbooks
 
     runbook = _repository(session).load(name, at=at)
     return Reply(plain(runbook.to_dict()), runbooks.as_text(runbook, fenced=True))

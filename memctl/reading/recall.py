@@ -202,7 +202,7 @@ def _fact_item(row: dict, form: Template, now: datetime.datetime) -> Item:
 
 def find_runbooks(settings: Settings, request: Request) -> tuple[list[dict], str | None]:
     """Runbooks matching the observation's words, each with a 0..1 `score`; ([], warning) on a broken repo."""
-    from memctl.records import runbooks
+    from memctl.runbooks import runbooks
 
     if not (request.repo or settings.get("", "runbooks")):
         return [], None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from memctl.errors import ConfigError, InvalidInput, MemctlError, NotFound, Unavailable, UsageError
-from memctl.records.runbook_format import NOT_RUNBOOKS, Runbook, Step, check_name, parse  # noqa: F401 - the public API
+from memctl.runbooks.runbook_format import NOT_RUNBOOKS, Runbook, Step, check_name, parse  # noqa: F401 - the public API
 from memctl.write.values import WRITER
 
 TAIL_BYTES = 64 * 1024
