@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from memctl import config
-from memctl.upkeep import chat, summarize
+from memctl.embedding import chat
+from memctl.upkeep import summarize
 from tests.ollama_server import first_sentences
 
 NOW = datetime.datetime.now(datetime.timezone.utc)
