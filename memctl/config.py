@@ -234,7 +234,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "episode_line": (_string, None),
         "runbook_line": (_string, None),
         "window_line": (_string, None),
-        # windows around what is found (memctl.reading.window): off, as LoCoMo's dev split measured (docs/recall.md)
+        # windows around what is found (memctl.recall.window): off, as LoCoMo's dev split measured (docs/recall.md)
         "window_before": (_int_range(0, 10), 0),
         "window_after": (_int_range(0, 10), 0),
         "window_gap": (_duration, "1h"),

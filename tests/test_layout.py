@@ -142,7 +142,7 @@ def test_search_starts_without_the_write_path():
     import sys
 
     write_path = ("memctl.records.episodes", "memctl.write.store", "memctl.write.repeats", "memctl.redact")
-    code = ("import sys, memctl.cli.episode, memctl.reading.search, memctl.reading.recall; "
+    code = ("import sys, memctl.cli.episode, memctl.reading.search, memctl.recall.recall; "
             f"print(sorted(set({write_path!r}) & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

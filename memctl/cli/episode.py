@@ -248,7 +248,7 @@ def search(
     if context and every:
         raise UsageError("--context and --all: choose one")
     if context:
-        from memctl.reading import window
+        from memctl.recall import window
 
         rows = window.around(conn, settings(), outcome.hits, context)
     else:

@@ -360,7 +360,7 @@ def episode_get(session: Session, id: int) -> Reply:  # noqa: A002 - the tool's 
 
 def recall(session: Session, observation: str, *, max_tokens: int | None = None, k: int = 5) -> Reply:
     """The prompt-ready block `memctl recall` prints: facts of the namespace, episodes, runbooks."""
-    from memctl.reading import recall as recall_mod
+    from memctl.recall import recall as recall_mod
 
     scope = session.scope
     request = recall_mod.Request(observation, agent=scope.agent, namespace=scope.namespace, shared=scope.shared,

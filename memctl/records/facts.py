@@ -124,7 +124,7 @@ WHERE h.op IN ('set', 'delete') AND (%(at)s::timestamptz IS NULL OR h.valid_from
                   AND e.op = 'erase' AND e.version > h.version)
 ORDER BY h.namespace, h.key, h.valid_from DESC, h.changed_at DESC, h.version DESC
 """
-# The facts valid at %(at)s, as rows of `facts` (memctl.reading.recall reads them too).
+# The facts valid at %(at)s, as rows of `facts` (memctl.recall.recall reads them too).
 VALID_AT = ("SELECT namespace, key, value, source, version, updated_at, valid_from FROM (" + VERSIONS_AT
             + ") AS versions WHERE op = 'set'")
 NOW = "SELECT now() AS now"

@@ -1,5 +1,5 @@
 """Recall's episodes: the search for many observations at once, near-duplicates collapsed, and the budget
-spent on hits and their windows (memctl.reading.window).
+spent on hits and their windows (memctl.recall.window).
 
 find_episodes embeds every observation of a batch in sub-batches and runs their searches as one
 search_batch (shared connection, pipelined statements, shared transactions: memctl.reading.search);
@@ -17,8 +17,9 @@ from typing import Callable
 from memctl.config import Settings
 from memctl.embedding import models
 from memctl.errors import EmbedInputRejected
-from memctl.reading import search, window
-from memctl.reading.form import (Item, Template, age, entry_line, folded, setting, sourced, window_header,
+from memctl.reading import search
+from memctl.recall import window
+from memctl.recall.form import (Item, Template, age, entry_line, folded, setting, sourced, window_header,
                                  window_lines)
 from memctl.reading.fusion import Hit
 from memctl.reading.query import Query

@@ -16,7 +16,7 @@
    one: equal text after lowercasing and dropping punctuation, or word sets with
    Jaccard similarity >= `dedupe` (0.9); the folded ones are named by id on the line
    kept (`folded`) and in its `duplicates`, so what they said stays reachable.
-   Each hit comes with its window (memctl.reading.window: the entries beside it in
+   Each hit comes with its window (memctl.recall.window: the entries beside it in
    its agent's log, same source, within window_gap), as far as the budget holds.
 3. Runbooks whose name, title or description has a word of the observation
    (3 letters or more, common English words dropped; Repository.find);
@@ -51,7 +51,7 @@ The text block comes from [recall] in the config (str.format syntax):
   fact_line     fields: key value source sourced namespace version valid_from age score
   episode_line  fields: id agent kind source sourced importance created_at age content score
                 repeats seen first_seen last_seen folded
-  window_line   fields: count age agent kind source sourced (a window's first line; memctl.reading.form)
+  window_line   fields: count age agent kind source sourced (a window's first line; memctl.recall.form)
   runbook_line  fields: name title score
 `sourced` is ", source: X", or "" for an item without a source; `age` reads
 "just now", "5 minutes ago", "3 days ago", "2 months ago" (a fact's: since it became true).
@@ -69,10 +69,11 @@ from typing import Any, Callable
 
 from memctl.config import Settings
 from memctl.errors import BadValue, MemctlError, UsageError
-from memctl.reading import query, recall_episodes, window
-from memctl.reading.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
+from memctl.reading import query
+from memctl.recall import recall_episodes, window
+from memctl.recall.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
                                  setting, sourced, template)
-from memctl.reading.recall_episodes import collapse, max_distance  # noqa: F401  (recall's API, as before)
+from memctl.recall.recall_episodes import collapse, max_distance  # noqa: F401  (recall's API, as before)
 
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being below between

@@ -1,5 +1,5 @@
 """Recall's block: the template and line formats ([recall] in the config), the items, and how a
-window of episodes (memctl.reading.window) is printed.
+window of episodes (memctl.recall.window) is printed.
 
 An episode's line is `episode_line`; a window (a hit with neighbours, or hits whose windows met) is
 `window_line` (fields: count, age, agent, kind, source, sourced) followed by its episodes in time

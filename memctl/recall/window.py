@@ -8,7 +8,7 @@ a neighbour (its first stands for it, docs/repeats.md), and with `until` only en
 before it count. At most `before` and `after` of them; the walk reads at most SCAN rows a side,
 so an agent's log full of other sources' entries costs a bounded read.
 
-Recall (memctl.reading.recall) then spends its budget on hits and neighbours in one order
+Recall (memctl.recall.recall) then spends its budget on hits and neighbours in one order
 (`plan`): the hit of rank r (0 for the best) comes at r, its neighbour d entries away at r + d x
 `stride`; so a neighbour earns its tokens before the next hit when stride < 1, after the next
 `stride` hits otherwise. Chosen entries that are neighbours in a window join one block, printed
