@@ -345,7 +345,7 @@ class Report:
     summaries: list[dict] = field(default_factory=list)  # purge: summaries built from the source's episodes
     removed: dict = field(default_factory=dict)  # purge: rows removed per table (memctl.records.erasures)
     ledger: str | None = None  # purge: its erasure ledger entry
-    vacuum: dict | None = None  # purge --full: what ran (memctl.upkeep.erasure.vacuum_full)
+    vacuum: dict | None = None  # purge --full: what ran (memctl.backup.erasure.vacuum_full)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -136,7 +136,7 @@ def purge(conn, source: str, since: str | datetime.datetime | None = None, *, de
                                    "source_digest": erasures.digest(secret, source)})
     report.ledger = erasures.record(conn, entry).id
     if full:
-        from memctl.upkeep import erasure
+        from memctl.backup import erasure
 
         report.vacuum = erasure.vacuum_full(conn, facts=delete_facts)
     return report

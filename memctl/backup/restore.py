@@ -1,7 +1,7 @@
-"""`memctl backup verify` and `memctl restore`: a backup (memctl.upkeep.backup) back into a database, checked.
+"""`memctl backup verify` and `memctl restore`: a backup (memctl.backup.backup) back into a database, checked.
 
 Both first check the dump's size and sha256 against the manifest, then run pg_restore's script through
-psql in one transaction (memctl.upkeep.pgtools.restore_script), as runbooks/restore-database.md does by
+psql in one transaction (memctl.backup.pgtools.restore_script), as runbooks/restore-database.md does by
 hand: objects owned by the restoring role (--no-owner), the `vector` extension left as it is or created
 if missing, memctl's schema made if missing.
 
@@ -30,7 +30,7 @@ from psycopg import sql
 
 from memctl.errors import InvalidInput, MemctlError
 from memctl.records import jobs
-from memctl.upkeep import backup as backup_mod, backup_file
+from memctl.backup import backup as backup_mod, backup_file
 
 JOB = "restore"
 SCRATCH_PREFIX = "memctl_verify_"
@@ -118,7 +118,7 @@ class Restored:
     manifest: dict
     safety: Path | None
     migrations: list[str]
-    reapplied: list[dict] = field(default_factory=list)  # erasures newer than the backup (memctl.upkeep.erasure)
+    reapplied: list[dict] = field(default_factory=list)  # erasures newer than the backup (memctl.backup.erasure)
 
     def to_dict(self) -> dict:
         return {"file": str(self.file), "created_at": self.manifest["created_at"], **self.manifest["records"],
@@ -131,7 +131,7 @@ def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None,
     """Restore the backup into a scratch database and compare every table with the manifest; `inspect`, given
     a connection to the scratch database, looks at it before it is dropped (its result: .inspected)."""
     from memctl import db
-    from memctl.upkeep import pgtools
+    from memctl.backup import pgtools
 
     path = Path(path)
     manifest = backup_file.read_manifest(path)
@@ -155,10 +155,10 @@ def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None,
 
 
 def verify_backup(conn, url: str, path: str | Path, *, scratch_url: str | None = None) -> dict:
-    """`memctl erasure verify --backup`: the erasure ledger's test (memctl.upkeep.erasure.find_matches) on a
+    """`memctl erasure verify --backup`: the erasure ledger's test (memctl.backup.erasure.find_matches) on a
     backup restored into a scratch database."""
     from memctl.records import erasures
-    from memctl.upkeep import erasure
+    from memctl.backup import erasure
 
     entries = erasures.sync(conn)
     key = erasures.load_key(create=False)
@@ -250,7 +250,7 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
     """Replace memctl's tables with the backup's, after a safety backup of what is there now into DIRECTORY."""
     from memctl.db import migrate
     from memctl.records import erasures
-    from memctl.upkeep import erasure, pgtools
+    from memctl.backup import erasure, pgtools
 
     path = Path(path)
     manifest = backup_file.read_manifest(path)
@@ -268,7 +268,7 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
         if backup_mod.tables(conn):
             safety = backup_mod.take(conn, url, directory, prefix=backup_mod.SAFETY_PREFIX, record=False).path
         # The erasure ledger, read before the table is replaced by the backup's older one: every entry newer than
-        # the backup is re-applied in the same transaction, after the check (memctl.upkeep.erasure).
+        # the backup is re-applied in the same transaction, after the check (memctl.backup.erasure).
         ledger = erasures.sync(conn)
         newer = erasure.newer_than(ledger, manifest["created_at"])
         key = erasures.load_key(create=False)

@@ -1,8 +1,8 @@
-"""A backup file (memctl.upkeep.backup): its layout, written whole, and read back checked.
+"""A backup file (memctl.backup.backup): its layout, written whole, and read back checked.
 
 An uncompressed tar of exactly three members, in this order:
 
-    manifest.json   what the backup holds (memctl.upkeep.backup describes its fields)
+    manifest.json   what the backup holds (memctl.backup.backup describes its fields)
     memctl.dump     pg_dump's custom format (compressed by pg_dump)
     SHA256SUMS      sha256 of the two above, as `sha256sum` writes them (`sha256sum -c` checks an extract)
 

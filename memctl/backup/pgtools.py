@@ -148,7 +148,7 @@ def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str
     psql's stderr (its notices and warnings).
 
     `after` follows the dump on psql's standard input, never in its arguments (`ps` shows those): a
-    restore's re-applied erasures carry the digest key's pads (memctl.upkeep.erasure).
+    restore's re-applied erasures carry the digest key's pads (memctl.backup.erasure).
 
     pg_restore writes the script to a pipe, this process drops the header settings the server lacks,
     and psql runs it with ON_ERROR_STOP: any failing statement, or an exception raised by `after`, rolls

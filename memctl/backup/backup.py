@@ -5,10 +5,10 @@ lineage, vectors of every model, sequences, indexes, the migration record), read
 in one snapshot, and restored by pg_restore into the same or any newer PostgreSQL; the export is memctl's
 portable interchange format, which re-admits records through the gate and leaves vectors of models other
 than the active one behind. The client programs are the server's own major version or newer
-(memctl.upkeep.pgtools): the embedded server's are the wheel's PostgreSQL 18.
+(memctl.backup.pgtools): the embedded server's are the wheel's PostgreSQL 18.
 
 A backup is a tar named memctl-backup-YYYYMMDDTHHMMSSZ.tar holding manifest.json, memctl.dump (pg_dump's
-custom format) and SHA256SUMS (the layout, and how it is read back checked: memctl.upkeep.backup_file).
+custom format) and SHA256SUMS (the layout, and how it is read back checked: memctl.backup.backup_file).
 The manifest holds the time, memctl's, the server's
 and pg_dump's versions, the snapshot, the record counts, each table's row count and content checksum,
 and the dump's size and sha256.
@@ -53,7 +53,7 @@ from memctl import __version__
 from memctl.errors import DiskFull, MemctlError, no_space
 from memctl.records import jobs
 from memctl.write import store
-from memctl.upkeep import backup_file
+from memctl.backup import backup_file
 
 JOB = "backup"
 PREFIX = "memctl-backup-"
@@ -153,7 +153,7 @@ def take(conn, url: str, directory: Path, *, keep_daily: int = 0, keep_weekly: i
     `record` writes the run into the job log (outcome, rows = facts + episodes, detail = file and size);
     a restore's safety backup (prefix SAFETY_PREFIX) is not recorded and never rotated.
     """
-    from memctl.upkeep import pgtools
+    from memctl.backup import pgtools
 
     try:
         refuse_cluster(conn, "a backup")
@@ -210,7 +210,7 @@ def _snapshot(url: str):
 
 def _write(snap, taken: dict, tools, env: dict, info: dict, directory: Path, prefix: str) -> Backup:
     from memctl import files
-    from memctl.upkeep import pgtools
+    from memctl.backup import pgtools
 
     schema = info["schema"]
     work = Path(tempfile.mkdtemp(prefix=f".{prefix}", suffix=".tmp", dir=directory))

@@ -9,7 +9,7 @@ How digests are matched (`find_matches`), each under the key the entry names:
                                         "true" under another key is not a copy).
 An entry made under another key (the key file was lost) cannot be tested: it is counted, not matched.
 
-A restore (memctl.upkeep.restore) runs `reapply_sql` in the transaction that restores and checks the
+A restore (memctl.backup.restore) runs `reapply_sql` in the transaction that restores and checks the
 dump: the episodes of every entry newer than the backup go (by agent and id, and only while their text
 still has the recorded digest: ids are reused after a restore of an older backup), with their chunks,
 vectors, queue and access rows (cascade); the facts an erasure removed go and their history values are
@@ -75,7 +75,7 @@ def copies(conn, settings, erased_at: datetime.datetime) -> dict:
     """Where copies of what was erased can still be: memctl's backups and exports made before it, WAL, replicas."""
     import psycopg
 
-    from memctl.upkeep import backup
+    from memctl.backup import backup
 
     found: dict[str, dict] = {}
     directory = backup.default_dir(settings)
