@@ -171,7 +171,7 @@ def _models(conn) -> list[Metric]:
 
 def _schedules(settings: Settings | None) -> dict[str, float]:
     """Each timer job's interval, as status reads it ([schedule]; summarize: its daily timer)."""
-    from memctl.upkeep import summarize
+    from memctl.retention import summarize
 
     every = {job: parse_duration(settings.get("schedule", job) if settings is not None else default)
              for job, (_, default) in SCHEMA["schedule"].items()}
@@ -275,7 +275,7 @@ def _database(conn, sizes: dict, data_dir: Path | None) -> list[Metric]:
 
 def overdue_episodes(conn, settings: Settings | None) -> int | None:
     """Episodes past summarize.overdue's limit with no summary; None when summaries are off."""
-    from memctl.upkeep import summarize
+    from memctl.retention import summarize
 
     if settings is None or summarize.model(settings) is None or not summarize.kinds(settings):
         return None

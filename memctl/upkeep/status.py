@@ -56,7 +56,7 @@ def _schedule(settings, job: str) -> str:
 
 def _retention(settings) -> dict:
     """The episode kinds with a maximum age (not keep_importance, not the job log's own limit)."""
-    from memctl.upkeep.policy import policy_from_settings
+    from memctl.retention.policy import policy_from_settings
 
     return policy_from_settings(settings).max_age if settings is not None else {}
 
@@ -158,7 +158,7 @@ def warnings(conn, settings, report: dict) -> list[str]:
     found.append(_late(conn, "backup", _schedule(settings, "backup"), never=None))
     found.append(_failed_last(conn, "backup", 0))
     from memctl.db import preflight
-    from memctl.upkeep import summarize
+    from memctl.retention import summarize
 
     found.append(summarize.overdue(conn, settings))
     found.extend(preflight.version_warnings(conn))

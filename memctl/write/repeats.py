@@ -12,7 +12,7 @@ The window slides: a repeat extends its first's span, so an alert every five min
 first with its repeats; a gap longer than the window starts a new first. Writers of one agent take turns
 on an advisory lock (LOCK_AGENT) while they look up and link, so two processes writing the same text at
 once make one first and one repeat. The candidate first is locked against a concurrent prune (FOR NO KEY
-UPDATE), which deletes a first only once no repeat of it is left (memctl.upkeep.deletion).
+UPDATE), which deletes a first only once no repeat of it is left (memctl.retention.deletion).
 """
 
 from __future__ import annotations

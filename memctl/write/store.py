@@ -283,7 +283,7 @@ def insert_lineage(conn, rows: Iterable[Lineage]) -> int:
         return cur.rowcount if rows else 0
 
 
-# summarize_input: the window's episodes as summarize recorded them (memctl.upkeep.summarize), in this session.
+# summarize_input: the window's episodes as summarize recorded them (memctl.retention.summarize), in this session.
 INSERT_WINDOW_LINEAGE = WRITER + """
 INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash)
 SELECT %(agent)s, %(summary_id)s, i.id, i.created_at, i.content_hash FROM summarize_input i

@@ -36,7 +36,7 @@ from memctl.errors import ConfigError, MemctlError, Unavailable, UsageError
 from memctl.records import lineage as lineage_mod
 from memctl.embedding import chat as chat_mod
 from memctl.embedding.chat import UTC, Budget, OllamaChat, Summary, WindowFailed
-from memctl.upkeep.policy import policy_from_settings
+from memctl.retention.policy import policy_from_settings
 
 SUMMARY_KIND = lineage_mod.SUMMARY_KIND
 SOURCE_PREFIX = lineage_mod.SOURCE_PREFIX

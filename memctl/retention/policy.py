@@ -25,7 +25,7 @@ class Policy:
     keep_importance: episodes of importance >= N are kept whatever their age (all kinds).
     jobs: the maximum age of the job log (jobs and runbook_runs rows), 90d unless set.
     require_summary: with [summarize] model set, episodes of summarized kinds that no summary
-    holds yet are kept (the caller names those kinds: see memctl.upkeep.summarize.awaited_kinds).
+    holds yet are kept (the caller names those kinds: see memctl.retention.summarize.awaited_kinds).
     """
 
     max_age: dict[str, str]

@@ -1,8 +1,8 @@
-"""Prune: delete episodes past their kind's maximum age (memctl.upkeep.policy), and trim the job log.
+"""Prune: delete episodes past their kind's maximum age (memctl.retention.policy), and trim the job log.
 
-The episodes go in short batches (memctl.upkeep.deletion). A kind that summarize covers loses only the
+The episodes go in short batches (memctl.retention.deletion). A kind that summarize covers loses only the
 episodes some summary holds while [retention] require_summary is on (the caller names those kinds:
-memctl.upkeep.summarize.awaited_kinds).
+memctl.retention.summarize.awaited_kinds).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import datetime
 
 from memctl.errors import UsageError
 from memctl.records import lineage
-from memctl.upkeep import deletion
-from memctl.upkeep.policy import Policy
+from memctl.retention import deletion
+from memctl.retention.policy import Policy
 
 # The episodes of one kind past its age (a WHERE clause over `episodes e`). A first's age counts from the last
-# time it was seen (memctl.write.repeats): it goes with its last repeat, and never before (memctl.upkeep.deletion).
+# time it was seen (memctl.write.repeats): it goes with its last repeat, and never before (memctl.retention.deletion).
 PRUNE_WHERE = ("e.kind = %(kind)s AND e.created_at < %(cutoff)s AND coalesce(e.last_seen_at, e.created_at) < %(cutoff)s"
                " AND (%(keep)s::int IS NULL OR e.importance < %(keep)s)")
 # An episode some summary was built from: the lineage's one definition (memctl.records.lineage).

@@ -1,5 +1,5 @@
 """Purge: delete what a source wrote (its episodes, the summaries built from them, and on request the facts
-it last set), in short batches (memctl.upkeep.deletion); recorded as job 'purge'.
+it last set), in short batches (memctl.retention.deletion); recorded as job 'purge'.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 from memctl.errors import NotFound, UsageError
 from memctl.records import lineage
-from memctl.upkeep import deletion
+from memctl.retention import deletion
 
 # The episodes from a source (a WHERE clause over `episodes e`), of one kind. A repeat has its first's source
 # (memctl.write.repeats folds only within one source), so a purge takes a first with its repeats; with --since,
-# the repeats since then go and a first from before stays, uncounted (memctl.upkeep.deletion).
+# the repeats since then go and a first from before stays, uncounted (memctl.retention.deletion).
 PURGE_WHERE = "e.source = %(source)s AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s)"
 PURGE_KIND_WHERE = PURGE_WHERE + " AND e.kind = %(kind)s"
 
