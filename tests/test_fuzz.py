@@ -40,7 +40,7 @@ from memctl.reading.query import Query, split_terms
 from memctl.reading.when import period
 from memctl.records import episodes, facts
 from memctl.runbooks import runbook_format
-from memctl.upkeep import import_
+from memctl.transfer import import_
 from tests.conftest import fresh_database
 from tests.fuzz_profiles import share
 

@@ -335,7 +335,7 @@ def test_export_file_is_private_from_the_first_byte_and_whole(cli, tmp_path):
 
 
 def test_an_export_that_fails_leaves_the_old_file(cli, tmp_path, monkeypatch):
-    from memctl.upkeep import export as export_mod
+    from memctl.transfer import export as export_mod
 
     out = tmp_path / "memory.jsonl"
     out.write_text("the previous export\n")
@@ -397,7 +397,7 @@ def _fact_import(conn, settings):
 
 def _memctl_import(lines):
     def write(conn, settings):
-        from memctl.upkeep import import_
+        from memctl.transfer import import_
 
         import_.import_stream(conn, settings, iter(lines))
     return write
@@ -457,7 +457,7 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
     path (issue 19's side door, for a block that comes while an import runs)."""
     from memctl.errors import Blocked
     from memctl.records import episodes
-    from memctl.upkeep import export
+    from memctl.transfer import export
 
     write = {"episode add": _episode_add, "episode import": _episode_import, "fact set": _fact_set,
              "fact import": _fact_import}.get(path)
@@ -478,7 +478,7 @@ def test_a_write_that_blocks_its_own_source_is_not_refused_by_it(conn, settings_
     """An export's own blocked sources are restored with it; its records from them were accepted when written."""
     from memctl.records import episodes
     from memctl.write import sources
-    from memctl.upkeep import export, import_
+    from memctl.transfer import export, import_
 
     episodes.add_episode(conn, settings_obj, "fetched page text", source=FEED)
     sources.block(conn, FEED, "poisoned")

@@ -13,7 +13,7 @@ from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import InvalidInput
 from memctl.records import episodes
-from memctl.upkeep import export as export_mod, import_ as import_mod
+from memctl.transfer import export as export_mod, import_ as import_mod
 
 
 def register(root: typer.Typer) -> None:

@@ -1,4 +1,4 @@
-"""`memctl import`: an export's JSONL stream (format: memctl.upkeep.export) back into memory.
+"""`memctl import`: an export's JSONL stream (format: memctl.transfer.export) back into memory.
 
 Import runs in one transaction: a corrupt or unknown line fails it, naming the line, and
 nothing is left behind. Every record passes the write gate (memctl.write.gate): a record from a
@@ -28,7 +28,7 @@ from memctl.embedding import models
 from memctl.errors import BadValue, Blocked, InvalidInput
 from memctl.records import facts
 from memctl.write import gate, repeats, store
-from memctl.upkeep.export import FORMAT, TYPES
+from memctl.transfer.export import FORMAT, TYPES
 
 BATCH = 2000
 

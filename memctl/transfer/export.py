@@ -20,7 +20,7 @@ runs; facts and blocked sources are global and always exported whole. A fact's v
 (when the value became true, docs/facts.md) is written only where it differs from the time
 the version was recorded (updated_at, changed_at): absent, as in files written before memctl
 kept valid time, it is that time.
-Reading it back is memctl.upkeep.import_.
+Reading it back is memctl.transfer.import_.
 """
 
 from __future__ import annotations
