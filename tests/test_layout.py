@@ -80,7 +80,7 @@ def test_no_import_goes_up_a_layer():
 
 
 def test_the_check_sees_an_upward_import():
-    assert layer("memctl.write.gate") < layer("memctl.embedding.models") < layer("memctl.upkeep.size")
+    assert layer("memctl.write.gate") < layer("memctl.embedding.models") < layer("memctl.observe.size")
     assert layer("memctl.redact.detect") == layer("memctl.errors") == 0
     assert layer("memctl.__main__") == layer("memctl.cli.common") == len(LAYERS) - 1
     assert "memctl.db.locks" in EDGES["memctl.embedding.models"]  # `from memctl.db import locks`

@@ -28,7 +28,8 @@ from memctl.db import cluster
 from memctl.embedding import footprint, models, worker
 from memctl.errors import EmbedderUnavailable, MemctlError, NotFound, UsageError
 from memctl.records import jobs
-from memctl.upkeep import quality, size
+from memctl.upkeep import quality
+from memctl.observe import size
 
 REEMBED_LOCK = 0x6D656D72  # "memr": a session lock held by `reembed run`, second key the model id
 TRY_LOCK = "SELECT pg_try_advisory_lock(%s::int4, %s::int4) AS ok"

@@ -1,8 +1,8 @@
 """memctl's state as Prometheus metrics (`memctl metrics`), for node_exporter's textfile collector.
 
 Every figure comes from the module that already computes it for an operator: counts, backlog and
-warnings from memctl.upkeep.status (what `memctl status` shows), bytes and growth from
-memctl.upkeep.size's cheap path (what `memctl size` shows, never --exact), the last runs from
+warnings from memctl.observe.status (what `memctl status` shows), bytes and growth from
+memctl.observe.size's cheap path (what `memctl size` shows, never --exact), the last runs from
 memctl.records.jobs. Only the per-kind and per-agent counts are this module's own (groups): a small
 block sample past SAMPLE_ROWS episodes, so that nothing here reads a large table whole. The text is produced by prometheus_client (`generate_latest`); a
 textfile is written whole (a temporary file beside it, then rename). The figures are gauges: the
@@ -202,7 +202,7 @@ def _job_families() -> dict[str, GaugeMetricFamily]:
 
 
 def _jobs(conn, settings: Settings | None) -> list[Metric]:
-    from memctl.upkeep import status
+    from memctl.observe import status
 
     runs: dict[str, dict[str, int]] = {job: dict.fromkeys(OUTCOMES, 0) for job in JOBS}
     for row in conn.execute(RUNS).fetchall():
@@ -298,7 +298,7 @@ def _info(conn) -> list[Metric]:
 
 def size_figures(conn) -> dict:
     """`memctl size`'s relations and growth, on its cheap path (never --exact)."""
-    from memctl.upkeep import size
+    from memctl.observe import size
 
     rels = size.relations(conn)
     names = {r["relation"]: r["relation"].rsplit(".", 1)[-1].strip('"') for r in rels}
@@ -307,7 +307,7 @@ def size_figures(conn) -> dict:
 
 def collect(conn, settings: Settings | None, *, data_dir: Path | None = None) -> list[Metric]:
     """Every metric family, from one connection. `data_dir`: the embedded server's data directory, if any."""
-    from memctl.upkeep import status
+    from memctl.observe import status
 
     started = time.monotonic()
     report = status.collect(conn, settings)
