@@ -4,7 +4,7 @@
     run     embed the queue from the stored texts (memctl.embedding.worker.run: resumable, kill -9 safe),
             then build the HNSW index CONCURRENTLY
     status  done / total, rate, ETA, index state
-    compare recall@k and MRR of both models on known items (memctl.upkeep.quality), and the overlap
+    compare recall@k and MRR of both models on known items (memctl.reembed.quality), and the overlap
             of their top-k episodes for sample queries
     switch  atomically retire the active model and activate the new one, unless the new one finds
             less than the active one beyond a tolerance (--accept-worse); the job log keeps the figures
@@ -28,7 +28,7 @@ from memctl.db import cluster
 from memctl.embedding import footprint, models, worker
 from memctl.errors import EmbedderUnavailable, MemctlError, NotFound, UsageError
 from memctl.records import jobs
-from memctl.upkeep import quality
+from memctl.reembed import quality
 from memctl.observe import size
 
 REEMBED_LOCK = 0x6D656D72  # "memr": a session lock held by `reembed run`, second key the model id
@@ -324,7 +324,7 @@ def known_items(conn, path: str | None, sample: int) -> tuple[list, list[str] | 
 
 def compare(conn, settings, *, sample: int = 20, queries: str | None = None, k: int = 10,
             tolerance: float = quality.TOLERANCE) -> dict:
-    """recall@k and MRR of both models on known items (`queries`: a file, see memctl.upkeep.quality; else
+    """recall@k and MRR of both models on known items (`queries`: a file, see memctl.reembed.quality; else
     built from the memory), and how much the top-k would change: per-query overlap of their results."""
     if not 1 <= k <= 1000:
         raise UsageError(f"k must be between 1 and 1000, got {k}")
@@ -377,7 +377,7 @@ def switch(conn, settings, *, accept_worse: bool = False, queries: str | None = 
     """Make the backfilled model the active one, atomically, if it finds no less than the active one.
 
     Refuses unless it is complete and indexed; then measures both models on the same known items
-    (memctl.upkeep.quality) before taking the registry lock (writes wait for that lock), and refuses
+    (memctl.reembed.quality) before taking the registry lock (writes wait for that lock), and refuses
     a model whose recall@k is lower beyond `tolerance` unless `accept_worse`. A memory with nothing
     to measure switches, saying so. The job log (job reembed-switch) keeps the figures.
     """
