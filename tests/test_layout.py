@@ -18,6 +18,8 @@ PACKAGE = Path(memctl.__file__).parent
 LAYERS = ("base", "db", "write", "records", "ingest", "runbooks", "embedding", "reading", "recall", "backup",
           "retention", "transfer", "observe", "reembed", "mcp", "cli")
 MAX_LINES = 500
+MAX_MODULES = 10  # .py files of one package, its __init__ included: a room a reader can name at a glance
+CROWDED = {"memctl.cli"}  # one module per noun of the command line
 # Subpackages whose __init__ is their API: the others hold a docstring and import nothing, so that
 # importing one module of a package never loads its siblings (start-up cost, tests/bench/startup.py).
 API_PACKAGES = {"memctl.db", "memctl.redact", "memctl.cli"}
@@ -123,6 +125,68 @@ def test_no_module_over_500_lines():
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text(encoding="utf-8").splitlines()))
             > MAX_LINES}
     assert long == {}, f"modules over {MAX_LINES} lines: split them by concern"
+
+
+def test_no_package_over_10_modules():
+    sizes = {name: len(list(path.parent.glob("*.py"))) for name, path in MODULES.items() if path.name == "__init__.py"}
+    crowded = {name: n for name, n in sizes.items() if n > MAX_MODULES and name not in CROWDED}
+    assert crowded == {}, f"packages over {MAX_MODULES} modules: split them by concern, each a room a reader can name"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def reach_ins(name: str, path: Path) -> list[str]:
+    """Where a module takes another module's private name: `from memctl.x import _y`, or `x._y` (and
+    `memctl.x._y`) on a memctl module it imported; its own private names are its business."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    bound: dict[str, str] = {}  # a local name -> the memctl module it is
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "memctl":
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else "memctl"
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            if base.split(".")[0] != "memctl" or base == name:
+                continue
+            for alias in node.names:
+                if _private(alias.name):
+                    found.append((node.lineno, f"{name}:{node.lineno}: from {base} import {alias.name}"))
+                elif f"{base}.{alias.name}" in MODULES:
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                module = ".".join([bound[value.id], *reversed(chain)])
+                if module in MODULES and module != name:
+                    found.append((node.lineno, f"{name}:{node.lineno}: {module}.{node.attr}"))
+    return [where for _, where in sorted(found)]
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    found = [where for name, path in MODULES.items() for where in reach_ins(name, path)]
+    assert found == [], "private names used outside their module (make a public function where another room " \
+                        "needs one):\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_reach_in(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from memctl.db import embedded\nfrom memctl.records.facts import _vacuum\nimport memctl.db.serve\n"
+                      "embedded._wait(1)\nmemctl.db.serve._x\nembedded.public\nembedded.__name__\n", encoding="utf-8")
+    assert reach_ins("memctl.sample", sample) == ["memctl.sample:2: from memctl.records.facts import _vacuum",
+                                                  "memctl.sample:4: memctl.db.embedded._wait",
+                                                  "memctl.sample:5: memctl.db.serve._x"]
 
 
 def test_subpackages_say_what_they_hold_and_load_nothing():

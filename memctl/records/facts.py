@@ -331,14 +331,15 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
         result.ledger = erasures.record(conn, entry).id
     if not conn.autocommit:
         return result
-    _vacuum(conn, full=full)
+    vacuum(conn, full=full)
     result.vacuum, result.still_in = ("VACUUM FULL", LEFT_AFTER_FULL) if full else ("VACUUM", LEFT_AFTER_VACUUM)
     if full:
         result.checkpoint = _checkpoint(conn)
     return result
 
 
-def _vacuum(conn, *, full: bool) -> None:
+def vacuum(conn, *, full: bool) -> None:
+    """VACUUM the tables an erasure rewrites (FULL: rewrite them, so no erased value stays on disk)."""
     from psycopg import sql
 
     command = sql.SQL("VACUUM (FULL, ANALYZE) {}") if full else sql.SQL("VACUUM {}")

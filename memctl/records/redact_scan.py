@@ -220,7 +220,7 @@ def fix(conn, settings, found: Scan) -> Fixed:
                 conn.execute(SET_RUN, (redact_text(row["commit"]), redact_text(row["output_tail"]), agent, run_id))
                 done.runbook_runs += 1
     if found.history and conn.autocommit:
-        facts._vacuum(conn, full=False)
+        facts.vacuum(conn, full=False)
         done.vacuum = True
     if items["episodes"] or items["facts"]:
         erasures.record(conn, erasures.new_entry(conn, "redact_fix", key=secret, counts=done.to_dict(), items=items))

@@ -256,7 +256,7 @@ class Gate:
         it (stored_name: redacted), so a source blocked under a name holding a password is refused either way."""
         if source is None:
             return
-        names = _forms(source)
+        names = source_forms(source)
         for form in names:
             if form not in self.sources:
                 if len(self.sources) < SOURCES_KEPT:
@@ -452,7 +452,7 @@ class Gate:
             reason = self._text(check_value(reason, "reason", self.limits.value_bytes), "block reason")
         when = None if blocked_at is None else parse_time(blocked_at, "blocked_at")
         stored = self._text(source, "blocked source")  # a writer's source is matched in this form too (allow)
-        self.blocking.update(_forms(source) + (stored,))
+        self.blocking.update(source_forms(source) + (stored,))
         return _sealed(BlockedSource(stored, reason, when))
 
 
@@ -480,7 +480,7 @@ def stored_name(source: str) -> str:
     return redact.redact_text(source) or source
 
 
-def _forms(source: str) -> tuple[str, ...]:
+def source_forms(source: str) -> tuple[str, ...]:
     """The names a source is blocked under: as given and as stored (the same for most); the stored one last."""
     clean = stored_name(source)
     return (source,) if clean == source else (source, clean)

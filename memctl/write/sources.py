@@ -35,7 +35,7 @@ def block(conn, source: str, reason: str | None = None) -> dict:
 
 def unblock(conn, source: str) -> str:
     """Unblock SOURCE, named as it was blocked or as it is stored (redacted); returns the name removed."""
-    row = conn.execute(UNBLOCK, (list(gate._forms(source)),)).fetchone()
+    row = conn.execute(UNBLOCK, (list(gate.source_forms(source)),)).fetchone()
     if row is None:
         raise NotFound(f"source {gate.stored_name(source)!r} is not blocked")
     return row["source"]
