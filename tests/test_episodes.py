@@ -14,7 +14,7 @@ import pytest
 from memctl import config, db
 from memctl.db import overlap
 from memctl.errors import BadValue
-from memctl.write import chunking, store
+from memctl.write import chunking, gate, store
 from memctl.records import episodes
 
 
@@ -186,7 +186,7 @@ def test_import_reads_the_next_batch_while_one_is_copied(memctl_env, db_url, con
         for i in range(10):
             if copying.is_set():
                 read_meanwhile.set()
-            yield episodes.validate(settings, f"episode {i} about the payment queue")
+            yield gate.validate(settings, f"episode {i} about the payment queue")
 
     monkeypatch.setattr(store, "copy_episodes", copy)
     with db.connect(db_url) as c:
@@ -219,11 +219,11 @@ def test_import_failing_after_batches_were_copied_leaves_nothing(cli, conn, db_u
     monkeypatch.setattr(store, "copy_episodes", refused_second)
     with db.connect(db_url) as c:
         with pytest.raises(psycopg.errors.DivisionByZero):
-            episodes.import_episodes(c, settings, (episodes.validate(settings, f"text {i}") for i in range(7)),
+            episodes.import_episodes(c, settings, (gate.validate(settings, f"text {i}") for i in range(7)),
                                      result=episodes.ImportResult())
         assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
         monkeypatch.setattr(store, "copy_episodes", real)
-        again = episodes.import_episodes(c, settings, (episodes.validate(settings, f"text {i}") for i in range(7)),
+        again = episodes.import_episodes(c, settings, (gate.validate(settings, f"text {i}") for i in range(7)),
                                          result=episodes.ImportResult())
     assert again.imported == count(conn, "episodes") == 7
 
@@ -311,12 +311,12 @@ def test_import_queues_chunks_for_the_active_model(cli, conn):
 
 def test_validate_library_defaults():
     settings = config.load(environ={})
-    episode = episodes.validate(settings, "text")
+    episode = gate.validate(settings, "text")
     assert (episode.kind, episode.agent, episode.importance) == ("observation", "default", 4)
     with pytest.raises(BadValue, match="importance"):
-        episodes.validate(settings, "text", importance=True)
+        gate.validate(settings, "text", importance=True)
     with pytest.raises(BadValue, match="empty"):
-        episodes.validate(settings, "  ")
+        gate.validate(settings, "  ")
 
 
 def test_every_jsonl_reader_reports_a_bad_line_alike(cli, tmp_path):

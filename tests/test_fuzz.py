@@ -39,6 +39,7 @@ from memctl.reading import search
 from memctl.reading.query import Query, split_terms
 from memctl.reading.when import period
 from memctl.records import episodes, facts
+from memctl.write import gate
 from memctl.runbooks import runbook_format
 from memctl.transfer import import_
 from tests.conftest import fresh_database
@@ -460,7 +461,7 @@ def test_durations(text):
 @given(value=TIMES | VALUES)
 def test_times(value):
     ran()
-    parsed = only_memctl_errors(episodes.parse_time, value)
+    parsed = only_memctl_errors(gate.parse_time, value)
     if not isinstance(parsed, MemctlError):
         assert parsed.tzinfo is not None
         parsed.astimezone(UTC)

@@ -27,7 +27,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from memctl import config
 from memctl.records import episodes, facts
-from memctl.write import values
+from memctl.write import gate, values
 
 TOOLS = {"remember", "search", "recall", "episode_get", "fact_get", "fact_list", "fact_set", "fact_history",
          "runbook_list", "runbook_show"}
@@ -242,7 +242,7 @@ def test_without_agent_the_operators_view_is_said_at_start(conn, memctl_env, log
             found = await s.ok("search", query="walrus incident", k=10)
             assert {r["agent"] for r in found["results"]} == {"a", "b"}
             stored = await s.ok("remember", content="operator note on the walrus incident")
-            assert stored["agent"] == episodes.DEFAULT_AGENT and stored["source"] == "mcp"
+            assert stored["agent"] == gate.DEFAULT_AGENT and stored["source"] == "mcp"
 
     run(scenario)
     assert "operator's view" in stderr_of(log)

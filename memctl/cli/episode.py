@@ -55,6 +55,7 @@ def add(
     A repeat of an earlier episode (docs/repeats.md) is stored linked to it and not embedded again: stderr says so.
     """
     from memctl.records import episodes
+    from memctl.write import gate
 
     from memctl import redact
 
@@ -66,7 +67,7 @@ def add(
     if redactor.note():
         warn(redactor.note())
     if added.id is None:
-        warn(f"not stored: importance 0 for kind {kind or episodes.DEFAULT_KIND!r} (write policy [importance])")
+        warn(f"not stored: importance 0 for kind {kind or gate.DEFAULT_KIND!r} (write policy [importance])")
         return
     if added.folded_into is not None:
         warn(f"a repeat of episode {added.folded_into}: stored as {added.id}, linked to it, not embedded again")

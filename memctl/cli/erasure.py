@@ -9,7 +9,7 @@ import typer
 
 from memctl.cli.common import FormatOption, connect, settings, target, warn
 from memctl.cli.render import Format, render, to_json
-from memctl.errors import EXIT_ERROR, MemctlError
+from memctl.errors import EXIT_ERROR
 
 app = typer.Typer(help="The erasure ledger: what purges, fact erasures and episode deletes removed, and the "
                        "check that none of it is back.", no_args_is_help=True)
@@ -85,8 +85,3 @@ def verify(
     if found["untestable"]:
         raise typer.Exit(EXIT_ERROR)
     warn(f"erasure verified: no row in {where} matches any of {found['entries']} ledger entr(ies)")
-
-
-def check_receipt(receipt: str | None) -> None:
-    if receipt is not None and receipt != "-" and not receipt.strip():
-        raise MemctlError("--receipt needs a file name or '-'")

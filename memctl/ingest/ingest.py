@@ -21,12 +21,12 @@ import os
 import select
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from memctl.errors import BadValue, InvalidInput
 from memctl.records import episodes
 from memctl.ingest import logformats
-from memctl.write import identity, values
+from memctl.write import gate, identity, values
 
 BATCH = 5000  # records a batch holds at most: stored at once when reached
 MAX_LINE = 1 << 20
@@ -161,7 +161,7 @@ class Counts:
 
 @dataclass
 class _Pending:
-    records: list[episodes.NewEpisode] = field(default_factory=list)
+    records: list[gate.NewEpisode] = field(default_factory=list)
     position: str | None = None  # where the stream stands after the last record taken
     group: list[str] = field(default_factory=list)
     group_bytes: int = 0
@@ -289,7 +289,7 @@ class Ingest:
     def _add(self, record: logformats.Record, number: int, position: str) -> None:
         opts = self.options
         try:
-            episode = episodes.validate(
+            episode = gate.validate(
                 self.settings, record.content, kind=record.kind or opts.kind or logformats.LOG_KIND,
                 source=record.source or opts.source, agent=record.agent or opts.agent, importance=record.importance,
                 created_at=record.created_at or datetime.datetime.now(datetime.timezone.utc), meta=record.meta,
@@ -316,7 +316,7 @@ class Ingest:
         records, pending.records = pending.records, []
         result = episodes.ImportResult(redactor=self.result.redactor)
 
-        def refused(episode: episodes.NewEpisode, exc: Exception) -> None:
+        def refused(episode: gate.NewEpisode, exc: Exception) -> None:
             self._skip(episode.line or 0, str(exc))
 
         def then(conn) -> None:
@@ -332,8 +332,3 @@ class Ingest:
         self.counts.batches += 1
         if position is not None and self.after_commit is not None and self.cursor_name is not None:
             self.after_commit(position)
-
-
-def lines_of(reader: LineReader) -> Iterator[Line]:  # for tests: every line to the end
-    while (got := reader.lines(POLL)) is not None:
-        yield from got

@@ -22,7 +22,6 @@ from typing import Any
 
 from memctl.errors import InvalidInput
 
-FORMATS = ("lines", "jsonl", "journal", "syslog")
 IMPORTANCE = (10, 9, 8, 7, 5, 4, 3, 1)  # by severity 0..7
 SEVERITY = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
 LOG_KIND = "log"

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 from memctl.config import Settings, mask_secrets
 from memctl.errors import DatabaseUnavailable, MemctlError, NotFound, UsageError
 from memctl.records import episodes, facts
-from memctl.write import values
+from memctl.write import gate, values
 
 MAX_QUERY = 10_000  # characters of a query or an observation
 MAX_NAME = values.MAX_NAME  # an agent, namespace, source or kind: as long as a write may store
@@ -68,7 +68,7 @@ class Scope:
     @property
     def writer(self) -> str:
         """The agent remembered episodes belong to."""
-        return self.agent or episodes.DEFAULT_AGENT
+        return self.agent or gate.DEFAULT_AGENT
 
     def readable(self, namespace: str | None) -> str:
         if namespace is None or namespace == self.namespace:
@@ -279,9 +279,9 @@ def remember(session: Session, content: str, *, kind: str | None = None, importa
     if stored is not None:  # every echo is the stored value: the names as the gate redacted them
         kind, agent, source, importance = stored.kind, stored.agent, stored.source, stored.importance
     else:  # importance 0: nothing stored, and no text of the call is echoed but the gate's checked kind
-        kind, agent, source = episodes.DEFAULT_KIND if kind is None else _redactor(session.settings).text(kind), \
+        kind, agent, source = gate.DEFAULT_KIND if kind is None else _redactor(session.settings).text(kind), \
             scope.writer, scope.source
-        importance = importance if importance is not None else episodes.importance_for(session.settings, kind)
+        importance = importance if importance is not None else gate.importance_for(session.settings, kind)
     data = {"stored": new_id is not None, "id": new_id, "agent": agent, "kind": kind, "source": source,
             "importance": importance, **_redacted(redactor)}
     if new_id is None:

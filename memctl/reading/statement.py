@@ -21,7 +21,6 @@ from memctl.reading.query import Query, context_kinds, match_query, setting
 from memctl.reading.when import Period
 from memctl.records import filters as episode_filters
 
-TS_CONFIG = "english"
 # The vector half alone (model comparisons, stale-fact checks): the nearest chunks by the HNSW index.
 VECTOR_HALF = """
 WITH hits AS MATERIALIZED (

@@ -14,25 +14,10 @@ from memctl import jsonl, redact
 from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
-from memctl.write import chunking, gate, identity, repeats, store
+from memctl.write import gate, identity, repeats, store
 from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
 
-DEFAULT_AGENT = gate.DEFAULT_AGENT
-DEFAULT_KIND = gate.DEFAULT_KIND
 FIELDS = ("content", "kind", "source", "agent", "importance", "created_at", "meta")
-# The gate's rules, named here for the callers that know them as the episode log's.
-NewEpisode = gate.NewEpisode
-validate = gate.validate
-parse_time = gate.parse_time
-importance_for = gate.importance_for
-
-
-def chunk_size(settings: Settings) -> int:
-    return chunking.chunk_size_for(settings.get("embedding", "model"), settings.get("chunking", "max_chars"))
-
-
-def chunks_of(settings: Settings, content: str) -> list[str]:
-    return chunking.chunk_text(content, chunk_size(settings), settings.get("chunking", "overlap"))
 
 
 def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
@@ -120,14 +105,10 @@ class Deletion:
     ledger: Any = None  # the erasure ledger's entry
 
 
-def delete(conn, ids: list[int]) -> list[int]:
-    """Delete episodes with their chunks and vectors (all models), a first with its repeats; returns ids deleted."""
-    return delete_episodes(conn, ids).ids
-
-
 def delete_episodes(conn, ids: list[int]) -> Deletion:
-    """delete(), recorded in the erasure ledger (memctl.records.erasures) with the rows removed per table;
-    runbook runs that recorded a deleted episode lose the link and their output tail."""
+    """Delete episodes with their chunks and vectors (all models), a first with its repeats, recorded in the
+    erasure ledger (memctl.records.erasures) with the rows removed per table; runbook runs that recorded a
+    deleted episode lose the link and their output tail."""
     from memctl.records import erasures
 
     secret = erasures.load_key()
@@ -190,7 +171,7 @@ class ImportResult:
 
 
 def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: bool,
-                result: ImportResult) -> Iterator[NewEpisode]:
+                result: ImportResult) -> Iterator[gate.NewEpisode]:
     """Validated episodes from JSONL (memctl.jsonl); a bad line raises (naming it) unless skip_invalid."""
     def skip(error: jsonl.LineError) -> None:
         if not skip_invalid:
@@ -211,8 +192,8 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
         yield episode
 
 
-def _from_record(settings: Settings, item: dict, limits=None) -> NewEpisode:
-    return validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
+def _from_record(settings: Settings, item: dict, limits=None) -> gate.NewEpisode:
+    return gate.validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                     agent=item.get("agent"), importance=item.get("importance"), created_at=item.get("created_at"),
                     meta=item.get("meta"), limits=limits)
 
@@ -222,9 +203,9 @@ BATCH = 5000
 FIRST_BATCH = 500
 
 
-def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *, result: ImportResult,
+def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode], *, result: ImportResult,
                     occurrences: identity.Occurrences | None = None,
-                    refused: Callable[[NewEpisode, Exception], None] | None = None,
+                    refused: Callable[[gate.NewEpisode, Exception], None] | None = None,
                     then: Callable[[Any], None] | None = None) -> ImportResult:
     """Load episodes with binary COPY, in one transaction: all of them or none.
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from memctl.db import locks
-from memctl.errors import BadValue, Blocked, InvalidInput
+from memctl.errors import BadValue, Blocked
 from memctl.write import chunking, repeats, values
 from memctl.write.admission import admitted, is_admitted, seal as _sealed
 from memctl.write.values import check_key, check_value, integer, name, parse_time

@@ -11,14 +11,6 @@ ALL = "SELECT source, reason, blocked_at FROM blocked_sources ORDER BY source"
 UNBLOCK = "DELETE FROM blocked_sources WHERE source = ANY(%s) RETURNING source"
 
 
-refuse = gate.refuse
-
-
-def check_allowed(conn, source: str | None) -> None:
-    """The gate's rule, for a caller that only asks."""
-    gate.Gate(conn, None, redact.Redactor("off")).allow(source)
-
-
 def blocked_set(conn) -> dict[str, str | None]:
     return {row["source"]: row["reason"] for row in conn.execute(ALL).fetchall()}
 
