@@ -416,7 +416,7 @@ def test_writers_adding_and_importing_the_same_text_at_once_make_one_first(db_ur
     def importer() -> None:
         try:
             with db.connect(db_url) as own:
-                # each its own time: 25 records at one time would be one record stored once (records.identity)
+                # each its own time: 25 records at one time would be one record stored once (memctl.write.identity)
                 new = [gate.validate(settings, ALERT.upper(), kind="alert",
                                          created_at=NOW + datetime.timedelta(microseconds=i)) for i in range(25)]
                 start.wait()

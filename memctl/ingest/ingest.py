@@ -6,7 +6,7 @@ episodes.import_episodes: the gate, the repeats fold and the one COPY path of `e
 transaction that also records where the stream stood (ingest_cursors, when a cursor file is named). A
 restart reads that position from the database: after kill -9 too, the last committed batch is where it
 resumes, with no record lost or stored twice; the cursor file is written after each commit for people and
-for `journalctl --after-cursor`, and a record read again anyway is one already stored (records.identity).
+for `journalctl --after-cursor`, and a record read again anyway is one already stored (memctl.write.identity).
 
 Memory is bounded: a line is at most `max_line` bytes ([limits]: what a record within them takes, line_limit;
 a longer one is reported and skipped, read to its end without keeping it), a batch at most BATCH records, a
