@@ -465,7 +465,7 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
         episodes.add_episode(conn, settings_obj, "cpu 97% on web-3", source=FEED)
         lines: list[str] = []
         export.export(conn, lines.append)
-        episodes.delete(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
+        episodes.delete_episodes(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
         write = _memctl_import([line.encode() for chunk in lines for line in chunk.splitlines(keepends=True)])
     before = _stored(conn)
     outcome = _beside_a_held_block(conn, db_url, settings_obj, FEED, write)
@@ -484,7 +484,7 @@ def test_a_write_that_blocks_its_own_source_is_not_refused_by_it(conn, settings_
     sources.block(conn, FEED, "poisoned")
     lines: list[str] = []
     export.export(conn, lines.append)
-    episodes.delete(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
+    episodes.delete_episodes(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
     sources.unblock(conn, FEED)
     import_.import_stream(conn, settings_obj, iter(line.encode() for chunk in lines
                                                    for line in chunk.splitlines(keepends=True)))
