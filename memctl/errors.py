@@ -136,7 +136,3 @@ class UnknownModel(MemctlError):
 
 class EmbedInputRejected(MemctlError):
     """The embedder refused this input (e.g. Ollama 400: input exceeds the context length)."""
-
-
-class ModelMismatch(MemctlError):
-    """The configured model differs from the one the database's vectors were made with."""

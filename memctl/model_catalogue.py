@@ -1,7 +1,7 @@
 """What memctl knows of common embedding models before asking any server: dimensions, context windows
 and the task instructions each model card asks for.
 
-Pure data in the base layer, so that the chunker (memctl.records.chunking: chunks sized to the model's
+Pure data in the base layer, so that the chunker (memctl.write.chunking: chunks sized to the model's
 context), the embedders (memctl.embedding.embedders: the hash and local models' dimensions) and the size
 estimates (memctl.embedding.footprint) share one table without importing each other.
 """

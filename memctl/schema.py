@@ -240,7 +240,7 @@ class Redaction(Section, section="redaction"):
 
 class Limits(Section, section="limits"):
     """[limits]: one size limit for every write: CLI, imports, MCP (see "Limits" below)"""
-    # checked by the write gate (memctl.records.values.Limits)
+    # checked by the write gate (memctl.write.values.Limits)
     episode_bytes: int = Setting(1024 * 1024, _int_range(128 * 1024, 64 * 1024 * 1024),
                                   "an episode's content, UTF-8 bytes (1 MiB; 128 KiB to 64 MiB)")
     value_bytes: int = Setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
@@ -298,7 +298,7 @@ class Recall(Section, section="recall"):
     episode_line: str | None = Setting(None, _string, "an episode's line", example='"- {content}"')
     runbook_line: str | None = Setting(None, _string, "a runbook's line", example='"- [runbook] {name}: {title}"')
     window_line: str | None = Setting(None, _string, "the heading of a window's lines", example='"- {count} entries"')
-    # windows around what is found (memctl.reading.window): off, as LoCoMo's dev split measured
+    # windows around what is found (memctl.recall.window): off, as LoCoMo's dev split measured
     window_before: int = Setting(0, _int_range(0, 10),
                                   "neighbours before each hit in its agent's log (same source), 0-10")
     window_after: int = Setting(0, _int_range(0, 10), "... and after it (0 and 0: off, the measured default)")

@@ -42,8 +42,8 @@ TEMPLATE = "memctl_test_template"
 
 # The writer check (docs/testing.md): in every test database (the template's copies), a statement-level trigger on
 # each memory table refuses an INSERT, UPDATE, MERGE, COPY ... FROM or TRUNCATE whose statement text does not carry
-# the writer marker (memctl.records.values.WRITER), whatever its spelling, so any test that reaches a write around
-# memctl.records.store fails with the statement quoted. DELETE is not checked: removal brings nothing in.
+# the writer marker (memctl.write.values.WRITER), whatever its spelling, so any test that reaches a write around
+# memctl.write.store fails with the statement quoted. DELETE is not checked: removal brings nothing in.
 WRITER_CHECK = """
 CREATE FUNCTION memctl_test_writer_check() RETURNS trigger LANGUAGE plpgsql AS $check$
 BEGIN
@@ -61,8 +61,8 @@ WRITER_REFUSED = "P0037"
 
 
 def install_writer_check(conn) -> None:
-    from memctl.records import store
-    from memctl.records.values import WRITER
+    from memctl.write import store
+    from memctl.write.values import WRITER
 
     marker = WRITER.strip()
     conn.execute(sql.SQL(WRITER_CHECK.replace("%(marker)s", "{}")).format(sql.Literal(marker)))

@@ -12,7 +12,7 @@ from psycopg import sql
 
 from memctl import config
 from memctl.records import agents, episodes, facts
-from memctl.records.values import WRITER
+from memctl.write.values import WRITER
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from memctl.upkeep import backup, backup_file, pgtools
+from memctl.backup import backup, backup_file, pgtools
 from tests.conftest import drop_database, fresh_database
 
 
@@ -309,7 +309,7 @@ def test_the_newest_client_programs_restore_into_this_server(db_url, tmp_path, c
     """A dump by a newer pg_dump than the server (the wheel's 18 on PostgreSQL 15) restores: the header
     settings an older server lacks (SET transaction_timeout) are left out."""
     from memctl.records import facts
-    from memctl.upkeep import restore
+    from memctl.backup import restore
 
     facts.set_fact(conn, "k", "v")
     newest = pgtools.toolsets()[-1]
@@ -330,7 +330,7 @@ def test_a_dump_that_breaks_off_changes_nothing(db_url, tmp_path, conn):
     """pg_restore failing halfway through its script: psql is stopped before its input ends, nothing commits."""
     from memctl.errors import MemctlError
     from memctl.records import facts
-    from memctl.upkeep import restore
+    from memctl.backup import restore
 
     for n in range(50):
         facts.set_fact(conn, f"k{n}", "v" * 200)

@@ -14,7 +14,8 @@ import pytest
 from memctl import config, db
 from memctl.db import overlap
 from memctl.errors import BadValue
-from memctl.records import chunking, episodes, store
+from memctl.write import chunking, gate, store
+from memctl.records import episodes
 
 
 def count(conn, table: str) -> int:
@@ -185,7 +186,7 @@ def test_import_reads_the_next_batch_while_one_is_copied(memctl_env, db_url, con
         for i in range(10):
             if copying.is_set():
                 read_meanwhile.set()
-            yield episodes.validate(settings, f"episode {i} about the payment queue")
+            yield gate.validate(settings, f"episode {i} about the payment queue")
 
     monkeypatch.setattr(store, "copy_episodes", copy)
     with db.connect(db_url) as c:
@@ -218,11 +219,11 @@ def test_import_failing_after_batches_were_copied_leaves_nothing(cli, conn, db_u
     monkeypatch.setattr(store, "copy_episodes", refused_second)
     with db.connect(db_url) as c:
         with pytest.raises(psycopg.errors.DivisionByZero):
-            episodes.import_episodes(c, settings, (episodes.validate(settings, f"text {i}") for i in range(7)),
+            episodes.import_episodes(c, settings, (gate.validate(settings, f"text {i}") for i in range(7)),
                                      result=episodes.ImportResult())
         assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
         monkeypatch.setattr(store, "copy_episodes", real)
-        again = episodes.import_episodes(c, settings, (episodes.validate(settings, f"text {i}") for i in range(7)),
+        again = episodes.import_episodes(c, settings, (gate.validate(settings, f"text {i}") for i in range(7)),
                                          result=episodes.ImportResult())
     assert again.imported == count(conn, "episodes") == 7
 
@@ -310,12 +311,12 @@ def test_import_queues_chunks_for_the_active_model(cli, conn):
 
 def test_validate_library_defaults():
     settings = config.load(environ={})
-    episode = episodes.validate(settings, "text")
+    episode = gate.validate(settings, "text")
     assert (episode.kind, episode.agent, episode.importance) == ("observation", "default", 4)
     with pytest.raises(BadValue, match="importance"):
-        episodes.validate(settings, "text", importance=True)
+        gate.validate(settings, "text", importance=True)
     with pytest.raises(BadValue, match="empty"):
-        episodes.validate(settings, "  ")
+        gate.validate(settings, "  ")
 
 
 def test_every_jsonl_reader_reports_a_bad_line_alike(cli, tmp_path):
@@ -365,7 +366,7 @@ def test_import_redacts_content_and_meta(cli, conn):
 
 
 def test_an_import_run_twice_changes_nothing(cli, conn):
-    """A record already stored (same agent, source, time and content: memctl.records.identity) is skipped and
+    """A record already stored (same agent, source, time and content: memctl.write.identity) is skipped and
     counted, not stored again nor folded as a repeat; a record with no time is told by its occurrence."""
     data = jsonl({"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:04:05Z"},
                  {"content": "deploy failed: disk full", "source": "ci", "created_at": "2026-01-02T03:04:05Z"},

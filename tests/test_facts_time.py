@@ -11,7 +11,7 @@ import pytest
 from memctl import db
 from memctl.errors import BadValue, NotFound
 from memctl.records import facts
-from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
+from memctl.write.values import WRITER  # rows planted on purpose pass the writer check
 
 UTC = datetime.timezone.utc
 MON, TUE, WED, THU = "2026-08-10T00:00:00Z", "2026-08-11T03:10:00Z", "2026-08-12T12:00:00Z", "2026-08-13T00:00:00Z"

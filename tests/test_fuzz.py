@@ -38,8 +38,10 @@ from memctl.errors import MemctlError
 from memctl.reading import search
 from memctl.reading.query import Query, split_terms
 from memctl.reading.when import period
-from memctl.records import episodes, facts, runbook_format
-from memctl.upkeep import import_
+from memctl.records import episodes, facts
+from memctl.write import gate
+from memctl.runbooks import runbook_format
+from memctl.transfer import import_
 from tests.conftest import fresh_database
 from tests.fuzz_profiles import share
 
@@ -456,7 +458,7 @@ def test_durations(text):
 @given(value=TIMES | VALUES)
 def test_times(value):
     ran()
-    parsed = only_memctl_errors(episodes.parse_time, value)
+    parsed = only_memctl_errors(gate.parse_time, value)
     if not isinstance(parsed, MemctlError):
         assert parsed.tzinfo is not None
         parsed.astimezone(UTC)

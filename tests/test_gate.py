@@ -1,7 +1,7 @@
-"""The one gate: no statement writes a memory table outside memctl/records/store.py, and every side door is shut.
+"""The one gate: no statement writes a memory table outside memctl/write/store.py, and every side door is shut.
 
 The first test reads the library's source: a new INSERT or COPY into a memory table anywhere but
-the gate's writers (memctl/records/store.py, which take only records memctl.records.gate admitted)
+the gate's writers (memctl/write/store.py, which take only records memctl.write.gate admitted)
 fails it, so a path around the gate cannot be added unnoticed. The others reproduce the side doors
 found when memctl was tried as an attacker would (issue 19): each must be refused or redacted, with
 nothing half written.
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 import memctl
-from memctl.records import gate, store
+from memctl.write import gate, store
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 PACKAGE = Path(memctl.__file__).parent
-WRITERS = PACKAGE / "records" / "store.py"
+WRITERS = PACKAGE / "write" / "store.py"
 WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?(" + "|".join(store.MEMORY_TABLES) + r")\b",
                    re.IGNORECASE)
 
@@ -41,23 +41,23 @@ def test_only_the_gate_writes_memory_tables():
             for match in WRITE.finditer(text):
                 where = f"{path.relative_to(PACKAGE.parent)}:{line}: {match.group(0)}"
                 (inside if path == WRITERS else outside).append(where)
-    assert not outside, "memory tables written around the gate (move the statement into memctl/records/store.py " \
+    assert not outside, "memory tables written around the gate (move the statement into memctl/write/store.py " \
                         "and pass the record through gate.Gate):\n" + "\n".join(outside)
     written = {WRITE.search(w).group(1).lower() for w in inside}
     assert written == set(store.MEMORY_TABLES), \
-        f"the gate's writers (memctl/records/store.py) no longer write {set(store.MEMORY_TABLES) - written}"
+        f"the gate's writers (memctl/write/store.py) no longer write {set(store.MEMORY_TABLES) - written}"
 
 
-# The modules whose statements carry the writer marker (memctl.records.values.WRITER; the test suite's trigger lets
+# The modules whose statements carry the writer marker (memctl.write.values.WRITER; the test suite's trigger lets
 # only marked writes into memory tables: tests/test_writer_check.py): the store, and the UPDATEs that count repeats,
 # finish a run, erase a fact's values, clear what an erasure removed from runs and rewrite redacted text
 # (docs/testing.md "The writer check").
-MARKED = {"records/values.py", "records/store.py", "records/repeats.py", "records/runbooks.py", "records/facts.py",
-          "records/erasures.py", "upkeep/redact_scan.py"}
+MARKED = {"write/values.py", "write/store.py", "write/repeats.py", "runbooks/runbooks.py", "records/facts.py",
+          "records/erasures.py", "records/redact_scan.py"}
 
 
 def test_the_writer_marker_is_used_only_by_the_writers():
-    from memctl.records.values import WRITER
+    from memctl.write.values import WRITER
 
     users = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
              if re.search(r"\bWRITER\b", p.read_text()) or WRITER.strip() in p.read_text()}
@@ -352,7 +352,7 @@ def test_export_file_is_private_from_the_first_byte_and_whole(cli, tmp_path):
 
 
 def test_an_export_that_fails_leaves_the_old_file(cli, tmp_path, monkeypatch):
-    from memctl.upkeep import export as export_mod
+    from memctl.transfer import export as export_mod
 
     out = tmp_path / "memory.jsonl"
     out.write_text("the previous export\n")
@@ -414,7 +414,7 @@ def _fact_import(conn, settings):
 
 def _memctl_import(lines):
     def write(conn, settings):
-        from memctl.upkeep import import_
+        from memctl.transfer import import_
 
         import_.import_stream(conn, settings, iter(lines))
     return write
@@ -440,7 +440,7 @@ def _beside_a_held_block(conn, db_url, settings_obj, source: str, write) -> dict
     import threading
 
     from memctl import db
-    from memctl.records import sources
+    from memctl.write import sources
 
     outcome: dict = {}
 
@@ -474,7 +474,7 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
     path (issue 19's side door, for a block that comes while an import runs)."""
     from memctl.errors import Blocked
     from memctl.records import episodes
-    from memctl.upkeep import export
+    from memctl.transfer import export
 
     write = {"episode add": _episode_add, "episode import": _episode_import, "fact set": _fact_set,
              "fact import": _fact_import}.get(path)
@@ -482,7 +482,7 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
         episodes.add_episode(conn, settings_obj, "cpu 97% on web-3", source=FEED)
         lines: list[str] = []
         export.export(conn, lines.append)
-        episodes.delete(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
+        episodes.delete_episodes(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
         write = _memctl_import([line.encode() for chunk in lines for line in chunk.splitlines(keepends=True)])
     before = _stored(conn)
     outcome = _beside_a_held_block(conn, db_url, settings_obj, FEED, write)
@@ -493,14 +493,15 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
 
 def test_a_write_that_blocks_its_own_source_is_not_refused_by_it(conn, settings_obj):
     """An export's own blocked sources are restored with it; its records from them were accepted when written."""
-    from memctl.records import episodes, sources
-    from memctl.upkeep import export, import_
+    from memctl.records import episodes
+    from memctl.write import sources
+    from memctl.transfer import export, import_
 
     episodes.add_episode(conn, settings_obj, "fetched page text", source=FEED)
     sources.block(conn, FEED, "poisoned")
     lines: list[str] = []
     export.export(conn, lines.append)
-    episodes.delete(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
+    episodes.delete_episodes(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
     sources.unblock(conn, FEED)
     import_.import_stream(conn, settings_obj, iter(line.encode() for chunk in lines
                                                    for line in chunk.splitlines(keepends=True)))
@@ -513,7 +514,8 @@ def test_a_write_of_more_distinct_sources_than_kept_is_refused_by_any_block_made
     """Memory stays flat however many sources a file holds: past SOURCES_KEPT, a block made while the import
     runs refuses it whole (here a source of its own records, past the kept ones); with no block it lands."""
     from memctl.errors import Blocked
-    from memctl.records import episodes, sources
+    from memctl.records import episodes
+    from memctl.write import sources
 
     monkeypatch.setattr(gate, "SOURCES_KEPT", 3)
     sources.block(conn, "blocked-long-ago", "old")

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from memctl.records import logformats
+from memctl.ingest import logformats
 
 NOW = datetime.datetime(2026, 12, 5, 14, 0, tzinfo=datetime.timezone.utc)
 

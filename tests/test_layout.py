@@ -1,8 +1,9 @@
 """The house's layers, read from memctl's source: every import goes to its own layer or one below.
 
-Lowest first: the base modules (memctl/*.py and memctl/redact/), the database (memctl/db/), the memory
-records (memctl/records/), embedding (memctl/embedding/), reading (memctl/reading/), upkeep
-(memctl/upkeep/), the MCP server (memctl/mcp/), and the CLI (memctl/cli/, with memctl/__main__.py).
+Lowest first: the base modules (memctl/*.py and memctl/redact/), the database (memctl/db/), the write path
+(memctl/write/), the memory records (memctl/records/), ingest, runbooks, embedding, reading, recall, backup,
+retention, transfer, observe, reembed (each memctl/<name>/), the MCP server (memctl/mcp/), and the CLI
+(memctl/cli/, with memctl/__main__.py).
 Imports inside functions count as much as those at the top: a lazy import is still a dependency.
 """
 
@@ -14,8 +15,11 @@ from pathlib import Path
 import memctl
 
 PACKAGE = Path(memctl.__file__).parent
-LAYERS = ("base", "db", "records", "embedding", "reading", "upkeep", "mcp", "cli")
+LAYERS = ("base", "db", "write", "records", "ingest", "runbooks", "embedding", "reading", "recall", "backup",
+          "retention", "transfer", "observe", "reembed", "mcp", "cli")
 MAX_LINES = 500
+MAX_MODULES = 10  # .py files of one package, its __init__ included: a room a reader can name at a glance
+CROWDED = {"memctl.cli"}  # one module per noun of the command line
 # Subpackages whose __init__ is their API: the others hold a docstring and import nothing, so that
 # importing one module of a package never loads its siblings (start-up cost, tests/bench/startup.py).
 API_PACKAGES = {"memctl.db", "memctl.redact", "memctl.cli"}
@@ -69,7 +73,7 @@ EDGES = {name: _imported(name, path) for name, path in MODULES.items()}
 def test_the_layers_cover_every_subpackage():
     packages = {p.parent.name for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
     assert packages - {"redact"} <= set(LAYERS), f"a subpackage without a layer: {packages - set(LAYERS)}"
-    assert {"db", "records", "embedding", "reading", "upkeep", "mcp", "cli"} <= packages
+    assert set(LAYERS) - {"base"} <= packages
 
 
 def test_no_import_goes_up_a_layer():
@@ -79,11 +83,11 @@ def test_no_import_goes_up_a_layer():
 
 
 def test_the_check_sees_an_upward_import():
-    assert layer("memctl.records.gate") < layer("memctl.embedding.models") < layer("memctl.upkeep.size")
+    assert layer("memctl.write.gate") < layer("memctl.embedding.models") < layer("memctl.observe.size")
     assert layer("memctl.redact.detect") == layer("memctl.errors") == 0
     assert layer("memctl.__main__") == layer("memctl.cli.common") == len(LAYERS) - 1
     assert "memctl.db.locks" in EDGES["memctl.embedding.models"]  # `from memctl.db import locks`
-    assert "memctl.records.gate" in EDGES["memctl.records.store"]  # `from memctl.records.gate import ...`
+    assert "memctl.write.gate" in EDGES["memctl.write.store"]  # `from memctl.write.gate import ...`
 
 
 def test_no_import_circles():
@@ -123,6 +127,68 @@ def test_no_module_over_500_lines():
     assert long == {}, f"modules over {MAX_LINES} lines: split them by concern"
 
 
+def test_no_package_over_10_modules():
+    sizes = {name: len(list(path.parent.glob("*.py"))) for name, path in MODULES.items() if path.name == "__init__.py"}
+    crowded = {name: n for name, n in sizes.items() if n > MAX_MODULES and name not in CROWDED}
+    assert crowded == {}, f"packages over {MAX_MODULES} modules: split them by concern, each a room a reader can name"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def reach_ins(name: str, path: Path) -> list[str]:
+    """Where a module takes another module's private name: `from memctl.x import _y`, or `x._y` (and
+    `memctl.x._y`) on a memctl module it imported; its own private names are its business."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    bound: dict[str, str] = {}  # a local name -> the memctl module it is
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "memctl":
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else "memctl"
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            if base.split(".")[0] != "memctl" or base == name:
+                continue
+            for alias in node.names:
+                if _private(alias.name):
+                    found.append((node.lineno, f"{name}:{node.lineno}: from {base} import {alias.name}"))
+                elif f"{base}.{alias.name}" in MODULES:
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                module = ".".join([bound[value.id], *reversed(chain)])
+                if module in MODULES and module != name:
+                    found.append((node.lineno, f"{name}:{node.lineno}: {module}.{node.attr}"))
+    return [where for _, where in sorted(found)]
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    found = [where for name, path in MODULES.items() for where in reach_ins(name, path)]
+    assert found == [], "private names used outside their module (make a public function where another room " \
+                        "needs one):\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_reach_in(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from memctl.db import embedded\nfrom memctl.records.facts import _vacuum\nimport memctl.db.serve\n"
+                      "embedded._wait(1)\nmemctl.db.serve._x\nembedded.public\nembedded.__name__\n", encoding="utf-8")
+    assert reach_ins("memctl.sample", sample) == ["memctl.sample:2: from memctl.records.facts import _vacuum",
+                                                  "memctl.sample:4: memctl.db.embedded._wait",
+                                                  "memctl.sample:5: memctl.db.serve._x"]
+
+
 def test_subpackages_say_what_they_hold_and_load_nothing():
     for name, path in MODULES.items():
         if path.name != "__init__.py" or name == "memctl" or name in API_PACKAGES:
@@ -140,8 +206,8 @@ def test_search_starts_without_the_write_path():
     import subprocess
     import sys
 
-    write_path = ("memctl.records.episodes", "memctl.records.store", "memctl.records.repeats", "memctl.redact")
-    code = ("import sys, memctl.cli.episode, memctl.reading.search, memctl.reading.recall; "
+    write_path = ("memctl.records.episodes", "memctl.write.store", "memctl.write.repeats", "memctl.redact")
+    code = ("import sys, memctl.cli.episode, memctl.reading.search, memctl.recall.recall; "
             f"print(sorted(set({write_path!r}) & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -153,7 +219,7 @@ def test_reading_a_fact_starts_without_the_write_path():
     import subprocess
     import sys
 
-    write_path = ("memctl.records.gate", "memctl.records.store", "memctl.records.episodes", "memctl.redact")
+    write_path = ("memctl.write.gate", "memctl.write.store", "memctl.records.episodes", "memctl.redact")
     code = ("import sys, memctl.cli.fact, memctl.records.facts as f; f.moment('3d', 'as_of'); "
             "f.moment('2026-08-11T03:10:00Z', 'as_of'); "
             f"print(sorted(set({write_path!r}) & set(sys.modules)))")

@@ -11,8 +11,8 @@ import pytest
 
 from memctl import files, redact
 from memctl.errors import BadValue
-from memctl.records import gate
-from memctl.records.values import WRITER
+from memctl.write import gate
+from memctl.write.values import WRITER
 from tests.conftest import fresh_database
 
 # Built at run time, so no scanner mistakes this file for a leak.

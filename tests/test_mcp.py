@@ -27,7 +27,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from memctl import config
 from memctl.mcp import tools as catalogue
-from memctl.records import episodes, facts, values
+from memctl.records import episodes, facts
+from memctl.write import gate, values
 
 TOOLS = set(catalogue.TOOLS)  # the one list of tools (test_the_tool_list_is_stated_once)
 WRITE_TOOLS = {name for name, (_, writes) in catalogue.TOOLS.items() if writes}
@@ -258,7 +259,7 @@ def test_without_agent_the_operators_view_is_said_at_start(conn, memctl_env, log
             found = await s.ok("search", query="walrus incident", k=10)
             assert {r["agent"] for r in found["results"]} == {"a", "b"}
             stored = await s.ok("remember", content="operator note on the walrus incident")
-            assert stored["agent"] == episodes.DEFAULT_AGENT and stored["source"] == "mcp"
+            assert stored["agent"] == gate.DEFAULT_AGENT and stored["source"] == "mcp"
 
     run(scenario)
     assert "operator's view" in stderr_of(log)
@@ -413,7 +414,7 @@ def test_block_mode_refuses_the_write(conn, memctl_env, log):
 
 
 def test_a_blocked_source_is_refused(conn, memctl_env, log):
-    from memctl.records import sources
+    from memctl.write import sources
 
     sources.block(conn, "mcp:a", "runaway agent")
 

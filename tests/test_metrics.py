@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from memctl.upkeep import metrics as metrics_mod
+from memctl.observe import metrics as metrics_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "prometheus" / "memctl.rules.yml"

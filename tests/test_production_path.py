@@ -22,6 +22,7 @@ from memctl.embedding import models
 from memctl.embedding import worker as embed_worker
 from memctl.embedding.embedders import make_embedder
 from memctl.records import episodes
+from memctl.write import gate
 
 
 def vectors(conn) -> int:
@@ -55,8 +56,8 @@ def test_the_first_embed_waits_for_an_import_in_flight_and_queues_its_chunks(cli
 
     def slow_source():
         for i in range(2):
-            yield episodes.validate(settings, f"early episode {i} about the payment queue")
-        yield episodes.validate(settings, "the third episode, after the model exists")
+            yield gate.validate(settings, f"early episode {i} about the payment queue")
+        yield gate.validate(settings, "the third episode, after the model exists")
         first_batch_copied.set()  # asked for item 4: batch 1 went to the copying thread, item 3 waits
         release.wait(60)
 

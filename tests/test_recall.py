@@ -11,7 +11,7 @@ import pytest
 from memctl import config
 from memctl.embedding.embedders import estimate_tokens
 from memctl.errors import ConfigError
-from memctl.reading import recall
+from memctl.recall import recall
 from tests.conftest import needs_local_embedder
 
 HEADER = "Relevant memory (facts are current; episodes are past events):"

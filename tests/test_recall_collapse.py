@@ -1,4 +1,4 @@
-"""Recall's near-duplicate collapse (memctl.reading.recall_episodes.collapse): the groups of the plain walk, found
+"""Recall's near-duplicate collapse (memctl.recall.recall_episodes.collapse): the groups of the plain walk, found
 with few comparisons.
 
 The plain walk: hits best first (score, then the newer id); each joins the first kept hit with the same
@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memctl.reading import recall_episodes
+from memctl.recall import recall_episodes
 from memctl.reading.fusion import Hit
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -1,4 +1,4 @@
-"""Recall's windows (memctl.reading.window), recall --batch, and near-duplicates that stay reachable."""
+"""Recall's windows (memctl.recall.window), recall --batch, and near-duplicates that stay reachable."""
 
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ import pytest
 
 from memctl import redact
 from memctl.errors import MemctlError
-from memctl.records import gate, jobs, runbooks
+from memctl.write import gate
+from memctl.records import jobs
+from memctl.runbooks import runbooks
 from memctl.redact import detect
 
 LABELLED = [json.loads(line) for line in (Path(__file__).parent / "data" / "secrets_labelled.jsonl").open()]

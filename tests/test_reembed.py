@@ -21,7 +21,7 @@ import pytest
 from memctl import db
 from memctl.embedding import models
 from memctl.embedding.embedders import HashEmbedder
-from memctl.upkeep import reembed
+from memctl.reembed import reembed
 from tests.conftest import local_embedder_installed
 from tests.ollama_server import OllamaTestServer
 

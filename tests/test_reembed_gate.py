@@ -15,7 +15,7 @@ import random
 import pytest
 
 from memctl.embedding import models
-from memctl.upkeep import quality
+from memctl.reembed import quality
 from tests.ollama_server import OllamaTestServer, _hash_fn, meaningless_fn
 
 VOCABULARY = [f"{a}{b}" for a in ("bra", "clo", "dri", "fen", "gul", "hom", "jas", "kri", "lum", "mor")

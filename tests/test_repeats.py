@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 from memctl import config, db
-from memctl.records import episodes, repeats
+from memctl.records import episodes
+from memctl.write import gate, repeats
 from tests.conftest import fresh_database
 
 NOW = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
@@ -415,8 +416,8 @@ def test_writers_adding_and_importing_the_same_text_at_once_make_one_first(db_ur
     def importer() -> None:
         try:
             with db.connect(db_url) as own:
-                # each its own time: 25 records at one time would be one record stored once (records.identity)
-                new = [episodes.validate(settings, ALERT.upper(), kind="alert",
+                # each its own time: 25 records at one time would be one record stored once (memctl.write.identity)
+                new = [gate.validate(settings, ALERT.upper(), kind="alert",
                                          created_at=NOW + datetime.timedelta(microseconds=i)) for i in range(25)]
                 start.wait()
                 episodes.import_episodes(own, settings, iter(new), result=episodes.ImportResult())

@@ -12,7 +12,8 @@ import datetime
 import json
 
 from memctl import config
-from memctl.reading import query as query_mod, recall, search as search_mod
+from memctl.reading import query as query_mod, search as search_mod
+from memctl.recall import recall
 
 START = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) - datetime.timedelta(days=3)
 ALERT = "alert: disk 91% on web-3"

@@ -71,7 +71,7 @@ def standby(pg_server):
                     "replication privilege and the server's files")
     from memctl.db import embedded
 
-    user = embedded.SYSTEM_USER if embedded._is_root() else None
+    user = embedded.SYSTEM_USER if embedded.is_root() else None
     bin_dir = embedded.bin_dir()
     primary = conninfo_to_dict(pg_server)
     base = Path(tempfile.mkdtemp(prefix="memctl-standby-"))

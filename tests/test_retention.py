@@ -17,8 +17,8 @@ from memctl.embedding import worker as embed_worker
 from memctl.embedding.embedders import HashEmbedder
 from memctl.errors import MemctlError
 from memctl.records import jobs
-from memctl.upkeep import policy as policy_mod, prune
-from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
+from memctl.retention import policy as policy_mod, prune
+from memctl.write.values import WRITER  # rows planted on purpose pass the writer check
 
 NOW = datetime.datetime.now(datetime.timezone.utc)
 POLICY = '[retention]\nraw = "30d"\nsummary = "365d"\n'

@@ -14,7 +14,8 @@ import pytest
 
 from memctl import redact
 from memctl.errors import InvalidInput, UsageError
-from memctl.records import gate, runbooks
+from memctl.write import gate
+from memctl.runbooks import runbooks
 
 SHIPPED = Path(__file__).resolve().parent.parent / "runbooks"
 VENV_BIN = Path(sys.executable).parent

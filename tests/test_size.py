@@ -14,8 +14,8 @@ from psycopg import sql
 
 from memctl import db
 from memctl.embedding import footprint, models
-from memctl.upkeep import size
-from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
+from memctl.observe import size
+from memctl.write.values import WRITER  # rows planted on purpose pass the writer check
 
 KINDS = ("observation", "conversation", "summary")
 AGENTS = ("default", "ops-bot")
@@ -348,7 +348,7 @@ def test_size_starts_with_a_total_in_human_units_then_groups(cli, loaded):
 
 
 def test_human_bytes():
-    from memctl.upkeep.size import human_bytes
+    from memctl.observe.size import human_bytes
 
     assert [human_bytes(n) for n in (0, 1023, 1536, 10 * 2**20, 3 * 2**30 + 2**29)] == \
         ["0 bytes", "1,023 bytes", "1.5 KiB", "10 MiB", "3.5 GiB"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from memctl.embedding import models
-from memctl.upkeep import status
+from memctl.observe import status
 
 FIELDS = {"episodes", "chunks", "pending", "failed", "active_model", "oldest_pending_age_s", "last_embed",
           "last_prune", "warnings"}

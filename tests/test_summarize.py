@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from memctl import config
-from memctl.upkeep import chat, summarize
+from memctl.embedding import chat
+from memctl.retention import summarize
 from tests.ollama_server import first_sentences
 
 NOW = datetime.datetime.now(datetime.timezone.utc)
@@ -494,7 +495,7 @@ def test_the_already_summarized_rule_has_one_definition():
              for path in Path(memctl.__file__).parent.rglob("*.py") if spelled.search(path.read_text())}
     assert found == {"lineage.py": 1}
     from memctl.records import lineage
-    from memctl.upkeep import prune
+    from memctl.retention import prune
 
     assert lineage.SUMMARIZED in prune.PRUNE_SUMMARIZED_WHERE
     assert lineage.UNSUMMARIZED in prune.PRUNE_UNSUMMARIZED_WHERE

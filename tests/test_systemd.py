@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memctl.errors import UsageError
-from memctl.upkeep import systemd
+from memctl import systemd
 
 # A real executable: systemd-analyze verify refuses an ExecStart= binary that does not exist.
 REAL_BIN = str(Path(sys.executable).parent / "memctl") if (Path(sys.executable).parent / "memctl").is_file() \

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from memctl.records.values import WRITER  # rows planted on purpose pass the writer check
+from memctl.write.values import WRITER  # rows planted on purpose pass the writer check
 from tests.conftest import fresh_database
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"

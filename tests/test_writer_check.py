@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from memctl.records import store
-from memctl.records.values import WRITER
+from memctl.write import store
+from memctl.write.values import WRITER
 from tests.conftest import WRITER_REFUSED
 
 TABLE = "facts"
@@ -56,7 +56,7 @@ def _refused(conn, write) -> psycopg.Error:
 def _a_fact(conn) -> None:
     """One fact written by the store (the writer check lets it through): an UPDATE then has a row to change."""
     from memctl import config, redact
-    from memctl.records import gate
+    from memctl.write import gate
 
     admit = gate.Gate(conn, config.load(), redact.Redactor("off"))
     fact = admit.fact("default", "db.host", "10.0.0.9", None)

@@ -48,7 +48,7 @@ def backup(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from memctl.upkeep import backup as backup_mod
+    from memctl.backup import backup as backup_mod
 
     st = settings()
     directory = Path(to).expanduser() if to else backup_mod.default_dir(st)
@@ -75,9 +75,9 @@ def verify(
     The scratch database is created on the same server (the role needs CREATEDB) and dropped afterwards.
     Exits 1 when the file is damaged (its dump's sha256 differs) or any table differs from the manifest.
     """
-    from memctl.upkeep import restore as restore_mod
+    from memctl.backup import restore as restore_mod
 
-    from memctl.upkeep import erasure
+    from memctl.backup import erasure
 
     conn = connect(migrate=False)
     result = restore_mod.verify(conn, target().url, file, scratch_url=scratch_url,
@@ -106,7 +106,7 @@ def restore(
         warn(f"restore replaces everything in memctl's database with the contents of {file} (a safety backup "
              "of the current contents is written first): run again with --yes")
         raise typer.Exit(EXIT_USAGE)
-    from memctl.upkeep import backup as backup_mod, restore as restore_mod
+    from memctl.backup import backup as backup_mod, restore as restore_mod
 
     result = restore_mod.restore(connect(migrate=False), target().url, file,
                                  directory=backup_mod.default_dir(settings()), settings=settings())

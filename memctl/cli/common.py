@@ -116,7 +116,7 @@ def read_text_arg(value: str, limit: str | None = None, what: str = "content") -
     if limit is None:
         data = sys.stdin.buffer.read()
     else:
-        from memctl.records import values
+        from memctl.write import values
 
         bound = getattr(values.Limits.of(settings()), limit)
         data = values.read_bounded(sys.stdin.buffer, bound, what, limit)
@@ -162,10 +162,10 @@ def duration_value(param: typer.CallbackParam, value: str | None) -> str | None:
 
 def time_value(param: typer.CallbackParam, value: str | None) -> str | None:
     """An ISO 8601 date/time option (e.g. --created-at; no zone: UTC), checked by the gate's own reading
-    (memctl.records.values.parse_time), whose error names the option."""
+    (memctl.write.values.parse_time), whose error names the option."""
     if value is None:
         return None
-    from memctl.records.values import parse_time
+    from memctl.write.values import parse_time
 
     parse_time(value, _option(param))
     return value

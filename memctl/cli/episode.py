@@ -57,6 +57,7 @@ def add(
     A repeat of an earlier episode (docs/repeats.md) is stored linked to it and not embedded again: stderr says so.
     """
     from memctl.records import episodes
+    from memctl.write import gate
 
     from memctl import redact
 
@@ -68,7 +69,7 @@ def add(
     if redactor.note():
         warn(redactor.note())
     if added.id is None:
-        warn(f"not stored: importance 0 for kind {kind or episodes.DEFAULT_KIND!r} (write policy [importance])")
+        warn(f"not stored: importance 0 for kind {kind or gate.DEFAULT_KIND!r} (write policy [importance])")
         return
     if added.folded_into is not None:
         warn(f"a repeat of episode {added.folded_into}: stored as {added.id}, linked to it, not embedded again")
@@ -98,7 +99,7 @@ def import_(
     result = episodes.ImportResult()
     handle = sys.stdin.buffer if file == "-" else _open(file)
     from memctl import jsonl
-    from memctl.records import values
+    from memctl.write import values
 
     lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
@@ -250,7 +251,7 @@ def search(
     if context and every:
         raise UsageError("--context and --all: choose one")
     if context:
-        from memctl.reading import window
+        from memctl.recall import window
 
         rows = window.around(conn, settings(), outcome.hits, context)
     else:
@@ -274,7 +275,7 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
     from memctl import jsonl
     from memctl.cli.render import to_json
 
-    from memctl.records import values
+    from memctl.write import values
 
     lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(), "a query within [limits]",
                           "nothing was run")

@@ -9,7 +9,7 @@ import typer
 
 from memctl.cli.common import FormatOption, connect, settings, target, warn
 from memctl.cli.render import Format, render, to_json
-from memctl.errors import EXIT_ERROR, MemctlError
+from memctl.errors import EXIT_ERROR
 
 app = typer.Typer(help="The erasure ledger: what purges, fact erasures and episode deletes removed, and the "
                        "check that none of it is back.", no_args_is_help=True)
@@ -28,7 +28,7 @@ def register(root: typer.Typer) -> None:
 def write_receipt(destination: str, op: str, *, ledger: str | None, target_: dict, removed: dict,
                   vacuum: dict | None) -> None:
     """Build the receipt and write it: to stdout, or to FILE whole (0600, fsynced, renamed into place)."""
-    from memctl.upkeep import erasure
+    from memctl.backup import erasure
 
     data = erasure.receipt(connect(), settings(), op=op, ledger=ledger, target=target_, removed=removed,
                            vacuum=vacuum)
@@ -60,11 +60,11 @@ def verify(
     Prints each row that matches (table, row, column, the erasure); exit 1 if any does, or if some entries
     cannot be tested (their key is gone).
     """
-    from memctl.upkeep import erasure
+    from memctl.backup import erasure
 
     conn = connect()
     if backup:
-        from memctl.upkeep import restore
+        from memctl.backup import restore
 
         found = restore.verify_backup(conn, target().url, backup, scratch_url=scratch_url)
     else:
@@ -85,8 +85,3 @@ def verify(
     if found["untestable"]:
         raise typer.Exit(EXIT_ERROR)
     warn(f"erasure verified: no row in {where} matches any of {found['entries']} ledger entr(ies)")
-
-
-def check_receipt(receipt: str | None) -> None:
-    if receipt is not None and receipt != "-" and not receipt.strip():
-        raise MemctlError("--receipt needs a file name or '-'")

@@ -179,7 +179,7 @@ def import_(
     A bad line fails the whole import, naming the line; nothing is written.
     """
     from memctl import jsonl
-    from memctl.records import values
+    from memctl.write import values
 
     bound = values.Limits.of(settings()).line_bytes()
     what = "a fact within [limits] value_bytes"

@@ -69,8 +69,8 @@ def ingest(
     `memctl ingest app.log --follow --source app --cursor-file /var/lib/memctl/app.cursor`.
     """
     from memctl import files
-    from memctl.records import ingest as ingest_mod
-    from memctl.records import values
+    from memctl.ingest import ingest as ingest_mod
+    from memctl.write import values
 
     if file == "-" and follow:
         raise BadValue("--follow: needs a FILE (stdin is followed as long as it is open)", "--follow")

@@ -29,7 +29,7 @@ def metrics(
     The scheduled jobs refresh the textfile after each run when \\[metrics] textfile is set (memctl systemd
     renders it). Agents past the top \\[metrics] agents (20) by episodes are summed as agent="other".
     """
-    from memctl.upkeep import metrics as metrics_mod
+    from memctl.observe import metrics as metrics_mod
 
     if rules:
         sys.stdout.write(metrics_mod.rules_text())

@@ -13,7 +13,7 @@ from memctl.cli.common import connect_read, read_text_arg, settings, since_value
 from memctl.errors import BadValue, UsageError
 
 
-MAX_K = 100  # memctl.reading.recall.check's bound, checked here too so the error names -k
+MAX_K = 100  # memctl.recall.recall.check's bound, checked here too so the error names -k
 
 
 class RecallFormat(str, Enum):
@@ -72,7 +72,7 @@ def recall(
     With nothing relevant, prints nothing and exits 0; when what was found does not fit --max-tokens, exits 2 saying so. Episodes returned count as accessed unless --no-track.
     """
     from memctl.cli.render import to_json
-    from memctl.reading import recall as recall_mod
+    from memctl.recall import recall as recall_mod
     from memctl.records.facts import moment
 
     from memctl.records import agents
@@ -114,7 +114,7 @@ def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
     from memctl import jsonl
     from memctl.cli.render import to_json
     from memctl.errors import BadValue
-    from memctl.reading import recall as recall_mod
+    from memctl.recall import recall as recall_mod
     from memctl.records import agents
 
     slots: list = []  # a Request, or the error object of a bad line
@@ -122,7 +122,7 @@ def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
     def refused(error) -> None:
         slots.append({"line": error.number, "field": None, "error": str(error)})
 
-    from memctl.records import values
+    from memctl.write import values
 
     lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(),
                           "an observation within [limits]", "nothing was run")

@@ -9,7 +9,7 @@ import typer
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import UsageError
-from memctl.upkeep import redact_scan
+from memctl.records import redact_scan
 
 app = typer.Typer(help="Secrets in memory: find them where they already are (written before redaction, or with "
                        "[redaction] mode = \"off\") and replace them.", no_args_is_help=True)

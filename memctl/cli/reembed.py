@@ -44,7 +44,7 @@ def start(
     Refuses dimensions HNSW cannot index: over 2,000 as vector (use --halfvec up to 4,000) or
     over 4,000 (use --dims).
     """
-    from memctl.upkeep import reembed
+    from memctl.reembed import reembed
 
     result = reembed.start(connect(vector=True), settings(), model=model, embedder=embedder, dims=dims,
                            halfvec=halfvec)
@@ -104,7 +104,7 @@ def run(
     Resumable and safe to kill at any moment: run it again to continue. Search keeps using the active
     model; writes meanwhile are queued for both models. Exit 3 if the embedder is unreachable.
     """
-    from memctl.upkeep import reembed
+    from memctl.reembed import reembed
 
     st = settings()
     show = sys.stderr.isatty() if progress is None else progress
@@ -134,7 +134,7 @@ def run(
 @app.command()
 def status(fmt: FormatOption = Format.table) -> None:
     """Done / total, rate, ETA, index state and the next step of a model change."""
-    from memctl.upkeep import reembed
+    from memctl.reembed import reembed
 
     render_one(reembed.status(connect()), fmt)
 
@@ -157,7 +157,7 @@ def compare(
     of their sentences, with that sentence left out of what is embedded (docs/size-and-model-changes.md).
     These are the figures `switch` goes by.
     """
-    from memctl.upkeep import quality, reembed
+    from memctl.reembed import quality, reembed
 
     tolerance = quality.TOLERANCE if tolerance is None else tolerance
     result = reembed.compare(connect(vector=True), settings(), sample=sample, queries=queries, k=k,
@@ -202,7 +202,7 @@ def switch(
     Search, recall and `memctl embed` follow the database's active model at once, also where the
     configuration still names the old one (they warn until it is changed: printed on stderr).
     """
-    from memctl.upkeep import quality, reembed
+    from memctl.reembed import quality, reembed
 
     tolerance = quality.TOLERANCE if tolerance is None else tolerance
     result = reembed.switch(connect(vector=True), settings(), accept_worse=accept_worse, queries=queries, k=k,
@@ -222,7 +222,7 @@ def switch(
 @app.command("drop-old")
 def drop_old(fmt: FormatOption = Format.table) -> None:
     """Drop retired models' vector tables and report the space returned (their pg_total_relation_size)."""
-    from memctl.upkeep import reembed
+    from memctl.reembed import reembed
 
     dropped = reembed.drop_old(connect())
     if not dropped:
@@ -235,6 +235,6 @@ def drop_old(fmt: FormatOption = Format.table) -> None:
 @app.command()
 def abort(fmt: FormatOption = Format.table) -> None:
     """Drop the new model's table and queue; the active model is untouched."""
-    from memctl.upkeep import reembed
+    from memctl.reembed import reembed
 
     render_one(reembed.abort(connect()), fmt)

@@ -12,8 +12,8 @@ from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import EXIT_ERROR, UsageError
 from memctl.records import jobs as jobs_mod
-from memctl.records import sources
-from memctl.upkeep import deletion, policy as policy_mod, prune as prune_mod, purge as purge_mod
+from memctl.write import sources
+from memctl.retention import deletion, policy as policy_mod, prune as prune_mod, purge as purge_mod
 
 source_app = typer.Typer(help="Blocked sources: writes (episode add/import, fact set/import) from a blocked "
                               "source are refused with exit 1 and the reason.", no_args_is_help=True)
@@ -85,7 +85,7 @@ def prune(
     """
     if vacuum and not yes:
         raise UsageError("--vacuum needs --yes (a dry run deletes nothing to vacuum)")
-    from memctl.upkeep import summarize
+    from memctl.retention import summarize
 
     policy = policy_mod.read_policy(policy_file) if policy_file else policy_mod.policy_from_settings(settings())
     awaited = summarize.awaited_kinds(settings(), policy)

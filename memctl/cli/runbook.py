@@ -11,7 +11,7 @@ import typer
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import MemctlError
-from memctl.records import runbooks
+from memctl.runbooks import runbooks
 
 app = typer.Typer(
     help="Runbooks: NAME.md files in a git repository (--repo, MEMCTL_RUNBOOKS or `runbooks` in the config), "

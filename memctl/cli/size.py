@@ -64,7 +64,7 @@ def size(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from memctl.upkeep import size as size_mod
+    from memctl.observe import size as size_mod
 
     report = size_mod.report(connect_read(), exact=exact)  # [database] read_url: from the replica
     for message in report["warnings"]:

@@ -9,7 +9,7 @@ import typer
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render_one
 from memctl.errors import EXIT_ERROR
-from memctl.upkeep import status as status_mod
+from memctl.observe import status as status_mod
 
 
 def register(root: typer.Typer) -> None:

@@ -9,7 +9,7 @@ import typer
 from memctl.cli.common import FormatOption, connect, duration_value, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import EXIT_ERROR
-from memctl.upkeep import summarize as summarize_mod
+from memctl.retention import summarize as summarize_mod
 
 COLUMNS = ["summary_id", "agent", "window_start", "window_end", "sources", "tokens_in", "tokens_out"]
 PLAN_COLUMNS = ["agent", "window_start", "window_end", "episodes", "tokens_in", "addendum_to"]

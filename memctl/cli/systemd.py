@@ -11,7 +11,7 @@ import typer
 from memctl.cli.common import settings, warn
 from memctl import files
 from memctl.errors import MemctlError
-from memctl.upkeep import systemd
+from memctl import systemd
 
 app = typer.Typer(
     help="systemd units: memctl-db.service (the embedded server, `memctl db serve`), and timers that run "

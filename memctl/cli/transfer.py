@@ -13,7 +13,7 @@ from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import InvalidInput
 from memctl.records import episodes
-from memctl.upkeep import export as export_mod, import_ as import_mod
+from memctl.transfer import export as export_mod, import_ as import_mod
 
 
 def register(root: typer.Typer) -> None:
@@ -78,7 +78,7 @@ def import_(
     redactor = redact.Redactor.from_settings(st)
     handle = jsonl.open_input(file)
     try:
-        from memctl.records import values
+        from memctl.write import values
 
         lines = jsonl.bounded(handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]")
         result = import_mod.import_stream(connect(), st, lines, redactor=redactor)

@@ -82,7 +82,8 @@ class Managed:
     port: int
 
 
-def _is_root() -> bool:
+def is_root() -> bool:
+    """memctl runs as root: the server then runs as SYSTEM_USER (PostgreSQL refuses root)."""
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -102,12 +103,12 @@ def memctl_home() -> Path:
     explicit = os.environ.get("MEMCTL_HOME")
     if explicit:
         home = Path(explicit).expanduser()
-    elif _is_root():
+    elif is_root():
         home = ROOT_DEFAULT_HOME
     else:
         base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
         home = Path(base) / "memctl"
-    if _is_root() and _under_home(home):
+    if is_root() and _under_home(home):
         raise ConfigError(
             f"refusing to keep the embedded database under a home directory ({home}) as root: "
             f"the server runs as user '{SYSTEM_USER}' and every parent directory would be opened to all users. "
@@ -120,7 +121,8 @@ def pgdata_dir() -> Path:
     return memctl_home() / "pgdata"
 
 
-def _read_postmaster(pgdata: Path) -> ServerInfo:
+def read_postmaster(pgdata: Path) -> ServerInfo:
+    """The server of a data directory, as its postmaster.pid tells: running, where it listens, ready."""
     try:
         lines = (pgdata / "postmaster.pid").read_text().splitlines()
         pid = int(lines[0])
@@ -142,9 +144,9 @@ def _read_postmaster(pgdata: Path) -> ServerInfo:
 def status() -> ServerInfo:
     marker = managed()
     if marker is None:
-        return _read_postmaster(pgdata_dir())
+        return read_postmaster(pgdata_dir())
     socket_ok = (marker.socket_dir / f".s.PGSQL.{marker.port}").exists()
-    pid = _read_postmaster(pgdata_dir()).pid if socket_ok else None  # None for a group member: pgdata is 0700
+    pid = read_postmaster(pgdata_dir()).pid if socket_ok else None  # None for a group member: pgdata is 0700
     return ServerInfo(pgdata=pgdata_dir(), running=socket_ok, pid=pid, socket_dir=marker.socket_dir,
                       port=marker.port, managed=True)
 
@@ -206,7 +208,7 @@ def start(report=None) -> ServerInfo:
         return info
     if info.managed:
         raise DatabaseUnavailable(managed_down())
-    with _start_lock():
+    with start_lock():
         return _start_locked(report)
 
 
@@ -221,14 +223,14 @@ def await_start(report=None) -> ServerInfo:
     if info.managed:
         if not info.running:
             raise DatabaseUnavailable(managed_down())
-        _ensure_database(info)
+        ensure_database(info)
         return info
-    with _start_lock():
+    with start_lock():
         return _start_locked(report)
 
 
 @contextmanager
-def _start_lock(seconds: float = START_WAIT_S):
+def start_lock(seconds: float = START_WAIT_S):
     """An exclusive flock on MEMCTL_HOME/.start.lock (0600), released when the file is closed."""
     import fcntl
 
@@ -262,14 +264,14 @@ def _start_locked(report) -> ServerInfo:
         raise DatabaseUnavailable(managed_down())
     if not info.running:
         info = _launch(report)
-    _ensure_database(info)
+    ensure_database(info)
     return info
 
 
 def _launch(report) -> ServerInfo:
     pgdata = pgdata_dir()
     server_module, bin_path = _wheel()
-    before = {**_prefix_modes(pgdata), **_prefix_modes(bin_path)} if _is_root() else {}
+    before = {**_prefix_modes(pgdata), **_prefix_modes(bin_path)} if is_root() else {}
     try:
         pgdata = pgdata.resolve()
         pgdata.mkdir(exist_ok=True)
@@ -309,7 +311,7 @@ def _sized_server(server_module):
             new = not (self.pgdata / "PG_VERSION").exists()
             super().ensure_pgdata_inited()
             if new:
-                _size_memory(self.pgdata)
+                size_memory(self.pgdata)
 
     return SizedServer
 
@@ -328,7 +330,7 @@ def shared_buffers_mb() -> int:
     return max(low, min(high, total // 4 // 2**20))
 
 
-def _size_memory(pgdata: Path) -> None:
+def size_memory(pgdata: Path) -> None:
     """Give a data directory initdb just made its shared_buffers, as ALTER SYSTEM would write it.
 
     Appending keeps the file's owner (the server's user, as root) and mode.
@@ -355,7 +357,8 @@ def bin_dir() -> Path:
     return Path(spec.origin).parent / "pginstall" / "bin"
 
 
-def _ensure_database(info: ServerInfo) -> None:
+def ensure_database(info: ServerInfo) -> None:
+    """Create memctl's database on a running embedded server unless it is there."""
     import psycopg
     from psycopg import sql
 
@@ -382,14 +385,14 @@ def stop() -> bool:
         raise MemctlError(f"the embedded database is managed by {MANAGED_UNIT}: systemctl stop {MANAGED_UNIT}")
     if not info.running and info.pid is None:
         return False
-    with _start_lock():  # not in the middle of another process's start
+    with start_lock():  # not in the middle of another process's start
         return _stop(status())
 
 
 def _stop(info: ServerInfo) -> bool:
     import subprocess
 
-    user = SYSTEM_USER if _is_root() else None
+    user = SYSTEM_USER if is_root() else None
     try:
         subprocess.run(
             [str(bin_dir() / "pg_ctl"), "-D", str(info.pgdata), "-w", "-m", "fast", "stop"],

@@ -6,7 +6,7 @@ queueing sees their chunks, and a write that starts later sees the new model.
 
 The blocked sources: `memctl source block` takes BLOCK_LOCK (exclusive) for its insert; every write that
 admitted a source takes SOURCES_LOCK (shared) at its end, then looks at blocked_sources again before it
-commits (memctl.records.gate, Gate.writing). A block therefore waits only for the commits of writes already
+commits (memctl.write.gate, Gate.writing). A block therefore waits only for the commits of writes already
 confirmed, and a write still running when a block commits sees it and is refused whole: an import that
 began before its source was blocked does not land its records after the purge.
 

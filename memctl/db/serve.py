@@ -60,14 +60,14 @@ def serve(socket_dir: Path | None = None, port: int = DEFAULT_PORT,
     user = ServerUser.for_home(embedded.memctl_home())
     forwarder = _Forwarder()
     with forwarder.installed():
-        with embedded._start_lock():
+        with embedded.start_lock():
             user.own(embedded.memctl_home() / embedded.START_LOCK)  # as root: the units' user may take it later
             proc = _start(pgdata, socket_dir, port, user, forwarder, say)
             if proc is None:
                 return 0
             try:
                 if _wait_ready(proc, pgdata, forwarder):
-                    embedded._ensure_database(embedded.status())
+                    embedded.ensure_database(embedded.status())
             except MemctlError:
                 proc.send_signal(signal.SIGINT)  # no server left behind without its parent
                 code = _status(proc.wait())
@@ -110,7 +110,7 @@ class ServerUser:
     def for_home(cls, home: Path) -> "ServerUser":
         import pwd
 
-        if not embedded._is_root():
+        if not embedded.is_root():
             return cls(os.geteuid(), os.getegid(), _user_name(os.geteuid()), False)
         try:
             owner = home.stat().st_uid
@@ -195,7 +195,7 @@ def _refuse_foreign(pgdata: Path, user: ServerUser) -> None:
 
 def _postmaster_pid(pgdata: Path) -> int | None:
     """The pid of a live postgres on this data directory (postmaster.pid's pid, if that is a postgres)."""
-    pid = embedded._read_postmaster(pgdata).pid
+    pid = embedded.read_postmaster(pgdata).pid
     if pid is None or pid in (os.getpid(), os.getppid()):
         return None
     try:
@@ -217,12 +217,12 @@ def _initdb(pgdata: Path, user: ServerUser) -> None:
     except subprocess.CalledProcessError as exc:
         last = ((exc.stderr or "").strip().splitlines() or ["no output"])[-1]
         raise DatabaseUnavailable(f"initdb failed for {pgdata}: {last}") from None
-    embedded._size_memory(pgdata)
+    embedded.size_memory(pgdata)
 
 
 def _wait_ready(proc: subprocess.Popen, pgdata: Path, forwarder: "_Forwarder") -> bool:
     """True once the server accepts connections; False if it was told to stop first."""
-    while not embedded._read_postmaster(pgdata).running:
+    while not embedded.read_postmaster(pgdata).running:
         if proc.poll() is not None:
             if forwarder.stopping:
                 return False

@@ -12,7 +12,7 @@ never applied by filtering what the database answered. Without an agent the serv
 operator's view.
 
 Writes go through the same library calls as the CLI's (episodes.add, facts.set_fact), so through
-the one write gate (memctl.records.gate): blocked sources refused, secrets redacted or refused per
+the one write gate (memctl.write.gate): blocked sources refused, secrets redacted or refused per
 [redaction], importance 0 not stored.
 No tool deletes, purges or runs a runbook.
 """
@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterator
 
 from memctl.config import Settings, mask_secrets
 from memctl.errors import DatabaseUnavailable, MemctlError, NotFound, UsageError
-from memctl.records import episodes, facts, values
+from memctl.records import episodes, facts
+from memctl.write import gate, values
 
 MAX_QUERY = 10_000  # characters of a query or an observation
 MAX_NAME = values.MAX_NAME  # an agent, namespace, source or kind: as long as a write may store
@@ -67,7 +68,7 @@ class Scope:
     @property
     def writer(self) -> str:
         """The agent remembered episodes belong to."""
-        return self.agent or episodes.DEFAULT_AGENT
+        return self.agent or gate.DEFAULT_AGENT
 
     def readable(self, namespace: str | None) -> str:
         if namespace is None or namespace == self.namespace:
@@ -278,9 +279,9 @@ def remember(session: Session, content: str, *, kind: str | None = None, importa
     if stored is not None:  # every echo is the stored value: the names as the gate redacted them
         kind, agent, source, importance = stored.kind, stored.agent, stored.source, stored.importance
     else:  # importance 0: nothing stored, and no text of the call is echoed but the gate's checked kind
-        kind, agent, source = episodes.DEFAULT_KIND if kind is None else _redactor(session.settings).text(kind), \
+        kind, agent, source = gate.DEFAULT_KIND if kind is None else _redactor(session.settings).text(kind), \
             scope.writer, scope.source
-        importance = importance if importance is not None else episodes.importance_for(session.settings, kind)
+        importance = importance if importance is not None else gate.importance_for(session.settings, kind)
     data = {"stored": new_id is not None, "id": new_id, "agent": agent, "kind": kind, "source": source,
             "importance": importance, **_redacted(redactor)}
     if new_id is None:
@@ -356,7 +357,7 @@ def episode_get(session: Session, id: int) -> Reply:  # noqa: A002 - the tool's 
 
 def recall(session: Session, observation: str, *, max_tokens: int | None = None, k: int = 5) -> Reply:
     """The prompt-ready block `memctl recall` prints: facts of the namespace, episodes, runbooks."""
-    from memctl.reading import recall as recall_mod
+    from memctl.recall import recall as recall_mod
 
     scope = session.scope
     request = recall_mod.Request(observation, agent=scope.agent, namespace=scope.namespace, shared=scope.shared,
@@ -431,7 +432,7 @@ def fact_history(session: Session, key: str, *, namespace: str | None = None) ->
 
 
 def _repository(session: Session):
-    from memctl.records import runbooks
+    from memctl.runbooks import runbooks
 
     return runbooks.open_repository(None, session.settings)
 
@@ -444,7 +445,7 @@ def runbook_list(session: Session) -> Reply:
 
 
 def runbook_show(session: Session, name: str, *, at: str | None = None) -> Reply:
-    from memctl.records import runbooks
+    from memctl.runbooks import runbooks
 
     runbook = _repository(session).load(name, at=at)
     return Reply(plain(runbook.to_dict()), runbooks.as_text(runbook, fenced=True))

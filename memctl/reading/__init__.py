@@ -1,4 +1,4 @@
-"""Reading memory: query syntax, the one search statement, BM25 and fusion, recall and stale-fact checks.
+"""Reading memory: query syntax, the one search statement, BM25 and fusion, and stale-fact checks.
 
-May import the base modules, memctl.db, memctl.records and memctl.embedding.
+May import the base modules, memctl.db, memctl.write, memctl.records and memctl.embedding.
 """

@@ -61,7 +61,7 @@ class Hit:
     distance: float | None = None
     text_score: float | None = None
     chunk: str | None = None
-    # a first standing for its repeats (memctl.records.repeats): how many, and the span it was seen in;
+    # a first standing for its repeats (memctl.write.repeats): how many, and the span it was seen in;
     # 0 and None for an episode never repeated
     repeats: int = 0
     first_seen: datetime.datetime | None = None

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from memctl.config import Settings
 from memctl.errors import BadValue, UsageError
-from memctl.records import filters as episode_filters, values
+from memctl.records import filters as episode_filters
+from memctl.write import values
 
 MODES = ("hybrid", "vector", "text")
 

@@ -135,8 +135,7 @@ def _vector_mode_refusal(warning: str | None) -> EmbedderUnavailable:
                                "use --mode hybrid or text to search by words")
 
 
-def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None,
-           accessed_recency: bool | None = None, track: bool = False) -> Outcome:
+def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None, track: bool = False) -> Outcome:
     """Run one query; `vector` skips embedding (recall, benchmarks).
 
     The database's active model embeds the query, whatever the configuration names

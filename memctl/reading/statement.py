@@ -21,7 +21,6 @@ from memctl.reading.query import Query, context_kinds, match_query
 from memctl.reading.when import Period
 from memctl.records import filters as episode_filters
 
-TS_CONFIG = "english"
 # The vector half alone (model comparisons, stale-fact checks): the nearest chunks by the HNSW index.
 VECTOR_HALF = """
 WITH hits AS MATERIALIZED (
@@ -149,7 +148,7 @@ FOUND_TEXT = """
 found AS MATERIALIZED (SELECT agent, id, NULL::float8 AS distance, NULL::text AS chunk, text_score FROM thits)"""
 # The entries just before and after a found episode in its agent's log (by id), when they are of
 # the same kind, close in time and pass the query's filters; they join the candidates. Repeat rows
-# (memctl.records.repeats) are never candidates: their first stands for them, with its count.
+# (memctl.write.repeats) are never candidates: their first stands for them, with its count.
 NEAR_CTE = """
 near AS MATERIALIZED (
     SELECT c.agent, c.id, b.id AS before, a.id AS after

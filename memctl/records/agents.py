@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from memctl.errors import MemctlError, NotFound, UsageError
-from memctl.records import values
+from memctl.write import values
 
 READERS = "memctl_agents"
 WRITERS = "memctl_agents_write"

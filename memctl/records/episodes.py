@@ -14,25 +14,10 @@ from memctl import jsonl, redact
 from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
-from memctl.records import chunking, gate, identity, repeats, store
+from memctl.write import gate, identity, repeats, store
 from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
 
-DEFAULT_AGENT = gate.DEFAULT_AGENT
-DEFAULT_KIND = gate.DEFAULT_KIND
 FIELDS = ("content", "kind", "source", "agent", "importance", "created_at", "meta")
-# The gate's rules, named here for the callers that know them as the episode log's.
-NewEpisode = gate.NewEpisode
-validate = gate.validate
-parse_time = gate.parse_time
-importance_for = gate.importance_for
-
-
-def chunk_size(settings: Settings) -> int:
-    return chunking.chunk_size_for(settings.embedding.model, settings.chunking.max_chars)
-
-
-def chunks_of(settings: Settings, content: str) -> list[str]:
-    return chunking.chunk_text(content, chunk_size(settings), settings.chunking.overlap)
 
 
 def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
@@ -46,7 +31,7 @@ def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
 @dataclass(frozen=True)
 class Added:
     id: int | None  # None: not stored (importance 0 by the write policy)
-    folded_into: int | None = None  # a repeat (memctl.records.repeats): the first's id; not embedded
+    folded_into: int | None = None  # a repeat (memctl.write.repeats): the first's id; not embedded
     stored: gate.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
 
 
@@ -120,14 +105,10 @@ class Deletion:
     ledger: Any = None  # the erasure ledger's entry
 
 
-def delete(conn, ids: list[int]) -> list[int]:
-    """Delete episodes with their chunks and vectors (all models), a first with its repeats; returns ids deleted."""
-    return delete_episodes(conn, ids).ids
-
-
 def delete_episodes(conn, ids: list[int]) -> Deletion:
-    """delete(), recorded in the erasure ledger (memctl.records.erasures) with the rows removed per table;
-    runbook runs that recorded a deleted episode lose the link and their output tail."""
+    """Delete episodes with their chunks and vectors (all models), a first with its repeats, recorded in the
+    erasure ledger (memctl.records.erasures) with the rows removed per table; runbook runs that recorded a
+    deleted episode lose the link and their output tail."""
     from memctl.records import erasures
 
     secret = erasures.load_key()
@@ -163,7 +144,7 @@ ORDER BY created_at, id LIMIT %(limit)s
 
 
 def repeat_info(conn, ids: Iterable[int], agent: str | None = None) -> dict[int, dict]:
-    """{id: {repeats, first_seen, last_seen, repeat_of}} of stored episodes (memctl.records.repeats): a first's
+    """{id: {repeats, first_seen, last_seen, repeat_of}} of stored episodes (memctl.write.repeats): a first's
     repeats (0: none) and the span it was seen in; a repeat's repeat_of names its first. `agent` routes it to
     one shard on Citus."""
     rows = conn.execute(REPEAT_INFO, {"ids": list(ids), "agent": agent}).fetchall()
@@ -183,14 +164,14 @@ class ImportResult:
     imported: int = 0
     dropped: int = 0  # importance 0 by policy
     chunks: int = 0
-    folded: int = 0  # stored as repeats of an earlier episode: not embedded (memctl.records.repeats)
-    already: int = 0  # stored before, by an import of the same records (memctl.records.identity): skipped
+    folded: int = 0  # stored as repeats of an earlier episode: not embedded (memctl.write.repeats)
+    already: int = 0  # stored before, by an import of the same records (memctl.write.identity): skipped
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
     redactor: redact.Redactor | None = None  # what was redacted; default: from the settings
 
 
 def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: bool,
-                result: ImportResult) -> Iterator[NewEpisode]:
+                result: ImportResult) -> Iterator[gate.NewEpisode]:
     """Validated episodes from JSONL (memctl.jsonl); a bad line raises (naming it) unless skip_invalid."""
     def skip(error: jsonl.LineError) -> None:
         if not skip_invalid:
@@ -211,8 +192,8 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
         yield episode
 
 
-def _from_record(settings: Settings, item: dict, limits=None) -> NewEpisode:
-    return validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
+def _from_record(settings: Settings, item: dict, limits=None) -> gate.NewEpisode:
+    return gate.validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
                     agent=item.get("agent"), importance=item.get("importance"), created_at=item.get("created_at"),
                     meta=item.get("meta"), limits=limits)
 
@@ -222,14 +203,14 @@ BATCH = 5000
 FIRST_BATCH = 500
 
 
-def import_episodes(conn, settings: Settings, episodes: Iterable[NewEpisode], *, result: ImportResult,
+def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode], *, result: ImportResult,
                     occurrences: identity.Occurrences | None = None,
-                    refused: Callable[[NewEpisode, Exception], None] | None = None,
+                    refused: Callable[[gate.NewEpisode, Exception], None] | None = None,
                     then: Callable[[Any], None] | None = None) -> ImportResult:
     """Load episodes with binary COPY, in one transaction: all of them or none.
 
     Every episode passes the gate on its way in (result.redactor, default from the settings). A record
-    stored before (memctl.records.identity; `occurrences` counts the stream's untimed records, carried from
+    stored before (memctl.write.identity; `occurrences` counts the stream's untimed records, carried from
     one call to the next by `memctl ingest`) is skipped and counted in result.already. `refused`: a record
     the gate refuses (blocked source, secret in block mode) is handed to it and skipped instead of failing
     the whole. `then(conn)` runs in the transaction after the last batch (ingest's cursor).

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from memctl.errors import MemctlError
-from memctl.records.values import WRITER
+from memctl.write.values import WRITER
 
 KEY_BYTES = 32
 OPS = ("purge", "fact_erase", "episode_delete", "redact_fix", "prune_blocked")

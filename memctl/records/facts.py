@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 from memctl import jsonl
 from memctl.errors import BadValue, InvalidInput, NotFound
-from memctl.records import values
-from memctl.records.values import WRITER
+from memctl.write import values
+from memctl.write.values import WRITER
 
 if TYPE_CHECKING:
     from memctl import redact
-    from memctl.records import gate
+    from memctl.write import gate
 
 # Reading a fact (get, list, history) imports neither the gate nor redaction: `memctl fact get` starts
 # about 25 ms sooner (tests/bench/startup.py). Writes import them where they write.
@@ -124,7 +124,7 @@ WHERE h.op IN ('set', 'delete') AND (%(at)s::timestamptz IS NULL OR h.valid_from
                   AND e.op = 'erase' AND e.version > h.version)
 ORDER BY h.namespace, h.key, h.valid_from DESC, h.changed_at DESC, h.version DESC
 """
-# The facts valid at %(at)s, as rows of `facts` (memctl.reading.recall reads them too).
+# The facts valid at %(at)s, as rows of `facts` (memctl.recall.recall reads them too).
 VALID_AT = ("SELECT namespace, key, value, source, version, updated_at, valid_from FROM (" + VERSIONS_AT
             + ") AS versions WHERE op = 'set'")
 NOW = "SELECT now() AS now"
@@ -156,7 +156,7 @@ def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_f
 
 
 def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
-    from memctl.records import store
+    from memctl.write import store
 
     old, last = _lock(conn, fact.namespace, fact.key)
     if fact.valid_from is not None:  # the database's clock records the version: no later than its now()
@@ -195,7 +195,7 @@ def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, 
 
 def _gate(conn, redactor: redact.Redactor | None, settings, *, bulk: bool = False) -> gate.Gate:
     from memctl import config, redact
-    from memctl.records import gate
+    from memctl.write import gate
 
     settings = settings if settings is not None else config.load()
     return gate.Gate(conn, settings, redactor if redactor is not None else redact.Redactor.from_settings(settings),
@@ -260,7 +260,7 @@ DELETE = "DELETE FROM facts WHERE namespace = %s AND key = %s"
 
 def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
                 settings=None) -> Change:
-    from memctl.records import store
+    from memctl.write import store
 
     admit = _gate(conn, None, settings)
     fact = admit.fact(namespace, key, None, source)
@@ -306,7 +306,8 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
     key, and keyed digests of every value erased), and job log rows that quoted a value are rewritten.
     """
     from memctl import redact
-    from memctl.records import erasures, gate, store
+    from memctl.records import erasures
+    from memctl.write import gate, store
 
     secret = erasures.load_key() if record else b""
     admit = gate.Gate(conn, None, redact.Redactor("off"))  # an erasure record holds no value to check
@@ -330,14 +331,15 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
         result.ledger = erasures.record(conn, entry).id
     if not conn.autocommit:
         return result
-    _vacuum(conn, full=full)
+    vacuum(conn, full=full)
     result.vacuum, result.still_in = ("VACUUM FULL", LEFT_AFTER_FULL) if full else ("VACUUM", LEFT_AFTER_VACUUM)
     if full:
         result.checkpoint = _checkpoint(conn)
     return result
 
 
-def _vacuum(conn, *, full: bool) -> None:
+def vacuum(conn, *, full: bool) -> None:
+    """VACUUM the tables an erasure rewrites (FULL: rewrite them, so no erased value stays on disk)."""
     from psycopg import sql
 
     command = sql.SQL("VACUUM (FULL, ANALYZE) {}") if full else sql.SQL("VACUUM {}")

@@ -10,7 +10,7 @@ import datetime
 
 from memctl.config import DurationTooLong, parse_duration
 from memctl.errors import BadValue
-from memctl.records.values import parse_time, shown  # the gate's reading of an ISO 8601 time; a value cut short
+from memctl.write.values import parse_time, shown  # the gate's reading of an ISO 8601 time; a value cut short
 
 # What the period filters mean, said once: filters() writes them so (created_at >= since, created_at < until),
 # and every description of them (the CLI's --since/--until, MCP's search tool) quotes these.

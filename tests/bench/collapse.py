@@ -1,4 +1,4 @@
-"""Recall's near-duplicate collapse: milliseconds a recall, memctl.reading.recall_episodes.collapse against the
+"""Recall's near-duplicate collapse: milliseconds a recall, memctl.recall.recall_episodes.collapse against the
 plain walk (every hit against every kept one, the definition), on the same hits in one run.
 
 A recall collapses its search's k × 3 hits (300 for `-k 100`). The hits here are, for each LoCoMo question
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import retrieval  # noqa: E402
 from test_recall_collapse import hits_of, near_copies, ops_texts, plain_collapse  # noqa: E402
 
-from memctl.reading import recall_episodes  # noqa: E402
+from memctl.recall import recall_episodes  # noqa: E402
 
 WORD = re.compile(r"\w+")
 

@@ -5,7 +5,7 @@
 
 Builds one database with N episodes of about 60 characters, one chunk each (INSERT ... SELECT FROM
 generate_series: this bench's own fill) and a ledger of 100 entries of 10 episode digests each, then
-measures, alternately (after one unmeasured round), memctl.upkeep.erasure.find_matches (a keyed
+measures, alternately (after one unmeasured round), memctl.backup.erasure.find_matches (a keyed
 digest of every episode and chunk text, computed by the server) and the baseline: one pass reading
 the same two columns, `sum(length(content))` over episodes and over chunks. Prints both medians and
 the ratio verify / baseline. Nothing is asserted: a measurement, not a test.
@@ -45,7 +45,7 @@ def main() -> None:
     with server(args.database_url) as admin, fresh_database(admin) as url:
         from memctl import db
         from memctl.records import erasures
-        from memctl.upkeep import erasure
+        from memctl.backup import erasure
 
         key = os.urandom(erasures.KEY_BYTES)
         now = datetime.datetime.now(datetime.timezone.utc)

@@ -77,7 +77,7 @@ def fill(url: str, episodes: int) -> None:
 def inside(url: str) -> dict[str, float]:
     """Where `memctl metrics` spends its time, measured in this process (the second of two passes)."""
     from memctl import config, db
-    from memctl.upkeep import metrics, status
+    from memctl.observe import metrics, status
 
     settings = config.load()
     with db.connect(url) as conn:

@@ -15,7 +15,7 @@ that database twice (CREATE DATABASE ... TEMPLATE: identical to the byte):
 
 - plain: one `DELETE FROM episodes WHERE kind = 'raw' AND created_at < cutoff`
   in one transaction, the foreign-key cascades removing chunks and vectors;
-- prune: memctl.upkeep.prune.prune() with the same policy, all of what
+- prune: memctl.retention.prune.prune() with the same policy, all of what
   `memctl prune --yes` does (batches, the check that nothing still matches,
   table statistics before and after, the job log).
 
@@ -54,7 +54,7 @@ from memctl import db
 from memctl.db import migrate
 from memctl.embedding import models
 from memctl.embedding.embedders import HashEmbedder  # noqa: E402
-from memctl.upkeep import deletion, policy as policy_mod, prune as prune_mod  # noqa: E402
+from memctl.retention import deletion, policy as policy_mod, prune as prune_mod  # noqa: E402
 
 DIMS = 32
 SOURCE_DB = "memctl_bench_prune_src"

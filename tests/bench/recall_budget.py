@@ -159,7 +159,7 @@ def in_process(env: dict, scratch: Path, asks, wanted, splits, variants: list[st
     from dataclasses import replace
 
     from memctl import config, db
-    from memctl.reading import recall, recall_episodes, window
+    from memctl.recall import recall, recall_episodes, window
 
     saved = dict(os.environ)
     os.environ.update(env)

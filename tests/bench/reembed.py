@@ -1,7 +1,7 @@
 """Re-embedding: `memctl reembed run` chunks/s ÷ the same embedder called directly.
 
 N chunks are stored and embedded by a cheap active model (hash). `reembed start` then
-registers the target model and `reembed run` (memctl.upkeep.reembed.run: queue claim with SKIP
+registers the target model and `reembed run` (memctl.reembed.reembed.run: queue claim with SKIP
 LOCKED, embed, COPY, commit per batch, job progress, then CREATE INDEX CONCURRENTLY)
 backfills it. The baseline calls the target embedder's `embed(batch)` directly on the same
 texts at the same batch size. The two are interleaved in slices of --slice chunks (`reembed
@@ -42,7 +42,7 @@ def main() -> None:
     from memctl.embedding import worker
     from memctl.embedding.embedders import make_embedder
     from memctl.records import episodes
-    from memctl.upkeep import reembed
+    from memctl.reembed import reembed
 
     target_model = "all-minilm" if name == "local" else "hash-target"
     rng = random.Random(5)

@@ -118,7 +118,7 @@ def load(url: str, rows: list[dict], fold: bool) -> dict:
 def top10(conn, settings) -> list[tuple[int, int]]:
     """(distinct normalized texts, hits) in the top 10 of each question: the hook for the read side's folding."""
     from memctl.reading import query as query_mod, search as search_mod
-    from memctl.records import repeats
+    from memctl.write import repeats
 
     found = []
     for text in QUESTIONS:

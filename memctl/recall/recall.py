@@ -1,0 +1,364 @@
+"""Recall: the few memories worth putting in a prompt now, within a token budget.
+
+`recall(conn, settings, Request(observation))` gathers, in this order:
+
+1. Facts of the namespace whose key or value shares a word with the observation.
+   Words are what PostgreSQL's english full-text configuration makes of the
+   text after `. _ - / :` become spaces (stemmed, stopwords dropped), one-letter
+   words ignored. Score 1.0 when the key appears verbatim in the observation,
+   else p / (p + 2) with p = 2 x key words matched + value words matched.
+   Facts are the truth now and are labelled "current fact".
+2. Episodes from the default hybrid search (memctl.reading.search: relevance, recency,
+   importance); score = the search score. An episode counts only if it shares
+   a word with the observation (the text half found it) or its vector lies
+   within `max_distance` (cosine) of the observation's; so with nothing
+   relevant, nothing comes back. Near-duplicates collapse onto the best-scored
+   one: equal text after lowercasing and dropping punctuation, or word sets with
+   Jaccard similarity >= `dedupe` (0.9); the folded ones are named by id on the line
+   kept (`folded`) and in its `duplicates`, so what they said stays reachable.
+   Each hit comes with its window (memctl.recall.window: the entries beside it in
+   its agent's log, same source, within window_gap), as far as the budget holds.
+3. Runbooks whose name, title or description has a word of the observation
+   (3 letters or more, common English words dropped; Repository.find);
+   score p / (p + 2) with find's points (2 per title word, 1 per description word).
+   No runbook repository configured: no runbooks, no complaint.
+
+With `as_of` (Request.as_of), the block is the one the agent would have had then: the facts valid
+at that time (memctl.records.facts.VALID_AT, corrections recorded since included), episodes
+created before it, ages counted back from it; it counts no access. Runbooks are as they are now.
+
+At most k items of each kind, none scoring below min_score. They are then taken
+in that order until the next one would overflow max_tokens; an item is never
+cut, and the items after the first that does not fit are left out. Episodes
+and their neighbours are taken in window.plan's order (recall_episodes.Spend): a
+neighbour that does not fit is skipped (and those beyond it), a hit that does
+not fit ends the episodes; the chosen ones print as blocks (form.window_lines),
+in the order of their best hit.
+
+recall_batch runs many requests on one connection: their observations embedded
+in sub-batches, their searches one search_batch, the rest in shared read
+transactions; batch_request reads one line of `recall --batch`.
+
+Tokens are counted with the active model's tokenizer when the embedder runs in
+process (local all-minilm, WordPiece, already loaded to embed the observation),
+else estimated as ceil(characters / 4) (memctl.embedding.embedders.estimate_tokens). Each
+line is counted with its newline and the header and footer on their own, so the
+sum, which the budget caps, is never below the count of the whole block.
+
+The text block comes from [recall] in the config (str.format syntax):
+  template      the block, with {items} where the item lines go, one per line
+                (default "Relevant memory (facts are current; episodes are past events):\\n{items}\\n")
+  fact_line     fields: key value source sourced namespace version valid_from age score
+  episode_line  fields: id agent kind source sourced importance created_at age content score
+                repeats seen first_seen last_seen folded
+  window_line   fields: count age agent kind source sourced (a window's first line; memctl.recall.form)
+  runbook_line  fields: name title score
+`sourced` is ", source: X", or "" for an item without a source; `age` reads
+"just now", "5 minutes ago", "3 days ago", "2 months ago" (a fact's: since it became true).
+An episode repeated (docs/repeats.md) comes once, as its first: `repeats` counts its repeats (0: none),
+`seen` is " (seen N times, first 3 days ago, last 5 minutes ago)" for it and "" otherwise (the default
+line ends with it; a line without {seen} shows no count), first_seen and last_seen the ages of both ends.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from memctl.config import Settings
+from memctl.errors import BadValue, MemctlError, UsageError
+from memctl.reading import query
+from memctl.recall import recall_episodes, window
+from memctl.recall.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
+                                 sourced, template)
+from memctl.recall.recall_episodes import collapse, max_distance  # noqa: F401  (recall's API, as before)
+
+STOPWORDS = frozenset("""
+a about above after again against all also am an and any are as at be because been before being below between
+both but by can could did do does doing down during each few for from further had has have having he her here
+hers herself him himself his how i if in into is it its itself just let me more most my myself no nor not now of
+off on once only or other our ours ourselves out over own same she should so some such than that the their
+theirs them themselves then there these they this those through to too under until up very was we were what
+when where which while who whom why will with would you your yours yourself yourselves get got please need
+needs want wants like make made use used using can't don't isn't it's i'm
+""".split())
+
+
+@dataclass
+class Request:
+    observation: str
+    agent: str | None = None
+    namespace: str = "default"
+    shared: tuple[str, ...] = ()  # namespaces whose facts are read too (an agent's MCP server: read-only ones)
+    k: int = 5
+    max_tokens: int | None = None  # None: [recall] max_tokens
+    min_score: float | None = None  # None: [recall] min_score
+    repo: str | None = None  # runbook directory; None: MEMCTL_RUNBOOKS / `runbooks` in the config
+    track: bool = True  # count the episodes returned as accessed
+    as_of: datetime.datetime | None = None  # the memory the agent would have had at this time (never tracked)
+
+
+@dataclass
+class Recall:
+    items: list[Item]
+    header: str
+    footer: str
+    tokens: int  # the whole block, header included; 0 when there are no items
+    max_tokens: int
+    mode: str  # the episode search that ran: hybrid, or text when the embedder was unavailable
+    token_counter: str
+    left_out: int = 0  # items that passed the filters but did not fit the budget
+    warnings: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        """The block for the prompt; empty when nothing is relevant."""
+        if not self.items:
+            return ""
+        return self.header + "\n".join(item.line for item in self.items) + self.footer
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"items": [item.to_dict() for item in self.items], "tokens": self.tokens,
+                "max_tokens": self.max_tokens, "left_out": self.left_out, "mode": self.mode,
+                "token_counter": self.token_counter}
+
+
+_WORD = re.compile(r"\w+")
+
+
+def observation_words(text: str) -> list[str]:
+    """Lowercased words of 3 letters or more, common English words dropped, first occurrence order."""
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(text.lower()):
+        if len(word) >= 3 and word not in STOPWORDS:
+            seen.setdefault(word)
+    return list(seen)
+
+
+def _saturate(points: float) -> float:
+    return round(points / (points + 2), 6)
+
+
+# ---------------------------------------------------------------------------
+# Facts
+
+SPLIT_CHARS = ("._-/:", "     ")
+FACT_MATCHES = """
+WITH obs AS (
+    SELECT array(SELECT w
+                 FROM unnest(tsvector_to_array(to_tsvector('english', translate(%(text)s, %(from)s, %(to)s)))) w
+                 WHERE length(w) > 1) AS words
+), f AS (
+    SELECT namespace, key, value, source, version, updated_at, valid_from,
+           tsvector_to_array(to_tsvector('english', translate(key, %(from)s, %(to)s))) AS key_words,
+           tsvector_to_array(to_tsvector('english', translate(left(value, 100000), %(from)s, %(to)s))) AS value_words
+    FROM {facts} AS known WHERE namespace = ANY(%(namespaces)s)
+)
+SELECT f.namespace, f.key, f.value, f.source, f.version, f.updated_at, f.valid_from,
+       (SELECT count(*) FROM unnest(f.key_words) w WHERE w = ANY(obs.words)) AS key_hits,
+       (SELECT count(*) FROM unnest(f.value_words) w WHERE w = ANY(obs.words) AND w <> ALL(f.key_words)) AS value_hits
+FROM f, obs
+WHERE (f.key_words || f.value_words) && obs.words
+"""
+
+
+def _verbatim(key: str, text: str) -> bool:
+    return re.search(r"(?<![\w.])" + re.escape(key.lower()) + r"(?!\w)", text) is not None
+
+
+def match_facts(conn, observation: str, namespace: str, also: tuple[str, ...] = (),
+                as_of: datetime.datetime | None = None) -> list[dict]:
+    """Facts of the namespace (and of the namespaces `also` names) sharing a word with the observation,
+    best first, each with its `score`; the current ones, or with `as_of` those valid then."""
+    from psycopg import sql
+
+    from memctl.records import facts
+
+    params = {"text": observation, "namespaces": [namespace, *also], "from": SPLIT_CHARS[0],
+              "to": SPLIT_CHARS[1], "at": as_of, "key": None, "prefix": None}
+    known = sql.Identifier("facts") if as_of is None else sql.SQL("({})").format(sql.SQL(facts.VALID_AT))
+    lowered = observation.lower()
+    found = []
+    for row in conn.execute(sql.SQL(FACT_MATCHES).format(facts=known), params, prepare=False):
+        verbatim = _verbatim(row["key"], lowered)
+        score = 1.0 if verbatim else _saturate(2 * row["key_hits"] + row["value_hits"])
+        found.append({**row, "score": score})
+    return sorted(found, key=lambda r: (-r["score"], r["key"]))
+
+
+def _fact_item(row: dict, form: Template, now: datetime.datetime) -> Item:
+    value = " ".join(row["value"].split())
+    data = {"namespace": row["namespace"], "key": row["key"], "value": row["value"], "source": row["source"],
+            "version": row["version"], "updated_at": row["updated_at"], "valid_from": row["valid_from"]}
+    line = form.line("fact", {**data, "value": value, "sourced": sourced(row["source"]), "score": row["score"],
+                              "valid_from": row["valid_from"].isoformat(timespec="seconds"),
+                              "age": age(row["valid_from"], now)})
+    return Item("fact", row["score"], line, data=data)
+
+
+# ---------------------------------------------------------------------------
+# Runbooks
+
+
+def find_runbooks(settings: Settings, request: Request) -> tuple[list[dict], str | None]:
+    """Runbooks matching the observation's words, each with a 0..1 `score`; ([], warning) on a broken repo."""
+    from memctl.runbooks import runbooks
+
+    if not (request.repo or settings.runbooks):
+        return [], None
+    words = observation_words(request.observation)
+    if not words:
+        return [], None
+    try:
+        found = runbooks.open_repository(request.repo, settings).find(" ".join(words))
+    except MemctlError as exc:
+        return [], f"runbooks left out: {exc}"
+    return [{**row, "points": row["score"], "score": _saturate(row["score"])} for row in found], None
+
+
+def _runbook_item(row: dict, form: Template) -> Item:
+    data = {"name": row["name"], "title": row["title"]}
+    return Item("runbook", row["score"], form.line("runbook", {**data, "score": row["score"]}), data=data)
+
+
+# ---------------------------------------------------------------------------
+# A batch's lines (recall --batch)
+
+BATCH_FIELDS = ("observation", "agent", "namespace", "max_tokens", "k", "as_of")
+MAX_K = 100
+
+
+def batch_request(item: Any, number: int, base: Request) -> Request:
+    """One JSONL line of `recall --batch` as a Request, the fields it leaves out taken from `base`.
+
+    Every field given is checked where it enters: observation a non-empty string, agent and namespace
+    non-empty strings, max_tokens an integer >= 1, k an integer from 1 to MAX_K, as_of a duration back
+    or an ISO 8601 time; none may hold NUL. BadValue names the line and the field (`field`).
+    """
+    from memctl.write import values
+    from memctl.records.facts import moment
+
+    def bad(name: str | None, why: str) -> BadValue:
+        return BadValue(f"line {number}: " + (f"field {name}: " if name else "") + why, name)
+
+    if not isinstance(item, dict):
+        raise bad(None, "expected a JSON object")
+    unknown = sorted(set(item) - set(BATCH_FIELDS))
+    if unknown:
+        raise bad(unknown[0], f"unknown field (fields: {', '.join(BATCH_FIELDS)})")
+    if "observation" not in item:
+        raise bad("observation", "is required")
+    query.check_strings(item, ("observation", "agent", "namespace", "as_of"), bad, values.shown)
+    for name, low, high in (("max_tokens", 1, 2**31 - 1), ("k", 1, MAX_K)):
+        value = item.get(name)
+        if name in item and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise bad(name, f"must be an integer from {low} to {high}, got {values.shown(value)}")
+    as_of = base.as_of
+    if "as_of" in item:
+        try:
+            as_of = moment(item["as_of"], "as_of")
+        except MemctlError as exc:
+            raise bad("as_of", str(exc)) from None
+    return replace(base, observation=item["observation"], agent=item.get("agent", base.agent),
+                   namespace=item.get("namespace", base.namespace), max_tokens=item.get("max_tokens", base.max_tokens),
+                   k=item.get("k", base.k), as_of=as_of)
+
+
+# ---------------------------------------------------------------------------
+# Assembly
+
+
+def check(request: Request, settings: Settings) -> tuple[int, float]:
+    """(max_tokens, min_score) in effect; UsageError for a malformed request."""
+    text = request.observation
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError("the observation is empty")
+    if "\x00" in text:
+        raise UsageError("the observation contains a NUL character")
+    if not 1 <= request.k <= 100:
+        raise UsageError(f"k must be between 1 and 100, got {request.k}")
+    max_tokens = request.max_tokens if request.max_tokens is not None else settings.recall.max_tokens
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
+    min_score = request.min_score if request.min_score is not None else settings.recall.min_score
+    return int(max_tokens), float(min_score)
+
+
+def recall(conn, settings: Settings, request: Request) -> Recall:
+    """Facts, then episodes (with their windows), then runbooks, as many whole items as the budget holds."""
+    return recall_batch(conn, settings, [request])[0]
+
+
+def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Recall]:
+    """Many recalls on one connection: their searches one search batch, the rest in shared read transactions
+    (statement.ScanTransactions), the accesses counted at the end."""
+    from memctl.reading.statement import ScanTransactions
+
+    limits = [check(r, settings) for r in requests]
+    form = template(settings)
+    rule = window.rule(settings)
+    found = recall_episodes.find_episodes(conn, settings, requests)
+    results = []
+    with ScanTransactions(conn, settings.search.ef_search) as scans:
+        for request, (max_tokens, min_score), episodes in zip(requests, limits, found):
+            scans.begin()
+            results.append(assemble(conn, settings, request, max_tokens, min_score, form, rule, episodes))
+    tracked = [(i.data["agent"], episode_id) for request, result in zip(requests, results)
+               if request.track and request.as_of is None
+               for i in result.items if i.kind in ("episode", "window")
+               for episode_id in ([i.data["id"]] if i.kind == "episode" else i.data["ids"])]
+    if tracked:
+        from memctl.records import access
+
+        access.record(conn, tracked)
+    return results
+
+
+def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,
+              rule: window.Rule, found: recall_episodes.Episodes) -> Recall:
+    now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
+    fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)
+    outcome = found.outcome
+    hits = [h for h in outcome.hits if recall_episodes.related(h, found.max_distance)]
+    kept = [(h, d) for h, d in recall_episodes.collapse(hits, float(settings.recall.dedupe))
+            if h.score >= min_score][: request.k]
+    books, book_warning = find_runbooks(settings, request)
+    facts = [_fact_item(r, form, now) for r in fact_rows if r["score"] >= min_score][: request.k]
+    runbooks = [_runbook_item(r, form) for r in books if r["score"] >= min_score][: request.k]
+    entries = [recall_episodes.entry(conn, h, d, request.as_of) for h, d in kept]
+    windows = window.windows(conn, entries, rule, until=request.as_of)
+    chosen, used = fit(facts, form, found.count, max_tokens)
+    spend = recall_episodes.Spend(form, found.count, now)
+    if len(chosen) == len(facts):
+        blocks, spent, whole = spend.run(entries, windows, rule, max_tokens - used)
+        for block in blocks:
+            chosen.append(recall_episodes.window_item(block, form, now))
+            chosen[-1].tokens = spend.cost(block)
+        used += spent
+        if whole:
+            more, used = fit(runbooks, form, found.count, max_tokens, used)
+            chosen += more
+    shown = sum(len(i.data.get("matches", [0])) for i in chosen)
+    return Recall(chosen, form.header, form.footer, used if chosen else 0, max_tokens, outcome.mode, found.counter,
+                  left_out=len(facts) + len(entries) + len(runbooks) - shown,
+                  warnings=[w for w in (outcome.warning, book_warning) if w])
+
+
+def fit(candidates: list[Item], form: Template, count: Callable[[str], int],
+        max_tokens: int, used: int | None = None) -> tuple[list[Item], int]:
+    """The leading items whose lines, with the header and footer, fit max_tokens; and the tokens used then.
+
+    `used`: what the block already holds (None: nothing yet, the header and footer are counted now).
+    """
+    # Each line is counted with the newline after it; the last one's is the footer's first character.
+    if used is None:
+        used = sum(count(part) for part in (form.header, form.footer.removeprefix("\n")) if part)
+    chosen = []
+    for item in candidates:
+        item.tokens = count(item.line + "\n")
+        if used + item.tokens > max_tokens:
+            break
+        chosen.append(item)
+        used += item.tokens
+    return chosen, used
