@@ -334,6 +334,7 @@ class Halves:
     context: bool = False
     period: Period | None = None  # the period the query names: each half also runs inside it
     period_exact: int | None = None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
+    in_role: bool = False  # the connection is in an agent's role (agents.assumed): bm25.matched_in_role
 
 
 # Composed statements by their shape (_shape): composing one costs more Python than the
@@ -352,7 +353,7 @@ def _shape(query: Query, halves: Halves, matching: bool, n: int) -> tuple:
     return (int(n), (halves.model.table_name, halves.model.storage) if vector else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
             len(halves.plan.terms) if scoring else None, matching, halves.context, any(halves.excluded),
-            _exact(halves) if halves.period is not None else None)
+            _exact(halves) if halves.period is not None else None, halves.in_role)
 
 
 def statement(query: Query, halves: Halves, settings: Settings, n: int):
@@ -420,10 +421,9 @@ def _compose(query: Query, halves: Halves, matching: bool, n: int):
                                                       inside=sql.SQL("period_vhits"), best=sql.SQL("distance")))
     score = bm25.score(halves.plan, "e.tsv") if scoring else sql.SQL("0::float8")
     if matching:
-        clauses, _ = _filters(query)
-        filters = sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses)
-        parts.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"),
-                                              filters=filters))
+        filters = sql.SQL("").join([sql.SQL(bm25.matched_in_role(halves.in_role, "%(match)s")),
+                                    *(sql.SQL(" AND ") + c for c in _filters(query)[0])])
+        parts.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"), filters=filters))
         if period:
             parts.append(sql.SQL(PERIOD_TEXT).format(
                 score=score, n=limit, agent_e=agent_e,
