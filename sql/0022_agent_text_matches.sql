@@ -9,17 +9,21 @@
 -- episodes again, where the policies filter every row.
 -- The calling role: the one SET ROLE assumed (the `role` setting), or the session's own when none was
 -- (a role that logs in). Inside a SECURITY DEFINER function current_user is the function's owner.
--- A role that is not a registered agent here gets no row (the owner reads episodes directly).
+-- A role that is not an agent registered here gets '{}' (the owner reads episodes directly).
 CREATE OR REPLACE FUNCTION memctl_agent_matches(q tsquery) RETURNS bigint[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     caller name := CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role') END;
     own text := (SELECT a.name FROM agents a WHERE a.role_name = caller);
-BEGIN  -- plpgsql: its statement's plan is kept for the session
+    ids bigint[];
+BEGIN
     IF own IS NULL THEN
         RETURN '{}';
     END IF;
-    RETURN ARRAY(SELECT e.id FROM episodes e WHERE e.agent = own AND e.tsv @@ q);
+    -- planned for this query's words (EXECUTE ... USING): for words in most of the agent's episodes the
+    -- agent's index and a test of each is cheaper than the text index, as the owner's plan finds
+    EXECUTE 'SELECT ARRAY(SELECT e.id FROM episodes e WHERE e.agent = $1 AND e.tsv @@ $2)' INTO ids USING own, q;
+    RETURN ids;
 END
 $$;
 
