@@ -110,6 +110,61 @@ def test_set_role_to_an_agent_sees_only_its_own_episodes_and_facts(conn, can_cre
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 3
 
 
+def test_the_text_index_function_gives_an_agent_only_its_own_ids_whatever_it_is_asked(conn, can_create_roles,
+                                                                                       memctl_env):
+    """memctl_agent_matches (sql/0022) runs the text index with the owner's rights: called directly in alice's
+    role with any query (one matching every episode, a negation, bob's own words) it gives none of bob's ids,
+    nor anything to a role that is not an agent's; it takes no argument naming whose episodes to read."""
+    agents.add(conn, "alice")
+    agents.add(conn, "bob")
+    mine, theirs = _seed(conn)
+    bobs_only = episodes.add(conn, config.load(), "bob alone knows the kestrel", agent="bob")
+    matches = "SELECT memctl_agent_matches(%s::tsquery) AS ids"
+    queries = ["heron", "heron & queue", "bob", "kestrel", "alice | bob | heron | kestrel", "!heron", "!kestrel",
+               "saw:*", "b:*", "!alice & !bob"]
+    _as(conn, "alice")
+    seen = {q: conn.execute(matches, (q,)).fetchone()["ids"] for q in queries}
+    assert seen["heron"] == [mine] and seen["!kestrel"] == [mine]
+    assert all(set(ids) <= {mine} for ids in seen.values()), seen
+    # whatever the caller passes, or however it names the function's argument, there is no other to pass
+    assert conn.execute("SELECT pronargs FROM pg_proc WHERE proname = 'memctl_agent_matches'").fetchone()[
+        "pronargs"] == 1
+    _as(conn, "bob")
+    assert sorted(conn.execute(matches, ("heron | kestrel",)).fetchone()["ids"]) == sorted([theirs, bobs_only])
+    conn.execute("RESET ROLE")  # the owner is no agent: the function gives it nothing (it reads episodes itself)
+    assert conn.execute(matches, ("heron",)).fetchone()["ids"] == []
+    assert not conn.execute("SELECT has_function_privilege('public', 'memctl_agent_matches(tsquery)', 'EXECUTE') "
+                            "AS yes").fetchone()["yes"]
+    assert conn.execute("SELECT has_function_privilege('memctl_agents', 'memctl_agent_matches(tsquery)', "
+                        "'EXECUTE') AS yes").fetchone()["yes"]
+
+
+def test_search_in_an_agents_role_finds_by_the_text_index_function(conn, can_create_roles, memctl_env):
+    """agents.assume marks the connection, and search's statements then read the ids memctl_agent_matches
+    finds: alice's words find her episode, in every mode, and never bob's."""
+    from memctl.reading import bm25, search, statement
+    from memctl.reading.query import Query
+
+    alice = agents.add(conn, "alice")
+    agents.add(conn, "bob")
+    mine, theirs = _seed(conn)
+    settings = config.load()
+    agents.assume(conn, alice)
+    assert agents.assumed(conn)
+    for mode in ("text", "hybrid"):
+        found = search.search(conn, settings, Query("heron queue", k=10, mode=mode), track=False)
+        assert [h.id for h in found.hits] == [mine], mode
+    def composed(in_role: bool) -> str:
+        halves = statement.Halves(plan=bm25.Plan(["'heron'"], [1.0], [], ["'heron'"]), in_role=in_role,
+                                  stats=bm25.TermStats(n=2.0, avgdl=5.0, common={}))
+        return statement.statement(Query("heron", k=5), halves, settings, 20)[0].decode()
+    assert "memctl_agent_matches" in composed(True) and "memctl_agent_matches" not in composed(False)
+    agents.reset(conn)
+    assert not agents.assumed(conn)
+    assert {h.id for h in search.search(conn, settings, Query("heron queue", k=10, mode="text"),
+                                        track=False).hits} == {mine, theirs}
+
+
 def test_an_agent_writes_through_the_library_in_its_role(conn, can_create_roles, memctl_env):
     agents.add(conn, "alice")
     settings = config.load()

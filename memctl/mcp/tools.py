@@ -158,12 +158,12 @@ class Session:
                         self._idle.append(conn)
 
     def _ping(self, conn) -> None:
-        from psycopg import sql
+        from memctl.records import agents
 
         if self.role is None:
             conn.execute(PING)
         else:
-            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
+            agents.assume(conn, self.role)
 
     def _live(self, conn):
         import psycopg

@@ -74,9 +74,21 @@ WHERE c.oid = 'episodes'::regclass
 COUNT_ALL = "SELECT count(*)::float8 AS n FROM episodes"
 COUNT_AGENT = "SELECT count(*)::float8 AS n FROM episodes WHERE agent = %s"
 AVERAGE_LENGTH = "SELECT avg(length(tsv))::float8 AS avgdl FROM episodes TABLESAMPLE SYSTEM (%s)"
+# In an agent's role (agents.assume) a text search also reads only the ids the text index finds among the
+# agent's own episodes (memctl_agent_matches, sql/0022): under row-level security `@@` cannot use the index,
+# not being LEAKPROOF, while `id = ANY($ids)` can (the function itself is not LEAKPROOF: called in a
+# subquery, once per statement, its array is a parameter); the policies still filter every row read.
+MATCHED = " AND e.id = ANY((SELECT memctl_agent_matches({q}::tsquery))::bigint[])"
+
+
+def matched_in_role(in_role: bool, q: str) -> str:
+    """The condition (' AND ...') a text search finding `q` (SQL of a tsquery text) adds in an agent's role."""
+    return MATCHED.format(q=q) if in_role else ""
+
+
 # One GIN scan of the rare terms together, one count per term (a plain aggregate, which Citus
 # pushes down to the shards; a correlated subquery per term it cannot plan).
-COUNT_TERMS = "SELECT {counts} FROM episodes e WHERE e.tsv @@ %(any)s::tsquery"
+COUNT_TERMS = "SELECT {counts} FROM episodes e WHERE e.tsv @@ %(any)s::tsquery {matched}"
 COUNT_ONE = "count(*) FILTER (WHERE e.tsv @@ {q}::tsquery)::float8 AS {name}"
 # The score of one episode for the plan's terms and weights (named parameters t0.., w0..): one
 # CASE per term, so each row costs a few tsquery matches and no subquery.
@@ -170,9 +182,14 @@ def document_frequencies(conn, stats: TermStats, terms: list[str]) -> list[float
     if wanted:
         from psycopg import sql
 
+        from memctl.records.agents import assumed
+
+        in_role = assumed(conn)
+
         params = {f"q{i}": t for i, t in enumerate(wanted)}
         params["any"] = " | ".join(f"( {t} )" for t in wanted)
-        statement = sql.SQL(COUNT_TERMS).format(counts=sql.SQL(", ").join(
+        statement = sql.SQL(COUNT_TERMS).format(matched=sql.SQL(matched_in_role(in_role, "%(any)s")),
+                                                counts=sql.SQL(", ").join(
             sql.SQL(COUNT_ONE).format(q=sql.Placeholder(f"q{i}"), name=sql.Identifier(f"df{i}"))
             for i in range(len(wanted))))
         row = conn.execute(statement, params, prepare=False).fetchone()

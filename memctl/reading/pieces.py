@@ -17,6 +17,7 @@ from memctl.reading import bm25
 from memctl.reading.query import Query, Terms, split_terms, synonyms
 from memctl.reading.statement import StatementCall
 from memctl.records import filters as episode_filters
+from memctl.records.agents import assumed
 
 # Each piece of the query (a word, a "quoted phrase") becomes its own tsquery text: lexemes as
 # PostgreSQL's english configuration makes them, phrases with <->, and / . : @ read as spaces, as
@@ -54,12 +55,18 @@ rare AS MATERIALIZED (
       AND array_position(%(common)s::text[], q) IS NULL
 ),
 counted AS (
-    SELECT r.ord, count(*)::float8 AS df FROM rare r JOIN episodes e ON e.tsv @@ r.q::tsquery {agent} GROUP BY r.ord
+    SELECT r.ord, count(*)::float8 AS df FROM rare r {episodes} {agent} GROUP BY r.ord
 )
 SELECT p.ord, p.q, r.ord IS NOT NULL AS rare, coalesce(c.df, 0) AS df, {probe} AS context
 FROM p LEFT JOIN rare r USING (ord) LEFT JOIN counted c USING (ord)
 ORDER BY p.ord
 """
+
+# The episodes counted: by the text index, or in an agent's role (agents.assume) by the ids it finds among
+# the agent's episodes (bm25.MATCHED: memctl_agent_matches), read again under the table's policies.
+COUNTED_EPISODES = "JOIN episodes e ON e.tsv @@ r.q::tsquery"
+COUNTED_MATCHES = ("CROSS JOIN LATERAL (SELECT memctl_agent_matches(r.q::tsquery) AS ids OFFSET 0) m "
+                   "JOIN episodes e ON e.tsv @@ r.q::tsquery AND e.id = ANY(m.ids)")
 
 
 @dataclass
@@ -134,19 +141,20 @@ def pieces_call(conn, text: str, stats: bm25.TermStats | None = None, *,
         params.update(wanted=len(terms.wanted), plain=plain, common=stats.common_array)
     shape = (tuple(probe[0]) if probe is not None else None,
              (probe[1].agent is not None, probe[1].kind is not None) if probe is not None else None,
-             counting, counting and scope is not None)
+             counting, counting and scope is not None, counting and assumed(conn))
     statement = _PIECES.get(shape)
     if statement is None:
-        statement = _PIECES[shape] = _compose_pieces(probe, counting, scope).as_bytes(None)
+        statement = _PIECES[shape] = _compose_pieces(probe, counting, scope, shape[-1]).as_bytes(None)
     # prepared once used a few times (psycopg's default)
     return PiecesCall(StatementCall(statement, params), terms, groups, stats, counting, share)
 
 
-# pieces()' statements by their shape: the probe's kinds and filters, whether it counts, in an agent's episodes
+# pieces()' statements by their shape: the probe's kinds and filters, whether it counts, in an agent's episodes,
+# in an agent's role
 _PIECES: dict[tuple, bytes] = {}
 
 
-def _compose_pieces(probe: tuple[list[str], Query] | None, counting: bool, scope: str | None):
+def _compose_pieces(probe: tuple[list[str], Query] | None, counting: bool, scope: str | None, in_role: bool):
     from psycopg import sql
 
     check = sql.SQL("true")
@@ -158,7 +166,8 @@ def _compose_pieces(probe: tuple[list[str], Query] | None, counting: bool, scope
     if not counting:
         return sql.SQL(PIECES_PROBED).format(probe=check)
     within = sql.SQL(" AND e.agent = {}").format(sql.Placeholder("agent")) if scope is not None else sql.SQL("")
-    return sql.SQL(PIECES_COUNTED).format(probe=check, agent=within)
+    return sql.SQL(PIECES_COUNTED).format(probe=check, agent=within,
+                                          episodes=sql.SQL(COUNTED_MATCHES if in_role else COUNTED_EPISODES))
 
 
 def _grouped(conn, terms: Terms, groups: list[list[str]], parsed: list[str], stats: bm25.TermStats | None) -> Parsed:

@@ -47,6 +47,7 @@ from memctl.reading.query import Query, context_kinds, unsearchable
 from memctl.reading.pieces import Parsed, pieces_call
 from memctl.reading.statement import (ScanTransactions, StatementCall, StatementParts, period_exact, read_rows,
                                      statement_call)
+from memctl.records.agents import assumed
 
 
 @dataclass
@@ -179,7 +180,8 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     parsed = call if isinstance(call, Parsed) else call.answer(conn, (yield call.request))
     parts = StatementParts(model=model if vector_runs else None, vector=vector if vector_runs else None,
                            excluded=parsed.excluded, context=context and parsed.context,
-                           period=period, period_exact=None if period is None else period_exact(cache[key].n))
+                           period=period, period_exact=None if period is None else period_exact(cache[key].n),
+                           in_role=assumed(conn))
     if wants_text and any(parsed.wanted):
         parts.stats = cache[key]
         # with the vector half running, words in nearly every episode are left out, and only the

@@ -325,6 +325,7 @@ class StatementParts:
     context: bool = False
     period: Period | None = None  # the period the query names: each half also runs inside it
     period_exact: int | None = None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
+    in_role: bool = False  # the connection is in an agent's role (agents.assumed): bm25.matched_in_role
 
     @property
     def vector_runs(self) -> bool:
@@ -356,7 +357,7 @@ def _shape(query: Query, parts: StatementParts, matching: bool, n: int) -> tuple
     return (int(n), (parts.model.table_name, parts.model.storage) if parts.vector_runs else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
             len(parts.plan.terms) if parts.scoring else None, matching, parts.context, any(parts.excluded),
-            parts.exact if parts.period is not None else None)
+            parts.exact if parts.period is not None else None, parts.in_role)
 
 
 def statement(query: Query, parts: StatementParts, settings: Settings, n: int):
@@ -420,8 +421,8 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
                                                       inside=sql.SQL("period_vhits"), best=sql.SQL("distance")))
     score = bm25.score(parts.plan, "e.tsv") if parts.scoring else sql.SQL("0::float8")
     if matching:
-        ctes.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"),
-                                             filters=episode_filters.and_joined(clauses)))
+        filters = sql.SQL(bm25.matched_in_role(parts.in_role, "%(match)s")) + episode_filters.and_joined(clauses)
+        ctes.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"), filters=filters))
         if period:
             ctes.append(sql.SQL(PERIOD_TEXT).format(
                 score=score, n=limit, agent_e=agent_e,

@@ -166,6 +166,7 @@ def grant(conn) -> None:
             conn.execute(sql.SQL("GRANT INSERT, UPDATE ON {} TO {}").format(sql.Identifier(table), writers))
     for table in READ_TABLES:
         conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), readers))
+    conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION memctl_agent_matches(tsquery) TO {}").format(readers))
     if has_writers:
         for row in conn.execute(SEQUENCES, (tables,)).fetchall():
             conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.Identifier(row["name"]), writers))
@@ -291,10 +292,22 @@ def revoke(conn, name: str) -> dict:
     return {"name": name, "role": role, "role_dropped": dropped}
 
 
-def assume(conn, agent: Agent) -> None:
-    """Run the connection's next statements in the agent's role (until reset())."""
-    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(agent.role)))
+def assume(conn, agent: Agent | str) -> None:
+    """Run the connection's next statements in the agent's role (an Agent or its role's name; until reset()).
+
+    The connection remembers it (assumed()): search then finds words through memctl_agent_matches
+    (sql/0022), the text index's way in under row-level security."""
+    role = agent if isinstance(agent, str) else agent.role
+    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+    conn.memctl_role = role
 
 
 def reset(conn) -> None:
     conn.execute("RESET ROLE")
+    conn.memctl_role = None
+
+
+def assumed(conn) -> bool:
+    """Whether assume() put the connection in an agent's role. Only the way words are found depends on it:
+    a connection put in a role otherwise (psql's SET ROLE) is still kept to its rows, by the policies."""
+    return getattr(conn, "memctl_role", None) is not None
