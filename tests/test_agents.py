@@ -155,9 +155,9 @@ def test_search_in_an_agents_role_finds_by_the_text_index_function(conn, can_cre
         found = search.search(conn, settings, Query("heron queue", k=10, mode=mode), track=False)
         assert [h.id for h in found.hits] == [mine], mode
     def composed(in_role: bool) -> str:
-        halves = statement.Halves(plan=bm25.Plan(["'heron'"], [1.0], [], ["'heron'"]), in_role=in_role,
-                                  stats=bm25.TermStats(n=2.0, avgdl=5.0, common={}))
-        return statement.statement(Query("heron", k=5), halves, settings, 20)[0].decode()
+        parts = statement.StatementParts(plan=bm25.Plan(["'heron'"], [1.0], [], ["'heron'"]), in_role=in_role,
+                                         stats=bm25.TermStats(n=2.0, avgdl=5.0, common={}))
+        return statement.statement(Query("heron", k=5), parts, settings, 20)[0].decode()
     assert "memctl_agent_matches" in composed(True) and "memctl_agent_matches" not in composed(False)
     agents.reset(conn)
     assert not agents.assumed(conn)
