@@ -14,7 +14,7 @@ import pytest
 import memctl
 from memctl import config
 
-ROOT = Path(memctl.__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the checkout (memctl may be installed elsewhere)
 # The names the code gives a Settings object (memctl.cli.systemd calls it config; the CLI, st): a chain
 # <one of them>.<section>.<name> is a setting; <settings>.<name> a top-level one (only the name settings: st and
 # config name other things too).

@@ -352,12 +352,12 @@ TEXTS_SIZE = 1024
 
 def _shape(query: Query, parts: StatementParts, matching: bool, n: int) -> tuple:
     """What the statement's text depends on: the halves that run, which filters are set, the number
-    of scored words, whether words find, the neighbours, the exclusions, the candidates each half
-    reads, a named period's exact bound (the other values are parameters)."""
+    of scored words, whether words find, the neighbours, the exclusions, whether in an agent's role, the
+    candidates each half reads, a named period's exact bound, last (the other values are parameters)."""
     return (int(n), (parts.model.table_name, parts.model.storage) if parts.vector_runs else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
             len(parts.plan.terms) if parts.scoring else None, matching, parts.context, any(parts.excluded),
-            parts.exact if parts.period is not None else None, parts.in_role)
+            parts.in_role, parts.exact if parts.period is not None else None)
 
 
 def statement(query: Query, parts: StatementParts, settings: Settings, n: int):
