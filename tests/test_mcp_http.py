@@ -19,21 +19,8 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from memctl.records import agents
+from tests.test_agents import can_create_roles, db_url  # noqa: F401  (fixtures: an owner that may make roles)
 from tests.test_mcp import Served, _exe
-
-
-@pytest.fixture
-def db_url(agents_db_url):
-    """An owner that may make agents' roles: the test role where it may, else the CREATEROLE role's
-    (CI step 3: memctl_dba; tests/test_agents_owner.py tests the owner without CREATEROLE)."""
-    return agents_db_url
-
-
-@pytest.fixture
-def can_create_roles(pg_role, conn):
-    if not conn.execute(agents.CAN_CREATE_ROLES).fetchone()["yes"]:
-        pytest.skip(f"needs CREATEROLE to make agents' roles; the test role {pg_role.name!r} lacks it")
 
 
 def _port() -> int:
