@@ -69,6 +69,19 @@ WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis evictio
          "consumer scaled certificate renewal backup restore latency index customer refund release").split()
 
 
+_KEPT: list = []  # the empty config files below live as long as the bench
+
+
+def embedder_env(embedder: str, model: str) -> dict:
+    """The environment this bench and the memctl processes it starts share: the embedder and model, and an
+    empty config file of its own (no settings from the operator's). Set in os.environ too, returned for children."""
+    empty_config = tempfile.NamedTemporaryFile(prefix="memctl-bench-", suffix=".toml")
+    _KEPT.append(empty_config)
+    env = {**os.environ, "MEMCTL_EMBEDDER": embedder, "MEMCTL_EMBED_MODEL": model, "MEMCTL_CONFIG": empty_config.name}
+    os.environ.update({k: env[k] for k in ("MEMCTL_EMBEDDER", "MEMCTL_EMBED_MODEL", "MEMCTL_CONFIG")})
+    return env
+
+
 def local_or_hash(choice: str | None) -> str:
     """The embedder a bench targets: as asked, else the local MiniLM when installed, else hash."""
     if choice is not None:

@@ -32,13 +32,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import anyio
 
-from _common import WORDS, fresh_database, median, parser, percentile, server
+from _common import WORDS, embedder_env, fresh_database, median, parser, percentile, server
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
@@ -139,10 +138,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--seconds", type=float, default=60)
     args = p.parse_args()
-    empty_config = tempfile.NamedTemporaryFile(prefix="memctl-bench-", suffix=".toml")
-    env = {**os.environ, "MEMCTL_EMBEDDER": "hash", "MEMCTL_EMBED_MODEL": "hash-embed",
-           "MEMCTL_CONFIG": empty_config.name}
-    os.environ.update({k: env[k] for k in ("MEMCTL_EMBEDDER", "MEMCTL_EMBED_MODEL", "MEMCTL_CONFIG")})
+    env = embedder_env("hash", "hash-embed")
     from memctl import config, db
     from memctl.reading import search
     from memctl.reading.query import Query

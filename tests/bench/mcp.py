@@ -27,13 +27,12 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import anyio
 
-from _common import WORDS, fresh_database, local_or_hash, median, parser, percentile, server, wall
+from _common import WORDS, embedder_env, fresh_database, local_or_hash, median, parser, percentile, server, wall
 
 # This file is named mcp.py: the SDK's package `mcp` must not resolve to it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -91,9 +90,7 @@ def main() -> None:
     args = p.parse_args()
     embedder = local_or_hash(args.embedder)
     model = "all-minilm" if embedder == "local" else "hash-embed"
-    empty_config = tempfile.NamedTemporaryFile(prefix="memctl-bench-", suffix=".toml")  # no settings of its own
-    env = {**os.environ, "MEMCTL_EMBEDDER": embedder, "MEMCTL_EMBED_MODEL": model, "MEMCTL_CONFIG": empty_config.name}
-    os.environ.update({k: env[k] for k in ("MEMCTL_EMBEDDER", "MEMCTL_EMBED_MODEL", "MEMCTL_CONFIG")})
+    env = embedder_env(embedder, model)
     from memctl import config, db
     from memctl.reading import search
     from memctl.reading.query import Query
