@@ -82,6 +82,23 @@ def embedder_env(embedder: str, model: str) -> dict:
     return env
 
 
+def load_words(url: str, settings, n: int, agent_of) -> None:
+    """n episodes of 8-30 random WORDS each (seeded), episode i written by agent_of(i), through episode import."""
+    import json
+    import random
+
+    from memctl import db
+    from memctl.records import episodes
+
+    rng = random.Random(7)
+    lines = (json.dumps({"content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))) + f" ({i})",
+                         "agent": agent_of(i), "kind": "observation"}).encode() for i in range(n))
+    with db.connect(url) as conn:
+        result = episodes.ImportResult()
+        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+                                                                      result=result), result=result)
+
+
 def local_or_hash(choice: str | None) -> str:
     """The embedder a bench targets: as asked, else the local MiniLM when installed, else hash."""
     if choice is not None:

@@ -25,7 +25,6 @@ analyzed. Printed side by side, from one run:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import anyio
 
-from _common import WORDS, embedder_env, fresh_database, median, parser, percentile, server
+from _common import WORDS, embedder_env, fresh_database, load_words, median, parser, percentile, server
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
@@ -46,16 +45,7 @@ AGENTS = [f"a{i}" for i in range(20)]
 
 
 def load(url: str, settings, n: int) -> None:
-    from memctl import db
-    from memctl.records import episodes
-
-    rng = random.Random(7)
-    lines = (json.dumps({"content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))) + f" ({i})",
-                         "agent": AGENTS[i % len(AGENTS)], "kind": "observation"}).encode() for i in range(n))
-    with db.connect(url) as conn:
-        result = episodes.ImportResult()
-        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
-                                                                      result=result), result=result)
+    load_words(url, settings, n, lambda i: AGENTS[i % len(AGENTS)])
 
 
 def _port() -> int:

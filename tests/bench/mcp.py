@@ -21,9 +21,7 @@ call ÷ library (goal <= 1.5).
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -32,7 +30,8 @@ from pathlib import Path
 
 import anyio
 
-from _common import WORDS, embedder_env, fresh_database, local_or_hash, median, parser, percentile, server, wall
+from _common import (embedder_env, fresh_database, load_words, local_or_hash, median, parser, percentile, server,
+                     wall)
 
 # This file is named mcp.py: the SDK's package `mcp` must not resolve to it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -42,17 +41,7 @@ AGENTS = [f"agent{i}" for i in range(6)]
 
 
 def load(url: str, settings, n: int) -> None:
-    from memctl import db
-    from memctl.records import episodes
-
-    rng = random.Random(7)
-    lines = (json.dumps({"content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))) + f" ({i})",
-                         "agent": "a" if i % 6 == 0 else AGENTS[i % 6], "kind": "observation"}).encode()
-             for i in range(n))
-    with db.connect(url) as conn:
-        result = episodes.ImportResult()
-        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
-                                                                      result=result), result=result)
+    load_words(url, settings, n, lambda i: "a" if i % 6 == 0 else AGENTS[i % 6])
 
 
 async def measure(exe: str, env: dict, calls: int, library) -> tuple[list[float], list[float], int]:
