@@ -17,6 +17,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 from typing_extensions import TypedDict
@@ -229,7 +230,10 @@ def answer(name: str, session: tools.Session | Callable[[], tools.Session], argu
             session = session()
         if writes and session.scope.read_only:
             raise MemctlError(f"{name} writes, and agent {session.scope.agent!r} is read-only")
-        reply = implementation(session, **arguments)
+        try:
+            reply = implementation(session, **arguments)
+        except tools.Stale:  # a read on a connection the server had just ended: once more, on a new one
+            reply = implementation(session, **arguments)
     except MemctlError as exc:
         message = _clean(str(exc))
         if isinstance(exc, Unavailable):
@@ -243,8 +247,19 @@ def answer(name: str, session: tools.Session | Callable[[], tools.Session], argu
     return CallToolResult(content=[TextContent(type="text", text=reply.text)], structured_content=reply.data)
 
 
-def _bind(declared, session):
-    @functools.wraps(declared)  # the SDK reads the declaration's signature through __wrapped__
+def _bind(declared, session, inline: bool):
+    """The tool's body for the SDK. The SDK runs a plain function in a worker thread, so that calls may run
+    side by side (HTTP: many agents); an async one on the event loop itself. `inline` (stdio) takes the
+    second: one client, one connection, calls one at a time whatever thread runs them, and the thread
+    hop was a tenth of a search tool call's time."""
+    if inline:
+        @functools.wraps(declared)  # the SDK reads the declaration's signature through __wrapped__
+        async def on_loop(**arguments):
+            return answer(declared.__name__, session, arguments)
+
+        return on_loop
+
+    @functools.wraps(declared)
     def call(**arguments):
         return answer(declared.__name__, session, arguments)
 
@@ -273,19 +288,52 @@ INSTRUCTIONS = ("memctl: long-term memory on PostgreSQL. Call recall at the star
 
 
 def build(session: tools.Session | Callable[[], tools.Session], *, scope: tools.Scope | None = None,
-          describe: str | None = None, **options: Any) -> Server:
+          describe: str | None = None, inline: bool = False, **options: Any) -> Server:
     """The server of one session (stdio), or of a function giving each call's session (HTTP: `scope` says which
-    tools to offer, `describe` the instructions' scope, `options` go to MCPServer: the token verifier)."""
+    tools to offer, `describe` the instructions' scope, `options` go to MCPServer: the token verifier).
+    `inline`: run the tools on the event loop, one at a time (stdio's one session; see _bind)."""
     scope = scope or session.scope
     offered = set(tools.offered(scope))
     declared = [d for d in DECLARED if d.__name__ in offered]
-    server = Server("memctl", version=__version__, instructions=INSTRUCTIONS.format(scope=describe or scope.describe()),
-                    log_level="WARNING", parameters={d.__name__: set(inspect.signature(d).parameters)
-                                                     for d in declared}, **options)
+    made = []
     for item in declared:
         writes = tools.TOOLS[item.__name__][1]
-        server.add_tool(_bind(item, session), name=item.__name__, annotations=WRITE if writes else READ)
-    return server
+        tool = Tool.from_function(_bind(item, session, inline), name=item.__name__,
+                                  annotations=WRITE if writes else READ)
+        if tool.fn_metadata.output_schema is not None:  # the SDK reads the field live (FuncMetadata's doc)
+            tool.fn_metadata.output_schema = published(tool.fn_metadata.output_schema)
+        made.append(tool)
+    return Server("memctl", version=__version__, instructions=INSTRUCTIONS.format(scope=describe or scope.describe()),
+                  log_level="WARNING", tools=made,
+                  parameters={d.__name__: set(inspect.signature(d).parameters) for d in declared}, **options)
+
+
+def published(schema: dict[str, Any]) -> dict[str, Any]:
+    """An output schema as a client checks it fastest, passing the same values: each definition written out
+    where it is used (no $ref, no $defs), and a value that may be null as a list of types rather than an
+    anyOf. The SDK's client checks every structured result against it (jsonschema, in Python): a search
+    result's check took a third less time so (docs/benchmarks.md)."""
+    definitions = schema.get("$defs", {})
+
+    def written_out(node: Any, within: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [written_out(item, within) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            name = node["$ref"].rsplit("/", 1)[-1]
+            if name in within:
+                raise ValueError(f"output schema: {name} refers to itself; it cannot be written out")
+            rest = {key: value for key, value in node.items() if key != "$ref"}
+            return written_out({**definitions[name], **rest}, within + (name,))
+        node = {key: written_out(value, within) for key, value in node.items() if key != "$defs"}
+        options = node.get("anyOf")
+        if options and all(set(option) == {"type"} and isinstance(option["type"], str) for option in options):
+            node = {key: value for key, value in node.items() if key != "anyOf"}
+            node["type"] = [option["type"] for option in options]
+        return node
+
+    return written_out(schema, ())
 
 
 class _OneLine(logging.Formatter):
@@ -311,4 +359,4 @@ def serve(session: tools.Session) -> None:
     from memctl.mcp import transport
 
     configure_logging()
-    anyio.run(transport.serve, build(session))
+    anyio.run(transport.serve, build(session, inline=True))

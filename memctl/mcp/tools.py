@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import select
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -101,6 +102,23 @@ class Scope:
 PING = "SELECT 1"
 
 
+class Stale(DatabaseUnavailable):
+    """A call that only reads failed on an idle connection taken unproven (Session.connection): run it again."""
+
+
+def _quiet(conn) -> bool:
+    """Whether an idle, open connection's socket has nothing to read. A server that restarted, or ended the
+    session, has sent its last words or closed the socket, which makes it readable; a quiet one is most
+    likely alive (a silent network cut hangs a ping as long as the call's own first statement)."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return mask_secrets(text.splitlines()[0] if text else type(exc).__name__)
@@ -135,19 +153,26 @@ class Session:
         return not self.scope.read_only
 
     @contextmanager
-    def connection(self) -> Iterator[Any]:
-        """A live connection for one call; a database failure becomes memctl's error."""
+    def connection(self, *, rerun: bool = False) -> Iterator[Any]:
+        """A live connection for one call; a database failure becomes memctl's error.
+
+        An idle connection is proven alive by a round trip first (SELECT 1, or SET ROLE in an agent's role).
+        `rerun`: the call only reads, and protocol.answer may run it again. It then takes an idle connection
+        unproven when its socket is quiet (_quiet), saving the round trip; should the server have ended the
+        connection a moment before after all, the call fails with Stale, having changed nothing."""
         import psycopg
 
         with self._slots:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
+            unproven = rerun and conn is not None and self.role is None and _quiet(conn)
             try:
-                conn = self._live(conn)
+                conn = conn if unproven else self._live(conn)
                 yield conn
             except psycopg.OperationalError as exc:
                 conn = self._drop(conn)
-                raise DatabaseUnavailable(f"database unavailable: {_first_line(exc)}") from None
+                failure = Stale if unproven else DatabaseUnavailable
+                raise failure(f"database unavailable: {_first_line(exc)}") from None
             except psycopg.Error as exc:
                 if conn is not None and (conn.closed or conn.broken):
                     conn = self._drop(conn)
@@ -312,7 +337,7 @@ def search(session: Session, query: str, *, k: int = 5, kind: str | None = None,
     _when(until, "until")
     q = Query(query, k=k, agent=session.scope.agent, kind=kind, since=since, until=until, mode=mode)
     q.check()
-    with session.connection() as conn:  # the hits count as accessed as the library counts them (its `track`)
+    with session.connection(rerun=True) as conn:  # hits count as accessed as in the library (its `track`)
         outcome = search_mod.search(conn, session.settings, q, track=session.track)
     hits = outcome.hits
     degraded = outcome.mode != mode
@@ -345,7 +370,7 @@ SELECT id, agent, kind, source, importance, created_at, meta, content FROM episo
 def episode_get(session: Session, id: int) -> Reply:  # noqa: A002 - the tool's argument, as search names it
     """One episode by id, in scope: another agent's id is not found, exactly as a missing one."""
     agent = session.scope.agent
-    with session.connection() as conn:
+    with session.connection(rerun=True) as conn:
         row = conn.execute(EPISODE if agent is not None else EPISODE_ANY_AGENT, {"id": id, "agent": agent}).fetchone()
     if row is None:
         raise NotFound(f"no episode {id}")
@@ -362,7 +387,7 @@ def recall(session: Session, observation: str, *, max_tokens: int | None = None,
     scope = session.scope
     request = recall_mod.Request(observation, agent=scope.agent, namespace=scope.namespace, shared=scope.shared,
                                  k=k, max_tokens=max_tokens, track=session.track)
-    with session.connection() as conn:
+    with session.connection(rerun=True) as conn:
         result = recall_mod.recall(conn, session.settings, request)
     data = {"text": result.text(), **plain(result.to_dict()), "degraded": result.mode != "hybrid",
             "warnings": result.warnings}
@@ -382,14 +407,14 @@ def fact_get(session: Session, key: str, *, namespace: str | None = None, as_of:
     """The current value, or with `as_of` (a duration back or an ISO time) the value valid then."""
     ns = session.scope.readable(namespace)
     at = _when(as_of, "as_of")
-    with session.connection() as conn:
+    with session.connection(rerun=True) as conn:
         fact = facts.get_fact(conn, key, namespace=ns, as_of=at)
     return Reply(plain(fact.to_dict()), fact.value)
 
 
 def fact_list(session: Session, *, prefix: str | None = None, namespace: str | None = None) -> Reply:
     ns = session.scope.readable(namespace)
-    with session.connection() as conn:
+    with session.connection(rerun=True) as conn:
         rows = []
         for fact in facts.list_facts(conn, namespace=ns, prefix=prefix):
             if len(rows) == MAX_FACTS:
@@ -419,7 +444,7 @@ def fact_set(session: Session, key: str, value: str, *, namespace: str | None = 
 
 def fact_history(session: Session, key: str, *, namespace: str | None = None) -> Reply:
     ns = session.scope.readable(namespace)
-    with session.connection() as conn:
+    with session.connection(rerun=True) as conn:
         rows = plain(facts.history(conn, key, namespace=ns))
     lines = [f"v{r['version']} {r['changed_at']} {r['op']}: {r['old_value']!r} -> {r['new_value']!r}"
              + (f" (source {r['source']})" if r["source"] else "")

@@ -1,19 +1,33 @@
-"""`memctl mcp`'s stdio transport: the SDK's, with the end of input held back until every request is answered.
+"""`memctl mcp`'s stdio transport: JSON-RPC lines, the end of input held back until every request is answered.
 
-The SDK's dispatcher takes the end of input as the client gone and cancels the requests still
+The end of input. The SDK's dispatcher takes it as the client gone and cancels the requests still
 running (mcp.shared.jsonrpc_dispatcher). But a client may close its end once it has sent its
 requests and still read the answers: a shell pipeline (`printf ... | memctl mcp`), or the protocol's
 own shutdown for stdio (close the server's input, wait for it to exit). A `remember` sent just
 before would then be stored, or not, without the client ever being told which. Here the server
 sees the end of input only once every request read before it has been answered, or after
 ANSWER_GRACE seconds; a request the client cancelled is owed nothing.
+
+The wire. When stdin and stdout are pipes or sockets (an agent's client starts `memctl mcp` with
+pipes), they are read and written by the event loop itself. The SDK's stdio_server reads each line
+and writes and flushes each answer in a worker thread: three thread hops a call, about half a
+millisecond, more than the rest of the protocol costs (docs/benchmarks.md). Anything else (a file,
+a terminal, which must not be put in non-blocking mode under the shell) goes through the SDK's
+stdio_server as it is. Either way, while serving, descriptor 0 reads the null device and 1 writes to
+stderr, so nothing but the protocol reaches the client's end.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import mcp_types as types
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
@@ -22,6 +36,11 @@ from mcp_types import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPC
 # Seconds the end of input waits for the answers still owed: longer than a tool call takes
 # (search's own timeouts are seconds), short enough that a hung call never keeps the process.
 ANSWER_GRACE = 60.0
+
+# The longest line held in memory: a request carries at most one episode, at most 64 MiB (the most
+# [limits] episode_bytes allows), each byte escaped as JSON in up to 6; a longer line is skipped and
+# answered as an error, so a hostile client cannot grow the server's buffer without bound.
+LINE_LIMIT = 6 * 64 * 2**20 + 2**20
 
 
 class Owed:
@@ -52,21 +71,149 @@ class Owed:
             await self._changed.wait()
 
 
+def _is_pipe(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def on_pipes() -> bool:
+    """Whether stdin and stdout are both pipes or sockets, which the event loop can read and write itself."""
+    return _is_pipe(0) and _is_pipe(1)
+
+
+@contextlib.contextmanager
+def _claimed_wire():
+    """Private copies of descriptors 0 and 1 for the protocol; 0 reads the null device and 1 writes to stderr
+    meanwhile (a child process or a stray print reaches neither end of the wire). Restored on exit."""
+    wire_in = os.dup(0)  # not inherited by children (os.dup's copies are close-on-exec)
+    wire_out = os.dup(1)
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        try:
+            os.dup2(null, 0)
+        finally:
+            os.close(null)
+        os.dup2(2, 1)
+        yield wire_in, wire_out
+    finally:
+        for fd, wire in ((0, wire_in), (1, wire_out)):
+            with contextlib.suppress(OSError):
+                os.set_blocking(wire, True)  # the event loop made it non-blocking; the shell may share it
+                os.dup2(wire, fd)
+            os.close(wire)
+
+
+@contextlib.asynccontextmanager
+async def _pipes() -> AsyncIterator[tuple[AsyncIterator[bytes | Exception], Callable[[bytes], Awaitable[None]]]]:
+    """The wire's lines in (an overlong one as an error), and a function writing one out, on the event loop."""
+    loop = asyncio.get_running_loop()
+    with _claimed_wire() as (wire_in, wire_out):
+        reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        in_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                       os.fdopen(wire_in, "rb", buffering=0, closefd=False))
+        out_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                                os.fdopen(wire_out, "wb", buffering=0, closefd=False))
+        writer = asyncio.StreamWriter(out_transport, protocol, None, loop)
+
+        async def write(data: bytes) -> None:
+            writer.write(data)
+            await writer.drain()
+
+        try:
+            yield lines(reader), write
+        finally:
+            in_transport.close()
+            out_transport.close()
+
+
+async def lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes | Exception]:
+    """The lines of `reader`, each with its newline (the last may have none); a line longer than the reader's
+    limit is skipped and given as an error, and the lines after it are read as usual."""
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as end:
+            if end.partial:
+                yield end.partial
+            return
+        except asyncio.LimitOverrunError:
+            await _skip_line(reader)
+            yield ValueError("a line longer than the server reads was skipped")
+            continue
+        yield line
+
+
+async def _skip_line(reader: asyncio.StreamReader) -> None:
+    """Read past the end of an overlong line, a buffer's worth at a time."""
+    while True:
+        try:
+            await reader.readuntil(b"\n")
+            return
+        except asyncio.LimitOverrunError as more:
+            await reader.readexactly(more.consumed)
+        except asyncio.IncompleteReadError:
+            return
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    """One line of the wire as the SDK's stdio transport parses it (invalid UTF-8 replaced, not fatal)."""
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line.decode("utf-8", "replace"),
+                                                                          by_name=False))
+    except Exception as exc:  # the dispatcher answers it (or logs it) and goes on
+        return exc
+
+
 async def serve(server: MCPServer, grace: float = ANSWER_GRACE) -> None:
     """Serve `server` over stdio until the client closes its end and has its answers."""
+    lowlevel = server._lowlevel_server  # MCPServer.run_stdio_async's own server, with these streams instead
     owed = Owed()
-    async with stdio_server() as (stdin, stdout):
-        to_server, server_reads = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-        server_writes, from_server = anyio.create_memory_object_stream[SessionMessage](0)
+    to_server, server_reads = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    server_writes, from_server = anyio.create_memory_object_stream[SessionMessage](0)
 
+    async def run(receive_input: Callable[[], Awaitable[None]], send_output: Callable[[], Awaitable[None]]) -> None:
+        async with anyio.create_task_group() as reading:
+            reading.start_soon(receive_input)
+            async with anyio.create_task_group() as writing:
+                writing.start_soon(send_output)
+                await lowlevel.run(server_reads, server_writes, lowlevel.create_initialization_options())
+            reading.cancel_scope.cancel()  # the server ended (its input did, or it failed): stop reading
+
+    async def end_of_input() -> None:
+        with anyio.move_on_after(grace):  # the client is done sending: the answers it is owed first
+            await owed.paid()
+
+    if on_pipes():
+        async with _pipes() as (lines, write):
+            async def receive_input() -> None:
+                async with to_server:
+                    async for line in lines:
+                        item = line if isinstance(line, Exception) else _parse(line)
+                        if isinstance(item, SessionMessage):
+                            owed.read(item.message)
+                        await to_server.send(item)
+                    await end_of_input()
+
+            async def send_output() -> None:
+                async with from_server:
+                    async for item in from_server:
+                        await write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+                        owed.written(item.message)
+
+            await run(receive_input, send_output)
+        return
+
+    async with stdio_server() as (stdin, stdout):
         async def relay_input() -> None:
             async with stdin, to_server:
                 async for item in stdin:
                     if isinstance(item, SessionMessage):
                         owed.read(item.message)
                     await to_server.send(item)
-                with anyio.move_on_after(grace):  # the client is done sending: the answers it is owed first
-                    await owed.paid()
+                await end_of_input()
 
         async def relay_output() -> None:
             async with from_server, stdout:
@@ -74,10 +221,4 @@ async def serve(server: MCPServer, grace: float = ANSWER_GRACE) -> None:
                     await stdout.send(item)
                     owed.written(item.message)
 
-        lowlevel = server._lowlevel_server  # MCPServer.run_stdio_async's own server, with these streams instead
-        async with anyio.create_task_group() as reading:
-            reading.start_soon(relay_input)
-            async with anyio.create_task_group() as writing:
-                writing.start_soon(relay_output)
-                await lowlevel.run(server_reads, server_writes, lowlevel.create_initialization_options())
-            reading.cancel_scope.cancel()  # the server ended (its input did, or it failed): stop reading
+        await run(relay_input, relay_output)
