@@ -199,3 +199,19 @@ def test_pipes_carry_a_large_answer_and_a_bad_line_is_no_harm(conn, memctl_env):
            "params": {"name": "episode_get", "arguments": {"id": stored["id"]}}}
     second = _serve_pipes([json.dumps(m).encode() for m in INITIALIZE + [get]])
     assert second[3]["result"]["structuredContent"]["content"] == big
+
+
+def test_a_client_that_stops_reading_ends_the_server_quietly(memctl_env):
+    """The client's end of our output closed before any answer: one warning line, exit 0, no traceback
+    (was a BrokenPipeError's traceback and exit 1)."""
+    calls = [{"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
+              "params": {"name": "search", "arguments": {"query": "disk full " * 50, "k": 50}}} for i in range(20)]
+    proc = subprocess.Popen([_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ))
+    proc.stdout.close()
+    proc.stdin.write("".join(json.dumps(m) + "\n" for m in INITIALIZE + calls).encode())
+    proc.stdin.close()
+    assert proc.wait(120) == 0
+    err = proc.stderr.read().decode()
+    assert "Traceback" not in err and "the client stopped reading" in err
+    assert all(line.startswith("memctl: ") for line in err.splitlines()), err

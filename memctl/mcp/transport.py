@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +33,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
+
+log = logging.getLogger("memctl.mcp")
 
 # Seconds the end of input waits for the answers still owed: longer than a tool call takes
 # (search's own timeouts are seconds), short enough that a hung call never keeps the process.
@@ -167,45 +170,78 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
+# A client gone from its end of our output: the write that found it so, and what it broke after it.
+GONE = (BrokenPipeError, ConnectionResetError)
+AFTER_GONE = (*GONE, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+def _reader_gone(group: BaseExceptionGroup) -> bool:
+    """Whether the serving failed only because the client stopped reading our output."""
+    found = group.subgroup(lambda exc: isinstance(exc, GONE))
+    other = group.subgroup(lambda exc: not isinstance(exc, (BaseExceptionGroup, *AFTER_GONE)))
+    return found is not None and other is None
+
+
 async def serve(server: MCPServer, grace: float = ANSWER_GRACE) -> None:
-    """Serve `server` over stdio until the client closes its end and has its answers."""
-    lowlevel = server._lowlevel_server  # MCPServer.run_stdio_async's own server, with these streams instead
+    """Serve `server` over stdio until the client closes its end and has its answers, or until nobody reads
+    its answers any more (one warning line, no traceback: the client is gone, an error would reach no one)."""
     owed = Owed()
-    to_server, server_reads = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    server_writes, from_server = anyio.create_memory_object_stream[SessionMessage](0)
+    try:
+        await (_serve_pipes if on_pipes() else _serve_files)(server, owed, grace)
+    except BaseExceptionGroup as group:
+        if not _reader_gone(group):
+            raise
+        log.warning("the client stopped reading; %d answer(s) not delivered", len(owed.ids))
 
-    async def run(receive_input: Callable[[], Awaitable[None]], send_output: Callable[[], Awaitable[None]]) -> None:
-        async with anyio.create_task_group() as reading:
-            reading.start_soon(receive_input)
-            async with anyio.create_task_group() as writing:
-                writing.start_soon(send_output)
-                await lowlevel.run(server_reads, server_writes, lowlevel.create_initialization_options())
-            reading.cancel_scope.cancel()  # the server ended (its input did, or it failed): stop reading
 
-    async def end_of_input() -> None:
-        with anyio.move_on_after(grace):  # the client is done sending: the answers it is owed first
-            await owed.paid()
+def _streams() -> tuple:
+    return (*anyio.create_memory_object_stream[SessionMessage | Exception](0),
+            *anyio.create_memory_object_stream[SessionMessage](0))
 
-    if on_pipes():
-        async with _pipes() as (lines, write):
-            async def receive_input() -> None:
-                async with to_server:
-                    async for line in lines:
-                        item = line if isinstance(line, Exception) else _parse(line)
-                        if isinstance(item, SessionMessage):
-                            owed.read(item.message)
-                        await to_server.send(item)
-                    await end_of_input()
 
-            async def send_output() -> None:
-                async with from_server:
-                    async for item in from_server:
-                        await write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
-                        owed.written(item.message)
+async def _run(server: MCPServer, streams: tuple, receive_input: Callable[[], Awaitable[None]],
+               send_output: Callable[[], Awaitable[None]]) -> None:
+    """The SDK's server between the two relays (MCPServer.run_stdio_async's own server, other streams)."""
+    _, server_reads, server_writes, _ = streams
+    lowlevel = server._lowlevel_server
+    async with anyio.create_task_group() as reading:
+        reading.start_soon(receive_input)
+        async with anyio.create_task_group() as writing:
+            writing.start_soon(send_output)
+            await lowlevel.run(server_reads, server_writes, lowlevel.create_initialization_options())
+        reading.cancel_scope.cancel()  # the server ended (its input did, or it failed): stop reading
 
-            await run(receive_input, send_output)
-        return
 
+async def _end_of_input(owed: Owed, grace: float) -> None:
+    with anyio.move_on_after(grace):  # the client is done sending: the answers it is owed first
+        await owed.paid()
+
+
+async def _serve_pipes(server: MCPServer, owed: Owed, grace: float) -> None:
+    streams = _streams()
+    to_server, _, _, from_server = streams
+    async with _pipes() as (lines, write):
+        async def receive_input() -> None:
+            async with to_server:
+                async for line in lines:
+                    item = line if isinstance(line, Exception) else _parse(line)
+                    if isinstance(item, SessionMessage):
+                        owed.read(item.message)
+                    await to_server.send(item)
+                await _end_of_input(owed, grace)
+
+        async def send_output() -> None:
+            async with from_server:
+                async for item in from_server:
+                    await write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+                    owed.written(item.message)
+
+        await _run(server, streams, receive_input, send_output)
+
+
+async def _serve_files(server: MCPServer, owed: Owed, grace: float) -> None:
+    streams = _streams()
+    to_server, _, _, from_server = streams
     async with stdio_server() as (stdin, stdout):
         async def relay_input() -> None:
             async with stdin, to_server:
@@ -213,7 +249,7 @@ async def serve(server: MCPServer, grace: float = ANSWER_GRACE) -> None:
                     if isinstance(item, SessionMessage):
                         owed.read(item.message)
                     await to_server.send(item)
-                await end_of_input()
+                await _end_of_input(owed, grace)
 
         async def relay_output() -> None:
             async with from_server, stdout:
@@ -221,4 +257,4 @@ async def serve(server: MCPServer, grace: float = ANSWER_GRACE) -> None:
                     await stdout.send(item)
                     owed.written(item.message)
 
-        await run(relay_input, relay_output)
+        await _run(server, streams, relay_input, relay_output)
