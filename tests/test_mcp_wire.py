@@ -215,3 +215,19 @@ def test_a_client_that_stops_reading_ends_the_server_quietly(memctl_env):
     err = proc.stderr.read().decode()
     assert "Traceback" not in err and "the client stopped reading" in err
     assert all(line.startswith("memctl: ") for line in err.splitlines()), err
+
+
+def test_an_overlong_request_line_is_answered_as_an_error_and_the_server_reads_on(conn, memctl_env):
+    """The line bound follows [limits]: at the smallest episode_bytes (128 KiB) a 4 MiB line is more than
+    any request can be; it is skipped whole, and the next request is answered."""
+    with open(memctl_env["MEMCTL_CONFIG"], "w") as file:
+        file.write("[limits]\nepisode_bytes = 131072\nvalue_bytes = 4096\n")
+    overlong = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "remember", "arguments": {"content": "x" * (4 << 20)}}}
+    after = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+             "params": {"name": "remember", "arguments": {"content": "the line after the long one"}}}
+    answers = _serve_pipes([json.dumps(m).encode() for m in INITIALIZE + [overlong, after]])
+    assert answers[3]["result"]["structuredContent"]["stored"] is True
+    assert 2 not in answers  # never parsed, so never a request: no id to answer
+    contents = [r["content"] for r in conn.execute("SELECT content FROM episodes WHERE agent = 'a'").fetchall()]
+    assert contents == ["the line after the long one"]

@@ -359,4 +359,6 @@ def serve(session: tools.Session) -> None:
     from memctl.mcp import transport
 
     configure_logging()
-    anyio.run(transport.serve, build(session, inline=True))
+    limits = session.settings.limits
+    anyio.run(transport.serve, build(session, inline=True),
+              transport.line_limit(max(limits.episode_bytes, limits.value_bytes)))

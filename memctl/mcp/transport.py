@@ -40,10 +40,12 @@ log = logging.getLogger("memctl.mcp")
 # (search's own timeouts are seconds), short enough that a hung call never keeps the process.
 ANSWER_GRACE = 60.0
 
-# The longest line held in memory: a request carries at most one episode, at most 64 MiB (the most
-# [limits] episode_bytes allows), each byte escaped as JSON in up to 6; a longer line is skipped and
-# answered as an error, so a hostile client cannot grow the server's buffer without bound.
-LINE_LIMIT = 6 * 64 * 2**20 + 2**20
+
+def line_limit(largest_text: int) -> int:
+    """The longest request line held in memory: one text of at most `largest_text` bytes (memctl's [limits]
+    episode_bytes or value_bytes), each byte escaped as JSON in up to 6 (\\u0000), and a mebibyte for the
+    rest. A longer line is skipped and answered as an error, so a client cannot grow the buffer unbounded."""
+    return 6 * largest_text + 2**20
 
 
 class Owed:
@@ -109,12 +111,15 @@ def _claimed_wire():
             os.close(wire)
 
 
+Lines = AsyncIterator[bytes | Exception]
+
+
 @contextlib.asynccontextmanager
-async def _pipes() -> AsyncIterator[tuple[AsyncIterator[bytes | Exception], Callable[[bytes], Awaitable[None]]]]:
+async def _pipes(limit: int) -> AsyncIterator[tuple[Lines, Callable[[bytes], Awaitable[None]]]]:
     """The wire's lines in (an overlong one as an error), and a function writing one out, on the event loop."""
     loop = asyncio.get_running_loop()
     with _claimed_wire() as (wire_in, wire_out):
-        reader = asyncio.StreamReader(limit=LINE_LIMIT)
+        reader = asyncio.StreamReader(limit=limit)
         in_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
                                                        os.fdopen(wire_in, "rb", buffering=0, closefd=False))
         out_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
@@ -132,7 +137,7 @@ async def _pipes() -> AsyncIterator[tuple[AsyncIterator[bytes | Exception], Call
             out_transport.close()
 
 
-async def lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes | Exception]:
+async def lines(reader: asyncio.StreamReader) -> Lines:
     """The lines of `reader`, each with its newline (the last may have none); a line longer than the reader's
     limit is skipped and given as an error, and the lines after it are read as usual."""
     while True:
@@ -182,12 +187,16 @@ def _reader_gone(group: BaseExceptionGroup) -> bool:
     return found is not None and other is None
 
 
-async def serve(server: MCPServer, grace: float = ANSWER_GRACE) -> None:
+async def serve(server: MCPServer, limit: int, grace: float = ANSWER_GRACE) -> None:
     """Serve `server` over stdio until the client closes its end and has its answers, or until nobody reads
-    its answers any more (one warning line, no traceback: the client is gone, an error would reach no one)."""
+    its answers any more (one warning line, no traceback: the client is gone, an error would reach no one).
+    `limit`: the longest line read from pipes (line_limit)."""
     owed = Owed()
     try:
-        await (_serve_pipes if on_pipes() else _serve_files)(server, owed, grace)
+        if on_pipes():
+            await _serve_pipes(server, owed, grace, limit)
+        else:
+            await _serve_files(server, owed, grace)
     except BaseExceptionGroup as group:
         if not _reader_gone(group):
             raise
@@ -217,10 +226,10 @@ async def _end_of_input(owed: Owed, grace: float) -> None:
         await owed.paid()
 
 
-async def _serve_pipes(server: MCPServer, owed: Owed, grace: float) -> None:
+async def _serve_pipes(server: MCPServer, owed: Owed, grace: float, limit: int) -> None:
     streams = _streams()
     to_server, _, _, from_server = streams
-    async with _pipes() as (lines, write):
+    async with _pipes(limit) as (lines, write):
         async def receive_input() -> None:
             async with to_server:
                 async for line in lines:
