@@ -17,6 +17,7 @@ import pytest
 from memctl.embedding import models
 from memctl.reembed import quality
 from tests.ollama_server import OllamaTestServer, _hash_fn, meaningless_fn
+from tests.test_reembed import env  # noqa: F401  (the fixture: memctl on this module's `server`, all-minilm)
 
 VOCABULARY = [f"{a}{b}" for a in ("bra", "clo", "dri", "fen", "gul", "hom", "jas", "kri", "lum", "mor")
               for b in ("tap", "vex", "wix", "zul", "quo", "nip", "rak", "sog", "tev", "yum")]
@@ -30,14 +31,6 @@ def server():
         running.add_model("all-minilm", 384, 256, _hash_fn("all-minilm", 384))
         running.add_model("noise-embed", 384, 512, meaningless_fn(384))
         yield running
-
-
-@pytest.fixture
-def env(server, memctl_env, monkeypatch):
-    values = {"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": server.url}
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return {**memctl_env, **values}
 
 
 def episode(i: int) -> str:
