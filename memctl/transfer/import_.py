@@ -31,7 +31,7 @@ from memctl.errors import BadValue, Blocked, InvalidInput
 from memctl.records import facts
 from memctl.write import gate, repeats, store
 from memctl.transfer.export import FORMAT, TYPES
-from memctl.transfer.known import Known, Pending, resolve
+from memctl.transfer.known import Known, Pending, holders, resolve
 
 BATCH = 2000
 
@@ -353,8 +353,7 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
     """
     conn, result = loader.conn, loader.result
     known = Known()
-    known.load(conn, list({raw.created_at for _, raw, _, _, _ in batch}), [raw.agent for _, raw, _, _, _ in batch],
-               [key for _, _, _, _, key in batch])
+    known.load(conn, list({raw.created_at for _, raw, _, _, _ in batch}))
     fresh, vectors, repeated, hints, keys = [], [], [], [], []
     for old_id, raw, given, hint, key in batch:
         slot = known.find((raw.agent, raw.content_hash, raw.created_at), key)
@@ -363,8 +362,6 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
             if ep is None:  # importance 0: the write policy stores nothing
                 result.dropped += 1
                 continue
-            if key is not None and ep.agent != raw.agent:  # an agent name redacted: its keys not asked yet
-                known.ask(conn, [ep.agent], [key])
             slot = known.find((ep.agent, ep.content_hash, ep.created_at), key)
         if slot is not None:
             repeated.append((raw.agent, old_id, slot))
@@ -379,13 +376,18 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
     copied = store.copy_episodes(conn, [ep for _, ep, _, _ in fresh], now=loader.now, queued=loader.queued,
                                 vectors=vectors, model=loader.model, window=loader.window, hints=hints,
                                 locked=loader.locked, keys=keys if any(k is not None for k in keys) else None)
-    if copied.already:  # known.load asked every key under the imports' lock: the ids below would not line up
-        raise RuntimeError("memctl import: a record key stored during the import")
-    for new_id, (old_id, _, agent, pending) in zip(copied.ids, fresh):
-        pending.id = new_id
-        loader.mapped.append((agent, old_id, new_id))
+    # The writer skipped a record whose key an episode here holds (at another time: memctl.transfer.known); its
+    # ids are the others', in order. Only then are the keys' holders asked.
+    held = holders(conn, [ep.agent for _, ep, _, _ in fresh], keys) if copied.already else {}
+    stored_now = set(copied.ids) if held else set()
+    new_ids = iter(copied.ids)
+    for (old_id, ep, agent, pending), key in zip(fresh, keys):
+        holder = held.get((ep.agent, key)) if key is not None else None
+        pending.id = next(new_ids) if holder is None or holder in stored_now else holder
+        loader.mapped.append((agent, old_id, pending.id))
     loader.mapped.extend((agent, old_id, resolve(slot)) for agent, old_id, slot in repeated)
-    result.episodes += len(fresh)
+    result.episodes += len(copied.ids)
+    result.duplicates += copied.already
     result.folded += copied.folded
     result.chunks += copied.chunks
     result.vectors += copied.vectors

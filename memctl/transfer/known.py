@@ -9,6 +9,11 @@ A record is an episode already here when
   untimed line twice in a log, docs/ingest.md) are two records.
 An earlier record of the import counts as here. Found: the episode's id, or a Pending that gets it once the
 batch is written.
+
+What a batch asks: the episodes at its times (with their keys), as before keys were carried. Whether a key
+is held by an episode at another time is asked by the store's writer (memctl.write.store.copy_episodes,
+under the imports' lock), which skips such a record; only then (`Copied.already`) are the holders of the
+batch's keys asked (holders()), so a batch of new records costs no key look-up of its own.
 """
 
 from __future__ import annotations
@@ -43,27 +48,11 @@ class Known:
         self.by_time: dict[Triple, list[tuple[bytes | None, Slot]]] = {}
         self.by_key: dict[tuple[str, bytes], Slot] = {}
 
-    def load(self, conn, times: list[datetime.datetime], agents: list[str], keys: list[bytes | None]) -> None:
-        """The episodes at the batch's times and those holding its keys, in one round trip. The keys are asked
-        under the imports' lock (memctl.write.identity.ask), so no concurrent import stores one after."""
-        with repeats.pipeline(conn):
-            at_times = conn.execute(EXISTING, (times,))
-            asked = identity.ask(conn, agents, keys) if any(k is not None for k in keys) else []
-        for row in at_times.fetchall():
+    def load(self, conn, times: list[datetime.datetime]) -> None:
+        """The episodes at the batch's times."""
+        for row in conn.execute(EXISTING, (times,)).fetchall():
             key = bytes(row["record_key"]) if row["record_key"] is not None else None
             self.add((row["agent"], bytes(row["content_hash"]), row["created_at"]), key, row["id"])
-        self._keys(asked)
-
-    def ask(self, conn, agents: list[str], keys: list[bytes]) -> None:
-        """Keys under agents the first look-up did not ask (an agent name the gate redacted)."""
-        with repeats.pipeline(conn):
-            asked = identity.ask(conn, agents, keys)
-        self._keys(asked)
-
-    def _keys(self, asked: list) -> None:
-        for agent, cursor in asked:
-            for row in cursor.fetchall():
-                self.by_key.setdefault((agent, bytes(row["record_key"])), row["id"])
 
     def find(self, triple: Triple, key: bytes | None) -> Slot | None:
         if key is not None:
@@ -71,7 +60,7 @@ class Known:
             if slot is not None:
                 return slot
         for stored, slot in self.by_time.get(triple, ()):
-            if key is None or stored is None:
+            if key is None or stored is None or stored == key:
                 return slot
         return None
 
@@ -79,3 +68,10 @@ class Known:
         self.by_time.setdefault(triple, []).append((key, slot))
         if key is not None:
             self.by_key.setdefault((triple[0], key), slot)
+
+
+def holders(conn, agents: list[str], keys: list[bytes | None]) -> dict[tuple[str, bytes], int]:
+    """(agent, key) -> the id of the episode holding it, for the batch's keys."""
+    with repeats.pipeline(conn):
+        asked = identity.ask(conn, agents, keys)
+    return {(agent, bytes(row["record_key"])): row["id"] for agent, cursor in asked for row in cursor.fetchall()}
