@@ -270,7 +270,9 @@ EXPORT_RECORDS = st.one_of(
             "history": st.lists(HISTORY_ENTRY, max_size=3)}, required=("namespace", "key", "history"), kind="fact"),
     record({"id": st.integers(1, 4), "agent": AGENTS, "kind": KINDS, "source": SOURCES,
             "importance": st.integers(0, 10),
-            "created_at": TIMES, "meta": META, "content": CONTENT, "chunks": st.none() | st.lists(CHUNK, max_size=2)},
+            "created_at": TIMES, "meta": META, "content": CONTENT, "chunks": st.none() | st.lists(CHUNK, max_size=2),
+            "record_key": st.none() | st.sampled_from(["ab" * 16, "0123456789ABCDEF" * 2]) | st.text(max_size=33)
+            | st.integers()},
            required=("id", "agent", "content", "created_at"), kind="episode"),
     record({"agent": AGENTS, "summary_id": st.integers(1, 4), "source_id": st.integers(-3, 4),
             "source_created_at": TIMES, "source_hash": st.binary(max_size=32).map(bytes.hex)},

@@ -110,8 +110,8 @@ def test_import_into_a_populated_database_deduplicates_and_merges(cli, db_url, o
     assert cli("fact", "get", "svc1.host", env=env).stdout.strip() == "10.8.1.1"
     lines = path.read_text().splitlines()
     copy = json.loads(lines[-1] if '"episode"' in lines[-1] else next(x for x in lines if '"type":"episode"' in x))
-    twice = "\n".join([lines[0], json.dumps({**copy, "id": 10**9, "created_at": "2026-01-01T00:00:00+00:00"}),
-                       json.dumps({**copy, "id": 10**9 + 1, "created_at": "2026-01-01T00:00:00+00:00"})]) + "\n"
+    moved = {**copy, "created_at": "2026-01-01T00:00:00+00:00", "record_key": None}  # a key would name the stored one
+    twice = "\n".join([lines[0], json.dumps({**moved, "id": 10**9}), json.dumps({**moved, "id": 10**9 + 1})]) + "\n"
     inner = cli("import", "-", "-f", "json", input=twice, env=env).json()[0]
     assert (inner["episodes"], inner["duplicates"]) == (1, 1)
 

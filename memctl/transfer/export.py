@@ -8,7 +8,9 @@ per record, each with a `type`, in this order (an import relies on it to remap i
     fact            namespace, key, value (null once deleted), source, version, updated_at, [valid_from],
                     history: [{version, op, old_value, new_value, source, changed_at, [valid_from]}, ...]
     episode         id, agent, kind, source, importance, created_at, meta, content, repeat_of (the id of
-                    the first it repeats, null for a first: docs/repeats.md; absent in older files);
+                    the first it repeats, null for a first: docs/repeats.md; absent in older files),
+                    record_key (32 lowercase hex digits: the identity `episode import` and `ingest` gave the
+                    record, docs/ingest.md; null for an episode written otherwise; absent in older files);
                     with --vectors also chunks: [{seq, content, embedding}] of the model in the header
     summary_source  agent, summary_id, source_id, source_created_at, source_hash (hex)
     runbook_run     agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
@@ -53,7 +55,8 @@ ORDER BY h.namespace, h.key, h.version, h.id
 EPISODES = """
 SELECT json_build_object('type', 'episode', 'id', e.id, 'agent', e.agent, 'kind', e.kind, 'source', e.source,
                          'importance', e.importance, 'created_at', e.created_at, 'meta', e.meta,
-                         'content', e.content, 'repeat_of', e.repeat_of{chunks})::text AS line
+                         'content', e.content, 'repeat_of', e.repeat_of,
+                         'record_key', encode(e.record_key, 'hex'){chunks})::text AS line
 FROM episodes e
 WHERE (%(agent)s::text IS NULL OR e.agent = %(agent)s) AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s)
 ORDER BY e.id

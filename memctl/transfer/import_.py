@@ -6,7 +6,8 @@ source blocked in this database refuses the import; the file's own blocked sourc
 added and refuse later writes, while the file's records from them (accepted where they were
 written, before the block) are restored as they were. Chunks are made anew from each
 episode's admitted text: a vector in the file is kept only for a chunk whose text is exactly
-the chunk made here. Episodes are deduplicated by (agent, content hash, created_at), fact
+the chunk made here. Episodes are deduplicated by their record_key, else by (agent, content hash,
+created_at) (memctl.transfer.known), their record_key kept as the file gives it; fact
 histories merged in version order, lineage and run records remapped to the new episode ids,
 every text redacted on the way in. Vectors are used when the target's active model is the
 header's (or the target has none yet: the model is registered from the header, no embedder
@@ -18,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -29,6 +31,7 @@ from memctl.errors import BadValue, Blocked, InvalidInput
 from memctl.records import facts
 from memctl.write import gate, repeats, store
 from memctl.transfer.export import FORMAT, TYPES
+from memctl.transfer.known import Known, Pending, holders, resolve
 
 BATCH = 2000
 
@@ -63,7 +66,7 @@ FIELDS = {
     "fact": ({"type", "namespace", "key", "value", "source", "version", "updated_at", "valid_from", "history"},
              ("namespace", "key", "history")),
     "episode": ({"type", "id", "agent", "kind", "source", "importance", "created_at", "meta", "content", "chunks",
-                 "repeat_of"}, ("id", "agent", "content", "created_at")),
+                 "repeat_of", "record_key"}, ("id", "agent", "content", "created_at")),
     "summary_source": ({"type", "agent", "summary_id", "source_id", "source_created_at", "source_hash"},
                        ("agent", "summary_id", "source_id", "source_created_at", "source_hash")),
     "runbook_run": ({"type", "agent", "name", "commit", "dirty", "started_at", "finished_at", "outcome", "steps",
@@ -207,7 +210,7 @@ class _Loader:
                                 agent=item["agent"], importance=item.get("importance"),
                                 created_at=item["created_at"], meta=item.get("meta"), limits=self.gate.limits)
         episode.line = number
-        self.batch.append((item["id"], episode, given, _fold_hint(item)))
+        self.batch.append((item["id"], episode, given, _fold_hint(item), _record_key(item.get("record_key"))))
         if len(self.batch) >= BATCH:
             self.flush()
 
@@ -315,10 +318,16 @@ ID_MAP = (
 COPY_IDS = "COPY memctl_import_ids (agent, old_id, new_id) FROM STDIN"
 LOOK_UP_ID = "SELECT new_id FROM memctl_import_ids WHERE agent = %s AND old_id = %s"
 FIND_EPISODE = "SELECT id FROM episodes WHERE agent = %s AND content_hash = %s AND created_at = %s LIMIT 1"
-# By created_at, which is indexed (content_hash is not); the hash is compared here.
-EXISTING = """
-SELECT agent, content_hash, created_at, id FROM episodes WHERE created_at = ANY(%s)
-"""
+HEX_KEY = re.compile(r"[0-9a-fA-F]{32}")
+
+
+def _record_key(given: Any) -> bytes | None:
+    """An episode's record_key as the file gives it: 32 hex digits (16 bytes), or null for none."""
+    if given is None:
+        return None
+    if not isinstance(given, str) or HEX_KEY.fullmatch(given) is None:
+        raise BadValue("episode: record_key: must be 32 hex digits or null", "record_key")
+    return bytes.fromhex(given)
 
 
 def _fold_hint(item: dict) -> str | None:
@@ -333,44 +342,52 @@ def _fold_hint(item: dict) -> str | None:
     return repeats.REPEAT
 
 
-def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, list | None, str | None]]) -> None:
-    """New episodes only (deduplicated by agent, content hash and created_at), through the gate's COPY writer.
+def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, list | None, str | None,
+                                                      bytes | None]]) -> None:
+    """New episodes only (memctl.transfer.known says which are here already), through the gate's COPY writer.
 
     A record already stored (as it is in the file, or as the gate would store it) is a duplicate and
     stores nothing, so a backup can be imported again whatever was blocked since; every other record
-    passes the gate, which refuses a blocked source and redacts. Repeats fold as the file says, else by
-    [episodes] repeat_window (_fold_hint).
+    passes the gate, which refuses a blocked source and redacts, and is stored with the record_key the
+    file gives. Repeats fold as the file says, else by [episodes] repeat_window (_fold_hint).
     """
     conn, result = loader.conn, loader.result
-    times = list({ep.created_at for _, ep, _, _ in batch})
-    known = {(r["agent"], bytes(r["content_hash"]), r["created_at"]): r["id"]
-             for r in conn.execute(EXISTING, (times,)).fetchall()}
-    fresh, vectors, repeated, hints = [], [], [], []
-    for old_id, raw, given, hint in batch:
-        key = (raw.agent, raw.content_hash, raw.created_at)
-        ep = None
-        if key not in known:
+    known = Known()
+    known.load(conn, list({raw.created_at for _, raw, _, _, _ in batch}))
+    fresh, vectors, repeated, hints, keys = [], [], [], [], []
+    for old_id, raw, given, hint, key in batch:
+        slot = known.find((raw.agent, raw.content_hash, raw.created_at), key)
+        if slot is None:
             ep = loader.admit(raw)
             if ep is None:  # importance 0: the write policy stores nothing
                 result.dropped += 1
                 continue
-            key = (ep.agent, ep.content_hash, ep.created_at)
-        if key in known:
-            repeated.append((raw.agent, old_id, key))
+            slot = known.find((ep.agent, ep.content_hash, ep.created_at), key)
+        if slot is not None:
+            repeated.append((raw.agent, old_id, slot))
             result.duplicates += 1
             continue
-        fresh.append((old_id, ep, raw.agent))  # ids are mapped under the file's agent name
+        pending = Pending()
+        fresh.append((old_id, ep, raw.agent, pending))  # ids are mapped under the file's agent name
         vectors.append(loader.vectors(ep, given))
         hints.append(hint)
-        known[key] = None  # a second copy in this batch maps to the id the first one gets below
-    copied = store.copy_episodes(conn, [ep for _, ep, _ in fresh], now=loader.now, queued=loader.queued,
+        keys.append(key)
+        known.add((ep.agent, ep.content_hash, ep.created_at), key, pending)  # a later copy maps to its id
+    copied = store.copy_episodes(conn, [ep for _, ep, _, _ in fresh], now=loader.now, queued=loader.queued,
                                 vectors=vectors, model=loader.model, window=loader.window, hints=hints,
-                                locked=loader.locked)
-    for new_id, (old_id, ep, agent) in zip(copied.ids, fresh):
-        loader.mapped.append((agent, old_id, new_id))
-        known[(ep.agent, ep.content_hash, ep.created_at)] = new_id
-    loader.mapped.extend((agent, old_id, known[key]) for agent, old_id, key in repeated)
-    result.episodes += len(fresh)
+                                locked=loader.locked, keys=keys if any(k is not None for k in keys) else None)
+    # The writer skipped a record whose key an episode here holds (at another time: memctl.transfer.known); its
+    # ids are the others', in order. Only then are the keys' holders asked.
+    held = holders(conn, [ep.agent for _, ep, _, _ in fresh], keys) if copied.already else {}
+    stored_now = set(copied.ids) if held else set()
+    new_ids = iter(copied.ids)
+    for (old_id, ep, agent, pending), key in zip(fresh, keys):
+        holder = held.get((ep.agent, key)) if key is not None else None
+        pending.id = next(new_ids) if holder is None or holder in stored_now else holder
+        loader.mapped.append((agent, old_id, pending.id))
+    loader.mapped.extend((agent, old_id, resolve(slot)) for agent, old_id, slot in repeated)
+    result.episodes += len(copied.ids)
+    result.duplicates += copied.already
     result.folded += copied.folded
     result.chunks += copied.chunks
     result.vectors += copied.vectors

@@ -8,9 +8,10 @@ the next 2, and so on, so a file holding the same line twice stores it twice (th
 repeat, docs/repeats.md) and importing that file again stores neither. Kind, importance and meta are
 not part of it: a record read again with another kind is still the record already stored.
 
-Its key (`record_key`, sql/0021) is 16 bytes of sha256, unique per agent. `episode add`, summaries and
-`memctl import` (which has its own dedup) store none. A repeat (same text at another time) is not the
-same record: it is still folded.
+Its key (`record_key`, sql/0021) is 16 bytes of sha256, unique per agent. `episode add` and summaries store
+none; `memctl export` writes it and `memctl import` stores it as the file gives it (never recomputed), so a
+database filled from an export recognises the records the exporting database had imported. A repeat (same
+text at another time) is not the same record: it is still folded.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ UTC = datetime.timezone.utc
 # One look-up per agent in the batch (an index probe per key: sql/0021), all in one round trip (ask());
 # under the imports' advisory lock (memctl.write.repeats.LOCK_IMPORTS), so two imports of one file cannot
 # both find a key missing.
-STORED = "SELECT record_key FROM episodes WHERE agent = %s AND record_key = ANY(%s)"
+STORED = "SELECT record_key, id FROM episodes WHERE agent = %s AND record_key = ANY(%s)"
 
 
 def key(agent: str, source: str | None, given: datetime.datetime | None, occurrence: int, content_hash: bytes) -> bytes:
@@ -48,25 +49,26 @@ class Occurrences:
         return key(agent, source, None, n, content_hash)
 
 
-def ask(conn, agents: list[str], keys: list[bytes]) -> list:
+def ask(conn, agents: list[str], keys: list[bytes | None]) -> list:
     """The look-ups of the batch's keys, one per agent (call in a pipeline: they go in one round trip); the
     imports' lock first, so two imports of one file cannot both find a key missing (held until the commit)."""
     from memctl.write.repeats import IMPORT_CLASS, LOCK_IMPORTS
 
     by_agent: dict[str, list[bytes]] = {}
     for agent, k in zip(agents, keys):
-        by_agent.setdefault(agent, []).append(k)
+        if k is not None:  # a record with no key (memctl import of an older export) asks nothing
+            by_agent.setdefault(agent, []).append(k)
     conn.execute(LOCK_IMPORTS, (IMPORT_CLASS,))
     return [(agent, conn.execute(STORED, (agent, wanted))) for agent, wanted in sorted(by_agent.items())]
 
 
-def unseen(asked: list, agents: list[str], keys: list[bytes]) -> list[bool]:
+def unseen(asked: list, agents: list[str], keys: list[bytes | None]) -> list[bool]:
     """Per record (from ask()'s answers): True when no stored episode of its agent has its key and no earlier
-    record of the batch does."""
+    record of the batch does; always for a record with no key."""
     stored = {(agent, bytes(row["record_key"])) for agent, cursor in asked for row in cursor.fetchall()}
     keep = []
     for agent, k in zip(agents, keys):
-        fresh = (agent, k) not in stored
+        fresh = k is None or (agent, k) not in stored
         stored.add((agent, k))
         keep.append(fresh)
     return keep
