@@ -908,9 +908,10 @@ def comparable(text: str, tag: str) -> dict:
     for line in text.splitlines():
         item = json.loads(line)
         if item["type"] == "episode" and item["agent"].startswith(tag):
-            # repeat_of null (a first) is what a file without the field imports as: every content here is unique
+            # repeat_of null (a first) and record_key null (no key) are what a file without the field imports
+            # as: every content here is unique
             found["episode"].append({**{k: v for k, v in item.items() if k not in ("id", "chunks")
-                                        and not (k == "repeat_of" and v is None)},
+                                        and not (k in ("repeat_of", "record_key") and v is None)},
                                      "created_at": _time(item["created_at"])})
         elif item["type"] == "fact" and item["namespace"] == tag:
             found["fact"].append({**item, "updated_at": _time(item["updated_at"]),
