@@ -25,6 +25,7 @@ USER_NAME=memctl-citus
 DB=memctl
 
 say() { printf 'citus: %s\n' "$*" >&2; }
+. "$here/server-pid.sh"
 as_user() { runuser -u "$USER_NAME" -- "$@"; }
 
 [ "$(id -u)" = 0 ] || { say "run as root (apt-get, the servers' system user)"; exit 1; }
@@ -39,7 +40,7 @@ BIN=$PG/bin
 
 stop_all() {
   for name in "${NAMES[@]}"; do
-    if [ -s "$BASE/$name/postmaster.pid" ]; then
+    if server_running "$BASE/$name"; then
       as_user "$BIN/pg_ctl" -D "$BASE/$name" -m fast -w stop >&2 || true
     fi
   done
@@ -89,8 +90,12 @@ unix_socket_directories = '$BASE/run'
 max_connections = 200
 EOF
   fi
-  if ! as_user "$BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-    as_user "$BIN/pg_ctl" -D "$data" -l "$data/log" -w -t 60 start >&2
+  clear_stale_pid "$data" "$BASE/run" "${PORTS[$i]}"
+  if ! server_running "$data"; then
+    if ! as_user "$BIN/pg_ctl" -D "$data" -l "$data/log" -w -t 60 start >&2; then
+      tail -n 20 "$data/log" >&2
+      exit 1
+    fi
   fi
 done
 

@@ -27,6 +27,7 @@ TARBALL=${MEMCTL_CI_PGVECTOR_TARBALL:-$here/../../../shared/vendor/pgvector/pgve
 TARBALL_SHA256=f8895668f3311a115f6a4b58b2ba2461c92cc296304d2b2a68ebdd640009fe8e
 
 say() { printf 'own-postgres: %s\n' "$*" >&2; }
+. "$here/server-pid.sh"
 as_postgres() { runuser -u postgres -- "$@"; }
 psql_super() {  # SQL on stdin, as the superuser over the Unix socket (peer authentication)
   as_postgres "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCKETS" -p "$PORT" -d "$1"
@@ -77,7 +78,8 @@ local   all       postgres                 peer
 host    all       all       127.0.0.1/32   scram-sha-256
 HBA
 
-if as_postgres "$PG_BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
+clear_stale_pid "$DATA" "$SOCKETS" "$PORT"
+if server_running "$DATA"; then
   as_postgres "$PG_BIN/pg_ctl" -D "$DATA" reload >&2
 else
   say "starting the server on 127.0.0.1:$PORT"
