@@ -1,5 +1,5 @@
-# Sourced by own-postgres.sh and citus.sh: is a data directory's server running, and clearing the
-# lock files of one that is not.
+# Sourced by own-postgres.sh and citus.sh: whether a data directory's server is running, and the
+# removal of the lock files a server that no longer runs left behind.
 #
 # A machine or container stopped without a shutdown leaves postmaster.pid (and the socket's .lock)
 # behind, naming a PID that another process may hold after the restart. Both checks PostgreSQL
