@@ -62,6 +62,8 @@ def add(
         agent = agents.show(conn, name)
     if login_file is None or str(login_file) != "-":
         render_one(_row(agent), fmt)
+    for gap in agents.open_gaps(conn):
+        warn(f"agents' wall: left open, as this role may not close it: {gap}")
 
 
 @app.command("login")

@@ -126,6 +126,12 @@ def grant(conn) -> None:
     wall.grant(conn)
 
 
+def open_gaps(conn) -> list[str]:
+    """What of the server's defaults an agent's role keeps because memctl's role may not revoke it, each with the
+    statement a DBA runs (memctl.db.wall.gaps; docs/agents.md "Threat model")."""
+    return [str(gap) for gap in wall.gaps(conn)]
+
+
 # ---------------------------------------------------------------------------
 # The registry
 
