@@ -340,6 +340,25 @@ class Metrics(Section, section="metrics"):
                            'agents with their own label value; the rest are summed as agent="other"')
 
 
+class Agents(Section, section="agents"):
+    """[agents]: an agent's login role, `memctl agent add --login` (docs/agents.md)"""
+    login_connections: int = Setting(4, _int_range(1, 1000), "its role's CONNECTION LIMIT")
+    login_statement_timeout: str = Setting("30s", _positive_duration,
+                                           "its sessions' statement_timeout (a default its client may lower or lift)")
+    login_idle_timeout: str = Setting("60s", _positive_duration,
+                                      "its sessions' idle_in_transaction_session_timeout (likewise a default)")
+
+
+class Http(Section, section="http"):
+    """[http]: bounds of `memctl mcp --http` (docs/agents.md)"""
+    header_timeout: str = Setting("10s", _positive_duration,
+                                  "a request's headers and body must arrive within this, or its connection is closed")
+    idle_timeout: str = Setting("30s", _positive_duration, "a kept-alive connection idle this long is closed")
+    max_connections: int = Setting(256, _int_range(1, 100000), "connections open at once; more are answered 503")
+    max_connections_per_client: int = Setting(64, _int_range(1, 100000),
+                                              "... from one client address; more are answered 503")
+
+
 class Summarize(Section, section="summarize"):
     """[summarize]: memctl summarize, off until a chat model is named (docs/summaries.md)"""
     model: str | None = Setting(None, _string, "an Ollama chat model at OLLAMA_HOST; unset = summaries off",
@@ -377,6 +396,8 @@ class Settings(Section, section=""):
     episodes: Episodes
     backup: Backup
     metrics: Metrics
+    agents: Agents
+    http: Http
     summarize: Summarize
     importance: dict[str, int]
     retention: dict[str, Any]

@@ -25,6 +25,7 @@ blocked_sources  # memctl/transfer/export.py, memctl/transfer/import_.py
 summary_sources
 fact_changes  # memctl/transfer/import_.py
 chunks_remade
+agent_roles_made  # memctl/transfer/import_.py
 nodes  # memctl/cli/size.py: a section's name, chosen by --only
 # Import's handlers, found by the record's type (getattr(self, f"_{kind}")).
 _._header  # memctl/transfer/import_.py

@@ -429,7 +429,7 @@ def _stored(conn) -> dict:
 
 WAITING = """
 SELECT count(*) AS n FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'
+WHERE datname = current_database() AND wait_event_type = 'Lock'
 """
 
 

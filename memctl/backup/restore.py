@@ -102,10 +102,11 @@ class Verification:
     manifest: dict
     tables: list[TableCheck] = field(default_factory=list)
     inspected: Any = None  # what verify's `inspect` found in the scratch database
+    agents: list[dict] = field(default_factory=list)  # registered agents whose roles that server lacks (wall.unserved)
 
     @property
     def ok(self) -> bool:
-        return all(t.ok for t in self.tables)
+        return all(t.ok for t in self.tables) and all(a["makes"] for a in self.agents)
 
     @property
     def failed(self) -> list[str]:
@@ -119,11 +120,13 @@ class Restored:
     safety: Path | None
     migrations: list[str]
     reapplied: list[dict] = field(default_factory=list)  # erasures newer than the backup (memctl.backup.erasure)
+    agents: dict = field(default_factory=dict)  # registered agents' roles made here (memctl.db.wall.after_move)
 
     def to_dict(self) -> dict:
         return {"file": str(self.file), "created_at": self.manifest["created_at"], **self.manifest["records"],
                 "safety_backup": str(self.safety) if self.safety else None,
-                "migrations_applied": len(self.migrations), "erasures_reapplied": self.reapplied}
+                "migrations_applied": len(self.migrations), "erasures_reapplied": self.reapplied,
+                "agent_roles_made": self.agents.get("made", [])}
 
 
 def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None,
@@ -148,10 +151,19 @@ def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None,
                 pgtools.restore_script(tools, dump, listing, env, server_major=major, before=prepare,
                                        after=NOTHING)
             with db.connect(target) as scratch:
-                checked = Verification(path, manifest, _compare(scratch, schema, manifest["tables"]))
+                checked = Verification(path, manifest, _compare(scratch, schema, manifest["tables"]),
+                                       agents=_unserved(scratch))
                 if inspect is not None:
                     checked.inspected = inspect(scratch)
                 return checked
+
+
+def _unserved(scratch) -> list[dict]:
+    """The drill's look at agents: each registered one whose role is missing or unusable on the scratch database's
+    server, and whether a restore there makes it (memctl.db.wall.unserved)."""
+    from memctl.db import wall
+
+    return wall.unserved(scratch)
 
 
 def verify_backup(conn, url: str, path: str | Path, *, scratch_url: str | None = None) -> dict:
@@ -293,4 +305,13 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
         job.detail = {"file": str(path), "safety_backup": str(safety) if safety else None,
                       "backup_created_at": manifest["created_at"], "migrations": restored.migrations,
                       "erasures_reapplied": restored.reapplied}
+    restored.agents = _agents(conn)
     return restored
+
+
+def _agents(conn) -> dict:
+    """Every registered agent's role, memberships and grants, made again here: the roles live in the server, not
+    in the dump, and pg_restore --no-acl brings no grant back (memctl.db.wall)."""
+    from memctl.db import wall
+
+    return wall.after_move(conn, strict=False)

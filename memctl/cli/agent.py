@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, warn
+from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.records import agents
 
 app = typer.Typer(help="Agents as principals: each registered agent has its own PostgreSQL role, kept to its own "
                        "memory by row-level security, and a bearer token for `memctl mcp --http`.",
                   no_args_is_help=True)
-COLUMNS = ["name", "role", "namespace", "shared", "read_only", "token", "created_at"]
+COLUMNS = ["name", "role", "namespace", "shared", "read_only", "token", "login", "created_at"]
+LoginFileOption = Annotated[Optional[Path], typer.Option(
+    "--login-file", help="Where the login's URL (password included) is written, mode 0600 (default: "
+                         "MEMCTL_HOME/agents/NAME.url); - prints it once on stdout.", show_default=False)]
 
 
 def register(root: typer.Typer) -> None:
@@ -40,16 +44,49 @@ def add(
     print_sql: Annotated[bool, typer.Option(
         "--print-sql", help="Print the statements a role with CREATEROLE runs to make the agent's role (for a DBA), "
                             "and register nothing.")] = False,
+    login: Annotated[bool, typer.Option(
+        "--login", help="Also let the agent's own client log in as its role, to read its memory with SQL: a "
+                        "generated password, kept in --login-file.")] = False,
+    login_file: LoginFileOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Register an agent: its role (NOLOGIN, assumed by memctl's servers), grants and scope. No token yet:
+    """Register an agent: its role (assumed by memctl's servers), grants and scope. No token yet:
     `memctl agent token NAME` issues one."""
     conn = connect()
     if print_sql:
         sys.stdout.write(agents.print_sql(conn, name, read_only=read_only))
         return
     agent = agents.add(conn, name, namespace=namespace, shared=shared_namespace, read_only=read_only)
-    render_one(_row(agent), fmt)
+    if login:
+        _write_login(name, agents.login(conn, name, settings()), login_file)
+        agent = agents.show(conn, name)
+    if login_file is None or str(login_file) != "-":
+        render_one(_row(agent), fmt)
+    for gap in agents.open_gaps(conn):
+        warn(f"agents' wall: left open, as this role may not close it: {gap}")
+
+
+@app.command("login")
+def login_(name: Annotated[str, typer.Argument(help="A registered agent.")], login_file: LoginFileOption = None) -> None:
+    """Give the agent's role a login with a new generated password (any earlier one stops working), a connection
+    limit and its sessions' timeouts ([agents]). Its client reads its memory with SQL and writes nothing: writes
+    go through `memctl mcp`."""
+    _write_login(name, agents.login(connect(), name, settings()), login_file)
+
+
+def _write_login(name: str, url: str, path: Path | None) -> None:
+    from memctl import files
+    from memctl.db import embedded
+
+    if path is not None and str(path) == "-":
+        sys.stdout.write(url + "\n")
+        warn(f"login for agent {name!r}: its URL, password included, printed once")
+        return
+    target = path or embedded.memctl_home() / "agents" / f"{name}.url"
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    files.write_text(files.regular_target(target, "--login-file"), url + "\n")
+    warn(f"login for agent {name!r}: its URL, password included, is in {target} (mode 0600); its sessions read its "
+         "memory and write nothing")
 
 
 @app.command("list")
@@ -79,8 +116,12 @@ def revoke(name: Annotated[str, typer.Argument(help="A registered agent.")]) -> 
     """Unregister an agent: its token and registration go, its role is dropped; its servers refuse it from their
     next call. Its memory stays (the operator's to purge)."""
     done = agents.revoke(connect(), name)
-    if done["role_dropped"]:
-        warn(f"revoked agent {name!r}; dropped role {done['role']}")
+    said = [f"ended {done['sessions_ended']} of its sessions"] if done["sessions_ended"] else []
+    if done["large_objects"] or done["objects"]:
+        said.append(f"took over what it owned here ({done['large_objects']} large object(s), {done['objects']} other "
+                    "object(s)), now memctl's role's")
+    if done["dropped"]:
+        warn(f"revoked agent {name!r}; " + "; ".join([*said, f"dropped role {done['role']}"]))
     else:
-        warn(f"revoked agent {name!r}; its role {done['role']} could not be dropped by this role (no CREATEROLE) and "
-             f"now sees nothing: a DBA runs DROP ROLE {done['role']}")
+        warn(f"revoked agent {name!r}; " + "; ".join([*said, f"its role {done['role']} is left, and sees nothing here: "
+             f"{done['left']}"]))

@@ -84,8 +84,11 @@ def verify(
                                 inspect=lambda scratch: erasure.backup_report(conn, scratch))
     render([t.to_dict() for t in result.tables], fmt)
     _erasures_note(result)
+    _agents_note(result.agents)
     if not result.ok:
-        warn(f"backup verify failed: {file}: {', '.join(result.failed)} differ(s) from the manifest")
+        why = [f"{', '.join(result.failed)} differ(s) from the manifest"] if result.failed else []
+        why += ["a restore there would leave agents unserved"] if not all(a["makes"] for a in result.agents) else []
+        warn(f"backup verify failed: {file}: {'; '.join(why)}")
         raise typer.Exit(EXIT_ERROR)
     warn(f"backup verified: {file} ({result.manifest['created_at']}) restores with every table as its manifest says")
 
@@ -119,6 +122,28 @@ def restore(
                  for r in result.reapplied))
     saved = f"; the previous contents are in {result.safety}" if result.safety else ""
     warn(f"restored {file} ({result.manifest['created_at']}){saved}")
+    _agents_restored(result.agents)
+
+
+def _agents_note(agents: list[dict]) -> None:
+    """What the drill found of the registered agents' roles on the scratch database's server."""
+    for agent in agents:
+        then = ("`memctl restore` makes it" if agent["makes"] else
+                "this role may not make it: a restore there would leave the agent unserved until a DBA does")
+        warn(f"agent {agent['name']!r}: {agent['problem']} on that server ({agent['role']}); {then}")
+
+
+def _agents_restored(agents: dict) -> None:
+    """The registered agents' roles after a restore: made, to be given a new login, or left to a DBA (exit 1)."""
+    if agents.get("made"):
+        warn(f"made the roles of {len(agents['made'])} registered agent(s) on this server: {', '.join(agents['made'])}")
+    if agents.get("logins"):
+        warn(f"agent(s) {', '.join(agents['logins'])} had a login: `memctl agent login NAME` gives a new password")
+    for gap in agents.get("gaps", []):
+        warn(f"agents' wall: left open: {gap}")
+    if agents.get("unserved"):
+        warn(f"restore done, but agents are not served: {agents['unserved']}")
+        raise typer.Exit(EXIT_ERROR)
 
 
 def _erasures_note(result) -> None:

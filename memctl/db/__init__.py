@@ -1,8 +1,8 @@
 """The database layer; this module holds the connections: which database, one connect(), the schema check.
 
 Its modules: embedded (the bundled server), preflight (what the server offers), migrate, cluster (Citus),
-pgservice, locks (the model registry's advisory lock). They import only the base modules (memctl, errors,
-config, files, jsonl, redact, model_catalogue) and each other.
+pgservice, locks (memctl's locks), wall (the agents' roles and what the server lets them do). They import
+only the base modules (memctl, errors, config, files, jsonl, redact, model_catalogue) and each other.
 
 Writes go to the primary (resolve, open_database). Commands that only read may go to a
 replica named by [database] read_url (resolve_read, open_replica), which is checked, never migrated.

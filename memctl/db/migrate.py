@@ -101,9 +101,9 @@ def apply(conn, directory: Path | None = None, report=None) -> list[Migration]:
     `vector` extension this role may not create, is refused with what to do, before anything changes.
     `report` receives warnings (e.g. a PostgreSQL newer than memctl was measured on).
     """
-    from memctl.db import preflight
+    from memctl.db import locks, preflight
 
-    conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
+    locks.session_lock(conn, LOCK_KEY, "migrate")
     try:
         todo = pending(conn, directory)
         for message in preflight.preflight(conn, schema_changes=bool(todo)):

@@ -24,7 +24,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from memctl.config import Settings
 from memctl.errors import MemctlError, UsageError
-from memctl.mcp import principals, protocol, tools
+from memctl.mcp import bounds, principals, protocol, tools
 from memctl.records import agents
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
@@ -130,8 +130,8 @@ def serve(settings: Settings, open_connection: Callable[[], Any], host: str, por
     if host not in ("127.0.0.1", "localhost", "::1"):
         warn(f"mcp: listening on {host}, not loopback: put TLS in front (a reverse proxy) before any network")
     protocol.configure_logging()
-    config = uvicorn.Config(app(registry, host, port, origins), host=host, port=port, log_level="warning",
-                            access_log=False, log_config=None)
+    config = uvicorn.Config(bounds.only_post(app(registry, host, port, origins)), host=host, port=port,
+                            log_level="warning", access_log=False, log_config=None, **bounds.config_options(settings))
     warn(f"mcp: streamable HTTP at http://{'[' + host + ']' if ':' in host else host}:{port}/mcp for every "
          "registered agent, each request in its token's role")
     try:

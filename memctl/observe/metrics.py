@@ -316,7 +316,15 @@ def collect(conn, settings: Settings | None, *, data_dir: Path | None = None) ->
                 *_database(conn, sizes, data_dir)]
     families += _one("summaries_overdue_episodes", "Episodes older than [summarize] after plus two days with no "
                      "summary (absent when summaries are off)", overdue_episodes(conn, settings))
+    families += _agents_without_role(conn)
     return [*families, *_up(1, started)]
+
+
+def _agents_without_role(conn) -> list[Metric]:
+    from memctl.db import wall
+
+    return _one("agents_without_role", "Registered agents whose PostgreSQL role is missing or not usable on this "
+                "server (their calls fail: `memctl status` names them)", len(wall.broken(conn)))
 
 
 def _up(value: int, started: float) -> list[Metric]:

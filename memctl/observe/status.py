@@ -125,6 +125,13 @@ def _instructions(conn, settings) -> str | None:
     return models.instruction_warning(model, models.instructions(configured))
 
 
+def _agents(conn) -> list[str]:
+    """Registered agents whose role does not work on this server (a restore onto another one: memctl.db.wall)."""
+    from memctl.db import wall
+
+    return wall.warnings(conn)
+
+
 def warnings(conn, settings, report: dict) -> list[str]:
     found = []
     embed_every = _schedule(settings, "embed")
@@ -161,4 +168,5 @@ def warnings(conn, settings, report: dict) -> list[str]:
 
     found.append(summarize.overdue(conn, settings))
     found.extend(preflight.version_warnings(conn))
+    found.extend(_agents(conn))
     return [w for w in found if w]

@@ -1,12 +1,12 @@
 """Agents as principals: the registry, each agent's PostgreSQL role, its bearer token (docs/agents.md).
 
-An agent registered here has a role of its own, NOLOGIN, named by role_name_for(): memctl's servers
-connect as the owner and assume it with SET ROLE for the agent's statements (assume()). Row-level
-security (sql/0019_agents.sql) keeps that role to the agent's own episodes and namespace and the
-namespaces it may read; grants give every agent's role what memctl's agent tools use and nothing on
-the registry, the job log or the migrations. Two group roles carry the grants, so a table created
-later (a model's vector table) is granted once for every agent: memctl_agents (read; membership is
-what makes a role an agent's) and memctl_agents_write (write; a --read-only agent is not a member).
+An agent registered here has a role of its own, named by role_name_for(): memctl's servers connect as
+the owner and assume it with SET ROLE for the agent's statements (assume()); with `agent add --login`
+(login()) its own client may also log in as it, to read its memory with SQL. Row-level security
+(sql/0019_agents.sql, sql/0023_agent_wall.sql) keeps that role to the agent's own episodes and namespace
+and the namespaces it may read; the roles, their grants and what the server lets them do are
+memctl.db.wall's (two group roles carry the grants, so a table created later is granted once for every
+agent).
 
 A token is shown once, when issued, and stored only as its sha256: a token is 32 random bytes, so a
 plain hash cannot be reversed by guessing, and a look-up by hash needs no per-token salt.
@@ -14,28 +14,28 @@ plain hash cannot be reversed by guessing, and a look-up by hash needs no per-to
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
+import hmac
 import re
 import secrets
+import urllib.parse
 from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
 
-from memctl.errors import MemctlError, NotFound, UsageError
+from memctl.db import wall
+from memctl.errors import NotFound, UsageError
 from memctl.write import values
 
-READERS = "memctl_agents"
-WRITERS = "memctl_agents_write"
+READERS, WRITERS = wall.READERS, wall.WRITERS
+AgentsUnsupported = wall.AgentsUnsupported
 ROLE_PREFIX = "memctl_agent_"
 MAX_ROLE = 63  # PostgreSQL's NAMEDATALEN - 1, in bytes
 TOKEN_PREFIX = "mctk_"
-READ_TABLES = ("embedding_models", "blocked_sources")  # what the write gate and search look up
-
-
-class AgentsUnsupported(MemctlError):
-    """Agents under row-level security are not offered here (Citus; a role without CREATEROLE)."""
+SCRAM_ITERATIONS = 4096  # PostgreSQL's own default (scram_iterations)
 
 
 @dataclass
@@ -47,15 +47,16 @@ class Agent:
     read_only: bool = False
     created_at: datetime.datetime | None = None
     token_issued_at: datetime.datetime | None = None
+    login_at: datetime.datetime | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "role": self.role, "namespace": self.namespace, "shared": list(self.shared),
                 "read_only": self.read_only, "created_at": self.created_at, "token": self.token_issued_at is not None,
-                "token_issued_at": self.token_issued_at}
+                "token_issued_at": self.token_issued_at, "login": self.login_at is not None, "login_at": self.login_at}
 
 
 COLUMNS = ("name, role_name AS role, writes_namespace AS namespace, reads_namespaces AS shared, read_only, created_at, "
-           "token_issued_at")
+           "token_issued_at, login_at")
 ALL = f"SELECT {COLUMNS} FROM agents ORDER BY name"
 ONE = f"SELECT {COLUMNS} FROM agents WHERE name = %s"
 BY_TOKEN = f"SELECT {COLUMNS} FROM agents WHERE token_sha256 = %s"
@@ -63,6 +64,7 @@ INSERT = """
 INSERT INTO agents (name, role_name, writes_namespace, reads_namespaces, read_only) VALUES (%s, %s, %s, %s, %s)
 """
 SET_TOKEN = "UPDATE agents SET token_sha256 = %s, token_issued_at = now() WHERE name = %s RETURNING name"
+SET_LOGIN = "UPDATE agents SET login_at = now() WHERE name = %s"
 DELETE = "DELETE FROM agents WHERE name = %s RETURNING role_name"
 ROLE_EXISTS = "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) AS yes"
 CAN_CREATE_ROLES = "SELECT rolcreaterole OR rolsuper AS yes FROM pg_roles WHERE rolname = current_user"
@@ -77,17 +79,6 @@ WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p'
               AND NOT a.attisdropped)
 ORDER BY 1
 """
-# The sequences behind those tables' identity columns (inserts draw from them).
-SEQUENCES = """
-SELECT s.relname AS name FROM pg_depend d
-JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
-JOIN pg_class t ON t.oid = d.refobjid
-WHERE d.deptype IN ('a', 'i') AND t.relnamespace = current_schema()::regnamespace AND t.relname = ANY(%s)
-"""
-SCHEMA_USAGE = "SELECT has_schema_privilege(%s, current_schema(), 'USAGE') AS yes"
-IS_MEMBER = "SELECT pg_has_role(%s, %s, 'USAGE') AS yes"
-
-
 def role_name_for(name: str) -> str:
     """memctl_agent_NAME for a name of lowercase letters, digits and _ that fits in 63 bytes; otherwise
     memctl_agent_ + those characters of it (at most 40) + _ + the first 8 hex digits of its sha256."""
@@ -116,23 +107,7 @@ def refuse_citus(conn) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Roles and grants
-
-
-def role_sql(agent_role: str, read_only: bool, owner: str) -> list[sql.Composed]:
-    """What a role with CREATEROLE runs for an agent: the groups, the agent's role, memberships."""
-    groups = [READERS] + ([] if read_only else [WRITERS])
-    statements = []
-    for group in (READERS, WRITERS, agent_role):
-        statements.append(sql.SQL(
-            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {name}) THEN "
-            "CREATE ROLE {role} NOLOGIN; END IF; END $$").format(name=sql.Literal(group), role=sql.Identifier(group)))
-    statements.append(sql.SQL("GRANT {} TO {}").format(sql.SQL(", ").join(map(sql.Identifier, groups)),
-                                                       sql.Identifier(agent_role)))
-    if read_only:  # a role once read-write, registered again read-only
-        statements.append(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(WRITERS), sql.Identifier(agent_role)))
-    statements.append(sql.SQL("GRANT {} TO {}").format(sql.Identifier(agent_role), sql.Identifier(owner)))
-    return statements
+# Roles (memctl.db.wall)
 
 
 def print_sql(conn, name: str, *, read_only: bool = False) -> str:
@@ -143,77 +118,18 @@ def print_sql(conn, name: str, *, read_only: bool = False) -> str:
     head = (f"-- agent {name!r}: run as a superuser, or a role with CREATEROLE (on PostgreSQL 16+ one that made\n"
             f"-- {READERS} and {WRITERS}, or holds them WITH ADMIN OPTION); then, as {owner}:\n"
             f"--   memctl agent add {name} [--namespace NS] [--shared-namespace NS]...\n")
-    return head + "".join(s.as_string(conn) + ";\n" for s in role_sql(role_name_for(name), read_only, owner))
+    return head + "".join(s.as_string(conn) + ";\n" for s in wall.statements_for(conn, role_name_for(name), read_only))
 
 
 def grant(conn) -> None:
-    """Give the agents' groups what memctl's agent tools use, on every memory table there is now.
-
-    Run by `agent add`, at every agent server's start, and when a model's vector table is created
-    (memctl.embedding.models.register), so a table added later is granted too. Does nothing until a
-    group exists (no agent was ever registered on this server)."""
-    if not _yes(conn, ROLE_EXISTS, (READERS,)):
-        return
-    readers, writers = sql.Identifier(READERS), sql.Identifier(WRITERS)
-    has_writers = _yes(conn, ROLE_EXISTS, (WRITERS,))
-    if not _yes(conn, SCHEMA_USAGE, (READERS,)):
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-            sql.Identifier(conn.execute("SELECT current_schema() AS s").fetchone()["s"]), readers))
-    tables = [row["name"] for row in conn.execute(MEMORY_TABLES)]
-    for table in tables:
-        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), readers))
-        if has_writers:
-            conn.execute(sql.SQL("GRANT INSERT, UPDATE ON {} TO {}").format(sql.Identifier(table), writers))
-    for table in READ_TABLES:
-        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), readers))
-    conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION memctl_agent_matches(tsquery) TO {}").format(readers))
-    if has_writers:
-        for row in conn.execute(SEQUENCES, (tables,)).fetchall():
-            conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.Identifier(row["name"]), writers))
+    """The agents' groups' grants on every memory table there is now (memctl.db.wall.grant)."""
+    wall.grant(conn)
 
 
-def _make_roles(conn, name: str, role: str, read_only: bool) -> None:
-    owner = conn.execute("SELECT current_user AS me").fetchone()["me"]
-    if not _yes(conn, CAN_CREATE_ROLES):
-        if not _yes(conn, ROLE_EXISTS, (role,)):
-            raise AgentsUnsupported(
-                f"the role {owner} may not create roles: a superuser runs `ALTER ROLE {owner} CREATEROLE`, or a DBA "
-                f"runs what `memctl agent add {name} --print-sql` prints, then `memctl agent add {name}` again")
-        return  # made by a DBA: _check_roles() says if a membership is missing
-    for statement in role_sql(role, read_only, owner):
-        try:
-            with conn.transaction():
-                conn.execute(statement)
-        except psycopg.errors.InsufficientPrivilege as e:  # PostgreSQL 16+: groups another role made
-            raise AgentsUnsupported(
-                f"the role {owner} may not grant the agents' roles ({e.diag.message_primary}): a superuser runs "
-                f"`GRANT {READERS}, {WRITERS} TO {owner} WITH ADMIN OPTION`, or a DBA runs what "
-                f"`memctl agent add {name} --print-sql` prints") from None
-
-
-def _check_roles(conn, name: str, role: str, read_only: bool) -> None:
-    """The owner can assume the role, and the role is in the groups that carry its grants: else what a DBA
-    runs (a role made by hand rather than by --print-sql)."""
-    owner = conn.execute("SELECT current_user AS me").fetchone()["me"]
-    missing = [group for group in (READERS,) + (() if read_only else (WRITERS,))
-               if not _yes(conn, IS_MEMBER, (role, group))]
-    if missing:
-        raise AgentsUnsupported(f"the role {role} is not in {', '.join(missing)}: a DBA runs `GRANT "
-                                f"{', '.join(missing)} TO {role}` (`memctl agent add {name} --print-sql` prints "
-                                "every statement)")
-    try:
-        with conn.transaction():
-            conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
-            raise _Rollback
-    except _Rollback:
-        return
-    except psycopg.Error:
-        raise AgentsUnsupported(f"the role {owner} cannot SET ROLE {role}: a DBA runs `GRANT {role} TO {owner}` "
-                                f"(`memctl agent add {name} --print-sql` prints every statement)") from None
-
-
-class _Rollback(Exception):
-    pass
+def open_gaps(conn) -> list[str]:
+    """What of the server's defaults an agent's role keeps because memctl's role may not revoke it, each with the
+    statement a DBA runs (memctl.db.wall.gaps; docs/agents.md "Threat model")."""
+    return [str(gap) for gap in wall.gaps(conn)]
 
 
 # ---------------------------------------------------------------------------
@@ -235,8 +151,8 @@ def add(conn, name: str, *, namespace: str | None = None, shared: list[str] | No
         raise UsageError(f"agent {name!r} is registered already: `memctl agent revoke {name}` first to change it")
     role = role_name_for(name)
     with conn.transaction():
-        _make_roles(conn, name, role, read_only)
-        _check_roles(conn, name, role, read_only)
+        wall.make_roles(conn, name, role, read_only)
+        wall.check_roles(conn, name, role, read_only)
         conn.execute(INSERT, (name, role, namespace, reads, read_only))
         grant(conn)
     return show(conn, name)
@@ -275,21 +191,55 @@ def by_token(conn, token: str) -> Agent | None:
     return _agent(conn.execute(BY_TOKEN, (hash_token(token),)).fetchone())
 
 
+def scram_verifier(password: str, iterations: int = SCRAM_ITERATIONS) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for a password (RFC 5802, as libpq's PQencryptPasswordConn
+    makes it): ALTER ROLE ... PASSWORD gets this, so the password itself never reaches the server or its log."""
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    stored = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+    server = hmac.new(salted, b"Server Key", "sha256").digest()
+    b64 = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored)}:{b64(server)}"
+
+
+def login(conn, name: str, settings) -> str:
+    """Make the agent's role a login role with a new generated password (any earlier one stops working), a
+    connection limit and its sessions' timeouts ([agents] login_*): the URL its client connects with, password
+    included (the caller keeps it in a 0600 file). Its own sessions read its memory and write nothing: its writes
+    go through memctl's MCP server, and so through the gate (docs/agents.md "Direct SQL")."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from memctl.config import parse_duration
+
+    agent = show(conn, name)
+    password = secrets.token_urlsafe(24)
+    ms = lambda duration: min(int(parse_duration(duration) * 1000), 2**31 - 1)  # noqa: E731  (PostgreSQL: int ms)
+    wall.login(conn, agent.role, scram_verifier(password), connections=settings.agents.login_connections,
+               statement_timeout=ms(settings.agents.login_statement_timeout),
+               idle_timeout=ms(settings.agents.login_idle_timeout))
+    conn.execute(SET_LOGIN, (name,))
+    given = conninfo_to_dict(conn.info.dsn)
+    host, port, dbname = conn.info.host, conn.info.port, conn.info.dbname
+    quote = lambda text: urllib.parse.quote(str(text), safe="")  # noqa: E731
+    if host.startswith("/"):  # a Unix socket's directory
+        where, query = f"/{quote(dbname)}", {"host": host, "port": port}
+    else:
+        where, query = f"{quote(host) if ':' not in host else '[' + host + ']'}:{port}/{quote(dbname)}", {}
+    if given.get("sslmode"):
+        query["sslmode"] = given["sslmode"]
+    tail = ("?" + urllib.parse.urlencode(query)) if query else ""
+    return f"postgresql://{quote(agent.role)}:{quote(password)}@{where}{tail}"
+
+
 def revoke(conn, name: str) -> dict:
     """Unregister an agent: its row and token go (its servers refuse it from their next call), then its role
-    is dropped. The agent's memory stays (the operator's: `purge`, `episode delete`)."""
+    is retired (memctl.db.wall.retire: no login, its sessions ended, what it owns here taken over, the role
+    dropped). The agent's memory stays (the operator's: `purge`, `episode delete`)."""
     with conn.transaction():
         row = conn.execute(DELETE, (name,)).fetchone()
         if row is None:
             raise NotFound(f"no agent {name!r}")
-    role = row["role_name"]
-    dropped = True
-    try:
-        with conn.transaction():
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
-    except Exception:  # no CREATEROLE: the role, NOLOGIN and now no agent here, sees nothing; a DBA drops it
-        dropped = False
-    return {"name": name, "role": role, "role_dropped": dropped}
+    return {"name": name, **wall.retire(conn, row["role_name"])}
 
 
 def assume(conn, agent: Agent | str) -> None:

@@ -1,6 +1,6 @@
 """Facts: keyed, editable, with an append-only history in two timelines (docs/facts.md).
 
-Every change to one key runs under a transaction-scoped advisory lock on that
+Every change to one key runs under a transaction-scoped lock on that
 key, so concurrent `set`s serialise: each gets its own version and history row.
 
 Each version keeps when memctl recorded it (changed_at: system time) and when it
@@ -100,12 +100,18 @@ class Erasure:
 check_key = values.check_key
 
 
-LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s, 0))"
+LOCK_KEY = "SELECT memctl_lock_key(%s, %s || chr(31) || %s)"  # memctl.db.locks: no agent's session may hold it
+LOCK_CLASS = 0x6D666B79  # "mfky": one lock per (namespace, key)
 CURRENT = "SELECT value, version FROM facts WHERE namespace = %s AND key = %s"
 LAST_VERSION = "SELECT coalesce(max(version), 0) AS v FROM fact_history WHERE namespace = %s AND key = %s"
+def lock_key(conn, namespace: str, key: str) -> None:
+    """Writers of one fact's key take turns until their transaction ends."""
+    conn.execute(LOCK_KEY, (LOCK_CLASS, namespace, key))
+
+
 def _lock(conn, namespace: str, key: str) -> tuple[str | None, int]:
     """Lock the key for this transaction; return (current value, last version ever used)."""
-    conn.execute(LOCK_KEY, (namespace, key))
+    lock_key(conn, namespace, key)
     row = conn.execute(CURRENT, (namespace, key)).fetchone()
     last = conn.execute(LAST_VERSION, (namespace, key)).fetchone()["v"]
     return (row["value"] if row else None), max(last, row["version"] if row else 0)

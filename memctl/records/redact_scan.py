@@ -197,7 +197,7 @@ def fix(conn, settings, found: Scan) -> Fixed:
         for agent, episode_id in sorted(found.episodes):
             _fix_episode(conn, settings, agent, episode_id, done, Jsonb)
         for namespace, key in sorted(found.facts):
-            conn.execute(facts.LOCK_KEY, (namespace, key))
+            facts.lock_key(conn, namespace, key)
             row = conn.execute(GET_FACT, (namespace, key)).fetchone()
             if row is not None:
                 conn.execute(SET_FACT, (redact_named(key, row["value"]), redact_text(row["source"]), namespace, key))

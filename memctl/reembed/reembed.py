@@ -24,7 +24,7 @@ import re
 import time
 from typing import Callable
 
-from memctl.db import cluster
+from memctl.db import cluster, locks
 from memctl.embedding import footprint, models, worker
 from memctl.errors import EmbedderUnavailable, MemctlError, NotFound, UsageError
 from memctl.records import jobs
@@ -187,8 +187,8 @@ def run(conn, settings, *, batch_size: int, limit: int | None = None, retry_fail
     model = backfill_model(conn)
     embedder = make_embedder(settings, registered=model)
     if not conn.execute(TRY_LOCK, (REEMBED_LOCK, model.id)).fetchone()["ok"]:
-        raise MemctlError(f"`memctl reembed run` is already running for {model.label} "
-                          f"(backend pid {lock_holder(conn, model)})")
+        raise locks.foreign(locks.holder(conn, REEMBED_LOCK, model.id), "reembed run") or MemctlError(
+            f"`memctl reembed run` is already running for {model.label} (backend pid {lock_holder(conn, model)})")
     try:
         with jobs.record(conn, "reembed") as job:
             if retry_failed:

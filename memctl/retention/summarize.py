@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from memctl.config import Settings, parse_duration
+from memctl.db import locks
 from memctl.errors import ConfigError, MemctlError, Unavailable, UsageError
 from memctl.records import lineage as lineage_mod
 from memctl.embedding import chat as chat_mod
@@ -371,7 +372,12 @@ def run(conn, settings: Settings, *, older_than: str | None = None, agent: str |
 def _one(conn, settings, chat, name, budget, window: Window, result: RunResult) -> None:
     key = f"{window.agent}/{window.day}"
     if not conn.execute(TRY_LOCK, (LOCK_CLASS, key)).fetchone()["ok"]:
-        result.skipped += 1
+        refused = locks.foreign(locks.holder(conn, LOCK_CLASS, name=key), "summarize")  # an agent's session holds it
+        if refused is None:
+            result.skipped += 1  # another memctl summarizes this window
+        else:
+            result.failed.append({"agent": window.agent, "window_start": window.start.isoformat(),
+                                  "window_end": window.end.isoformat(), "error": str(refused)})
         return
     try:
         sources = record_input(conn, window, kinds(settings))

@@ -51,6 +51,7 @@ class ImportResult:
     runbook_runs: int = 0
     dropped: int = 0  # importance 0 by the write policy
     chunks_remade: int = 0  # episodes whose file chunks differed from the chunks made here: vectors not used
+    agent_roles_made: int = 0  # registered agents' roles made on this server after the import (memctl.db.wall)
     redactor: redact.Redactor = field(default_factory=redact.Redactor)
 
     def to_dict(self) -> dict:
@@ -132,7 +133,20 @@ def import_stream(conn, settings: Settings, lines: Iterable[bytes], *,
         loader.flush()
         if loader.index_later is not None:
             conn.execute(models.index_statement(loader.index_later, concurrently=False))
+    result.agent_roles_made = _agent_roles(conn)
     return result
+
+
+def _agent_roles(conn) -> int:
+    """After the import commits: every registered agent's role made again where this server lacks it (an import onto
+    another server); where this role may not make one, the import is done but reported failed, with what a DBA
+    runs (memctl.db.wall.after_move)."""
+    from memctl.db import wall
+
+    try:
+        return len(wall.after_move(conn, strict=True)["made"])
+    except wall.AgentsUnsupported as exc:
+        raise wall.AgentsUnsupported(f"the import is done, but agents are not served: {exc}") from None
 
 
 @dataclass
@@ -441,7 +455,7 @@ def merge_fact(conn, admit: gate.Gate, item: dict, result: ImportResult) -> None
     if item.get("updated_at") is not None:
         gate.parse_time(item["updated_at"], "updated_at")
     namespace, key = fact.namespace, fact.key
-    conn.execute(facts.LOCK_KEY, (namespace, key))
+    facts.lock_key(conn, namespace, key)
     here = conn.execute(KEY_HISTORY, (namespace, key)).fetchall()
     seen = {(h["op"], h["old_value"], h["new_value"], h["changed_at"]) for h in here}
     new = [e for e in entries if (e.op, e.old_value, e.new_value, e.changed_at) not in seen] if here else entries

@@ -496,5 +496,5 @@ def refuse(source: str, reason: str | None, *, late: bool = False) -> None:
 
 
 SOURCES_KEPT = 10_000  # distinct sources a write keeps for confirm()
-CHECK_BLOCKED_ANY = "SELECT source, reason FROM blocked_sources WHERE source = ANY(%s) ORDER BY source LIMIT 1"
+CHECK_BLOCKED_ANY = "SELECT source, reason FROM memctl_blocked(%s) ORDER BY source LIMIT 1"  # sql/0023, for agents too
 BLOCKED = "SELECT source, reason FROM blocked_sources"

@@ -22,7 +22,7 @@ import hashlib
 KEY_BYTES = 16
 UTC = datetime.timezone.utc
 # One look-up per agent in the batch (an index probe per key: sql/0021), all in one round trip (ask());
-# under the imports' advisory lock (memctl.write.repeats.LOCK_IMPORTS), so two imports of one file cannot
+# under the imports' lock (memctl.write.repeats.LOCK_IMPORTS), so two imports of one file cannot
 # both find a key missing.
 STORED = "SELECT record_key, id FROM episodes WHERE agent = %s AND record_key = ANY(%s)"
 
@@ -58,7 +58,7 @@ def ask(conn, agents: list[str], keys: list[bytes | None]) -> list:
     for agent, k in zip(agents, keys):
         if k is not None:  # a record with no key (memctl import of an older export) asks nothing
             by_agent.setdefault(agent, []).append(k)
-    conn.execute(LOCK_IMPORTS, (IMPORT_CLASS,))
+    conn.execute(LOCK_IMPORTS, (IMPORT_CLASS, ""))
     return [(agent, conn.execute(STORED, (agent, wanted))) for agent, wanted in sorted(by_agent.items())]
 
 

@@ -10,7 +10,7 @@ redaction changed, the same text as it came (a keyed digest: secret_digest), so 
 
 The window slides: a repeat extends its first's span, so an alert every five minutes for a week is one
 first with its repeats; a gap longer than the window starts a new first. Writers of one agent take turns
-on an advisory lock (LOCK_AGENT) while they look up and link, so two processes writing the same text at
+on a lock (LOCK_AGENT, memctl.db.locks) while they look up and link, so two processes writing the same text at
 once make one first and one repeat. The candidate first is locked against a concurrent prune (FOR NO KEY
 UPDATE), which deletes a first only once no repeat of it is left (memctl.retention.deletion).
 """
@@ -26,9 +26,10 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from memctl.db import locks
 from memctl.write.values import WRITER
 
-LOCK_CLASS = 0x6D726570  # "mrep": advisory lock namespace, one lock per agent
+LOCK_CLASS = 0x6D726570  # "mrep": a space of memctl.db.locks.KEY_LOCK, one lock per agent
 HASH_BYTES = 16  # of sha256: an index key half the size, collisions still out of reach
 
 
@@ -61,7 +62,7 @@ def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8")
 
 
-FOLD_KEY = "SELECT key FROM fold_key"
+FOLD_KEY = "SELECT memctl_fold_key() AS key"  # sql/0023: for memctl's sessions, an agent's role included
 
 
 def fold_key(conn) -> bytes:
@@ -77,10 +78,10 @@ def window_seconds(settings) -> float | None:
     return parse_duration(settings.episodes.repeat_window)
 
 
-LOCK_AGENT = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+LOCK_AGENT = locks.KEY_LOCK  # (LOCK_CLASS, agent): memctl_lock_key, a lock no agent's session may take
 # Imports take their agents' locks as their batches meet them, in no order known ahead: two at once could each
 # hold an agent the other waits for, so they first take turns on this one.
-LOCK_IMPORTS = "SELECT pg_advisory_xact_lock(%s, 0)"
+LOCK_IMPORTS = locks.KEY_LOCK  # (IMPORT_CLASS, '')
 IMPORT_CLASS = LOCK_CLASS + 1
 
 
@@ -215,7 +216,7 @@ def _back(at: datetime.datetime, reach: datetime.timedelta) -> datetime.datetime
 
 def _stored_firsts(conn, batch, times, reach, hints, locked: set[str]) -> dict[tuple, list[_First]]:
     if not locked:
-        conn.execute(LOCK_IMPORTS, (IMPORT_CLASS,))
+        conn.execute(LOCK_IMPORTS, (IMPORT_CLASS, ""))
     by_agent: dict[str, list[int]] = {}
     for i, ep in enumerate(batch):
         if hints[i] != FIRST:

@@ -18,9 +18,17 @@ analyzed. Printed side by side, from one run:
      bearer token) and over `memctl mcp --agent a0` on stdio, alternating --calls times: ratio
      HTTP / stdio (goal <= 1.5);
   3. --clients HTTP clients of 10 agents calling `search` at once for --seconds: errors (goal 0),
-     answers holding another agent's episode (goal 0), p50 and p99.
+     answers holding another agent's episode (goal 0), p50 and p99; meanwhile --slow connections from
+     another address (127.0.0.2) that never finish their headers, each opened again as soon as the
+     server closes it ([http] header_timeout, max_connections_per_client: memctl.mcp.bounds), counted.
 
-    python tests/bench/agents.py [--episodes 100000] [--calls 200] [--clients 50] [--seconds 60]
+With the wall of sql/0023 (docs/agents.md "Threat model"): the policies' functions answer only about their
+caller and treat the groups as roles that see nothing, and writes take memctl's locks through definer
+functions on tables no agent may lock. Printed besides: the same search in text mode (the policies and
+memctl_agent_matches alone), and an episode written through the gate (its fold, its locks) in a0's role
+and as the owner, alternating --calls times: ratio role / owner.
+
+    python tests/bench/agents.py [--episodes 100000] [--calls 200] [--clients 50] [--seconds 60] [--slow 40]
 """
 
 from __future__ import annotations
@@ -94,11 +102,37 @@ async def transports(exe: str, env: dict, url: str, token: str, calls: int) -> t
     return http, stdio
 
 
-async def crowd(url: str, tokens: dict[str, str], clients: int, seconds: float) -> tuple[list[float], int, int]:
+async def slowloris(port: int, deadline: float, opened: list[int]) -> None:
+    """Connections from 127.0.0.2 that never finish their headers, each opened again once the server closes it."""
+    async def one() -> None:
+        while time.monotonic() < deadline:
+            try:
+                sock = await anyio.connect_tcp("127.0.0.1", port, local_host="127.0.0.2")
+            except OSError:
+                await anyio.sleep(0.1)
+                continue
+            opened[0] += 1
+            async with sock:
+                await sock.send(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                    try:
+                        while await sock.receive():
+                            pass
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                        pass
+
+    async with anyio.create_task_group() as group:
+        for _ in range(opened[1]):
+            group.start_soon(one)
+
+
+async def crowd(url: str, tokens: dict[str, str], clients: int, seconds: float,
+                slow: int = 0) -> tuple[list[float], int, int, int]:
     times: list[float] = []
     errors = [0]
     foreign = [0]
     deadline = time.monotonic() + seconds
+    opened = [0, slow]
 
     async def one(i: int) -> None:
         agent = AGENTS[i % 10]
@@ -116,9 +150,11 @@ async def crowd(url: str, tokens: dict[str, str], clients: int, seconds: float) 
             errors[0] += 1
 
     async with anyio.create_task_group() as group:
+        if slow:
+            group.start_soon(slowloris, int(url.rsplit(":", 1)[1].split("/")[0]), deadline, opened)
         for i in range(clients):
             group.start_soon(one, i)
-    return times, errors[0], foreign[0]
+    return times, errors[0], foreign[0], opened[0]
 
 
 def main() -> None:
@@ -127,12 +163,13 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--slow", type=int, default=40)
     args = p.parse_args()
     env = embedder_env("hash", "hash-embed")
     from memctl import config, db
     from memctl.reading import search
     from memctl.reading.query import Query
-    from memctl.records import agents
+    from memctl.records import agents, episodes
 
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     settings = config.load()
@@ -158,12 +195,26 @@ def main() -> None:
                 if outcome.warning or not outcome.hits or {h.agent for h in outcome.hits} != {"a0"}:
                     raise SystemExit(f"the search degraded, came back empty or left a0: {outcome.warning}")
                 return time.perf_counter() - start
-            for _ in range(5):
-                run(owner), run(role)
-            as_owner, as_role = [], []
-            for _ in range(args.calls):
+            def text(conn) -> float:
+                start = time.perf_counter()
+                search.search(conn, settings, Query(QUERY, k=10, agent="a0", mode="text"), track=False)
+                return time.perf_counter() - start
+
+            def write(conn, i: int) -> float:
+                start = time.perf_counter()
+                episodes.add(conn, settings, f"{random.choice(WORDS)} write {i} {QUERY}", agent="a0")
+                return time.perf_counter() - start
+
+            for i in range(5):
+                run(owner), run(role), text(owner), text(role), write(owner, -i), write(role, -i - 10)
+            as_owner, as_role, text_owner, text_role, write_owner, write_role = [], [], [], [], [], []
+            for i in range(args.calls):
                 as_owner.append(run(owner))
                 as_role.append(run(role))
+                text_owner.append(text(owner))
+                text_role.append(text(role))
+                write_owner.append(write(owner, 2 * i))
+                write_role.append(write(role, 2 * i + 1))
 
         port = _port()
         log = open(os.devnull, "w")
@@ -178,19 +229,24 @@ def main() -> None:
                     time.sleep(0.1)
             endpoint = f"http://127.0.0.1:{port}/mcp"
             http, stdio = anyio.run(transports, exe, env, endpoint, tokens["a0"], args.calls)
-            times, errors, foreign = anyio.run(crowd, endpoint, tokens, args.clients, args.seconds)
+            times, errors, foreign, slow = anyio.run(crowd, endpoint, tokens, args.clients, args.seconds, args.slow)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     print(f"search in a0's role (RLS):  median {median(as_role) * 1000:.2f} ms ({args.calls} calls)")
     print(f"search as the owner:        median {median(as_owner) * 1000:.2f} ms")
     print(f"ratio role / owner (goal <= 1.15): {median(as_role) / median(as_owner):.3f}")
+    print(f"text mode: role median {median(text_role) * 1000:.2f} ms, owner {median(text_owner) * 1000:.2f} ms; "
+          f"ratio role / owner: {median(text_role) / median(text_owner):.3f}")
+    print(f"an episode written through the gate: role median {median(write_role) * 1000:.2f} ms, owner "
+          f"{median(write_owner) * 1000:.2f} ms; ratio role / owner: {median(write_role) / median(write_owner):.3f}")
     print(f"search tool call over HTTP: median {median(http) * 1000:.2f} ms; over stdio: median "
           f"{median(stdio) * 1000:.2f} ms")
     print(f"ratio HTTP / stdio (goal <= 1.5): {median(http) / median(stdio):.2f}")
     print(f"{args.clients} HTTP clients of 10 agents for {args.seconds:.0f} s: {len(times)} calls, {errors} errors, "
           f"{foreign} answers out of scope, p50 {percentile(times, 0.5) * 1000:.1f} ms, "
-          f"p99 {percentile(times, 0.99) * 1000:.1f} ms")
+          f"p99 {percentile(times, 0.99) * 1000:.1f} ms; meanwhile {slow} connection(s) without headers opened from "
+          "another address")
 
 
 if __name__ == "__main__":
