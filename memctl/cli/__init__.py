@@ -115,8 +115,9 @@ def _schema_refusal(exc: Exception):
     for link in errors.causes(exc):
         if migrate.is_guard_refusal(link):
             message = str(link).strip().splitlines()[0] if str(link).strip() else "refused"
-            return errors.SchemaChanged(f"{message}: nothing of it was stored; run it again with the memctl installed "
-                                 "now (upgrade memctl if it is older than the memory's schema)")
+            return errors.SchemaChanged(f"{message}: nothing of it was stored; stopping so that the memctl installed "
+                                        "now runs it again (a systemd unit restarts it; by hand: upgrade memctl if "
+                                        "it is older than the memory's schema)")
     return None
 
 
