@@ -104,3 +104,21 @@ def test_an_edited_migration_without_its_fix_up_is_refused_as_before(restored, t
         row = conn.execute("SELECT checksum, fixed_from FROM memctl_migrations WHERE name = '0019_agents.sql'").fetchone()
         assert row["checksum"] == next(m.checksum for m in migrate.read_files() if m.name == "0019_agents.sql")
         assert row["fixed_from"].startswith("86396aea")
+
+
+@pytest.mark.superuser("it plays an older pgvector by rewriting pg_extension's version")
+def test_a_pgvector_older_than_the_servers_is_named_and_updated_by_migrate(db_url, cli):
+    import psycopg
+
+    from memctl.db import preflight
+
+    with db.connect(db_url) as conn:
+        available = ".".join(map(str, preflight.available_pgvector(conn)["version"]))
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE pg_extension SET extversion = '0.8.5' WHERE extname = 'vector'")
+    status = cli("status", "-f", "json")
+    assert "pgvector 0.8.5 is created in this database, and the server has " + available in status.stdout + status.stderr
+    done = cli("db", "migrate")
+    assert done.exit_code == 0 and f"0.8.5 -> {available}" in done.stderr
+    with db.connect(db_url) as conn:
+        assert preflight.pgvector_behind(conn) is None
