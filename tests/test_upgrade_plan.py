@@ -31,7 +31,13 @@ def _mode(lock_mode: str) -> str:
 
 
 def _claims(migration: migrate.Migration) -> dict[str, plan.Lock]:
-    return plan.strongest([lock for s in migrate.statements(migration.steps()) for lock in plan.locks(s)])
+    """Per table, the strongest lock the plan claims for the migration (a transaction holds each to its end)."""
+    out: dict[str, plan.Lock] = {}
+    for lock in (lock for s in migrate.statements(migration.steps()) for lock in plan.locks(s)):
+        held = out.get(lock.table)
+        if held is None or plan.MODES.index(lock.mode) > plan.MODES.index(held.mode):
+            out[lock.table] = lock
+    return out
 
 
 def _held_against_claims(conn, migration: migrate.Migration) -> list[str]:

@@ -221,12 +221,13 @@ def pending(conn, directory: Path | None = None) -> list[Migration]:
     return schema.by("pending", "fixup")
 
 
-def apply(conn, directory: Path | None = None, report=None) -> list[Migration]:
+def apply(conn, directory: Path | None = None, report=None, progress=None) -> list[Migration]:
     """Apply pending migrations; returns those applied by this call. `conn` is autocommit.
 
     First the server is checked (memctl.db.preflight.preflight): a PostgreSQL or pgvector too old, or a
     `vector` extension this role may not create, is refused with what to do, before anything changes.
-    `report` receives warnings (e.g. a PostgreSQL newer than memctl was measured on).
+    `report` receives warnings (e.g. a PostgreSQL newer than memctl was measured on); `progress` a line for
+    each migration done, with how long it took.
     """
     from memctl.db import preflight
 
@@ -242,7 +243,11 @@ def apply(conn, directory: Path | None = None, report=None) -> list[Migration]:
             conn.execute(ADD_COLUMNS)
         todo = pending(conn, directory)
         for migration in todo:
+            started = time.monotonic()
             _run(conn, migration, report)
+            if progress is not None:
+                done = "fixed (its earlier content's fix-up)" if migration.status == "fixup" else "applied"
+                progress(f"{migration.name}: {done} in {time.monotonic() - started:.1f} s")
             migration.status = "applied"
         if todo and _rows(conn, HAS_GUARD)[0][0]:
             conn.execute(GUARD_ALL)  # a table an unguarded migration made gets the guard too

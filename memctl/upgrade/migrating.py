@@ -57,7 +57,7 @@ def run(conn, url: str, settings, *, backup: bool = True, dry_run: bool = False,
     out.pgvector = preflight.update_pgvector(conn)
     if out.pgvector:
         say(out.pgvector)
-    out.todo = migrate.apply(conn, directory, report=say)
+    out.todo = migrate.apply(conn, directory, report=say, progress=say)
     return out
 
 

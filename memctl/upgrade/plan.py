@@ -152,16 +152,6 @@ def _alter_table(text: str) -> list[Lock]:
     return [Lock(table, "ACCESS EXCLUSIVE", work)] + references
 
 
-def strongest(found: list[Lock]) -> dict[str, Lock]:
-    """Per table, the strongest lock of a list (the one a transaction holds until it ends)."""
-    out: dict[str, Lock] = {}
-    for lock in found:
-        held = out.get(lock.table)
-        if held is None or MODES.index(lock.mode) > MODES.index(held.mode):
-            out[lock.table] = lock
-    return out
-
-
 def _rows(conn) -> dict[str, int | None]:
     return {row["name"]: row["rows"] for row in conn.execute(ROWS).fetchall()}
 
