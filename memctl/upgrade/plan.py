@@ -27,7 +27,7 @@ MODES = ("ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE",
          "EXCLUSIVE", "ACCESS EXCLUSIVE")
 EVERY_TABLE = "*"
 # Seconds per row of each kind of work, measured by tests/bench/upgrade.py on 2 cores (docs/benchmarks.md).
-RATES = {"index": 2.5e-6, "gin": 2.5e-5, "hnsw": 2e-4, "rewrite": 1e-5, "generated": 4e-5, "scan": 5e-7,
+RATES = {"index": 1.2e-6, "gin": 1.2e-5, "hnsw": 2e-4, "rewrite": 1e-5, "generated": 2.5e-5, "scan": 3e-7,
          "rows": 1e-5}
 ROWS = """
 SELECT c.relname AS name, CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint END AS rows

@@ -2,8 +2,10 @@
 
     python tests/bench/upgrade.py                       # 100k episodes, a quick run
     python tests/bench/upgrade.py --episodes 1000000    # the issue's figure
+    python tests/bench/upgrade.py --episodes 1000000 --from 3ef5ae8   # from main's schema before 0.2.0
 
-The oldest fixture (tests/data/upgrade/c7e1950.dump: 0001 and 0002 as first written) is restored, then N episodes
+The oldest fixture (tests/data/upgrade/c7e1950.dump: 0001 and 0002 as first written; --from another fixture's
+commit) is restored, then N episodes
 of 8-30 words (seeded), each with its one chunk, and N/100 facts with two versions each are added server-side
 (c7e1950 could not embed: no vector table). Then, timed:
 
@@ -37,7 +39,7 @@ from psycopg.conninfo import make_conninfo
 from memctl import db
 from memctl.db import migrate
 
-OLDEST = Path(__file__).resolve().parents[1] / "data" / "upgrade" / "c7e1950.dump"
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "upgrade"
 WORDS = "ARRAY[" + ", ".join(f"'{w}'" for w in _common.WORDS) + "]"
 EPISODES = f"""
 INSERT INTO episodes (agent, kind, content, content_hash, source, importance, created_at)
@@ -86,7 +88,7 @@ class Writer(threading.Thread):
         return [took for began, took in self.timed if start <= began < end or start <= began + took < end]
 
 
-def restore_oldest(url: str) -> None:
+def restore_fixture(url: str, dump: Path) -> None:
     from memctl.backup import pgtools
 
     with psycopg.connect(url, autocommit=True) as conn:
@@ -94,9 +96,9 @@ def restore_oldest(url: str) -> None:
     tools = pgtools.for_restore(major, 18)
     work = Path(f"/tmp/memctl-bench-upgrade-{uuid.uuid4().hex[:8]}.list")
     try:
-        listing = pgtools.listing(tools, OLDEST, work)
+        listing = pgtools.listing(tools, dump, work)
         with pgtools.connection_env(url) as env:
-            pgtools.restore_script(tools, OLDEST, listing, env, server_major=major,
+            pgtools.restore_script(tools, dump, listing, env, server_major=major,
                                    before="CREATE EXTENSION IF NOT EXISTS vector;", after="SELECT 1;")
     finally:
         work.unlink(missing_ok=True)
@@ -106,6 +108,7 @@ def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=100_000)
     p.add_argument("--no-backup", action="store_true", help="time the migrations only")
+    p.add_argument("--from", dest="start", default="c7e1950", help="the fixture (commit) whose schema to start from")
     args = p.parse_args()
     with _common.server(args.database_url) as admin:
         name = f"memctl_bench_upgrade_{uuid.uuid4().hex[:8]}"
@@ -124,7 +127,7 @@ def run(url: str, args) -> None:
 
     from memctl.upgrade import migrating
 
-    restore_oldest(url)
+    restore_fixture(url, FIXTURES / f"{args.start}.dump")
     began = time.monotonic()
     with db.connect(url) as conn:
         conn.execute(EPISODES, {"n": args.episodes})
@@ -133,7 +136,7 @@ def run(url: str, args) -> None:
         conn.execute(HISTORY, {"n": max(1, args.episodes // 100)})
         conn.execute("VACUUM ANALYZE")
         print(f"loaded {args.episodes:,} episodes and chunks, {max(1, args.episodes // 100):,} facts in "
-              f"{time.monotonic() - began:.0f} s (c7e1950's schema)", flush=True)
+              f"{time.monotonic() - began:.0f} s ({args.start}'s schema)", flush=True)
     writer = Writer(url)
     writer.start()
     time.sleep(3)  # the baseline: the writer alone
@@ -161,7 +164,7 @@ def run(url: str, args) -> None:
         print(f"  {line}; longest write wait {max(waits, default=0.0):.2f} s")
         previous = when
     longest = max(during) if during else 0.0
-    print(f"migrated {args.episodes:,} episodes from c7e1950's schema to {migrate.newest()} in {total:.1f} s; "
+    print(f"migrated {args.episodes:,} episodes from {args.start}'s schema to {migrate.newest()} in {total:.1f} s; "
           f"longest write wait {longest:.2f} s over {len(during)} writes (baseline p99 {p99 * 1000:.1f} ms, "
           f"median {statistics.median(baseline) * 1000:.1f} ms; ratio {longest / p99:.0f}x; goal: under 5 s)")
 
