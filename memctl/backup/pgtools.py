@@ -118,13 +118,12 @@ def connection_env(url: str) -> Iterator[dict[str, str]]:
     Its sessions declare this memctl's schema, as memctl's own do (memctl.db.connect): a restore's re-applied
     erasures write into a schema that refuses an undeclared writer (sql/0025_schema_guard.sql)."""
     from psycopg import ProgrammingError
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg.conninfo import make_conninfo
 
     from memctl.db import migrate, pgservice
 
     with contextlib.suppress(ProgrammingError):  # a malformed URL: pgservice.write says why
-        given = conninfo_to_dict(url).get("options") or os.environ.get("PGOPTIONS")
-        url = make_conninfo(url, options=migrate.session_options(given))
+        url = make_conninfo(url, options=migrate.session_options(url))
     directory = tempfile.mkdtemp(prefix="memctl-conn.")
     try:
         yield {**os.environ, **pgservice.write(url, directory)}

@@ -61,18 +61,11 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
 
     The session declares the schema this memctl knows (memctl.db.migrate.SETTING): from sql/0025 on, the
     schema refuses writes from a session that declares an older one, or none (an older memctl)."""
-    import os
-
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict
     from psycopg.rows import dict_row
 
     from memctl.db import migrate
 
-    try:
-        given = conninfo_to_dict(url).get("options") or os.environ.get("PGOPTIONS")
-    except psycopg.ProgrammingError:
-        given = None  # a malformed URL: psycopg.connect says why below
     try:
         conn = psycopg.connect(
             url,
@@ -80,7 +73,7 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
             row_factory=dict_row,
             application_name=APPLICATION_NAME,
             connect_timeout=timeout,
-            options=migrate.session_options(given),
+            options=migrate.session_options(url),
         )
     except psycopg.OperationalError as exc:
         message = config_mod.mask_url(str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed")

@@ -162,8 +162,18 @@ def newest(directory: Path | None = None) -> str:
     return _newest(str(directory or sql_dir()))
 
 
-def session_options(existing: str | None) -> str:
-    """libpq `options` that declare this memctl's schema, after the caller's own (PGOPTIONS or the URL's)."""
+def session_options(url: str) -> str:
+    """libpq `options` for a connection to URL that declare this memctl's schema, after the caller's own (the
+    URL's, else PGOPTIONS: an explicit `options` replaces both)."""
+    import os
+
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        existing = conninfo_to_dict(url).get("options") or os.environ.get("PGOPTIONS")
+    except ProgrammingError:
+        existing = os.environ.get("PGOPTIONS")  # a malformed URL: connecting says why
     declared = f"-c {SETTING}={newest()}"
     return f"{existing} {declared}" if existing else declared
 
