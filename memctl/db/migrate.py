@@ -153,8 +153,8 @@ def read_fixups(directory: Path | None = None) -> dict[tuple[str, str], Path]:
 
 @lru_cache(maxsize=8)
 def _newest(directory: str) -> str:
-    files = read_files(Path(directory))
-    return files[-1].name if files else ""
+    names = sorted(path.name for path in Path(directory).glob("*.sql") if _NAME.match(path.name))
+    return names[-1] if names else ""
 
 
 def newest(directory: Path | None = None) -> str:
