@@ -1,3 +1,3 @@
 """memctl: agent memory on PostgreSQL + pgvector: facts, episodes, runbooks."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

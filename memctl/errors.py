@@ -6,6 +6,7 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_NOT_FOUND = 4
 EXIT_DISK_FULL = 5
+EXIT_SCHEMA_CHANGED = 75  # EX_TEMPFAIL: the schema changed under this process; the systemd units restart it
 
 
 class MemctlError(Exception):
@@ -124,6 +125,17 @@ def no_space(exc: BaseException) -> bool:
 
 class SchemaBehind(MemctlError):
     pass
+
+
+class SchemaAhead(MemctlError):
+    """The memory's schema holds migrations this memctl does not know: a newer memctl migrated it."""
+
+
+class SchemaChanged(MemctlError):
+    """The memory's schema changed while this process ran (a newer memctl migrated it): exit 75, which the
+    systemd units of long-running processes take as a clean stop and restart with the memctl installed now."""
+
+    exit_code = EXIT_SCHEMA_CHANGED
 
 
 class Blocked(MemctlError):

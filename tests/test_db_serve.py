@@ -302,3 +302,20 @@ def test_as_root_serve_refuses_a_home_root_owns():
         assert list(path.iterdir()) == []
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def test_serve_serves_on_when_a_newer_memctl_migrates_the_memory(server, tmp_path):
+    """serve holds no schema: a migration this memctl does not know, applied while it runs, leaves it serving (the
+    processes that hold a schema stop instead: tests/test_upgrade_running.py)."""
+    from memctl import db
+    from memctl.db import migrate
+
+    newer = tmp_path / "newer-sql"
+    shutil.copytree(migrate.sql_dir(), newer)
+    (newer / "9000_future.sql").write_text("CREATE TABLE memctl_future_test (x int);\n")
+    with db.connect(server.url) as conn:
+        migrate.apply(conn, newer)
+    with psycopg.connect(server.url, autocommit=True) as client:
+        assert client.execute("SELECT max(name) FROM memctl_migrations").fetchone() == ("9000_future.sql",)
+    assert server.proc.poll() is None
+    assert server.stop() == 0

@@ -17,7 +17,9 @@ from memctl.errors import ConfigError, MemctlError
 
 def test_version_and_help(memctl_bin):
     version = memctl_bin("--version")
-    assert version.exit_code == 0 and version.stdout.strip() == f"memctl {__version__}"
+    lines = version.stdout.splitlines()
+    assert version.exit_code == 0 and lines[0] == f"memctl {__version__}"
+    assert lines[1].startswith(f"schema {migrate.read_files()[-1].name} ")  # the schema it carries
     helped = memctl_bin("--help")
     for noun in ("fact", "episode", "embed", "status", "db", "config"):
         assert noun in helped.stdout

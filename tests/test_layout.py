@@ -2,7 +2,7 @@
 
 Lowest first: the base modules (memctl/*.py and memctl/redact/), the database (memctl/db/), the write path
 (memctl/write/), the memory records (memctl/records/), ingest, runbooks, embedding, reading, recall, backup,
-retention, transfer, observe, reembed (each memctl/<name>/), the MCP server (memctl/mcp/), and the CLI
+upgrade, retention, transfer, observe, reembed (each memctl/<name>/), the MCP server (memctl/mcp/), and the CLI
 (memctl/cli/, with memctl/__main__.py).
 Imports inside functions count as much as those at the top: a lazy import is still a dependency.
 """
@@ -16,7 +16,7 @@ import memctl
 
 PACKAGE = Path(memctl.__file__).parent
 LAYERS = ("base", "db", "write", "records", "ingest", "runbooks", "embedding", "reading", "recall", "backup",
-          "retention", "transfer", "observe", "reembed", "mcp", "cli")
+          "upgrade", "retention", "transfer", "observe", "reembed", "mcp", "cli")
 MAX_LINES = 500
 MAX_MODULES = 10  # .py files of one package, its __init__ included: a room a reader can name at a glance
 CROWDED = {"memctl.cli"}  # one module per noun of the command line

@@ -30,7 +30,8 @@ next run removes such leftovers once a day old.
 Rotation is restic's `forget --keep-daily N --keep-weekly M`: the newest backup of each of the last N
 days that have one, and of each of the last M ISO weeks that have one (UTC), are kept, the others
 deleted; both 0 keeps everything. Only files named like a backup are considered: the safety backups a
-restore writes (memctl-before-restore-*) are never rotated away.
+restore writes (memctl-before-restore-*) and those a migration takes first (memctl-before-migrate-*) are never
+rotated away.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from memctl.backup import backup_file
 JOB = "backup"
 PREFIX = "memctl-backup-"
 SAFETY_PREFIX = "memctl-before-restore-"
+MIGRATE_PREFIX = "memctl-before-migrate-"  # taken by `memctl db migrate` (memctl.upgrade.migrating), never rotated
 NAME = re.compile(r"^memctl-backup-(\d{8}T\d{6})Z(?:-(\d+))?\.tar$")
 STALE_S = 86400  # a leftover temporary file or directory older than this is removed by the next run
 NO_SPACE = b"No space left on device"  # strerror(ENOSPC) in a client program's message
@@ -341,7 +343,7 @@ def _clean_leftovers(directory: Path) -> None:
     limit = time.time() - STALE_S
     for entry in os.scandir(directory):
         name = entry.name
-        if not (name.startswith((f".{PREFIX}", f".{SAFETY_PREFIX}")) and name.endswith(".tmp")):
+        if not (name.startswith((f".{PREFIX}", f".{SAFETY_PREFIX}", f".{MIGRATE_PREFIX}")) and name.endswith(".tmp")):
             continue
         with contextlib.suppress(OSError):
             if entry.stat(follow_symlinks=False).st_mtime < limit:

@@ -114,9 +114,16 @@ def for_restore(server_major: int, dump_major: int) -> Toolset:
 
 @contextlib.contextmanager
 def connection_env(url: str) -> Iterator[dict[str, str]]:
-    """The environment for a client program: the connection in a private service file, removed afterwards."""
-    from memctl.db import pgservice
+    """The environment for a client program: the connection in a private service file, removed afterwards.
+    Its sessions declare this memctl's schema, as memctl's own do (memctl.db.connect): a restore's re-applied
+    erasures write into a schema that refuses an undeclared writer (sql/0025_schema_guard.sql)."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import make_conninfo
 
+    from memctl.db import migrate, pgservice
+
+    with contextlib.suppress(ProgrammingError):  # a malformed URL: pgservice.write says why
+        url = make_conninfo(url, options=migrate.session_options(url))
     directory = tempfile.mkdtemp(prefix="memctl-conn.")
     try:
         yield {**os.environ, **pgservice.write(url, directory)}

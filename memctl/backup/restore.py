@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from psycopg import sql
 
-from memctl.errors import InvalidInput, MemctlError
+from memctl.errors import InvalidInput, MemctlError, SchemaAhead
 from memctl.records import jobs
 from memctl.backup import backup as backup_mod, backup_file
 
@@ -272,6 +272,11 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
     if schema != info["schema"]:
         raise InvalidInput(f"{path} holds memctl's schema {schema!r}, this database's is {info['schema']!r}: "
                            "restore it where memctl uses the same schema (search_path)")
+    made = manifest.get("migration")
+    if made and made not in {m.name for m in migrate.read_files()}:  # before anything is replaced
+        raise SchemaAhead(f"{path} was taken from a memory whose schema is at {made} (memctl "
+                          f"{manifest.get('memctl_version', '?')}), which this memctl does not know: restore it with "
+                          "that memctl or a newer one (pip install -U memctl)")
     with tempfile.TemporaryDirectory(prefix="memctl-restore.") as work:
         dump = backup_file.extract_dump(path, manifest, Path(work))  # a damaged backup stops here, nothing changed
         tools = pgtools.for_restore(major, manifest["pg_dump"]["major"])

@@ -34,6 +34,10 @@ class MemctlGroup(TyperGroup):
             if disk is not None:
                 warn(str(disk))
                 raise typer.Exit(disk.exit_code) from None
+            refused = _schema_refusal(exc)
+            if refused is not None:
+                warn(str(refused))
+                raise typer.Exit(refused.exit_code) from None
             code = _database_error_code(exc)
             if code is None:
                 raise
@@ -103,6 +107,20 @@ def _target():
         return None
 
 
+def _schema_refusal(exc: Exception):
+    """A write the schema refused because a newer memctl migrated it meanwhile (sql/0025): SchemaChanged."""
+    from memctl import errors
+    from memctl.db import migrate
+
+    for link in errors.causes(exc):
+        if migrate.is_guard_refusal(link):
+            message = str(link).strip().splitlines()[0] if str(link).strip() else "refused"
+            return errors.SchemaChanged(f"{message}: nothing of it was stored; stopping so that the memctl installed "
+                                        "now runs it again (a systemd unit restarts it; by hand: upgrade memctl if "
+                                        "it is older than the memory's schema)")
+    return None
+
+
 def _database_error_code(exc: Exception) -> int | None:
     psycopg = sys.modules.get("psycopg")
     if psycopg is None or not isinstance(exc, psycopg.Error):
@@ -127,9 +145,21 @@ _app = typer.Typer(
 
 
 def _version(value: bool) -> None:
-    if value:
-        sys.stdout.write(f"memctl {__version__}\n")
-        raise typer.Exit()
+    """memctl's version, the schema it knows, and the database's schema, PostgreSQL and pgvector where it can reach
+    them (an embedded server is never started for this)."""
+    if not value:
+        return
+    from memctl import db
+    from memctl.upgrade import migrating
+
+    try:
+        url = db.resolve(None, common.settings()).url or None
+    except MemctlError as exc:
+        lines = migrating.version_lines(None)[:2] + [f"database not reached: {exc}"]
+    else:
+        lines = migrating.version_lines(url)
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    raise typer.Exit()
 
 
 @_app.callback()
@@ -145,7 +175,9 @@ def root(
         ),
     ] = None,
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool, typer.Option("--version", callback=_version, is_eager=True,
+                           help="Print memctl's version, its schema, and the database's schema, PostgreSQL and "
+                                "pgvector versions where it can reach them; then exit.")
     ] = False,
 ) -> None:
     common.reset().database_url = database_url

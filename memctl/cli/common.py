@@ -71,12 +71,13 @@ def target():
     return db.resolve(st.database_url, st.settings)
 
 
-def connect(*, vector: bool = False, migrate: bool = True):
-    """Open the configured database (starting/migrating the embedded one); closed at exit."""
+def connect(*, vector: bool = False, migrate: bool = True, reading: bool = False):
+    """Open the configured database (starting the embedded one, migrating it while it holds no memory); closed
+    at exit. `reading`: the command only reads, so a schema newer than this memctl's is a warning."""
     from memctl import db
 
     st = state()
-    conn = db.open_database(target(), report=warn, vector=vector, migrate=migrate)
+    conn = db.open_database(target(), report=warn, vector=vector, migrate=migrate, reading=reading)
     st._conns.append(conn)
     return conn
 
@@ -95,12 +96,12 @@ def connect_read(*, vector: bool = False):
     st = state()
     replica = db.resolve_read(st.settings)
     if replica is None:
-        return connect(vector=vector)
+        return connect(vector=vector, reading=True)
     try:
         conn = db.open_replica(replica, vector=vector)
     except (DatabaseUnavailable, SchemaBehind) as exc:
         warn(f"{exc}; reading from the primary")
-        return connect(vector=vector)
+        return connect(vector=vector, reading=True)
     st._conns.append(conn)
     access.route_to_primary(conn, connect, note=warn)
     return conn

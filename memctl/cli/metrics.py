@@ -37,7 +37,7 @@ def metrics(
     path = metrics_mod.check_textfile(textfile) if textfile is not None else None
     try:
         where = target()
-        conn = connect()
+        conn = connect(reading=True)  # reads only: a newer schema is a warning
     except MemctlError:  # unreachable, a full disk, a schema it cannot read: memctl_up 0
         if path is not None:
             try:

@@ -57,9 +57,14 @@ def resolve_read(settings: config_mod.Settings) -> ReadTarget | None:
 
 
 def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout: int = 10):
-    """An autocommit connection with dict rows; `vector` registers pgvector types."""
+    """An autocommit connection with dict rows; `vector` registers pgvector types.
+
+    The session declares the schema this memctl knows (memctl.db.migrate.SETTING): from sql/0025 on, the
+    schema refuses writes from a session that declares an older one, or none (an older memctl)."""
     import psycopg
     from psycopg.rows import dict_row
+
+    from memctl.db import migrate
 
     try:
         conn = psycopg.connect(
@@ -68,6 +73,7 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
             row_factory=dict_row,
             application_name=APPLICATION_NAME,
             connect_timeout=timeout,
+            options=migrate.session_options(url),
         )
     except psycopg.OperationalError as exc:
         message = config_mod.mask_url(str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed")
@@ -88,8 +94,9 @@ def register_vector(conn) -> None:
 
 
 def open_database(target: Target, *, report: Callable[[str], None] | None = None, vector: bool = False,
-                  migrate: bool = True):
-    """Connect to the target, starting the embedded server and migrating it as needed."""
+                  migrate: bool = True, reading: bool = False):
+    """Connect to the target, starting the embedded server as needed, and check its schema is this memctl's
+    (a fresh embedded one is migrated; `reading`: a newer schema is a warning, not a refusal)."""
     from memctl.db import migrate as migrate_mod
 
     if target.embedded and not target.url:
@@ -104,7 +111,7 @@ def open_database(target: Target, *, report: Callable[[str], None] | None = None
         target.url = start_embedded(report, after_another=True).url
         conn = connect(target.url)
     if migrate:
-        migrate_mod.ensure_current(conn, auto=target.embedded)
+        migrate_mod.ensure_current(conn, auto=target.embedded, reading=reading, report=report)
     if vector:
         register_vector(conn)
     return conn
@@ -188,7 +195,7 @@ def open_replica(target: ReadTarget, *, vector: bool = False):
     except DatabaseUnavailable as exc:
         raise DatabaseUnavailable(f"read replica ({target.origin}): {exc}") from None
     try:
-        migrate_mod.ensure_current(conn, auto=False)
+        migrate_mod.ensure_current(conn, auto=False, reading=True)
     except SchemaBehind as exc:
         conn.close()
         raise SchemaBehind(f"read replica ({target.origin}): {exc} on the primary; the replica has not replayed "

@@ -268,8 +268,53 @@ def _start_locked(report) -> ServerInfo:
     return info
 
 
+class OtherMajor(ConfigError):
+    """The data directory was written by another PostgreSQL major than the wheel's server (exit 1: the way out
+    is the operator's, `memctl db upgrade`)."""
+
+
+def data_major(pgdata: Path) -> int | None:
+    """The PostgreSQL major that wrote a data directory (its PG_VERSION), None when there is none."""
+    try:
+        return int((pgdata / "PG_VERSION").read_text().strip().split(".")[0])
+    except (OSError, ValueError):
+        return None
+
+
+def server_major(bin_path: Path | None = None) -> int:
+    """The major of the server in BIN_PATH (the wheel's by default): `postgres --version`."""
+    import re
+    import subprocess
+
+    out = subprocess.run([str((bin_path or bin_dir()) / "postgres"), "--version"], capture_output=True, text=True,
+                         timeout=30).stdout
+    match = re.search(r"\(PostgreSQL\)\s+(\d+)", out)
+    if match is None:
+        raise DatabaseUnavailable(f"cannot tell the version of {bin_path or bin_dir()}/postgres: {out.strip()[:80]!r}")
+    return int(match.group(1))
+
+
+def check_major(pgdata: Path) -> None:
+    """Refuse a data directory of another major, naming both and the way out (docs/database.md)."""
+    found = data_major(pgdata)
+    if found is None:
+        return
+    wheel = server_major()
+    if found == wheel:
+        return
+    if found > wheel:
+        raise OtherMajor(f"the embedded database in {pgdata} was written by PostgreSQL {found}, newer than this memctl's "
+                         f"embedded PostgreSQL {wheel}: use the memctl that wrote it (or a newer one)")
+    raise OtherMajor(
+        f"the embedded database in {pgdata} was written by PostgreSQL {found}, and this memctl's embedded server is "
+        f"PostgreSQL {wheel}: nothing is lost; move it with `memctl db upgrade --old-bindir DIR` (DIR: PostgreSQL "
+        f"{found}'s programs, e.g. /usr/lib/postgresql/{found}/bin; a backup first, the old directory kept), or "
+        f"restore a memctl backup into a new one (docs/database.md#another-postgresql-major)")
+
+
 def _launch(report) -> ServerInfo:
     pgdata = pgdata_dir()
+    check_major(pgdata)
     server_module, bin_path = _wheel()
     before = {**_prefix_modes(pgdata), **_prefix_modes(bin_path)} if is_root() else {}
     try:

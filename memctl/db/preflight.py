@@ -196,6 +196,43 @@ def preflight(conn, *, schema_changes: bool) -> list[str]:
     return [w for w in (server_warning(num, text),) if w]
 
 
+# ALTER EXTENSION ... UPDATE is allowed to the extension's owner (or a superuser); pgvector is not trusted, so
+# on an operator's server it is usually the superuser's.
+MAY_UPDATE = """
+SELECT pg_has_role(e.extowner, 'USAGE') OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) AS may
+FROM pg_extension e WHERE e.extname = %s
+"""
+UPDATE = "ALTER EXTENSION vector UPDATE"
+
+
+def pgvector_behind(conn) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(created, available) when the server has a newer pgvector than the one created here; else None."""
+    installed = pgvector_version(conn)
+    available = (available_pgvector(conn) or {}).get("version")
+    if installed is None or available is None or available <= installed:
+        return None
+    return installed, available
+
+
+def behind_message(found: tuple[tuple[int, ...], tuple[int, ...]], database: str) -> str:
+    installed, available = found
+    return (f"pgvector {_text(installed)} is created in this database, and the server has {_text(available)}: "
+            f"memctl db migrate updates it where its role may (the extension's owner); else a superuser runs, "
+            f"connected to database \"{database}\": ALTER EXTENSION vector UPDATE;")
+
+
+def update_pgvector(conn) -> str | None:
+    """ALTER EXTENSION vector UPDATE where this role may; what happened, in a line (None: nothing to do)."""
+    found = pgvector_behind(conn)
+    if found is None:
+        return None
+    database = rights(conn)["database"]
+    if not (_one(conn, MAY_UPDATE, (EXTENSION,)) or {}).get("may"):
+        return behind_message(found, database)
+    conn.execute(UPDATE)
+    return f"pgvector updated in database \"{database}\": {_text(found[0])} -> {_text(pgvector_version(conn))}"
+
+
 def version_warnings(conn) -> list[str]:
     """For `status`: the server or pgvector version memctl does not support or was not measured on."""
     num, text = server_version(conn)
@@ -208,4 +245,8 @@ def version_warnings(conn) -> list[str]:
         if problem:
             available = (available_pgvector(conn) or {}).get("version")
             found.append(f"{problem}; {upgrade_path(rights(conn)['database'], created=True, available=available)}")
+        else:
+            behind = pgvector_behind(conn)
+            if behind is not None:
+                found.append(behind_message(behind, rights(conn)["database"]))
     return found

@@ -154,6 +154,7 @@ def _start(pgdata: Path, socket_dir: Path, port: int, user: ServerUser,
     if other is not None:
         raise MemctlError(f"a server started outside memctl db serve runs on {pgdata} (pid {other}): "
                           f"stop it first (kill -INT {other})")
+    embedded.check_major(pgdata)
     if not (pgdata / "PG_VERSION").exists():
         _initdb(pgdata, user)
         say(f"created the embedded database's data directory {pgdata}")

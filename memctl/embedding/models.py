@@ -97,6 +97,7 @@ def all_models(conn) -> list[Model]:
 
 
 PROTECT = "SELECT memctl_protect(%s::regclass)"
+GUARD = "SELECT memctl_guard(%s::regclass)"  # writers older than the schema refused (sql/0025_schema_guard.sql)
 
 
 def template(name: str) -> str:
@@ -152,6 +153,7 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
             hash_index=sql.Identifier(f"{table}_hash"), type=sql.SQL(storage), dims=sql.Literal(dims)))
         cluster.adopt(conn, table)  # on Citus: distributed by agent beside chunks, before any row or index
         conn.execute(PROTECT, (table,))  # row-level security for agents' roles (sql/0019_agents.sql)
+        conn.execute(GUARD, (table,))
         agents.grant(conn)
         if build_index:
             model = Model(model_id, embedder.name, embedder.model, dims, storage, embedder.request_dims, table, state,

@@ -14,6 +14,7 @@ in `ps`), and is never logged: the verifier keeps only the agent it names, and u
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 import anyio
@@ -23,12 +24,15 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 
 from memctl.config import Settings
-from memctl.errors import MemctlError, UsageError
+from memctl.db import migrate
+from memctl.errors import MemctlError, SchemaChanged, UsageError
 from memctl.mcp import bounds, principals, protocol, tools
 from memctl.records import agents
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 CONNECTIONS_PER_AGENT = 4  # calls of one agent that run at once; more wait for a connection
+WATCH_S = 5.0  # how often the server asks whether a newer memctl migrated the memory under it
+TICK_S = 0.25  # how soon it notices a call's write refused for that
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -78,6 +82,11 @@ class Registry:
         if token is None or not token.claims or "agent" not in token.claims:
             raise MemctlError("no agent for this request")  # the SDK's middleware answers 401 before this
         return self.session_for(agents.Agent(**token.claims["agent"]))
+
+    def check_schema(self) -> None:
+        """SchemaChanged once the memory's schema is not the one this memctl knows (memctl.db.migrate)."""
+        with self._owner.connection() as conn:
+            migrate.check_unchanged(conn)
 
     def grant(self) -> None:
         with self._owner.connection() as conn:
@@ -134,7 +143,46 @@ def serve(settings: Settings, open_connection: Callable[[], Any], host: str, por
                             log_level="warning", access_log=False, log_config=None, **bounds.config_options(settings))
     warn(f"mcp: streamable HTTP at http://{'[' + host + ']' if ':' in host else host}:{port}/mcp for every "
          "registered agent, each request in its token's role")
+    server = uvicorn.Server(config)
+    watch = SchemaWatch(registry, server)
+    watch.start()
     try:
-        uvicorn.Server(config).run()
+        server.run()
     finally:
+        watch.stop()
         registry.close()
+    if watch.changed is not None:
+        raise watch.changed
+
+
+class SchemaWatch(threading.Thread):
+    """Stops the server (its unit restarts it: exit 75) once the memory's schema changed under it: a newer memctl
+    migrated it. The database is asked every WATCH_S; a call whose write the schema refused says so at once."""
+
+    def __init__(self, registry: Registry, server):
+        super().__init__(name="memctl-schema-watch", daemon=True)
+        self.registry, self.server = registry, server
+        self.changed: SchemaChanged | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        protocol.schema_changed.clear()
+        asked = 0.0
+        while not self._done.wait(TICK_S):
+            if protocol.schema_changed.is_set():
+                self.changed = SchemaChanged(migrate.changed_message("a migration this memctl does not know",
+                                                                     migrate.newest()))
+            elif time.monotonic() - asked >= WATCH_S:
+                asked = time.monotonic()
+                try:
+                    self.registry.check_schema()
+                except SchemaChanged as exc:
+                    self.changed = exc
+                except MemctlError:
+                    pass  # the database is down: the calls say so
+            if self.changed is not None:
+                self.server.should_exit = True
+                return
+
+    def stop(self) -> None:
+        self._done.set()

@@ -13,6 +13,7 @@ stderr for everything else, and every log line goes to stderr as `memctl: mcp: .
 import functools
 import inspect
 import logging
+import threading
 from typing import Annotated, Any, Callable, Literal, Optional
 
 from mcp.server.mcpserver import MCPServer
@@ -24,11 +25,15 @@ from typing_extensions import TypedDict
 
 from memctl import __version__
 from memctl.config import mask_secrets
-from memctl.errors import MemctlError, Unavailable
+from memctl.db import migrate
+from memctl.errors import MemctlError, SchemaChanged, Unavailable
 from memctl.mcp import tools
 from memctl.records import filters
 
 log = logging.getLogger("memctl.mcp")
+# Set when a call met a schema newer than this memctl (a newer memctl migrated the memory meanwhile): its write was
+# refused and nothing of it stored; the HTTP server stops (exit 75) so its unit starts the memctl installed now.
+schema_changed = threading.Event()
 
 # ---------------------------------------------------------------------------
 # Parameters
@@ -234,6 +239,9 @@ def answer(name: str, session: tools.Session | Callable[[], tools.Session], argu
             reply = implementation(session, **arguments)
         except tools.Stale:  # a read on a connection the server had just ended: once more, on a new one
             reply = implementation(session, **arguments)
+    except SchemaChanged as exc:
+        schema_changed.set()
+        return _error(_clean(f"{exc}; call again in a few seconds"))
     except MemctlError as exc:
         message = _clean(str(exc))
         if isinstance(exc, Unavailable):
@@ -242,6 +250,10 @@ def answer(name: str, session: tools.Session | Callable[[], tools.Session], argu
     except UnicodeError:
         return _error("the text is not valid Unicode (a lone surrogate?): send UTF-8 text")
     except Exception as exc:  # a defect: say which, keep serving, print no traceback
+        if migrate.is_guard_refusal(exc):  # the schema refused the write: a newer memctl migrated it
+            schema_changed.set()
+            return _error(f"{name}: nothing was stored: this memory's schema changed (a newer memctl migrated it) "
+                          "and this server stops so the memctl installed now serves; call again in a few seconds")
         log.error("%s failed unexpectedly: %s; the server goes on", name, type(exc).__name__)
         return _error(f"internal error in {name} ({type(exc).__name__}); the server goes on")
     return CallToolResult(content=[TextContent(type="text", text=reply.text)], structured_content=reply.data)

@@ -1,0 +1,4 @@
+-- Fix-up of 0022_agent_text_matches.sql as first committed (b86766e: the function's statement planned once per
+-- session, not for each query's words). The released file replaces the function and is safe to run again.
+-- memctl:fixes 0022_agent_text_matches.sql 191ceb89fd10559ae702ae280f81d59ea2a1acd1d886a0d477802ac9c68a5841
+-- memctl:released
