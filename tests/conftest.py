@@ -38,6 +38,8 @@ from psycopg.conninfo import make_conninfo
 
 from tests.ollama_server import local_embedder_available
 
+pytest_plugins = ("tests.fix_places",)  # shared fixtures (docs/testing.md)
+
 TEMPLATE = "memctl_test_template"
 
 # The writer check (docs/testing.md): in every test database (the template's copies), a statement-level trigger on
