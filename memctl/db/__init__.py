@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from memctl import config as config_mod
+from memctl import config as config_mod, places
 from memctl.errors import DatabaseUnavailable, DiskFull, SchemaBehind
 
 APPLICATION_NAME = "memctl"
@@ -103,8 +103,13 @@ def open_database(target: Target, *, report: Callable[[str], None] | None = None
         # wait for that start to finish, then connect once more.
         target.url = start_embedded(report, after_another=True).url
         conn = connect(target.url)
-    if migrate:
-        migrate_mod.ensure_current(conn, auto=target.embedded)
+    if migrate and target.embedded:  # migrated here: a migration that rekeys digests reads the key (sql/0024)
+        from memctl.db import embedded
+
+        with places.key_for_migrations(conn, places.load_key(places.key_file(embedded.memctl_home()))):
+            migrate_mod.ensure_current(conn, auto=True)
+    elif migrate:
+        migrate_mod.ensure_current(conn, auto=False)
     if vector:
         register_vector(conn)
     return conn
