@@ -29,7 +29,7 @@ from memctl.db import locks
 from memctl.embedding import models
 from memctl.errors import BadValue, Blocked, InvalidInput
 from memctl.records import facts
-from memctl.write import gate, repeats, store
+from memctl.write import erased, gate, repeats, store
 from memctl.transfer.export import FORMAT, TYPES
 from memctl.transfer.known import Known, Pending, holders, resolve
 
@@ -51,6 +51,7 @@ class ImportResult:
     runbook_runs: int = 0
     dropped: int = 0  # importance 0 by the write policy
     chunks_remade: int = 0  # episodes whose file chunks differed from the chunks made here: vectors not used
+    erased: int = 0  # records (and fact values) the erasure ledger holds: left out (memctl.write.erased)
     redactor: redact.Redactor = field(default_factory=redact.Redactor)
 
     def to_dict(self) -> dict:
@@ -61,7 +62,8 @@ class ImportResult:
 
 
 FIELDS = {
-    "header": ({"type", "format", "memctl", "models", "vectors", "exported_at", "agent", "since"}, ("format",)),
+    "header": ({"type", "format", "memctl", "models", "vectors", "exported_at", "agent", "since", "digest_key"},
+               ("format",)),
     "blocked_source": ({"type", "source", "reason", "blocked_at"}, ("source",)),
     "fact": ({"type", "namespace", "key", "value", "source", "version", "updated_at", "valid_from", "history"},
              ("namespace", "key", "history")),
@@ -166,6 +168,7 @@ class _Loader:
         self.now = datetime.datetime.now(datetime.timezone.utc)
         self.window = repeats.window_seconds(settings)
         self.locked: set[str] = set()  # agents whose fold lock this import holds
+        self.ledger: erased.Ledger | None = None  # read with the header
 
     def add(self, number: int, item: dict) -> None:
         kind = item["type"]
@@ -181,6 +184,7 @@ class _Loader:
         if described:
             self.model = self._usable_model(_described(described))
         self.queued = store.queued_models(self.conn)
+        self.ledger = erased.Ledger(self.conn, item.get("digest_key"))
 
     def _usable_model(self, described: _Described) -> models.Model | None:
         active = models.active(self.conn)
@@ -199,6 +203,7 @@ class _Loader:
         self.result.blocked_sources += store.insert_blocked(self.conn, blocked, keep_existing=True)
 
     def _fact(self, item: dict) -> None:
+        self.result.erased += self.ledger.clear_facts(item)
         merge_fact(self.conn, self.gate, item, self.result)
 
     def _episode(self, number: int, item: dict) -> None:
@@ -235,17 +240,22 @@ class _Loader:
         summary = self.new_id(agent, item["summary_id"])
         if summary is None:
             raise InvalidInput(f"summary_source: summary {item['summary_id']} of agent {agent!r} is not in the file")
-        row = self.gate.lineage(agent, summary, item["source_id"], item["source_created_at"], item["source_hash"])
-        source = self.new_id(agent, item["source_id"])
+        if summary == erased.ERASED_ID:  # the summary was erased here: its lineage stays out with it
+            self.result.erased += 1
+            return
+        given = item["source_hash"]
+        row = self.gate.lineage(agent, summary, item["source_id"], item["source_created_at"], self.ledger.lineage(given))
+        source = self.new_id(agent, item["source_id"]) or None  # erased here (ERASED_ID): as if pruned
         if source is None:  # pruned before the export: an id that names no episode here
-            found = self.conn.execute(FIND_EPISODE, (row.agent, row.source_hash, row.source_created_at)).fetchone()
-            source = found["id"] if found else -abs(row.source_id)
+            source = self.ledger.find_source(row.agent, given, row.source_created_at) or -abs(row.source_id)
         row = self.gate.lineage(row.agent, row.summary_id, source, row.source_created_at, row.source_hash)
         self.result.summary_sources += store.insert_lineage(self.conn, [row])
 
     def _runbook_run(self, item: dict) -> None:
         row = {name: item.get(name) for name in FIELDS["runbook_run"][0] if name != "type"}
         row["episode_id"] = self.new_id(item["agent"], item.get("episode_id")) if item.get("episode_id") else None
+        row["episode_id"], left_out = self.ledger.erase_run(row, row["episode_id"])
+        self.result.erased += left_out
         row["dirty"] = bool(row["dirty"])
         row["from_step"] = row["from_step"] or 1
         row["output_tail"] = row["output_tail"] or ""
@@ -317,7 +327,6 @@ ID_MAP = (
 )
 COPY_IDS = "COPY memctl_import_ids (agent, old_id, new_id) FROM STDIN"
 LOOK_UP_ID = "SELECT new_id FROM memctl_import_ids WHERE agent = %s AND old_id = %s"
-FIND_EPISODE = "SELECT id FROM episodes WHERE agent = %s AND content_hash = %s AND created_at = %s LIMIT 1"
 HEX_KEY = re.compile(r"[0-9a-fA-F]{32}")
 
 
@@ -355,7 +364,12 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
     known = Known()
     known.load(conn, list({raw.created_at for _, raw, _, _, _ in batch}))
     fresh, vectors, repeated, hints, keys = [], [], [], [], []
-    for old_id, raw, given, hint, key in batch:
+    ledger = erased.Lookup(conn, [raw.content for _, raw, _, _, _ in batch], key=loader.ledger.key).kept()
+    for (old_id, raw, given, hint, key), kept in zip(batch, ledger):
+        if not kept:  # erased here (memctl.write.erased): left out before anything else is asked of it
+            loader.mapped.append((raw.agent, old_id, erased.ERASED_ID))
+            result.erased += 1
+            continue
         slot = known.find((raw.agent, raw.content_hash, raw.created_at), key)
         if slot is None:
             ep = loader.admit(raw)
@@ -380,14 +394,19 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
     # ids are the others', in order. Only then are the keys' holders asked.
     held = holders(conn, [ep.agent for _, ep, _, _ in fresh], keys) if copied.already else {}
     stored_now = set(copied.ids) if held else set()
-    new_ids = iter(copied.ids)
-    for (old_id, ep, agent, pending), key in zip(fresh, keys):
+    new_ids, left_out = iter(copied.ids), set(copied.erased)
+    for index, ((old_id, ep, agent, pending), key) in enumerate(zip(fresh, keys)):
+        if index in left_out:  # the ledger holds it (memctl.write.erased): mapped to no episode
+            pending.id = erased.ERASED_ID
+            loader.mapped.append((agent, old_id, pending.id))
+            continue
         holder = held.get((ep.agent, key)) if key is not None else None
         pending.id = next(new_ids) if holder is None or holder in stored_now else holder
         loader.mapped.append((agent, old_id, pending.id))
     loader.mapped.extend((agent, old_id, resolve(slot)) for agent, old_id, slot in repeated)
     result.episodes += len(copied.ids)
     result.duplicates += copied.already
+    result.erased += len(copied.erased)
     result.folded += copied.folded
     result.chunks += copied.chunks
     result.vectors += copied.vectors
