@@ -192,7 +192,8 @@ def load_key(path: Path, *, create: bool = True) -> bytes | None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise MemctlError(f"cannot create the erasure ledger's directory {path.parent}: {exc.strerror or exc}") from None
+        raise MemctlError(f"cannot create the erasure ledger's directory {path.parent}: "
+                          f"{exc.strerror or exc}") from None
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), files.PRIVATE)
     except FileExistsError:  # another process made it first

@@ -38,7 +38,7 @@ from psycopg.conninfo import make_conninfo
 
 from tests.ollama_server import local_embedder_available
 
-pytest_plugins = ("tests.fix_places",)  # shared fixtures (docs/testing.md)
+pytest_plugins = ("tests.fix_places", "tests.fix_disk")  # shared fixtures (docs/testing.md)
 
 TEMPLATE = "memctl_test_template"
 

@@ -7,9 +7,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
-import shutil
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -95,6 +92,7 @@ def test_an_export_from_before_the_erasure_imported_again_brings_nothing_back(cl
     assert cli("export", "--out", str(export)).exit_code == 0
     assert cli("episode", "delete", gone).exit_code == 0
     assert cli("fact", "delete", "db.host", "--erase").exit_code == 0
+    assert cli("source", "block", "web").exit_code == 0  # its erased record is left out, not refused
 
     out = cli("import", str(export), "-f", "json")
     assert out.exit_code == 0, out.stderr
@@ -105,7 +103,8 @@ def test_an_export_from_before_the_erasure_imported_again_brings_nothing_back(cl
     assert cli("erasure", "verify").exit_code == 0
 
     # The same text by `episode import` and by `ingest`: left out, said, exit 0.
-    out = cli("episode", "import", "-", "-f", "json", input=json.dumps({"content": f"the page said {leak}"}) + "\n")
+    out = cli("episode", "import", "-", "-f", "json",
+              input=json.dumps({"content": f"the page said {leak}", "source": "web"}) + "\n")
     assert out.exit_code == 0 and out.json()[0]["erased"] == 1 and out.json()[0]["imported"] == 0
     assert "left out 1 record(s)" in out.stderr
     log = tmp_path / "app.log"
@@ -124,7 +123,8 @@ def test_an_erased_runbook_runs_output_stays_gone_through_a_restore(cli, conn, m
     leak = marker("out")
     repo = tmp_path / "books"
     git.Repo.init(repo)
-    (repo / "say.md").write_text(f"# Say\n\nSays it.\n\n## 1. Say\n\n```sh\necho 'shipped build {leak} today'\nexit 3\n```\n")
+    (repo / "say.md").write_text(f"# Say\n\nSays it.\n\n## 1. Say\n\n"
+                                 f"```sh\necho 'shipped build {leak} today'\nexit 3\n```\n")
     made = git.Repo(repo)
     with made.config_writer() as config:
         config.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
@@ -192,32 +192,10 @@ def test_the_receipt_is_written_again_from_the_ledger(cli, conn, tmp_path):
     assert cli("erasure", "receipt", "xyz").exit_code == 2
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A directory on a tmpfs filled to its last byte (root only)."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("needs root to mount a size-limited tmpfs")
-    mount = tmp_path / "full"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, b"x" * 4096):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
 def test_a_receipt_on_a_full_disk_says_the_erasure_happened(cli, conn, full_disk, tmp_path):
     episode = cli("episode", "add", f"said {marker('x')}").stdout.strip()
-    out = cli("episode", "delete", episode, "--receipt", str(full_disk / "r.json"))
+    full_disk.fill()
+    out = cli("episode", "delete", episode, "--receipt", str(full_disk.path / "r.json"))
     assert out.exit_code == 5, out.stderr
     assert "the erasure happened and is recorded (ledger entry" in out.stderr
     assert "run the command again" not in out.stderr and "memctl erasure receipt" in out.stderr

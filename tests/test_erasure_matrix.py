@@ -100,14 +100,16 @@ def _runbook_run(w: World, source: str, text: str) -> None:
     made = git.Repo.init(repo)
     with made.config_writer() as config:
         config.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
-    (repo / "mark.md").write_text(f"# Mark\n\nFails after saying it.\n\n## 1. Say\n\n```sh\necho '{text}'\nexit 3\n```\n")
+    (repo / "mark.md").write_text(f"# Mark\n\nFails after saying it.\n\n## 1. Say\n\n"
+                                  f"```sh\necho '{text}'\nexit 3\n```\n")
     made.index.add(["mark.md"])
     made.index.commit("add")
     w.run("runbook", "run", "mark", "--repo", str(repo), "--yes", code=1)  # failed: the record quotes the output
 
 
 def _summarize(w: World, source: str, text: str) -> None:
-    rows = [{"content": c, "kind": "raw", "source": source, "created_at": (OLD + datetime.timedelta(minutes=i)).isoformat()}
+    rows = [{"content": c, "kind": "raw", "source": source,
+             "created_at": (OLD + datetime.timedelta(minutes=i)).isoformat()}
             for i, c in enumerate([text, "Disk on web-3 reached 91% at noon. Logs were rotated."])]
     w.run("episode", "import", "-", input=_lines(rows))
     assert len(w.run("summarize", "-f", "json").json()) == 1

@@ -215,7 +215,7 @@ def test_import_of_a_blocked_source_is_refused_and_leaves_nothing(cli, conn):
     assert cli("episode", "add", "clean one", "--source", "fine").exit_code == 0
     assert cli("episode", "add", "poisoned instructions", "--source", "evil-page").exit_code == 0
     export = _export(cli)
-    cli("episode", "delete", *[str(r["id"]) for r in conn.execute("SELECT id FROM episodes").fetchall()])
+    conn.execute("DELETE FROM episodes")  # memory lost, not erased: an erased record would be left out
     assert cli("source", "block", "evil-page", "--reason", "prompt injection").exit_code == 0
     before = (_count(conn, "episodes"), _count(conn, "chunks"))
     result = cli("import", "-", input=export)

@@ -16,10 +16,11 @@ An entry made under another key (the key file was lost) cannot be tested: it is 
 A restore (memctl.backup.restore) runs `reapply_sql` in the transaction that restores and checks the
 dump: the episodes of every entry newer than the backup go (by agent and id, and only while their text
 still has the recorded digest: ids are reused after a restore of an older backup), with their chunks,
-vectors, queue and access rows (cascade), and the summaries built from them; runs lose the link to them; every
-QUOTE column whose whole value the entry holds is rewritten (memctl.places); the facts an erasure removed go and
-their history values are cleared. Then, before the restore returns, `after_restore` adds what SQL alone cannot: the history
-marker of each fact erasure, the facts a purge deleted (as deletions), and a redaction fix run again.
+vectors, queue and access rows (cascade), and the summaries built from them; runs lose the link to them;
+every QUOTE column whose whole value the entry holds is rewritten (memctl.places); the facts an erasure
+removed go and their history values are cleared. Then, before the restore returns, `after_restore` adds
+what SQL alone cannot: the history marker of each fact erasure, the facts a purge deleted (as deletions),
+and a redaction fix run again.
 """
 
 from __future__ import annotations
@@ -176,9 +177,11 @@ SELECT 'summary_sources' AS table, agent || '/' || summary_id || ' (source ' || 
        'source_hash' AS column, encode(source_hash, 'hex') AS d, NULL AS entry
 FROM summary_sources WHERE encode(source_hash, 'hex') = ANY(%(lineage)s)
 UNION ALL
-SELECT 'summary_sources', l.agent || '/' || l.summary_id || ' (source ' || l.source_id || ')', 'source_hash', NULL, w.entry
+SELECT 'summary_sources', l.agent || '/' || l.summary_id || ' (source ' || l.source_id || ')', 'source_hash',
+       NULL, w.entry
 FROM summary_sources l
-JOIN unnest(%(agents)s::text[], %(ids)s::bigint[], %(entries)s::text[], %(until)s::timestamptz[]) AS w(agent, id, entry, until)
+JOIN unnest(%(agents)s::text[], %(ids)s::bigint[], %(entries)s::text[], %(until)s::timestamptz[])
+     AS w(agent, id, entry, until)
   ON l.agent = w.agent AND l.source_id = w.id AND l.source_created_at <= w.until
 """
 SOURCE_MATCHES = """

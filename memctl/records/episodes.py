@@ -250,6 +250,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
                 try:
                     admitted = admit.episode(episode)
                 except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
+                    copier.wait()  # the connection is the copy's until it returns (memctl.db.overlap)
                     if erased.held(conn, episode.content):  # erased here: left out, whatever else it is
                         result.erased += 1
                         continue

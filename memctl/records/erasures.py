@@ -255,12 +255,12 @@ JOIN k ON c.agent = k.agent AND c.episode_id = k.id
 MODELS = "SELECT table_name, state FROM embedding_models ORDER BY id"
 # A run whose record episode is erased keeps its outcome, not the link nor the output the episode repeated;
 # the digest of the output it had goes into the ledger (a restore, an import and verify find it again).
-UNLINK_RUNS = WRITER + KEYS + """, old AS (
+UNLINK_RUNS = WRITER + KEYS + """, was AS (
     SELECT r.agent, r.id, CASE WHEN length(r.output_tail) >= %(min)s THEN {digest} END AS d
     FROM runbook_runs r JOIN k ON r.agent = k.agent AND r.episode_id = k.id FOR UPDATE OF r)
 UPDATE runbook_runs r SET episode_id = NULL, output_tail = %(erased)s
-FROM old WHERE r.agent = old.agent AND r.id = old.id
-RETURNING old.d
+FROM was WHERE r.agent = was.agent AND r.id = was.id
+RETURNING was.d
 """.format(digest=digest_sql("r.output_tail"))
 
 

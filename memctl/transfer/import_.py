@@ -243,8 +243,8 @@ class _Loader:
         if summary == erased.ERASED_ID:  # the summary was erased here: its lineage stays out with it
             self.result.erased += 1
             return
-        given = item["source_hash"]
-        row = self.gate.lineage(agent, summary, item["source_id"], item["source_created_at"], self.ledger.lineage(given))
+        given, keyed = item["source_hash"], self.ledger.lineage(item["source_hash"])
+        row = self.gate.lineage(agent, summary, item["source_id"], item["source_created_at"], keyed)
         source = self.new_id(agent, item["source_id"]) or None  # erased here (ERASED_ID): as if pruned
         if source is None:  # pruned before the export: an id that names no episode here
             source = self.ledger.find_source(row.agent, given, row.source_created_at) or -abs(row.source_id)
