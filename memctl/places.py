@@ -182,8 +182,14 @@ def load_key(path: Path, *, create: bool = True) -> bytes | None:
     from memctl import files
     from memctl.errors import MemctlError
 
-    with contextlib.suppress(FileNotFoundError):
+    try:
         data = path.read_bytes()
+    except FileNotFoundError:
+        data = None
+    except OSError as exc:  # another user's key (0600): said, never a traceback
+        raise MemctlError(f"cannot read the erasure key {path}: {exc.strerror or exc} (it is its owner's: run "
+                          "memctl as that user, with the same MEMCTL_HOME)") from None
+    if data is not None:
         if len(data) == KEY_BYTES:
             return data
         raise MemctlError(f"{path}: not an erasure key ({len(data)} bytes, {KEY_BYTES} expected)")
@@ -246,8 +252,11 @@ SET_PADS = ("SELECT pg_catalog.set_config('memctl.digest_ipad', %s, false), "
 
 
 @contextlib.contextmanager
-def key_for_migrations(conn, key: bytes) -> Iterator[None]:
-    """Give migrations run on CONN inside the block the key's pads (sql/0024 reads them)."""
+def key_for_migrations(conn, key: bytes | None) -> Iterator[None]:
+    """Give migrations run on CONN inside the block the key's pads (sql/0024 reads them); none without a key."""
+    if key is None:
+        yield
+        return
     ipad, opad = pads(key)
     conn.execute(SET_PADS, (ipad.hex(), opad.hex()))
     try:

@@ -83,6 +83,23 @@ def test_a_summarized_episode_deleted_with_a_receipt_is_in_no_table(cli, conn, s
     assert places_of(conn).holding(leak) == []
 
 
+@pytest.mark.parametrize("entry", ["kept before issue 49 (no lineage digest)", "keyed lineage digest"])
+def test_verify_names_a_summary_still_built_from_an_erased_episode(cli, conn, summarized, entry):
+    """An erasure made before summaries went with their sources left them: verify says so."""
+    episode, _, _, summary = summarized
+    key = erasures.load_key()
+    items, _ = erasures.capture_episodes(conn, [("default", episode)], key)
+    if entry.startswith("kept before"):
+        del items[0]["lineage"]
+    conn.execute("DELETE FROM episodes WHERE id = %s", (episode,))  # the episode gone, its summary kept
+    erasures.record(conn, erasures.new_entry(conn, "episode_delete", key=key, target=str(episode),
+                                             items={"episodes": items}))
+    out = cli("erasure", "verify", "-f", "json")
+    assert out.exit_code == 1, out.stderr
+    assert [(m["table"], m["row"]) for m in out.json()] == [
+        ("summary_sources", f"default/{summary} (source {episode})")]
+
+
 def test_an_export_from_before_the_erasure_imported_again_brings_nothing_back(cli, conn, places_of, tmp_path):
     leak, value = marker("leak"), marker("value")
     gone = cli("episode", "add", f"the page said {leak}", "--source", "web").stdout.strip()

@@ -249,7 +249,7 @@ def _lineage_matches(conn, usable: list[erasures.Entry]) -> list[dict]:
     """Lineage rows of a summary still built from an erased episode: by the keyed digest the entry keeps of each
     episode, or (an entry made before it kept one) by the episode's agent and id, up to the erasure's time."""
     by_lineage, by_id = {}, {}
-    for entry in usable:
+    for entry in (e for e in usable if e.op != "redact_fix"):  # a fix rewrote its episodes: their lineage stays
         for episode in entry.items.get("episodes", []):
             if episode.get("lineage"):
                 by_lineage.setdefault(episode["lineage"], entry)

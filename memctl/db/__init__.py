@@ -103,16 +103,30 @@ def open_database(target: Target, *, report: Callable[[str], None] | None = None
         # wait for that start to finish, then connect once more.
         target.url = start_embedded(report, after_another=True).url
         conn = connect(target.url)
-    if migrate and target.embedded:  # migrated here: a migration that rekeys digests reads the key (sql/0024)
-        from memctl.db import embedded
-
-        with places.key_for_migrations(conn, places.load_key(places.key_file(embedded.memctl_home()))):
-            migrate_mod.ensure_current(conn, auto=True)
-    elif migrate:
-        migrate_mod.ensure_current(conn, auto=False)
+    if migrate:
+        try:
+            migrate_mod.ensure_current(conn, auto=False)
+        except SchemaBehind:
+            if not target.embedded:
+                raise
+            # migrated here: a migration that rekeys digests reads the erasure key (sql/0024)
+            with places.key_for_migrations(conn, _erasure_key()):
+                migrate_mod.ensure_current(conn, auto=True)
     if vector:
         register_vector(conn)
     return conn
+
+
+def _erasure_key() -> bytes | None:
+    """The installation's erasure key for a migration, made if missing; None where it cannot be read (a migration
+    that needs it then stops and says to run `memctl db migrate`)."""
+    from memctl.db import embedded
+    from memctl.errors import MemctlError
+
+    try:
+        return places.load_key(places.key_file(embedded.memctl_home()))
+    except (OSError, MemctlError):
+        return None
 
 
 def start_embedded(report: Callable[[str], None] | None = None, *, after_another: bool = False):

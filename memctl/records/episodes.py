@@ -10,7 +10,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from memctl import jsonl, redact
+from memctl import jsonl, places, redact
 from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
@@ -227,6 +227,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
     the whole. `then(conn)` runs in the transaction after the last batch (ingest's cursor).
     """
     occurrences = occurrences if occurrences is not None else identity.Occurrences()
+    key = erased.readable_key(conn)  # each record's ledger digest is made here, beside the copy (store.copy_episodes)
     if result.redactor is None:
         result.redactor = redact.Redactor.from_settings(settings)
     admit = gate.Gate(conn, settings, result.redactor, bulk=True)
@@ -241,6 +242,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
         queued = store.queued_models(conn)
         batch: list[gate.Episode] = []
         keys: list[bytes] = []
+        digests: list[str] = []
         # A batch is copied on a second thread while this one parses and admits the next (the gate reads
         # nothing per record in bulk, so the connection is the copy's alone); its folding is planned first,
         # alone (held).
@@ -265,11 +267,12 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
                 batch.append(admitted)
                 keys.append(occurrences.key(admitted.agent, admitted.source, episode.created_at,
                                             admitted.content_hash))
+                digests.append(places.digest(key, admitted.content) if key is not None else "")
                 if len(batch) >= size:
-                    copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, held=True)
-                    batch, keys, size = [], [], BATCH
+                    copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, (key, digests), held=True)
+                    batch, keys, digests, size = [], [], [], BATCH
             if batch:
-                copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, held=True)
+                copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, (key, digests), held=True)
         if then is not None:
             then(conn)
     return result
@@ -282,9 +285,9 @@ class _Fold:
 
 
 def _copy_batch(conn, batch: list[gate.Episode], keys: list[bytes], now, queued: list[int], result: ImportResult,
-                fold: _Fold, release=None) -> None:
+                fold: _Fold, ledger: tuple, release=None) -> None:
     copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked,
-                                 release=release, keys=keys)
+                                 release=release, keys=keys, ledger=ledger if ledger[0] is not None else None)
     result.imported += len(copied.ids)
     result.already += copied.already
     result.erased += len(copied.erased)

@@ -123,7 +123,8 @@ class Copied:
 def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
                   vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
                   hints: list[str | None] | None = None, locked: set[str] | None = None,
-                  release: Callable[[], None] | None = None, keys: list[bytes] | None = None) -> Copied:
+                  release: Callable[[], None] | None = None, keys: list[bytes] | None = None,
+                  ledger: tuple[bytes, list[str]] | None = None) -> Copied:
     """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
 
     `vectors[i]`, when given, holds one vector per chunk of batch[i] made by `model` (whose
@@ -132,7 +133,8 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     once the batch is planned, before the COPYs (memctl.db.overlap: a caller waiting for it may go on).
     `keys` (an import's records, memctl.write.identity): a record whose key is stored already is skipped
     (counted in `already`, given no id) and the others store theirs. A record whose text the erasure ledger holds
-    (memctl.write.erased) is left out before all that, whatever the caller asks: its position is in `erased`.
+    (memctl.write.erased) is left out before all that, whatever the caller asks: its position is in `erased`;
+    `ledger`, the key and the batch's digests under it, made by a caller that had the time (else made here).
     """
     from psycopg import sql
     from psycopg.types.json import Jsonb
@@ -149,7 +151,8 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     agents = [e.agent for e in batch]
     with repeats.pipeline(conn):
         sequences = conn.execute(SEQUENCES)
-        ledger = erased_mod.Lookup(conn, (e.content for e in batch))
+        ledger = erased_mod.Lookup(conn, (e.content for e in batch), key=ledger[0] if ledger else None,
+                                   digests=ledger[1] if ledger else None)
         asked = identity.ask(conn, agents, keys) if keys is not None else None
     sequences = sequences.fetchone()
     kept = ledger.kept()
