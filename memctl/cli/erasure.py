@@ -115,7 +115,7 @@ def _deliver(destination: str, ledger: str | None, build) -> None:
 @app.command()
 def receipt(
     entry: Annotated[str, typer.Argument(metavar="ID", help="The erasure's id in the ledger, or its first 8 or more "
-                                         "characters (a receipt, `erasure verify` and `memctl jobs` name it).")],
+                                         "characters (a receipt and `erasure verify` name it).")],
     out: Annotated[str, typer.Option("--out", metavar="FILE|-", help="Where to write it: a regular file (written "
                                      "whole, 0600), or '-' for stdout.")] = "-",
 ) -> None:
