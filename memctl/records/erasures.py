@@ -257,7 +257,7 @@ MODELS = "SELECT table_name, state FROM embedding_models ORDER BY id"
 # the digest of the output it had goes into the ledger (a restore, an import and verify find it again).
 UNLINK_RUNS = WRITER + KEYS + """, was AS (
     SELECT r.agent, r.id, CASE WHEN length(r.output_tail) >= %(min)s THEN {digest} END AS d
-    FROM runbook_runs r JOIN k ON r.agent = k.agent AND r.episode_id = k.id FOR UPDATE OF r)
+    FROM runbook_runs r JOIN k ON r.agent = k.agent AND r.episode_id = k.id)
 UPDATE runbook_runs r SET episode_id = NULL, output_tail = %(erased)s
 FROM was WHERE r.agent = was.agent AND r.id = was.id
 RETURNING was.d
