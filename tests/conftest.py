@@ -38,8 +38,9 @@ from psycopg.conninfo import make_conninfo
 
 from tests.ollama_server import local_embedder_available
 
+
 TEMPLATE = "memctl_test_template"
-pytest_plugins = ["tests.fix_upgrade"]  # shared fixtures live in tests/fix_*.py
+pytest_plugins = ("tests.fix_agents", "tests.fix_disk", "tests.fix_places", "tests.fix_upgrade")  # shared fixtures
 
 # The writer check (docs/testing.md): in every test database (the template's copies), a statement-level trigger on
 # each memory table refuses an INSERT, UPDATE, MERGE, COPY ... FROM or TRUNCATE whose statement text does not carry

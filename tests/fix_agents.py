@@ -1,7 +1,7 @@
 """Fixtures of the agents' wall (docs/agents.md "Threat model"): two registered agents with login roles in a
 database of their own, and sessions whose user is one of them, as an agent's own SQL client would have.
 
-Loaded with `pytest_plugins = ("tests.fix_agents",)`. Roles are the server's: names carry a random suffix so
+Loaded through pytest_plugins (tests/conftest.py). Roles are the server's: names carry a random suffix so
 runs and lanes sharing a server never meet, and are revoked (dropped) at the end.
 """
 

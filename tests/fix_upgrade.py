@@ -59,17 +59,20 @@ def restored(pg_server, tmp_path):
             drop_database(admin, name)
 
 
-def table_rows(conn, columns: dict[str, list[str]] | None = None) -> dict[str, Counter]:
+def table_rows(conn, columns: dict[str, list[str]] | None = None,
+               instead: dict[tuple[str, str], sql.Composable] | None = None) -> dict[str, Counter]:
     """Every row of every table of memctl's schema as text (times in UTC, floats whole), counted; `columns`: only
-    these tables and columns (what an earlier schema had), else every stored column of every table."""
+    these tables and columns (what an earlier schema had), else every stored column of every table; `instead`:
+    an expression read in place of a (table, column)."""
     from memctl.backup import backup
 
     columns = columns or backup.tables(conn)
+    instead = instead or {}
     found = {}
     with conn.transaction():
         conn.execute(backup.CANONICAL)
         for table, names in columns.items():
-            row = sql.SQL(", ").join(sql.Identifier(c) for c in names)
+            row = sql.SQL(", ").join(instead.get((table, c), sql.Identifier(c)) for c in names)
             query = sql.SQL("SELECT ROW({})::text AS r FROM {}").format(row, sql.Identifier(table))
             found[table] = Counter(r["r"] for r in conn.execute(query).fetchall())
     return found

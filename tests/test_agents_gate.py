@@ -18,7 +18,6 @@ from memctl import db
 from tests.test_mcp import URL_PASSWORD, _exe, serving
 from tests.test_mcp_http import as_agent
 
-pytest_plugins = ("tests.fix_agents",)
 
 PASSWORD_TEXT = f"the staging db password is {URL_PASSWORD} for user app"
 

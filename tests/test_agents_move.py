@@ -27,7 +27,6 @@ from memctl.records import agents, episodes
 from tests.test_mcp import _exe
 from tests.test_mcp_http import as_agent
 
-pytest_plugins = ("tests.fix_agents",)
 
 
 def _name() -> str:

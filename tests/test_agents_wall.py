@@ -29,7 +29,6 @@ from memctl.mcp import tools
 from memctl.records import facts
 from memctl.write import repeats
 
-pytest_plugins = ("tests.fix_agents",)
 
 # The tables the SECURITY DEFINER functions read, and the memory tables: a temporary table of each name, holding a
 # row that would make bob alice (columns of the registry, the fold key, the blocked sources and the catalog).

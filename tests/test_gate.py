@@ -53,7 +53,7 @@ def test_only_the_gate_writes_memory_tables():
 # finish a run, erase a fact's values, clear what an erasure removed from runs and rewrite redacted text
 # (docs/testing.md "The writer check").
 MARKED = {"write/values.py", "write/store.py", "write/repeats.py", "runbooks/runbooks.py", "records/facts.py",
-          "records/erasures.py", "records/redact_scan.py"}
+          "records/erasures.py", "records/redact_scan.py", "backup/erasure.py"}
 
 
 def test_the_writer_marker_is_used_only_by_the_writers():
@@ -215,7 +215,7 @@ def test_import_of_a_blocked_source_is_refused_and_leaves_nothing(cli, conn):
     assert cli("episode", "add", "clean one", "--source", "fine").exit_code == 0
     assert cli("episode", "add", "poisoned instructions", "--source", "evil-page").exit_code == 0
     export = _export(cli)
-    cli("episode", "delete", *[str(r["id"]) for r in conn.execute("SELECT id FROM episodes").fetchall()])
+    conn.execute("DELETE FROM episodes")  # memory lost, not erased: an erased record would be left out
     assert cli("source", "block", "evil-page", "--reason", "prompt injection").exit_code == 0
     before = (_count(conn, "episodes"), _count(conn, "chunks"))
     result = cli("import", "-", input=export)
@@ -234,7 +234,7 @@ def _reimport_with_chunk_text(cli, conn, content: str, chunk_text: str, *args: s
     for record in lines:
         if record["type"] == "episode":
             record["chunks"][0]["content"] = chunk_text
-    cli("episode", "delete", *[str(r["id"]) for r in conn.execute("SELECT id FROM episodes").fetchall()])
+    conn.execute("DELETE FROM episodes")  # memory lost, not erased: an erasure would keep the import out
     result = cli("import", "-", *args, input="".join(json.dumps(r) + "\n" for r in lines))
     assert result.exit_code == 0, result.stderr
     return result
@@ -482,7 +482,7 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
         episodes.add_episode(conn, settings_obj, "cpu 97% on web-3", source=FEED)
         lines: list[str] = []
         export.export(conn, lines.append)
-        episodes.delete_episodes(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
+        conn.execute("DELETE FROM episodes")  # memory lost, not erased: an erasure would keep the import out
         write = _memctl_import([line.encode() for chunk in lines for line in chunk.splitlines(keepends=True)])
     before = _stored(conn)
     outcome = _beside_a_held_block(conn, db_url, settings_obj, FEED, write)
@@ -501,7 +501,7 @@ def test_a_write_that_blocks_its_own_source_is_not_refused_by_it(conn, settings_
     sources.block(conn, FEED, "poisoned")
     lines: list[str] = []
     export.export(conn, lines.append)
-    episodes.delete_episodes(conn, [r["id"] for r in conn.execute("SELECT id FROM episodes").fetchall()])
+    conn.execute("DELETE FROM episodes")  # memory lost, not erased: an erasure would keep the import out
     sources.unblock(conn, FEED)
     import_.import_stream(conn, settings_obj, iter(line.encode() for chunk in lines
                                                    for line in chunk.splitlines(keepends=True)))

@@ -230,25 +230,14 @@ def test_an_unknown_job_and_a_reversed_period_exit_2(cli):
     assert cli("episode", "search", "disk", "--mode", "text", "--since", "7d", "--until", "1d").exit_code == 0
 
 
-def test_a_full_disk_under_the_shells_redirect_is_not_called_untouched(memctl_env, cli, tmp_path):
+def test_a_full_disk_under_the_shells_redirect_is_not_called_untouched(memctl_env, cli, full_disk):
     """`memctl episode list > /full/out`: the file the shell created is cut short, and the message says so
     instead of "nothing was half written"."""
-    import pytest
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a size-limited tmpfs")
-    mount = tmp_path / "full"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        rows = "".join(json.dumps({"content": f"episode {i} " + "y" * 300}) + "\n" for i in range(3000))
-        assert cli("episode", "import", "-", input=rows).exit_code == 0
-        subprocess.run(["dd", "if=/dev/zero", f"of={mount}/filler", "bs=64k"], capture_output=True)
-        with open(mount / "out", "wb") as out:
-            done = subprocess.run([exe(), "episode", "list", "-n", "3000", "-f", "jsonl"], stdout=out,
-                                  stderr=subprocess.PIPE, env={**os.environ, **memctl_env})
-        assert done.returncode == 5, done.stderr
-        assert b"cut short" in done.stderr and b"nothing was half written" not in done.stderr
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
+    rows = "".join(json.dumps({"content": f"episode {i} " + "y" * 300}) + "\n" for i in range(3000))
+    assert cli("episode", "import", "-", input=rows).exit_code == 0
+    full_disk.fill()
+    with open(full_disk.path / "out", "wb") as out:
+        done = subprocess.run([exe(), "episode", "list", "-n", "3000", "-f", "jsonl"], stdout=out,
+                              stderr=subprocess.PIPE, env={**os.environ, **memctl_env})
+    assert done.returncode == 5, done.stderr
+    assert b"cut short" in done.stderr and b"nothing was half written" not in done.stderr

@@ -18,7 +18,6 @@ import pytest
 
 from tests.test_mcp import _exe
 
-pytest_plugins = ("tests.fix_agents",)
 
 HEADER_TIMEOUT, IDLE_TIMEOUT, TOTAL, PER_CLIENT = 3, 2, 30, 10
 PARTIAL = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # headers that never end

@@ -180,7 +180,7 @@ def test_lineage_and_runbook_runs_are_remapped_to_the_new_ids(cli, conn, other_d
                  (summary, [first, second, pruned]))
     conn.execute(WRITER + "INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail, episode_id) "
                  "VALUES ('default', 'rotate-logs', 'abc123', 2, 'ok', 'done', %s)", (second,))
-    assert cli("episode", "delete", str(pruned)).exit_code == 0
+    conn.execute("DELETE FROM episodes WHERE id = %s", (pruned,))  # as prune deletes a summarized source
     export = cli("export").stdout
     assert len(records(export, "summary_source")) == 3 and len(records(export, "runbook_run")) == 1
     result = cli("import", "-", "-f", "json", input=export, env=env)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import pytest
 
 from memctl import config, db
+from memctl import places
 from memctl.db import migrate
+from memctl.upgrade import migrating
+from memctl.write import erased
 from tests.conftest import fresh_database
 from tests.fix_upgrade import fixture_records, schema_shape, table_rows
 
@@ -29,10 +32,20 @@ def _migrated(url: str, record: dict):
     """(rows before, rows after, the migrations applied) of the fixture's memory."""
     with db.connect(url) as conn:
         before_columns = {t: cols for t, cols in _columns(conn).items()}
-        before = table_rows(conn, before_columns)
-        applied = migrate.apply(conn)
+        lineage = "source_hash" in before_columns.get("summary_sources", [])
+        before = table_rows(conn, before_columns, _keyed() if lineage else None)
+        applied = migrating.apply(conn)
         after = table_rows(conn, before_columns)
     return before, after, applied
+
+
+def _keyed() -> dict:
+    """Summary lineage's plain sha256 of each source as sql/0024 leaves it: keyed under the erasure key."""
+    from psycopg import sql
+
+    ipad, opad = places.pads(erased.load_key())
+    keyed = places.lineage_sql("source_hash").replace("%(opad)s", "{opad}").replace("%(ipad)s", "{ipad}")
+    return {("summary_sources", "source_hash"): sql.SQL(keyed).format(ipad=sql.Literal(ipad), opad=sql.Literal(opad))}
 
 
 def _columns(conn) -> dict[str, list[str]]:
@@ -102,7 +115,7 @@ def test_what_an_earlier_memctl_found_is_found(record, restored):
     url = restored(record)
     settings = config.load(None, environ={})
     with db.connect(url) as conn:
-        migrate.apply(conn)
+        migrating.apply(conn)
         db.register_vector(conn)
         active = conn.execute("SELECT model, dims FROM embedding_models WHERE state = 'active'").fetchone()
         embedder = HashEmbedder(active["model"], active["dims"]) if active else None

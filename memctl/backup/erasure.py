@@ -1,8 +1,12 @@
 """An erasure kept true over time: its receipt, the check that nothing erased is back, and a restore's
 re-application of the erasures newer than its backup (the ledger itself: memctl.records.erasures).
 
-How digests are matched (`find_matches`), each under the key the entry names:
-  episodes.content and chunks.content   against every episode, chunk and text digest of every entry;
+How digests are matched (`find_matches`), each under the key the entry names, in every place memctl.places
+declares:
+  WHOLE and QUOTE columns               (episodes.content, chunks.content, runbook_runs.output_tail, jobs.error
+                                        and detail) against every digest of every entry;
+  summary_sources.source_hash           against the lineage digest of every erased episode (an entry made before
+                                        those were kept: the lineage row of an erased episode's agent and id);
   episodes.source                       against a purge's source digest, for episodes created in the purge's
                                         window (after --since, before the purge): the source may write again;
   facts.value, fact_history old/new     against the digests of the same namespace and key (a value such as
@@ -12,9 +16,11 @@ An entry made under another key (the key file was lost) cannot be tested: it is 
 A restore (memctl.backup.restore) runs `reapply_sql` in the transaction that restores and checks the
 dump: the episodes of every entry newer than the backup go (by agent and id, and only while their text
 still has the recorded digest: ids are reused after a restore of an older backup), with their chunks,
-vectors, queue and access rows (cascade); the facts an erasure removed go and their history values are
-cleared. Then, before the restore returns, `after_restore` adds what SQL alone cannot: the history
-marker of each fact erasure, the facts a purge deleted (as deletions), and a redaction fix run again.
+vectors, queue and access rows (cascade), and the summaries built from them; runs lose the link to them;
+every QUOTE column whose whole value the entry holds is rewritten (memctl.places); the facts an erasure
+removed go and their history values are cleared. Then, before the restore returns, `after_restore` adds
+what SQL alone cannot: the history marker of each fact erasure, the facts a purge deleted (as deletions),
+and a redaction fix run again.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 from psycopg import sql
 
+from memctl import places
 from memctl.records import erasures
 
 WARNING_TAG = "memctl-reapplied "
@@ -113,9 +120,9 @@ def _stamp(name: str) -> datetime.datetime | None:
 
 
 def receipt(conn, settings, *, op: str, ledger: str | None, target: dict, removed: dict,
-            vacuum: dict | None) -> dict:
+            vacuum: dict | None, entry: erasures.Entry | None = None) -> dict:
     """The receipt of one erasure (its schema: docs/retention.md)."""
-    entry = next((e for e in erasures.read_table(conn) if e.id == ledger), None)
+    entry = entry or next((e for e in erasures.read_table(conn) if e.id == ledger), None)
     erased_at = entry.erased_at if entry else conn.execute(erasures.DATABASE).fetchone()["now"]
     return {"receipt": "memctl-erasure", "version": 1, "op": op, "erased_at": erased_at.isoformat(),
             "target": target, "removed": removed,
@@ -125,14 +132,57 @@ def receipt(conn, settings, *, op: str, ledger: str | None, target: dict, remove
             "copies": copies(conn, settings, erased_at)}
 
 
+def find_entry(conn, wanted: str) -> erasures.Entry:
+    """The ledger entry whose id is WANTED or starts with it (at least 8 characters; table and file synced)."""
+    from memctl.errors import NotFound, UsageError
+
+    if len(wanted) < 8 or not all(c in "0123456789abcdef" for c in wanted.lower()):
+        raise UsageError(f"an erasure's id is 8 to 32 hex digits, as a receipt or `erasure verify` names it, got "
+                         f"{wanted[:40]!r}")
+    found = [e for e in erasures.sync(conn) if e.id.startswith(wanted.lower())]
+    if not found:
+        raise NotFound(f"no erasure {wanted!r} in the ledger (table erasures, {erasures.ledger_path()})")
+    if len(found) > 1:
+        raise UsageError(f"{len(found)} erasures start with {wanted!r}: give more of the id")
+    return found[0]
+
+
+def reissue(conn, settings, entry: erasures.Entry) -> dict:
+    """The receipt of a past erasure, written again from its ledger entry (what it removed is what the entry
+    counted; which vacuum ran is not kept there)."""
+    items = entry.items
+    if entry.op == "fact_erase" and items.get("facts"):
+        target = {"namespace": items["facts"][0]["namespace"], "key": items["facts"][0]["key"]}
+    elif entry.op == "episode_delete":
+        target = {"ids": [int(i) for i in (entry.target or "").split(",") if i],
+                  "summaries": items.get("summaries", [])}
+    else:
+        target = {"source": entry.source, "since": items.get("since"),
+                  "facts": [f"{f['namespace']}/{f['key']}" for f in items.get("facts", [])]}
+    found = receipt(conn, settings, op=entry.op, ledger=entry.id, target=target, removed=entry.counts,
+                    vacuum={"ran": None, "note": "written again from the ledger, which does not record the vacuum"},
+                    entry=entry)
+    return {**found, "reissued": True}
+
+
 # --- verify ----------------------------------------------------------------------------------------
 
-EPISODE_MATCHES = """
-SELECT 'episodes' AS table, agent || '/' || id AS row, 'content' AS column, d FROM (
-    SELECT agent, id, {digest} AS d FROM episodes) AS x WHERE d = ANY(%(digests)s)
+PLACE_MATCHES = """
+SELECT {name} AS table, r AS row, {column} AS column, d FROM (
+    SELECT ({label})::text AS r, {digest} AS d FROM {table} t WHERE t.{column_id} IS NOT NULL) AS x
+WHERE d = ANY(%(digests)s)
+"""
+LINEAGE_MATCHES = """
+SELECT 'summary_sources' AS table, agent || '/' || summary_id || ' (source ' || source_id || ')' AS row,
+       'source_hash' AS column, encode(source_hash, 'hex') AS d, NULL AS entry
+FROM summary_sources WHERE encode(source_hash, 'hex') = ANY(%(lineage)s)
 UNION ALL
-SELECT 'chunks', agent || '/' || id || ' (episode ' || episode_id || ')', 'content', d FROM (
-    SELECT agent, id, episode_id, {chunk_digest} AS d FROM chunks) AS x WHERE d = ANY(%(digests)s)
+SELECT 'summary_sources', l.agent || '/' || l.summary_id || ' (source ' || l.source_id || ')', 'source_hash',
+       NULL, w.entry
+FROM summary_sources l
+JOIN unnest(%(agents)s::text[], %(ids)s::bigint[], %(entries)s::text[], %(until)s::timestamptz[])
+     AS w(agent, id, entry, until)
+  ON l.agent = w.agent AND l.source_id = w.id AND l.source_created_at <= w.until
 """
 SOURCE_MATCHES = """
 SELECT 'episodes' AS table, e.agent || '/' || e.id AS row, 'source' AS column, w.d
@@ -150,6 +200,23 @@ WHERE c.text IS NOT NULL AND (namespace, key) IN (SELECT * FROM unnest(%(ns)s::t
 """
 
 
+def text_column(column: places.Column, alias: str = "t") -> sql.Composable:
+    """A declared column read as text (jsonb as its text form), qualified by ALIAS."""
+    return sql.SQL("{}.{}{}").format(sql.Identifier(alias), sql.Identifier(column.name), sql.SQL(column.cast))
+
+
+def _place_queries() -> list[sql.Composed]:
+    """One query per WHOLE and QUOTE column of every declared table: its rows whose value an entry holds."""
+    found = []
+    for rule in (places.WHOLE, places.QUOTE):
+        for table, column in places.places(rule):
+            found.append(sql.SQL(PLACE_MATCHES).format(
+                name=sql.Literal(table.name), column=sql.Literal(column.name), label=sql.SQL(table.label),
+                digest=sql.SQL(erasures.digest_sql("{c}")).format(c=text_column(column)),
+                table=sql.Identifier(table.name), column_id=sql.Identifier(column.name)))
+    return found
+
+
 def find_matches(conn, entries: list[erasures.Entry], key: bytes | None) -> tuple[list[dict], list[erasures.Entry]]:
     """Rows that still hold an erased text (table, row, column, the erasure), and the entries no key tests."""
     kid = erasures.key_id(key) if key else None
@@ -163,9 +230,9 @@ def find_matches(conn, entries: list[erasures.Entry], key: bytes | None) -> tupl
             owner.setdefault(d, entry)
     ipad, opad = erasures.pads(key)
     params = {"ipad": ipad, "opad": opad, "digests": sorted(owner)}
-    query = sql.SQL(EPISODE_MATCHES).format(digest=sql.SQL(erasures.digest_sql("content")),
-                                            chunk_digest=sql.SQL(erasures.digest_sql("content")))
-    rows = [dict(r, erasure=owner[r["d"]]) for r in conn.execute(query, params, prepare=False).fetchall()]
+    rows = [dict(r, erasure=owner[r["d"]]) for query in _place_queries()
+            for r in conn.execute(query, params, prepare=False).fetchall()]
+    rows += _lineage_matches(conn, usable)
     purges = [e for e in usable if e.op == "purge" and e.items.get("source_digest")]
     if purges:
         windows = {"sources": [e.items["source_digest"] for e in purges],
@@ -176,6 +243,25 @@ def find_matches(conn, entries: list[erasures.Entry], key: bytes | None) -> tupl
                  for r in conn.execute(query, {**params, **windows}, prepare=False).fetchall()]
     rows += _fact_matches(conn, usable, key)
     return [_shown(r) for r in rows], untestable
+
+
+def _lineage_matches(conn, usable: list[erasures.Entry]) -> list[dict]:
+    """Lineage rows of a summary still built from an erased episode: by the keyed digest the entry keeps of each
+    episode, or (an entry made before it kept one) by the episode's agent and id, up to the erasure's time."""
+    by_lineage, by_id = {}, {}
+    for entry in (e for e in usable if e.op != "redact_fix"):  # a fix rewrote its episodes: their lineage stays
+        for episode in entry.items.get("episodes", []):
+            if episode.get("lineage"):
+                by_lineage.setdefault(episode["lineage"], entry)
+            else:
+                by_id.setdefault((episode["agent"], episode["id"]), entry)
+    if not by_lineage and not by_id:
+        return []
+    entries = {e.id: e for e in usable}
+    params = {"lineage": sorted(by_lineage), "agents": [a for a, _ in by_id], "ids": [i for _, i in by_id],
+              "entries": [e.id for e in by_id.values()], "until": [e.erased_at for e in by_id.values()]}
+    return [dict(r, erasure=by_lineage[r["d"]] if r["d"] else entries[r["entry"]])
+            for r in conn.execute(LINEAGE_MATCHES, params).fetchall()]
 
 
 def _fact_matches(conn, usable: list[erasures.Entry], key: bytes) -> list[dict]:
@@ -225,19 +311,38 @@ REAPPLY = """
 SELECT pg_catalog.set_config('memctl.erasure_ipad', {ipad}, true),
        pg_catalog.set_config('memctl.erasure_opad', {opad}, true),
        pg_catalog.set_config('memctl.erasure_entries', {entries}, true);
+/* memctl:writer */
 DO $memctl$ DECLARE
-  e jsonb; n_ep bigint; n_f bigint; n_h bigint;
+  e jsonb; n_ep bigint; n_f bigint; n_h bigint; n_s bigint := 0; n_r bigint; n_q bigint; n bigint;
+  gone_agents text[]; gone_ids bigint[];
   ipad bytea := pg_catalog.decode(pg_catalog.current_setting('memctl.erasure_ipad'), 'hex');
   opad bytea := pg_catalog.decode(pg_catalog.current_setting('memctl.erasure_opad'), 'hex');
 BEGIN
   FOR e IN SELECT x FROM pg_catalog.jsonb_array_elements(
                            pg_catalog.current_setting('memctl.erasure_entries')::jsonb) AS x LOOP
-    DELETE FROM {episodes} t
-    USING pg_catalog.jsonb_to_recordset(e->'episodes') AS r(agent text, id bigint, digest text)
-    WHERE t.agent = r.agent AND t.id = r.id
-      AND (NOT (e->>'keyed')::boolean OR pg_catalog.encode(pg_catalog.sha256(opad || pg_catalog.sha256(
-           ipad || pg_catalog.convert_to(t.content, 'UTF8'))), 'hex') = r.digest);
-    GET DIAGNOSTICS n_ep = ROW_COUNT;
+    WITH gone AS (
+      DELETE FROM {episodes} t
+      USING pg_catalog.jsonb_to_recordset(e->'episodes') AS r(agent text, id bigint, digest text)
+      WHERE t.agent = r.agent AND t.id = r.id
+        AND (NOT (e->>'keyed')::boolean OR pg_catalog.encode(pg_catalog.sha256(opad || pg_catalog.sha256(
+             ipad || pg_catalog.convert_to(t.content, 'UTF8'))), 'hex') = r.digest)
+      RETURNING t.agent, t.id)
+    SELECT coalesce(pg_catalog.array_agg(agent), '{{}}'), coalesce(pg_catalog.array_agg(id), '{{}}')
+    INTO gone_agents, gone_ids FROM gone;
+    n_ep := pg_catalog.cardinality(gone_ids);
+    -- a backup from before summaries has no lineage table
+    IF pg_catalog.to_regclass(pg_catalog.quote_ident({schema_name}) || '.summary_sources') IS NOT NULL THEN
+      DELETE FROM {episodes} t USING {lineage} l, unnest(gone_agents, gone_ids) AS g(agent, id)
+      WHERE l.agent = g.agent AND l.source_id = g.id AND t.agent = l.agent AND t.id = l.summary_id;
+      GET DIAGNOSTICS n_s = ROW_COUNT;
+    END IF;
+    UPDATE {runs} t SET episode_id = NULL FROM unnest(gone_agents, gone_ids) AS g(agent, id)
+    WHERE t.agent = g.agent AND t.episode_id = g.id;
+    GET DIAGNOSTICS n_r = ROW_COUNT;
+    n_q := 0;
+    IF (e->>'keyed')::boolean THEN
+      {quotes}
+    END IF;
     DELETE FROM {facts} t USING pg_catalog.jsonb_to_recordset(e->'facts') AS r(namespace text, key text, erased boolean)
     WHERE r.erased AND t.namespace = r.namespace AND t.key = r.key;
     GET DIAGNOSTICS n_f = ROW_COUNT;
@@ -246,11 +351,19 @@ BEGIN
     WHERE r.erased AND t.namespace = r.namespace AND t.key = r.key
       AND (t.old_value IS NOT NULL OR t.new_value IS NOT NULL);
     GET DIAGNOSTICS n_h = ROW_COUNT;
-    RAISE WARNING '{tag}%', pg_catalog.jsonb_build_object('id', e->>'id', 'episodes', n_ep, 'facts', n_f,
+    RAISE WARNING '{tag}%', pg_catalog.jsonb_build_object('id', e->>'id', 'episodes', n_ep, 'summaries', n_s,
+                                                          'runbook_runs', n_r, 'quotes', n_q, 'facts', n_f,
                                                           'fact_history_values', n_h);
   END LOOP;
 END $memctl$;
 """
+# One QUOTE column (memctl.places) of the restored tables: a value whose whole digest the entry holds, rewritten.
+REAPPLY_QUOTE = """
+UPDATE {table} t SET {column} = {erased} WHERE t.{column} IS NOT NULL
+  AND pg_catalog.encode(pg_catalog.sha256(opad || pg_catalog.sha256(ipad || pg_catalog.convert_to({text}, 'UTF8'))),
+                        'hex') IN (SELECT pg_catalog.jsonb_array_elements_text(e->'quotes'));
+      GET DIAGNOSTICS n = ROW_COUNT;
+      n_q := n_q + n;"""
 
 
 def newer_than(entries: list[erasures.Entry], created_at: str) -> list[erasures.Entry]:
@@ -267,11 +380,19 @@ def reapply_sql(conn, schema: str, entries: list[erasures.Entry], key: bytes | N
     ipad, opad = erasures.pads(key) if key else (b"", b"")
     # A redaction fix rewrote its rows rather than deleting them: after_restore runs it again.
     data = [{"id": e.id, "keyed": e.key_id == kid, "episodes": [] if e.op == "redact_fix" else e.items.get("episodes", []),
-             "facts": [] if e.op == "redact_fix" else e.items.get("facts", [])} for e in entries]
+             "facts": [] if e.op == "redact_fix" else e.items.get("facts", []), "quotes": e.items.get("quotes", [])}
+            for e in entries]
+    quotes = sql.SQL("\n      ").join(
+        sql.SQL(REAPPLY_QUOTE).format(table=sql.Identifier(schema, table.name), column=sql.Identifier(column.name),
+                                      erased=sql.SQL("{}{}").format(sql.Literal(column.erased), sql.SQL(
+                                          "::jsonb" if column.cast else "")), text=text_column(column))
+        for table, column in places.places(places.QUOTE))
     return sql.SQL(REAPPLY).format(
         ipad=sql.Literal(ipad.hex()), opad=sql.Literal(opad.hex()), entries=sql.Literal(json.dumps(data)),
         episodes=sql.Identifier(schema, "episodes"), facts=sql.Identifier(schema, "facts"),
-        history=sql.Identifier(schema, "fact_history"), tag=sql.SQL(WARNING_TAG)).as_string(conn)
+        history=sql.Identifier(schema, "fact_history"), runs=sql.Identifier(schema, "runbook_runs"),
+        lineage=sql.Identifier(schema, "summary_sources"), schema_name=sql.Literal(schema),
+        quotes=quotes, tag=sql.SQL(WARNING_TAG)).as_string(conn)
 
 
 def reapplied_counts(stderr: bytes) -> dict[str, dict]:

@@ -298,7 +298,10 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
             except MemctlError as exc:
                 kept = f"; nothing was changed (safety backup: {safety})" if safety else "; nothing was changed"
                 raise MemctlError(f"restore of {path} failed: {exc}{kept}") from None
-    applied = migrate.apply(conn)
+    from memctl import places
+
+    with places.key_for_migrations(conn, erasures.load_key()):  # a backup older than sql/0024: its lineage rekeyed
+        applied = migrate.apply(conn)
     erasures.sync(conn, ledger)  # the table holds every entry again
     erasure.after_restore(conn, settings, newer)
     counts = erasure.reapplied_counts(said)

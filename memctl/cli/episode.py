@@ -9,7 +9,7 @@ import typer
 
 from memctl.cli.common import (FormatOption, choice_value, connect, connect_read, json_object, json_object_value,
                                read_text_arg, settings, since_value, time_value, warn)
-from memctl.cli.erasure import ReceiptOption, write_receipt
+from memctl.cli.erasure import ReceiptOption, check_receipt, erased_note, summaries_note, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import InvalidInput, UsageError
 from memctl.reading import query as query_mod, search as search_mod
@@ -114,9 +114,11 @@ def import_(
         warn(f"skipped line {number}: {reason}")
     if len(result.skipped) > 20:
         warn(f"... and {len(result.skipped) - 20} more skipped lines")
+    if result.erased:
+        warn(erased_note(result.erased))
     render([{"imported": result.imported, "chunks": result.chunks, "folded": result.folded,
              "already_stored": result.already, "dropped_by_policy": result.dropped, "skipped": len(result.skipped),
-             "skipped_lines": [n for n, _ in result.skipped]}], fmt)
+             "skipped_lines": [n for n, _ in result.skipped], "erased": result.erased}], fmt)
 
 
 def _open(path: str):
@@ -176,14 +178,17 @@ def _preview(text: str, width: int = 60) -> str:
 @app.command()
 def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], receipt: ReceiptOption = None,
            fmt: FormatOption = Format.table) -> None:
-    """Delete episodes with their chunks and vectors of every model; exit 4 if none of them existed.
+    """Delete episodes with their chunks and vectors of every model, and the summaries built from them; exit 4 if
+    none of them existed.
 
-    Recorded in the erasure ledger (a restore of an older backup deletes them again; `memctl erasure verify`).
+    Recorded in the erasure ledger (a restore of an older backup deletes them again, an import leaves them out;
+    `memctl erasure verify`). A --receipt FILE is checked before anything is deleted.
     """
     from memctl.records import episodes
 
     from memctl.errors import NotFound
 
+    check_receipt(receipt)
     done = episodes.delete_episodes(connect(), ids)
     deleted = done.ids
     missing = sorted(set(ids) - set(deleted))
@@ -191,6 +196,8 @@ def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], receipt: 
         warn(f"no such episode(s): {', '.join(map(str, missing))}")
     if not deleted:
         raise NotFound("nothing deleted")
+    if done.summaries:
+        warn(summaries_note(done.summaries, done.removed.get("summary_sources_pruned", 0)))
     if receipt is not None:
         write_receipt(receipt, "episode_delete", ledger=done.ledger.id, removed=done.removed,
                       target_={"ids": sorted(deleted)}, vacuum=None)

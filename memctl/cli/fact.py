@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl.cli.common import FormatOption, connect, connect_read, settings, since_value, warn
-from memctl.cli.erasure import ReceiptOption, write_receipt
+from memctl.cli.erasure import ReceiptOption, check_receipt, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.records import facts
 
@@ -133,6 +133,8 @@ def delete(
         raise UsageError("--full needs --erase")
     if receipt is not None and not erase:
         raise UsageError("--receipt needs --erase")
+    if erase:
+        check_receipt(receipt)
     conn = connect()
     if erase:
         result = facts.erase_fact(conn, key, namespace=namespace, full=full)

@@ -121,7 +121,8 @@ def ingest(
     if run.result.redactor is not None and run.result.redactor.note():
         warn(run.result.redactor.note())
     warn(f"ingest: stored {counts.stored} ({counts.folded} folded as repeats), already stored {counts.already}, "
-         f"skipped {counts.skipped}, in {counts.batches} batches")
+         f"skipped {counts.skipped}" + (f" ({counts.erased} erased before)" if counts.erased else "")
+         + f", in {counts.batches} batches")
     sys.stdout.flush()
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl.cli.common import FormatOption, connect, settings, since_value, warn
-from memctl.cli.erasure import ReceiptOption, write_receipt
+from memctl.cli.erasure import ReceiptOption, check_receipt, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import EXIT_ERROR, UsageError
 from memctl.records import jobs as jobs_mod
@@ -198,6 +198,7 @@ def purge(
         if not found.blocked:
             warn(f"{source!r} is not blocked: memctl source block {source!r} --reason ... refuses its writes")
         return
+    check_receipt(receipt)
     report = purge_mod.purge(conn, source, since, delete_facts=delete_facts, batch_size=batch_size, full=full)
     summary = {k: v for k, v in report.to_dict().items() if k not in ("kinds", "facts", "tables", "job_log")}
     _summaries_note(source, report.summaries, planned=False)

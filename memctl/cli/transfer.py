@@ -87,4 +87,8 @@ def import_(
             handle.close()
     if redactor.note():
         warn(redactor.note())
+    if result.erased:
+        from memctl.cli.erasure import erased_note
+
+        warn(erased_note(result.erased))
     render([result.to_dict()], fmt)

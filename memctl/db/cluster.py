@@ -29,8 +29,8 @@ DISTRIBUTED = ("episodes", "chunks", "embed_queue", "embed_failures", "episode_a
 REFERENCE = ("memctl_migrations", "embedding_models", "blocked_sources")
 # Left as plain tables on the coordinator: not keyed by agent, never joined with the distributed tables,
 # and written with now() in ON CONFLICT ... DO UPDATE, which Citus refuses on reference tables.
-COORDINATOR_ONLY = ("facts", "fact_history", "jobs", "ingest_cursors", "erasures", "fold_key", "agents",
-                    "memctl_lock_models", "memctl_lock_sources", "memctl_lock_keys")  # the last three: memctl.db.locks
+COORDINATOR_ONLY = ("facts", "fact_history", "jobs", "ingest_cursors", "erasures", "erasure_digests", "fold_key",
+                    "agents", "memctl_lock_models", "memctl_lock_sources", "memctl_lock_keys")  # the last three: memctl.db.locks
 ANCHOR = "episodes"  # the co-location group's first table
 COLUMN = "agent"
 

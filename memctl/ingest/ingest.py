@@ -168,7 +168,8 @@ class Counts:
     stored: int = 0
     folded: int = 0
     already: int = 0
-    skipped: int = 0  # unreadable, too long, refused
+    skipped: int = 0  # unreadable, too long, refused, erased
+    erased: int = 0  # of them, records whose text the erasure ledger holds (memctl.write.erased)
     batches: int = 0
 
 
@@ -349,6 +350,8 @@ class Ingest:
         self.counts.stored += result.imported
         self.counts.folded += result.folded
         self.counts.already += result.already
+        self.counts.erased += result.erased
+        self.counts.skipped += result.erased
         self.counts.batches += 1
         if position is not None and self.after_commit is not None and self.cursor_name is not None:
             self.after_commit(position)

@@ -10,11 +10,11 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from memctl import jsonl, redact
+from memctl import jsonl, places, redact
 from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
-from memctl.write import gate, identity, repeats, store
+from memctl.write import erased, gate, identity, repeats, store
 from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
 
 FIELDS = ("content", "kind", "source", "agent", "importance", "created_at", "meta")
@@ -103,29 +103,39 @@ class Deletion:
     ids: list[int]
     removed: dict[str, int] = field(default_factory=dict)  # rows per table (memctl.records.erasures.count_rows)
     ledger: Any = None  # the erasure ledger's entry
+    summaries: list[int] = field(default_factory=list)  # summaries built from them, deleted with them
 
 
 def delete_episodes(conn, ids: list[int]) -> Deletion:
-    """Delete episodes with their chunks and vectors (all models), a first with its repeats, recorded in the
-    erasure ledger (memctl.records.erasures) with the rows removed per table; runbook runs that recorded a
-    deleted episode lose the link and their output tail."""
+    """Delete episodes with their chunks and vectors (all models), a first with its repeats, and every summary built
+    from any of them (removed, never rewritten: docs/retention.md), recorded in the erasure ledger
+    (memctl.records.erasures) with the rows removed per table; runbook runs that recorded a deleted episode lose the
+    link and their output tail, job log rows and run outputs quoting one lose the quote."""
     from memctl.records import erasures
 
     secret = erasures.load_key()
+    quotes: list[str] = []
     with conn.transaction():
         keys = [(r["agent"], r["id"]) for r in conn.execute(TARGETS, (list(ids),)).fetchall()]
+        summaries = erasures.summaries_of(conn, keys)
+        keys += summaries
         items, texts = erasures.capture_episodes(conn, keys, secret)
         before = erasures.count_rows(conn, keys)
-        rows = conn.execute(DELETE, (list(ids),)).fetchall()
+        gone_sources = erasures.sources_gone(conn, summaries)
+        rows = conn.execute(DELETE, (list(ids) + [i for _, i in summaries],)).fetchall()
         gone = {r["id"] for r in rows}
         repeats.recount(conn, [r for r in repeats.deleted_repeats(rows) if r[1] not in gone])
         removed = erasures.removed(before, erasures.count_rows(conn, keys))
-        removed["runbook_runs"] = erasures.unlink_runs(conn, keys)
-        removed.update(erasures.scrub_quotes(conn, texts))
-    done = Deletion([r["id"] for r in rows], removed)
+        removed["summary_sources_pruned"] = gone_sources
+        removed["runbook_runs"] = erasures.unlink_runs(conn, keys, secret, quotes)
+        removed.update(erasures.scrub_quotes(conn, texts, secret, quotes))
+    summary_ids = {i for _, i in summaries}
+    done = Deletion([i for i in sorted(gone) if i not in summary_ids], removed,
+                    summaries=sorted(gone & summary_ids))
     if rows:
-        entry = erasures.new_entry(conn, "episode_delete", key=secret, target=",".join(map(str, sorted(gone))),
-                                   counts=removed, items={"episodes": items})
+        entry = erasures.new_entry(conn, "episode_delete", key=secret, target=",".join(map(str, done.ids)),
+                                   counts=removed, items={"episodes": items, "quotes": quotes,
+                                                          "summaries": done.summaries})
         done.ledger = erasures.record(conn, entry)
     return done
 
@@ -166,6 +176,7 @@ class ImportResult:
     chunks: int = 0
     folded: int = 0  # stored as repeats of an earlier episode: not embedded (memctl.write.repeats)
     already: int = 0  # stored before, by an import of the same records (memctl.write.identity): skipped
+    erased: int = 0  # records whose text the erasure ledger holds: left out (memctl.write.erased)
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
     redactor: redact.Redactor | None = None  # what was redacted; default: from the settings
 
@@ -216,6 +227,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
     the whole. `then(conn)` runs in the transaction after the last batch (ingest's cursor).
     """
     occurrences = occurrences if occurrences is not None else identity.Occurrences()
+    key = erased.readable_key(conn)  # each record's ledger digest is made here, beside the copy (store.copy_episodes)
     if result.redactor is None:
         result.redactor = redact.Redactor.from_settings(settings)
     admit = gate.Gate(conn, settings, result.redactor, bulk=True)
@@ -230,6 +242,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
         queued = store.queued_models(conn)
         batch: list[gate.Episode] = []
         keys: list[bytes] = []
+        digests: list[str] = []
         # A batch is copied on a second thread while this one parses and admits the next (the gate reads
         # nothing per record in bulk, so the connection is the copy's alone); its folding is planned first,
         # alone (held).
@@ -239,6 +252,10 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
                 try:
                     admitted = admit.episode(episode)
                 except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
+                    copier.wait()  # the connection is the copy's until it returns (memctl.db.overlap)
+                    if erased.held(conn, episode.content):  # erased here: left out, whatever else it is
+                        result.erased += 1
+                        continue
                     if refused is not None:
                         refused(episode, exc)
                         continue
@@ -250,11 +267,12 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
                 batch.append(admitted)
                 keys.append(occurrences.key(admitted.agent, admitted.source, episode.created_at,
                                             admitted.content_hash))
+                digests.append(places.digest(key, admitted.content) if key is not None else "")
                 if len(batch) >= size:
-                    copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, held=True)
-                    batch, keys, size = [], [], BATCH
+                    copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, (key, digests), held=True)
+                    batch, keys, digests, size = [], [], [], BATCH
             if batch:
-                copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, held=True)
+                copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, (key, digests), held=True)
         if then is not None:
             then(conn)
     return result
@@ -267,10 +285,11 @@ class _Fold:
 
 
 def _copy_batch(conn, batch: list[gate.Episode], keys: list[bytes], now, queued: list[int], result: ImportResult,
-                fold: _Fold, release=None) -> None:
+                fold: _Fold, ledger: tuple, release=None) -> None:
     copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked,
-                                 release=release, keys=keys)
+                                 release=release, keys=keys, ledger=ledger if ledger[0] is not None else None)
     result.imported += len(copied.ids)
     result.already += copied.already
+    result.erased += len(copied.erased)
     result.chunks += copied.chunks
     result.folded += copied.folded

@@ -22,10 +22,7 @@ re-applies those by ids alone.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import hashlib
-import hmac
 import json
 import os
 import uuid
@@ -33,13 +30,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from memctl import places
 from memctl.errors import MemctlError
+from memctl.places import digest, digest_sql, key_id, pads  # noqa: F401 (the ledger's digests: one home)
+from memctl.write.erased import key_path, load_key, state_dir  # noqa: F401 (the ledger's key: one home)
 from memctl.write.values import WRITER
 
-KEY_BYTES = 32
+KEY_BYTES = places.KEY_BYTES
 OPS = ("purge", "fact_erase", "episode_delete", "redact_fix", "prune_blocked")
 MIN_QUOTE = 8  # an erased text shorter than this is not looked for inside job log rows (it would match anything)
-ERASED = "[erased]"
+ERASED = places.ERASED
 
 INSERT = """
 INSERT INTO erasures (id, erased_at, op, source, target, key_id, counts, items)
@@ -50,23 +50,11 @@ HAS_TABLE = "SELECT to_regclass('erasures') IS NOT NULL AS yes"
 DATABASE = "SELECT current_database() AS db, current_schema() AS schema, now() AS now"
 
 
-# --- where, and the key -----------------------------------------------------------------------------
-
-
-def state_dir() -> Path:
-    """MEMCTL_HOME/erasure: beside the embedded data directory, outside the database (also for an
-    operator's own PostgreSQL, whose data directory memctl cannot reach)."""
-    from memctl.db import embedded
-
-    return embedded.memctl_home() / "erasure"
+# --- where ------------------------------------------------------------------------------------------
 
 
 def ledger_path() -> Path:
     return state_dir() / "ledger.jsonl"
-
-
-def key_path() -> Path:
-    return state_dir() / "key"
 
 
 def _make_dir(directory: Path) -> None:
@@ -74,53 +62,6 @@ def _make_dir(directory: Path) -> None:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise MemctlError(f"cannot create the erasure ledger's directory {directory}: {exc.strerror or exc}") from None
-
-
-def load_key(*, create: bool = True) -> bytes | None:
-    """The installation's digest key; made (0600, O_EXCL) when missing and `create`."""
-    path = key_path()
-    with contextlib.suppress(FileNotFoundError):
-        data = path.read_bytes()
-        if len(data) == KEY_BYTES:
-            return data
-        raise MemctlError(f"{path}: not an erasure key ({len(data)} bytes, {KEY_BYTES} expected)")
-    if not create:
-        return None
-    _make_dir(path.parent)
-    from memctl import files
-
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), files.PRIVATE)
-    except FileExistsError:  # another process made it first
-        return load_key(create=False)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(os.urandom(KEY_BYTES))
-        handle.flush()
-        os.fsync(handle.fileno())
-    files.fsync_dir(path.parent)
-    return load_key(create=False)
-
-
-def key_id(key: bytes) -> str:
-    return hashlib.sha256(b"memctl-erasure-key\0" + key).hexdigest()[:16]
-
-
-def digest(key: bytes, text: str) -> str:
-    """HMAC-SHA256 of the text's UTF-8 under the key, in hex: what the ledger keeps of a text."""
-    return hmac.new(key, text.encode("utf-8"), hashlib.sha256).hexdigest()
-
-
-def pads(key: bytes) -> tuple[bytes, bytes]:
-    """The HMAC's inner and outer keys, so the server computes the same digest with sha256() alone
-    (DIGEST_SQL): HMAC(k, m) = sha256(k ^ opad || sha256(k ^ ipad || m)), k zero-padded to 64 bytes."""
-    block = key.ljust(64, b"\0")
-    return bytes(b ^ 0x36 for b in block), bytes(b ^ 0x5C for b in block)
-
-
-def digest_sql(column: str) -> str:
-    """The digest of a text column in SQL, hex, with the pads as parameters %(ipad)s and %(opad)s."""
-    return (f"encode(pg_catalog.sha256(%(opad)s::bytea || pg_catalog.sha256(%(ipad)s::bytea || "
-            f"pg_catalog.convert_to({column}, 'UTF8'))), 'hex')")
 
 
 # --- an entry ---------------------------------------------------------------------------------------
@@ -134,8 +75,9 @@ class Entry:
     source: str | None = None
     target: str | None = None
     counts: dict[str, Any] = field(default_factory=dict)
-    # episodes: [{agent, id, digest, chunks: [digest]}]; facts: [{namespace, key, digests, erased}];
-    # history: [fact_history ids]; source_digest, since (a purge); texts: other digests (fact values)
+    # episodes: [{agent, id, digest, chunks: [digest], lineage}]; facts: [{namespace, key, digests, erased}];
+    # history: [fact_history ids]; source_digest, since (a purge); texts: other digests (fact values);
+    # quotes: digests of the whole values that rows quoting an erased text had (job log rows, runbook run outputs)
     items: dict[str, Any] = field(default_factory=dict)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -156,7 +98,7 @@ class Entry:
 
     def digests(self) -> set[str]:
         """Every digest the entry holds."""
-        found = set(self.items.get("texts", []))
+        found = set(self.items.get("texts", [])) | set(self.items.get("quotes", []))
         for episode in self.items.get("episodes", []):
             found.add(episode["digest"])
             found.update(episode.get("chunks", []))
@@ -185,9 +127,23 @@ def database_tag(conn) -> str:
 # --- writing and reading the two copies -------------------------------------------------------------
 
 
+INSERT_DIGESTS = """
+INSERT INTO erasure_digests (digest, kind, erasure)
+SELECT DISTINCT d.digest, d.kind, %(id)s FROM unnest(%(digests)s::text[], %(kinds)s::text[]) AS d(digest, kind)
+ON CONFLICT DO NOTHING
+"""
+HAS_DIGESTS = "SELECT to_regclass('erasure_digests') IS NOT NULL AS yes"
+
+
 def _insert(conn, entry: Entry) -> None:
+    """The entry's row, and its digests for the look-up on the way in (memctl.write.erased; from sql/0024)."""
     conn.execute(INSERT, (entry.id, entry.erased_at, entry.op, entry.source, entry.target, entry.key_id,
                           json.dumps(entry.counts, default=str), json.dumps(entry.items)))
+    if conn.execute(HAS_DIGESTS).fetchone()["yes"]:
+        found = [(e["digest"], "episode") for e in entry.items.get("episodes", [])]
+        found += [(d, "quote") for d in entry.items.get("quotes", [])]
+        conn.execute(INSERT_DIGESTS, {"id": entry.id, "digests": [d for d, _ in found],
+                                      "kinds": [k for _, k in found]})
 
 
 def _append(entries: Iterable[Entry], tag: str) -> None:
@@ -297,11 +253,15 @@ SELECT count(*) AS n FROM {table} v JOIN chunks c ON c.agent = v.agent AND c.id 
 JOIN k ON c.agent = k.agent AND c.episode_id = k.id
 """
 MODELS = "SELECT table_name, state FROM embedding_models ORDER BY id"
-# A run whose record episode is erased keeps its outcome, not the link nor the output the episode repeated.
-UNLINK_RUNS = WRITER + KEYS + """
+# A run whose record episode is erased keeps its outcome, not the link nor the output the episode repeated;
+# the digest of the output it had goes into the ledger (a restore, an import and verify find it again).
+UNLINK_RUNS = WRITER + KEYS + """, was AS (
+    SELECT r.agent, r.id, CASE WHEN length(r.output_tail) >= %(min)s THEN {digest} END AS d
+    FROM runbook_runs r JOIN k ON r.agent = k.agent AND r.episode_id = k.id)
 UPDATE runbook_runs r SET episode_id = NULL, output_tail = %(erased)s
-FROM k WHERE r.agent = k.agent AND r.episode_id = k.id
-"""
+FROM was WHERE r.agent = was.agent AND r.id = was.id
+RETURNING was.d
+""".format(digest=digest_sql("r.output_tail"))
 
 
 def _keys(keys: Iterable[tuple[str, int]]) -> dict:
@@ -310,14 +270,48 @@ def _keys(keys: Iterable[tuple[str, int]]) -> dict:
 
 
 def capture_episodes(conn, keys: Iterable[tuple[str, int]], key: bytes) -> tuple[list[dict], list[str]]:
-    """The ledger's items for these episodes (agent, id, digest of the text and of each chunk), and the texts
-    (to look for in the job log)."""
+    """The ledger's items for these episodes (agent, id, digest of the text and of each chunk, the keyed digest
+    lineage keeps of it), and the texts (to look for in the job log)."""
+    import hashlib
+
     items, texts = [], []
     for row in conn.execute(CAPTURE, _keys(keys)).fetchall():
+        sha = hashlib.sha256(row["content"].encode("utf-8")).digest()
         items.append({"agent": row["agent"], "id": row["id"], "digest": digest(key, row["content"]),
-                      "chunks": sorted({digest(key, c) for c in row["chunks"]} - {digest(key, row["content"])})})
+                      "chunks": sorted({digest(key, c) for c in row["chunks"]} - {digest(key, row["content"])}),
+                      "lineage": places.lineage_digest(key, sha).hex()})
         texts.append(row["content"])
     return items, texts
+
+
+# The summaries built from these episodes (through their lineage), with the repeats of such a summary: an
+# erasure of a source takes the summary with it (docs/retention.md: removed, never rewritten by a model; the
+# window's other sources are summarized again by the next `memctl summarize`).
+SUMMARIES_OF = KEYS + """
+SELECT DISTINCT s.agent, s.id FROM summary_sources l JOIN k ON l.agent = k.agent AND l.source_id = k.id
+JOIN episodes f ON f.agent = l.agent AND f.id = l.summary_id
+JOIN episodes s ON s.agent = f.agent AND (s.id = f.id OR s.repeat_of = f.id)
+ORDER BY s.agent, s.id
+"""
+# Of those summaries' sources, the ones prune had already deleted: what they said goes with the summary.
+SOURCES_GONE = KEYS + """
+SELECT count(*) AS n FROM summary_sources l JOIN k ON l.agent = k.agent AND l.summary_id = k.id
+WHERE NOT EXISTS (SELECT 1 FROM episodes e WHERE e.agent = l.agent AND e.id = l.source_id)
+"""
+
+
+def summaries_of(conn, keys: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The summaries (and their repeats) built from any of these episodes, not among them."""
+    keys = list(keys)
+    given = set(keys)
+    return [(r["agent"], r["id"]) for r in conn.execute(SUMMARIES_OF, _keys(keys)).fetchall()
+            if (r["agent"], r["id"]) not in given]
+
+
+def sources_gone(conn, summaries: Iterable[tuple[str, int]]) -> int:
+    """How many sources of these summaries prune had deleted already (counted before the summaries go)."""
+    summaries = list(summaries)
+    return conn.execute(SOURCES_GONE, _keys(summaries)).fetchone()["n"] if summaries else 0
 
 
 def count_rows(conn, keys: Iterable[tuple[str, int]]) -> dict[str, int]:
@@ -336,14 +330,19 @@ def removed(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {table: n - after.get(table, 0) for table, n in before.items()}
 
 
-def unlink_runs(conn, keys: Iterable[tuple[str, int]]) -> int:
-    """Runbook runs whose record episode is erased: the link and the output tail cleared; how many."""
-    return conn.execute(UNLINK_RUNS, {**_keys(keys), "erased": ERASED}).rowcount
+def unlink_runs(conn, keys: Iterable[tuple[str, int]], key: bytes, quotes: list[str]) -> int:
+    """Runbook runs whose record episode is erased: the link and the output tail cleared, the digest of the
+    output each had added to `quotes`; how many."""
+    ipad, opad = pads(key)
+    rows = conn.execute(UNLINK_RUNS, {**_keys(keys), "erased": ERASED, "ipad": ipad, "opad": opad,
+                                      "min": MIN_QUOTE}).fetchall()
+    quotes.extend(r["d"] for r in rows if r["d"] is not None)
+    return len(rows)
 
 
 MAX_QUOTED = 1000  # erased texts looked for in the job log per erasure (each costs a pass over its rows)
 QUOTING_JOBS = """
-SELECT j.id, j.error, j.detail FROM jobs j WHERE EXISTS (
+SELECT j.id, j.error, j.detail, j.detail::text AS detail_text FROM jobs j WHERE EXISTS (
     SELECT 1 FROM unnest(%(raw)s::text[], %(esc)s::text[]) AS t(raw, esc)
     WHERE strpos(coalesce(j.error, ''), t.raw) > 0 OR strpos(j.detail::text, t.esc) > 0)
 """
@@ -367,9 +366,10 @@ def _replace(value: Any, texts: list[str]) -> Any:
     return value
 
 
-def scrub_quotes(conn, texts: Iterable[str]) -> dict[str, int]:
+def scrub_quotes(conn, texts: Iterable[str], key: bytes, quotes: list[str]) -> dict[str, int]:
     """Job log rows and runbook run outputs that quote an erased text (of at least MIN_QUOTE characters; the
-    longest MAX_QUOTED texts): the quote replaced by [erased]. Rows changed per table, and texts looked for."""
+    longest MAX_QUOTED texts): the quote replaced by [erased], the digest of the whole value each changed column
+    had added to `quotes` (memctl.places: QUOTE). Rows changed per table, and texts looked for."""
     wanted = sorted({t for t in texts if t and len(t) >= MIN_QUOTE}, key=len, reverse=True)
     looked = wanted[:MAX_QUOTED]
     params = {"raw": looked, "esc": [json.dumps(t, ensure_ascii=False)[1:-1] for t in looked]}
@@ -379,9 +379,14 @@ def scrub_quotes(conn, texts: Iterable[str]) -> dict[str, int]:
             detail, error = _replace(row["detail"], looked), _replace(row["error"], looked)
             if detail != row["detail"] or error != row["error"]:
                 conn.execute(SET_JOB, (error, json.dumps(detail), row["id"]))
+                if error != row["error"]:
+                    quotes.append(digest(key, row["error"]))
+                if detail != row["detail"]:
+                    quotes.append(digest(key, row["detail_text"]))
                 jobs += 1
         for row in conn.execute(QUOTING_RUNS, params).fetchall():
             conn.execute(SET_RUN, (_replace(row["output_tail"], looked), row["agent"], row["id"]))
+            quotes.append(digest(key, row["output_tail"]))
             runs += 1
     return {"jobs": jobs, "runbook_runs_quoting": runs, "texts_looked_for": len(looked),
             "texts_not_looked_for": len(wanted) - len(looked)}

@@ -328,12 +328,13 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
         store.insert_history(conn, admit.history(fact, last + 1, "erase", None, None, None))
     result = Erasure(namespace, key, removed, erased, last + 1)
     if record:
+        quotes: list[str] = []
         with conn.transaction():
-            result.quotes_erased = erasures.scrub_quotes(conn, held)
+            result.quotes_erased = erasures.scrub_quotes(conn, held, secret, quotes)
         entry = erasures.new_entry(conn, "fact_erase", key=secret, target=f"{namespace}/{key}", counts={
             "facts": int(removed), "fact_history_values": erased, **result.quotes_erased}, items={"facts": [
                 {"namespace": namespace, "key": key, "digests": sorted({erasures.digest(secret, v) for v in held}),
-                 "erased": True}]})
+                 "erased": True}], "quotes": quotes})
         result.ledger = erasures.record(conn, entry).id
     if not conn.autocommit:
         return result

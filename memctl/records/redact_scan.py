@@ -1,8 +1,9 @@
 """`memctl redact scan [--fix]`: secrets already in the database (written before redaction, or with it off).
 
-The scan reads every text memctl keeps (episodes and their meta, chunks, facts, fact history,
-the job log, runbook run records) through server-side cursors and reports where a secret
-is: table, row, column, kinds. Never the value.
+The scan reads every text memctl keeps (the columns memctl.places declares for it: episodes and
+their meta, chunks, facts, fact history, the job log, runbook run records, lineage's agents,
+blocked sources) through server-side cursors and reports where a secret is: table, row, column,
+kinds. Never the value.
 
 The fix rewrites in place, in one transaction under the model write lock: an episode's
 text and meta are redacted, its chunks deleted (their vectors, queue and failure rows
@@ -19,6 +20,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+from memctl import places
 from memctl.db import locks
 from memctl.records import facts
 from memctl.write.values import WRITER
@@ -66,20 +68,29 @@ class Fixed:
 
 
 ITERSIZE = 2000
-# Every column the write gate (memctl.write.gate) redacts, and the job log.
-SOURCES = {
-    "episodes": "SELECT agent, id, kind, source, content, meta::text AS meta FROM episodes",
-    "chunks": "SELECT agent, id, episode_id, content FROM chunks",
-    "facts": "SELECT namespace, key, value, source FROM facts",
-    "fact_history": "SELECT id, namespace, key, old_value, new_value, source FROM fact_history",
-    "jobs": "SELECT id, error, detail::text AS detail FROM jobs",
-    "runbook_runs": "SELECT agent, id, name, commit, output_tail FROM runbook_runs",
-    "summary_sources": "SELECT DISTINCT agent FROM summary_sources",
-    "blocked_sources": "SELECT source, reason FROM blocked_sources",
-}
 # Columns found by scan() but rewritten by fix() only through the row they belong to.
 NAME_COLUMNS = {"episodes": ("agent",), "facts": ("namespace", "key"), "fact_history": ("namespace", "key"),
                 "runbook_runs": ("agent", "name"), "summary_sources": ("agent",), "blocked_sources": ("source",)}
+# A fact value is judged with its key (the gate's rule): under a key that names a secret it is one.
+NAMED_VALUES = {"facts": ("value",), "fact_history": ("old_value", "new_value")}
+
+
+def source(table: places.Table):
+    """What the scan reads of a table: the columns memctl.places says it scans, and the ones naming a row
+    (one row per distinct value where none does)."""
+    from psycopg import sql
+
+    names = list(dict.fromkeys([*table.keys, *table.scanned]))
+    read = sql.SQL(", ").join(
+        sql.SQL("{}{} AS {}").format(sql.Identifier(n), sql.SQL(table.column(n).cast if n in table.scanned else ""),
+                                     sql.Identifier(n)) for n in names)
+    return sql.SQL("SELECT {distinct}{read} FROM {table}").format(
+        distinct=sql.SQL("" if table.keys else "DISTINCT "), read=read, table=sql.Identifier(table.name))
+
+
+# Every table memctl.places declares with columns to scan: every column the write gate (memctl.write.gate)
+# redacts, and the job log.
+SOURCES = {t.name: source(t) for t in places.TABLES if t.scanned}
 
 
 def _named_kinds(key: str, value: str | None) -> str | None:
@@ -106,60 +117,40 @@ def _rows(conn, table: str) -> Iterator[dict]:
         yield from cur
 
 
-def _names(conn, result: Scan) -> None:
-    for table, columns in NAME_COLUMNS.items():
-        for row in _rows(conn, table):
-            for column in columns:
-                kinds = _kinds(row[column])
-                if kinds:
-                    hit = Hit(table, str(row.get("id", "-")), column, kinds)
-                    result.hits.append(hit)
-                    result.names.append(hit)
+def _row_id(row: dict) -> str:
+    if "id" in row:
+        return str(row["id"])
+    return f"{row['namespace']}/{row['key']}" if "namespace" in row else "-"
+
+
+# What the fix rewrites for a hit in each table's columns (a name column is only reported).
+MARK = {
+    "episodes": lambda found, row, column: found.episodes.add((row["agent"], row["id"])),
+    "chunks": lambda found, row, column: found.episodes.add((row["agent"], row["episode_id"])),
+    "facts": lambda found, row, column: found.facts.add((row["namespace"], row["key"])),
+    "fact_history": lambda found, row, column: found.history.setdefault(row["id"], set()).add(column),
+    "jobs": lambda found, row, column: found.jobs.add(row["id"]),
+    "blocked_sources": lambda found, row, column: found.blocked.add(row["source"]),
+    "runbook_runs": lambda found, row, column: found.runs.add((row["agent"], row["id"])),
+}
 
 
 def scan(conn) -> Scan:
+    """Every secret in every column memctl.places says the scan reads: where (table, row, column, kinds)."""
     result = Scan()
-    _names(conn, result)
-    for row in _rows(conn, "episodes"):
-        for column in ("content", "meta", "kind", "source"):
-            kinds = _kinds(row[column])
-            if kinds:
-                result.hits.append(Hit("episodes", str(row["id"]), column, kinds))
-                result.episodes.add((row["agent"], row["id"]))
-    for row in _rows(conn, "chunks"):
-        kinds = _kinds(row["content"])
-        if kinds:
-            result.hits.append(Hit("chunks", str(row["id"]), "content", kinds))
-            result.episodes.add((row["agent"], row["episode_id"]))
-    for row in _rows(conn, "facts"):
-        for column in ("value", "source"):
-            kinds = _named_kinds(row["key"], row[column]) if column == "value" else _kinds(row[column])
-            if kinds:
-                result.hits.append(Hit("facts", f"{row['namespace']}/{row['key']}", column, kinds))
-                result.facts.add((row["namespace"], row["key"]))
-    for row in _rows(conn, "fact_history"):
-        for column in ("old_value", "new_value", "source"):
-            kinds = _kinds(row[column]) if column == "source" else _named_kinds(row["key"], row[column])
-            if kinds:
-                result.hits.append(Hit("fact_history", str(row["id"]), column, kinds))
-                result.history.setdefault(row["id"], set()).add(column)
-    for row in _rows(conn, "jobs"):
-        for column in ("error", "detail"):
-            kinds = _kinds(row[column])
-            if kinds:
-                result.hits.append(Hit("jobs", str(row["id"]), column, kinds))
-                result.jobs.add(row["id"])
-    for row in _rows(conn, "blocked_sources"):
-        kinds = _kinds(row["reason"])
-        if kinds:
-            result.hits.append(Hit("blocked_sources", "-", "reason", kinds))
-            result.blocked.add(row["source"])
-    for row in _rows(conn, "runbook_runs"):
-        for column in ("commit", "output_tail"):
-            kinds = _kinds(row[column])
-            if kinds:
-                result.hits.append(Hit("runbook_runs", str(row["id"]), column, kinds))
-                result.runs.add((row["agent"], row["id"]))
+    for table in (t for t in places.TABLES if t.scanned):
+        names, named = NAME_COLUMNS.get(table.name, ()), NAMED_VALUES.get(table.name, ())
+        for row in _rows(conn, table.name):
+            for column in table.scanned:
+                kinds = _named_kinds(row["key"], row[column]) if column in named else _kinds(row[column])
+                if not kinds:
+                    continue
+                hit = Hit(table.name, _row_id(row), column, kinds)
+                result.hits.append(hit)
+                if column in names:
+                    result.names.append(hit)
+                else:
+                    MARK[table.name](result, row, column)
     return result
 
 

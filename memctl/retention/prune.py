@@ -144,13 +144,12 @@ def prune(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run
         selections = {kind: prune_selection(kind, cutoff, policy.keep_importance, await_summary=kind in await_summary)
                       for kind, cutoff in cutoffs.items()}
         blocked = _blocked_keys(conn, selections)
+        summaries = erasures.summaries_of(conn, blocked) if blocked else []
         secret = erasures.load_key() if blocked else b""
-        items, _ = erasures.capture_episodes(conn, blocked, secret) if blocked else ([], [])
+        items, texts = erasures.capture_episodes(conn, blocked + summaries, secret) if blocked else ([], [])
         report, _ = deletion.run(conn, selections, batch_size=batch_size, run_vacuum=run_vacuum)
         if items:  # a blocked source's episodes are an erasure: a restore must not bring them back
-            sources = ",".join(sorted({r["source"] for r in conn.execute(BLOCKED_SOURCES).fetchall()}))
-            erasures.record(conn, erasures.new_entry(conn, "prune_blocked", key=secret, source=sources,
-                                                     counts={"episodes": len(items)}, items={"episodes": items}))
+            _erase_blocked(conn, blocked, summaries, items, texts, secret, batch_size)
         for row in report.kinds:
             kind = row["kind"]
             kept = kept_for_summary(conn, kind, cutoffs[kind], policy.keep_importance) if kind in await_summary else 0
@@ -167,6 +166,24 @@ def prune(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run
                                      job_log_policy=policy.jobs, awaiting_summary=sorted(await_summary))
     return report
 
+
+
+def _erase_blocked(conn, blocked: list, summaries: list, items: list[dict], texts: list[str], secret: bytes,
+                   batch_size: int) -> None:
+    """After a prune deleted a blocked source's episodes: the summaries built from them go too, runs and job log
+    rows lose what they quoted, and the ledger records it all (memctl.records.erasures)."""
+    from memctl.records import erasures
+    from memctl.retention import purge
+
+    quotes: list[str] = []
+    purge.delete_summaries(conn, [i for _, i in summaries], batch_size)
+    with conn.transaction():
+        counts = {"episodes": len(blocked), "summaries": len(summaries),
+                  "runbook_runs": erasures.unlink_runs(conn, blocked + summaries, secret, quotes),
+                  **erasures.scrub_quotes(conn, texts, secret, quotes)}
+    sources = ",".join(sorted({r["source"] for r in conn.execute(BLOCKED_SOURCES).fetchall()}))
+    erasures.record(conn, erasures.new_entry(conn, "prune_blocked", key=secret, source=sources, counts=counts,
+                                             items={"episodes": items, "quotes": quotes}))
 
 
 BLOCKED_SOURCES = "SELECT source FROM blocked_sources"

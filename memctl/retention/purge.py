@@ -99,9 +99,12 @@ def purge(conn, source: str, since: str | datetime.datetime | None = None, *, de
     secret = erasures.load_key()
     query = sql.SQL(PURGED_KEYS).format(where=sql.SQL(PURGE_WHERE))
     keys = [(r["agent"], r["id"]) for r in conn.execute(query, {"source": source, "since": when}).fetchall()]
-    keys += [(s["agent"], s["id"]) for s in lineage.built_from(conn, source, when)]
+    built = [(s["agent"], s["id"]) for s in lineage.built_from(conn, source, when)]
+    keys += built
     items, texts = erasures.capture_episodes(conn, keys, secret)
     before = erasures.count_rows(conn, keys)
+    gone_sources = erasures.sources_gone(conn, built)
+    quotes: list[str] = []
     with jobs.record(conn, "purge") as job:
         # Summaries first: found through the lineage while the sources still exist (and again after, by the
         # source names each summary records, for one written meanwhile): a poisoned source must not live on.
@@ -117,9 +120,10 @@ def purge(conn, source: str, since: str | datetime.datetime | None = None, *, de
             _delete_facts(conn, report.facts, source)
         with conn.transaction():
             report.removed = erasures.removed(before, erasures.count_rows(conn, keys))
-            report.removed["runbook_runs"] = erasures.unlink_runs(conn, keys)
+            report.removed["summary_sources_pruned"] = gone_sources
+            report.removed["runbook_runs"] = erasures.unlink_runs(conn, keys, secret, quotes)
             report.removed["facts"] = sum(f["deleted"] for f in report.facts)
-            report.removed.update(erasures.scrub_quotes(conn, texts))
+            report.removed.update(erasures.scrub_quotes(conn, texts, secret, quotes))
         if report.remaining:
             report.outcome = "partial"
             report.error = f"{report.remaining} episode(s) from {source!r} were written during the purge and remain"
@@ -132,7 +136,8 @@ def purge(conn, source: str, since: str | datetime.datetime | None = None, *, de
                     "erased": False} for ns, k in ((f["namespace"], f["key"]) for f in report.facts if f["deleted"])]
     entry = erasures.new_entry(conn, "purge", key=secret, source=source, target=when.isoformat() if when else None,
                                counts=report.removed, items={
-                                   "episodes": items, "facts": facts_items, "since": when.isoformat() if when else None,
+                                   "episodes": items, "facts": facts_items, "quotes": quotes,
+                                   "since": when.isoformat() if when else None,
                                    "source_digest": erasures.digest(secret, source)})
     report.ledger = erasures.record(conn, entry).id
     if full:
@@ -148,10 +153,15 @@ SUMMARIES_WHERE = "e.kind = 'summary' AND e.id = ANY(%(ids)s)"
 def _purge_summaries(conn, source: str, since: datetime.datetime | None, batch_size: int) -> list[dict]:
     """Delete the summaries built from `source`'s episodes (their lineage rows cascade); the ones deleted."""
     found = lineage.built_from(conn, source, since)
-    if found:
-        selection = deletion.Selection(SUMMARIES_WHERE, {"ids": [s["id"] for s in found]})
-        deletion.delete_selected(conn, "summary", selection, deletion.Deleted(), batch_size=batch_size)
+    delete_summaries(conn, [s["id"] for s in found], batch_size)
     return found
+
+
+def delete_summaries(conn, ids: list[int], batch_size: int = deletion.DEFAULT_BATCH) -> None:
+    """Delete these summaries (their chunks, vectors and lineage rows cascade), in batches."""
+    if ids:
+        selection = deletion.Selection(SUMMARIES_WHERE, {"ids": ids})
+        deletion.delete_selected(conn, "summary", selection, deletion.Deleted(), batch_size=batch_size)
 
 
 def _delete_facts(conn, found: list[dict], source: str) -> None:

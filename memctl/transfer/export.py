@@ -1,7 +1,7 @@
 """The whole memory as one JSONL stream: `memctl export` and `memctl import`.
 
 Format 1. The first line is a header: {"type": "header", "format": 1, "memctl": version,
-"models": [...], "vectors": model or null, "exported_at", "agent", "since"}. Then one object
+"models": [...], "vectors": model or null, "exported_at", "agent", "since", "digest_key"}. Then one object
 per record, each with a `type`, in this order (an import relies on it to remap ids):
 
     blocked_source  source, reason, blocked_at
@@ -12,7 +12,9 @@ per record, each with a `type`, in this order (an import relies on it to remap i
                     record_key (32 lowercase hex digits: the identity `episode import` and `ingest` gave the
                     record, docs/ingest.md; null for an episode written otherwise; absent in older files);
                     with --vectors also chunks: [{seq, content, embedding}] of the model in the header
-    summary_source  agent, summary_id, source_id, source_created_at, source_hash (hex)
+    summary_source  agent, summary_id, source_id, source_created_at, source_hash (hex: the source's sha256,
+                    keyed under the installation's erasure key, which the header names as digest_key: never a
+                    plain digest; a file without digest_key was written before, with plain ones)
     runbook_run     agent, name, commit, dirty, started_at, finished_at, outcome, steps, from_step,
                     failed_step, exit_code, duration_s, output_tail, episode_id
 
@@ -133,7 +135,7 @@ def export(conn, write: Callable[[str], Any], *, agent: str | None = None, since
         header = {"type": "header", "format": FORMAT, "memctl": __version__,
                   "exported_at": datetime.datetime.now(datetime.timezone.utc), "agent": agent, "since": since,
                   "models": [_model(m) for m in models.all_models(conn)],
-                  "vectors": _model(active) if vectors else None}
+                  "vectors": _model(active) if vectors else None, "digest_key": _digest_key()}
         write(dumps(header) + "\n")
         for row in conn.execute(BLOCKED).fetchall():
             write(dumps({"type": "blocked_source", **row}) + "\n")
@@ -153,6 +155,15 @@ def export(conn, write: Callable[[str], Any], *, agent: str | None = None, since
             write(dumps({"type": "runbook_run", **row}) + "\n")
             result.runbook_runs += 1
     return result
+
+
+def _digest_key() -> str:
+    """The id of the key the lineage digests are keyed under (memctl.places.key_id; "unknown" without one here)."""
+    from memctl import places
+    from memctl.write import erased
+
+    key = erased.load_key(create=False)
+    return places.key_id(key) if key is not None else "unknown"
 
 
 def _model(model: models.Model) -> dict:

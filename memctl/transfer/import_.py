@@ -28,10 +28,10 @@ from memctl.config import Settings
 from memctl.db import locks
 from memctl.embedding import models
 from memctl.errors import BadValue, Blocked, InvalidInput
-from memctl.records import facts
-from memctl.write import gate, repeats, store
+from memctl.write import erased, gate, repeats, store
 from memctl.transfer.export import FORMAT, TYPES
 from memctl.transfer.known import Known, Pending, holders, resolve
+from memctl.transfer.merge_facts import merge_fact
 
 BATCH = 2000
 
@@ -52,6 +52,7 @@ class ImportResult:
     dropped: int = 0  # importance 0 by the write policy
     chunks_remade: int = 0  # episodes whose file chunks differed from the chunks made here: vectors not used
     agent_roles_made: int = 0  # registered agents' roles made on this server after the import (memctl.db.wall)
+    erased: int = 0  # records (and fact values) the erasure ledger holds: left out (memctl.write.erased)
     redactor: redact.Redactor = field(default_factory=redact.Redactor)
 
     def to_dict(self) -> dict:
@@ -62,7 +63,8 @@ class ImportResult:
 
 
 FIELDS = {
-    "header": ({"type", "format", "memctl", "models", "vectors", "exported_at", "agent", "since"}, ("format",)),
+    "header": ({"type", "format", "memctl", "models", "vectors", "exported_at", "agent", "since", "digest_key"},
+               ("format",)),
     "blocked_source": ({"type", "source", "reason", "blocked_at"}, ("source",)),
     "fact": ({"type", "namespace", "key", "value", "source", "version", "updated_at", "valid_from", "history"},
              ("namespace", "key", "history")),
@@ -180,6 +182,7 @@ class _Loader:
         self.now = datetime.datetime.now(datetime.timezone.utc)
         self.window = repeats.window_seconds(settings)
         self.locked: set[str] = set()  # agents whose fold lock this import holds
+        self.ledger: erased.Ledger | None = None  # read with the header
 
     def add(self, number: int, item: dict) -> None:
         kind = item["type"]
@@ -195,6 +198,7 @@ class _Loader:
         if described:
             self.model = self._usable_model(_described(described))
         self.queued = store.queued_models(self.conn)
+        self.ledger = erased.Ledger(self.conn, item.get("digest_key"))
 
     def _usable_model(self, described: _Described) -> models.Model | None:
         active = models.active(self.conn)
@@ -213,6 +217,7 @@ class _Loader:
         self.result.blocked_sources += store.insert_blocked(self.conn, blocked, keep_existing=True)
 
     def _fact(self, item: dict) -> None:
+        self.result.erased += self.ledger.clear_facts(item)
         merge_fact(self.conn, self.gate, item, self.result)
 
     def _episode(self, number: int, item: dict) -> None:
@@ -249,17 +254,22 @@ class _Loader:
         summary = self.new_id(agent, item["summary_id"])
         if summary is None:
             raise InvalidInput(f"summary_source: summary {item['summary_id']} of agent {agent!r} is not in the file")
-        row = self.gate.lineage(agent, summary, item["source_id"], item["source_created_at"], item["source_hash"])
-        source = self.new_id(agent, item["source_id"])
+        if summary == erased.ERASED_ID:  # the summary was erased here: its lineage stays out with it
+            self.result.erased += 1
+            return
+        given, keyed = item["source_hash"], self.ledger.lineage(item["source_hash"])
+        row = self.gate.lineage(agent, summary, item["source_id"], item["source_created_at"], keyed)
+        source = self.new_id(agent, item["source_id"]) or None  # erased here (ERASED_ID): as if pruned
         if source is None:  # pruned before the export: an id that names no episode here
-            found = self.conn.execute(FIND_EPISODE, (row.agent, row.source_hash, row.source_created_at)).fetchone()
-            source = found["id"] if found else -abs(row.source_id)
+            source = self.ledger.find_source(row.agent, given, row.source_created_at) or -abs(row.source_id)
         row = self.gate.lineage(row.agent, row.summary_id, source, row.source_created_at, row.source_hash)
         self.result.summary_sources += store.insert_lineage(self.conn, [row])
 
     def _runbook_run(self, item: dict) -> None:
         row = {name: item.get(name) for name in FIELDS["runbook_run"][0] if name != "type"}
         row["episode_id"] = self.new_id(item["agent"], item.get("episode_id")) if item.get("episode_id") else None
+        row["episode_id"], left_out = self.ledger.erase_run(row, row["episode_id"])
+        self.result.erased += left_out
         row["dirty"] = bool(row["dirty"])
         row["from_step"] = row["from_step"] or 1
         row["output_tail"] = row["output_tail"] or ""
@@ -331,7 +341,6 @@ ID_MAP = (
 )
 COPY_IDS = "COPY memctl_import_ids (agent, old_id, new_id) FROM STDIN"
 LOOK_UP_ID = "SELECT new_id FROM memctl_import_ids WHERE agent = %s AND old_id = %s"
-FIND_EPISODE = "SELECT id FROM episodes WHERE agent = %s AND content_hash = %s AND created_at = %s LIMIT 1"
 HEX_KEY = re.compile(r"[0-9a-fA-F]{32}")
 
 
@@ -369,7 +378,12 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
     known = Known()
     known.load(conn, list({raw.created_at for _, raw, _, _, _ in batch}))
     fresh, vectors, repeated, hints, keys = [], [], [], [], []
-    for old_id, raw, given, hint, key in batch:
+    ledger = erased.Lookup(conn, [raw.content for _, raw, _, _, _ in batch], key=loader.ledger.key).kept()
+    for (old_id, raw, given, hint, key), kept in zip(batch, ledger):
+        if not kept:  # erased here (memctl.write.erased): left out before anything else is asked of it
+            loader.mapped.append((raw.agent, old_id, erased.ERASED_ID))
+            result.erased += 1
+            continue
         slot = known.find((raw.agent, raw.content_hash, raw.created_at), key)
         if slot is None:
             ep = loader.admit(raw)
@@ -394,14 +408,19 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
     # ids are the others', in order. Only then are the keys' holders asked.
     held = holders(conn, [ep.agent for _, ep, _, _ in fresh], keys) if copied.already else {}
     stored_now = set(copied.ids) if held else set()
-    new_ids = iter(copied.ids)
-    for (old_id, ep, agent, pending), key in zip(fresh, keys):
+    new_ids, left_out = iter(copied.ids), set(copied.erased)
+    for index, ((old_id, ep, agent, pending), key) in enumerate(zip(fresh, keys)):
+        if index in left_out:  # the ledger holds it (memctl.write.erased): mapped to no episode
+            pending.id = erased.ERASED_ID
+            loader.mapped.append((agent, old_id, pending.id))
+            continue
         holder = held.get((ep.agent, key)) if key is not None else None
         pending.id = next(new_ids) if holder is None or holder in stored_now else holder
         loader.mapped.append((agent, old_id, pending.id))
     loader.mapped.extend((agent, old_id, resolve(slot)) for agent, old_id, slot in repeated)
     result.episodes += len(copied.ids)
     result.duplicates += copied.already
+    result.erased += len(copied.erased)
     result.folded += copied.folded
     result.chunks += copied.chunks
     result.vectors += copied.vectors
@@ -416,74 +435,3 @@ def _vector_text(vector: Any, dims: int) -> str | None:
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
         raise BadValue(f"episode: a chunk's embedding must be a list of {dims} finite numbers", "chunks")
     return json.dumps(vector)
-
-
-# --- facts: merge a key's history ----------------------------------------------
-
-KEY_HISTORY = """
-SELECT version, op, old_value, new_value, source, changed_at FROM fact_history
-WHERE namespace = %s AND key = %s ORDER BY version, id
-"""
-
-
-def _history_entries(admit: gate.Gate, fact: gate.FactValue, history: Any) -> list[gate.HistoryEntry]:
-    """A fact record's history, each entry through the gate, in version order."""
-    if not isinstance(history, list) or not history:
-        raise BadValue(f"fact {fact.key!r}: history must be a non-empty list", "history")
-    entries = []
-    for index, entry in enumerate(history):
-        if not isinstance(entry, dict):
-            raise BadValue(f"fact {fact.key!r}: history[{index}] must be an object", "history")
-        if entry.get("changed_at") is None:
-            raise BadValue(f"fact {fact.key!r}: history[{index}] needs changed_at", "history")
-        entries.append(admit.history(fact, entry.get("version"), entry.get("op"), entry.get("old_value"),
-                                     entry.get("new_value"), entry.get("source"), entry["changed_at"],
-                                     entry.get("valid_from")))  # absent (older files): changed_at
-    return sorted(entries, key=lambda e: e.version)
-
-
-def merge_fact(conn, admit: gate.Gate, item: dict, result: ImportResult) -> None:
-    """Add a key's history: as it is on an empty key; else the entries not yet here, after the last version.
-
-    The current row is then the merged history's (memctl.records.facts: the greatest valid_from wins)."""
-    if item.get("value") is not None:  # the current value is the history's: admitted (and counted) there alone
-        gate.check_value(item["value"], "value", admit.limits.value_bytes)
-    fact = admit.fact(item["namespace"], item["key"], None, item.get("source"), item.get("valid_from"))
-    entries = _history_entries(admit, fact, item["history"])
-    if item.get("version") is not None:  # checked where they enter; the current row comes from the history
-        gate.integer(item["version"], "version", 1, 2**62)
-    if item.get("updated_at") is not None:
-        gate.parse_time(item["updated_at"], "updated_at")
-    namespace, key = fact.namespace, fact.key
-    facts.lock_key(conn, namespace, key)
-    here = conn.execute(KEY_HISTORY, (namespace, key)).fetchall()
-    seen = {(h["op"], h["old_value"], h["new_value"], h["changed_at"]) for h in here}
-    new = [e for e in entries if (e.op, e.old_value, e.new_value, e.changed_at) not in seen] if here else entries
-    if not new:
-        return
-    last = max((h["version"] for h in here), default=0)
-    added = []
-    for offset, entry in enumerate(new, start=1):
-        if here:
-            entry = gate.renumbered(entry, last + offset)
-        store.insert_history(conn, entry)
-        added.append(entry)
-    result.fact_changes += len(new)
-    result.facts += 1
-    _settle(conn, namespace, key, added)
-
-
-def _settle(conn, namespace: str, key: str, added: list[gate.HistoryEntry]) -> None:
-    """The key's current row after a merge: the winning version's, when the file brought it."""
-    winner = conn.execute(facts.VERSIONS_AT, facts.at_params(namespace=namespace, key=key), prepare=False).fetchone()
-    if winner is None:  # every version erased, or none sets a value
-        conn.execute(facts.DELETE, (namespace, key))
-        return
-    brought = [e for e in added if (e.version, e.op, e.new_value, e.changed_at)
-               == (winner["version"], winner["op"], winner["value"], winner["updated_at"])]
-    if not brought:
-        return  # this database's own version stays the current value
-    if winner["op"] == "delete":
-        conn.execute(facts.DELETE, (namespace, key))
-    else:
-        store.put_fact(conn, gate.Gate.fact_of(brought[-1]), winner["version"], winner["updated_at"])

@@ -57,8 +57,17 @@ def run(conn, url: str, settings, *, backup: bool = True, dry_run: bool = False,
     out.pgvector = preflight.update_pgvector(conn)
     if out.pgvector:
         say(out.pgvector)
-    out.todo = migrate.apply(conn, directory, report=say, progress=say)
+    out.todo = apply(conn, directory, report=say, progress=say)
     return out
+
+
+def apply(conn, directory: Path | None = None, **options) -> list:
+    """migrate.apply with the installation's erasure key given to the migrations that rekey digests (sql/0024)."""
+    from memctl import places
+    from memctl.write import erased
+
+    with places.key_for_migrations(conn, erased.load_key()):
+        return migrate.apply(conn, directory, **options)
 
 
 def take_verified(conn, url: str, directory: Path, say: Callable[[str], None],

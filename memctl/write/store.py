@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from memctl import places
 from memctl.write import gate
 from memctl.write.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
 from memctl.write.values import WRITER
 
-# The tables that hold memory. embed_queue, embed_failures, the vector tables (the embed worker's output
-# from chunks already admitted), jobs and episode_access hold no record that enters from outside.
-MEMORY_TABLES = ("episodes", "chunks", "facts", "fact_history", "summary_sources", "runbook_runs", "blocked_sources")
+# The tables that hold memory records entering from outside (memctl.places declares them, with every other
+# table): embed_queue, embed_failures, the vector tables (the embed worker's output from chunks already
+# admitted), jobs and episode_access hold none.
+MEMORY_TABLES = places.MEMORY_TABLES
 
 
 _admitted = gate.admitted  # a record a Gate made, not one of the same type built or copied elsewhere
@@ -115,12 +117,14 @@ class Copied:
     queued: int = 0
     folded: int = 0  # stored as repeats of a first (no chunks)
     already: int = 0  # records stored before (memctl.write.identity): skipped, not in ids
+    erased: list[int] = field(default_factory=list)  # positions in the batch of records the ledger holds: left out
 
 
 def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
                   vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
                   hints: list[str | None] | None = None, locked: set[str] | None = None,
-                  release: Callable[[], None] | None = None, keys: list[bytes] | None = None) -> Copied:
+                  release: Callable[[], None] | None = None, keys: list[bytes] | None = None,
+                  ledger: tuple[bytes, list[str]] | None = None) -> Copied:
     """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
 
     `vectors[i]`, when given, holds one vector per chunk of batch[i] made by `model` (whose
@@ -128,12 +132,14 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     (memctl.write.repeats.plan_batch: `window`, `hints`, `locked`) and get no chunks. `release` is called
     once the batch is planned, before the COPYs (memctl.db.overlap: a caller waiting for it may go on).
     `keys` (an import's records, memctl.write.identity): a record whose key is stored already is skipped
-    (counted in `already`, given no id) and the others store theirs.
+    (counted in `already`, given no id) and the others store theirs. A record whose text the erasure ledger holds
+    (memctl.write.erased) is left out before all that, whatever the caller asks: its position is in `erased`;
+    `ledger`, the key and the batch's digests under it, made by a caller that had the time (else made here).
     """
     from psycopg import sql
     from psycopg.types.json import Jsonb
 
-    from memctl.write import identity, repeats
+    from memctl.write import erased as erased_mod, identity, repeats
 
     for episode in batch:
         _admitted(episode, Episode)
@@ -145,8 +151,18 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     agents = [e.agent for e in batch]
     with repeats.pipeline(conn):
         sequences = conn.execute(SEQUENCES)
+        ledger = erased_mod.Lookup(conn, (e.content for e in batch), key=ledger[0] if ledger else None,
+                                   digests=ledger[1] if ledger else None)
         asked = identity.ask(conn, agents, keys) if keys is not None else None
     sequences = sequences.fetchone()
+    kept = ledger.kept()
+    left_out = [i for i, k in enumerate(kept) if not k]
+    if left_out:  # erased: never stored again, asked about by nothing below
+        batch, agents = [e for e, k in zip(batch, kept) if k], [a for a, k in zip(agents, kept) if k]
+        keys = None if keys is None else [x for x, k in zip(keys, kept) if k]
+        vectors = None if vectors is None else [v for v, k in zip(vectors, kept) if k]
+        hints = None if hints is None else [h for h, k in zip(hints, kept) if k]
+        asked = identity.ask(conn, agents, keys) if keys is not None else None
     if asked is not None:
         keep = identity.unseen(asked, agents, keys)
         if not all(keep):
@@ -155,7 +171,7 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
             vectors = None if vectors is None else [v for v, fresh in zip(vectors, keep) if fresh]
             hints = None if hints is None else [h for h, fresh in zip(hints, keep) if fresh]
             already = len(keep) - len(batch)
-    copied = Copied(take_ids(conn, sequences["episodes"], len(batch)), already=already)
+    copied = Copied(take_ids(conn, sequences["episodes"], len(batch)), already=already, erased=left_out)
     if not batch:
         if release is not None:
             release()
@@ -290,16 +306,21 @@ def insert_lineage(conn, rows: Iterable[Lineage]) -> int:
 
 
 # summarize_input: the window's episodes as summarize recorded them (memctl.retention.summarize), in this session.
+# Each source's digest keyed (memctl.places.lineage_digest): the lineage outlives its sources.
 INSERT_WINDOW_LINEAGE = WRITER + """
 INSERT INTO summary_sources (agent, summary_id, source_id, source_created_at, source_hash)
-SELECT %(agent)s, %(summary_id)s, i.id, i.created_at, i.content_hash FROM summarize_input i
-"""
+SELECT %(agent)s, %(summary_id)s, i.id, i.created_at, {keyed} FROM summarize_input i
+""".format(keyed=places.lineage_sql("i.content_hash"))
 
 
 def insert_window_lineage(conn, lineage: WindowLineage) -> int:
     """The lineage of a summary to every episode of its window, in one statement (a day may hold 100,000)."""
+    from memctl.write import erased
+
     _admitted(lineage, WindowLineage)
-    return conn.execute(INSERT_WINDOW_LINEAGE, {"agent": lineage.agent, "summary_id": lineage.summary_id}).rowcount
+    ipad, opad = places.pads(erased.load_key())
+    return conn.execute(INSERT_WINDOW_LINEAGE, {"agent": lineage.agent, "summary_id": lineage.summary_id,
+                                                "ipad": ipad, "opad": opad}).rowcount
 
 
 BLOCK = WRITER + """

@@ -14,7 +14,11 @@ the rounds' ratios, each round's shown too. --against DIR (a checkout of another
 `git worktree add DIR REV`) adds that checkout's memctl to every round (PYTHONPATH=DIR), so two
 revisions are compared in one run on the same machine minute.
 
-    python tests/bench/import_.py [--rows 100000] [--rounds 3] [--against DIR] [--database-url URL]
+    python tests/bench/import_.py [--rows 100000] [--rounds 3] [--against DIR] [--ledger N] [--database-url URL]
+
+Each import runs as an installation that has erased something: an erasure key in its MEMCTL_HOME and a
+ledger of --ledger erased texts (default 1,000; 0: no key, no ledger), which every batch is looked up in
+(memctl.write.erased): the cost of leaving out what was erased is in the figure.
 """
 
 from __future__ import annotations
@@ -74,11 +78,25 @@ def baseline_copy(url: str, data: list[dict]) -> float:
         return seconds
 
 
+def ledger(url: str, key: bytes, n: int) -> None:
+    """One ledger entry of N erased texts' digests (none of them in the file), as an erasure writes it."""
+    import psycopg
+
+    from memctl import places
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO erasures (id, erased_at, op, key_id) VALUES ('bench', now(), 'episode_delete', %s)",
+                     (places.key_id(key),))
+        conn.execute("INSERT INTO erasure_digests (digest, kind, erasure) SELECT %s || i, 'episode', 'bench' "
+                     "FROM generate_series(1, %s) AS i", (places.digest(key, "erased"), n))
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=3, help="alternated rounds of both (default 3)")
     p.add_argument("--against", type=Path, help="a checkout of another revision whose memctl joins every round")
+    p.add_argument("--ledger", type=int, default=1000, help="erased texts in the ledger each import looks up in")
     args = p.parse_args()
     data = rows(args.rows)
     workdir = Path(tempfile.mkdtemp(prefix="memctl-bench-import-"))
@@ -87,8 +105,17 @@ def main() -> None:
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     ratios, theirs = [], []
 
+    home = workdir / "home"
+    if args.ledger:
+        from memctl import places
+
+        key = places.load_key(places.key_file(home))
+
     def memctl_import(admin: str, extra: dict) -> tuple[float, dict]:
         with fresh_database(admin) as url:
+            if args.ledger:
+                ledger(url, key, args.ledger)
+                extra = {"MEMCTL_HOME": str(home), **extra}
             env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null", **extra}
             seconds, proc = timed(subprocess.run, [exe, "episode", "import", str(path), "-f", "json"], env=env,
                                   check=True, capture_output=True, text=True)

@@ -612,11 +612,21 @@ CHUNK_STATES = """SELECT count(*) AS chunks, count(v.chunk_id) AS embedded,
 FROM chunks c
 LEFT JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id
 LEFT JOIN embed_failures f ON f.model_id = %s AND f.agent = c.agent AND f.chunk_id = c.id"""
+def _pads() -> dict:
+    """The erasure key's pads: lineage keeps each source's sha256 keyed (memctl.places.lineage_digest)."""
+    from memctl import places
+    from memctl.write import erased
+
+    ipad, opad = places.pads(erased.load_key(create=False) or b"")
+    return {"ipad": ipad, "opad": opad}
+
+
 LINEAGE_ERRORS = """SELECT
   (SELECT count(*) FROM episodes e WHERE e.kind = 'summary'
      AND NOT EXISTS (SELECT FROM summary_sources s WHERE s.agent = e.agent AND s.summary_id = e.id))
 + (SELECT count(*) FROM summary_sources s JOIN episodes e ON e.agent = s.agent AND e.id = s.source_id
-     WHERE e.content_hash <> s.source_hash OR e.created_at <> s.source_created_at)
+     WHERE sha256(%(opad)s || sha256(%(ipad)s || e.content_hash)) <> s.source_hash
+        OR e.created_at <> s.source_created_at)
 + (SELECT count(*) FROM (SELECT FROM summary_sources GROUP BY agent, source_id HAVING count(*) > 1) twice)"""
 
 
@@ -654,7 +664,7 @@ def consistency(conn, state: State) -> dict:
         "failure_reasons": dict(conn.execute("SELECT left(error, 120), count(*) FROM embed_failures GROUP BY 1 "
                                              "ORDER BY 2 DESC LIMIT 5").fetchall()),
         "summaries": conn.execute("SELECT count(*) FROM episodes WHERE kind = 'summary'").fetchone()[0],
-        "lineage_errors": conn.execute(LINEAGE_ERRORS).fetchone()[0],
+        "lineage_errors": conn.execute(LINEAGE_ERRORS, _pads()).fetchone()[0],
         "database_mb": round(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0] / 2**20, 1),
     }
 
