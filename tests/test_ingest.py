@@ -6,7 +6,6 @@ import datetime
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -108,19 +107,6 @@ def test_a_line_that_comes_alone_is_stored_long_before_its_flush_deadline(memctl
     err = proc.stderr.read()
     assert proc.returncode == 0, err
     assert b"stored 2" in err and b"in 2 batches" in err
-
-
-def test_sigterm_stores_what_was_read_and_exits_0(memctl_env, conn):
-    # a group still open (no blank line yet) is what was read and not yet stored
-    proc = start(memctl_env, "--source", "app", "--flush", "3600", "--group", "blank")
-    proc.stdin.write(b"first line\nsecond line\n")
-    proc.stdin.flush()
-    time.sleep(1.5)
-    assert count(conn) == 0  # its group is open
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert [r["content"] for r in conn.execute("SELECT content FROM episodes")] == ["first line\nsecond line"]
 
 
 def test_a_line_too_long_or_unreadable_is_reported_and_the_stream_goes_on(memctl_env, conn):

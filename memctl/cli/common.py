@@ -59,9 +59,19 @@ def settings() -> config_mod.Settings:
 
 
 def warn(message: str) -> None:
-    """Talk goes to stderr; stdout carries only data. Credentials in URLs are masked, whoever wrote the message."""
-    sys.stderr.write(f"memctl: {config_mod.mask_secrets(message)}\n")
+    """Talk goes to stderr; stdout carries only data. Whoever wrote the message, whatever input it quotes: credentials
+    in URLs masked, every other secret redacted (memctl.redact), control characters escaped (render.inert)."""
+    sys.stderr.write(f"memctl: {clean(message)}\n")
     sys.stderr.flush()
+
+
+def clean(message: str) -> str:
+    """A message for a person: secrets masked and redacted, control characters escaped. The one filter of every
+    message memctl prints (warn, usage errors)."""
+    from memctl.cli.render import inert
+    from memctl.redact import redact_text
+
+    return inert(redact_text(config_mod.mask_secrets(message)) or "")
 
 
 def target():
@@ -108,18 +118,29 @@ def connect_read(*, vector: bool = False):
 
 def read_text_arg(value: str, limit: str | None = None, what: str = "content") -> str:
     """TEXT or '-' for stdin, decoded strictly as UTF-8. `limit`: the [limits] setting that bounds it (e.g.
-    episode_bytes): stdin is read up to one byte past it, and refused there (exit 2) without reading on."""
+    episode_bytes): stdin is read up to one byte past it, and refused there (exit 2) without reading on.
+
+    The one rule of stdin (README): a single trailing newline ends the text and is no part of it (`echo 10.0.0.1 |
+    memctl fact set k -` stores 10.0.0.1; a text's own inner and further newlines stay), and a stdin that gives
+    nothing, or that one newline alone, is refused (jsonl.empty_stdin, exit 2)."""
+    from memctl import jsonl
     from memctl.errors import BadValue
 
     if value != "-":
         return value
+    bound = None
     if limit is None:
         data = sys.stdin.buffer.read()
     else:
         from memctl.write import values
 
         bound = getattr(values.Limits.of(settings()), limit)
-        data = values.read_bounded(sys.stdin.buffer, bound, what, limit)
+        data = sys.stdin.buffer.read(bound + 3)  # the text, the newline that ends it (CRLF: 2 bytes), one more
+    data = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
+    if bound is not None and len(data) > bound:
+        raise BadValue(values.too_long(what, None, bound, limit), what)
+    if not data:
+        raise jsonl.empty_stdin()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -33,6 +33,7 @@ SELECT job, started_at, finished_at, outcome, rows, error,
 FROM jobs WHERE job = %s AND outcome = ANY(%s) ORDER BY finished_at DESC, id DESC LIMIT 1
 """
 COMPLETED = ("ok", "partial")
+INTERRUPTED = "interrupted"  # stopped from outside: neither completed nor failed (sql/0026)
 
 
 @dataclass
@@ -50,17 +51,36 @@ def record(conn, name: str) -> Iterator[Job]:
     """Record a run: a 'running' row at start, the outcome at the end (also on error).
 
     An exception marks the run failed (unavailable for a missing dependency)
-    and propagates. A process killed mid-run leaves the row 'running'.
+    and propagates; a run stopped from outside (SIGINT, SIGTERM: memctl.interrupts; or the reader of its
+    output gone, `export | head -1`) is 'interrupted', no failure. A process killed mid-run leaves the row
+    'running'.
     """
     job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
     try:
         yield job
     except BaseException as exc:
-        job.outcome = "unavailable" if isinstance(exc, Unavailable) else "failed"
-        job.error = str(exc) if isinstance(exc, MemctlError) else f"{type(exc).__name__}: {exc}"
+        job.outcome, job.error = outcome_of(exc)
         _finish(conn, job)
         raise
     _finish(conn, job)
+
+
+def ended(conn, name: str, exc: BaseException) -> None:
+    """Log a run that ended on EXC where no row was written around it (a restore replaces the job log itself)."""
+    job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+    job.outcome, job.error = outcome_of(exc)
+    _finish(conn, job)
+
+
+def outcome_of(exc: BaseException) -> tuple[str, str]:
+    """The outcome and error of a run that ended on EXC."""
+    if isinstance(exc, KeyboardInterrupt):  # memctl.interrupts.Interrupted: SIGINT or SIGTERM
+        return INTERRUPTED, f"stopped by {exc}" if str(exc) else "stopped by SIGINT"
+    if isinstance(exc, BrokenPipeError):
+        return INTERRUPTED, "the reader of the output went away before its end (a closed pipe)"
+    if isinstance(exc, Unavailable):
+        return "unavailable", str(exc)
+    return "failed", str(exc) if isinstance(exc, MemctlError) else f"{type(exc).__name__}: {exc}"
 
 
 def _clean(text: str | None) -> str | None:
