@@ -11,7 +11,7 @@ from memctl.cli.common import (FormatOption, choice_value, connect, connect_read
                                read_text_arg, settings, since_value, time_value, warn)
 from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
-from memctl.errors import InvalidInput, UsageError
+from memctl.errors import UsageError
 from memctl.reading import query as query_mod, search as search_mod
 from memctl.records.filters import SINCE, UNTIL
 
@@ -97,17 +97,16 @@ def import_(
     conn = connect()
     st = settings()
     result = episodes.ImportResult()
-    handle = sys.stdin.buffer if file == "-" else _open(file)
     from memctl import jsonl
     from memctl.write import values
 
+    handle = jsonl.open_input(file)
     lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
         episodes.import_episodes(conn, st, episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
                                  result=result)
     finally:
-        if handle is not sys.stdin.buffer:
-            handle.close()
+        handle.close()
     if result.redactor is not None and result.redactor.note():
         warn(result.redactor.note())
     for number, reason in result.skipped[:20]:
@@ -117,13 +116,6 @@ def import_(
     render([{"imported": result.imported, "chunks": result.chunks, "folded": result.folded,
              "already_stored": result.already, "dropped_by_policy": result.dropped, "skipped": len(result.skipped),
              "skipped_lines": [n for n, _ in result.skipped]}], fmt)
-
-
-def _open(path: str):
-    try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
 
 
 @app.command()

@@ -181,18 +181,12 @@ def import_(
     from memctl import jsonl
     from memctl.write import values
 
-    bound = values.Limits.of(settings()).line_bytes()
-    what = "a fact within [limits] value_bytes"
-    if file == "-":
-        records = facts.parse_import(jsonl.bounded(sys.stdin.buffer, bound, what))
-    else:
-        try:
-            with open(file, "rb") as handle:
-                records = facts.parse_import(jsonl.bounded(handle, bound, what))
-        except OSError as exc:
-            from memctl.errors import InvalidInput
-
-            raise InvalidInput(f"cannot read {file}: {exc.strerror}") from None
+    handle = jsonl.open_input(file)
+    try:
+        records = facts.parse_import(jsonl.bounded(handle, values.Limits.of(settings()).line_bytes(),
+                                                   "a fact within [limits] value_bytes"))
+    finally:
+        handle.close()
     redactor = _redactor()
     changes = facts.import_facts(connect(), records, source=source, redactor=redactor)
     if redactor.note():

@@ -83,8 +83,7 @@ def import_(
         lines = jsonl.bounded(handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]")
         result = import_mod.import_stream(connect(), st, lines, redactor=redactor)
     finally:
-        if handle is not sys.stdin.buffer:
-            handle.close()
+        handle.close()
     if redactor.note():
         warn(redactor.note())
     render([result.to_dict()], fmt)

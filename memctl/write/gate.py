@@ -256,20 +256,20 @@ class Gate:
         if source is None:
             return
         names = source_forms(source)
-        for form in names:
+        if self._blocked is not None:
+            for form in names:
+                if form in self._blocked:
+                    refuse(names[-1], self._blocked[form])
+        else:
+            row = self.conn.execute(CHECK_BLOCKED_ANY, (list(names),)).fetchone()
+            if row is not None:
+                refuse(names[-1], row["reason"])
+        for form in names:  # allowed: confirm() looks again (a source refused here is no part of the write)
             if form not in self.sources:
                 if len(self.sources) < SOURCES_KEPT:
                     self.sources.add(form)
                 elif self._before is None:  # memory stays flat: confirm() then refuses on any block made since
                     self._before = self._blocked if self._blocked is not None else self._all_blocked()
-        if self._blocked is not None:
-            for form in names:
-                if form in self._blocked:
-                    refuse(names[-1], self._blocked[form])
-            return
-        row = self.conn.execute(CHECK_BLOCKED_ANY, (list(names),)).fetchone()
-        if row is not None:
-            refuse(names[-1], row["reason"])
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
