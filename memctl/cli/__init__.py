@@ -176,6 +176,10 @@ def root(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
+    if database_url is not None:
+        from memctl import db
+
+        db.check_url(database_url, "--database-url")
     common.reset().database_url = database_url
 
 

@@ -148,6 +148,27 @@ def read_text_arg(value: str, limit: str | None = None, what: str = "content") -
                        "UTF-8 text", what) from None
 
 
+# --- batch modes: the one rule (README, exit codes) ---------------------------------------------------------
+
+
+def batch_error(number: int, exc: Exception) -> dict:
+    """The error object a --batch mode writes in a bad line's place: {line, field, error, exit_code}."""
+    from memctl.jsonl import LineError
+
+    reason = exc.reason if isinstance(exc, LineError) else str(exc)
+    return {"line": number, "field": getattr(exc, "field", None), "error": f"line {number}: {reason}"
+            if not reason.startswith(f"line {number}:") else reason, "exit_code": getattr(exc, "exit_code", 1)}
+
+
+def batch_end(slots: list) -> None:
+    """After a --batch mode answered every line in order (an error object in a failed line's place): exit with the
+    first failed line's code, said on stderr; 0 when every line was answered."""
+    failed = [s for s in slots if isinstance(s, dict)]
+    if failed:
+        warn(f"{len(failed)} of {len(slots)} line(s) failed (their error objects say why)")
+        raise typer.Exit(failed[0]["exit_code"])
+
+
 # --- option values, checked where they enter (typer callbacks: exit 2 naming the option) -------------
 
 
@@ -163,8 +184,15 @@ def since_value(param: typer.CallbackParam, value: str | None) -> str | None:
         return None
     from memctl.records.filters import parse_since
 
-    parse_since(value, _option(param))
+    parse_since(value, _option(param), clock_skew())
     return value
+
+
+def clock_skew() -> float:
+    """[limits] clock_skew in seconds: how far past now a time option may be (memctl.records.filters.moment)."""
+    from memctl.write import values
+
+    return values.Limits.of(settings()).clock_skew
 
 
 def duration_value(param: typer.CallbackParam, value: str | None) -> str | None:

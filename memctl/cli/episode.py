@@ -7,11 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import (FormatOption, choice_value, connect, connect_read, json_object, json_object_value,
-                               read_text_arg, settings, since_value, time_value, warn)
+from memctl.cli.common import (FormatOption, batch_end, batch_error, choice_value, connect, connect_read, json_object,
+                               json_object_value, read_text_arg, settings, since_value, time_value, warn)
 from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
-from memctl.errors import UsageError
+from memctl.errors import BadValue, UsageError
 from memctl.reading import query as query_mod, search as search_mod
 from memctl.records.filters import SINCE, UNTIL
 
@@ -116,6 +116,9 @@ def import_(
     render([{"imported": result.imported, "chunks": result.chunks, "folded": result.folded,
              "already_stored": result.already, "dropped_by_policy": result.dropped, "skipped": len(result.skipped),
              "skipped_lines": [n for n, _ in result.skipped]}], fmt)
+    if result.skipped and not (result.imported or result.already or result.dropped):
+        raise BadValue("--skip-invalid: every line was invalid, nothing was imported (is this the right file?)",
+                       "--skip-invalid")  # a skip mode's rule (README): exit 2 when nothing but skips
 
 
 @app.command()
@@ -271,14 +274,32 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
 
     lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(), "a query within [limits]",
                           "nothing was run")
-    queries = [query_mod.batch_query(item, number)
-               for number, item in jsonl.read(lines, fields=query_mod.BATCH_FIELDS, required=("query",))]
-    outcomes = search_mod.search_batch(conn, settings(), queries, track=track)
-    warning = next((o.warning for o in outcomes if o.warning), None)
-    if warning:
-        warn(warning)
-    for q, outcome in zip(queries, outcomes):
-        line = {"query": q.text, "results": [h.to_dict() for h in outcome.hits]}
+    slots: list = []  # a Query, or the error object of a bad line (batch_errors: the one rule of --batch)
+
+    def refused(error) -> None:
+        slots.append(batch_error(error.number, error))
+
+    for number, item in jsonl.read(lines, fields=query_mod.BATCH_FIELDS, required=("query",), on_error=refused):
+        try:
+            query = query_mod.batch_query(item, number)
+            query.check()
+            slots.append(query)
+        except UsageError as exc:
+            slots.append(batch_error(number, exc))
+    queries = [s for s in slots if isinstance(s, query_mod.Query)]
+    outcomes = iter(search_mod.search_batch(conn, settings(), queries, track=track) if queries else [])
+    warnings: dict[str, None] = {}
+    for slot in slots:
+        if isinstance(slot, dict):
+            sys.stdout.write(to_json(slot) + "\n")
+            continue
+        outcome = next(outcomes)
+        if outcome.warning:
+            warnings[outcome.warning] = None
+        line = {"query": slot.text, "results": [h.to_dict() for h in outcome.hits]}
         if outcome.note:
             line["note"] = outcome.note  # why this query found nothing
         sys.stdout.write(to_json(line) + "\n")
+    for message in warnings:
+        warn(message)
+    batch_end(slots)

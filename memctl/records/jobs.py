@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from memctl.errors import BadValue, MemctlError, Unavailable
+from memctl.errors import BadValue, MemctlError, NothingToDo, Unavailable
 
 # The jobs the log records (the seven, then the steps of a model change that are logged apart, and exports:
 # an erasure's receipt lists the exports before it).
@@ -72,12 +72,14 @@ def ended(conn, name: str, exc: BaseException) -> None:
     _finish(conn, job)
 
 
-def outcome_of(exc: BaseException) -> tuple[str, str]:
+def outcome_of(exc: BaseException) -> tuple[str, str | None]:
     """The outcome and error of a run that ended on EXC."""
     if isinstance(exc, KeyboardInterrupt):  # memctl.interrupts.Interrupted: SIGINT or SIGTERM
         return INTERRUPTED, f"stopped by {exc}" if str(exc) else "stopped by SIGINT"
     if isinstance(exc, BrokenPipeError):
         return INTERRUPTED, "the reader of the output went away before its end (a closed pipe)"
+    if isinstance(exc, NothingToDo):
+        return "ok", None
     if isinstance(exc, Unavailable):
         return "unavailable", str(exc)
     return "failed", str(exc) if isinstance(exc, MemctlError) else f"{type(exc).__name__}: {exc}"
