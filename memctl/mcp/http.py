@@ -13,6 +13,7 @@ in `ps`), and is never logged: the verifier keeps only the agent it names, and u
 
 from __future__ import annotations
 
+import errno
 import threading
 from typing import Any, Callable
 
@@ -125,6 +126,7 @@ def serve(settings: Settings, open_connection: Callable[[], Any], host: str, por
           warn: Callable[[str], None]) -> None:
     import uvicorn
 
+    sock = listening(host, port)  # before a word is said: a port in use fails here, no server announced
     registry = Registry(settings, open_connection)
     registry.grant()
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -135,6 +137,27 @@ def serve(settings: Settings, open_connection: Callable[[], Any], host: str, por
     warn(f"mcp: streamable HTTP at http://{'[' + host + ']' if ':' in host else host}:{port}/mcp for every "
          "registered agent, each request in its token's role")
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         registry.close()
+        sock.close()
+
+
+def listening(host: str, port: int):
+    """A socket bound to HOST:PORT (as uvicorn would bind it), or MemctlError saying why not (exit 1: under
+    systemd the unit restarts and tries again)."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise MemctlError(f"mcp: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise MemctlError(f"mcp: cannot listen on {host}:{port}: {exc.strerror or exc}"
+                          + (" (another server holds it)" if exc.errno == errno.EADDRINUSE else "")) from None
+    return sock
