@@ -180,6 +180,21 @@ def test_syslog_formats():
     assert (rsyslog.source, rsyslog.content) == ("systemd", "Started x.")
 
 
+def test_syslog_keeps_the_pid_in_meta_and_reports_a_line_that_is_not_syslog(memctl_env, conn):
+    """docs/ingest.md: host, pid and severity name go to meta; a line neither <PRI> nor a time starts is no syslog
+    line: reported by its number and skipped, never stored as written now with no source."""
+    assert logformats.syslog(b"<34>Oct 11 22:14:15 vps sshd[4711]: Accepted key", NOW).meta == \
+        {"host": "vps", "pid": "4711", "priority": "crit"}
+    assert logformats.syslog(b"<165>1 2003-10-11T22:14:15Z h app 99 - - msg", NOW).meta["pid"] == "99"
+    data = b"<34>Oct 11 22:14:15 vps sshd[4711]: Accepted key\nTraceback (most recent call last):\n"
+    proc = start(memctl_env, "--format", "syslog")
+    _, err = proc.communicate(data, timeout=60)
+    assert proc.returncode == 0, err
+    assert b"line 2: not a syslog line" in err and b"skipped 1" in err
+    rows = conn.execute("SELECT source, meta FROM episodes").fetchall()
+    assert rows == [{"source": "sshd", "meta": {"host": "vps", "pid": "4711", "priority": "crit"}}]
+
+
 def test_syslog_parser_is_linear_on_hostile_input():
     """An unclosed structured-data element of a megabyte of backslashes: refused in one pass."""
     for n in (10_000, 1_000_000):
