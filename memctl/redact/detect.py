@@ -10,11 +10,11 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from memctl.redact import keyword
+from memctl.redact.commands import command_findings, command_words
 from memctl.redact.shapes import (
     NOT_A_SECRET,
     Finding,
     any_word,
-    command_words,
     named_pair,
     provider_findings,
     shape_findings,
@@ -314,6 +314,8 @@ def find(text: str) -> list[Finding]:
     # before the plugins' guesses (an IBM "key" of 44 characters), both before a secret-like name.
     found.extend(provider_findings(text))
     found.extend(_plugin_findings(text, low))
+    if command_words(text, low) or "--" in text:
+        found.extend(command_findings(text))
     found.extend(shape_findings(text, low))
     if not found:
         return []

@@ -1,7 +1,8 @@
 """The shapes of secrets detect-secrets misses (memctl.redact's docstring lists them), and what is no secret.
 
 Names that name a secret (`secret_name`), values that only stand for one (`placeholder`), and the
-finders for name=value pairs, Authorization headers, passwords on command lines and provider keys.
+finders for name=value pairs, Authorization headers and provider keys (passwords on command lines:
+memctl.redact.commands).
 """
 
 from __future__ import annotations
@@ -85,12 +86,12 @@ def named_pair(text: str, low: str) -> bool:
     return False
 
 
-def _name_kind(name: str) -> str | None:
-    return _short_name_kind(name) if len(name) <= HEAD else _judge_name(name)
+def name_kind(name: str) -> str | None:
+    return _shortname_kind(name) if len(name) <= HEAD else _judge_name(name)
 
 
 @lru_cache(maxsize=4096)
-def _short_name_kind(name: str) -> str | None:
+def _shortname_kind(name: str) -> str | None:
     return _judge_name(name)
 
 
@@ -126,7 +127,7 @@ def secret_name(name: str) -> bool:
     False: db.host, token_count, max_tokens, primary_key, ssh_key, public_key, password_policy.min_length,
     password_file, access_key_id (each names something about a secret, or no secret at all).
     """
-    return _name_kind(name) is not None
+    return name_kind(name) is not None
 
 
 # --- Values that are no secret ----------------------------------------------------------------------------
@@ -195,7 +196,7 @@ def _judge_looks_secret(value: str, length: int) -> bool:
     return length >= 6 and classes >= 2 or length >= 16 and "-" not in head
 
 
-# --- Shapes: name=value pairs, Authorization headers, command-line passwords, provider keys ----------------
+# --- Shapes: name=value pairs, Authorization headers, provider keys -------------------------------------
 
 # name, an optional closing quote, the separator, then a quoted or a bare value (a bare one ends at ; or a
 # quote), the value in a lookahead so that a pair inside a quoted value is seen too (value="...;Password=x").
@@ -214,26 +215,6 @@ _AUTH_HEADER = re.compile(
     r"(?:(bearer|basic|token|negotiate|ntlm|apikey|api-key|sso-key|key|jwt|dpop)[ \t]+)?([^\s'\",;]+)",
     re.IGNORECASE)
 _BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+([A-Za-z0-9._~+/-]{16,}=*)")
-# A password-taking command, then the rest of its command line (to a pipe, ; or &).
-_PASSWORD_COMMAND = re.compile(
-    r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl|(?:docker|podman|nerdctl)[ \t]+login)\b([^\n|;&]*)")
-_VALUE = r"(?:(['\"])(.{0,1024}?)\1|([^\s'\"]\S*+))"
-_COMMAND_PASSWORD = {
-    "mysql": re.compile(r"(?<=\s)-p" + _VALUE),  # attached only: `mysql -p` alone prompts
-    "sshpass": re.compile(r"(?<=\s)-p[ \t]*" + _VALUE),
-    "redis-cli": re.compile(r"(?<=\s)(?:-a|--pass)[ \t]+" + _VALUE),
-    "login": re.compile(r"(?<=\s)(?:-p|--password)(?:[ \t]+|=)" + _VALUE),  # docker login -p
-    "curl": re.compile(r"(?<=\s)(?:-u|--user)[ \t]*['\"]?[^\s:'\"]+:" + r"([^\s'\"]+)"),
-}
-
-
-def command_words(text: str, low: str) -> bool:
-    return ("mysql" in low or "login" in low and "-p" in text or "fact" in low and "set" in low or "mariadb" in low or "sshpass" in low or "redis-cli" in low
-            or "curl" in low and ("-u" in text or "--user" in text))
-
-
-_OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.{0,1024}?)\2|([^\s'\"-]\S*+))")
-
 # Provider keys by prefix: (kind, literal prefix for the gate, pattern). The body must hold a digit and a letter.
 _PROVIDER_KEYS = tuple((kind, prefix, re.compile(r"(?<![\w-])" + pattern + r"(?![\w-])")) for kind, prefix, pattern in (
     ("anthropic-api-key", "sk-ant-", r"sk-ant-[A-Za-z0-9_-]{32,}"),
@@ -331,7 +312,7 @@ def _pair_findings(text: str) -> list[Finding]:
             prev = _PREV_WORD_REVERSED.match(reversed_text, size - m.start())
             if prev is not None:
                 full = f"{prev.group(1)[::-1]}_{name}"
-        kind = _name_kind(full)
+        kind = name_kind(full)
         if kind is None or quote == "`":
             continue
         if sep[0] == "=" and sep[-1] in " \t":
@@ -416,7 +397,7 @@ def _said_findings(text: str) -> list[Finding]:
         before = _WORDS_BEFORE_REVERSED.match(reversed_text, len(text) - m.start())
         words = [w[::-1] for w in (before.groups()[::-1] if before else ()) if w and w[::-1].lower() not in _COMMON]
         name = "_".join(words[-2:] + [m.group(1)])
-        kind = _name_kind(name)
+        kind = name_kind(name)
         value = _strip_trailing(m.group(3))
         if kind is None or len(value) < 3 or placeholder(value, name):
             continue
@@ -439,7 +420,7 @@ _FACT_SET = re.compile(r"(?<![\w-])fact[ \t]+set[ \t]+['\"]?([\w.:/-]{1,200})['\
 def _fact_set_findings(text: str) -> list[Finding]:
     found = []
     for m in _FACT_SET.finditer(text):
-        kind, group = _name_kind(m.group(1)), 3 if m.group(3) is not None else 4
+        kind, group = name_kind(m.group(1)), 3 if m.group(3) is not None else 4
         if kind and len(m.group(group)) >= 3 and not placeholder(m.group(group), m.group(1)):
             found.append(Finding(kind, *m.span(group)))
     return found
@@ -458,33 +439,8 @@ def _header_findings(text: str, low: str) -> list[Finding]:
     return found
 
 
-def _command_findings(text: str) -> list[Finding]:
-    """Passwords on command lines: mysql -pX, sshpass -p X, redis-cli -a X, curl -u user:X, --password X."""
-    found = []
-    for command in _PASSWORD_COMMAND.finditer(text):
-        name = command.group(1)
-        rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else
-                                 "login" if name.endswith("login") else name]
-        for m in rule.finditer(text, command.start(2), command.end(2)):
-            span = (m.start(m.lastindex), m.end(m.lastindex))
-            value = text[span[0]:span[1]]
-            if len(value) < 3 or placeholder(value) or name[0] == "m" and value.isdigit() and len(value) <= 5:
-                continue  # `mysql -p3306`: a port typed with the wrong case; `-pv` another command's flags
-            found.append(Finding("password", *span))
-    if "--" in text:
-        for m in _OPTION.finditer(text):
-            kind = _name_kind(m.group(1))
-            group = 3 if m.group(3) is not None else 4
-            value = m.group(group)
-            if kind and len(value) >= 3 and "=" not in value and not placeholder(value, m.group(1)):
-                found.append(Finding(kind, *m.span(group)))
-    return found
-
-
 def shape_findings(text: str, low: str) -> list[Finding]:
     found = _header_findings(text, low)
-    if command_words(text, low) or "--" in text:
-        found.extend(_command_findings(text))
     if named_pair(text, low):
         found.extend(_pair_findings(text))
     if NAME_WORDS(text, low):
