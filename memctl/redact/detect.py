@@ -86,9 +86,10 @@ _KEYWORDS = any_word("key", "pw", "pass", "token", "secret", "cloudant", "auth",
 def candidate(text: str, low: str) -> bool:
     """Could any detector match at all? A long token, a URL, a key line, a quote, a secret-like name before
     `=` or `:`, or a command that takes a password."""
-    if "://" in text or "private key" in low or "putty" in low or "password" in low or _QUOTED.search(text):
+    if "://" in text or "private key" in low or "putty" in low or "passw" in low or "passphrase" in low \
+            or _QUOTED.search(text):
         return True
-    if named_pair(text, low) or command_words(text, low):
+    if named_pair(text, low) or command_words(text, low) or "/" in text and ("cred" in low or "login" in low):
         return True
     tokens = text.split()
     if max(map(len, tokens), default=0) < 16:

@@ -349,7 +349,10 @@ changed stored kept saved sent shared known unchanged different right case polic
 attached given pending needed ready your my our their his her its from with via by as will must should can cannot
 what which who where when how why if then than so but all any some none both each every per please use used ask
 asked do does did done has have had get got make made same vault file env environment prod production staging test
-correctly incorrectly wrong expired rotated hashed salted encrypted""".split())
+correctly incorrectly wrong expired rotated hashed salted encrypted auth authentication login logins protection
+protected less free based only hash hint length strength complexity requirement requirements rule rules expiry history
+reuse storage store generator form box dialog screen page link email flow update sync expire expires expiring rotate
+rotates rotation one ones something someone default generated random stronger longer shorter temporary""".split())
 _PROSE_ENDING = re.compile(r"[a-z]+(?:ed|ing|ly|ion|ions|ment|ness)")
 _PHRASE_WORD = re.compile(r"[A-Za-z0-9!@#$%^&*+=-]{2,32}")
 
@@ -381,34 +384,79 @@ def _phrase_end(text: str, start: int) -> int | None:
     return start + len(line.rstrip(" \t\r.,"))
 
 
-# `password is hunter2`, `the root password is changeme`, `aws secret access key wJalr...`: a secret's name, then
-# `is`/`was` or nothing, then one word. Without a verb the word must look strongly like a secret.
+# A secret named in prose, then its value (issue 37; issue 50: the verbs and contexts of typed passwords):
+#   `password is hunter2xyz`, `the root password is changeme`, `the wifi password for the office is Sunflower42`,
+#   `the passphrase is set to X`, `the password was changed to X`, `is now X`, `has been set to X` (a verb);
+#   `set the root password to X`, `changed bob's password to X` (to, after set/change/reset/update/rotate);
+#   `log in as ops with password X`, `with the passphrase 'blue river stone'`, `(password toor)`, `, password X`;
+#   `aws secret access key wJalr...` (nothing: the word must look strongly like a secret).
+# A secret-looking word, or a weak password (`toor`) that ends the clause; a quoted value whole.
 _SAID = re.compile(r"(?<![A-Za-z])(password|passwd|passphrase|pwd|pw|secret|token|key|pat|credentials?)"
-                   r"(?:[ \t]+(is|was))?[ \t]+['\"]?([^\s'\"]{3,128})", re.IGNORECASE)
-# The two words before a name, read backwards in the reversed text: one anchored match per name.
-_WORDS_BEFORE_REVERSED = re.compile(r"[ \t]{1,8}([\w-]{0,30}[A-Za-z])(?![\w-])(?:[ \t]{1,8}([\w-]{0,30}[A-Za-z])(?![\w-]))?")
-_CLAUSE_END = re.compile(r"['\"]?[ \t]*(?:$|[\r\n.,;!)])")
+                   r"(?:[ \t]{1,8}for[ \t]{1,8}(?:(?:the|an?|our|my|his|her|their|new)[ \t]{1,8})?[\w-]{1,30})?"
+                   r"(?:[ \t]{1,8}(is|was|has[ \t]{1,8}been|had[ \t]{1,8}been)(?:[ \t]{1,8}now)?)?"
+                   r"(?:[ \t]{1,8}(?:(set|changed|reset|updated|rotated)[ \t]{1,8})?(to))?"
+                   r"[ \t]{1,8}(?:(['\"])([^'\"\n]{3,128})\5|['\"]?([^\s'\"]{3,128}))", re.IGNORECASE)
+# A word before a name, read backwards in the reversed text: one anchored match a word (five at most).
+_WORD_BEFORE_REVERSED = re.compile(r"[ \t]{1,8}([\w'-]{0,30}[A-Za-z])(?![\w-])")
+_CLAUSE_END = re.compile(r"['\"]?[ \t]*(?:$|[\r\n.,;!)]|(?:for|and|on|in|at|this|yesterday|today|now)\b)")
+_SETTING = re.compile(r"(?:set|sets|setting|change|changed|changes|changing|reset|resets|update|updated|updates|"
+                      r"rotate|rotated|rotates)")
+_GIVING = {"with", "using", "use", "via"}  # `with password X`: the name, then its value
+
+
+def _words_before(text: str, reversed_text: str, at: int) -> list[str]:
+    """Up to five words before position `at`, in text order."""
+    words, position = [], len(text) - at
+    while len(words) < 5 and (m := _WORD_BEFORE_REVERSED.match(reversed_text, position)) is not None:
+        words.append(m.group(1)[::-1])
+        position = m.end()
+    return words[::-1]
 
 
 def _said_findings(text: str) -> list[Finding]:
     found, reversed_text = [], None
     for m in _SAID.finditer(text):
         reversed_text = text[::-1] if reversed_text is None else reversed_text
-        before = _WORDS_BEFORE_REVERSED.match(reversed_text, len(text) - m.start())
-        words = [w[::-1] for w in (before.groups()[::-1] if before else ()) if w and w[::-1].lower() not in _COMMON]
+        before = _words_before(text, reversed_text, m.start())
+        words = [w for w in before if w.lower() not in _COMMON and not _SETTING.fullmatch(w.lower())]
         name = "_".join(words[-2:] + [m.group(1)])
         kind = name_kind(name)
-        value = _strip_trailing(m.group(3))
-        if kind is None or len(value) < 3 or placeholder(value, name):
+        quoted = m.group(6) is not None
+        value = m.group(6) if quoted else _strip_trailing(m.group(7))
+        start = m.start(6) if quoted else m.start(7)
+        if kind is None or len(value) < 3 or placeholder(value, name) or value.lower() in _COMMON:
             continue
-        end = m.start(3) + len(value)
-        if m.group(2):  # `is`/`was`: a secret-looking word, or a weak password that ends the clause
-            ok = _looks_secret(value) or (kind == "password" and _weak_password(value)
-                                          and _CLAUSE_END.match(text, end) is not None)
+        end = start + len(value)
+        ended = _CLAUSE_END.match(text, end) is not None
+        weak = kind == "password" and _weak_password(value) and ended
+        verb, to = m.group(2), m.group(4)
+        gives = bool(before) and before[-1].lower() in _GIVING or \
+            len(before) > 1 and before[-1].lower() == "the" and before[-2].lower() in _GIVING or \
+            text[max(0, m.start() - 2):m.start()].rstrip()[-1:] in ("(", ",")
+        if to and not verb and not m.group(3) and not any(_SETTING.fullmatch(w.lower()) for w in before):
+            continue  # `sent the password to bob`: no setting verb, so `to` gives no value
+        if verb or to or gives:
+            ok = quoted and kind == "password" or _looks_secret(value) or weak
         else:
             ok = len(value) >= 12 and _looks_secret(value) and bool(_DIGITS.search(value)) and "-" not in value
         if ok:
-            found.append(Finding(kind, m.start(3), end))
+            found.append(Finding(kind, start, end))
+    return found
+
+
+# `credentials: admin / Adm1nPw!`, `login alice/Hunter2x`: a user, a slash, a password.
+_USER_SLASH = re.compile(r"(?<![A-Za-z])(?:credentials?|creds|login)[ \t]{0,8}[:=]?[ \t]{1,8}([\w.@-]{1,64})[ \t]{0,8}/"
+                         r"[ \t]{0,8}([^\s'\"/]{3,128})", re.IGNORECASE)
+
+
+def _user_slash_findings(text: str) -> list[Finding]:
+    found = []
+    for m in _USER_SLASH.finditer(text):
+        value = _strip_trailing(m.group(2))
+        end = m.start(2) + len(value)
+        if len(value) >= 3 and not placeholder(value) and (
+                _looks_secret(value) or _weak_password(value) and _CLAUSE_END.match(text, end) is not None):
+            found.append(Finding("password", m.start(2), end))
     return found
 
 
@@ -445,6 +493,8 @@ def shape_findings(text: str, low: str) -> list[Finding]:
         found.extend(_pair_findings(text))
     if NAME_WORDS(text, low):
         found.extend(_said_findings(text))
+    if "/" in text and ("cred" in low or "login" in low):
+        found.extend(_user_slash_findings(text))
     if "fact" in low and "set" in low:
         found.extend(_fact_set_findings(text))
     return found
