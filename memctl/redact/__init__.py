@@ -29,7 +29,7 @@ day (issue 19):
   to X`, `set the root password to X` (after a verb of setting), `log in as ops with password X`,
   `(password toor)`, `credentials: admin / X`; a common or prose word (`set to expire`, `with
   password auth`) is not a value.
-- provider key prefixes (`shapes._PROVIDER_KEYS`): OpenAI `sk-`/`sk-proj-`, Anthropic `sk-ant-`,
+- provider key prefixes (`providers.py`): OpenAI `sk-`/`sk-proj-`, Anthropic `sk-ant-`,
   GitHub `github_pat_`, Google `AIza`, Hugging Face `hf_`, npm, Groq, Vault, ..., each with
   the length of a real key.
 

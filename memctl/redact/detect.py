@@ -11,14 +11,8 @@ from typing import Any, Callable
 
 from memctl.redact import keyword
 from memctl.redact.commands import command_findings, command_words
-from memctl.redact.shapes import (
-    NOT_A_SECRET,
-    Finding,
-    any_word,
-    named_pair,
-    provider_findings,
-    shape_findings,
-)
+from memctl.redact.providers import provider_findings
+from memctl.redact.shapes import NOT_A_SECRET, Finding, any_word, named_pair, shape_findings
 
 _MARKER = re.compile(r"\[REDACTED:[a-z0-9-]+\]")
 

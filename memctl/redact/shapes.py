@@ -1,8 +1,8 @@
 """The shapes of secrets detect-secrets misses (memctl.redact's docstring lists them), and what is no secret.
 
 Names that name a secret (`secret_name`), values that only stand for one (`placeholder`), and the
-finders for name=value pairs, Authorization headers and provider keys (passwords on command lines:
-memctl.redact.commands).
+finders for name=value pairs, Authorization headers and secrets named in prose (passwords on command
+lines: memctl.redact.commands; provider keys: memctl.redact.providers).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def _judge_looks_secret(value: str, length: int) -> bool:
     return length >= 6 and classes >= 2 or length >= 16 and "-" not in head
 
 
-# --- Shapes: name=value pairs, Authorization headers, provider keys -------------------------------------
+# --- Shapes: name=value pairs, Authorization headers ----------------------------------------------------
 
 # name, an optional closing quote, the separator, then a quoted or a bare value (a bare one ends at ; or a
 # quote), the value in a lookahead so that a pair inside a quoted value is seen too (value="...;Password=x").
@@ -215,41 +215,7 @@ _AUTH_HEADER = re.compile(
     r"(?:(bearer|basic|token|negotiate|ntlm|apikey|api-key|sso-key|key|jwt|dpop)[ \t]+)?([^\s'\",;]+)",
     re.IGNORECASE)
 _BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+([A-Za-z0-9._~+/-]{16,}=*)")
-# Provider keys by prefix: (kind, literal prefix for the gate, pattern). The body must hold a digit and a letter.
-_PROVIDER_KEYS = tuple((kind, prefix, re.compile(r"(?<![\w-])" + pattern + r"(?![\w-])")) for kind, prefix, pattern in (
-    ("anthropic-api-key", "sk-ant-", r"sk-ant-[A-Za-z0-9_-]{32,}"),
-    ("openai-token", "sk-", r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
-    ("github-token", "github_pat_", r"github_pat_[A-Za-z0-9_]{30,}"),
-    ("google-api-key", "AIza", r"AIza[0-9A-Za-z_-]{35}"),
-    ("huggingface-token", "hf_", r"hf_[A-Za-z0-9]{30,}"),
-    ("npm-tokens", "npm_", r"npm_[A-Za-z0-9]{36}"),
-    ("groq-api-key", "gsk_", r"gsk_[A-Za-z0-9]{40,}"),
-    ("xai-api-key", "xai-", r"xai-[A-Za-z0-9]{60,}"),
-    ("perplexity-api-key", "pplx-", r"pplx-[A-Za-z0-9]{40,}"),
-    ("replicate-token", "r8_", r"r8_[A-Za-z0-9]{37}"),
-    ("vault-token", "hv", r"hv[sbr]\.[A-Za-z0-9_-]{24,}"),
-    ("digitalocean-token", "_v1_", r"do[opr]_v1_[a-f0-9]{64}"),
-    ("databricks-token", "dapi", r"dapi[a-f0-9]{32}(?:-\d)?"),
-    ("shopify-token", "shp", r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
-    ("linear-api-key", "lin_api_", r"lin_api_[A-Za-z0-9]{40}"),
-    ("postman-api-key", "PMAK-", r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}"),
-    ("stripe-access-key", "_test_", r"(?:sk|rk)_test_[A-Za-z0-9]{24,}"),
-    ("stripe-access-key", "whsec_", r"whsec_[A-Za-z0-9]{32,}"),
-))
-_DIGIT, _LETTER = re.compile(r"\d"), re.compile(r"[A-Za-z]")
-
-
-def provider_findings(text: str) -> list[Finding]:
-    found = []
-    for kind, prefix, pattern in _PROVIDER_KEYS:
-        if prefix in text:
-            for m in pattern.finditer(text):
-                body = m.group()[len(prefix):] if m.group().startswith(prefix) else m.group()
-                if _DIGIT.search(body) and _LETTER.search(body):
-                    found.append(Finding(kind, *m.span()))
-    return found
-
-
+_DIGIT = re.compile(r"\d")
 _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 
