@@ -48,6 +48,7 @@ class _State:
         self.requested: int | None = None  # the first signal, while deferred
         self.raised = False  # an Interrupted is unwinding
         self.deferring = 0
+        self.installed = False
         self.event = threading.Event()
 
 
@@ -58,6 +59,15 @@ def install() -> None:
     """The handler for SIGINT and SIGTERM, from the main thread (the CLI's entry point calls it once)."""
     for sig in SIGNALS:
         signal.signal(sig, _handle)
+    _STATE.installed = True
+
+
+def done() -> None:
+    """The command's work is over (what is left is writing out and exiting): a signal from now on ends the
+    process as the signal itself does (exit 130, 143 to the shell), with nothing left to stop."""
+    if _STATE.installed:
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def _handle(signum: int, frame) -> None:

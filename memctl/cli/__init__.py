@@ -13,6 +13,7 @@ from memctl import __version__
 from memctl.cli import common
 from memctl.cli.common import warn
 from memctl.errors import EXIT_ERROR, EXIT_UNAVAILABLE, MemctlError
+from memctl import interrupts
 from memctl.interrupts import Interrupted
 
 
@@ -53,6 +54,7 @@ class MemctlGroup(TyperGroup):
             raise typer.Exit(code) from None
         finally:
             common.close_all()
+            interrupts.done()
 
 
 @contextlib.contextmanager
@@ -234,8 +236,6 @@ def __getattr__(name: str):
 
 
 def main() -> None:
-    from memctl import interrupts
-
     interrupts.install()
     noun = _noun(sys.argv[1:])
     load([NOUNS[noun], *EXTRA.get(noun, [])] if noun else None)
