@@ -47,6 +47,7 @@ RUNS = [
     ("local_start.py --episodes 20 --runs 3 --rounds 0", "ratio (goal <= 2)"),
     ("agents.py --episodes 2000 --calls 10 --clients 4 --seconds 2", "answers out of scope"),
     ("erasure_verify.py --episodes 2000 --runs 1", "ratio verify / plain read"),
+    ("rss.py --calls 50 --lines 2000 --batches 4", "largest growth settled to end"),
 ]
 
 

@@ -160,9 +160,22 @@ def batch_error(number: int, exc: Exception) -> dict:
             if not reason.startswith(f"line {number}:") else reason, "exit_code": getattr(exc, "exit_code", 1)}
 
 
-def batch_end(slots: list) -> None:
-    """After a --batch mode answered every line in order (an error object in a failed line's place): exit with the
-    first failed line's code, said on stderr; 0 when every line was answered."""
+def batch_write(slots: list, results, answer) -> None:
+    """Write a --batch mode's lines in order: a failed line's error object (batch_error), else `answer(slot,
+    its result)` -> (the line, warnings); the warnings said once each on stderr. Then exit with the first failed
+    line's code, said on stderr; 0 when every line was answered."""
+    from memctl.cli.render import to_json
+
+    results, warnings = iter(results), {}
+    for slot in slots:
+        if isinstance(slot, dict):
+            line = slot
+        else:
+            line, said = answer(slot, next(results))
+            warnings.update(dict.fromkeys(said))
+        sys.stdout.write(to_json(line) + "\n")
+    for message in warnings:
+        warn(message)
     failed = [s for s in slots if isinstance(s, dict)]
     if failed:
         warn(f"{len(failed)} of {len(slots)} line(s) failed (their error objects say why)")

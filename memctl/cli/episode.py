@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import (FormatOption, batch_end, batch_error, choice_value, connect, connect_read, json_object,
-                               json_object_value, read_text_arg, settings, since_value, time_value, warn)
+from memctl.cli.common import (FormatOption, batch_error, batch_write, choice_value, connect, connect_read,
+                               json_object, json_object_value, read_text_arg, settings, since_value, time_value, warn)
 from memctl.cli.erasure import ReceiptOption, write_receipt
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import BadValue, UsageError
@@ -268,8 +268,6 @@ def _seen(row: dict) -> str:
 
 def _search_batch(conn, path: str, *, track: bool = True) -> None:
     from memctl import jsonl
-    from memctl.cli.render import to_json
-
     from memctl.write import values
 
     lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(), "a query within [limits]",
@@ -287,19 +285,11 @@ def _search_batch(conn, path: str, *, track: bool = True) -> None:
         except UsageError as exc:
             slots.append(batch_error(number, exc))
     queries = [s for s in slots if isinstance(s, query_mod.Query)]
-    outcomes = iter(search_mod.search_batch(conn, settings(), queries, track=track) if queries else [])
-    warnings: dict[str, None] = {}
-    for slot in slots:
-        if isinstance(slot, dict):
-            sys.stdout.write(to_json(slot) + "\n")
-            continue
-        outcome = next(outcomes)
-        if outcome.warning:
-            warnings[outcome.warning] = None
-        line = {"query": slot.text, "results": [h.to_dict() for h in outcome.hits]}
+
+    def answer(query, outcome) -> tuple[dict, list[str]]:
+        line = {"query": query.text, "results": [h.to_dict() for h in outcome.hits]}
         if outcome.note:
             line["note"] = outcome.note  # why this query found nothing
-        sys.stdout.write(to_json(line) + "\n")
-    for message in warnings:
-        warn(message)
-    batch_end(slots)
+        return line, [outcome.warning] if outcome.warning else []
+
+    batch_write(slots, search_mod.search_batch(conn, settings(), queries, track=track) if queries else [], answer)

@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import batch_end, batch_error, clock_skew, connect_read, read_text_arg, settings, since_value, warn
+from memctl.cli.common import (batch_error, batch_write, clock_skew, connect_read, read_text_arg, settings,
+                               since_value, warn)
 from memctl.errors import BadValue, UsageError
 
 
@@ -112,7 +113,6 @@ def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
     """One recall per JSONL line, all in one recall_batch; a bad line's place holds its error object. A line
     naming an agent but no namespace reads that agent's namespaces, as `recall --agent` does."""
     from memctl import jsonl
-    from memctl.cli.render import to_json
     from memctl.errors import BadValue
     from memctl.recall import recall as recall_mod
     from memctl.records import agents
@@ -138,15 +138,5 @@ def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
         except BadValue as exc:
             slots.append(batch_error(number, exc))
     requests = [s for s in slots if isinstance(s, recall_mod.Request)]
-    results = iter(recall_mod.recall_batch(conn, settings(), requests) if requests else [])
-    warnings: dict[str, None] = {}
-    for slot in slots:
-        if isinstance(slot, dict):
-            sys.stdout.write(to_json(slot) + "\n")
-            continue
-        result = next(results)
-        warnings.update(dict.fromkeys(result.warnings))
-        sys.stdout.write(to_json(result.to_dict()) + "\n")
-    for message in warnings:
-        warn(message)
-    batch_end(slots)
+    batch_write(slots, recall_mod.recall_batch(conn, settings(), requests) if requests else [],
+                lambda request, result: (result.to_dict(), result.warnings))
