@@ -281,9 +281,6 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
             except MemctlError as exc:
                 kept = f"; nothing was changed (safety backup: {safety})" if safety else "; nothing was changed"
                 raise MemctlError(f"restore of {path} failed: {exc}{kept}") from None
-            except KeyboardInterrupt as exc:  # SIGINT, SIGTERM: rolled back, nothing changed; said in the job log
-                jobs.ended(conn, JOB, exc)
-                raise
     applied = migrate.apply(conn)
     erasures.sync(conn, ledger)  # the table holds every entry again
     erasure.after_restore(conn, settings, newer)

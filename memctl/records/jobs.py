@@ -66,8 +66,12 @@ def record(conn, name: str) -> Iterator[Job]:
 
 
 def ended(conn, name: str, exc: BaseException) -> None:
-    """Log a run that ended on EXC where no row was written around it (a restore replaces the job log itself)."""
-    job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+    """Log a run that ended on EXC where no row was written around it (a restore replaces the job log itself); a
+    database gone meanwhile logs nothing, as a run killed mid-way."""
+    try:
+        job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+    except Exception:
+        return
     job.outcome, job.error = outcome_of(exc)
     _finish(conn, job)
 
