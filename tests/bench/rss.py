@@ -202,13 +202,17 @@ def main() -> None:
     p.add_argument("--warm", type=float, default=0.2, help="share of the work after which RSS counts as settled")
     a = p.parse_args()
     env = embedder_env("hash", "hash-embed")
-    with server(a.database_url) as admin, fresh_database(admin) as url:
-        env["MEMCTL_DATABASE_URL"] = os.environ["MEMCTL_DATABASE_URL"] = url
-        tracks = [(mcp_http(env, a.calls, a.warm), "calls"), (ingest_follow(env, url, a.lines, a.warm), "lines"),
-                  (embed_loop(env, url, a.batches, a.batch_size, a.warm), "batches")]
-    for track, unit in tracks:
-        print(track.line(unit))
-    worst = max((t.end - t.settled) / t.settled for t, _ in tracks)
+    runs = [(lambda url: mcp_http(env, a.calls, a.warm), "calls"),
+            (lambda url: ingest_follow(env, url, a.lines, a.warm), "lines"),
+            (lambda url: embed_loop(env, url, a.batches, a.batch_size, a.warm), "batches")]
+    tracks = []
+    with server(a.database_url) as admin:
+        for run, unit in runs:
+            with fresh_database(admin) as url:  # each process on a memory of its own
+                env["MEMCTL_DATABASE_URL"] = os.environ["MEMCTL_DATABASE_URL"] = url
+                tracks.append(run(url))
+                print(tracks[-1].line(unit), flush=True)
+    worst = max((t.end - t.settled) / t.settled for t in tracks)
     print(f"largest growth settled to end: {worst:+.1%} (goal within 10%)")
 
 
