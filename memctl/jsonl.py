@@ -139,6 +139,8 @@ def open_input(path: str, stdin=None):
         return Stdin(stdin if stdin is not None else sys.stdin.buffer)
     try:
         return open(path, "rb")
+    except IsADirectoryError:
+        raise BadValue(f"{path} is a directory: give a file, or - for stdin", "FILE") from None
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
 

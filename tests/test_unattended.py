@@ -99,8 +99,10 @@ def test_ingest_exits_non_zero_only_when_every_record_was_skipped(cli, conn, tmp
     assert mixed.exit_code == 0, mixed.stderr
 
 
-def test_ingest_of_a_directory_exits_2_without_a_traceback(memctl_bin, memctl_env, tmp_path):
-    out = memctl_bin("ingest", str(tmp_path), env=memctl_env)
+@pytest.mark.parametrize("argv", [["ingest"], ["episode", "import"], ["fact", "import"], ["import"],
+                                  ["episode", "search", "--batch"]], ids=" ".join)
+def test_a_directory_given_to_read_exits_2_without_a_traceback(memctl_bin, memctl_env, tmp_path, argv):
+    out = memctl_bin(*argv, str(tmp_path), env=memctl_env)
     assert out.exit_code == 2 and "is a directory" in out.stderr and "Traceback" not in out.stderr
 
 
