@@ -60,14 +60,40 @@ def record(conn, name: str) -> Iterator[Job]:
         yield job
     except BaseException as exc:
         job.outcome, job.error = outcome_of(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            _settle(conn)
         _finish(conn, job)
         raise
     _finish(conn, job)
 
 
+def _settle(conn) -> None:
+    """Make a connection an interrupt left mid-statement usable for the job's last row. psycopg cancels the
+    statement it waits on, but a signal can land between a statement sent and the wait for it (seen on a server
+    over TCP: the row stayed 'running', "another command is already in progress"): cancel it, read what is left,
+    roll back the transaction it was in. A second signal meanwhile ends the process (memctl.interrupts)."""
+    from psycopg import pq
+
+    try:
+        pgconn = conn.pgconn
+        if pgconn.status != pq.ConnStatus.OK:
+            return
+        if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+            conn.cancel_safe(timeout=5.0)
+            for _ in range(1000):  # the cancelled statement's results, then None
+                if pgconn.get_result() is None:
+                    break
+        if pgconn.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+            pgconn.exec_(b"ROLLBACK")
+    except Exception:
+        pass  # the row stays 'running', as for a process killed mid-run
+
+
 def ended(conn, name: str, exc: BaseException) -> None:
     """Log a run that ended on EXC where no row was written around it (a restore replaces the job log itself); a
     database gone meanwhile logs nothing, as a run killed mid-way."""
+    if isinstance(exc, KeyboardInterrupt):
+        _settle(conn)
     try:
         job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
     except Exception:
