@@ -15,6 +15,13 @@ class MemctlError(Exception):
     exit_code = EXIT_ERROR
 
 
+class NothingToDo(MemctlError):
+    """Nothing matched, or nothing to do (no window to summarize): said on stderr, and exit 0, the same everywhere
+    (README, exit codes). Not "not found" (4), which is for a thing named by its key, id or name."""
+
+    exit_code = EXIT_OK
+
+
 class UsageError(MemctlError):
     """The caller asked for something malformed (bad value, bad input line)."""
 

@@ -48,6 +48,7 @@ RUNS = [
     ("agents.py --episodes 2000 --calls 10 --clients 4 --seconds 2", "answers out of scope"),
     ("erasure_verify.py --episodes 2000 --runs 1", "ratio verify / plain read"),
     ("upgrade.py --episodes 2000", "longest write wait"),
+    ("rss.py --calls 50 --lines 2000 --batches 4", "largest growth settled to end"),
 ]
 
 

@@ -32,7 +32,9 @@ from hypothesis import assume, event, given, strategies as st
 from hypothesis.control import currently_in_test_context
 from psycopg import sql
 
-from memctl import config, jsonl
+from memctl import config
+
+from memctl.files import jsonl
 from memctl.embedding import timing
 from memctl.errors import MemctlError
 from memctl.reading import search

@@ -6,7 +6,6 @@ import datetime
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -110,19 +109,6 @@ def test_a_line_that_comes_alone_is_stored_long_before_its_flush_deadline(memctl
     assert b"stored 2" in err and b"in 2 batches" in err
 
 
-def test_sigterm_stores_what_was_read_and_exits_0(memctl_env, conn):
-    # a group still open (no blank line yet) is what was read and not yet stored
-    proc = start(memctl_env, "--source", "app", "--flush", "3600", "--group", "blank")
-    proc.stdin.write(b"first line\nsecond line\n")
-    proc.stdin.flush()
-    time.sleep(1.5)
-    assert count(conn) == 0  # its group is open
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert [r["content"] for r in conn.execute("SELECT content FROM episodes")] == ["first line\nsecond line"]
-
-
 def test_a_line_too_long_or_unreadable_is_reported_and_the_stream_goes_on(memctl_env, conn):
     data = b"short\n" + b"x" * 5000 + b"\n\xff\xfe\nafter\n"
     proc = start(memctl_env, "--source", "app", "--max-line", "1024")
@@ -192,6 +178,21 @@ def test_syslog_formats():
     assert december.created_at.year == 2026  # last year's line read in January
     rsyslog = logformats.syslog(b"2026-12-05T14:12:17.5+01:00 vps systemd[1]: Started x.", NOW)
     assert (rsyslog.source, rsyslog.content) == ("systemd", "Started x.")
+
+
+def test_syslog_keeps_the_pid_in_meta_and_reports_a_line_that_is_not_syslog(memctl_env, conn):
+    """docs/ingest.md: host, pid and severity name go to meta; a line neither <PRI> nor a time starts is no syslog
+    line: reported by its number and skipped, never stored as written now with no source."""
+    assert logformats.syslog(b"<34>Oct 11 22:14:15 vps sshd[4711]: Accepted key", NOW).meta == \
+        {"host": "vps", "pid": "4711", "priority": "crit"}
+    assert logformats.syslog(b"<165>1 2003-10-11T22:14:15Z h app 99 - - msg", NOW).meta["pid"] == "99"
+    data = b"<34>Oct 11 22:14:15 vps sshd[4711]: Accepted key\nTraceback (most recent call last):\n"
+    proc = start(memctl_env, "--format", "syslog")
+    _, err = proc.communicate(data, timeout=60)
+    assert proc.returncode == 0, err
+    assert b"line 2: not a syslog line" in err and b"skipped 1" in err
+    rows = conn.execute("SELECT source, meta FROM episodes").fetchall()
+    assert rows == [{"source": "sshd", "meta": {"host": "vps", "pid": "4711", "priority": "crit"}}]
 
 
 def test_syslog_parser_is_linear_on_hostile_input():

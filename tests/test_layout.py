@@ -1,6 +1,6 @@
 """The house's layers, read from memctl's source: every import goes to its own layer or one below.
 
-Lowest first: the base modules (memctl/*.py and memctl/redact/), the database (memctl/db/), the write path
+Lowest first: the base modules (memctl/*.py, memctl/files/ and memctl/redact/), the database (memctl/db/), the write path
 (memctl/write/), the memory records (memctl/records/), ingest, runbooks, embedding, reading, recall, backup,
 upgrade, retention, transfer, observe, reembed (each memctl/<name>/), the MCP server (memctl/mcp/), and the CLI
 (memctl/cli/, with memctl/__main__.py).
@@ -22,7 +22,7 @@ MAX_MODULES = 10  # .py files of one package, its __init__ included: a room a re
 CROWDED = {"memctl.cli"}  # one module per noun of the command line
 # Subpackages whose __init__ is their API: the others hold a docstring and import nothing, so that
 # importing one module of a package never loads its siblings (start-up cost, tests/bench/startup.py).
-API_PACKAGES = {"memctl.db", "memctl.redact", "memctl.cli"}
+API_PACKAGES = {"memctl.db", "memctl.redact", "memctl.cli", "memctl.files"}
 
 
 def _modules() -> dict[str, Path]:
@@ -72,7 +72,7 @@ EDGES = {name: _imported(name, path) for name, path in MODULES.items()}
 
 def test_the_layers_cover_every_subpackage():
     packages = {p.parent.name for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
-    assert packages - {"redact"} <= set(LAYERS), f"a subpackage without a layer: {packages - set(LAYERS)}"
+    assert packages - {"redact", "files"} <= set(LAYERS), f"a subpackage without a layer: {packages - set(LAYERS)}"
     assert set(LAYERS) - {"base"} <= packages
 
 

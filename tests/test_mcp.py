@@ -311,6 +311,31 @@ def test_bad_arguments_are_tool_errors_and_the_server_goes_on(conn, memctl_env, 
     assert [r["content"] for r in rows] == ["still serving after all that"]
 
 
+def test_an_argument_of_the_wrong_type_is_one_line_naming_it_without_pydantics_report(conn, memctl_env, log):
+    async def scenario():
+        async with serving(log, "--agent", "a") as s:
+            for tool, arguments, named in (("fact_get", {"key": 5}, "key"), ("search", {"query": ["x"], "k": "many"},
+                                                                             "k"),
+                                           ("remember", {"content": {"secret": GITHUB_TOKEN}}, "content")):
+                said = await s.error(tool, **arguments)
+                assert said.startswith(f"{tool}: invalid arguments: ") and f"{named}: " in said, said
+                assert "pydantic" not in said and "http" not in said and "\n" not in said, said
+                assert GITHUB_TOKEN not in said and "many" not in said  # the value sent is not sent back
+
+    run(scenario)
+    stderr_of(log, GITHUB_TOKEN)
+
+
+def test_a_line_that_is_not_a_json_rpc_message_is_answered_with_an_error(memctl_env):
+    lines = ["this is not json", json.dumps({"jsonrpc": "2.0", "id": 7, "method": 5}), "[1, 2]"]
+    proc = subprocess.run([_exe(), "mcp", "--agent", "a"], input="".join(line + "\n" for line in lines),
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(a["id"], a["error"]["code"]) for a in answers] == [(None, -32700), (7, -32600), (None, -32600)]
+    assert "Traceback" not in proc.stderr
+
+
 def test_names_are_as_long_as_a_write_stores_them(conn, memctl_env, log):
     """A name (agent, kind, source, namespace) is bounded once, by the write path (values.MAX_NAME): a kind
     the command line stored, an MCP client can name; one character more is refused there and here."""

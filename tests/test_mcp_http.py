@@ -111,3 +111,40 @@ def test_bad_addresses_and_options_exit_2(memctl_env):
         proc = subprocess.run([_exe(), "mcp", *args], capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)
         assert proc.returncode == 2, (args, proc.stderr)
+
+
+def test_a_read_only_agent_is_offered_no_write_tool_over_http_and_stdio(http_server, memctl_bin, memctl_env, tmp_path):
+    url, _, _ = http_server
+    assert memctl_bin("agent", "add", "reader", "--read-only").exit_code == 0
+    token = memctl_bin("agent", "token", "reader").stdout.strip()
+    from mcp import ClientSession as Stdio, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    async def scenario():
+        async with as_agent(url, token) as reader:
+            names = await reader.tool_names()
+            assert names and not names & {"remember", "fact_set"}, names
+            assert "read-only" in await reader.error("remember", content="should not be stored")
+        async with as_agent(url, http_server[1]["alice"]) as alice:  # a writer on the same server still writes
+            assert {"remember", "fact_set"} <= await alice.tool_names()
+        params = StdioServerParameters(command=_exe(), args=["mcp", "--agent", "reader"],
+                                       env={**os.environ, **memctl_env})
+        with open(tmp_path / "stdio.log", "w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with Stdio(read, write) as session:
+                    await session.initialize()
+                    listed = {t.name for t in (await session.list_tools()).tools}
+                    assert listed and not listed & {"remember", "fact_set"}, listed
+
+    anyio.run(scenario)
+
+
+def test_a_port_in_use_fails_before_announcing_a_server(memctl_env):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = subprocess.run([_exe(), "mcp", "--http", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL, env={**os.environ, **memctl_env})
+    assert proc.returncode == 1 and "cannot listen on 127.0.0.1" in proc.stderr, proc.stderr
+    assert "streamable HTTP at" not in proc.stderr and "Traceback" not in proc.stderr

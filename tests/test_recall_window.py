@@ -158,14 +158,14 @@ def test_a_bad_line_gets_an_error_object_naming_line_and_field_and_the_batch_goe
         json.dumps({"observation": "rolled back", "agent": "ops", "max_tokens": 80}),
     ]) + "\n"
     out = cli("recall", "--batch", "-", "-f", "jsonl", "--no-track", input=text)
-    assert out.exit_code == 0, out.stderr
+    assert out.exit_code == 2, out.stderr  # the first failed line's code (README: one rule for batches)
     answers = out.jsonl()
     assert len(answers) == 7
     assert [(a.get("line"), a.get("field")) for a in answers[1:6]] == [
         (2, "k"), (3, None), (4, "colour"), (5, "observation"), (6, "as_of")]
     assert all(a["error"].startswith(f"line {a['line']}: ") for a in answers[1:6])
     assert answers[0]["items"] and answers[6]["items"] and answers[6]["max_tokens"] == 80
-    assert "5 of 7 lines" in out.stderr
+    assert "5 of 7 line(s) failed" in out.stderr
 
 
 def test_batch_needs_jsonl_and_not_an_observation_too(cli, log):

@@ -24,7 +24,12 @@ PIECES = ["token:", "password=", "pw: ", "api_key='", "secret = \"", '"', "'", "
           "curl -u a:", "--password ", "docker login -p x ", "fact set db.pw ", "password is ", "key ", "x", "1", ":",
           "=", " ", ";", "-", ".", "@", "\\",
           # the keyword plugin's patterns and its Cloudant/IBM kin (memctl.redact.keyword, detect.RUN_NEEDED)
-          "pwd';", "'x'==", "=> '", "aws key '", "contraseña='", "a" * 26, "0123456789abcdef" * 3]
+          "pwd';", "'x'==", "=> '", "aws key '", "contraseña='", "a" * 26, "0123456789abcdef" * 3,
+          # passwords as plain arguments and in prose (issue 50: memctl.redact.commands, shapes._said_findings)
+          "htpasswd -b f u ", "net user a ", "net use \\\\h\\s ", "echo x | chpasswd ", "echo a:b |", "| sudo -S ",
+          "rabbitmqctl add_user a ", "redis-cli AUTH ", "sqlcmd -P ", "7z -p", "-U a%", "mysqladmin password ",
+          "the password was set to ", "password for the ", "with the passphrase '", "(password ", ", password ",
+          "credentials: a / ", "changed the password to ", "is now "]
 SIZE = 6000  # characters of the smaller text: big enough that a quadratic detector shows, small enough to be quick
 
 

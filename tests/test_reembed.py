@@ -66,7 +66,7 @@ def episodes_heap(conn) -> dict:
         (SELECT array_agg(ctid::text || '/' || xmin::text ORDER BY id) FROM episodes) AS tuples""").fetchone()
 
 
-def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, env, server):
+def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, env, server, tmp_path):
     load(cli)
     assert cli("embed").exit_code == 0
     original = episodes_heap(conn)
@@ -113,7 +113,13 @@ def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, env, server):
     assert all(0.0 <= r["overlap"] <= 1.0 and len(r["new_top"]) == 5 for r in result["rows"])
     assert result["mean_overlap"] == pytest.approx(sum(r["overlap"] for r in result["rows"]) / 5, abs=0.001)
 
-    switched = cli("reembed", "switch", "-f", "json")
+    # Templated incidents: known items built from them cannot judge a switch (reembed.quality.JUDGE_FLOOR); the
+    # operator's own do.
+    assert "cannot judge" in cli("reembed", "switch").stderr
+    known = tmp_path / "known.jsonl"
+    known.write_text("".join(json.dumps({"query": f"{TOPICS[i % len(TOPICS)]} alarm on host{i}", "episodes": [i + 1]})
+                             + "\n" for i in range(0, 80, 8)))
+    switched = cli("reembed", "switch", "--queries", str(known), "-f", "json")
     assert switched.exit_code == 0, switched.stderr
     assert "MEMCTL_EMBEDDER=ollama MEMCTL_EMBED_MODEL=nomic-embed-text" in switched.stderr
     assert models.active(conn).model == "nomic-embed-text"

@@ -136,3 +136,35 @@ def test_an_empty_memory_switches_saying_there_is_nothing_to_measure(cli, conn, 
     assert models.active(conn).model == "noise-embed"
     [job] = cli("jobs", "--job", "reembed-switch", "-f", "json").json()
     assert job["detail"]["figures"]["queries"] == 0 and job["detail"]["figures"]["active"] is None
+
+
+def log_line(i: int) -> str:
+    """A templated log line: the same words in every line but a number, a host and a code."""
+    return (f"worker {i % 7} on host{i % 5} restarted after error E{100 + i} at 03:{i % 60:02d}: the job queue "
+            f"was drained and the connection pool reset, retry {i % 3} of 3 scheduled by the supervisor")
+
+
+def test_on_log_like_memory_the_gate_cannot_judge_and_refuses_unless_given_queries(cli, conn, env, server, tmp_path):
+    """The known items built from a memory of templated lines are found by nothing, the active model included:
+    the gate says it cannot judge and refuses, unless --queries (known items the operator vouches for) or
+    --accept-worse; compare says so too."""
+    lines = [json.dumps({"content": log_line(i)}) for i in range(60)]
+    assert cli("episode", "import", "-", input="\n".join(lines) + "\n").exit_code == 0
+    assert cli("embed").exit_code == 0
+    backfill(cli)
+    compared = cli("reembed", "compare", "-f", "json")
+    assert compared.exit_code == 0, compared.stderr
+    measured = compared.json()["quality"]
+    assert measured["active"]["recall@10"] < quality.JUDGE_FLOOR and measured["judged"] is False, measured
+    assert "cannot judge" in compared.stderr
+    refused = cli("reembed", "switch")
+    assert refused.exit_code == 1 and "cannot judge" in refused.stderr and "--queries" in refused.stderr
+    assert models.active(conn).model == "all-minilm"
+    items = tmp_path / "known.jsonl"
+    items.write_text("".join(json.dumps({"query": f"the error E{100 + i} restarted worker {i % 7}",
+                                         "episodes": [i + 1]}) + "\n" for i in range(12)))
+    by_file = cli("reembed", "switch", "--queries", str(items), "-k", "3")
+    assert by_file.exit_code == 1 and "finds less" in by_file.stderr, by_file.stderr  # judged on the operator's items
+    accepted = cli("reembed", "switch", "--accept-worse")
+    assert accepted.exit_code == 0, accepted.stderr
+    assert models.active(conn).model == "noise-embed"

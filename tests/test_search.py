@@ -133,7 +133,8 @@ def test_batch_search_one_line_per_query_in_order_one_embed_call(cli, ollama, ol
     assert lines[2]["results"] == []
     assert [n for _, _, n in ollama.embed_requests()] == [3]
     bad = cli("episode", "search", "--batch", "-", input='{"query": "ok"}\n{"nope": 1}\n')
-    assert bad.exit_code == 2 and "line 2" in bad.stderr
+    assert bad.exit_code == 2 and "1 of 2 line(s) failed" in bad.stderr  # README: one rule for batches
+    assert bad.jsonl()[0]["query"] == "ok" and bad.jsonl()[1]["error"].startswith("line 2: ")
 
 
 def test_bad_queries(cli):

@@ -507,3 +507,21 @@ def test_cli_install_refuses_units_it_knows_would_fail_unless_forced(tmp_path, a
     assert f"MEMCTL_CONFIG={tmp_path / 'etc' / 'config.toml'}" in (tmp_path / "etc" / "memctl.env").read_text()
     assert (tmp_path / "etc" / "memctl.env").stat().st_mode & 0o777 == 0o600
     assert "[retention]" in (tmp_path / "etc" / "config.toml").read_text()
+
+
+# The exits that end a service and those that restart it (docs/systemd.md, "Exit codes"): a stop (130, 143)
+# is clean in every unit; the long-running ones restart on a failure that may pass (1, 3, 5), never on bad
+# input or options (2), which would fail the same way again.
+@pytest.mark.parametrize("name", [*JOBS, "memctl-mcp", systemd.INGEST_SERVICE.removesuffix(".service")])
+def test_a_stop_is_clean_and_only_a_failure_that_may_pass_restarts(unit_dir, name):
+    directives = _directives((unit_dir / f"{name}.service").read_text())
+    stops = {"130", "143"}
+    if name in JOBS:
+        assert set(_one(directives, "SuccessExitStatus").split()) == stops
+        assert "Restart" not in directives  # a timer's job: the next run is the retry
+        return
+    # 75: a newer memctl migrated the memory under the service, which stopped cleanly: started again at once
+    assert set(_one(directives, "SuccessExitStatus").split()) == stops | {"75"}
+    assert _one(directives, "RestartForceExitStatus").split() == ["75"]
+    assert _one(directives, "Restart") == "on-failure"
+    assert _one(directives, "RestartPreventExitStatus").split() == ["2"]

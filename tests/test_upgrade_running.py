@@ -108,7 +108,7 @@ def test_ingest_follow_stops_at_a_migration_and_resumes_losing_nothing(memctl_en
         _wait(lambda: _count(db_url, LOGGED) == 6, what="the rest stored after the restart")
     finally:
         again.terminate()
-        assert again.wait(timeout=30) == 0
+        assert again.wait(timeout=30) == 143  # SIGTERM: a clean stop (README, exit codes)
     with db.connect(db_url) as conn:
         texts = [r["content"] for r in conn.execute("SELECT content FROM episodes WHERE source = 'app-log' ORDER BY id")]
     assert texts == [f"request {n} served" for n in range(6)]  # each once, in order
@@ -141,7 +141,7 @@ def test_embed_loop_stops_at_a_migration_and_the_queue_waits_for_the_next(memctl
         _wait(lambda: _count(db_url, QUEUED) == 0, what="the queue drained after the restart")
     finally:
         again.terminate()
-        assert again.wait(timeout=30) == 0
+        assert again.wait(timeout=30) == 143  # SIGTERM: a clean stop (README, exit codes)
 
 
 def _port() -> int:

@@ -66,10 +66,11 @@ BAD_LINES = [
 def test_a_bad_batch_field_names_its_line_and_field(cli, conn, line, field):
     assert cli("episode", "add", "the disk on web1 filled up").exit_code == 0
     before = written(conn)
-    outcome = cli("episode", "search", "--batch", "-", input='{"query": "disk full"}\n' + line + "\n")
-    assert_refused(outcome, f"line 2: {field}")
-    assert outcome.stdout == ""  # nothing searched: the whole batch is checked first
-    assert written(conn) == before  # no access counted
+    outcome = cli("episode", "search", "--batch", "-", "--no-track", input='{"query": "disk full"}\n' + line + "\n")
+    assert_refused(outcome, "1 of 2 line(s) failed")  # README: a batch answers each line, exits with the first failure
+    first, second = outcome.jsonl()
+    assert first["query"] == "disk full" and second["line"] == 2 and f"line 2: {field}" in second["error"]
+    assert written(conn) == before  # no access counted (--no-track), nothing written
 
 
 def test_good_batch_fields_still_run(cli):
@@ -107,7 +108,8 @@ def test_a_moment_is_read_one_way_on_every_path(cli, conn, db_url, value):
                          (("recall", "disk", "--as-of", value), "--as-of")):
         assert_refused(cli(*args), f"{option}: {why}")
     batch = cli("episode", "search", "--batch", "-", input=json.dumps({"query": "disk", "until": value}) + "\n")
-    assert_refused(batch, f"line 1: field until: {why}")
+    assert_refused(batch, "1 of 1 line(s) failed")
+    assert batch.jsonl()[0]["error"] == f"line 1: field until: {why}"  # in the line's place (README: batches)
     session = tools.Session(config.load(), tools.Scope.make(), lambda: db.connect(db_url))
     for call in (lambda: tools.search(session, "disk", since=value), lambda: tools.fact_get(session, "k", as_of=value)):
         with pytest.raises(UsageError) as refused:

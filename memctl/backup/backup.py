@@ -224,11 +224,11 @@ def _write(snap, taken: dict, tools, env: dict, info: dict, directory: Path, pre
         try:  # while pg_dump reads the same snapshot
             sums = checksums(snap, schema, tables(snap))
             migration = _migration(snap, sums)
-        except BaseException:
+            _, stderr = proc.communicate()
+        except BaseException:  # an error, or SIGINT/SIGTERM (memctl.interrupts): no pg_dump left running
             proc.kill()
             proc.wait()
             raise
-        _, stderr = proc.communicate()
         if proc.returncode != 0:
             if NO_SPACE in stderr:
                 raise DiskFull.at(directory, "pg_dump could not write the dump")

@@ -168,6 +168,17 @@ def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str
     psql = subprocess.Popen([tools["psql"], "-X", "-q", "-o", os.devnull, "-v", "ON_ERROR_STOP=1",
                              "--single-transaction", "-c", before, "-f", "-"],
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        return _script_run(restore, psql, drop, after)
+    except BaseException:  # also SIGINT, SIGTERM (memctl.interrupts), at any point: psql killed before it commits
+        for proc in (psql, restore):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        raise
+
+
+def _script_run(restore: subprocess.Popen, psql: subprocess.Popen, drop: list[re.Pattern], after: str) -> bytes:
     errors: dict[str, bytes] = {}
     readers = [threading.Thread(target=lambda p=p, n=n: errors.__setitem__(n, p.stderr.read()), daemon=True)
                for p, n in ((restore, "pg_restore"), (psql, "psql"))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Annotated, Optional
 
@@ -12,16 +13,23 @@ from memctl import __version__
 from memctl.cli import common
 from memctl.cli.common import warn
 from memctl.errors import EXIT_ERROR, EXIT_UNAVAILABLE, MemctlError
+from memctl import interrupts
+from memctl.interrupts import Interrupted
 
 
 class MemctlGroup(TyperGroup):
     """Turns expected errors into one line on stderr and an exit code, never a traceback."""
 
+    def make_context(self, *args, **kwargs):
+        with _clean_usage_error():
+            return super().make_context(*args, **kwargs)
+
     def invoke(self, ctx):
         try:
             protected = getattr(ctx, "_protected_args", None)
             _check_arguments([*(ctx.protected_args if protected is None else protected), *ctx.args])
-            return super().invoke(ctx)
+            with _clean_usage_error():
+                return super().invoke(ctx)
         except MemctlError as exc:
             exc = _disk_full(exc) or exc
             warn(str(exc))
@@ -29,6 +37,9 @@ class MemctlGroup(TyperGroup):
         except BrokenPipeError:
             _quiet_stdout()
             raise typer.Exit(0) from None
+        except Interrupted as exc:  # SIGINT, SIGTERM (memctl.interrupts): what was in flight is rolled back
+            warn(f"stopped by {exc.name}")
+            raise typer.Exit(exc.exit_code) from None
         except Exception as exc:
             disk = _disk_full(exc)
             if disk is not None:
@@ -47,6 +58,25 @@ class MemctlGroup(TyperGroup):
             raise typer.Exit(code) from None
         finally:
             common.close_all()
+            interrupts.done()
+
+
+@contextlib.contextmanager
+def _clean_usage_error():
+    """A usage error quotes what was typed (`No such option: -----BEGIN OPENSSH PRIVATE KEY-----...`): its message
+    goes through the filter of every message (common.clean) before click prints it."""
+    try:
+        yield
+    except _CLICK_ERROR as exc:
+        exc.message = common.clean(exc.message)
+        if getattr(exc, "option_name", None):  # typer's panel shows a NoSuchOption by its option_name
+            exc.option_name = common.clean(exc.option_name)
+        raise
+
+
+# The usage errors' base class, of the click typer carries within it (typer._click): found from typer's public
+# BadParameter, not imported from a private module.
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
 def _check_arguments(args: list[str]) -> None:
@@ -180,6 +210,10 @@ def root(
                                 "pgvector versions where it can reach them; then exit.")
     ] = False,
 ) -> None:
+    if database_url is not None:
+        from memctl import db
+
+        db.check_url(database_url, "--database-url")
     common.reset().database_url = database_url
 
 
@@ -234,6 +268,7 @@ def __getattr__(name: str):
 
 
 def main() -> None:
+    interrupts.install()
     noun = _noun(sys.argv[1:])
     load([NOUNS[noun], *EXTRA.get(noun, [])] if noun else None)
     try:

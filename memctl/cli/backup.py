@@ -110,9 +110,15 @@ def restore(
              "of the current contents is written first): run again with --yes")
         raise typer.Exit(EXIT_USAGE)
     from memctl.backup import backup as backup_mod, restore as restore_mod
+    from memctl.records import jobs
 
-    result = restore_mod.restore(connect(migrate=False), target().url, file,
-                                 directory=backup_mod.default_dir(settings()), settings=settings())
+    conn = connect(migrate=False)
+    try:
+        result = restore_mod.restore(conn, target().url, file, directory=backup_mod.default_dir(settings()),
+                                     settings=settings())
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM at any step: psql killed before it commits; said in the job log
+        jobs.ended(conn, restore_mod.JOB, exc)
+        raise
     render_one(result.to_dict(), fmt)
     if result.reapplied:
         warn(f"re-applied {len(result.reapplied)} erasure(s) newer than the backup (the erasure ledger: a restore "

@@ -59,9 +59,19 @@ def settings() -> config_mod.Settings:
 
 
 def warn(message: str) -> None:
-    """Talk goes to stderr; stdout carries only data. Credentials in URLs are masked, whoever wrote the message."""
-    sys.stderr.write(f"memctl: {config_mod.mask_secrets(message)}\n")
+    """Talk goes to stderr; stdout carries only data. Whoever wrote the message, whatever input it quotes: credentials
+    in URLs masked, every other secret redacted (memctl.redact), control characters escaped (render.inert)."""
+    sys.stderr.write(f"memctl: {clean(message)}\n")
     sys.stderr.flush()
+
+
+def clean(message: str) -> str:
+    """A message for a person: secrets masked and redacted, control characters escaped. The one filter of every
+    message memctl prints (warn, usage errors)."""
+    from memctl.cli.render import inert
+    from memctl.redact import redact_text
+
+    return inert(redact_text(config_mod.mask_secrets(message)) or "")
 
 
 def target():
@@ -109,23 +119,68 @@ def connect_read(*, vector: bool = False):
 
 def read_text_arg(value: str, limit: str | None = None, what: str = "content") -> str:
     """TEXT or '-' for stdin, decoded strictly as UTF-8. `limit`: the [limits] setting that bounds it (e.g.
-    episode_bytes): stdin is read up to one byte past it, and refused there (exit 2) without reading on."""
+    episode_bytes): stdin is read up to one byte past it, and refused there (exit 2) without reading on.
+
+    The one rule of stdin (README): a single trailing newline ends the text and is no part of it (`echo 10.0.0.1 |
+    memctl fact set k -` stores 10.0.0.1; a text's own inner and further newlines stay), and a stdin that gives
+    nothing, or that one newline alone, is refused (jsonl.empty_stdin, exit 2)."""
+    from memctl.files import jsonl
     from memctl.errors import BadValue
 
     if value != "-":
         return value
+    bound = None
     if limit is None:
         data = sys.stdin.buffer.read()
     else:
         from memctl.write import values
 
         bound = getattr(values.Limits.of(settings()), limit)
-        data = values.read_bounded(sys.stdin.buffer, bound, what, limit)
+        data = sys.stdin.buffer.read(bound + 3)  # the text, the newline that ends it (CRLF: 2 bytes), one more
+    data = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
+    if bound is not None and len(data) > bound:
+        raise BadValue(values.too_long(what, None, bound, limit), what)
+    if not data:
+        raise jsonl.empty_stdin()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadValue(f"stdin is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r}): memctl takes "
                        "UTF-8 text", what) from None
+
+
+# --- batch modes: the one rule (README, exit codes) ---------------------------------------------------------
+
+
+def batch_error(number: int, exc: Exception) -> dict:
+    """The error object a --batch mode writes in a bad line's place: {line, field, error, exit_code}."""
+    from memctl.files.jsonl import LineError
+
+    reason = exc.reason if isinstance(exc, LineError) else str(exc)
+    return {"line": number, "field": getattr(exc, "field", None), "error": f"line {number}: {reason}"
+            if not reason.startswith(f"line {number}:") else reason, "exit_code": getattr(exc, "exit_code", 1)}
+
+
+def batch_write(slots: list, results, answer) -> None:
+    """Write a --batch mode's lines in order: a failed line's error object (batch_error), else `answer(slot,
+    its result)` -> (the line, warnings); the warnings said once each on stderr. Then exit with the first failed
+    line's code, said on stderr; 0 when every line was answered."""
+    from memctl.cli.render import to_json
+
+    results, warnings = iter(results), {}
+    for slot in slots:
+        if isinstance(slot, dict):
+            line = slot
+        else:
+            line, said = answer(slot, next(results))
+            warnings.update(dict.fromkeys(said))
+        sys.stdout.write(to_json(line) + "\n")
+    for message in warnings:
+        warn(message)
+    failed = [s for s in slots if isinstance(s, dict)]
+    if failed:
+        warn(f"{len(failed)} of {len(slots)} line(s) failed (their error objects say why)")
+        raise typer.Exit(failed[0]["exit_code"])
 
 
 # --- option values, checked where they enter (typer callbacks: exit 2 naming the option) -------------
@@ -143,8 +198,15 @@ def since_value(param: typer.CallbackParam, value: str | None) -> str | None:
         return None
     from memctl.records.filters import parse_since
 
-    parse_since(value, _option(param))
+    parse_since(value, _option(param), clock_skew())
     return value
+
+
+def clock_skew() -> float:
+    """[limits] clock_skew in seconds: how far past now a time option may be (memctl.records.filters.moment)."""
+    from memctl.write import values
+
+    return values.Limits.of(settings()).clock_skew
 
 
 def duration_value(param: typer.CallbackParam, value: str | None) -> str | None:

@@ -48,12 +48,12 @@ def embed(
     Several workers may run at once: no chunk is embedded twice, and a worker killed at any moment loses
     nothing. The first run registers the configured model as the database's active model; after that the
     database's model is used whatever the configuration names (with a warning if it differs). SIGTERM
-    (`systemctl stop`) and Ctrl-C let the batch in flight commit, then stop (exit 0).
+    (`systemctl stop`) and Ctrl-C let the batch in flight commit, then stop (exit 143, 130; a second signal stops
+    the batch in flight too, which rolls back); the run is logged 'interrupted'.
     """
     if ctx.invoked_subcommand is not None:
         return
-    from memctl.db import migrate
-    from memctl.embedding import worker as embed_mod
+    from memctl import interrupts
     from memctl.embedding.embedders import make_embedder
 
     st = settings()
@@ -61,88 +61,54 @@ def embed(
     conn = connect(vector=True)
     embedder = make_embedder(st)
     progress = _progress if sys.stderr.isatty() else None
-    stop = _StopFlag()
-    with stop.installed():
-        warned: set[str] = set()
-        said_idle = False
-        while True:
-            if loop:  # a newer memctl migrated the memory: stop (exit 75), the memctl installed now carries on
-                migrate.check_unchanged(conn)
-            try:
-                results, notes = embed_mod.work(conn, st, embedder, batch_size=size, limit=limit,
-                                                retry=retry_failed, progress=progress, should_stop=stop)
-            except Unavailable as exc:
-                if not loop:
-                    raise
-                warn(f"{exc}; retrying in {interval:g}s")
-                if stop.sleep(interval):
-                    break
-                continue
-            for note in notes:
-                if note not in warned:
-                    warn(note)
-                    warned.add(note)
-            if results or (not loop and fmt is Format.json):  # an idle pass is quiet (json: one `[]` document)
-                render([r.to_dict() for r in results], fmt, columns=COLUMNS)
-            elif not said_idle and (loop or sys.stderr.isatty()):
-                warn(f"nothing to embed; checking again every {interval:g}s" if loop else "nothing to embed")
-                said_idle = True
-            if stop():
-                warn(f"stopped by {stop()} after the batch in flight committed; the rest stays pending")
-                return
-            stopped = next((r.stopped_by for r in results if r.stopped_by), None)
-            if stopped and not loop:
-                warn(f"stopped: {stopped}; the rest stays pending")
-                raise typer.Exit(EXIT_UNAVAILABLE)
+    with interrupts.deferred():  # a signal lets the batch in flight commit; a second one stops it too
+        _passes(conn, st, embedder, size, limit=limit, loop=loop, interval=interval, retry_failed=retry_failed,
+                progress=progress, fmt=fmt)
+    interrupts.check()
+
+
+def _passes(conn, st, embedder, size: int, *, limit, loop: bool, interval: float, retry_failed: bool, progress,
+            fmt: Format) -> None:
+    from memctl import interrupts
+    from memctl.db import migrate
+    from memctl.embedding import worker as embed_mod
+
+    warned: set[str] = set()
+    said_idle = False
+    while True:
+        if loop:  # a newer memctl migrated the memory: stop (exit 75), the memctl installed now carries on
+            migrate.check_unchanged(conn)
+        try:
+            results, notes = embed_mod.work(conn, st, embedder, batch_size=size, limit=limit,
+                                            retry=retry_failed, progress=progress, should_stop=interrupts.requested)
+        except Unavailable as exc:
             if not loop:
+                raise
+            warn(f"{exc}; retrying in {interval:g}s")
+            if interrupts.wait(interval):
                 return
-            retry_failed = False
-            if stop.sleep(interval):
-                warn(f"stopped by {stop()}")
-                return
-
-
-class _StopFlag:
-    """Set by SIGTERM or SIGINT; asked between batches, and it cuts a --loop sleep short."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self._event = threading.Event()
-        self.reason: str | None = None
-
-    def __call__(self) -> str | None:
-        return self.reason
-
-    def _handle(self, signum, frame) -> None:
-        import signal
-
-        self.reason = signal.Signals(signum).name
-        self._event.set()
-
-    def sleep(self, seconds: float) -> bool:
-        """Sleep, or return True at once when a stop was asked."""
-        return self._event.wait(seconds)
-
-    def installed(self):
-        import contextlib
-        import signal
-
-        @contextlib.contextmanager
-        def handlers():
-            previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-            try:
-                for sig in previous:
-                    signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (an embedding test runner): no handlers
-                previous = {}
-            try:
-                yield self
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-        return handlers()
+            continue
+        for note in notes:
+            if note not in warned:
+                warn(note)
+                warned.add(note)
+        if results or (not loop and fmt is Format.json):  # an idle pass is quiet (json: one `[]` document)
+            render([r.to_dict() for r in results], fmt, columns=COLUMNS)
+        elif not said_idle and (loop or sys.stderr.isatty()):
+            warn(f"nothing to embed; checking again every {interval:g}s" if loop else "nothing to embed")
+            said_idle = True
+        if interrupts.requested():
+            warn(f"stopped by {interrupts.requested()} after the batch in flight committed; the rest stays pending")
+            return
+        stopped = next((r.stopped_by for r in results if r.stopped_by), None)
+        if stopped and not loop:
+            warn(f"stopped: {stopped}; the rest stays pending")
+            raise typer.Exit(EXIT_UNAVAILABLE)
+        if not loop:
+            return
+        retry_failed = False
+        if interrupts.wait(interval):
+            return
 
 
 def _progress(result) -> None:

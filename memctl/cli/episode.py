@@ -7,11 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import (FormatOption, choice_value, connect, connect_read, json_object, json_object_value,
-                               read_text_arg, settings, since_value, time_value, warn)
+from memctl.cli.common import (FormatOption, batch_error, batch_write, choice_value, connect, connect_read,
+                               json_object, json_object_value, read_text_arg, settings, since_value, time_value, warn)
 from memctl.cli.erasure import ReceiptOption, check_receipt, erased_note, summaries_note, write_receipt
 from memctl.cli.render import Format, render, render_one
-from memctl.errors import InvalidInput, UsageError
+from memctl.errors import BadValue, UsageError
 from memctl.reading import query as query_mod, search as search_mod
 from memctl.records.filters import SINCE, UNTIL
 
@@ -97,17 +97,16 @@ def import_(
     conn = connect()
     st = settings()
     result = episodes.ImportResult()
-    handle = sys.stdin.buffer if file == "-" else _open(file)
-    from memctl import jsonl
+    from memctl.files import jsonl
     from memctl.write import values
 
+    handle = jsonl.open_input(file)
     lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
         episodes.import_episodes(conn, st, episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
                                  result=result)
     finally:
-        if handle is not sys.stdin.buffer:
-            handle.close()
+        handle.close()
     if result.redactor is not None and result.redactor.note():
         warn(result.redactor.note())
     for number, reason in result.skipped[:20]:
@@ -119,13 +118,9 @@ def import_(
     render([{"imported": result.imported, "chunks": result.chunks, "folded": result.folded,
              "already_stored": result.already, "dropped_by_policy": result.dropped, "skipped": len(result.skipped),
              "skipped_lines": [n for n, _ in result.skipped], "erased": result.erased}], fmt)
-
-
-def _open(path: str):
-    try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
+    if result.skipped and not (result.imported or result.already or result.dropped or result.erased):
+        raise BadValue("--skip-invalid: every line was invalid, nothing was imported (is this the right file?)",
+                       "--skip-invalid")  # a skip mode's rule (README): exit 2 when nothing but skips
 
 
 @app.command()
@@ -279,21 +274,29 @@ def _seen(row: dict) -> str:
 
 
 def _search_batch(conn, path: str, *, track: bool = True) -> None:
-    from memctl import jsonl
-    from memctl.cli.render import to_json
-
+    from memctl.files import jsonl
     from memctl.write import values
 
     lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(), "a query within [limits]",
                           "nothing was run")
-    queries = [query_mod.batch_query(item, number)
-               for number, item in jsonl.read(lines, fields=query_mod.BATCH_FIELDS, required=("query",))]
-    outcomes = search_mod.search_batch(conn, settings(), queries, track=track)
-    warning = next((o.warning for o in outcomes if o.warning), None)
-    if warning:
-        warn(warning)
-    for q, outcome in zip(queries, outcomes):
-        line = {"query": q.text, "results": [h.to_dict() for h in outcome.hits]}
+    slots: list = []  # a Query, or the error object of a bad line (batch_errors: the one rule of --batch)
+
+    def refused(error) -> None:
+        slots.append(batch_error(error.number, error))
+
+    for number, item in jsonl.read(lines, fields=query_mod.BATCH_FIELDS, required=("query",), on_error=refused):
+        try:
+            query = query_mod.batch_query(item, number)
+            query.check()
+            slots.append(query)
+        except UsageError as exc:
+            slots.append(batch_error(number, exc))
+    queries = [s for s in slots if isinstance(s, query_mod.Query)]
+
+    def answer(query, outcome) -> tuple[dict, list[str]]:
+        line = {"query": query.text, "results": [h.to_dict() for h in outcome.hits]}
         if outcome.note:
             line["note"] = outcome.note  # why this query found nothing
-        sys.stdout.write(to_json(line) + "\n")
+        return line, [outcome.warning] if outcome.warning else []
+
+    batch_write(slots, search_mod.search_batch(conn, settings(), queries, track=track) if queries else [], answer)

@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, connect_read, settings, since_value, warn
+from memctl.cli.common import FormatOption, clock_skew, connect, connect_read, settings, since_value, warn
 from memctl.cli.erasure import ReceiptOption, check_receipt, write_receipt
-from memctl.cli.render import Format, render, render_one
+from memctl.cli.render import Format, inert, render, render_one
 from memctl.records import facts
 
 app = typer.Typer(help="Facts: what is true now, by key, with the history of every change.", no_args_is_help=True)
@@ -28,7 +28,6 @@ AsOf = Annotated[Optional[str], typer.Option(
 
 def _valid_from_value(param: typer.CallbackParam, value: str | None) -> str | None:
     """--valid-from: a time as --since takes it, and not in the future (exit 2 naming the option)."""
-    value = since_value(param, value)
     facts.check_valid_from(value, "--valid-from")
     return value
 
@@ -74,9 +73,9 @@ def get(
 ) -> None:
     """Print the bare value of KEY (so $(memctl fact get KEY) works); exit 4 if missing (or, with --as-of, if it
     had no value then)."""
-    fact = facts.get_fact(connect_read(), key, namespace=namespace, as_of=facts.moment(as_of, "--as-of"))
-    if fmt is None:
-        sys.stdout.write(fact.value + "\n")
+    fact = facts.get_fact(connect_read(), key, namespace=namespace, as_of=facts.moment(as_of, "--as-of", clock_skew()))
+    if fmt is None:  # the bare value is data (`$(memctl fact get k)`), on a terminal it is read: escaped there
+        sys.stdout.write((inert(fact.value) if sys.stdout.isatty() else fact.value) + "\n")
     else:
         render_one(fact.to_dict(), fmt)
 
@@ -91,7 +90,8 @@ def list_(
 ) -> None:
     """List facts, sorted by key (with --as-of: those valid at that time)."""
     rows = (f.to_dict() for f in facts.list_facts(connect_read(), namespace=None if all_namespaces else namespace,
-                                                        prefix=prefix, as_of=facts.moment(as_of, "--as-of")))
+                                                        prefix=prefix, as_of=facts.moment(as_of, "--as-of",
+                                                                                          clock_skew())))
     render(rows, fmt)
 
 
@@ -180,21 +180,15 @@ def import_(
 
     A bad line fails the whole import, naming the line; nothing is written.
     """
-    from memctl import jsonl
+    from memctl.files import jsonl
     from memctl.write import values
 
-    bound = values.Limits.of(settings()).line_bytes()
-    what = "a fact within [limits] value_bytes"
-    if file == "-":
-        records = facts.parse_import(jsonl.bounded(sys.stdin.buffer, bound, what))
-    else:
-        try:
-            with open(file, "rb") as handle:
-                records = facts.parse_import(jsonl.bounded(handle, bound, what))
-        except OSError as exc:
-            from memctl.errors import InvalidInput
-
-            raise InvalidInput(f"cannot read {file}: {exc.strerror}") from None
+    handle = jsonl.open_input(file)
+    try:
+        records = facts.parse_import(jsonl.bounded(handle, values.Limits.of(settings()).line_bytes(),
+                                                   "a fact within [limits] value_bytes"))
+    finally:
+        handle.close()
     redactor = _redactor()
     changes = facts.import_facts(connect(), records, source=source, redactor=redactor)
     if redactor.note():

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 
+from memctl import interrupts
+
+from memctl.files import jsonl
 from memctl.cli.common import connect, settings, warn
 from memctl.errors import BadValue
 
@@ -64,8 +66,9 @@ def ingest(
 ) -> None:
     """Store log records as they arrive: each within --flush seconds, in batches, through the write gate.
 
-    A line it cannot read is reported on stderr by its number and skipped. End of input and SIGTERM store
-    what was read and exit 0. `journalctl -f -o json | memctl ingest -f journal`,
+    A record it cannot take (unreadable, too long, refused by the gate: a blocked source, a secret in block mode)
+    is reported on stderr by its line number and skipped; the others are stored. End of input stores what was
+    read and exits 0 (2 when every record was skipped); SIGTERM and SIGINT store what was read and exit 143, 130. `journalctl -f -o json | memctl ingest -f journal`,
     `memctl ingest app.log --follow --source app --cursor-file /var/lib/memctl/app.cursor`.
     """
     from memctl import files
@@ -109,11 +112,11 @@ def ingest(
 
     options = ingest_mod.Options(fmt.value, source, kind, agent, flush, group.value, gap, max_line, bound)
     run = ingest_mod.Ingest(conn, st, reader, options, report=lambda n, why: warn(f"line {n}: {why}: skipped"),
-                            cursor_name=name, after_commit=after_commit, resume=resume)
-    signal.signal(signal.SIGTERM, run.stop)
-    signal.signal(signal.SIGINT, run.stop)
+                            cursor_name=name, after_commit=after_commit, resume=resume,
+                            should_stop=interrupts.requested)
     try:
-        counts = run.run()
+        with interrupts.deferred():  # SIGINT, SIGTERM: what was read is stored, then exit 130, 143
+            counts = run.run()
     finally:
         if child is not None:
             child.terminate()
@@ -124,6 +127,11 @@ def ingest(
          f"skipped {counts.skipped}" + (f" ({counts.erased} erased before)" if counts.erased else "")
          + f", in {counts.batches} batches")
     sys.stdout.flush()
+    interrupts.check()
+    if fd == 0 and reader.offset == 0:
+        raise jsonl.empty_stdin()
+    if counts.skipped and not (counts.stored or counts.already):
+        raise typer.Exit(run.first_skip)  # every record skipped: a wrong --format, say (README: skip modes)
 
 
 def _journalctl(unit: str, cursor: str | None):
@@ -141,9 +149,15 @@ def _journalctl(unit: str, cursor: str | None):
 
 
 def _open(path: str) -> int:
+    import stat
+
     from memctl.errors import InvalidInput
 
     try:
-        return os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadValue(f"{path} is a directory: ingest reads a log file (or stdin)", "FILE")
+    return fd

@@ -60,10 +60,7 @@ def mcp(
             raise UsageError("--http serves every registered agent, each by its token: --agent, --namespace, "
                              "--shared-namespace, --read-only and --source are the registry's (memctl agent add)")
         host, port = http_mod.parse_address(http)
-        try:
-            http_mod.serve(settings(), open_connection, host, port, origins=allow_origin or [], warn=warn)
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
+        http_mod.serve(settings(), open_connection, host, port, origins=allow_origin or [], warn=warn)
         return
     if allow_origin:
         from memctl.errors import UsageError
@@ -80,8 +77,6 @@ def mcp(
     from memctl.mcp import protocol
 
     try:
-        protocol.serve(session)
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        protocol.serve(session)  # until stdin ends (exit 0), or SIGINT/SIGTERM (130, 143: memctl.interrupts)
     finally:
         session.close()

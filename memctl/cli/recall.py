@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import connect_read, read_text_arg, settings, since_value, warn
+from memctl.cli.common import (batch_error, batch_write, clock_skew, connect_read, read_text_arg, settings,
+                               since_value, warn)
 from memctl.errors import BadValue, UsageError
 
 
@@ -71,7 +72,7 @@ def recall(
 
     With nothing relevant, prints nothing and exits 0; when what was found does not fit --max-tokens, exits 2 saying so. Episodes returned count as accessed unless --no-track.
     """
-    from memctl.cli.render import to_json
+    from memctl.cli.render import inert, to_json
     from memctl.recall import recall as recall_mod
     from memctl.records.facts import moment
 
@@ -86,7 +87,7 @@ def recall(
         scoped, shared = agents.namespaces_for(conn, agent)
     base = recall_mod.Request(observation or "", agent=agent, namespace=scoped, shared=shared, k=k,
                               max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track,
-                              as_of=moment(as_of, "--as-of"))
+                              as_of=moment(as_of, "--as-of", clock_skew()))
     if batch is not None:
         if fmt is not RecallFormat.jsonl:
             raise UsageError("--batch writes one JSON object per observation: add -f jsonl")
@@ -100,7 +101,7 @@ def recall(
         raise BadValue(f"--max-tokens {result.max_tokens}: {result.left_out} relevant item(s) found and none fits "
                        "in that budget (the header included): raise --max-tokens", "--max-tokens")
     if fmt is RecallFormat.text:
-        sys.stdout.write(result.text())
+        sys.stdout.write(inert(result.text()))  # a prompt block read by people too: stored text's controls escaped
     elif fmt is RecallFormat.json:
         sys.stdout.write(to_json(result.to_dict(), indent=2) + "\n")
     else:
@@ -111,16 +112,15 @@ def recall(
 def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
     """One recall per JSONL line, all in one recall_batch; a bad line's place holds its error object. A line
     naming an agent but no namespace reads that agent's namespaces, as `recall --agent` does."""
-    from memctl import jsonl
-    from memctl.cli.render import to_json
+    from memctl.files import jsonl
     from memctl.errors import BadValue
     from memctl.recall import recall as recall_mod
     from memctl.records import agents
 
-    slots: list = []  # a Request, or the error object of a bad line
+    slots: list = []  # a Request, or the error object of a bad line (common.batch_error)
 
     def refused(error) -> None:
-        slots.append({"line": error.number, "field": None, "error": str(error)})
+        slots.append(batch_error(error.number, error))
 
     from memctl.write import values
 
@@ -136,19 +136,7 @@ def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
                 request = replace(request, namespace=scoped, shared=shared)
             slots.append(request)
         except BadValue as exc:
-            slots.append({"line": number, "field": exc.field, "error": str(exc)})
+            slots.append(batch_error(number, exc))
     requests = [s for s in slots if isinstance(s, recall_mod.Request)]
-    results = iter(recall_mod.recall_batch(conn, settings(), requests) if requests else [])
-    warnings: dict[str, None] = {}
-    for slot in slots:
-        if isinstance(slot, dict):
-            sys.stdout.write(to_json(slot) + "\n")
-            continue
-        result = next(results)
-        warnings.update(dict.fromkeys(result.warnings))
-        sys.stdout.write(to_json(result.to_dict()) + "\n")
-    for message in warnings:
-        warn(message)
-    bad = sum(isinstance(slot, dict) for slot in slots)
-    if bad:
-        warn(f"{bad} of {len(slots)} lines were not recalled (their error objects say why)")
+    batch_write(slots, recall_mod.recall_batch(conn, settings(), requests) if requests else [],
+                lambda request, result: (result.to_dict(), result.warnings))

@@ -171,7 +171,9 @@ def compare(
         return
     if measured["active"] is not None:
         render([measured["active"], measured["new"]], fmt, columns=["model", f"recall@{k}", "mrr", "queries"])
-    if fmt is Format.table and measured["worse"]:
+    if fmt is Format.table and not measured.get("judged", True):
+        sys.stdout.write("\nthese known items cannot judge a switch: `switch` will refuse it without --queries\n")
+    elif fmt is Format.table and measured["worse"]:
         sys.stdout.write(f"\nthe new model finds less beyond the tolerance ({tolerance}): `switch` will refuse it\n")
     if fmt is not Format.table:
         return
@@ -197,8 +199,10 @@ def switch(
 
     Refuses unless backfilled and indexed; then measures both models' recall@k and MRR on the same
     known items (as `compare`) and refuses (exit 1, both figures printed) when the new model's recall
-    is lower by more than --tolerance, unless --accept-worse. With nothing to measure (an empty
-    memory) it switches and says so. The job log (`memctl jobs --job reembed-switch`) keeps the figures.
+    is lower by more than --tolerance, unless --accept-worse. Where the active model itself finds almost
+    none of the known items built from the memory (recall@k under 0.2: log-like, templated text), the
+    gate cannot judge and refuses unless --queries FILE or --accept-worse. With nothing to measure (an
+    empty memory) it switches and says so. The job log (`memctl jobs --job reembed-switch`) keeps the figures.
     Search, recall and `memctl embed` follow the database's active model at once, also where the
     configuration still names the old one (they warn until it is changed: printed on stderr).
     """
@@ -210,6 +214,8 @@ def switch(
     warn(quality.figures(result["quality"]))
     if result["accepted_worse"]:
         warn("the new model finds less than the old one: switched because of --accept-worse")
+    elif not result["quality"].get("judged", True):
+        warn("the known items could not judge this switch: switched because of --accept-worse")
     render_one({key: v for key, v in result.items() if key not in ("config", "quality")}, fmt)
     config = result["config"]
     warn(f"switched: {result['new']} is active, {result['old']} is retired "

@@ -39,12 +39,23 @@ def to_json(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, default=_plain, ensure_ascii=False, indent=indent)
 
 
+# Control characters of stored text (any agent or log line can hold `\x1b]0;title\x07` or `\x1b[2J`) would drive the
+# reader's terminal: every human-facing output (tables, text, messages) shows them escaped, as \xNN; tab and
+# newline stay (a table cell and a message may hold them). JSON, JSONL and CSV are data and stay exact.
+_INERT = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)}
+
+
+def inert(text: str) -> str:
+    """TEXT with every C0 control but tab and newline, DEL and every C1 control escaped as \\xNN."""
+    return text.translate(_INERT)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, (dict, list)):
-        return to_json(value)
-    return str(_plain(value))
+        return inert(to_json(value))
+    return inert(str(_plain(value)))
 
 
 def render(rows: Iterable[dict], fmt: Format | str = Format.table, *, columns: list[str] | None = None,

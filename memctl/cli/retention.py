@@ -193,6 +193,8 @@ def purge(
                        "summaries": found.summaries})
         _facts_note(source, found.facts, planned=True, delete_facts=delete_facts)
         _summaries_note(source, found.summaries, planned=True)
+        if not found.rows and not found.facts:
+            _nothing_matched(conn, source)
         warn(f"dry run, nothing deleted: {found.rows} episode(s) from {source!r} ({BYTES_NOTE}); "
              "run with --yes to delete")
         if not found.blocked:
@@ -210,12 +212,22 @@ def purge(
         _purge_output(fmt, report.kinds, report.facts, PURGED_COLUMNS,
                       {"source": source, "dry_run": False, **summary}, tables=report.tables)
     _facts_note(source, report.facts, planned=False, delete_facts=delete_facts)
+    if not report.rows and not report.facts:
+        _nothing_matched(conn, source)
     _summary("purged", report)
     if source not in sources.blocked_set(conn):
         warn(f"{source!r} is not blocked and may write again: memctl source block {source!r} --reason ...")
     if report.outcome != "ok":
         warn(report.error)
         raise typer.Exit(EXIT_ERROR)
+
+
+def _nothing_matched(conn, source: str) -> None:
+    """Nothing from SOURCE: exit 0 as everywhere (README), said on stderr with the nearest sources that wrote."""
+    near = purge_mod.near_sources(conn, source)
+    warn(f"nothing matched: no episode or fact from source {source!r}"
+         + (f"; did you mean {' or '.join(repr(s) for s in near)}?" if near else "; `memctl episode list --source S` "
+            "and `memctl source list` show what wrote"))
 
 
 def _purge_output(fmt: Format, kinds: list[dict], facts: list[dict], columns: list[str], header: dict,

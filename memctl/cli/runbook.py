@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from memctl.cli.common import FormatOption, connect, settings, warn
-from memctl.cli.render import Format, render, render_one
+from memctl.cli.render import Format, inert, render, render_one
 from memctl.errors import MemctlError
 from memctl.runbooks import runbooks
 
@@ -74,7 +74,7 @@ def show(
     """A runbook's title, description and steps (json: the parsed document; jsonl/csv: one row per step)."""
     runbook = _repository(repo).load(name, at=at)
     if fmt is Format.table:
-        sys.stdout.write(_as_text(runbook))
+        sys.stdout.write(inert(_as_text(runbook)))
     elif fmt is Format.json:
         render_one(runbook.to_dict(), fmt)
     else:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl import jsonl
+from memctl.files import jsonl
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import InvalidInput
@@ -83,8 +83,7 @@ def import_(
         lines = jsonl.bounded(handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]")
         result = import_mod.import_stream(connect(), st, lines, redactor=redactor)
     finally:
-        if handle is not sys.stdin.buffer:
-            handle.close()
+        handle.close()
     if redactor.note():
         warn(redactor.note())
     if result.erased:

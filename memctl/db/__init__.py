@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from memctl import config as config_mod
-from memctl.errors import DatabaseUnavailable, DiskFull, SchemaBehind
+from memctl.errors import BadValue, ConfigError, DatabaseUnavailable, DiskFull, SchemaBehind
 
 APPLICATION_NAME = "memctl"
 NO_SPACE = "No space left on device"  # strerror(ENOSPC), as PostgreSQL writes it in its log and errors
@@ -56,6 +56,22 @@ def resolve_read(settings: config_mod.Settings) -> ReadTarget | None:
     return ReadTarget(url, settings.origins.get(("database", "read_url"), "file"))
 
 
+def check_url(url: str, option: str | None = None) -> str:
+    """URL, refused when libpq cannot read it as a connection string: BadValue naming `option` (exit 2), or for a
+    URL from the environment or the configuration (no option) ConfigError (exit 1), in memctl's words."""
+    from psycopg import ProgrammingError, conninfo
+
+    try:
+        conninfo.conninfo_to_dict(url)
+    except ProgrammingError as exc:
+        what = option or "the database URL"
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
+        message = (f"{what}: not a PostgreSQL connection string (postgresql://USER@HOST:PORT/DBNAME or "
+                   f"'host=H dbname=D'): {config_mod.mask_url(said)}")
+        raise (BadValue(message, option) if option else ConfigError(message)) from None
+    return url
+
+
 def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout: int = 10):
     """An autocommit connection with dict rows; `vector` registers pgvector types.
 
@@ -66,6 +82,7 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
 
     from memctl.db import migrate
 
+    check_url(url)
     try:
         conn = psycopg.connect(
             url,

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memctl import jsonl
+from memctl.files import jsonl
 from memctl.embedding import footprint, models
 from memctl.embedding.embedders import as_documents
 from memctl.errors import BadValue, InvalidInput, UsageError
@@ -63,7 +63,7 @@ def _record_text(record: Any, number: int) -> str:
 def read_texts(path: str | Path) -> list[str]:
     """Texts from a file: JSONL lines with "content" (or "text"/"query"), else one text per line.
 
-    A line that starts with "{" is JSON, read by memctl.jsonl (a malformed one fails, naming the
+    A line that starts with "{" is JSON, read by memctl.files.jsonl (a malformed one fails, naming the
     line); its text field must be a non-empty string (BadValue naming the line and the field).
     """
     try:

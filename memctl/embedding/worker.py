@@ -328,7 +328,9 @@ def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | N
         job.rows = sum(r.chunks for r in results)
         job.detail = {"runs": [r.to_dict() for r in results], "requeued_orphans": requeued}
         stopped = next((r.stopped_by for r in results if r.stopped_by), None)
-        if stopped and not (should_stop is not None and should_stop()):
+        if should_stop is not None and should_stop():
+            job.outcome, job.error = jobs.INTERRUPTED, f"stopped by {should_stop()} after the batch in flight"
+        elif stopped:
             job.outcome, job.error = "unavailable", stopped
         elif any(r.failed for r in results):
             job.outcome = "partial"

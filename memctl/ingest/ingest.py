@@ -1,7 +1,7 @@
 """`memctl ingest`: a log stream into episodes as it arrives (docs/ingest.md).
 
 Lines are read as they come (select on the input, never a read that waits past the flush deadline) and
-gathered into a batch; every `flush` seconds, at end of input and on SIGTERM the batch is stored by
+gathered into a batch; every `flush` seconds, at end of input and on SIGINT or SIGTERM the batch is stored by
 episodes.import_episodes: the gate, the repeats fold and the one COPY path of `episode import`, in one
 transaction that also records where the stream stood (ingest_cursors, when a cursor file is named). A
 restart reads that position from the database: after kill -9 too, the last committed batch is where it
@@ -17,13 +17,14 @@ group of lines at most [limits] episode_bytes. Each record passes the gate's che
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import select
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from memctl.errors import BadValue, InvalidInput
+from memctl.errors import EXIT_USAGE, BadValue, Blocked, InvalidInput
 from memctl.records import episodes
 from memctl.ingest import logformats
 from memctl.write import gate, identity, values
@@ -32,6 +33,7 @@ BATCH = 5000  # records a batch holds at most: stored at once when reached
 MAX_LINE = 1 << 20
 READ = 1 << 16
 POLL = 0.2  # seconds between looks at a stop request or a followed file
+LATE_BLOCKS = 5  # runs of a batch in a row that a source blocked meanwhile may refuse before the ingest fails
 # A batch is stored once the input has been quiet this long, not only at its flush deadline: a line that
 # comes alone (a trickle, the end of a burst) waits 0.1 s, not `flush`, while a stream that keeps coming
 # is still stored in batches of `flush` seconds. A flush needs this much quiet after a read, so it costs
@@ -184,25 +186,24 @@ class _Pending:
 
 
 class Ingest:
-    """Reads `reader`, stores batches on `conn()` (a callable: the CLI's connection), reports a skipped line by
-    calling `report(number, reason)`; `stop()` tells it to flush and return."""
+    """Reads `reader`, stores batches on `conn`, reports a skipped line by calling `report(number, reason)`;
+    once `should_stop()` says so (a signal: memctl.interrupts), stores what it read and returns."""
 
     def __init__(self, conn, settings, reader: LineReader, options: Options, *,
                  report: Callable[[int, str], None], cursor_name: str | None = None,
-                 after_commit: Callable[[str], None] | None = None, resume: str | None = None):
+                 after_commit: Callable[[str], None] | None = None, resume: str | None = None,
+                 should_stop: Callable[[], Any] = lambda: None):
         self.conn, self.settings, self.reader, self.options = conn, settings, reader, options
         self.report, self.cursor_name, self.after_commit = report, cursor_name, after_commit
+        self.should_stop = should_stop
         self.counts = Counts()
+        self.first_skip = 0  # the exit code of the first record skipped (every record skipped: the command's)
         self.limits = values.Limits.of(settings)  # read once, not per record
         self.pending = _Pending()
-        self.stopping = False
         self.group_first: int | None = None
         self.occurrences = identity.Occurrences()  # stays empty: every ingested record has a time
         self.result = episodes.ImportResult()
         self.resume = logformats.journal_position(resume) if resume and options.format == "journal" else None
-
-    def stop(self, *_: Any) -> None:
-        self.stopping = True
 
     def run(self) -> Counts:
         """Until the end of input or stop(): a batch is stored `flush` seconds after its first record at the
@@ -227,26 +228,27 @@ class Ingest:
                 self._close_group()
             if self.pending.records and deadline is None:
                 deadline = now + self.options.flush
-            if self.stopping or len(self.pending.records) >= BATCH or \
+            stopping = bool(self.should_stop())
+            if stopping or len(self.pending.records) >= BATCH or \
                     (deadline is not None and (now >= deadline or self.reader.quiet(IDLE))):
-                if self.stopping:
+                if stopping:
                     self._close_group()
                 self.flush()
                 deadline = None
-                if self.stopping:
+                if stopping:
                     return self.counts
 
     # reading
 
     def _take(self, line: Line) -> None:
         if line.raw is None:
-            self._skip(line.number, f"longer than {self.options.max_line:,} bytes ({self.options.bound})")
+            self._skip(line.number, f"longer than {self.options.max_line:,} bytes ({self.options.bound})", EXIT_USAGE)
             return
         raw = line.raw[:-1] if line.raw.endswith(b"\r") else line.raw
         try:
             record = self._parse(raw, line)
         except (InvalidInput, BadValue) as exc:
-            self._skip(line.number, str(exc))
+            self._skip(line.number, str(exc), exc.exit_code)
             return
         if record is None:
             if not self.pending.group:
@@ -316,14 +318,15 @@ class Ingest:
                 created_at=record.created_at or datetime.datetime.now(datetime.timezone.utc), meta=record.meta,
                 limits=self.limits)
         except (InvalidInput, BadValue) as exc:
-            self._skip(number, str(exc))
+            self._skip(number, str(exc), exc.exit_code)
             return
         episode.line = number
         self.pending.records.append(episode)
         self.pending.position = position
 
-    def _skip(self, number: int, reason: str) -> None:
+    def _skip(self, number: int, reason: str, code: int) -> None:
         self.counts.skipped += 1
+        self.first_skip = self.first_skip or code
         self.report(number, reason)
 
     # writing
@@ -335,17 +338,14 @@ class Ingest:
         if not pending.records and (position is None or self.cursor_name is None):
             return
         records, pending.records = pending.records, []
-        result = episodes.ImportResult(redactor=self.result.redactor)
-
-        def refused(episode: gate.NewEpisode, exc: Exception) -> None:
-            self._skip(episode.line or 0, str(exc))
 
         def then(conn) -> None:
             if self.cursor_name is not None and position is not None:
                 conn.execute(PUT_CURSOR, (self.cursor_name, position))
 
-        episodes.import_episodes(self.conn, self.settings, iter(records), result=result,
-                                 occurrences=self.occurrences, refused=refused, then=then)
+        result, refusals = self._store(records, then)
+        for number, reason, code in refusals:
+            self._skip(number, reason, code)
         self.result.redactor = result.redactor
         self.counts.stored += result.imported
         self.counts.folded += result.folded
@@ -355,3 +355,24 @@ class Ingest:
         self.counts.batches += 1
         if position is not None and self.after_commit is not None and self.cursor_name is not None:
             self.after_commit(position)
+
+    def _store(self, records: list[gate.NewEpisode], then) -> tuple[episodes.ImportResult, list[tuple[int, str, int]]]:
+        """The batch in one transaction, each record the gate refuses (a blocked source, a secret in block mode)
+        left out and returned with its reason. A source blocked while the transaction ran refuses it whole
+        (memctl.write.gate): it is run again, where the gate refuses that source's records alone."""
+        for attempt in itertools.count(1):
+            refusals: list[tuple[int, str, int]] = []
+            redactor = self.result.redactor
+            counted = None if redactor is None else redactor.kinds.copy()
+            result = episodes.ImportResult(redactor=redactor)
+            try:
+                episodes.import_episodes(self.conn, self.settings, iter(records), result=result,
+                                         occurrences=self.occurrences, then=then,
+                                         refused=lambda episode, exc: refusals.append((episode.line or 0, str(exc),
+                                                                                      exc.exit_code)))
+                return result, refusals
+            except Blocked:
+                if attempt >= LATE_BLOCKS:
+                    raise
+                if redactor is not None:
+                    redactor.kinds = counted  # counted again by the run that stores

@@ -4,7 +4,7 @@ Formats: `lines` (the line is the text), `jsonl` (memctl's episode import format
 JSON export, `journalctl -o json`) and `syslog` (RFC 5424, RFC 3164, and rsyslog's RFC 3339 file format).
 Every parser is a fixed number of passes over its line (str methods and anchored patterns with no nested
 repetition): a hostile line costs time linear in its length. A line that cannot be read raises
-InvalidInput with the reason; the caller reports it by number and goes on.
+BadLine (bad input) with the reason; the caller reports it by number and goes on.
 
 Severity to importance (syslog PRI % 8, journald PRIORITY), the one table both use:
 
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from memctl.errors import InvalidInput
+from memctl.files.jsonl import BadLine  # a line that is not a record: bad input, exit 2 (README)
 
 IMPORTANCE = (10, 9, 8, 7, 5, 4, 3, 1)  # by severity 0..7
 SEVERITY = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
@@ -46,7 +46,7 @@ def text(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidInput(f"not valid UTF-8 (byte {exc.start})") from None
+        raise BadLine(f"not valid UTF-8 (byte {exc.start})") from None
 
 
 def importance_of(severity: int) -> int:
@@ -64,15 +64,15 @@ def journal(raw: bytes) -> Record:
     try:
         entry = json.loads(text(raw))
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise BadLine(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(entry, dict):
-        raise InvalidInput("expected a journald entry (a JSON object)")
+        raise BadLine("expected a journald entry (a JSON object)")
     message = _journal_text(entry.get("MESSAGE"))
     if message is None:
-        raise InvalidInput("no MESSAGE (journalctl leaves out a binary one over 4 KiB unless --all)")
+        raise BadLine("no MESSAGE (journalctl leaves out a binary one over 4 KiB unless --all)")
     stamp = _one(entry.get("__REALTIME_TIMESTAMP"))
     if not isinstance(stamp, str) or not stamp.isdigit() or len(stamp) > 17:
-        raise InvalidInput("__REALTIME_TIMESTAMP: not microseconds since the epoch")
+        raise BadLine("__REALTIME_TIMESTAMP: not microseconds since the epoch")
     at = datetime.datetime.fromtimestamp(0, UTC) + datetime.timedelta(microseconds=int(stamp))
     source = next((v for v in (_one(entry.get(k)) for k in JOURNAL_SOURCE) if isinstance(v, str) and v), None)
     priority = _one(entry.get("PRIORITY"))
@@ -130,29 +130,35 @@ def syslog(raw: bytes, now: datetime.datetime) -> Record:
     if pri:
         value = int(pri.group(1))
         if value > 191:
-            raise InvalidInput(f"PRI {value} is over 191")
+            raise BadLine(f"PRI {value} is over 191")
         severity, rest = value % 8, line[pri.end():]
     if rest.startswith("1 ") and pri:
-        at, host, app, message = _rfc5424(rest)
+        at, host, app, pid, message = _rfc5424(rest)
     else:
-        at, host, app, message = _rfc3164(rest, now)
+        at, host, app, pid, message = _rfc3164(rest, now)
+    if pri is None and at is None:  # neither <PRI> nor a time starts it: a line of something else, not stored as now
+        raise BadLine("not a syslog line: neither <PRI> nor a timestamp (RFC 5424, RFC 3164, RFC 3339) starts it")
     if not message.strip():
-        raise InvalidInput("no message")
-    meta = {"host": host} if host else {}
+        raise BadLine("no message")
+    meta = {k: v for k, v in (("host", host), ("pid", pid)) if v}
     if severity is not None:
         meta["priority"] = SEVERITY[severity]
     return Record(message, at or now, app, LOG_KIND, None if severity is None else importance_of(severity), None,
                   meta)
 
 
-def _rfc5424(rest: str) -> tuple[datetime.datetime | None, str | None, str | None, str]:
+Parsed = tuple[datetime.datetime | None, str | None, str | None, str | None, str]  # time, host, app, pid, message
+
+
+def _rfc5424(rest: str) -> Parsed:
     parts = rest.split(" ", 6)
     if len(parts) < 7:
-        raise InvalidInput("RFC 5424: fewer fields than VERSION TIMESTAMP HOSTNAME APP-NAME PROCID MSGID SD")
-    _, stamp, host, app, _procid, _msgid, tail = parts
+        raise BadLine("RFC 5424: fewer fields than VERSION TIMESTAMP HOSTNAME APP-NAME PROCID MSGID SD")
+    _, stamp, host, app, procid, _msgid, tail = parts
     at = None if stamp == "-" else _iso(stamp)
     message = _after_structured_data(tail)
-    return at, None if host == "-" else host, None if app == "-" else app, message.removeprefix("\ufeff")
+    return (at, None if host == "-" else host, None if app == "-" else app, None if procid == "-" else procid,
+            message.removeprefix("\ufeff"))
 
 
 def _after_structured_data(tail: str) -> str:
@@ -174,14 +180,14 @@ def _after_structured_data(tail: str) -> str:
                 break
             i += 1
         if i >= n:
-            raise InvalidInput("RFC 5424: STRUCTURED-DATA without its closing ]")
+            raise BadLine("RFC 5424: STRUCTURED-DATA without its closing ]")
         i += 1
     if i == 0:
-        raise InvalidInput("RFC 5424: STRUCTURED-DATA is neither - nor [...]")
+        raise BadLine("RFC 5424: STRUCTURED-DATA is neither - nor [...]")
     return tail[i + 1:] if i < n else ""
 
 
-def _rfc3164(rest: str, now: datetime.datetime) -> tuple[datetime.datetime | None, str | None, str | None, str]:
+def _rfc3164(rest: str, now: datetime.datetime) -> Parsed:
     at = None
     stamp = _RFC3164_TIME.match(rest)
     if stamp:
@@ -195,11 +201,12 @@ def _rfc3164(rest: str, now: datetime.datetime) -> tuple[datetime.datetime | Non
         host, _, rest = rest.partition(" ")
     colon = rest.find(":", 0, TAG_MAX)
     if colon <= 0 or " " in rest[:colon].rstrip("]"):
-        return at, host, None, rest
+        return at, host, None, None, rest
     tag = rest[:colon]
     bracket = tag.find("[")
     app = tag[:bracket] if bracket > 0 else tag
-    return at, host, app or None, rest[colon + 1:].removeprefix(" ")
+    pid = tag[bracket + 1:-1] if bracket > 0 and tag.endswith("]") else None  # sshd[123]: pid 123
+    return at, host, app or None, pid or None, rest[colon + 1:].removeprefix(" ")
 
 
 def _bsd_time(stamp: re.Match, now: datetime.datetime) -> datetime.datetime:
@@ -207,7 +214,7 @@ def _bsd_time(stamp: re.Match, now: datetime.datetime) -> datetime.datetime:
     than a day ahead (a December line read in January)."""
     month = _MONTHS.get(stamp.group(1))
     if month is None:
-        raise InvalidInput(f"not a month: {stamp.group(1)!r}")
+        raise BadLine(f"not a month: {stamp.group(1)!r}")
     local = now.astimezone()
     try:
         at = local.replace(year=local.year, month=month, day=int(stamp.group(2)), hour=int(stamp.group(3)),
@@ -215,17 +222,17 @@ def _bsd_time(stamp: re.Match, now: datetime.datetime) -> datetime.datetime:
         if at - local > datetime.timedelta(days=1):
             at = at.replace(year=local.year - 1)
     except ValueError as exc:
-        raise InvalidInput(f"not a date: {stamp.group(0).strip()!r} ({exc})") from None
+        raise BadLine(f"not a date: {stamp.group(0).strip()!r} ({exc})") from None
     return at
 
 
 def _iso(stamp: str) -> datetime.datetime:
     if len(stamp) > 40:
-        raise InvalidInput("TIMESTAMP: longer than an RFC 3339 time")
+        raise BadLine("TIMESTAMP: longer than an RFC 3339 time")
     try:
         at = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidInput(f"TIMESTAMP: not an RFC 3339 time: {stamp!r}") from None
+        raise BadLine(f"TIMESTAMP: not an RFC 3339 time: {stamp!r}") from None
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
@@ -233,8 +240,8 @@ def _iso(stamp: str) -> datetime.datetime:
 
 
 def jsonl_record(raw: bytes, fields: tuple[str, ...]) -> Record | None:
-    """memctl's episode import line (memctl.jsonl's rules); None for a blank line."""
-    from memctl import jsonl
+    """memctl's episode import line (memctl.files.jsonl's rules); None for a blank line."""
+    from memctl.files import jsonl
 
     item = jsonl.parse(raw, fields=fields, required=("content",))
     if item is None:

@@ -13,6 +13,7 @@ in `ps`), and is never logged: the verifier keeps only the agent it names, and u
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from typing import Any, Callable
@@ -134,6 +135,7 @@ def serve(settings: Settings, open_connection: Callable[[], Any], host: str, por
           warn: Callable[[str], None]) -> None:
     import uvicorn
 
+    sock = listening(host, port)  # before a word is said: a port in use fails here, no server announced
     registry = Registry(settings, open_connection)
     registry.grant()
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -147,10 +149,11 @@ def serve(settings: Settings, open_connection: Callable[[], Any], host: str, por
     watch = SchemaWatch(registry, server)
     watch.start()
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         watch.stop()
         registry.close()
+        sock.close()
     if watch.changed is not None:
         raise watch.changed
 
@@ -186,3 +189,23 @@ class SchemaWatch(threading.Thread):
 
     def stop(self) -> None:
         self._done.set()
+
+
+def listening(host: str, port: int):
+    """A socket bound to HOST:PORT (as uvicorn would bind it), or MemctlError saying why not (exit 1: under
+    systemd the unit restarts and tries again)."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise MemctlError(f"mcp: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise MemctlError(f"mcp: cannot listen on {host}:{port}: {exc.strerror or exc}"
+                          + (" (another server holds it)" if exc.errno == errno.EADDRINUSE else "")) from None
+    return sock

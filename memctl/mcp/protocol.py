@@ -20,7 +20,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from memctl import __version__
@@ -279,11 +279,23 @@ def _bind(declared, session, inline: bool):
 
 
 class Server(MCPServer):
-    """MCPServer that refuses arguments a tool does not take (an agent's server has no `agent` to pass)."""
+    """MCPServer that refuses arguments a tool does not take (an agent's server has no `agent` to pass), says what
+    is wrong with an argument in one line (not pydantic's report, its links and the value sent back), and lists to
+    each caller the tools its scope offers (`scope_of`: HTTP's, by the request's token; a read-only agent's list
+    holds no tool that writes)."""
 
-    def __init__(self, *args: Any, parameters: dict[str, set[str]], **kwargs: Any):
+    def __init__(self, *args: Any, parameters: dict[str, set[str]],
+                 scope_of: Callable[[], tools.Scope] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._parameters = parameters
+        self._scope_of = scope_of
+
+    async def list_tools(self):
+        listed = await super().list_tools()
+        if self._scope_of is None:
+            return listed
+        offered = set(tools.offered(self._scope_of()))
+        return [tool for tool in listed if tool.name in offered]
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
         known = self._parameters.get(name)
@@ -291,7 +303,22 @@ class Server(MCPServer):
         if unknown:
             takes = ", ".join(sorted(known)) or "no arguments"
             raise ToolError(f"{name} does not take {', '.join(unknown)}; it takes {takes}")
-        return await super().call_tool(name, arguments, context)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            raise ToolError(f"{name}: {invalid(exc.__cause__)}") from None
+
+
+def invalid(error: ValidationError) -> str:
+    """Pydantic's report on a tool's arguments as one line: each argument named with what it must be; the value
+    sent is not repeated, nor are pydantic's links."""
+    said = []
+    for problem in error.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in problem["loc"]) or "arguments"
+        said.append(f"{where}: {problem['msg']}")
+    return "invalid arguments: " + "; ".join(dict.fromkeys(said))
 
 
 INSTRUCTIONS = ("memctl: long-term memory on PostgreSQL. Call recall at the start of a task; remember what "
@@ -317,7 +344,8 @@ def build(session: tools.Session | Callable[[], tools.Session], *, scope: tools.
         made.append(tool)
     return Server("memctl", version=__version__, instructions=INSTRUCTIONS.format(scope=describe or scope.describe()),
                   log_level="WARNING", tools=made,
-                  parameters={d.__name__: set(inspect.signature(d).parameters) for d in declared}, **options)
+                  parameters={d.__name__: set(inspect.signature(d).parameters) for d in declared},
+                  scope_of=(lambda: session().scope) if callable(session) else None, **options)
 
 
 def published(schema: dict[str, Any]) -> dict[str, Any]:

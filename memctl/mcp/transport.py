@@ -175,6 +175,25 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
+def refusal(line: bytes | None, problem: Exception) -> SessionMessage:
+    """The answer to a line that is no JSON-RPC message, which the SDK would only log: JSON-RPC 2.0's Parse error
+    (not JSON) or Invalid Request (JSON, not a request; a line too long), with the id the line names if any, else
+    null, so the client that sent it hears back instead of waiting."""
+    import json
+
+    code, said, request_id = types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", None
+    try:
+        value = json.loads(line) if line is not None else None
+    except ValueError:
+        code, said = types.PARSE_ERROR, "Parse error: the line is not JSON"
+    else:
+        if isinstance(value, dict) and isinstance(value.get("id"), (str, int)) and not isinstance(value["id"], bool):
+            request_id = value["id"]
+    if line is None:
+        said = f"Invalid Request: {problem}"
+    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=said)))
+
+
 # A client gone from its end of our output: the write that found it so, and what it broke after it.
 GONE = (BrokenPipeError, ConnectionResetError)
 AFTER_GONE = (*GONE, anyio.BrokenResourceError, anyio.ClosedResourceError)
@@ -234,8 +253,11 @@ async def _serve_pipes(server: MCPServer, owed: Owed, grace: float, limit: int) 
             async with to_server:
                 async for line in lines:
                     item = line if isinstance(line, Exception) else _parse(line)
-                    if isinstance(item, SessionMessage):
-                        owed.read(item.message)
+                    if isinstance(item, Exception):
+                        refused = refusal(None if isinstance(line, Exception) else line, item)
+                        await write(refused.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+                        continue
+                    owed.read(item.message)
                     await to_server.send(item)
                 await _end_of_input(owed, grace)
 
@@ -255,8 +277,10 @@ async def _serve_files(server: MCPServer, owed: Owed, grace: float) -> None:
         async def relay_input() -> None:
             async with stdin, to_server:
                 async for item in stdin:
-                    if isinstance(item, SessionMessage):
-                        owed.read(item.message)
+                    if isinstance(item, Exception):
+                        await stdout.send(refusal(None, item))
+                        continue
+                    owed.read(item.message)
                     await to_server.send(item)
                 await _end_of_input(owed, grace)
 

@@ -29,7 +29,7 @@ from memctl.errors import BadValue, MemctlError
 from memctl.records import jobs
 
 JOBS = ("embed", "summarize", "prune", "purge", "backup")  # always reported, run or not
-OUTCOMES = ("running", "ok", "partial", "failed", "unavailable")  # the job log's CHECK constraint
+OUTCOMES = ("running", "ok", "partial", "failed", "unavailable", "interrupted")  # the job log's CHECK constraint
 KINDS_LIMIT = 20  # kinds are free text too: the top 20 by episodes keep their own label value
 OTHER = "other"
 # memctl-summarize.timer runs daily (systemd/memctl-summarize.timer); it has no [schedule] setting.

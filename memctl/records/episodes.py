@@ -10,7 +10,9 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from memctl import jsonl, places, redact
+from memctl import places, redact
+
+from memctl.files import jsonl
 from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
@@ -183,7 +185,7 @@ class ImportResult:
 
 def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: bool,
                 result: ImportResult) -> Iterator[gate.NewEpisode]:
-    """Validated episodes from JSONL (memctl.jsonl); a bad line raises (naming it) unless skip_invalid."""
+    """Validated episodes from JSONL (memctl.files.jsonl); a bad line raises (naming it) unless skip_invalid."""
     def skip(error: jsonl.LineError) -> None:
         if not skip_invalid:
             raise jsonl.LineError(error.number, f"{error.reason}; nothing was imported", error.exit_code)

@@ -17,7 +17,7 @@ import datetime
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from memctl import jsonl
+from memctl.files import jsonl
 from memctl.errors import BadValue, InvalidInput, NotFound
 from memctl.write import values
 from memctl.write.values import WRITER
@@ -141,19 +141,21 @@ def at_params(at: datetime.datetime | None = None, *, namespace: str | None = No
     return {"at": at, "namespaces": None if namespace is None else [namespace], "key": key, "prefix": prefix}
 
 
-def moment(value: str | datetime.datetime | None, what: str) -> datetime.datetime | None:
-    """A point in time: now, a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC)."""
+def moment(value: str | datetime.datetime | None, what: str, skew: float | None = None) -> datetime.datetime | None:
+    """A point in time: now, a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC), no later
+    than [limits] clock_skew (`skew`) from now (memctl.records.filters.moment)."""
     if value is None or isinstance(value, datetime.datetime):
         return None if value is None else values.parse_time(value, what)
     from memctl.records.filters import parse_since
 
-    return parse_since(value, what)
+    return parse_since(value, what, skew)
 
 
 def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_from", *,
                      now: datetime.datetime | None = None) -> datetime.datetime | None:
-    """`value` as a time, refused (BadValue) when it lies after `now` (default: this machine's clock)."""
-    when = moment(value, what)
+    """`value` as a time, refused (BadValue) when it lies after `now` (default: this machine's clock): stricter than
+    the clock skew every other time is allowed (moment), and said so."""
+    when = moment(value, what, skew=float("inf"))
     now = now or datetime.datetime.now(datetime.timezone.utc)
     if when is not None and when > now:
         raise BadValue(f"{what} {when.isoformat()}: is in the future (it is {now.isoformat(timespec='seconds')}); "
@@ -374,7 +376,7 @@ IMPORT_FIELDS = ("key", "value", "namespace", "source", "version", "updated_at",
 
 
 def parse_import(lines: Iterable[bytes]) -> list[dict]:
-    """Parse JSONL fact records (memctl.jsonl); any bad line fails the whole import, naming the line."""
+    """Parse JSONL fact records (memctl.files.jsonl); any bad line fails the whole import, naming the line."""
     records = []
     for number, item in jsonl.read(lines, fields=IMPORT_FIELDS):
         try:

@@ -18,12 +18,14 @@ SINCE = "created at or after"
 UNTIL = "created before (exclusive: not at)"
 
 
-def moment(value: str) -> datetime.datetime:
+def moment(value: str, skew: float | None = None) -> datetime.datetime:
     """A moment to read at: 'now', a duration back from now ('7d', at most config.MAX_DURATION) or an
-    ISO 8601 date/time (no zone: UTC). ValueError says why not, without naming where it was given.
+    ISO 8601 date/time (no zone: UTC), no later than `skew` seconds from now ([limits] clock_skew, the
+    configuration's default when None: memory holds what happened, so a time past it is a typo).
+    ValueError says why not, without naming where it was given.
 
     The one reading of --since, --until and --as-of: on the command line (checked where the option
-    enters), in `episode search --batch` lines and through MCP."""
+    enters), in `episode search --batch` and `recall --batch` lines and through MCP."""
     now = datetime.datetime.now(datetime.timezone.utc)
     if str(value).strip().lower() == "now":
         return now
@@ -33,7 +35,7 @@ def moment(value: str) -> datetime.datetime:
         raise ValueError(f"{exc}; give an ISO 8601 date/time for older") from None
     except ValueError:
         try:
-            return parse_time(value, "time")
+            return _not_ahead(parse_time(value, "time"), now, skew)
         except BadValue:
             raise ValueError(f"{shown(value)} is neither 'now', a duration back from now (30m, 12h, 7d) nor an "
                              "ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
@@ -43,10 +45,20 @@ def moment(value: str) -> datetime.datetime:
         raise ValueError(f"{shown(value)} reaches back before the year 1") from None
 
 
-def parse_since(value: str, option: str = "--since") -> datetime.datetime:
-    """moment(value), or BadValue naming `option` (--since, --until, --as-of; as_of through MCP)."""
+def _not_ahead(when: datetime.datetime, now: datetime.datetime, skew: float | None) -> datetime.datetime:
+    from memctl.write.values import Limits
+
+    skew = Limits.of(None).clock_skew if skew is None else skew
+    if (when - now).total_seconds() > skew:
+        raise ValueError(f"{when.isoformat()} is in the future (it is {now.isoformat(timespec='seconds')}), more "
+                         f"than the {int(skew)}s [limits] clock_skew allows: memory holds what happened")
+    return when
+
+
+def parse_since(value: str, option: str = "--since", skew: float | None = None) -> datetime.datetime:
+    """moment(value, skew), or BadValue naming `option` (--since, --until, --as-of; as_of through MCP)."""
     try:
-        return moment(value)
+        return moment(value, skew)
     except ValueError as exc:
         raise BadValue(f"{option}: {exc}", option) from None
 

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from memctl.errors import BadValue, MemctlError, Unavailable
+from memctl.errors import BadValue, MemctlError, NothingToDo, Unavailable
 
 # The jobs the log records (the seven, then the steps of a model change that are logged apart, and exports:
 # an erasure's receipt lists the exports before it).
@@ -33,6 +33,7 @@ SELECT job, started_at, finished_at, outcome, rows, error,
 FROM jobs WHERE job = %s AND outcome = ANY(%s) ORDER BY finished_at DESC, id DESC LIMIT 1
 """
 COMPLETED = ("ok", "partial")
+INTERRUPTED = "interrupted"  # stopped from outside: neither completed nor failed (sql/0026)
 
 
 @dataclass
@@ -50,17 +51,68 @@ def record(conn, name: str) -> Iterator[Job]:
     """Record a run: a 'running' row at start, the outcome at the end (also on error).
 
     An exception marks the run failed (unavailable for a missing dependency)
-    and propagates. A process killed mid-run leaves the row 'running'.
+    and propagates; a run stopped from outside (SIGINT, SIGTERM: memctl.interrupts; or the reader of its
+    output gone, `export | head -1`) is 'interrupted', no failure. A process killed mid-run leaves the row
+    'running'.
     """
     job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
     try:
         yield job
     except BaseException as exc:
-        job.outcome = "unavailable" if isinstance(exc, Unavailable) else "failed"
-        job.error = str(exc) if isinstance(exc, MemctlError) else f"{type(exc).__name__}: {exc}"
+        job.outcome, job.error = outcome_of(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            _settle(conn)
         _finish(conn, job)
         raise
     _finish(conn, job)
+
+
+def _settle(conn) -> None:
+    """Make a connection an interrupt left mid-statement usable for the job's last row. psycopg cancels the
+    statement it waits on, but a signal can land between a statement sent and the wait for it (seen on a server
+    over TCP: the row stayed 'running', "another command is already in progress"): cancel it, read what is left,
+    roll back the transaction it was in. A second signal meanwhile ends the process (memctl.interrupts)."""
+    from psycopg import pq
+
+    try:
+        pgconn = conn.pgconn
+        if pgconn.status != pq.ConnStatus.OK:
+            return
+        if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+            conn.cancel_safe(timeout=5.0)
+            for _ in range(1000):  # the cancelled statement's results, then None
+                if pgconn.get_result() is None:
+                    break
+        if pgconn.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+            pgconn.exec_(b"ROLLBACK")
+    except Exception:
+        pass  # the row stays 'running', as for a process killed mid-run
+
+
+def ended(conn, name: str, exc: BaseException) -> None:
+    """Log a run that ended on EXC where no row was written around it (a restore replaces the job log itself); a
+    database gone meanwhile logs nothing, as a run killed mid-way."""
+    if isinstance(exc, KeyboardInterrupt):
+        _settle(conn)
+    try:
+        job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+    except Exception:
+        return
+    job.outcome, job.error = outcome_of(exc)
+    _finish(conn, job)
+
+
+def outcome_of(exc: BaseException) -> tuple[str, str | None]:
+    """The outcome and error of a run that ended on EXC."""
+    if isinstance(exc, KeyboardInterrupt):  # memctl.interrupts.Interrupted: SIGINT or SIGTERM
+        return INTERRUPTED, f"stopped by {exc}" if str(exc) else "stopped by SIGINT"
+    if isinstance(exc, BrokenPipeError):
+        return INTERRUPTED, "the reader of the output went away before its end (a closed pipe)"
+    if isinstance(exc, NothingToDo):
+        return "ok", None
+    if isinstance(exc, Unavailable):
+        return "unavailable", str(exc)
+    return "failed", str(exc) if isinstance(exc, MemctlError) else f"{type(exc).__name__}: {exc}"
 
 
 def _clean(text: str | None) -> str | None:

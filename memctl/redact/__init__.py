@@ -17,10 +17,19 @@ day (issue 19):
 - `password is hunter2xyz`, `the root password is changeme`, `aws secret access key wJalr...`
   (`shapes._said_findings`), `docker login -p X`, `memctl fact set db.password X`.
 - `Authorization:` headers (Bearer, Basic, Token, ...) and a lone `Bearer <16+ chars>`.
-- passwords on command lines: `mysql -phunter2` (and mariadb, mysqldump...; a bare number
-  of up to 5 digits is taken for a mistyped port), `sshpass -p`, `redis-cli -a`,
-  `curl -u user:password`. `ls -p`, `mkdir -p`, `ssh -p 2222` name no such command.
-- provider key prefixes (`shapes._PROVIDER_KEYS`): OpenAI `sk-`/`sk-proj-`, Anthropic `sk-ant-`,
+- passwords on command lines (commands.py): `mysql -phunter2` (and mariadb, mysqldump...; a bare
+  number of up to 5 digits is taken for a mistyped port), `sshpass -p`, `redis-cli -a`,
+  `curl -u user:password`; and a password a command takes as a plain argument (issue 50): an
+  option's value (`sqlcmd -P X`, `zip -P X`, `keytool -storepass X`, `smbclient -U user%X`), a
+  place among the arguments (`htpasswd -b FILE USER X`, `net user NAME X`, `rabbitmqctl add_user
+  USER X`, `mysqladmin password X`, `redis-cli AUTH X`), or what is piped in (`echo X | passwd
+  --stdin`, `echo user:X | chpasswd`, `echo X | sudo -S`). `ls -p`, `mkdir -p`, `ssh -p 2222`
+  name no such command.
+- a password named in prose (issue 50): `the passphrase is set to X`, `the password was changed
+  to X`, `set the root password to X` (after a verb of setting), `log in as ops with password X`,
+  `(password toor)`, `credentials: admin / X`; a common or prose word (`set to expire`, `with
+  password auth`) is not a value.
+- provider key prefixes (`providers.py`): OpenAI `sk-`/`sk-proj-`, Anthropic `sk-ant-`,
   GitHub `github_pat_`, Google `AIza`, Hugging Face `hf_`, npm, Groq, Vault, ..., each with
   the length of a real key.
 

@@ -10,15 +10,9 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from memctl.redact import keyword
-from memctl.redact.shapes import (
-    NOT_A_SECRET,
-    Finding,
-    any_word,
-    command_words,
-    named_pair,
-    provider_findings,
-    shape_findings,
-)
+from memctl.redact.commands import command_findings, command_words
+from memctl.redact.providers import provider_findings
+from memctl.redact.shapes import NOT_A_SECRET, Finding, any_word, named_pair, shape_findings
 
 _MARKER = re.compile(r"\[REDACTED:[a-z0-9-]+\]")
 
@@ -86,9 +80,10 @@ _KEYWORDS = any_word("key", "pw", "pass", "token", "secret", "cloudant", "auth",
 def candidate(text: str, low: str) -> bool:
     """Could any detector match at all? A long token, a URL, a key line, a quote, a secret-like name before
     `=` or `:`, or a command that takes a password."""
-    if "://" in text or "private key" in low or "putty" in low or "password" in low or _QUOTED.search(text):
+    if "://" in text or "private key" in low or "putty" in low or "passw" in low or "passphrase" in low \
+            or _QUOTED.search(text):
         return True
-    if named_pair(text, low) or command_words(text, low):
+    if named_pair(text, low) or command_words(text, low) or "/" in text and ("cred" in low or "login" in low):
         return True
     tokens = text.split()
     if max(map(len, tokens), default=0) < 16:
@@ -314,6 +309,8 @@ def find(text: str) -> list[Finding]:
     # before the plugins' guesses (an IBM "key" of 44 characters), both before a secret-like name.
     found.extend(provider_findings(text))
     found.extend(_plugin_findings(text, low))
+    if command_words(text, low) or "--" in text:
+        found.extend(command_findings(text))
     found.extend(shape_findings(text, low))
     if not found:
         return []

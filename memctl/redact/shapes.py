@@ -1,7 +1,8 @@
 """The shapes of secrets detect-secrets misses (memctl.redact's docstring lists them), and what is no secret.
 
 Names that name a secret (`secret_name`), values that only stand for one (`placeholder`), and the
-finders for name=value pairs, Authorization headers, passwords on command lines and provider keys.
+finders for name=value pairs, Authorization headers and secrets named in prose (passwords on command
+lines: memctl.redact.commands; provider keys: memctl.redact.providers).
 """
 
 from __future__ import annotations
@@ -85,12 +86,12 @@ def named_pair(text: str, low: str) -> bool:
     return False
 
 
-def _name_kind(name: str) -> str | None:
-    return _short_name_kind(name) if len(name) <= HEAD else _judge_name(name)
+def name_kind(name: str) -> str | None:
+    return _shortname_kind(name) if len(name) <= HEAD else _judge_name(name)
 
 
 @lru_cache(maxsize=4096)
-def _short_name_kind(name: str) -> str | None:
+def _shortname_kind(name: str) -> str | None:
     return _judge_name(name)
 
 
@@ -126,7 +127,7 @@ def secret_name(name: str) -> bool:
     False: db.host, token_count, max_tokens, primary_key, ssh_key, public_key, password_policy.min_length,
     password_file, access_key_id (each names something about a secret, or no secret at all).
     """
-    return _name_kind(name) is not None
+    return name_kind(name) is not None
 
 
 # --- Values that are no secret ----------------------------------------------------------------------------
@@ -195,7 +196,7 @@ def _judge_looks_secret(value: str, length: int) -> bool:
     return length >= 6 and classes >= 2 or length >= 16 and "-" not in head
 
 
-# --- Shapes: name=value pairs, Authorization headers, command-line passwords, provider keys ----------------
+# --- Shapes: name=value pairs, Authorization headers ----------------------------------------------------
 
 # name, an optional closing quote, the separator, then a quoted or a bare value (a bare one ends at ; or a
 # quote), the value in a lookahead so that a pair inside a quoted value is seen too (value="...;Password=x").
@@ -214,61 +215,7 @@ _AUTH_HEADER = re.compile(
     r"(?:(bearer|basic|token|negotiate|ntlm|apikey|api-key|sso-key|key|jwt|dpop)[ \t]+)?([^\s'\",;]+)",
     re.IGNORECASE)
 _BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+([A-Za-z0-9._~+/-]{16,}=*)")
-# A password-taking command, then the rest of its command line (to a pipe, ; or &).
-_PASSWORD_COMMAND = re.compile(
-    r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl|(?:docker|podman|nerdctl)[ \t]+login)\b([^\n|;&]*)")
-_VALUE = r"(?:(['\"])(.{0,1024}?)\1|([^\s'\"]\S*+))"
-_COMMAND_PASSWORD = {
-    "mysql": re.compile(r"(?<=\s)-p" + _VALUE),  # attached only: `mysql -p` alone prompts
-    "sshpass": re.compile(r"(?<=\s)-p[ \t]*" + _VALUE),
-    "redis-cli": re.compile(r"(?<=\s)(?:-a|--pass)[ \t]+" + _VALUE),
-    "login": re.compile(r"(?<=\s)(?:-p|--password)(?:[ \t]+|=)" + _VALUE),  # docker login -p
-    "curl": re.compile(r"(?<=\s)(?:-u|--user)[ \t]*['\"]?[^\s:'\"]+:" + r"([^\s'\"]+)"),
-}
-
-
-def command_words(text: str, low: str) -> bool:
-    return ("mysql" in low or "login" in low and "-p" in text or "fact" in low and "set" in low or "mariadb" in low or "sshpass" in low or "redis-cli" in low
-            or "curl" in low and ("-u" in text or "--user" in text))
-
-
-_OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.{0,1024}?)\2|([^\s'\"-]\S*+))")
-
-# Provider keys by prefix: (kind, literal prefix for the gate, pattern). The body must hold a digit and a letter.
-_PROVIDER_KEYS = tuple((kind, prefix, re.compile(r"(?<![\w-])" + pattern + r"(?![\w-])")) for kind, prefix, pattern in (
-    ("anthropic-api-key", "sk-ant-", r"sk-ant-[A-Za-z0-9_-]{32,}"),
-    ("openai-token", "sk-", r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
-    ("github-token", "github_pat_", r"github_pat_[A-Za-z0-9_]{30,}"),
-    ("google-api-key", "AIza", r"AIza[0-9A-Za-z_-]{35}"),
-    ("huggingface-token", "hf_", r"hf_[A-Za-z0-9]{30,}"),
-    ("npm-tokens", "npm_", r"npm_[A-Za-z0-9]{36}"),
-    ("groq-api-key", "gsk_", r"gsk_[A-Za-z0-9]{40,}"),
-    ("xai-api-key", "xai-", r"xai-[A-Za-z0-9]{60,}"),
-    ("perplexity-api-key", "pplx-", r"pplx-[A-Za-z0-9]{40,}"),
-    ("replicate-token", "r8_", r"r8_[A-Za-z0-9]{37}"),
-    ("vault-token", "hv", r"hv[sbr]\.[A-Za-z0-9_-]{24,}"),
-    ("digitalocean-token", "_v1_", r"do[opr]_v1_[a-f0-9]{64}"),
-    ("databricks-token", "dapi", r"dapi[a-f0-9]{32}(?:-\d)?"),
-    ("shopify-token", "shp", r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
-    ("linear-api-key", "lin_api_", r"lin_api_[A-Za-z0-9]{40}"),
-    ("postman-api-key", "PMAK-", r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}"),
-    ("stripe-access-key", "_test_", r"(?:sk|rk)_test_[A-Za-z0-9]{24,}"),
-    ("stripe-access-key", "whsec_", r"whsec_[A-Za-z0-9]{32,}"),
-))
-_DIGIT, _LETTER = re.compile(r"\d"), re.compile(r"[A-Za-z]")
-
-
-def provider_findings(text: str) -> list[Finding]:
-    found = []
-    for kind, prefix, pattern in _PROVIDER_KEYS:
-        if prefix in text:
-            for m in pattern.finditer(text):
-                body = m.group()[len(prefix):] if m.group().startswith(prefix) else m.group()
-                if _DIGIT.search(body) and _LETTER.search(body):
-                    found.append(Finding(kind, *m.span()))
-    return found
-
-
+_DIGIT = re.compile(r"\d")
 _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 
@@ -331,7 +278,7 @@ def _pair_findings(text: str) -> list[Finding]:
             prev = _PREV_WORD_REVERSED.match(reversed_text, size - m.start())
             if prev is not None:
                 full = f"{prev.group(1)[::-1]}_{name}"
-        kind = _name_kind(full)
+        kind = name_kind(full)
         if kind is None or quote == "`":
             continue
         if sep[0] == "=" and sep[-1] in " \t":
@@ -368,7 +315,10 @@ changed stored kept saved sent shared known unchanged different right case polic
 attached given pending needed ready your my our their his her its from with via by as will must should can cannot
 what which who where when how why if then than so but all any some none both each every per please use used ask
 asked do does did done has have had get got make made same vault file env environment prod production staging test
-correctly incorrectly wrong expired rotated hashed salted encrypted""".split())
+correctly incorrectly wrong expired rotated hashed salted encrypted auth authentication login logins protection
+protected less free based only hash hint length strength complexity requirement requirements rule rules expiry history
+reuse storage store generator form box dialog screen page link email flow update sync expire expires expiring rotate
+rotates rotation one ones something someone default generated random stronger longer shorter temporary""".split())
 _PROSE_ENDING = re.compile(r"[a-z]+(?:ed|ing|ly|ion|ions|ment|ness)")
 _PHRASE_WORD = re.compile(r"[A-Za-z0-9!@#$%^&*+=-]{2,32}")
 
@@ -400,34 +350,79 @@ def _phrase_end(text: str, start: int) -> int | None:
     return start + len(line.rstrip(" \t\r.,"))
 
 
-# `password is hunter2`, `the root password is changeme`, `aws secret access key wJalr...`: a secret's name, then
-# `is`/`was` or nothing, then one word. Without a verb the word must look strongly like a secret.
+# A secret named in prose, then its value (issue 37; issue 50: the verbs and contexts of typed passwords):
+#   `password is hunter2xyz`, `the root password is changeme`, `the wifi password for the office is Sunflower42`,
+#   `the passphrase is set to X`, `the password was changed to X`, `is now X`, `has been set to X` (a verb);
+#   `set the root password to X`, `changed bob's password to X` (to, after set/change/reset/update/rotate);
+#   `log in as ops with password X`, `with the passphrase 'blue river stone'`, `(password toor)`, `, password X`;
+#   `aws secret access key wJalr...` (nothing: the word must look strongly like a secret).
+# A secret-looking word, or a weak password (`toor`) that ends the clause; a quoted value whole.
 _SAID = re.compile(r"(?<![A-Za-z])(password|passwd|passphrase|pwd|pw|secret|token|key|pat|credentials?)"
-                   r"(?:[ \t]+(is|was))?[ \t]+['\"]?([^\s'\"]{3,128})", re.IGNORECASE)
-# The two words before a name, read backwards in the reversed text: one anchored match per name.
-_WORDS_BEFORE_REVERSED = re.compile(r"[ \t]{1,8}([\w-]{0,30}[A-Za-z])(?![\w-])(?:[ \t]{1,8}([\w-]{0,30}[A-Za-z])(?![\w-]))?")
-_CLAUSE_END = re.compile(r"['\"]?[ \t]*(?:$|[\r\n.,;!)])")
+                   r"(?:[ \t]{1,8}for[ \t]{1,8}(?:(?:the|an?|our|my|his|her|their|new)[ \t]{1,8})?[\w-]{1,30})?"
+                   r"(?:[ \t]{1,8}(is|was|has[ \t]{1,8}been|had[ \t]{1,8}been)(?:[ \t]{1,8}now)?)?"
+                   r"(?:[ \t]{1,8}(?:(set|changed|reset|updated|rotated)[ \t]{1,8})?(to))?"
+                   r"[ \t]{1,8}(?:(['\"])([^'\"\n]{3,128})\5|['\"]?([^\s'\"]{3,128}))", re.IGNORECASE)
+# A word before a name, read backwards in the reversed text: one anchored match a word (five at most).
+_WORD_BEFORE_REVERSED = re.compile(r"[ \t]{1,8}([\w'-]{0,30}[A-Za-z])(?![\w-])")
+_CLAUSE_END = re.compile(r"['\"]?[ \t]*(?:$|[\r\n.,;!)]|(?:for|and|on|in|at|this|yesterday|today|now)\b)")
+_SETTING = re.compile(r"(?:set|sets|setting|change|changed|changes|changing|reset|resets|update|updated|updates|"
+                      r"rotate|rotated|rotates)")
+_GIVING = {"with", "using", "use", "via"}  # `with password X`: the name, then its value
+
+
+def _words_before(text: str, reversed_text: str, at: int) -> list[str]:
+    """Up to five words before position `at`, in text order."""
+    words, position = [], len(text) - at
+    while len(words) < 5 and (m := _WORD_BEFORE_REVERSED.match(reversed_text, position)) is not None:
+        words.append(m.group(1)[::-1])
+        position = m.end()
+    return words[::-1]
 
 
 def _said_findings(text: str) -> list[Finding]:
     found, reversed_text = [], None
     for m in _SAID.finditer(text):
         reversed_text = text[::-1] if reversed_text is None else reversed_text
-        before = _WORDS_BEFORE_REVERSED.match(reversed_text, len(text) - m.start())
-        words = [w[::-1] for w in (before.groups()[::-1] if before else ()) if w and w[::-1].lower() not in _COMMON]
+        before = _words_before(text, reversed_text, m.start())
+        words = [w for w in before if w.lower() not in _COMMON and not _SETTING.fullmatch(w.lower())]
         name = "_".join(words[-2:] + [m.group(1)])
-        kind = _name_kind(name)
-        value = _strip_trailing(m.group(3))
-        if kind is None or len(value) < 3 or placeholder(value, name):
+        kind = name_kind(name)
+        quoted = m.group(6) is not None
+        value = m.group(6) if quoted else _strip_trailing(m.group(7))
+        start = m.start(6) if quoted else m.start(7)
+        if kind is None or len(value) < 3 or placeholder(value, name) or value.lower() in _COMMON:
             continue
-        end = m.start(3) + len(value)
-        if m.group(2):  # `is`/`was`: a secret-looking word, or a weak password that ends the clause
-            ok = _looks_secret(value) or (kind == "password" and _weak_password(value)
-                                          and _CLAUSE_END.match(text, end) is not None)
+        end = start + len(value)
+        ended = _CLAUSE_END.match(text, end) is not None
+        weak = kind == "password" and _weak_password(value) and ended
+        verb, to = m.group(2), m.group(4)
+        gives = bool(before) and before[-1].lower() in _GIVING or \
+            len(before) > 1 and before[-1].lower() == "the" and before[-2].lower() in _GIVING or \
+            text[max(0, m.start() - 2):m.start()].rstrip()[-1:] in ("(", ",")
+        if to and not verb and not m.group(3) and not any(_SETTING.fullmatch(w.lower()) for w in before):
+            continue  # `sent the password to bob`: no setting verb, so `to` gives no value
+        if verb or to or gives:
+            ok = quoted and kind == "password" or _looks_secret(value) or weak
         else:
             ok = len(value) >= 12 and _looks_secret(value) and bool(_DIGITS.search(value)) and "-" not in value
         if ok:
-            found.append(Finding(kind, m.start(3), end))
+            found.append(Finding(kind, start, end))
+    return found
+
+
+# `credentials: admin / Adm1nPw!`, `login alice/Hunter2x`: a user, a slash, a password.
+_USER_SLASH = re.compile(r"(?<![A-Za-z])(?:credentials?|creds|login)[ \t]{0,8}[:=]?[ \t]{1,8}([\w.@-]{1,64})[ \t]{0,8}/"
+                         r"[ \t]{0,8}([^\s'\"/]{3,128})", re.IGNORECASE)
+
+
+def _user_slash_findings(text: str) -> list[Finding]:
+    found = []
+    for m in _USER_SLASH.finditer(text):
+        value = _strip_trailing(m.group(2))
+        end = m.start(2) + len(value)
+        if len(value) >= 3 and not placeholder(value) and (
+                _looks_secret(value) or _weak_password(value) and _CLAUSE_END.match(text, end) is not None):
+            found.append(Finding("password", m.start(2), end))
     return found
 
 
@@ -439,7 +434,7 @@ _FACT_SET = re.compile(r"(?<![\w-])fact[ \t]+set[ \t]+['\"]?([\w.:/-]{1,200})['\
 def _fact_set_findings(text: str) -> list[Finding]:
     found = []
     for m in _FACT_SET.finditer(text):
-        kind, group = _name_kind(m.group(1)), 3 if m.group(3) is not None else 4
+        kind, group = name_kind(m.group(1)), 3 if m.group(3) is not None else 4
         if kind and len(m.group(group)) >= 3 and not placeholder(m.group(group), m.group(1)):
             found.append(Finding(kind, *m.span(group)))
     return found
@@ -458,37 +453,14 @@ def _header_findings(text: str, low: str) -> list[Finding]:
     return found
 
 
-def _command_findings(text: str) -> list[Finding]:
-    """Passwords on command lines: mysql -pX, sshpass -p X, redis-cli -a X, curl -u user:X, --password X."""
-    found = []
-    for command in _PASSWORD_COMMAND.finditer(text):
-        name = command.group(1)
-        rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else
-                                 "login" if name.endswith("login") else name]
-        for m in rule.finditer(text, command.start(2), command.end(2)):
-            span = (m.start(m.lastindex), m.end(m.lastindex))
-            value = text[span[0]:span[1]]
-            if len(value) < 3 or placeholder(value) or name[0] == "m" and value.isdigit() and len(value) <= 5:
-                continue  # `mysql -p3306`: a port typed with the wrong case; `-pv` another command's flags
-            found.append(Finding("password", *span))
-    if "--" in text:
-        for m in _OPTION.finditer(text):
-            kind = _name_kind(m.group(1))
-            group = 3 if m.group(3) is not None else 4
-            value = m.group(group)
-            if kind and len(value) >= 3 and "=" not in value and not placeholder(value, m.group(1)):
-                found.append(Finding(kind, *m.span(group)))
-    return found
-
-
 def shape_findings(text: str, low: str) -> list[Finding]:
     found = _header_findings(text, low)
-    if command_words(text, low) or "--" in text:
-        found.extend(_command_findings(text))
     if named_pair(text, low):
         found.extend(_pair_findings(text))
     if NAME_WORDS(text, low):
         found.extend(_said_findings(text))
+    if "/" in text and ("cred" in low or "login" in low):
+        found.extend(_user_slash_findings(text))
     if "fact" in low and "set" in low:
         found.extend(_fact_set_findings(text))
     return found

@@ -24,12 +24,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memctl import jsonl
+from memctl.files import jsonl
 from memctl.embedding import models
 from memctl.embedding.embedders import as_documents, as_queries
 from memctl.errors import BadValue, InvalidInput
 
 TOLERANCE = 0.02  # recall@k the new model may lose to the active one before `switch` refuses it
+# recall@k the active model must reach itself on known items built from the memory for them to judge a switch: on
+# log-like memory (templated lines) a part of a line tells it from none of the others, every model finds about
+# nothing, and a model that carries no meaning would pass. Below it the gate cannot judge and says so.
+JUDGE_FLOOR = 0.2
 SAMPLE = 100
 MAX_QUERY_CHARS = 200
 MIN_PART_WORDS = 3
@@ -177,8 +181,13 @@ def side_by_side(conn, settings, active: models.Model, new: models.Model, items:
     old, fresh = measure(conn, settings, active, items, k), measure(conn, settings, new, items, k)
     key = f"recall@{k}"
     worse = fresh[key] < old[key] - tolerance
+    judged = source != "memory" or old[key] >= JUDGE_FLOOR
+    note = describe(source, len(items)) if judged else (
+        f"cannot judge: the active model itself finds {key} {old[key]} of the known items built from the memory "
+        f"(under {JUDGE_FLOOR}): its texts (log-like, templated?) are told apart by no part of them, so a model "
+        "that carries no meaning would pass; give known items with --queries FILE (docs/size-and-model-changes.md)")
     return {"source": source, "k": k, "queries": len(items), "active": old, "new": fresh, "tolerance": tolerance,
-            "worse": worse, "note": describe(source, len(items))}
+            "worse": worse, "judged": judged, "note": note}
 
 
 def describe(source: str, n: int) -> str:
@@ -191,7 +200,7 @@ def describe(source: str, n: int) -> str:
 
 def figures(result: dict) -> str:
     """Both models' figures on one line, for messages and the job log's reader."""
-    if result["active"] is None:
+    if result["active"] is None or not result.get("judged", True):
         return result["note"]
     key = f"recall@{result['k']}"
     return (f"{key} {result['active'][key]} and MRR {result['active']['mrr']} for the active "

@@ -385,6 +385,9 @@ def switch(conn, settings, *, accept_worse: bool = False, queries: str | None = 
     active, new = models.require_active(conn), backfill_model(conn)
     items, _, source = known_items(conn, queries, quality.SAMPLE)
     measured = quality.side_by_side(conn, settings, active, new, items, k=k, source=source, tolerance=tolerance)
+    if not measured.get("judged", True) and not accept_worse:
+        raise WorseModel(f"switch refused: {measured['note']}, or `memctl reembed switch --accept-worse` to switch "
+                         f"unjudged ({quality.figures({**measured, 'judged': True})})")
     if measured["worse"] and not accept_worse:
         raise WorseModel(f"switch refused: the new model finds less than the active one beyond the tolerance "
                          f"of {tolerance}: {quality.figures(measured)}; `memctl reembed switch --accept-worse` "

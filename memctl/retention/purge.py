@@ -62,6 +62,29 @@ def _check_source(source: str) -> None:
         raise UsageError("a source must be a non-empty string without NUL characters")
 
 
+# The sources that wrote, each found by one index probe (episodes_source_idx; facts is small): what a purge that
+# matched nothing suggests instead of a typo.
+SOURCES = """
+WITH RECURSIVE s AS (
+    (SELECT source FROM episodes WHERE source IS NOT NULL ORDER BY source LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.source FROM episodes e WHERE e.source > s.source ORDER BY e.source LIMIT 1) FROM s
+    WHERE s.source IS NOT NULL
+)
+SELECT source FROM (SELECT source FROM s LIMIT %(limit)s) AS episodes WHERE source IS NOT NULL
+UNION SELECT DISTINCT source FROM facts WHERE source IS NOT NULL
+"""
+SOURCES_LOOKED_AT = 10_000
+
+
+def near_sources(conn, source: str, n: int = 3) -> list[str]:
+    """The sources that wrote whose names are closest to `source` (a purge that matched nothing: a typo?)."""
+    import difflib
+
+    known = [r["source"] for r in conn.execute(SOURCES, {"limit": SOURCES_LOOKED_AT}).fetchall()]
+    return difflib.get_close_matches(source, known, n=n, cutoff=0.5)
+
+
 def _source_facts(conn, source: str, since: datetime.datetime | None) -> list[dict]:
     return [{**f, "deleted": False} for f in conn.execute(SOURCE_FACTS, (source, since, since)).fetchall()]
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator
 
 from memctl.config import Settings, parse_duration
 from memctl.db import locks
-from memctl.errors import ConfigError, MemctlError, Unavailable, UsageError
+from memctl.errors import ConfigError, MemctlError, NothingToDo, Unavailable, UsageError
 from memctl.records import lineage as lineage_mod
 from memctl.embedding import chat as chat_mod
 from memctl.embedding.chat import UTC, Budget, OllamaChat, Summary, WindowFailed
@@ -125,7 +125,7 @@ def windows(conn, settings: Settings, *, older_than: str | None = None, agent: s
         raise UsageError(f"--limit must be positive, got {limit}")
     kinds_ = kinds(settings)
     if not kinds_:
-        raise ConfigError("nothing to summarize: [summarize] kinds is empty and [retention] limits no kind but "
+        raise NothingToDo("nothing to summarize: [summarize] kinds is empty and [retention] limits no kind but "
                           'summary (e.g. [retention] raw = "30d")')
     now = conn.execute(NOW).fetchone()["now"].astimezone(UTC)
     edge = now - datetime.timedelta(seconds=_older_than(settings, older_than))

@@ -23,7 +23,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
-from memctl import __version__, jsonl, redact
+from memctl import __version__, redact
+
+from memctl.files import jsonl
 from memctl.config import Settings
 from memctl.db import locks
 from memctl.embedding import models

@@ -77,14 +77,6 @@ def too_long(what: str, size: int | None, limit: int, setting: str) -> str:
     return f"{what}: {has} ([limits] {setting}); nothing was written: split it, or raise the limit"
 
 
-def read_bounded(handle, limit: int, what: str, setting: str) -> bytes:
-    """At most LIMIT bytes of HANDLE (stdin): one byte more is read to tell, and refused without reading on."""
-    data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise BadValue(too_long(what, None, limit, setting), what)
-    return data
-
-
 def in_time(when: datetime.datetime, limits: Limits, what: str = "created_at",
             now: datetime.datetime | None = None) -> datetime.datetime:
     """An episode's time: not before 1900, not more than [limits] clock_skew after now (BadValue, exit 2)."""

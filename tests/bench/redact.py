@@ -9,7 +9,7 @@ machine runs; the fastest of --runs). `--search N` also tries N random shapes of
 listed shapes and the pieces of the linear-time property) at a tenth of --size and names the slowest.
 Then the share of listed secret shapes caught (goal: all) and the share of clean records altered (goal
 <= 0.5%): the LoCoMo dev turns (../shared/eval, when present), the retrieval test data and the labelled
-everyday lines.
+everyday lines; and the labelled lines by shape (argument, prose, other): secrets caught, everyday lines altered.
 
     python tests/bench/redact.py [--size 200000] [--runs 3] [--search 0] [--seed 1]
 """
@@ -140,6 +140,24 @@ def main() -> None:
     print(f"clean records altered: {len(altered)} of {len(clean)} ({len(altered) / len(clean):.2%}, goal <= 0.5%)")
     for text in altered[:10]:
         print(f"  altered: {text[:80]!r}")
+    labelled_by_shape()
+
+
+def labelled_by_shape() -> None:
+    """tests/data/secrets_labelled.jsonl by shape (issue 50: `argument`, a password a command takes as a plain
+    argument; `prose`, one named in a sentence; `other`, the rest): secrets caught, everyday lines altered."""
+    import json
+
+    rows = [json.loads(line) for line in (Path(__file__).parents[1] / "data" / "secrets_labelled.jsonl").open()]
+    for shape in sorted({r.get("shape", "other") for r in rows}):
+        mine = [r for r in rows if r.get("shape", "other") == shape]
+        secret = [r for r in mine if r["kinds"]]
+        caught = [r for r in secret if not any(s in redact.redact_text(r["text"]) for s in r["secrets"])]
+        clean = [r for r in mine if not r["kinds"]]
+        altered = [r for r in clean if redact.redact_text(r["text"]) != r["text"]]
+        print(f"labelled {shape}: secrets caught {len(caught)} of {len(secret)} "
+              f"({len(caught) / max(len(secret), 1):.0%}); everyday lines altered {len(altered)} of {len(clean)} "
+              f"({len(altered) / max(len(clean), 1):.1%})")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any, Callable, Iterable, Iterator
 
-from memctl.errors import EXIT_USAGE, InvalidInput
+from memctl.errors import EXIT_USAGE, BadValue, InvalidInput
 
 
 class BadLine(InvalidInput):
@@ -131,12 +131,50 @@ def bounded(handle, limit: int, what: str, outcome: str = "nothing was imported"
 
 
 def open_input(path: str, stdin=None):
-    """A binary handle on a file, or on stdin for '-'; an unreadable file is InvalidInput."""
+    """A binary handle on a file, or on stdin for '-' (refused when empty: `Stdin`); an unreadable file is
+    InvalidInput."""
     if path == "-":
         import sys
 
-        return stdin if stdin is not None else sys.stdin.buffer
+        return Stdin(stdin if stdin is not None else sys.stdin.buffer)
     try:
         return open(path, "rb")
+    except IsADirectoryError:
+        raise BadValue(f"{path} is a directory: give a file, or - for stdin", "FILE") from None
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
+
+
+EMPTY_STDIN = ("stdin is empty: nothing came in (did a command before memctl in the pipeline fail?); memctl "
+               "refuses an empty stdin rather than act on nothing")
+
+
+def empty_stdin() -> BadValue:
+    """The one rule of stdin (README): one that gives nothing at all is bad input (exit 2), everywhere, so a
+    pipeline whose writer failed never stores a blank value or passes for an empty import."""
+    return BadValue(EMPTY_STDIN, "stdin")
+
+
+class Stdin:
+    """stdin for a JSONL reader: refused (empty_stdin) when its first read finds the end; never closed here."""
+
+    def __init__(self, handle) -> None:
+        self.handle, self.started = handle, False
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._seen(self.handle.readline(size))
+
+    def read(self, size: int = -1) -> bytes:
+        return self._seen(self.handle.read(size))
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.readline, b"")
+
+    def close(self) -> None:
+        pass
+
+    def _seen(self, data: bytes) -> bytes:
+        if not self.started and not data:
+            raise empty_stdin()
+        self.started = True
+        return data
