@@ -134,6 +134,25 @@ def pg_server():
         shutil.rmtree(home, ignore_errors=True)
 
 
+def pytest_configure(config):
+    """Each run's own base temporary directory. pytest's default, /tmp/pytest-of-USER, is shared by every pytest of
+    the user and made 0700 again by each one that starts (pytest's getbasetemp): a second run starting beside this
+    one (CI's two lanes) cut the embedded server's system user off from a home under it, mid-test ("pg_ctl: could
+    not access directory ...: Permission denied"). A directory of our own is left as the embedded server set it."""
+    if config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="memctl-pytest-")
+        config.stash[_OWN_BASETEMP] = config.option.basetemp
+
+
+def pytest_unconfigure(config):
+    own = config.stash.get(_OWN_BASETEMP, None)
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
+
+
+_OWN_BASETEMP = pytest.StashKey[str]()
+
+
 def pytest_collection_modifyitems(config, items):
     """MEMCTL_TEST_SERVER_ONLY=1 with MEMCTL_TEST_DATABASE_URL: deselect the tests that never reach it."""
     if not (os.environ.get("MEMCTL_TEST_SERVER_ONLY") and os.environ.get("MEMCTL_TEST_DATABASE_URL")):

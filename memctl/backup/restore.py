@@ -105,8 +105,12 @@ class Verification:
     agents: list[dict] = field(default_factory=list)  # registered agents whose roles that server lacks (wall.unserved)
 
     @property
+    def tables_ok(self) -> bool:
+        return all(t.ok for t in self.tables)
+
+    @property
     def ok(self) -> bool:
-        return all(t.ok for t in self.tables) and all(a["makes"] for a in self.agents)
+        return self.tables_ok and all(a["makes"] for a in self.agents)
 
     @property
     def failed(self) -> list[str]:
