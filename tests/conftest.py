@@ -39,7 +39,10 @@ from psycopg.conninfo import make_conninfo
 from tests.ollama_server import local_embedder_available
 
 
-TEMPLATE = "memctl_test_template"
+# The run's own template (its pid in the name): two runs on one server (CI's lanes, a developer's beside them)
+# never drop or rebuild each other's. A template whose run is gone is dropped by the next run (_drop_stale).
+TEMPLATE = f"memctl_test_template_{os.getpid()}"
+STALE_TEMPLATES = "SELECT datname FROM pg_database WHERE datname ~ '^memctl_test_template_[0-9]+(_cr)?$'"
 pytest_plugins = ("tests.fix_agents", "tests.fix_disk", "tests.fix_places", "tests.fix_upgrade")  # shared fixtures
 
 # The writer check (docs/testing.md): in every test database (the template's copies), a statement-level trigger on
@@ -76,7 +79,8 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="memctl-test-cache-")
 
 def _admin_url() -> tuple[str, object]:
     given = os.environ.get("MEMCTL_TEST_DATABASE_URL")
-    if given:
+    if given:  # a home of the run's own all the same: backups, the erasure key, never the machine's /var/lib/memctl
+        os.environ["MEMCTL_HOME"] = tempfile.mkdtemp(prefix="memctl-test-home-")
         return given, None
     home = Path(tempfile.mkdtemp(prefix="memctl-test-pg-"))
     os.environ["MEMCTL_HOME"] = str(home)
@@ -107,6 +111,21 @@ def drop_database(conn, name: str, seconds: float = 30) -> None:
             time.sleep(0.2)
 
 
+def _drop_stale(conn) -> None:
+    """Drop the templates of runs on this machine that are gone (killed before their own cleanup)."""
+    for (name,) in conn.execute(STALE_TEMPLATES).fetchall():
+        pid = int(name.split("_")[3])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            try:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+            except psycopg.Error:  # another role's (the CREATEROLE lane's), or in use: its own run drops it
+                pass
+        except PermissionError:  # a live process of another user
+            pass
+
+
 def _db_url(admin: str, name: str) -> str:
     return make_conninfo(admin, dbname=name)
 
@@ -119,6 +138,7 @@ def pg_server():
     from memctl.db import migrate
 
     with psycopg.connect(admin, autocommit=True) as conn:
+        _drop_stale(conn)
         drop_database(conn, TEMPLATE)
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
     with db.connect(_db_url(admin, TEMPLATE)) as conn:
