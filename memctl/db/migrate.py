@@ -351,7 +351,9 @@ def holds_memory(conn) -> bool:
     tables = [row[0] for row in _rows(conn, MEMORY_TABLES)]
     if not tables:
         return False
-    query = sql.SQL(" OR ").join(sql.SQL("EXISTS (SELECT FROM {})").format(sql.SQL(t)) for t in tables)
+    # `SELECT 1`, not a zero-column `SELECT FROM`: Citus plans the latter on a distributed table as a function
+    # returning "record" and refuses it ("a column definition list is required").
+    query = sql.SQL(" OR ").join(sql.SQL("EXISTS (SELECT 1 FROM {})").format(sql.SQL(t)) for t in tables)
     return bool(_rows(conn, sql.SQL("SELECT ") + query)[0][0])
 
 

@@ -35,7 +35,7 @@ ROLE_EXISTS = "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) AS yes"
 CAN_CREATE_ROLES = "SELECT rolcreaterole OR rolsuper AS yes FROM pg_roles WHERE rolname = current_user"
 IS_MEMBER = "SELECT pg_has_role(%s, %s, 'MEMBER') AS yes"
 GRANT_ALL = "SELECT memctl_grant_all() AS done"
-ANY_AGENT = "SELECT EXISTS (SELECT FROM agents) AS yes"
+ANY_AGENT = "SELECT EXISTS (SELECT 1 FROM agents) AS yes"
 # Each registered agent's role as the server has it: missing, outside a group it needs, or not assumable by us.
 ROLES = """
 SELECT a.name, a.role_name AS role, a.read_only, to_jsonb(a)->>'login_at' IS NOT NULL AS had_login,

@@ -71,7 +71,7 @@ class Lookup:
         return [d not in held for d in self.digests]
 
 
-ANY_ENTRY = "SELECT EXISTS (SELECT FROM erasures) AS yes"
+ANY_ENTRY = "SELECT EXISTS (SELECT 1 FROM erasures) AS yes"
 
 
 def readable_key(conn) -> bytes | None:
