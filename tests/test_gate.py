@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import memctl
-from memctl.write import gate, store
+from memctl.write import admission, gate, store
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 PACKAGE = Path(memctl.__file__).parent
@@ -88,20 +88,20 @@ def test_a_record_built_or_copied_outside_the_gate_is_refused(conn, settings_obj
 
     admit = gate.Gate(conn, settings_obj, redact.Redactor("redact"))
     real = admit.new_episode("admitted text", source="ops")
-    forged = gate.Episode(f"token {GITHUB}", "observation", "default", "ops", 5, None, {}, [f"token {GITHUB}"],
+    forged = admission.Episode(f"token {GITHUB}", "observation", "default", "ops", 5, None, {}, [f"token {GITHUB}"],
                           b"\0" * 32, False)
     fact = admit.fact("default", "db.host", "10.0.0.9", "ops")
     writes = [lambda: store.insert_episode(conn, forged),
               lambda: store.insert_episode(conn, dataclasses.replace(real, content=f"token {GITHUB}")),
               lambda: store.insert_chunks(conn, forged, 1),
               lambda: store.copy_episodes(conn, [forged], now=datetime.datetime.now(datetime.timezone.utc), queued=[]),
-              lambda: store.put_fact(conn, gate.FactValue("default", "db.password", "hunter2", "ops"), 1),
+              lambda: store.put_fact(conn, admission.FactValue("default", "db.password", "hunter2", "ops"), 1),
               lambda: store.put_fact(conn, dataclasses.replace(fact, value="hunter2"), 1),
-              lambda: store.insert_history(conn, gate.HistoryEntry("default", "k", 1, "set", None, GITHUB, "ops")),
-              lambda: store.insert_run(conn, gate.RunRecord({"agent": "a", "name": GITHUB})),
-              lambda: store.insert_lineage(conn, [gate.Lineage("a", 1, 2, datetime.datetime.now(), b"")]),
-              lambda: store.insert_window_lineage(conn, gate.WindowLineage("a", 1)),
-              lambda: store.insert_blocked(conn, gate.BlockedSource(GITHUB, GITHUB, None))]
+              lambda: store.insert_history(conn, admission.HistoryEntry("default", "k", 1, "set", None, GITHUB, "ops")),
+              lambda: store.insert_run(conn, admission.RunRecord({"agent": "a", "name": GITHUB})),
+              lambda: store.insert_lineage(conn, [admission.Lineage("a", 1, 2, datetime.datetime.now(), b"")]),
+              lambda: store.insert_window_lineage(conn, admission.WindowLineage("a", 1)),
+              lambda: store.insert_blocked(conn, admission.BlockedSource(GITHUB, GITHUB, None))]
     for write in writes:
         with pytest.raises(TypeError, match="admitted"):
             with admit.writing():

@@ -24,7 +24,7 @@ from memctl.write.values import WRITER
 
 if TYPE_CHECKING:
     from memctl import redact
-    from memctl.write import gate
+    from memctl.write import admission, gate
 
 # Reading a fact (get, list, history) imports neither the gate nor redaction: `memctl fact get` starts
 # about 25 ms sooner (tests/bench/startup.py). Writes import them where they write.
@@ -163,7 +163,7 @@ def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_f
     return when
 
 
-def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
+def _set_in_tx(conn, fact: admission.FactValue, admit: gate.Gate) -> Change:
     from memctl.write import store
 
     old, last = _lock(conn, fact.namespace, fact.key)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from memctl import places
-from memctl.write import gate
-from memctl.write.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
+from memctl.write import admission, gate
+from memctl.write.admission import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
 from memctl.write.values import WRITER
 
 # The tables that hold memory records entering from outside (memctl.places declares them, with every other
@@ -23,7 +23,7 @@ from memctl.write.values import WRITER
 MEMORY_TABLES = places.MEMORY_TABLES
 
 
-_admitted = gate.admitted  # a record a Gate made, not one of the same type built or copied elsewhere
+_admitted = admission.admitted  # a record a Gate made, not one of the same type built or copied elsewhere
 
 
 def _sourced(conn, record: Any, kind: type) -> None:
