@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from memctl import config
-from memctl.embedding.embedders import estimate_tokens
+from memctl.embedding.protocol import estimate_tokens
 from memctl.errors import ConfigError
 from memctl.recall import recall
 from tests.conftest import needs_local_embedder
@@ -335,7 +335,7 @@ def test_local_embedder_counts_with_its_tokenizer(cli, memctl_env, monkeypatch):
     assert cli("embed").exit_code == 0
     doc = run(cli, "db.host deploy disk", "-f", "json", "--max-tokens", "60").json()
     assert doc["token_counter"] == "all-minilm tokenizer"
-    from memctl.embedding.embedders import LocalEmbedder
+    from memctl.embedding.local import LocalEmbedder
 
     tokens = LocalEmbedder().count_tokens
     assert [i["tokens"] for i in doc["items"]] == [tokens(i["text"] + "\n") for i in doc["items"]]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memctl.embedding.embedders import estimate_tokens
+from memctl.embedding.protocol import estimate_tokens
 
 T0 = "2026-03-02T08:00:00Z"
 

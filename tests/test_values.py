@@ -13,7 +13,7 @@ import pytest
 
 from memctl import config
 from memctl.embedding import models
-from memctl.embedding.embedders import LocalEmbedder
+from memctl.embedding.local import LocalEmbedder
 
 COUNTED = ("episodes", "chunks", "embed_queue", "jobs", "facts", "episode_access")
 

@@ -39,7 +39,7 @@ from typing import Any, Generator
 
 from memctl.config import Settings
 from memctl.embedding import models
-from memctl.embedding.embedders import as_queries
+from memctl.embedding.protocol import as_queries
 from memctl.errors import EmbedderUnavailable, UnknownModel
 from memctl.reading import bm25, when
 from memctl.reading.fusion import Hit, fuse

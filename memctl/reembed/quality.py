@@ -26,7 +26,7 @@ from pathlib import Path
 
 from memctl.files import jsonl
 from memctl.embedding import models
-from memctl.embedding.embedders import as_documents, as_queries
+from memctl.embedding.protocol import as_documents, as_queries
 from memctl.errors import BadValue, InvalidInput
 
 TOLERANCE = 0.02  # recall@k the new model may lose to the active one before `switch` refuses it

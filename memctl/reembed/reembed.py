@@ -285,7 +285,7 @@ def sample_queries(conn, n: int) -> list[str]:
 
 
 def _embed_all(embedder, texts: list[str], batch: int = 32) -> list:
-    from memctl.embedding.embedders import as_queries
+    from memctl.embedding.protocol import as_queries
 
     vectors = []
     for i in range(0, len(texts), batch):
