@@ -38,7 +38,7 @@ _._runbook_run
 # The table of exit codes is whole, 0 included.
 EXIT_OK  # memctl/errors.py
 # Used by tests and benchmarks only.
-assume  # memctl/records/agents.py: tests/bench/agents.py (memctl/mcp/tools.py runs its own SET ROLE)
+assume  # memctl/records/agents.py: tests/bench/agents.py (memctl/mcp/sessions.py runs its own SET ROLE)
 repeat_info  # memctl/records/episodes.py: tests/test_repeats.py
 _contained  # memctl/redact/keyword.py: tests/test_redact_shapes.py holds it empty
 # Never read: the command line's state, which issue 43 moves onto the connection (left to that change).

@@ -230,13 +230,13 @@ def test_every_mcp_tool_as_alice_with_memctls_scope_removed_never_returns_bobs_r
     """The server's scope is the operator's view (no agent: no WHERE agent, any namespace) and episode_get's
     scoped query is swapped for the unscoped one; only alice's role remains. The database keeps her in."""
     from memctl import db
-    from memctl.mcp import tools
+    from memctl.mcp import sessions, tools
 
     alice = agents.add(conn, "alice", shared=["infra"])
     agents.add(conn, "bob")
     mine, theirs = _seed(conn)
     monkeypatch.setattr(tools, "EPISODE", tools.EPISODE_ANY_AGENT)
-    session = tools.Session(config.load(), tools.Scope.make(), lambda: db.connect(db_url, vector=True),
+    session = sessions.Session(config.load(), sessions.Scope.make(), lambda: db.connect(db_url, vector=True),
                             role=alice.role)
     seen = []
     for mode in ("hybrid", "text", "vector"):
