@@ -292,8 +292,8 @@ def recall(conn, settings: Settings, request: Request) -> Recall:
 
 def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Recall]:
     """Many recalls on one connection: their searches one search batch, the rest in shared read transactions
-    (statement.ScanTransactions), the accesses counted at the end."""
-    from memctl.reading.statement import ScanTransactions
+    (scan.ScanTransactions), the accesses counted at the end."""
+    from memctl.reading.scan import ScanTransactions
 
     limits = [check(r, settings) for r in requests]
     form = template(settings)
