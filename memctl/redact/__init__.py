@@ -15,7 +15,7 @@ day (issue 19):
   that is not common prose counts (`password: admin`), and so does a passphrase filling the
   line (`Password: correct horse battery staple`).
 - `password is hunter2xyz`, `the root password is changeme`, `aws secret access key wJalr...`
-  (`shapes._said_findings`), `docker login -p X`, `memctl fact set db.password X`.
+  (`prose.said_findings`), `docker login -p X`, `memctl fact set db.password X`.
 - `Authorization:` headers (Bearer, Basic, Token, ...) and a lone `Bearer <16+ chars>`.
 - passwords on command lines (commands.py): `mysql -phunter2` (and mariadb, mysqldump...; a bare
   number of up to 5 digits is taken for a mistyped port), `sshpass -p`, `redis-cli -a`,
@@ -33,7 +33,7 @@ day (issue 19):
   GitHub `github_pat_`, Google `AIza`, Hugging Face `hf_`, npm, Groq, Vault, ..., each with
   the length of a real key.
 
-A value that is a placeholder or a reference is not a secret and stays (`shapes.placeholder`):
+A value that is a placeholder or a reference is not a secret and stays (`names.placeholder`):
 `***`, `xxx`, `<password>`, `${VAR}`, `$VAR`, `$(cmd)`, `{{ var }}`, `%VAR%`, a marker, a
 path (`/run/secrets/db`, `~/.pgpass`), a secret-store reference (`op://`, `vault:`, an AWS
 secretsmanager/ssm ARN) and words such as none, null, true, unset, required. `changeme`,
@@ -62,7 +62,8 @@ Every detector runs in time linear in the text (docs/secrets-and-export.md, "Lin
 tests/test_redact_shapes.py holds the property, tests/bench/redact.py the rates.
 
 This module is the API (the mode, the markers, the walk over JSON-like values); detect.py finds
-secrets (the plugins, the gates, `find`), shapes.py holds the shapes and what is no secret.
+secrets (the plugins, the gates, `find`), names.py judges names and values, shapes.py holds the pairs
+and headers, prose.py the secrets named in prose.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ from typing import Any, Callable
 
 from memctl.errors import InvalidInput
 from memctl.redact.detect import find
-from memctl.redact.shapes import MARKER, Finding, placeholder, secret_name
+from memctl.redact.names import MARKER, Finding, placeholder, secret_name
 
 __all__ = ["MODES", "DEFAULT_MODE", "MARKER", "NAMED", "Finding", "find", "replace", "redact_text", "redact_named",
            "redact_value", "secret_name", "SecretRefused", "kinds_text", "Redactor"]
