@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 import memctl
+from memctl import places
 from memctl.write import admission, gate, store
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 PACKAGE = Path(memctl.__file__).parent
 WRITERS = PACKAGE / "write" / "store.py"
-WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?(" + "|".join(store.MEMORY_TABLES) + r")\b",
+WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?(" + "|".join(places.MEMORY_TABLES) + r")\b",
                    re.IGNORECASE)
 
 
@@ -44,8 +45,8 @@ def test_only_the_gate_writes_memory_tables():
     assert not outside, "memory tables written around the gate (move the statement into memctl/write/store.py " \
                         "and pass the record through gate.Gate):\n" + "\n".join(outside)
     written = {WRITE.search(w).group(1).lower() for w in inside}
-    assert written == set(store.MEMORY_TABLES), \
-        f"the gate's writers (memctl/write/store.py) no longer write {set(store.MEMORY_TABLES) - written}"
+    assert written == set(places.MEMORY_TABLES), \
+        f"the gate's writers (memctl/write/store.py) no longer write {set(places.MEMORY_TABLES) - written}"
 
 
 # The modules whose statements carry the writer marker (memctl.write.values.WRITER; the test suite's trigger lets

@@ -3,7 +3,7 @@
 A record is admitted by a `Gate` (validated, its source checked against the blocked sources, every text field
 redacted or refused per [redaction] mode) and only an admitted record, the very object a gate made
 (memctl.write.admission), can be written, by the writers of memctl.write.store. They hold every statement
-that inserts into or copies into a memory table (store.MEMORY_TABLES): tests/test_gate.py reads the library's
+that inserts into or copies into a memory table (places.MEMORY_TABLES): tests/test_gate.py reads the library's
 source and fails if such a statement appears anywhere else, so a new write path cannot go around the gate unnoticed.
 
 What the gate checks, for every path (`episode add` and `import`, `fact set` and
