@@ -65,7 +65,8 @@ def test_every_memory_table_has_row_level_security_and_policies(conn, places_of)
     assert unprotected == []
 
 
-def test_a_table_added_later_is_caught_and_a_new_models_table_is_protected(conn, memctl_env, places_of):
+def test_a_table_added_later_is_caught_and_a_new_models_table_is_protected(conn, memctl_env,
+                                                                           places_of):
     from memctl.embedding import embedders, models
 
     conn.execute("CREATE TABLE later_memory (agent text, note text)")

@@ -24,8 +24,8 @@ from memctl.write import admission, gate, store
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 PACKAGE = Path(memctl.__file__).parent
 WRITERS = PACKAGE / "write" / "store.py"
-WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?(" + "|".join(places.MEMORY_TABLES) + r")\b",
-                   re.IGNORECASE)
+WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?("
+                   + "|".join(places.MEMORY_TABLES) + r")\b", re.IGNORECASE)
 
 
 def _statements(path: Path) -> list[tuple[int, str]]:

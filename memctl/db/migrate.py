@@ -78,7 +78,8 @@ DECLARED = "SELECT current_setting('memctl.schema', true)"
 # sql/0025: every table of memctl's schema carries the guard (a table a later migration made included).
 GUARD_ALL = "SELECT memctl_guard_all()"
 HAS_GUARD = "SELECT to_regprocedure('memctl_guard_all()') IS NOT NULL"
-# The tables of an agent's rows (memctl.places.AGENT_TABLES) this schema has (an older one may lack some).
+# The tables of an agent's rows (memctl.places.AGENT_TABLES) this schema has (an older one may lack
+# some).
 TABLES_PRESENT = """
 SELECT c.oid::regclass::text AS name FROM pg_class c
 WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition

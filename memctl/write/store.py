@@ -1,4 +1,5 @@
-"""The writers: the only statements that insert into or copy into a memory table (places.MEMORY_TABLES).
+"""The writers: the only statements that insert into or copy into a memory table
+(places.MEMORY_TABLES).
 
 They take only records a `memctl.write.gate.Gate` admitted (validated, source allowed, redacted): a raw
 record is a TypeError. tests/test_gate.py reads the library's source and fails if such a statement
