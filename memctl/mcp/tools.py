@@ -20,12 +20,12 @@ No tool deletes, purges or runs a runbook.
 from __future__ import annotations
 
 import datetime
-import decimal
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from memctl.config import Settings
 from memctl.errors import NotFound
+from memctl.files import jsonl
 from memctl.mcp.sessions import Scope, Session
 from memctl.records import episodes, facts
 from memctl.write import gate, values
@@ -44,19 +44,6 @@ MAX_FACTS = 500  # rows fact_list returns
 class Reply:
     data: dict[str, Any]
     text: str
-
-
-def plain(value: Any) -> Any:
-    """JSON-ready: datetimes as ISO 8601, Decimals as floats, containers walked."""
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
 
 
 def _when(value: str | None, what: str) -> datetime.datetime | None:
@@ -160,7 +147,7 @@ def episode_get(session: Session, id: int) -> Reply:  # noqa: A002 - the tool's 
         row = conn.execute(EPISODE if agent is not None else EPISODE_ANY_AGENT, {"id": id, "agent": agent}).fetchone()
     if row is None:
         raise NotFound(f"no episode {id}")
-    data = plain(dict(row))
+    data = jsonl.plain(dict(row))
     source = f", source {row['source']}" if row["source"] else ""
     return Reply(data, f"[episode {row['id']}, {data['created_at']}, {row['kind']}{source}, importance "
                        f"{row['importance']}] {row['content']}")
@@ -175,7 +162,7 @@ def recall(session: Session, observation: str, *, max_tokens: int | None = None,
                                  k=k, max_tokens=max_tokens, track=session.track)
     with session.connection(rerun=True) as conn:
         result = recall_mod.recall(conn, session.settings, request)
-    data = {"text": result.text(), **plain(result.to_dict()), "degraded": result.mode != "hybrid",
+    data = {"text": result.text(), **jsonl.plain(result.to_dict()), "degraded": result.mode != "hybrid",
             "warnings": result.warnings}
     text = result.text() or "Nothing in memory is relevant to this observation."
     return Reply(data, text)
@@ -195,7 +182,7 @@ def fact_get(session: Session, key: str, *, namespace: str | None = None, as_of:
     at = _when(as_of, "as_of")
     with session.connection(rerun=True) as conn:
         fact = facts.get_fact(conn, key, namespace=ns, as_of=at)
-    return Reply(plain(fact.to_dict()), fact.value)
+    return Reply(jsonl.plain(fact.to_dict()), fact.value)
 
 
 def fact_list(session: Session, *, prefix: str | None = None, namespace: str | None = None) -> Reply:
@@ -205,7 +192,7 @@ def fact_list(session: Session, *, prefix: str | None = None, namespace: str | N
         for fact in facts.list_facts(conn, namespace=ns, prefix=prefix):
             if len(rows) == MAX_FACTS:
                 break
-            rows.append(plain(fact.to_dict()))
+            rows.append(jsonl.plain(fact.to_dict()))
     truncated = len(rows) == MAX_FACTS
     data = {"namespace": ns, "facts": rows, "truncated": truncated}
     lines = [_fact_line(r) for r in rows] or [f"No facts in namespace {ns!r}" + (f" under {prefix!r}." if prefix
@@ -231,7 +218,7 @@ def fact_set(session: Session, key: str, value: str, *, namespace: str | None = 
 def fact_history(session: Session, key: str, *, namespace: str | None = None) -> Reply:
     ns = session.scope.readable(namespace)
     with session.connection(rerun=True) as conn:
-        rows = plain(facts.history(conn, key, namespace=ns))
+        rows = jsonl.plain(facts.history(conn, key, namespace=ns))
     lines = [f"v{r['version']} {r['changed_at']} {r['op']}: {r['old_value']!r} -> {r['new_value']!r}"
              + (f" (source {r['source']})" if r["source"] else "")
              + (f" (valid from {r['valid_from']})" if r["valid_from"] != r["changed_at"] else "") for r in rows]
@@ -259,7 +246,7 @@ def runbook_show(session: Session, name: str, *, at: str | None = None) -> Reply
     from memctl.runbooks import runbooks
 
     runbook = _repository(session).load(name, at=at)
-    return Reply(plain(runbook.to_dict()), runbooks.as_text(runbook, fenced=True))
+    return Reply(jsonl.plain(runbook.to_dict()), runbooks.as_text(runbook, fenced=True))
 
 
 # ---------------------------------------------------------------------------
