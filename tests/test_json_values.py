@@ -1,6 +1,6 @@
-"""One conversion of the values JSON has no type for (memctl.files.jsonl.json_value), read by every writer of JSON:
-the commands' json, jsonl and table output (memctl.cli.render), the MCP server's replies (memctl.mcp.tools, through
-jsonl.plain) and `memctl export` (memctl.transfer.export.dumps)."""
+"""One conversion of the values JSON has no type for (memctl.files.jsonl.json_value), read by every
+writer of JSON: the commands' json, jsonl and table output (memctl.cli.render), the MCP server's
+replies (memctl.mcp.tools, through jsonl.plain) and `memctl export` (memctl.transfer.export.dumps)."""
 
 from __future__ import annotations
 

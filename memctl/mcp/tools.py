@@ -162,7 +162,8 @@ def recall(session: Session, observation: str, *, max_tokens: int | None = None,
                                  k=k, max_tokens=max_tokens, track=session.track)
     with session.connection(rerun=True) as conn:
         result = recall_mod.recall(conn, session.settings, request)
-    data = {"text": result.text(), **jsonl.plain(result.to_dict()), "degraded": result.mode != "hybrid",
+    data = {"text": result.text(), **jsonl.plain(result.to_dict()),
+            "degraded": result.mode != "hybrid",
             "warnings": result.warnings}
     text = result.text() or "Nothing in memory is relevant to this observation."
     return Reply(data, text)
