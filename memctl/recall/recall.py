@@ -90,7 +90,9 @@ needs want wants like make made use used using can't don't isn't it's i'm
 class Request:
     observation: str
     agent: str | None = None
-    namespace: str = "default"
+    # None: the namespaces the agent's MCP server reads (records.agents.namespaces_for: a registered
+    # agent's own and its shared ones; 'default' for an unregistered agent or none)
+    namespace: str | None = "default"
     shared: tuple[str, ...] = ()  # namespaces whose facts are read too (an agent's MCP server: read-only ones)
     k: int = 5
     max_tokens: int | None = None  # None: [recall] max_tokens
@@ -234,7 +236,8 @@ def batch_request(item: Any, number: int, base: Request) -> Request:
 
     Every field given is checked where it enters: observation a non-empty string, agent and namespace
     non-empty strings, max_tokens an integer >= 1, k an integer from 1 to MAX_K, as_of a duration back
-    or an ISO 8601 time; none may hold NUL. BadValue names the line and the field (`field`).
+    or an ISO 8601 time; none may hold NUL. BadValue names the line and the field (`field`). A line
+    naming its namespace reads that one alone (no shared ones).
     """
     from memctl.write import values
     from memctl.records.facts import moment
@@ -260,9 +263,10 @@ def batch_request(item: Any, number: int, base: Request) -> Request:
             as_of = moment(item["as_of"], "as_of")
         except MemctlError as exc:
             raise bad("as_of", str(exc)) from None
+    named = {"namespace": item["namespace"], "shared": ()} if "namespace" in item else {}
     return replace(base, observation=item["observation"], agent=item.get("agent", base.agent),
-                   namespace=item.get("namespace", base.namespace), max_tokens=item.get("max_tokens", base.max_tokens),
-                   k=item.get("k", base.k), as_of=as_of)
+                   max_tokens=item.get("max_tokens", base.max_tokens), k=item.get("k", base.k),
+                   as_of=as_of, **named)
 
 
 # ---------------------------------------------------------------------------
@@ -296,6 +300,7 @@ def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Reca
     from memctl.reading.scan import ScanTransactions
 
     limits = [check(r, settings) for r in requests]
+    requests = scoped(conn, requests)
     form = template(settings)
     rule = window.rule(settings)
     found = recall_episodes.find_episodes(conn, settings, requests)
@@ -313,6 +318,23 @@ def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Reca
 
         access.record(conn, tracked)
     return results
+
+
+def scoped(conn, requests: list[Request]) -> list[Request]:
+    """Each request whose namespace is None given the namespaces its agent's MCP server reads
+    (records.agents.namespaces_for), asked once an agent."""
+    from memctl.records import agents
+
+    found: dict[str | None, tuple[str, tuple[str, ...]]] = {}
+    out = []
+    for request in requests:
+        if request.namespace is None:
+            if request.agent not in found:
+                found[request.agent] = agents.namespaces_for(conn, request.agent)
+            namespace, shared = found[request.agent]
+            request = replace(request, namespace=namespace, shared=shared)
+        out.append(request)
+    return out
 
 
 def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,
