@@ -27,7 +27,7 @@ from memctl.config import Settings
 from memctl.errors import NotFound
 from memctl.files import jsonl
 from memctl.mcp.sessions import Scope, Session
-from memctl.records import episodes, facts
+from memctl.records import episodes, facts, filters
 from memctl.write import gate, values
 
 MAX_QUERY = 10_000  # characters of a query or an observation
@@ -49,7 +49,7 @@ class Reply:
 def _when(value: str | None, what: str) -> datetime.datetime | None:
     if value is None:
         return None
-    return episodes.parse_since(value, what)
+    return filters.parse_since(value, what)
 
 
 def _redactor(settings: Settings):

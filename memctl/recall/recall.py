@@ -71,9 +71,7 @@ from memctl.config import Settings
 from memctl.errors import BadValue, MemctlError, UsageError
 from memctl.reading import query
 from memctl.recall import recall_episodes, window
-from memctl.recall.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
-                                 sourced, template)
-from memctl.recall.recall_episodes import collapse, max_distance  # noqa: F401  (recall's API, as before)
+from memctl.recall.form import Item, Template, age, sourced, template
 
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being below between

@@ -17,7 +17,7 @@ from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
 from memctl.write import admission, erased, gate, identity, repeats, store
-from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
+from memctl.records.filters import filters, where
 
 FIELDS = ("content", "kind", "source", "agent", "importance", "created_at", "meta")
 

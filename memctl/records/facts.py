@@ -97,9 +97,6 @@ class Erasure:
         return asdict(self)
 
 
-check_key = values.check_key
-
-
 LOCK_KEY = "SELECT memctl_lock_key(%s, %s || chr(31) || %s)"  # memctl.db.locks: no agent's session may hold it
 LOCK_CLASS = 0x6D666B79  # "mfky": one lock per (namespace, key)
 CURRENT = "SELECT value, version FROM facts WHERE namespace = %s AND key = %s"
