@@ -14,6 +14,8 @@ __getattr__  # memctl/cli/__init__.py
 frame  # memctl/cli/embed.py
 tb  # memctl/db/overlap.py
 _.verify_token  # memctl/mcp/http.py
+# dict's own method, refused by a read-only mapping an admitted record holds (a caller's popitem reaches it).
+popitem  # memctl/write/admission.py
 # Read by uvicorn's Server.run loop: set to stop it (memctl/mcp/http.py, when the schema changed under it).
 _.should_exit  # memctl/mcp/http.py
 # Fields of results that are rendered whole (dataclasses.asdict, the MCP tool's output schema), never read by name.

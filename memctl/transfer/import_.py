@@ -245,7 +245,7 @@ class _Loader:
         """The file's vectors, only when its chunks are exactly the chunks made here from the admitted text."""
         if self.model is None or not given or episode.redacted:
             return None
-        if [c["content"] for c in sorted(given, key=lambda c: c["seq"])] != episode.chunks:
+        if tuple(c["content"] for c in sorted(given, key=lambda c: c["seq"])) != episode.chunks:
             self.result.chunks_remade += 1
             return None
         vectors = [_vector_text(c["embedding"], self.model.dims) for c in sorted(given, key=lambda c: c["seq"])]
