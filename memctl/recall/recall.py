@@ -1,63 +1,13 @@
 """Recall: the few memories worth putting in a prompt now, within a token budget.
 
-`recall(conn, settings, Request(observation))` gathers, in this order:
+`recall(conn, settings, Request(observation))` gathers matching facts (match_facts), episodes from
+the hybrid search with their windows (memctl.recall.recall_episodes, memctl.recall.window) and
+matching runbooks (find_runbooks), at most k of each kind above min_score, then takes whole items
+in that order while they fit max_tokens (assemble, fit) and lays them out with [recall]'s template
+(memctl.recall.form). recall_batch runs many requests on one connection; batch_request reads one
+line of `recall --batch`.
 
-1. Facts of the namespace whose key or value shares a word with the observation.
-   Words are what PostgreSQL's english full-text configuration makes of the
-   text after `. _ - / :` become spaces (stemmed, stopwords dropped), one-letter
-   words ignored. Score 1.0 when the key appears verbatim in the observation,
-   else p / (p + 2) with p = 2 x key words matched + value words matched.
-   Facts are the truth now and are labelled "current fact".
-2. Episodes from the default hybrid search (memctl.reading.search: relevance, recency,
-   importance); score = the search score. An episode counts only if it shares
-   a word with the observation (the text half found it) or its vector lies
-   within `max_distance` (cosine) of the observation's; so with nothing
-   relevant, nothing comes back. Near-duplicates collapse onto the best-scored
-   one: equal text after lowercasing and dropping punctuation, or word sets with
-   Jaccard similarity >= `dedupe` (0.9); the folded ones are named by id on the line
-   kept (`folded`) and in its `duplicates`, so what they said stays reachable.
-   Each hit comes with its window (memctl.recall.window: the entries beside it in
-   its agent's log, same source, within window_gap), as far as the budget holds.
-3. Runbooks whose name, title or description has a word of the observation
-   (3 letters or more, common English words dropped; Repository.find);
-   score p / (p + 2) with find's points (2 per title word, 1 per description word).
-   No runbook repository configured: no runbooks, no complaint.
-
-With `as_of` (Request.as_of), the block is the one the agent would have had then: the facts valid
-at that time (memctl.records.facts.VALID_AT, corrections recorded since included), episodes
-created before it, ages counted back from it; it counts no access. Runbooks are as they are now.
-
-At most k items of each kind, none scoring below min_score. They are then taken
-in that order until the next one would overflow max_tokens; an item is never
-cut, and the items after the first that does not fit are left out. Episodes
-and their neighbours are taken in window.plan's order (recall_episodes.Spend): a
-neighbour that does not fit is skipped (and those beyond it), a hit that does
-not fit ends the episodes; the chosen ones print as blocks (form.window_lines),
-in the order of their best hit.
-
-recall_batch runs many requests on one connection: their observations embedded
-in sub-batches, their searches one search_batch, the rest in shared read
-transactions; batch_request reads one line of `recall --batch`.
-
-Tokens are counted with the active model's tokenizer when the embedder runs in
-process (local all-minilm, WordPiece, already loaded to embed the observation),
-else estimated as ceil(characters / 4) (memctl.embedding.embedders.estimate_tokens). Each
-line is counted with its newline and the header and footer on their own, so the
-sum, which the budget caps, is never below the count of the whole block.
-
-The text block comes from [recall] in the config (str.format syntax):
-  template      the block, with {items} where the item lines go, one per line
-                (default "Relevant memory (facts are current; episodes are past events):\\n{items}\\n")
-  fact_line     fields: key value source sourced namespace version valid_from age score
-  episode_line  fields: id agent kind source sourced importance created_at age content score
-                repeats seen first_seen last_seen folded
-  window_line   fields: count age agent kind source sourced (a window's first line; memctl.recall.form)
-  runbook_line  fields: name title score
-`sourced` is ", source: X", or "" for an item without a source; `age` reads
-"just now", "5 minutes ago", "3 days ago", "2 months ago" (a fact's: since it became true).
-An episode repeated (docs/repeats.md) comes once, as its first: `repeats` counts its repeats (0: none),
-`seen` is " (seen N times, first 3 days ago, last 5 minutes ago)" for it and "" otherwise (the default
-line ends with it; a line without {seen} shows no count), first_seen and last_seen the ages of both ends.
+The rules (scores, collapsing, as_of, the budget, the template's fields), and why: docs/recall.md.
 """
 
 from __future__ import annotations
