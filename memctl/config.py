@@ -157,9 +157,6 @@ def _mask_setting(value: str) -> str:
     return mask_secrets(_BARE_USERINFO.sub(rf"\1{MASK}@", value) if "://" not in value else value)
 
 
-mask_url = mask_secrets  # the older name, used for connection strings and database errors
-
-
 def shown_settings(settings: Settings) -> list[dict[str, Any]]:
     """Rows for `config show`: every setting of the schema and of [importance] and [retention], secrets masked."""
     rows = []

@@ -2,7 +2,7 @@
 and the task instructions each model card asks for.
 
 Pure data in the base layer, so that the chunker (memctl.write.chunking: chunks sized to the model's
-context), the embedders (memctl.embedding.embedders: the hash and local models' dimensions) and the size
+context), the embedders (memctl.embedding.embedders and .local: the hash and local models' dimensions) and the size
 estimates (memctl.embedding.footprint) share one table without importing each other.
 """
 
@@ -53,7 +53,7 @@ def context_tokens(model: str) -> int | None:
 
 # Each model's task instructions: (query prefix, document prefix), by the model's name before any `:tag`.
 # A model trained with them expects them on every input; Ollama does not add them, so memctl does
-# (memctl.embedding.embedders.as_queries / as_documents), never into the stored text. Models not named
+# (memctl.embedding.protocol.as_queries / as_documents), never into the stored text. Models not named
 # here take text as it is (all-minilm, bge-m3: their cards ask for no instruction).
 _BGE_QUERY = "Represent this sentence for searching relevant passages: "
 _E5 = ("query: ", "passage: ")

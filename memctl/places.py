@@ -7,6 +7,8 @@ until it is declared here. What reads it:
 
 - the gate's writers and the writer check: MEMORY_TABLES, the tables whose records enter from outside
   (memctl.write.store, tests/conftest.py);
+- a migration's look for memory: AGENT_TABLES, the tables with an agent or a namespace column,
+  which the agents' wall keeps a role to (memctl.db.migrate; tests/test_agents.py);
 - `erasure verify` (memctl.backup.erasure): every WHOLE and QUOTE column tested against the ledger's digests,
   VALUE columns against their key's;
 - a restore's re-application (memctl.backup.erasure) and an import (memctl.write.erased): a QUOTE column whose
@@ -159,7 +161,13 @@ TABLES: tuple[Table, ...] = (
 VECTORS = Table("vectors", (_AGENT, _c("content_hash", ROW, _PLAIN)),
                 "deleted with their chunk (foreign key cascade)")
 
+# The tables whose records enter from outside: written only by memctl.write.store, through the gate.
 MEMORY_TABLES = tuple(t.name for t in TABLES if t.gate)
+# The tables that hold an agent's rows, each with an agent or a namespace column: what row-level
+# security keeps an agent's role to (sql/0019, sql/0023 find them in the catalog by that column),
+# and what a database holding memory has rows in (memctl.db.migrate.holds_memory). Each model's
+# vector table (VECTORS) is one too.
+AGENT_TABLES = tuple(t.name for t in TABLES if {"agent", "namespace"} & {c.name for c in t.columns})
 
 
 def places(rule: str) -> Iterator[tuple[Table, Column]]:

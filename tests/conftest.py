@@ -66,12 +66,12 @@ WRITER_REFUSED = "P0037"
 
 
 def install_writer_check(conn) -> None:
-    from memctl.write import store
+    from memctl import places
     from memctl.write.values import WRITER
 
     marker = WRITER.strip()
     conn.execute(sql.SQL(WRITER_CHECK.replace("%(marker)s", "{}")).format(sql.Literal(marker)))
-    for table in store.MEMORY_TABLES:
+    for table in places.MEMORY_TABLES:
         conn.execute(sql.SQL(WRITER_TRIGGER).format(sql.Identifier(table)))
 # The local embedder remembers verified weights in the user cache dir: tests keep their own.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="memctl-test-cache-")

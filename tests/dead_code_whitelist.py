@@ -14,6 +14,8 @@ __getattr__  # memctl/cli/__init__.py
 frame  # memctl/cli/embed.py
 tb  # memctl/db/overlap.py
 _.verify_token  # memctl/mcp/http.py
+# dict's own method, refused by a read-only mapping an admitted record holds (a caller's popitem reaches it).
+popitem  # memctl/write/admission.py
 # Read by uvicorn's Server.run loop: set to stop it (memctl/mcp/http.py, when the schema changed under it).
 _.should_exit  # memctl/mcp/http.py
 # Fields of results that are rendered whole (dataclasses.asdict, the MCP tool's output schema), never read by name.
@@ -38,7 +40,7 @@ _._runbook_run
 # The table of exit codes is whole, 0 included.
 EXIT_OK  # memctl/errors.py
 # Used by tests and benchmarks only.
-assume  # memctl/records/agents.py: tests/bench/agents.py (memctl/mcp/tools.py runs its own SET ROLE)
+assume  # memctl/records/agents.py: tests/bench/agents.py (memctl/mcp/sessions.py runs its own SET ROLE)
 repeat_info  # memctl/records/episodes.py: tests/test_repeats.py
 _contained  # memctl/redact/keyword.py: tests/test_redact_shapes.py holds it empty
 # Never read: the command line's state, which issue 43 moves onto the connection (left to that change).

@@ -18,6 +18,16 @@ WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p'
   AND NOT a.attisdropped
 ORDER BY c.relname, a.attnum
 """
+# The tables the catalog says hold an agent's rows: those with an agent or a namespace column, as
+# sql/0019 and sql/0023 find them (the registry aside); memctl.places.AGENT_TABLES declares them.
+AGENT_TABLES = """
+SELECT c.relname AS name FROM pg_class c
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')
+  AND c.relname <> 'agents'
+  AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid
+              AND a.attname IN ('agent', 'namespace') AND NOT a.attisdropped)
+ORDER BY 1
+"""
 TEXT_TYPES = ("text", "text[]", "character varying", "character", "json", "jsonb", "tsvector", "bytea", "name")
 
 
@@ -28,6 +38,11 @@ class Places:
     def columns(self) -> list[dict]:
         """Every column of every table of memctl's schema, with its type."""
         return self.conn.execute(COLUMNS).fetchall()
+
+    def agent_tables(self) -> list[str]:
+        """Every table of memctl's schema with an agent or a namespace column (vector tables
+        too)."""
+        return [row["name"] for row in self.conn.execute(AGENT_TABLES)]
 
     def holding(self, text: str) -> list[str]:
         """table.column of every place whose value, read as text, contains TEXT (bytea as hex)."""

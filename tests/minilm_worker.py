@@ -20,7 +20,7 @@ import sys
 
 def main() -> int:
     protocol, sys.stdout = sys.stdout, sys.stderr  # nothing a library prints can corrupt the answers
-    from memctl.embedding.embedders import LocalEmbedder
+    from memctl.embedding.local import LocalEmbedder
 
     embedder = LocalEmbedder()
     for line in sys.stdin:

@@ -61,7 +61,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
-from memctl.embedding.embedders import HashEmbedder, LocalEmbedder
+from memctl.embedding.embedders import HashEmbedder
+
+from memctl.embedding.local import LocalEmbedder
 
 EmbedFn = Callable[[list[str]], list[list[float]]]
 FAULTS = (None, "500", "404", "400", "401", "slow")

@@ -53,9 +53,9 @@ def test_role_names_are_derived_and_fit():
     assert len(agents.role_name_for("x" * 200).encode()) <= 63
 
 
-def test_every_memory_table_has_row_level_security_and_policies(conn):
+def test_every_memory_table_has_row_level_security_and_policies(conn, places_of):
     """From the catalog: every table with an agent or namespace column (vector tables too), not a list."""
-    tables = [row["name"] for row in conn.execute(agents.MEMORY_TABLES)]
+    tables = places_of(conn).agent_tables()
     assert {"episodes", "chunks", "facts", "fact_history", "episode_access", "summary_sources", "runbook_runs",
             "embed_queue", "embed_failures"} <= set(tables)
     unprotected = conn.execute("""
@@ -65,13 +65,14 @@ def test_every_memory_table_has_row_level_security_and_policies(conn):
     assert unprotected == []
 
 
-def test_a_table_added_later_is_caught_and_a_new_models_table_is_protected(conn, memctl_env):
+def test_a_table_added_later_is_caught_and_a_new_models_table_is_protected(conn, memctl_env,
+                                                                           places_of):
     from memctl.embedding import embedders, models
 
     conn.execute("CREATE TABLE later_memory (agent text, note text)")
     missing = [r["relname"] for r in conn.execute(
         "SELECT relname FROM pg_class WHERE relname = ANY(%s) AND NOT relrowsecurity",
-        ([row["name"] for row in conn.execute(agents.MEMORY_TABLES)],))]
+        (places_of(conn).agent_tables(),))]
     assert missing == ["later_memory"]
     conn.execute("DROP TABLE later_memory")
     model = models.register(conn, embedders.HashEmbedder("h", dims=8), state="backfill", build_index=False)
@@ -230,13 +231,13 @@ def test_every_mcp_tool_as_alice_with_memctls_scope_removed_never_returns_bobs_r
     """The server's scope is the operator's view (no agent: no WHERE agent, any namespace) and episode_get's
     scoped query is swapped for the unscoped one; only alice's role remains. The database keeps her in."""
     from memctl import db
-    from memctl.mcp import tools
+    from memctl.mcp import sessions, tools
 
     alice = agents.add(conn, "alice", shared=["infra"])
     agents.add(conn, "bob")
     mine, theirs = _seed(conn)
     monkeypatch.setattr(tools, "EPISODE", tools.EPISODE_ANY_AGENT)
-    session = tools.Session(config.load(), tools.Scope.make(), lambda: db.connect(db_url, vector=True),
+    session = sessions.Session(config.load(), sessions.Scope.make(), lambda: db.connect(db_url, vector=True),
                             role=alice.role)
     seen = []
     for mode in ("hybrid", "text", "vector"):

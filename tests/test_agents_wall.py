@@ -25,7 +25,7 @@ from psycopg import sql
 
 from memctl import config, db
 from memctl.db import migrate
-from memctl.mcp import tools
+from memctl.mcp import sessions, tools
 from memctl.records import facts
 from memctl.write import repeats
 
@@ -175,8 +175,8 @@ def _alice_writes(wall) -> None:
         conn.execute("SET lock_timeout = '10s'")
         return conn
 
-    scope = tools.Scope.make(agent=wall.alice.name, namespace=wall.alice.namespace)
-    session = tools.Session(config.Settings(), scope, opened, role=wall.alice.role)
+    scope = sessions.Scope.make(agent=wall.alice.name, namespace=wall.alice.namespace)
+    session = sessions.Session(config.Settings(), scope, opened, role=wall.alice.role)
     try:
         assert tools.remember(session, "alice's write while bob holds his session open").data["stored"]
         tools.fact_set(session, "written.while.held", "yes")

@@ -14,19 +14,11 @@ import pytest
 
 import memctl
 from memctl import config
-from memctl.embedding import embedders
-from memctl.embedding.embedders import (
-    EmbedResult,
-    HashEmbedder,
-    LocalEmbedder,
-    OllamaEmbedder,
-    bundled_model_dir,
-    estimate_tokens,
-    load_local_model,
-    make_embedder,
-    public_host,
-    verify_weights,
-)
+from memctl.embedding import local
+from memctl.embedding.embedders import HashEmbedder, make_embedder
+from memctl.embedding.local import LocalEmbedder, bundled_model_dir, load_local_model, verify_weights
+from memctl.embedding.ollama import OllamaEmbedder, public_host
+from memctl.embedding.protocol import EmbedResult, estimate_tokens
 from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError, UnknownModel, UsageError
 from tests.ollama_server import LEGACY_SCALE
 
@@ -329,8 +321,8 @@ def test_verified_weights_are_hashed_again_only_when_the_file_changes(tmp_path, 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     copy = _copy_model(bundled_model_dir(), tmp_path / "model", copy_weights=True)
     hashed = []
-    real = embedders.file_sha256
-    monkeypatch.setattr(embedders, "file_sha256", lambda path: hashed.append(path) or real(path))
+    real = local.file_sha256
+    monkeypatch.setattr(local, "file_sha256", lambda path: hashed.append(path) or real(path))
     verify_weights(copy)
     verify_weights(copy)
     assert len(hashed) == 1

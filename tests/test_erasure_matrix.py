@@ -83,9 +83,9 @@ def _ingest(w: World, source: str, text: str) -> None:
 
 def _mcp_remember(w: World, source: str, text: str) -> None:
     from memctl import config, db
-    from memctl.mcp import tools
+    from memctl.mcp import sessions, tools
 
-    session = tools.Session(config.load(), tools.Scope.make(source=source), lambda: db.connect(w.db_url))
+    session = sessions.Session(config.load(), sessions.Scope.make(source=source), lambda: db.connect(w.db_url))
     assert tools.remember(session, text, kind="note").data["stored"]
 
 

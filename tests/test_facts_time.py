@@ -242,9 +242,9 @@ def test_fact_export_and_import_keep_valid_from(cli, empty_db_url, tmp_path):
 def test_mcp_fact_get_takes_as_of(db_url):
     from memctl import config
     from memctl.errors import UsageError
-    from memctl.mcp import tools
+    from memctl.mcp import sessions, tools
 
-    session = tools.Session(config.load(), tools.Scope.make(), lambda: db.connect(db_url))
+    session = sessions.Session(config.load(), sessions.Scope.make(), lambda: db.connect(db_url))
     with session.connection() as conn:
         facts.set_fact(conn, "db.host", "10.8.0.4", valid_from=MON)
         facts.set_fact(conn, "db.host", "10.8.0.5", valid_from=WED)

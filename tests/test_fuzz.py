@@ -40,7 +40,7 @@ from memctl.errors import MemctlError
 from memctl.reading import search
 from memctl.reading.query import Query, split_terms
 from memctl.reading.when import period
-from memctl.records import episodes, facts
+from memctl.records import episodes, facts, filters
 from memctl.write import gate
 from memctl.runbooks import runbook_format
 from memctl.transfer import import_
@@ -454,7 +454,7 @@ def test_durations(text):
         assert exc.exit_code in ERROR_CODES
     else:
         assert isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0, (text, seconds)
-    since = only_memctl_errors(episodes.parse_since, text)
+    since = only_memctl_errors(filters.parse_since, text)
     if not isinstance(since, MemctlError):
         assert since.tzinfo is not None
 

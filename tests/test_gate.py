@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 import memctl
-from memctl.write import gate, store
+from memctl import places
+from memctl.write import admission, gate, store
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 PACKAGE = Path(memctl.__file__).parent
 WRITERS = PACKAGE / "write" / "store.py"
-WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?(" + "|".join(store.MEMORY_TABLES) + r")\b",
-                   re.IGNORECASE)
+WRITE = re.compile(r"\b(?:INSERT\s+INTO|COPY)\s+(?:\w+\.)?("
+                   + "|".join(places.MEMORY_TABLES) + r")\b", re.IGNORECASE)
 
 
 def _statements(path: Path) -> list[tuple[int, str]]:
@@ -44,8 +45,8 @@ def test_only_the_gate_writes_memory_tables():
     assert not outside, "memory tables written around the gate (move the statement into memctl/write/store.py " \
                         "and pass the record through gate.Gate):\n" + "\n".join(outside)
     written = {WRITE.search(w).group(1).lower() for w in inside}
-    assert written == set(store.MEMORY_TABLES), \
-        f"the gate's writers (memctl/write/store.py) no longer write {set(store.MEMORY_TABLES) - written}"
+    assert written == set(places.MEMORY_TABLES), \
+        f"the gate's writers (memctl/write/store.py) no longer write {set(places.MEMORY_TABLES) - written}"
 
 
 # The modules whose statements carry the writer marker (memctl.write.values.WRITER; the test suite's trigger lets
@@ -88,20 +89,20 @@ def test_a_record_built_or_copied_outside_the_gate_is_refused(conn, settings_obj
 
     admit = gate.Gate(conn, settings_obj, redact.Redactor("redact"))
     real = admit.new_episode("admitted text", source="ops")
-    forged = gate.Episode(f"token {GITHUB}", "observation", "default", "ops", 5, None, {}, [f"token {GITHUB}"],
+    forged = admission.Episode(f"token {GITHUB}", "observation", "default", "ops", 5, None, {}, [f"token {GITHUB}"],
                           b"\0" * 32, False)
     fact = admit.fact("default", "db.host", "10.0.0.9", "ops")
     writes = [lambda: store.insert_episode(conn, forged),
               lambda: store.insert_episode(conn, dataclasses.replace(real, content=f"token {GITHUB}")),
               lambda: store.insert_chunks(conn, forged, 1),
               lambda: store.copy_episodes(conn, [forged], now=datetime.datetime.now(datetime.timezone.utc), queued=[]),
-              lambda: store.put_fact(conn, gate.FactValue("default", "db.password", "hunter2", "ops"), 1),
+              lambda: store.put_fact(conn, admission.FactValue("default", "db.password", "hunter2", "ops"), 1),
               lambda: store.put_fact(conn, dataclasses.replace(fact, value="hunter2"), 1),
-              lambda: store.insert_history(conn, gate.HistoryEntry("default", "k", 1, "set", None, GITHUB, "ops")),
-              lambda: store.insert_run(conn, gate.RunRecord({"agent": "a", "name": GITHUB})),
-              lambda: store.insert_lineage(conn, [gate.Lineage("a", 1, 2, datetime.datetime.now(), b"")]),
-              lambda: store.insert_window_lineage(conn, gate.WindowLineage("a", 1)),
-              lambda: store.insert_blocked(conn, gate.BlockedSource(GITHUB, GITHUB, None))]
+              lambda: store.insert_history(conn, admission.HistoryEntry("default", "k", 1, "set", None, GITHUB, "ops")),
+              lambda: store.insert_run(conn, admission.RunRecord({"agent": "a", "name": GITHUB})),
+              lambda: store.insert_lineage(conn, [admission.Lineage("a", 1, 2, datetime.datetime.now(), b"")]),
+              lambda: store.insert_window_lineage(conn, admission.WindowLineage("a", 1)),
+              lambda: store.insert_blocked(conn, admission.BlockedSource(GITHUB, GITHUB, None))]
     for write in writes:
         with pytest.raises(TypeError, match="admitted"):
             with admit.writing():
@@ -114,6 +115,119 @@ def test_a_record_built_or_copied_outside_the_gate_is_refused(conn, settings_obj
     with admit.writing():
         store.insert_episode(conn, real)
     assert _count(conn, "episodes") == 1
+
+
+def _changes(value, where: str):
+    """(where, a change) for every way to change VALUE in place, and each container inside it."""
+    if isinstance(value, (str, bytes, int, float, type(None), datetime.datetime)):
+        return
+    if isinstance(value, dict) or hasattr(value, "keys"):
+        for k in list(value):  # what it holds first: the changes below may take it away
+            yield from _changes(value[k], f"{where}[{k!r}]")
+        key = next(iter(value), "k")
+        yield from ((f"{where}[{key!r}] =", lambda: value.__setitem__(key, GITHUB)),
+                    (f"del {where}[{key!r}]", lambda: value.__delitem__(key)),
+                    (f"{where}.update", lambda: value.update({"new": GITHUB})),
+                    (f"{where}.pop", lambda: value.pop(key)), (f"{where}.clear", lambda: value.clear()),
+                    (f"{where}.setdefault", lambda: value.setdefault("new", GITHUB)),
+                    (f"{where}.popitem", lambda: value.popitem()), (f"{where} |=", lambda: value.__ior__({"new": 1})))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(list(value)):
+            yield from _changes(item, f"{where}[{i}]")
+        yield from ((f"{where}.append", lambda: value.append(GITHUB)),
+                    (f"{where}[0] =", lambda: value.__setitem__(0, GITHUB)),
+                    (f"{where}.clear", lambda: value.clear()))
+    else:
+        raise AssertionError(f"{where}: a {type(value).__name__}, which this test cannot change")
+
+
+def test_an_admitted_record_cannot_be_changed(conn, settings_obj):
+    """Every kind of record a gate admits is frozen whole: no field can be set, and what a field holds (an
+    episode's meta and chunks, nested values too; a run's row) refuses every change, so in-process code cannot
+    make the store write what the gate never saw."""
+    import dataclasses
+
+    from memctl import redact
+
+    admit = gate.Gate(conn, settings_obj, redact.Redactor("redact"))
+    meta = {"ticket": 12, "tags": ["disk", "web-3"], "by": {"name": "ops", "seen": [1, 2]}}
+    fact = admit.fact("default", "db.host", "10.0.0.9", "ops")
+    admitted = {
+        "episode": admit.new_episode("the disk on web-3 filled up at noon " * 40, source="ops", meta=meta),
+        "fact": fact,
+        "history": admit.history(fact, 1, "set", None, "10.0.0.9", "ops"),
+        "run": admit.run_record({"agent": "ops", "name": "rotate-logs", "steps": 2, "outcome": "ok"}),
+        "lineage": admit.lineage("ops", 1, 2, "2026-08-11T03:10:00Z", "00" * 32),
+        "window lineage": admit.window_lineage("ops", 1),
+        "blocked source": admit.blocked_source("feed", "noisy"),
+    }
+    kinds = {kind for kind in vars(admission).values() if isinstance(kind, type) and dataclasses.is_dataclass(kind)}
+    assert {type(record) for record in admitted.values()} == kinds  # every kind a gate admits
+    assert len(admitted["episode"].chunks) > 1
+    changed = []
+    for kind, record in admitted.items():
+        for field in dataclasses.fields(record):
+            value = getattr(record, field.name)
+            try:
+                setattr(record, field.name, value)
+                changed.append(f"{kind}.{field.name} =")
+            except dataclasses.FrozenInstanceError:
+                pass
+            for where, change in _changes(value, f"{kind}.{field.name}"):
+                try:
+                    change()
+                    changed.append(where)
+                except (TypeError, AttributeError):  # refused, or no such method (a tuple's)
+                    pass
+                except (KeyError, IndexError):  # an earlier change took away what this one changes
+                    pass
+    assert changed == [], "changed after admission: " + ", ".join(changed)
+    assert json.loads(json.dumps(admitted["episode"].meta)) == meta  # written as it came (lists as tuples)
+    assert admitted["run"].row["name"] == "rotate-logs"
+
+
+def test_the_stored_rows_are_what_the_gate_admitted(conn, settings_obj):
+    """In-process code that tries to change an admitted record (a token into an episode's meta, nested meta,
+    chunks; a run's row) is refused, and every writer (the one-row INSERT and the batch COPY) stores exactly
+    what the gate admitted: meta through Jsonb as the same JSON, the chunks in order, the run's name."""
+    import contextlib
+    import copy
+    import pickle
+
+    from memctl import redact
+
+    admit = gate.Gate(conn, settings_obj, redact.Redactor("redact"))
+    meta = {"ticket": 12, "tags": ["disk", "web-3"], "by": {"name": "ops", "seen": [1, 2]}}
+    episodes = [admit.new_episode(f"{i}: the disk on web-3 filled up at noon " * 40, source="ops", meta=meta)
+                for i in range(2)]
+    run = admit.run_record({"agent": "ops", "name": "rotate-logs", "commit": "0a1b2c3", "dirty": False, "steps": 2,
+                            "from_step": 1})
+    admitted_meta = [json.loads(json.dumps(e.meta)) for e in episodes]  # as JSON: lists within are tuples
+    assert admitted_meta[0] == meta
+    assert copy.deepcopy(episodes[0].meta) == pickle.loads(pickle.dumps(episodes[0].meta)) == episodes[0].meta
+    smuggle = [lambda e=e: e.meta.__setitem__("note", GITHUB) for e in episodes]
+    smuggle += [lambda e=e: e.meta["by"].__setitem__("name", GITHUB) for e in episodes]
+    smuggle += [lambda e=e: e.meta["tags"].append(GITHUB) for e in episodes]
+    smuggle += [lambda e=e: e.chunks.append(GITHUB) for e in episodes]
+    smuggle += [lambda: run.row.__setitem__("name", GITHUB)]
+    for change in smuggle:
+        with contextlib.suppress(TypeError, AttributeError):
+            change()
+    with admit.writing():
+        ids = [store.insert_episode(conn, episodes[0])]
+        ids += store.copy_episodes(conn, episodes[1:], now=datetime.datetime.now(datetime.timezone.utc),
+                                   queued=[]).ids
+        run_id = store.insert_run(conn, run).fetchone()["id"]
+    for episode, episode_id, before in zip(episodes, ids, admitted_meta):
+        stored = conn.execute("SELECT meta, (SELECT array_agg(content ORDER BY seq) FROM chunks c "
+                              "WHERE c.episode_id = e.id) AS chunks FROM episodes e WHERE id = %s",
+                              (episode_id,)).fetchone()
+        assert stored["meta"] == before == meta
+        assert tuple(stored["chunks"]) == episode.chunks and len(episode.chunks) > 1
+    assert conn.execute("SELECT name FROM runbook_runs WHERE id = %s", (run_id,)).fetchone()["name"] == "rotate-logs"
+    assert GITHUB not in json.dumps(conn.execute(
+        "SELECT (SELECT json_agg(e) FROM episodes e) AS e, (SELECT json_agg(c) FROM chunks c) AS c, "
+        "(SELECT json_agg(r) FROM runbook_runs r) AS r").fetchone(), default=str)
 
 
 def test_a_sourced_record_is_written_only_inside_its_gates_writing_transaction(conn, settings_obj):

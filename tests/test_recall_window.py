@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memctl.embedding.embedders import estimate_tokens
+from memctl.embedding.protocol import estimate_tokens
 
 T0 = "2026-03-02T08:00:00Z"
 
@@ -176,9 +176,9 @@ def test_batch_needs_jsonl_and_not_an_observation_too(cli, log):
 
 def test_the_mcp_recall_tool_runs_the_same_code(cli, conn, log, memctl_env):
     from memctl import config as config_mod
-    from memctl.mcp import tools
+    from memctl.mcp import sessions, tools
 
-    session = tools.Session(config_mod.load(), tools.Scope.make(agent="ops", read_only=True), lambda: conn)
+    session = sessions.Session(config_mod.load(), sessions.Scope.make(agent="ops", read_only=True), lambda: conn)
     reply = tools.recall(session, "why is the orders API slow", k=1)
     doc = recall_json(cli, "why is the orders API slow", "--agent", "ops", "-k", "1")
     assert reply.data["items"] == json.loads(json.dumps(doc["items"]))

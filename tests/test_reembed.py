@@ -296,7 +296,7 @@ def test_paraphrases_are_found_after_the_switch(cli, conn, env, server):
     """
     import re
 
-    from memctl.embedding.embedders import LocalEmbedder
+    from memctl.embedding.local import LocalEmbedder
 
     local = LocalEmbedder()
     task = re.compile(r"^search_(query|document): ")

@@ -14,10 +14,10 @@ from psycopg.rows import dict_row
 
 from memctl import config
 from memctl.embedding import models
-from memctl.reading import bm25, search, statement
+from memctl.reading import bm25, scan, search
 from memctl.reading.query import Query
 from memctl.reading.pieces import pieces
-from memctl.reading.statement import vector_half
+from memctl.reading.scan import vector_half
 from tests.conftest import needs_local_embedder
 
 DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())
@@ -388,7 +388,7 @@ def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn
     Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nef_search = 7\n")
     settings = config.load()
     seen = scan_witness(conn)
-    for mode in ("hybrid", "vector"):  # one statement each, in a transaction of statement.ScanTransactions
+    for mode in ("hybrid", "vector"):  # one statement each, in a transaction of scan.ScanTransactions
         assert search.search(conn, settings, Query("backup", mode=mode, agent="ops")).hits
     model = models.active(conn)
     vectors, _ = search.embed_queries(settings, model, ["backup"])
@@ -418,7 +418,7 @@ def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, m
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # committed at the end
     seen.clear()
     # a transaction no longer than nothing, a query at a time: each query's statement in one of its own
-    monkeypatch.setattr(statement.ScanTransactions, "seconds", 0.0)
+    monkeypatch.setattr(scan.ScanTransactions, "seconds", 0.0)
     monkeypatch.setattr(search, "WINDOW", 1)
     again = search.search_batch(conn, settings, [Query(q) for q in queries])
     assert [{h.id for h in o.hits} for o in again] == [{h.id for h in o.hits} for o in outcomes]

@@ -27,7 +27,7 @@ def test_a_missing_or_corrupt_local_model_falls_back_to_text_like_ollama_down(me
     from tests.conftest import needs_local_embedder
 
     needs_local_embedder()
-    from memctl.embedding.embedders import bundled_model_dir
+    from memctl.embedding.local import bundled_model_dir
 
     good, wrong = tmp_path / "good", tmp_path / "wrong"
     for target in (good, wrong):

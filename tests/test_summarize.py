@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from memctl import config
-from memctl.embedding import chat
+from memctl.retention import chat
 from memctl.retention import summarize
 from tests.ollama_server import first_sentences
 

@@ -13,7 +13,7 @@ import pytest
 
 from memctl import config
 from memctl.embedding import models
-from memctl.embedding.embedders import LocalEmbedder
+from memctl.embedding.local import LocalEmbedder
 
 COUNTED = ("episodes", "chunks", "embed_queue", "jobs", "facts", "episode_access")
 
@@ -92,7 +92,7 @@ def test_a_moment_is_read_one_way_on_every_path(cli, conn, db_url, value):
     own way fails here."""
     from memctl import db
     from memctl.errors import UsageError
-    from memctl.mcp import tools
+    from memctl.mcp import sessions, tools
     from memctl.records import filters
 
     with pytest.raises(ValueError) as caught:
@@ -110,7 +110,7 @@ def test_a_moment_is_read_one_way_on_every_path(cli, conn, db_url, value):
     batch = cli("episode", "search", "--batch", "-", input=json.dumps({"query": "disk", "until": value}) + "\n")
     assert_refused(batch, "1 of 1 line(s) failed")
     assert batch.jsonl()[0]["error"] == f"line 1: field until: {why}"  # in the line's place (README: batches)
-    session = tools.Session(config.load(), tools.Scope.make(), lambda: db.connect(db_url))
+    session = sessions.Session(config.load(), sessions.Scope.make(), lambda: db.connect(db_url))
     for call in (lambda: tools.search(session, "disk", since=value), lambda: tools.fact_get(session, "k", as_of=value)):
         with pytest.raises(UsageError) as refused:
             call()

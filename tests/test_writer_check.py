@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from memctl import places
 from memctl.write import store
 from memctl.write.values import WRITER
 from tests.conftest import WRITER_REFUSED
@@ -99,7 +100,7 @@ def test_a_side_door_in_a_module_of_its_own_is_refused(conn, tmp_path, monkeypat
 def test_every_memory_table_carries_the_check(conn):
     rows = conn.execute("SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
                         "WHERE t.tgname = 'memctl_test_writer'").fetchall()
-    assert {r["relname"] for r in rows} == set(store.MEMORY_TABLES)
+    assert {r["relname"] for r in rows} == set(places.MEMORY_TABLES)
 
 
 def test_the_marker_is_what_lets_a_write_through(conn):

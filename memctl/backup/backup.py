@@ -50,10 +50,9 @@ from typing import Any
 
 from psycopg import sql
 
-from memctl import __version__
+from memctl import __version__, places
 from memctl.errors import DiskFull, MemctlError, no_space
 from memctl.records import jobs
-from memctl.write import store
 from memctl.backup import backup_file
 
 JOB = "backup"
@@ -272,7 +271,7 @@ def _manifest(taken: dict, info: dict, tools, sums: dict, migration: str | None,
                    "schema": info["schema"]},
         "pg_dump": {"version": tools.version, "major": tools.major},
         "migration": migration,
-        "records": {name: sums[name]["rows"] for name in store.MEMORY_TABLES if name in sums},
+        "records": {name: sums[name]["rows"] for name in places.MEMORY_TABLES if name in sums},
         "tables": sums,
         "dump": {"name": backup_file.DUMP, "format": "custom", "bytes": dump.stat().st_size, "sha256": digest.hexdigest()},
     }

@@ -52,9 +52,9 @@ class MemctlGroup(TyperGroup):
             code = _database_error_code(exc)
             if code is None:
                 raise
-            from memctl.config import mask_url
+            from memctl.config import mask_secrets
 
-            warn(mask_url(f"database error: {str(exc).strip()}"))
+            warn(mask_secrets(f"database error: {str(exc).strip()}"))
             raise typer.Exit(code) from None
         finally:
             common.close_all()

@@ -19,7 +19,6 @@ FormatOption = Annotated[
 @dataclass
 class State:
     database_url: str | None = None
-    quiet: bool = False
     _settings: config_mod.Settings | None = None
     _conns: list[Any] = field(default_factory=list)
 

@@ -58,10 +58,10 @@ def status(fmt: FormatOption = Format.table) -> None:
     """Is the embedded server running, where is its data, which database is in use."""
     info = embedded.status()
     chosen = target()
-    from memctl.config import mask_url
+    from memctl.config import mask_secrets
 
     render_one({
-        "database": "embedded" if chosen.embedded else mask_url(chosen.url),
+        "database": "embedded" if chosen.embedded else mask_secrets(chosen.url),
         "chosen_by": chosen.origin,
         "embedded_running": info.running,
         "embedded_pid": info.pid if info.running else None,

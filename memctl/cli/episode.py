@@ -243,21 +243,16 @@ def search(
         return
     if query is None:
         raise UsageError("give a QUERY or --batch FILE")
+    from memctl.recall import window
+
     q = query_mod.Query(read_text_arg(query, "episode_bytes", "query"), k=k, agent=agent, kind=kind, source=source,
                         since=since, until=until, mode=mode)
-    outcome = search_mod.search(conn, settings(), q, track=not no_track)
+    outcome, rows = window.episode_search(conn, settings(), q, track=not no_track, context=context,
+                                          every=every)
     if outcome.warning:
         warn(outcome.warning)
     if outcome.note:
         warn(outcome.note)
-    if context and every:
-        raise UsageError("--context and --all: choose one")
-    if context:
-        from memctl.recall import window
-
-        rows = window.around(conn, settings(), outcome.hits, context)
-    else:
-        rows = search_mod.with_repeats(conn, outcome.hits) if every else [h.to_dict() for h in outcome.hits]
     if fmt is Format.table:
         rows = [{"id": r["id"], "score": "" if r["score"] is None else r["score"], "agent": r["agent"],
                  "kind": r["kind"], "created_at": r["created_at"], "seen": _seen(r),

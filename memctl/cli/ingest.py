@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from enum import Enum
 from typing import Annotated, Optional
@@ -13,7 +12,6 @@ from memctl import interrupts
 
 from memctl.files import jsonl
 from memctl.cli.common import connect, settings, warn
-from memctl.errors import BadValue
 
 
 class LogFormat(str, Enum):
@@ -71,93 +69,25 @@ def ingest(
     read and exits 0 (2 when every record was skipped); SIGTERM and SIGINT store what was read and exit 143, 130. `journalctl -f -o json | memctl ingest -f journal`,
     `memctl ingest app.log --follow --source app --cursor-file /var/lib/memctl/app.cursor`.
     """
-    from memctl import files
-    from memctl.ingest import ingest as ingest_mod
-    from memctl.write import values
+    from memctl.ingest import stream
 
-    if file == "-" and follow:
-        raise BadValue("--follow: needs a FILE (stdin is followed as long as it is open)", "--follow")
-    if journal_unit is not None:
-        if file != "-":
-            raise BadValue("--journal-unit: reads the journal, not a FILE as well", "--journal-unit")
-        fmt = LogFormat.journal
-    fd = 0 if file == "-" or journal_unit is not None else _open(file)
-    seekable = os.path.isfile(f"/proc/self/fd/{fd}")
-    if cursor_file is not None and fmt != LogFormat.journal and not seekable:
-        raise BadValue("--cursor-file: a byte offset resumes a FILE (or stdin redirected from one), not a pipe; "
-                       "journald's cursor needs --format journal", "--cursor-file")
+    request = stream.Request(file, fmt.value, source, kind, agent, flush, group.value, gap, follow,
+                             cursor_file, journal_unit, max_line)
+    opened = stream.open_input(request)
     st = settings()
     conn = connect()
-    name = os.path.abspath(cursor_file) if cursor_file is not None else None
-    resume = ingest_mod.stored_position(conn, name) if name is not None else None
-    child = None
-    if journal_unit is not None:
-        child = _journalctl(journal_unit, resume)
-        fd = child.stdout.fileno()
-    offset = 0
-    if resume is not None and fmt != LogFormat.journal:
-        offset = int(resume) if resume.isdigit() else 0
-        if offset > os.fstat(fd).st_size:
-            warn(f"{cursor_file}: the stored offset {offset} is past the file's end: reading it from the start")
-            offset = 0
-        os.lseek(fd, offset, os.SEEK_SET)
-    bound = "--max-line"
-    if max_line is None:
-        max_line, bound = ingest_mod.line_limit(values.Limits.of(st), fmt.value), "what a record within [limits] takes"
-    reader = ingest_mod.LineReader(fd, offset=offset, max_line=max_line,
-                                   follow=os.path.abspath(file) if follow else None)
-
-    def after_commit(position: str) -> None:
-        files.write_text(cursor_file, position + "\n")
-
-    options = ingest_mod.Options(fmt.value, source, kind, agent, flush, group.value, gap, max_line, bound)
-    run = ingest_mod.Ingest(conn, st, reader, options, report=lambda n, why: warn(f"line {n}: {why}: skipped"),
-                            cursor_name=name, after_commit=after_commit, resume=resume,
-                            should_stop=interrupts.requested)
-    try:
-        with interrupts.deferred():  # SIGINT, SIGTERM: what was read is stored, then exit 130, 143
-            counts = run.run()
-    finally:
-        if child is not None:
-            child.terminate()
-            child.wait(30)
-    if run.result.redactor is not None and run.result.redactor.note():
-        warn(run.result.redactor.note())
+    with interrupts.deferred():  # SIGINT, SIGTERM: what was read is stored, then exit 130, 143
+        done = stream.run(conn, st, opened, warn=warn, should_stop=interrupts.requested,
+                          report=lambda n, why: warn(f"line {n}: {why}: skipped"))
+    counts = done.counts
+    if done.redactor is not None and done.redactor.note():
+        warn(done.redactor.note())
     warn(f"ingest: stored {counts.stored} ({counts.folded} folded as repeats), already stored {counts.already}, "
          f"skipped {counts.skipped}" + (f" ({counts.erased} erased before)" if counts.erased else "")
          + f", in {counts.batches} batches")
     sys.stdout.flush()
     interrupts.check()
-    if fd == 0 and reader.offset == 0:
+    if done.empty:
         raise jsonl.empty_stdin()
     if counts.skipped and not (counts.stored or counts.already):
-        raise typer.Exit(run.first_skip)  # every record skipped: a wrong --format, say (README: skip modes)
-
-
-def _journalctl(unit: str, cursor: str | None):
-    import shutil
-    import subprocess
-
-    from memctl.errors import Unavailable
-
-    exe = shutil.which("journalctl")
-    if exe is None:
-        raise Unavailable("--journal-unit: journalctl is not installed")
-    start = [f"--after-cursor={cursor}"] if cursor else ["--lines=0"]
-    return subprocess.Popen([exe, "--follow", "--output=json", f"--unit={unit}", *start], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE)
-
-
-def _open(path: str) -> int:
-    import stat
-
-    from memctl.errors import InvalidInput
-
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
-    if stat.S_ISDIR(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise BadValue(f"{path} is a directory: ingest reads a log file (or stdin)", "FILE")
-    return fd
+        raise typer.Exit(done.first_skip)  # all skipped: a wrong --format, say (README: skip modes)

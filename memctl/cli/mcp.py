@@ -46,7 +46,7 @@ def mcp(
     stderr. Start one server per agent: `claude mcp add memctl -- memctl mcp --agent deploy-bot`.
     """
     from memctl import db
-    from memctl.mcp import tools
+    from memctl.mcp import sessions, tools
 
     def open_connection():
         return db.open_database(target(), report=warn, vector=True)
@@ -68,11 +68,11 @@ def mcp(
         raise UsageError("--allow-origin needs --http")
     from memctl.mcp import principals
 
-    asked = tools.Scope.make(agent=agent, namespace=namespace, shared=shared_namespace, read_only=read_only,
+    asked = sessions.Scope.make(agent=agent, namespace=namespace, shared=shared_namespace, read_only=read_only,
                              source=source)
     scope = principals.resolve(open_connection, asked, namespace_given=namespace is not None,
                                shared_given=bool(shared_namespace), source=source, warn=warn)
-    session = tools.Session(settings(), scope, open_connection)
+    session = sessions.Session(settings(), scope, open_connection)
     warn(f"mcp: {scope.describe()}; {len(tools.offered(scope))} tools over stdio")
     from memctl.mcp import protocol
 

@@ -76,22 +76,17 @@ def recall(
     from memctl.recall import recall as recall_mod
     from memctl.records.facts import moment
 
-    from memctl.records import agents
-
     if (batch is None) == (observation is None):
         raise UsageError("give an OBSERVATION or --batch FILE, not both" if batch else "give an OBSERVATION or --batch FILE")
     conn = connect_read(vector=True)
-    shared: tuple[str, ...] = ()
-    scoped = namespace
-    if namespace is None:  # the namespaces the agent's MCP server reads
-        scoped, shared = agents.namespaces_for(conn, agent)
-    base = recall_mod.Request(observation or "", agent=agent, namespace=scoped, shared=shared, k=k,
+    # no --namespace (None): the namespaces the agent's MCP server reads, found by the library
+    base = recall_mod.Request(observation or "", agent=agent, namespace=namespace, k=k,
                               max_tokens=max_tokens, min_score=min_score, repo=repo, track=not no_track,
                               as_of=moment(as_of, "--as-of", clock_skew()))
     if batch is not None:
         if fmt is not RecallFormat.jsonl:
             raise UsageError("--batch writes one JSON object per observation: add -f jsonl")
-        _recall_batch(conn, batch, base, namespace_given=namespace is not None)
+        _recall_batch(conn, batch, base)
         return
     request = replace(base, observation=read_text_arg(observation, "episode_bytes", "observation"))
     result = recall_mod.recall(conn, settings(), request)
@@ -109,13 +104,12 @@ def recall(
             sys.stdout.write(to_json(item.to_dict()) + "\n")
 
 
-def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
+def _recall_batch(conn, path: str, base) -> None:
     """One recall per JSONL line, all in one recall_batch; a bad line's place holds its error object. A line
     naming an agent but no namespace reads that agent's namespaces, as `recall --agent` does."""
     from memctl.files import jsonl
     from memctl.errors import BadValue
     from memctl.recall import recall as recall_mod
-    from memctl.records import agents
 
     slots: list = []  # a Request, or the error object of a bad line (common.batch_error)
 
@@ -128,13 +122,7 @@ def _recall_batch(conn, path: str, base, *, namespace_given: bool) -> None:
                           "an observation within [limits]", "nothing was run")
     for number, item in jsonl.read(lines, on_error=refused):
         try:
-            request = recall_mod.batch_request(item, number, base)
-            if "namespace" in item:
-                request = replace(request, shared=())
-            elif "agent" in item and not namespace_given:
-                scoped, shared = agents.namespaces_for(conn, request.agent)
-                request = replace(request, namespace=scoped, shared=shared)
-            slots.append(request)
+            slots.append(recall_mod.batch_request(item, number, base))
         except BadValue as exc:
             slots.append(batch_error(number, exc))
     requests = [s for s in slots if isinstance(s, recall_mod.Request)]

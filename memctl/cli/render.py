@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import csv
-import datetime
-import decimal
-import json
 import sys
-import uuid
 from enum import Enum
 from typing import Any, Iterable
+
+from memctl.files import jsonl
 
 
 class Format(str, Enum):
@@ -19,24 +17,8 @@ class Format(str, Enum):
     csv = "csv"
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, (bytes, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, Enum):
-        return value.value
-    return value
-
-
 def to_json(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, default=_plain, ensure_ascii=False, indent=indent)
+    return jsonl.dumps(value, indent=indent)
 
 
 # Control characters of stored text (any agent or log line can hold `\x1b]0;title\x07` or `\x1b[2J`) would drive the
@@ -55,7 +37,11 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, (dict, list)):
         return inert(to_json(value))
-    return inert(str(_plain(value)))
+    try:
+        value = jsonl.json_value(value)  # a time, a number, bytes... as json and jsonl write it
+    except TypeError:  # a string, a number, anything else: as it is
+        pass
+    return inert(str(value))
 
 
 def render(rows: Iterable[dict], fmt: Format | str = Format.table, *, columns: list[str] | None = None,

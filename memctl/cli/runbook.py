@@ -55,12 +55,13 @@ def list_(repo: RepoOption = None, fmt: FormatOption = Format.table) -> None:
 def _last_runs() -> dict:
     import psycopg
 
-    from memctl.config import mask_url
+    from memctl.config import mask_secrets
 
     try:
         return runbooks.last_runs(connect())
     except (MemctlError, psycopg.Error) as exc:
-        warn(mask_url(f"run history unavailable, last_run and last_outcome left empty: {str(exc).strip()}"))
+        warn(mask_secrets("run history unavailable, last_run and last_outcome left empty: "
+                          f"{str(exc).strip()}"))
         return {}
 
 

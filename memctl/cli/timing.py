@@ -34,7 +34,8 @@ def timing(
     second_model_bytes, the disk a second model's vector table and index would take.
     """
     from memctl.embedding import timing as timing_mod
-    from memctl.embedding.embedders import LOCAL_MODEL, make_embedder
+    from memctl.embedding.embedders import make_embedder
+    from memctl.embedding.local import LOCAL_MODEL
 
     st = settings()
     if model is None and embedder == "local":

@@ -12,7 +12,7 @@ from memctl.files import jsonl
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import InvalidInput
-from memctl.records import episodes
+from memctl.records import filters
 from memctl.transfer import export as export_mod, import_ as import_mod
 
 
@@ -37,7 +37,7 @@ def export(
     """
     from memctl.records import jobs
 
-    when = episodes.parse_since(since) if since else None
+    when = filters.parse_since(since) if since else None
     conn = connect(vector=False)
     with jobs.record(conn, "export") as job:  # where it went: an erasure's receipt lists the exports before it
         job.detail = {"file": out if out == "-" else str(Path(out).resolve())}

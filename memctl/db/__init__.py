@@ -67,7 +67,7 @@ def check_url(url: str, option: str | None = None) -> str:
         what = option or "the database URL"
         said = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
         message = (f"{what}: not a PostgreSQL connection string (postgresql://USER@HOST:PORT/DBNAME or "
-                   f"'host=H dbname=D'): {config_mod.mask_url(said)}")
+                   f"'host=H dbname=D'): {config_mod.mask_secrets(said)}")
         raise (BadValue(message, option) if option else ConfigError(message)) from None
     return url
 
@@ -93,7 +93,8 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
             options=migrate.session_options(url),
         )
     except psycopg.OperationalError as exc:
-        message = config_mod.mask_url(str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed")
+        said = str(exc).strip()
+        message = config_mod.mask_secrets(said.splitlines()[0] if said else "connection failed")
         raise DatabaseUnavailable(f"database unavailable: {message}") from None
     if vector:
         register_vector(conn)

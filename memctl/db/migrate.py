@@ -78,12 +78,12 @@ DECLARED = "SELECT current_setting('memctl.schema', true)"
 # sql/0025: every table of memctl's schema carries the guard (a table a later migration made included).
 GUARD_ALL = "SELECT memctl_guard_all()"
 HAS_GUARD = "SELECT to_regprocedure('memctl_guard_all()') IS NOT NULL"
-# A memory table (every table with an agent or a namespace column, as sql/0019 finds them) that holds a row.
-MEMORY_TABLES = """
+# The tables of an agent's rows (memctl.places.AGENT_TABLES) this schema has (an older one may lack
+# some).
+TABLES_PRESENT = """
 SELECT c.oid::regclass::text AS name FROM pg_class c
 WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition
-  AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname IN ('agent', 'namespace')
-              AND NOT a.attisdropped)
+  AND c.relname = ANY(%s)
 """
 
 
@@ -346,9 +346,11 @@ def holds_memory(conn) -> bool:
     """Whether any memory table holds a row (a database only created and migrated holds none)."""
     from psycopg import sql
 
+    from memctl import places
+
     if not _rows(conn, TABLE_EXISTS)[0][0]:
         return False
-    tables = [row[0] for row in _rows(conn, MEMORY_TABLES)]
+    tables = [row[0] for row in _rows(conn, TABLES_PRESENT, (list(places.AGENT_TABLES),))]
     if not tables:
         return False
     # `SELECT 1`, not a zero-column `SELECT FROM`: Citus plans the latter on a distributed table as a function

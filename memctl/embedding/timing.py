@@ -23,7 +23,7 @@ from typing import Any
 
 from memctl.files import jsonl
 from memctl.embedding import footprint, models
-from memctl.embedding.embedders import as_documents
+from memctl.embedding.protocol import as_documents
 from memctl.errors import BadValue, InvalidInput, UsageError
 
 SAMPLE = "SELECT content FROM chunks ORDER BY random() LIMIT %s"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from memctl.embedding import models
-from memctl.embedding.embedders import as_documents
+from memctl.embedding.protocol import as_documents
 from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError
 
 MAX_SPLIT_DEPTH = 6
@@ -100,7 +100,7 @@ class RunResult:
 
 
 def _mean(vectors: list[list[float]]) -> list[float]:
-    from memctl.embedding.embedders import l2_normalise
+    from memctl.embedding.protocol import l2_normalise
 
     return l2_normalise([sum(col) / len(vectors) for col in zip(*vectors)])
 

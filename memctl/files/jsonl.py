@@ -1,15 +1,22 @@
-"""The one JSONL reader: every command that reads JSONL goes through it, with one error format.
+"""JSON in and out: the one JSONL reader, and the one conversion of values JSON has no type for.
 
-Rules: UTF-8, one JSON value per line, blank lines skipped, a line numbered from 1 as a text
+Reading: UTF-8, one JSON value per line, blank lines skipped, a line numbered from 1 as a text
 editor counts it. Every problem is reported as `line N: <what>` (LineError), whether the
 reader found it (not UTF-8, not JSON, not an object, an unknown or missing field) or the
 caller did while validating the record (`at(number, exc)`).
+
+Writing: `dumps` and `plain` convert a value JSON has no type for as `json_value` does, for every
+command's json and jsonl output, the MCP server's replies and `memctl export` alike.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
 import json
 import re
+import uuid
 from typing import Any, Callable, Iterable, Iterator
 
 from memctl.errors import EXIT_USAGE, BadValue, InvalidInput
@@ -178,3 +185,44 @@ class Stdin:
             raise empty_stdin()
         self.started = True
         return data
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def json_value(value: Any) -> Any:
+    """How memctl writes a value JSON has no type for (json.dumps' `default`): a date or a moment
+    as ISO 8601, a duration in seconds, a Decimal as a float, bytes in hex, a UUID as its text,
+    an Enum as its value. Any other is refused (TypeError), never written as its repr."""
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (bytes, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def dumps(value: Any, *, indent: int | None = None, compact: bool = False) -> str:
+    """VALUE as one JSON text, non-ASCII characters kept, other values as json_value writes them;
+    `compact`: no blank after a separator (an export's lines)."""
+    return json.dumps(value, default=json_value, ensure_ascii=False, indent=indent,
+                      separators=(",", ":") if compact else None)
+
+
+def plain(value: Any) -> Any:
+    """VALUE in JSON's own types, as dumps would write it: a mapping's keys as text, a tuple as a
+    list, and json_value's form of every other value."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return json_value(value)

@@ -1,4 +1,5 @@
-"""`memctl ingest`: a log stream into episodes as it arrives, and the log formats it reads.
+"""`memctl ingest`: a log stream into episodes as it arrives (ingest), the input it reads and the
+run over it (stream), and the log formats (logformats).
 
 May import the base modules, memctl.db, memctl.write and memctl.records.
 """

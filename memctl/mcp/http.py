@@ -5,7 +5,7 @@ and Origin (DNS rebinding: loopback names, plus the origins the operator allows)
 bearer token on every request through its own auth middleware, which asks TokenVerifier below: the
 token's sha256 is looked up in the registry on each request, so a revoked or rotated token is refused
 (401) on its next request. Each tool call then runs in its agent's session, whose statements run in
-the agent's role (tools.Session). Stateless: no request relies on a session another request made.
+the agent's role (sessions.Session). Stateless: no request relies on a session another request made.
 
 A token is read from the Authorization header only, never from an option or the environment (so never
 in `ps`), and is never logged: the verifier keeps only the agent it names, and uvicorn's access log is off.
@@ -27,7 +27,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from memctl.config import Settings
 from memctl.db import migrate
 from memctl.errors import MemctlError, SchemaChanged, UsageError
-from memctl.mcp import bounds, principals, protocol, tools
+from memctl.mcp import bounds, principals, protocol, sessions
 from memctl.records import agents
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
@@ -59,25 +59,25 @@ class Registry:
     def __init__(self, settings: Settings, open_connection: Callable[[], Any]):
         self.settings = settings
         self._open = open_connection
-        self._owner = tools.Session(settings, tools.Scope.make(), open_connection, connections=2)
-        self._sessions: dict[tuple, tools.Session] = {}
+        self._owner = sessions.Session(settings, sessions.Scope.make(), open_connection, connections=2)
+        self._sessions: dict[tuple, sessions.Session] = {}
         self._lock = threading.Lock()
 
     def agent_for(self, token: str) -> agents.Agent | None:
         with self._owner.connection() as conn:
             return agents.by_token(conn, token)
 
-    def session_for(self, agent: agents.Agent) -> tools.Session:
+    def session_for(self, agent: agents.Agent) -> sessions.Session:
         key = (agent.name, agent.role, agent.namespace, tuple(agent.shared), agent.read_only)
         with self._lock:
             found = self._sessions.get(key)
             if found is None:
-                found = self._sessions[key] = tools.Session(
+                found = self._sessions[key] = sessions.Session(
                     self.settings, principals.scope_of(agent), self._open, role=agent.role,
                     connections=CONNECTIONS_PER_AGENT)
         return found
 
-    def current(self) -> tools.Session:
+    def current(self) -> sessions.Session:
         """The session of the agent whose token this request carries (the SDK's auth context)."""
         token = get_access_token()
         if token is None or not token.claims or "agent" not in token.claims:
@@ -122,7 +122,7 @@ def app(registry: Registry, host: str, port: int, origins: list[str]):
     """The starlette app: the SDK's streamable HTTP at /mcp behind its bearer auth (memctl issues the tokens itself,
     so the issuer is this server: no OAuth flow)."""
     base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    server = protocol.build(registry.current, scope=tools.Scope.make(agent="any"),
+    server = protocol.build(registry.current, scope=sessions.Scope.make(agent="any"),
                             describe="each request in its bearer token's agent: its episodes, its namespace and the "
                                      "shared namespaces it may read", token_verifier=TokenVerifier(registry),
                             auth=AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp",

@@ -8,17 +8,17 @@ and served as before (memctl's SQL scope alone, the owner's rights) with a warni
 from __future__ import annotations
 
 from memctl.errors import DatabaseUnavailable, UsageError
-from memctl.mcp import tools
+from memctl.mcp import sessions
 from memctl.records import agents
 
 
-def scope_of(agent: agents.Agent, *, source: str | None = None, read_only: bool = False) -> tools.Scope:
-    return tools.Scope.make(agent=agent.name, namespace=agent.namespace, shared=list(agent.shared),
+def scope_of(agent: agents.Agent, *, source: str | None = None, read_only: bool = False) -> sessions.Scope:
+    return sessions.Scope.make(agent=agent.name, namespace=agent.namespace, shared=list(agent.shared),
                             read_only=agent.read_only or read_only, source=source)
 
 
-def narrowed(agent: agents.Agent, asked: tools.Scope, *, namespace_given: bool, shared_given: bool,
-             source: str | None) -> tools.Scope:
+def narrowed(agent: agents.Agent, asked: sessions.Scope, *, namespace_given: bool, shared_given: bool,
+             source: str | None) -> sessions.Scope:
     """The registry's scope, narrowed by the options; an option that would widen it is refused."""
     if namespace_given and asked.namespace != agent.namespace:
         raise UsageError(f"agent {agent.name!r} is registered with namespace {agent.namespace!r}, not "
@@ -28,14 +28,14 @@ def narrowed(agent: agents.Agent, asked: tools.Scope, *, namespace_given: bool, 
         raise UsageError(f"agent {agent.name!r} may not read {', '.join(extra)}: it is registered to read "
                          f"{', '.join(agent.shared) or 'no shared namespace'}")
     shared = list(asked.shared) if shared_given else list(agent.shared)
-    return tools.Scope.make(agent=agent.name, namespace=agent.namespace, shared=shared,
+    return sessions.Scope.make(agent=agent.name, namespace=agent.namespace, shared=shared,
                             read_only=agent.read_only or asked.read_only, source=source)
 
 
-def resolve(open_connection, asked: tools.Scope, *, namespace_given: bool, shared_given: bool,
-            source: str | None, warn) -> tools.Scope:
+def resolve(open_connection, asked: sessions.Scope, *, namespace_given: bool, shared_given: bool,
+            source: str | None, warn) -> sessions.Scope:
     """The stdio server's scope at start. With the database down it stays as asked; the registry is asked
-    again when the first call connects (tools.registered_role)."""
+    again when the first call connects (sessions.registered_role)."""
     if asked.agent is None:
         return asked
     try:
@@ -45,7 +45,7 @@ def resolve(open_connection, asked: tools.Scope, *, namespace_given: bool, share
     try:
         found = agents.show(conn, asked.agent, missing_ok=True)
         if found is None:
-            tools.registered_role(conn, asked.agent)  # refuses when other agents are registered
+            sessions.registered_role(conn, asked.agent)  # refuses when other agents are registered
             warn(f"mcp: agent {asked.agent!r} is not registered: its server keeps it in scope by memctl's own "
                  f"statements, with the owner's rights; `memctl agent add {asked.agent}` puts it in a role of its "
                  "own under row-level security")

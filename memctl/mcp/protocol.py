@@ -27,7 +27,7 @@ from memctl import __version__
 from memctl.config import mask_secrets
 from memctl.db import migrate
 from memctl.errors import MemctlError, SchemaChanged, Unavailable
-from memctl.mcp import tools
+from memctl.mcp import sessions, tools
 from memctl.records import filters
 
 log = logging.getLogger("memctl.mcp")
@@ -225,7 +225,7 @@ def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-def answer(name: str, session: tools.Session | Callable[[], tools.Session], arguments: dict[str, Any]) -> CallToolResult:
+def answer(name: str, session: sessions.Session | Callable[[], sessions.Session], arguments: dict[str, Any]) -> CallToolResult:
     """Run one tool; memctl's errors (and anything unexpected) become an error result, never a traceback.
 
     `session` may be a function giving the session of this call's agent (the HTTP server's, by token)."""
@@ -237,7 +237,7 @@ def answer(name: str, session: tools.Session | Callable[[], tools.Session], argu
             raise MemctlError(f"{name} writes, and agent {session.scope.agent!r} is read-only")
         try:
             reply = implementation(session, **arguments)
-        except tools.Stale:  # a read on a connection the server had just ended: once more, on a new one
+        except sessions.Stale:  # a read on a connection the server had just ended: once more, on a new one
             reply = implementation(session, **arguments)
     except SchemaChanged as exc:
         schema_changed.set()
@@ -285,7 +285,7 @@ class Server(MCPServer):
     holds no tool that writes)."""
 
     def __init__(self, *args: Any, parameters: dict[str, set[str]],
-                 scope_of: Callable[[], tools.Scope] | None = None, **kwargs: Any):
+                 scope_of: Callable[[], sessions.Scope] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._parameters = parameters
         self._scope_of = scope_of
@@ -326,7 +326,7 @@ INSTRUCTIONS = ("memctl: long-term memory on PostgreSQL. Call recall at the star
                 "purges or runs a runbook: those are the operator's.")
 
 
-def build(session: tools.Session | Callable[[], tools.Session], *, scope: tools.Scope | None = None,
+def build(session: sessions.Session | Callable[[], sessions.Session], *, scope: sessions.Scope | None = None,
           describe: str | None = None, inline: bool = False, **options: Any) -> Server:
     """The server of one session (stdio), or of a function giving each call's session (HTTP: `scope` says which
     tools to offer, `describe` the instructions' scope, `options` go to MCPServer: the token verifier).
@@ -392,7 +392,7 @@ def configure_logging() -> None:
     root.setLevel(logging.WARNING)
 
 
-def serve(session: tools.Session) -> None:
+def serve(session: sessions.Session) -> None:
     """Serve over stdio until the client closes its end, answering every request it sent first."""
     import anyio
 

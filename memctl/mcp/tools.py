@@ -20,234 +20,20 @@ No tool deletes, purges or runs a runbook.
 from __future__ import annotations
 
 import datetime
-import decimal
-import select
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from memctl.config import Settings, mask_secrets
-from memctl.errors import DatabaseUnavailable, MemctlError, NotFound, UsageError
-from memctl.records import episodes, facts
+from memctl.config import Settings
+from memctl.errors import NotFound
+from memctl.files import jsonl
+from memctl.mcp.sessions import Scope, Session
+from memctl.records import episodes, facts, filters
 from memctl.write import gate, values
 
 MAX_QUERY = 10_000  # characters of a query or an observation
 MAX_NAME = values.MAX_NAME  # an agent, namespace, source or kind: as long as a write may store
 MAX_FACTS = 500  # rows fact_list returns
 
-
-# ---------------------------------------------------------------------------
-# Scope
-
-
-def _name(value: str | None, what: str) -> str | None:
-    return values.name(value, f"--{what}", optional=True)  # the write path's rule for a name
-
-
-@dataclass(frozen=True)
-class Scope:
-    """Whose memory a server serves. agent None: the operator's view (every agent, any namespace)."""
-
-    agent: str | None
-    namespace: str
-    shared: tuple[str, ...] = ()
-    read_only: bool = False
-    source: str = "mcp"
-
-    @classmethod
-    def make(cls, *, agent: str | None = None, namespace: str | None = None, shared: list[str] | None = None,
-             read_only: bool = False, source: str | None = None) -> "Scope":
-        agent, namespace, source = _name(agent, "agent"), _name(namespace, "namespace"), _name(source, "source")
-        shared = tuple(dict.fromkeys(_name(ns, "shared-namespace") for ns in shared or ()))
-        if agent is None and shared:
-            raise UsageError("--shared-namespace needs --agent: the operator's view reads every namespace already")
-        own = namespace or agent or facts.DEFAULT_NAMESPACE
-        return cls(agent, own, tuple(ns for ns in shared if ns != own), read_only,
-                   source or (f"mcp:{agent}" if agent else "mcp"))
-
-    @property
-    def writer(self) -> str:
-        """The agent remembered episodes belong to."""
-        return self.agent or gate.DEFAULT_AGENT
-
-    def readable(self, namespace: str | None) -> str:
-        if namespace is None or namespace == self.namespace:
-            return self.namespace
-        if self.agent is None or namespace in self.shared:
-            return namespace
-        raise UsageError(f"namespace {namespace!r} is not readable by this server: it reads {self._namespaces()}")
-
-    def writable(self, namespace: str | None) -> str:
-        if namespace is None or namespace == self.namespace or self.agent is None:
-            return namespace or self.namespace
-        raise UsageError(f"namespace {namespace!r} is not writable by this server: it writes only {self.namespace!r}")
-
-    def _namespaces(self) -> str:
-        shared = f" and, read-only, {', '.join(map(repr, self.shared))}" if self.shared else ""
-        return f"{self.namespace!r}{shared}"
-
-    def describe(self) -> str:
-        """One line for stderr at start, and the server's instructions to the client."""
-        mode = "; read-only: no tool writes" if self.read_only else f"; writes as source {self.source!r}"
-        if self.agent is None:
-            return ("no --agent: the operator's view, every agent's episodes and facts in any namespace "
-                    f"(default {self.namespace!r}){mode}")
-        return f"agent {self.agent!r}: its episodes only, facts in namespace {self._namespaces()}{mode}"
-
-
-# ---------------------------------------------------------------------------
-# The session: connections held and reopened, each call in the agent's role when it is registered
-
-PING = "SELECT 1"
-
-
-class Stale(DatabaseUnavailable):
-    """A call that only reads failed on an idle connection taken unproven (Session.connection): run it again."""
-
-
-def _quiet(conn) -> bool:
-    """Whether an idle, open connection's socket has nothing to read. A server that restarted, or ended the
-    session, has sent its last words or closed the socket, which makes it readable; a quiet one is most
-    likely alive (a silent network cut hangs a ping as long as the call's own first statement)."""
-    if conn.closed or conn.broken:
-        return False
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return False
-    return not readable
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return mask_secrets(text.splitlines()[0] if text else type(exc).__name__)
-
-
-class Session:
-    """What every tool call shares: settings, scope, and connections, held and reopened when broken.
-
-    `open_connection` opens the configured database as its owner (starting the embedded server when it
-    is not running, migrating), so a server that was stopped between two calls is started again on
-    demand. A registered agent's calls run in its role (memctl.records.agents): the first statement of
-    every call is SET ROLE, so row-level security keeps the call to the agent's rows whatever the
-    statements after it say, and a role revoked since is refused at the next call. `role` fixes the role
-    (the HTTP server, which resolved the agent from its token); otherwise the registry is asked when a
-    connection opens. `connections`: how many calls run at once (stdio: one at a time).
-    """
-
-    def __init__(self, settings: Settings, scope: Scope, open_connection: Callable[[], Any], *,
-                 role: str | None = None, connections: int = 1):
-        self.settings = settings
-        self.scope = scope
-        self._open = open_connection
-        self.role = role
-        self._idle: list[Any] = []
-        self._slots = threading.BoundedSemaphore(connections)
-        self._lock = threading.Lock()
-        self._size = connections
-
-    @property
-    def track(self) -> bool:
-        """Whether hits count as accessed: not on a read-only server, which writes nothing."""
-        return not self.scope.read_only
-
-    @contextmanager
-    def connection(self, *, rerun: bool = False) -> Iterator[Any]:
-        """A live connection for one call; a database failure becomes memctl's error.
-
-        An idle connection is proven alive by a round trip first (SELECT 1, or SET ROLE in an agent's role).
-        `rerun`: the call only reads, and protocol.answer may run it again. It then takes an idle connection
-        unproven when its socket is quiet (_quiet), saving the round trip; should the server have ended the
-        connection a moment before after all, the call fails with Stale, having changed nothing."""
-        import psycopg
-
-        with self._slots:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            unproven = rerun and conn is not None and self.role is None and _quiet(conn)
-            try:
-                conn = conn if unproven else self._live(conn)
-                yield conn
-            except psycopg.OperationalError as exc:
-                conn = self._drop(conn)
-                failure = Stale if unproven else DatabaseUnavailable
-                raise failure(f"database unavailable: {_first_line(exc)}") from None
-            except psycopg.Error as exc:
-                if conn is not None and (conn.closed or conn.broken):
-                    conn = self._drop(conn)
-                raise MemctlError(f"database error: {_first_line(exc)}") from None
-            finally:
-                if conn is not None:
-                    with self._lock:
-                        self._idle.append(conn)
-
-    def _ping(self, conn) -> None:
-        from memctl.records import agents
-
-        if self.role is None:
-            conn.execute(PING)
-        else:
-            agents.assume(conn, self.role)
-
-    def _live(self, conn):
-        import psycopg
-
-        if conn is not None and not conn.closed and not conn.broken:
-            try:
-                self._ping(conn)
-                return conn
-            except psycopg.OperationalError:  # restarted or cut off since the last call: open a new one
-                pass
-            except psycopg.Error as exc:  # the role is gone (revoked): refused, said in memctl's words
-                self._drop(conn)
-                raise MemctlError(f"agent {self.scope.agent!r} is no longer registered ({_first_line(exc)}): "
-                                  f"`memctl agent add {self.scope.agent}` registers it again") from None
-        self._drop(conn)
-        conn = self._open()
-        try:
-            if self.role is None and self.scope.agent is not None:
-                self.role = registered_role(conn, self.scope.agent)
-            self._ping(conn)
-        except BaseException:
-            self._drop(conn)
-            raise
-        return conn
-
-    @staticmethod
-    def _drop(conn) -> None:
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-        return None
-
-    def close(self) -> None:
-        """At exit; a call still running has a few seconds, then exit goes on without it."""
-        taken = sum(1 for _ in range(self._size) if self._slots.acquire(timeout=5 if self._size == 1 else 0.5))
-        try:
-            with self._lock:
-                idle, self._idle = self._idle, []
-            for conn in idle:
-                self._drop(conn)
-        finally:
-            for _ in range(taken):
-                self._slots.release()
-
-
-def registered_role(conn, agent: str) -> str | None:
-    """The agent's role when it is registered; None when no agent is registered in this database (memctl's
-    SQL scope alone, as before agents had roles); refused when others are and it is not."""
-    from memctl.records import agents
-
-    found = agents.show(conn, agent, missing_ok=True)
-    if found is not None:
-        return found.role
-    if agents.list_agents(conn):
-        raise MemctlError(f"agent {agent!r} is not registered, and agents here run in their own roles: "
-                          f"`memctl agent add {agent}` registers it")
-    return None
 
 
 # ---------------------------------------------------------------------------
@@ -260,23 +46,10 @@ class Reply:
     text: str
 
 
-def plain(value: Any) -> Any:
-    """JSON-ready: datetimes as ISO 8601, Decimals as floats, containers walked."""
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
 def _when(value: str | None, what: str) -> datetime.datetime | None:
     if value is None:
         return None
-    return episodes.parse_since(value, what)
+    return filters.parse_since(value, what)
 
 
 def _redactor(settings: Settings):
@@ -374,7 +147,7 @@ def episode_get(session: Session, id: int) -> Reply:  # noqa: A002 - the tool's 
         row = conn.execute(EPISODE if agent is not None else EPISODE_ANY_AGENT, {"id": id, "agent": agent}).fetchone()
     if row is None:
         raise NotFound(f"no episode {id}")
-    data = plain(dict(row))
+    data = jsonl.plain(dict(row))
     source = f", source {row['source']}" if row["source"] else ""
     return Reply(data, f"[episode {row['id']}, {data['created_at']}, {row['kind']}{source}, importance "
                        f"{row['importance']}] {row['content']}")
@@ -389,7 +162,8 @@ def recall(session: Session, observation: str, *, max_tokens: int | None = None,
                                  k=k, max_tokens=max_tokens, track=session.track)
     with session.connection(rerun=True) as conn:
         result = recall_mod.recall(conn, session.settings, request)
-    data = {"text": result.text(), **plain(result.to_dict()), "degraded": result.mode != "hybrid",
+    data = {"text": result.text(), **jsonl.plain(result.to_dict()),
+            "degraded": result.mode != "hybrid",
             "warnings": result.warnings}
     text = result.text() or "Nothing in memory is relevant to this observation."
     return Reply(data, text)
@@ -409,7 +183,7 @@ def fact_get(session: Session, key: str, *, namespace: str | None = None, as_of:
     at = _when(as_of, "as_of")
     with session.connection(rerun=True) as conn:
         fact = facts.get_fact(conn, key, namespace=ns, as_of=at)
-    return Reply(plain(fact.to_dict()), fact.value)
+    return Reply(jsonl.plain(fact.to_dict()), fact.value)
 
 
 def fact_list(session: Session, *, prefix: str | None = None, namespace: str | None = None) -> Reply:
@@ -419,7 +193,7 @@ def fact_list(session: Session, *, prefix: str | None = None, namespace: str | N
         for fact in facts.list_facts(conn, namespace=ns, prefix=prefix):
             if len(rows) == MAX_FACTS:
                 break
-            rows.append(plain(fact.to_dict()))
+            rows.append(jsonl.plain(fact.to_dict()))
     truncated = len(rows) == MAX_FACTS
     data = {"namespace": ns, "facts": rows, "truncated": truncated}
     lines = [_fact_line(r) for r in rows] or [f"No facts in namespace {ns!r}" + (f" under {prefix!r}." if prefix
@@ -445,7 +219,7 @@ def fact_set(session: Session, key: str, value: str, *, namespace: str | None = 
 def fact_history(session: Session, key: str, *, namespace: str | None = None) -> Reply:
     ns = session.scope.readable(namespace)
     with session.connection(rerun=True) as conn:
-        rows = plain(facts.history(conn, key, namespace=ns))
+        rows = jsonl.plain(facts.history(conn, key, namespace=ns))
     lines = [f"v{r['version']} {r['changed_at']} {r['op']}: {r['old_value']!r} -> {r['new_value']!r}"
              + (f" (source {r['source']})" if r["source"] else "")
              + (f" (valid from {r['valid_from']})" if r["valid_from"] != r["changed_at"] else "") for r in rows]
@@ -473,7 +247,7 @@ def runbook_show(session: Session, name: str, *, at: str | None = None) -> Reply
     from memctl.runbooks import runbooks
 
     runbook = _repository(session).load(name, at=at)
-    return Reply(plain(runbook.to_dict()), runbooks.as_text(runbook, fenced=True))
+    return Reply(jsonl.plain(runbook.to_dict()), runbooks.as_text(runbook, fenced=True))
 
 
 # ---------------------------------------------------------------------------

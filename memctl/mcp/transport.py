@@ -231,6 +231,9 @@ async def _run(server: MCPServer, streams: tuple, receive_input: Callable[[], Aw
                send_output: Callable[[], Awaitable[None]]) -> None:
     """The SDK's server between the two relays (MCPServer.run_stdio_async's own server, other streams)."""
     _, server_reads, server_writes, _ = streams
+    # MCPServer (mcp 2.1-2.3) has no public way to run on streams of one's own: run_stdio_async reads
+    # the process's stdin itself, with no bound on a line. The SDK reads this attribute itself to do
+    # it (mcp/client/_memory.py: "TODO(Marcelo): Make `lowlevel_server` public.").
     lowlevel = server._lowlevel_server
     async with anyio.create_task_group() as reading:
         reading.start_soon(receive_input)

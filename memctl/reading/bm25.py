@@ -1,49 +1,12 @@
 """BM25 ranking of the text half, from term statistics PostgreSQL already keeps.
 
-    score(e) = sum over the query terms t that e contains of idf(t)
-               * (k1 + 1) / (1 + k1 * (1 - b + b * max(|e|, avg |e|) / avg |e|))
-    idf(t)   = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+Term frequency counts as 1 and |e| is `length(tsv)`, so no text is read; document frequencies come
+from `pg_stats.most_common_elems` (read once per process and database, kept STATS_TTL seconds) and,
+for rare terms, from the GIN index. Plan.ceiling, the most any episode can score, scales the text
+half in fusion (memctl.reading.fusion); match_bound sizes the text half's match when the vector half
+runs (its rarest words, pairs of the commoner ones, common terms left out).
 
-Term frequency counts as 1: memories are short, a word rarely repeats in one,
-and repeating it does not make a memory more relevant. |e| is the number of
-distinct lexemes of the episode's tsvector (`length(tsv)`), so no text is read.
-A long episode is discounted, a short one gets no bonus: with term frequency 1,
-plain BM25 would rank the two-word "last ok" above any average memory sharing
-the same word. So an episode scores at most the sum of its terms' idf, and
-Plan.ceiling (the sum over the terms any episode holds) is the most any episode
-can score: fusion scales the text half by it (memctl.reading.fusion).
-
-A term is a word or "phrase" of the query, or a word with its synonyms
-(memctl.reading.query.SYNONYMS) as one OR, whose document frequency is the sum
-of its words' (an upper bound, so such a group never weighs more than its commonest
-word alone would).
-
-Document frequencies cost nothing on write. ANALYZE (run by autovacuum) keeps
-the most common lexemes of `episodes.tsv` with their frequencies in
-`pg_stats.most_common_elems`; a term not among them is rare by definition and
-is counted exactly through the GIN index, at the price of its few rows. A term
-in more than `common_terms` of all episodes (and in more than
-COMMON_MIN_ROWS of them) is left out of the match when the vector half runs:
-its idf is small, so it barely ranks, and matching it is what made the text
-half slow (every row holding it had to be ranked).
-
-With the vector half running, the text half also matches only the query's
-rarest words, as many as fit in a budget of episodes together (match_bound:
-`match_rows`, or `match_share` of the episodes when more; none when even the
-rarest is in more); the other words still score the
-episodes found, but do not find episodes themselves. This is MaxScore's idea
-of essential terms, with a cost bound instead of a score bound. An episode
-holding two of the commoner words is found by their pair (an AND) when the
-pair's estimated co-occurrence, df_a * df_b / N as if the words were
-independent, fits the same bound (the PAIRED_TERMS rarest of them: at most 28
-pairs); one holding a single commoner word has at most its (small) idf, and the
-vector half finds it if it is about the query. The text half then reads about
-that many heap pages per matched part whatever the words. The budget grows with
-the table (match_bound), since a fixed count loses keyword recall as memory grows.
-
-The statistics (episode count, average length, common lexemes) are read once per
-process and database and kept STATS_TTL seconds: they change with ANALYZE, not
-with each episode. Rare terms are counted for every batch.
+The formula and why each choice: docs/search.md ("BM25, exactly").
 """
 
 from __future__ import annotations

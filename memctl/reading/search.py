@@ -20,7 +20,7 @@ with_repeats lists every repeat after its first (search --all).
 A query costs two statements: one parses it and counts its rare words, one runs
 both halves, the context neighbours and the scoring of every candidate by both
 halves (HYBRID), inside a transaction that sets the HNSW scan; a batch's queries
-share such transactions, each at most a second long (statement.ScanTransactions), and send
+share such transactions, each at most a second long (scan.ScanTransactions), and send
 their statements through one pipeline, the database running the next queries'
 while memctl scores the last ones (_run_steps).
 
@@ -39,13 +39,14 @@ from typing import Any, Generator
 
 from memctl.config import Settings
 from memctl.embedding import models
-from memctl.embedding.embedders import as_queries
+from memctl.embedding.protocol import as_queries
 from memctl.errors import EmbedderUnavailable, UnknownModel
 from memctl.reading import bm25, when
 from memctl.reading.fusion import Hit, fuse
 from memctl.reading.query import Query, context_kinds, unsearchable
 from memctl.reading.pieces import Parsed, pieces_call
-from memctl.reading.statement import (ScanTransactions, StatementCall, StatementParts, period_exact, read_rows,
+from memctl.reading.scan import ScanTransactions
+from memctl.reading.statement import (StatementCall, StatementParts, period_exact, read_rows,
                                      statement_call)
 from memctl.records.agents import assumed
 

@@ -14,7 +14,7 @@ from memctl.embedding import models
 from memctl.errors import NotFound
 from memctl.reading import search
 from memctl.reading.query import Query
-from memctl.reading.statement import vector_half
+from memctl.reading.scan import vector_half
 from memctl.records import facts
 
 PAST_VALUES = """

@@ -1,63 +1,13 @@
 """Recall: the few memories worth putting in a prompt now, within a token budget.
 
-`recall(conn, settings, Request(observation))` gathers, in this order:
+`recall(conn, settings, Request(observation))` gathers matching facts (match_facts), episodes from
+the hybrid search with their windows (memctl.recall.recall_episodes, memctl.recall.window) and
+matching runbooks (find_runbooks), at most k of each kind above min_score, then takes whole items
+in that order while they fit max_tokens (assemble, fit) and lays them out with [recall]'s template
+(memctl.recall.form). recall_batch runs many requests on one connection; batch_request reads one
+line of `recall --batch`.
 
-1. Facts of the namespace whose key or value shares a word with the observation.
-   Words are what PostgreSQL's english full-text configuration makes of the
-   text after `. _ - / :` become spaces (stemmed, stopwords dropped), one-letter
-   words ignored. Score 1.0 when the key appears verbatim in the observation,
-   else p / (p + 2) with p = 2 x key words matched + value words matched.
-   Facts are the truth now and are labelled "current fact".
-2. Episodes from the default hybrid search (memctl.reading.search: relevance, recency,
-   importance); score = the search score. An episode counts only if it shares
-   a word with the observation (the text half found it) or its vector lies
-   within `max_distance` (cosine) of the observation's; so with nothing
-   relevant, nothing comes back. Near-duplicates collapse onto the best-scored
-   one: equal text after lowercasing and dropping punctuation, or word sets with
-   Jaccard similarity >= `dedupe` (0.9); the folded ones are named by id on the line
-   kept (`folded`) and in its `duplicates`, so what they said stays reachable.
-   Each hit comes with its window (memctl.recall.window: the entries beside it in
-   its agent's log, same source, within window_gap), as far as the budget holds.
-3. Runbooks whose name, title or description has a word of the observation
-   (3 letters or more, common English words dropped; Repository.find);
-   score p / (p + 2) with find's points (2 per title word, 1 per description word).
-   No runbook repository configured: no runbooks, no complaint.
-
-With `as_of` (Request.as_of), the block is the one the agent would have had then: the facts valid
-at that time (memctl.records.facts.VALID_AT, corrections recorded since included), episodes
-created before it, ages counted back from it; it counts no access. Runbooks are as they are now.
-
-At most k items of each kind, none scoring below min_score. They are then taken
-in that order until the next one would overflow max_tokens; an item is never
-cut, and the items after the first that does not fit are left out. Episodes
-and their neighbours are taken in window.plan's order (recall_episodes.Spend): a
-neighbour that does not fit is skipped (and those beyond it), a hit that does
-not fit ends the episodes; the chosen ones print as blocks (form.window_lines),
-in the order of their best hit.
-
-recall_batch runs many requests on one connection: their observations embedded
-in sub-batches, their searches one search_batch, the rest in shared read
-transactions; batch_request reads one line of `recall --batch`.
-
-Tokens are counted with the active model's tokenizer when the embedder runs in
-process (local all-minilm, WordPiece, already loaded to embed the observation),
-else estimated as ceil(characters / 4) (memctl.embedding.embedders.estimate_tokens). Each
-line is counted with its newline and the header and footer on their own, so the
-sum, which the budget caps, is never below the count of the whole block.
-
-The text block comes from [recall] in the config (str.format syntax):
-  template      the block, with {items} where the item lines go, one per line
-                (default "Relevant memory (facts are current; episodes are past events):\\n{items}\\n")
-  fact_line     fields: key value source sourced namespace version valid_from age score
-  episode_line  fields: id agent kind source sourced importance created_at age content score
-                repeats seen first_seen last_seen folded
-  window_line   fields: count age agent kind source sourced (a window's first line; memctl.recall.form)
-  runbook_line  fields: name title score
-`sourced` is ", source: X", or "" for an item without a source; `age` reads
-"just now", "5 minutes ago", "3 days ago", "2 months ago" (a fact's: since it became true).
-An episode repeated (docs/repeats.md) comes once, as its first: `repeats` counts its repeats (0: none),
-`seen` is " (seen N times, first 3 days ago, last 5 minutes ago)" for it and "" otherwise (the default
-line ends with it; a line without {seen} shows no count), first_seen and last_seen the ages of both ends.
+The rules (scores, collapsing, as_of, the budget, the template's fields), and why: docs/recall.md.
 """
 
 from __future__ import annotations
@@ -71,9 +21,7 @@ from memctl.config import Settings
 from memctl.errors import BadValue, MemctlError, UsageError
 from memctl.reading import query
 from memctl.recall import recall_episodes, window
-from memctl.recall.form import (DEFAULT_LINES, DEFAULT_TEMPLATE, FIELDS, Item, Template, age,  # noqa: F401
-                                 sourced, template)
-from memctl.recall.recall_episodes import collapse, max_distance  # noqa: F401  (recall's API, as before)
+from memctl.recall.form import Item, Template, age, sourced, template
 
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being below between
@@ -90,7 +38,9 @@ needs want wants like make made use used using can't don't isn't it's i'm
 class Request:
     observation: str
     agent: str | None = None
-    namespace: str = "default"
+    # None: the namespaces the agent's MCP server reads (records.agents.namespaces_for: a registered
+    # agent's own and its shared ones; 'default' for an unregistered agent or none)
+    namespace: str | None = "default"
     shared: tuple[str, ...] = ()  # namespaces whose facts are read too (an agent's MCP server: read-only ones)
     k: int = 5
     max_tokens: int | None = None  # None: [recall] max_tokens
@@ -234,7 +184,8 @@ def batch_request(item: Any, number: int, base: Request) -> Request:
 
     Every field given is checked where it enters: observation a non-empty string, agent and namespace
     non-empty strings, max_tokens an integer >= 1, k an integer from 1 to MAX_K, as_of a duration back
-    or an ISO 8601 time; none may hold NUL. BadValue names the line and the field (`field`).
+    or an ISO 8601 time; none may hold NUL. BadValue names the line and the field (`field`). A line
+    naming its namespace reads that one alone (no shared ones).
     """
     from memctl.write import values
     from memctl.records.facts import moment
@@ -260,9 +211,10 @@ def batch_request(item: Any, number: int, base: Request) -> Request:
             as_of = moment(item["as_of"], "as_of")
         except MemctlError as exc:
             raise bad("as_of", str(exc)) from None
+    named = {"namespace": item["namespace"], "shared": ()} if "namespace" in item else {}
     return replace(base, observation=item["observation"], agent=item.get("agent", base.agent),
-                   namespace=item.get("namespace", base.namespace), max_tokens=item.get("max_tokens", base.max_tokens),
-                   k=item.get("k", base.k), as_of=as_of)
+                   max_tokens=item.get("max_tokens", base.max_tokens), k=item.get("k", base.k),
+                   as_of=as_of, **named)
 
 
 # ---------------------------------------------------------------------------
@@ -292,10 +244,11 @@ def recall(conn, settings: Settings, request: Request) -> Recall:
 
 def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Recall]:
     """Many recalls on one connection: their searches one search batch, the rest in shared read transactions
-    (statement.ScanTransactions), the accesses counted at the end."""
-    from memctl.reading.statement import ScanTransactions
+    (scan.ScanTransactions), the accesses counted at the end."""
+    from memctl.reading.scan import ScanTransactions
 
     limits = [check(r, settings) for r in requests]
+    requests = scoped(conn, requests)
     form = template(settings)
     rule = window.rule(settings)
     found = recall_episodes.find_episodes(conn, settings, requests)
@@ -313,6 +266,23 @@ def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Reca
 
         access.record(conn, tracked)
     return results
+
+
+def scoped(conn, requests: list[Request]) -> list[Request]:
+    """Each request whose namespace is None given the namespaces its agent's MCP server reads
+    (records.agents.namespaces_for), asked once an agent."""
+    from memctl.records import agents
+
+    found: dict[str | None, tuple[str, tuple[str, ...]]] = {}
+    out = []
+    for request in requests:
+        if request.namespace is None:
+            if request.agent not in found:
+                found[request.agent] = agents.namespaces_for(conn, request.agent)
+            namespace, shared = found[request.agent]
+            request = replace(request, namespace=namespace, shared=shared)
+        out.append(request)
+    return out
 
 
 def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,

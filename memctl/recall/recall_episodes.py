@@ -75,7 +75,7 @@ class Episodes:
 
 def find_episodes(conn, settings: Settings, requests: list) -> list[Episodes]:
     """The hybrid search of each request's observation, all in one search batch, each embedded once."""
-    from memctl.embedding.embedders import estimate_tokens
+    from memctl.embedding.protocol import estimate_tokens
 
     model = models.active(conn)
     vectors, warning, embedder = [None] * len(requests), None, None

@@ -258,3 +258,23 @@ def around(conn, settings, hits: list, width: int, until: datetime.datetime | No
                            created_at=e.created_at, content=e.content)
             rows.append({**row, "match": e.match, "block": number})
     return rows
+
+
+def episode_search(conn, settings, query, *, track: bool = True, context: int = 0,
+                   every: bool = False) -> tuple[Any, list[dict]]:
+    """`memctl episode search`: the search's outcome (memctl.reading.search.Outcome) and the rows
+    it prints: each hit, with every repeat of it after it (`every`: search.with_repeats), or with
+    `context` neighbours a side in blocks (around); UsageError for both."""
+    from memctl.errors import UsageError
+    from memctl.reading import search
+
+    if context and every:
+        raise UsageError("--context and --all: choose one")
+    outcome = search.search(conn, settings, query, track=track)
+    if context:
+        rows = around(conn, settings, outcome.hits, context)
+    elif every:
+        rows = search.with_repeats(conn, outcome.hits)
+    else:
+        rows = [hit.to_dict() for hit in outcome.hits]
+    return outcome, rows

@@ -69,16 +69,6 @@ DELETE = "DELETE FROM agents WHERE name = %s RETURNING role_name"
 ROLE_EXISTS = "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) AS yes"
 CAN_CREATE_ROLES = "SELECT rolcreaterole OR rolsuper AS yes FROM pg_roles WHERE rolname = current_user"
 IS_CITUS = "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') AS yes"
-# Every memory table: a table of this schema with an agent or a namespace column (the registry aside). The
-# operator's tables have neither and are granted to no agent: jobs, memctl_migrations, erasures (the erasure
-# ledger's ids and digests).
-MEMORY_TABLES = """
-SELECT c.relname AS name FROM pg_class c
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND c.relname <> 'agents'
-  AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname IN ('agent', 'namespace')
-              AND NOT a.attisdropped)
-ORDER BY 1
-"""
 def role_name_for(name: str) -> str:
     """memctl_agent_NAME for a name of lowercase letters, digits and _ that fits in 63 bytes; otherwise
     memctl_agent_ + those characters of it (at most 40) + _ + the first 8 hex digits of its sha256."""

@@ -16,8 +16,8 @@ from memctl.files import jsonl
 from memctl.config import Settings
 from memctl.db import locks, overlap
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
-from memctl.write import erased, gate, identity, repeats, store
-from memctl.records.filters import filters, parse_since, where  # noqa: F401 (the episode log's filters)
+from memctl.write import admission, erased, gate, identity, repeats, store
+from memctl.records.filters import filters, where
 
 FIELDS = ("content", "kind", "source", "agent", "importance", "created_at", "meta")
 
@@ -34,7 +34,7 @@ def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
 class Added:
     id: int | None  # None: not stored (importance 0 by the write policy)
     folded_into: int | None = None  # a repeat (memctl.write.repeats): the first's id; not embedded
-    stored: gate.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
+    stored: admission.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
 
 
 def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
@@ -242,7 +242,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
         conn.execute(locks.WRITE_LOCK)
         # Under locks.WRITE_LOCK no model registers while this transaction runs.
         queued = store.queued_models(conn)
-        batch: list[gate.Episode] = []
+        batch: list[admission.Episode] = []
         keys: list[bytes] = []
         digests: list[str] = []
         # A batch is copied on a second thread while this one parses and admits the next (the gate reads
@@ -286,7 +286,7 @@ class _Fold:
     locked: set[str] = field(default_factory=set)  # agents whose fold lock this transaction holds
 
 
-def _copy_batch(conn, batch: list[gate.Episode], keys: list[bytes], now, queued: list[int], result: ImportResult,
+def _copy_batch(conn, batch: list[admission.Episode], keys: list[bytes], now, queued: list[int], result: ImportResult,
                 fold: _Fold, ledger: tuple, release=None) -> None:
     copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked,
                                  release=release, keys=keys, ledger=ledger if ledger[0] is not None else None)

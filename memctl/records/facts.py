@@ -24,7 +24,7 @@ from memctl.write.values import WRITER
 
 if TYPE_CHECKING:
     from memctl import redact
-    from memctl.write import gate
+    from memctl.write import admission, gate
 
 # Reading a fact (get, list, history) imports neither the gate nor redaction: `memctl fact get` starts
 # about 25 ms sooner (tests/bench/startup.py). Writes import them where they write.
@@ -97,9 +97,6 @@ class Erasure:
         return asdict(self)
 
 
-check_key = values.check_key
-
-
 LOCK_KEY = "SELECT memctl_lock_key(%s, %s || chr(31) || %s)"  # memctl.db.locks: no agent's session may hold it
 LOCK_CLASS = 0x6D666B79  # "mfky": one lock per (namespace, key)
 CURRENT = "SELECT value, version FROM facts WHERE namespace = %s AND key = %s"
@@ -163,7 +160,7 @@ def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_f
     return when
 
 
-def _set_in_tx(conn, fact: gate.FactValue, admit: gate.Gate) -> Change:
+def _set_in_tx(conn, fact: admission.FactValue, admit: gate.Gate) -> Change:
     from memctl.write import store
 
     old, last = _lock(conn, fact.namespace, fact.key)

@@ -1,68 +1,13 @@
 """Secrets never enter memory: find them in a text and replace each with `[REDACTED:<kind>]`.
 
-Detection is detect-secrets' regex plugins (GitHub, AWS, Slack, Stripe, JWT, private key
-headers, quoted `password = "..."` keywords, ...) plus what they miss that matters here:
-credentials inside URLs (the same rules as config.mask_secrets), whole PEM/OpenSSH private
-key blocks (detect-secrets flags only the BEGIN line), and the shapes operators paste every
-day (issue 19):
+This module is the API: the mode (redact, block, off), the markers, `redact_text`, and the one walk
+over JSON-like values (`redact_value`). detect.py finds secrets (detect-secrets' regex plugins and
+memctl's own detectors, each behind a cheap gate), names.py judges names and values (a secret's
+name, a placeholder), shapes.py holds the pairs and headers, prose.py the secrets named in prose,
+commands.py the passwords on command lines, providers.py the provider key prefixes. Every detector
+runs in time linear in the text (tests/test_redact_shapes.py; tests/bench/redact.py the rates).
 
-- a pair whose name names a secret (`secret_name`): `db password: hunter2`,
-  `export AWS_SECRET_ACCESS_KEY=...`, `"client_secret": "..."`, `PGPASSWORD=...`,
-  `--password hunter2`. Only the value is replaced (`db password: [REDACTED:password]`).
-  After `=` or in quotes any value counts; a bare value after `:` must look like one (6+
-  characters mixing two of lower case, inner upper case, digits, symbols; or 16+ without a
-  hyphen), so `token: expired, log in again` stays prose; after a password's name any word
-  that is not common prose counts (`password: admin`), and so does a passphrase filling the
-  line (`Password: correct horse battery staple`).
-- `password is hunter2xyz`, `the root password is changeme`, `aws secret access key wJalr...`
-  (`shapes._said_findings`), `docker login -p X`, `memctl fact set db.password X`.
-- `Authorization:` headers (Bearer, Basic, Token, ...) and a lone `Bearer <16+ chars>`.
-- passwords on command lines (commands.py): `mysql -phunter2` (and mariadb, mysqldump...; a bare
-  number of up to 5 digits is taken for a mistyped port), `sshpass -p`, `redis-cli -a`,
-  `curl -u user:password`; and a password a command takes as a plain argument (issue 50): an
-  option's value (`sqlcmd -P X`, `zip -P X`, `keytool -storepass X`, `smbclient -U user%X`), a
-  place among the arguments (`htpasswd -b FILE USER X`, `net user NAME X`, `rabbitmqctl add_user
-  USER X`, `mysqladmin password X`, `redis-cli AUTH X`), or what is piped in (`echo X | passwd
-  --stdin`, `echo user:X | chpasswd`, `echo X | sudo -S`). `ls -p`, `mkdir -p`, `ssh -p 2222`
-  name no such command.
-- a password named in prose (issue 50): `the passphrase is set to X`, `the password was changed
-  to X`, `set the root password to X` (after a verb of setting), `log in as ops with password X`,
-  `(password toor)`, `credentials: admin / X`; a common or prose word (`set to expire`, `with
-  password auth`) is not a value.
-- provider key prefixes (`providers.py`): OpenAI `sk-`/`sk-proj-`, Anthropic `sk-ant-`,
-  GitHub `github_pat_`, Google `AIza`, Hugging Face `hf_`, npm, Groq, Vault, ..., each with
-  the length of a real key.
-
-A value that is a placeholder or a reference is not a secret and stays (`shapes.placeholder`):
-`***`, `xxx`, `<password>`, `${VAR}`, `$VAR`, `$(cmd)`, `{{ var }}`, `%VAR%`, a marker, a
-path (`/run/secrets/db`, `~/.pgpass`), a secret-store reference (`op://`, `vault:`, an AWS
-secretsmanager/ssm ARN) and words such as none, null, true, unset, required. `changeme`,
-`password` and `secret` are NOT placeholders: they are the real (weak) password of the
-system that uses them.
-
-Left out on purpose, because operators write these every day and memory full of markers
-is broken memory: the high-entropy plugins (they fire on commit ids, sha256 sums and
-UUIDs), the public-IP plugin, and Basic Auth (replaced by the URL rule, which also masks
-the password of a URL whose password holds reserved characters).
-tests/data/secrets_labelled.jsonl proves both sides.
-
-Each plugin's own analyze_string runs once over the whole text (the keyword plugin per
-line), so its validity checks apply (a JWT must decode); the values it reports are then
-located in the text. Every detector sits behind a cheap substring gate, and a text with no
-run of 16 token characters, no `://`, no quote, no secret-like word next to a `=` or `:`
-and no password-taking command skips them all (`detect.candidate`), which is most prose.
-
-A field or fact whose name names a secret (`secret_name`: `db.password`, `api_token`) is
-replaced whole by `Redactor.named` / `redact_value` (kind `secret-named`, or the detector's
-kind when the value is one known secret), unless it is a placeholder or reads as a sentence
-(has a space and a common word: "rotated, see the vault"), which is scanned like any text;
-a number or boolean under such a name is left as it is.
-
-Every detector runs in time linear in the text (docs/secrets-and-export.md, "Linear time"):
-tests/test_redact_shapes.py holds the property, tests/bench/redact.py the rates.
-
-This module is the API (the mode, the markers, the walk over JSON-like values); detect.py finds
-secrets (the plugins, the gates, `find`), shapes.py holds the shapes and what is no secret.
+What is found and what stays, and why: docs/secrets-and-export.md.
 """
 
 from __future__ import annotations
@@ -74,7 +19,7 @@ from typing import Any, Callable
 
 from memctl.errors import InvalidInput
 from memctl.redact.detect import find
-from memctl.redact.shapes import MARKER, Finding, placeholder, secret_name
+from memctl.redact.names import MARKER, Finding, placeholder, secret_name
 
 __all__ = ["MODES", "DEFAULT_MODE", "MARKER", "NAMED", "Finding", "find", "replace", "redact_text", "redact_named",
            "redact_value", "secret_name", "SecretRefused", "kinds_text", "Redactor"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from memctl.redact.shapes import Finding, name_kind, placeholder
+from memctl.redact.names import Finding, name_kind, placeholder
 
 # A password-taking command, then the rest of its command line (to a pipe, ; or &).
 _PASSWORD_COMMAND = re.compile(

@@ -12,7 +12,8 @@ from typing import Any, Callable
 from memctl.redact import keyword
 from memctl.redact.commands import command_findings, command_words
 from memctl.redact.providers import provider_findings
-from memctl.redact.shapes import NOT_A_SECRET, Finding, any_word, named_pair, shape_findings
+from memctl.redact.names import NOT_A_SECRET, Finding, any_word
+from memctl.redact.shapes import named_pair, shape_findings
 
 _MARKER = re.compile(r"\[REDACTED:[a-z0-9-]+\]")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from memctl.redact.shapes import Finding
+from memctl.redact.names import Finding
 
 # Provider keys by prefix: (kind, literal prefix for the gate, pattern). The body must hold a digit and a letter.
 _PROVIDER_KEYS = tuple((kind, prefix, re.compile(r"(?<![\w-])" + pattern + r"(?![\w-])")) for kind, prefix, pattern in (

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from memctl.files import jsonl
 from memctl.embedding import models
-from memctl.embedding.embedders import as_documents, as_queries
+from memctl.embedding.protocol import as_documents, as_queries
 from memctl.errors import BadValue, InvalidInput
 
 TOLERANCE = 0.02  # recall@k the new model may lose to the active one before `switch` refuses it
@@ -135,7 +135,7 @@ def _embed(texts: list[str], embed, batch: int = 32) -> list:
 def _ranked(conn, model: models.Model, vector, k: int, ef: int, skip: set[int]) -> list[tuple[int, float]]:
     """(episode id, similarity) of the k nearest episodes, by best chunk, leaving out `skip`."""
     from memctl.reading.query import Query
-    from memctl.reading.statement import vector_half
+    from memctl.reading.scan import vector_half
 
     best: dict[int, float] = {}
     for row in vector_half(conn, model, vector, Query(text="compare", k=k), 4 * k + 16, ef):

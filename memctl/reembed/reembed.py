@@ -285,7 +285,7 @@ def sample_queries(conn, n: int) -> list[str]:
 
 
 def _embed_all(embedder, texts: list[str], batch: int = 32) -> list:
-    from memctl.embedding.embedders import as_queries
+    from memctl.embedding.protocol import as_queries
 
     vectors = []
     for i in range(0, len(texts), batch):
@@ -296,7 +296,7 @@ def _embed_all(embedder, texts: list[str], batch: int = 32) -> list:
 def top_episodes(conn, model: models.Model, vector, k: int, ef_search: int) -> list[int]:
     """Vector-only top-k episode ids in one model's table (an episode counts once, by its best chunk)."""
     from memctl.reading.query import Query
-    from memctl.reading.statement import vector_half
+    from memctl.reading.scan import vector_half
 
     rows = vector_half(conn, model, vector, Query(text="compare", k=k), k * 4, ef_search)
     ids: list[int] = []

@@ -21,7 +21,7 @@ in another temporary table between rounds. The lineage rows and the re-check in
 the writing transaction are computed in SQL from the recorded input.
 
 The chat client, the fitting of text into the model's context and the checks of an answer are
-memctl.embedding.chat.
+memctl.retention.chat.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from memctl.config import Settings, parse_duration
 from memctl.db import locks
 from memctl.errors import ConfigError, MemctlError, NothingToDo, Unavailable, UsageError
 from memctl.records import lineage as lineage_mod
-from memctl.embedding import chat as chat_mod
-from memctl.embedding.chat import UTC, Budget, OllamaChat, Summary, WindowFailed
+from memctl.retention import chat as chat_mod
+from memctl.retention.chat import UTC, Budget, OllamaChat, Summary, WindowFailed
 from memctl.retention.policy import policy_from_settings
 
 SUMMARY_KIND = lineage_mod.SUMMARY_KIND

@@ -30,13 +30,13 @@ Reading it back is memctl.transfer.import_.
 from __future__ import annotations
 
 import datetime
-import json
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from memctl import __version__
 from memctl.embedding import models
 from memctl.errors import InvalidInput
+from memctl.files import jsonl
 
 FORMAT = 1
 TYPES = ("header", "blocked_source", "fact", "episode", "summary_source", "runbook_run")
@@ -102,16 +102,8 @@ class ExportResult:
         return asdict(self)
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, datetime.datetime):
-        return value.isoformat()
-    if isinstance(value, (bytes, memoryview)):
-        return bytes(value).hex()
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
-
-
 def dumps(record: dict) -> str:
-    return json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=_json)
+    return jsonl.dumps(record, compact=True)
 
 
 def _stream(conn, query, params=None) -> Iterator[dict]:

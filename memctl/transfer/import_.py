@@ -30,7 +30,7 @@ from memctl.config import Settings
 from memctl.db import locks
 from memctl.embedding import models
 from memctl.errors import BadValue, Blocked, InvalidInput
-from memctl.write import erased, gate, repeats, store
+from memctl.write import admission, erased, gate, repeats, store
 from memctl.transfer.export import FORMAT, TYPES
 from memctl.transfer.known import Known, Pending, holders, resolve
 from memctl.transfer.merge_facts import merge_fact
@@ -177,7 +177,7 @@ class _Loader:
         for statement in ID_MAP:
             conn.execute(statement)
         self.mapped: list[tuple[str, int, int]] = []
-        self.batch: list[tuple[dict, gate.Episode]] = []
+        self.batch: list[tuple[dict, admission.Episode]] = []
         self.model: models.Model | None = None  # whose vectors the file's chunks carry, when usable here
         self.index_later: models.Model | None = None  # registered by this import, its index not built yet
         self.queued: list[int] = []
@@ -235,17 +235,17 @@ class _Loader:
         if len(self.batch) >= BATCH:
             self.flush()
 
-    def admit(self, episode: gate.NewEpisode) -> gate.Episode | None:
+    def admit(self, episode: gate.NewEpisode) -> admission.Episode | None:
         try:
             return self.gate.episode(episode)
         except (InvalidInput, BadValue, Blocked) as exc:
             raise jsonl.at(episode.line, exc) from None
 
-    def vectors(self, episode: gate.Episode, given: list[dict] | None) -> list | None:
+    def vectors(self, episode: admission.Episode, given: list[dict] | None) -> list | None:
         """The file's vectors, only when its chunks are exactly the chunks made here from the admitted text."""
         if self.model is None or not given or episode.redacted:
             return None
-        if [c["content"] for c in sorted(given, key=lambda c: c["seq"])] != episode.chunks:
+        if tuple(c["content"] for c in sorted(given, key=lambda c: c["seq"])) != episode.chunks:
             self.result.chunks_remade += 1
             return None
         vectors = [_vector_text(c["embedding"], self.model.dims) for c in sorted(given, key=lambda c: c["seq"])]

@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 from memctl.errors import BadValue
 from memctl.records import facts
-from memctl.write import gate, store
+from memctl.write import admission, gate, store
 
 
 class Counts(Protocol):  # memctl.transfer.import_.ImportResult
@@ -20,7 +20,7 @@ WHERE namespace = %s AND key = %s ORDER BY version, id
 """
 
 
-def _history_entries(admit: gate.Gate, fact: gate.FactValue, history: Any) -> list[gate.HistoryEntry]:
+def _history_entries(admit: gate.Gate, fact: admission.FactValue, history: Any) -> list[admission.HistoryEntry]:
     """A fact record's history, each entry through the gate, in version order."""
     if not isinstance(history, list) or not history:
         raise BadValue(f"fact {fact.key!r}: history must be a non-empty list", "history")
@@ -67,7 +67,7 @@ def merge_fact(conn, admit: gate.Gate, item: dict, result: Counts) -> None:
     _settle(conn, namespace, key, added)
 
 
-def _settle(conn, namespace: str, key: str, added: list[gate.HistoryEntry]) -> None:
+def _settle(conn, namespace: str, key: str, added: list[admission.HistoryEntry]) -> None:
     """The key's current row after a merge: the winning version's, when the file brought it."""
     winner = conn.execute(facts.VERSIONS_AT, facts.at_params(namespace=namespace, key=key), prepare=False).fetchone()
     if winner is None:  # every version erased, or none sets a value

@@ -3,7 +3,7 @@
 A record is admitted by a `Gate` (validated, its source checked against the blocked sources, every text field
 redacted or refused per [redaction] mode) and only an admitted record, the very object a gate made
 (memctl.write.admission), can be written, by the writers of memctl.write.store. They hold every statement
-that inserts into or copies into a memory table (store.MEMORY_TABLES): tests/test_gate.py reads the library's
+that inserts into or copies into a memory table (places.MEMORY_TABLES): tests/test_gate.py reads the library's
 source and fails if such a statement appears anywhere else, so a new write path cannot go around the gate unnoticed.
 
 What the gate checks, for every path (`episode add` and `import`, `fact set` and
@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked
 from memctl.write import chunking, repeats, values
-from memctl.write.admission import admitted, is_admitted, seal as _sealed
+from memctl.write.admission import (BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord,
+                                    WindowLineage, admitted, is_admitted, seal as _sealed)
 from memctl.write.values import check_key, check_value, integer, name, parse_time
 from memctl.write.values import no_nul as _no_nul, shown as _shown
 
@@ -73,28 +74,6 @@ class NewEpisode:
     @functools.cached_property
     def content_hash(self) -> bytes:
         return hashlib.sha256(self.content.encode("utf-8")).digest()
-
-
-@dataclass(frozen=True)
-class Episode:
-    """An admitted episode: validated, source allowed, texts redacted, chunks made from its content."""
-
-    content: str
-    kind: str
-    agent: str
-    source: str | None
-    importance: int
-    created_at: datetime.datetime | None
-    meta: dict[str, Any]
-    chunks: list[str]
-    content_hash: bytes
-    redacted: bool  # redaction changed a field
-    secret: bytes | None = None  # when it did: a keyed digest of the fields as they came (repeats.secret_digest)
-
-    @functools.cached_property
-    def norm_hash(self) -> bytes:
-        """Its fold key (memctl.write.repeats.norm_hash: normalized text, meta, and the digest when redacted)."""
-        return repeats.norm_hash(self.content, self.meta, self.secret)
 
 
 def importance_for(settings, kind: str) -> int:
@@ -137,69 +116,8 @@ def validate(settings, content: Any, *, kind: Any = None, source: Any = None, ag
     return NewEpisode(content, kind, agent, source, importance, when, meta)
 
 
-# --- facts --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FactValue:
-    """An admitted fact value: namespace, key, value and source checked and redacted."""
-
-    namespace: str
-    key: str
-    value: str | None
-    source: str | None
-    valid_from: datetime.datetime | None = None  # when the value became true; None: when recorded
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    namespace: str
-    key: str
-    version: int
-    op: str
-    old_value: str | None
-    new_value: str | None
-    source: str | None
-    changed_at: datetime.datetime | None = None  # system time: when memctl recorded it; None: now
-    valid_from: datetime.datetime | None = None  # valid time: when it became true; None: changed_at
-
-
 FACT_OPS = ("set", "delete", "erase")
-
-
-# --- runbook runs and lineage ----------------------------------------------------------
-
-
 RUN_OUTCOMES = ("ok", "failed", None)
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    row: dict
-
-
-@dataclass(frozen=True)
-class Lineage:
-    agent: str
-    summary_id: int
-    source_id: int
-    source_created_at: datetime.datetime
-    source_hash: bytes
-
-
-@dataclass(frozen=True)
-class WindowLineage:
-    """A summary's lineage: every episode of its window's input (already in memory) to the summary."""
-
-    agent: str
-    summary_id: int
-
-
-@dataclass(frozen=True)
-class BlockedSource:
-    source: str
-    reason: str | None
-    blocked_at: datetime.datetime | None
 
 
 # --- the gate -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The writers: the only statements that insert into or copy into a memory table (MEMORY_TABLES).
+"""The writers: the only statements that insert into or copy into a memory table
+(places.MEMORY_TABLES).
 
 They take only records a `memctl.write.gate.Gate` admitted (validated, source allowed, redacted): a raw
 record is a TypeError. tests/test_gate.py reads the library's source and fails if such a statement
@@ -13,17 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from memctl import places
-from memctl.write import gate
-from memctl.write.gate import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
+from memctl.write import admission, gate
+from memctl.write.admission import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
 from memctl.write.values import WRITER
 
-# The tables that hold memory records entering from outside (memctl.places declares them, with every other
-# table): embed_queue, embed_failures, the vector tables (the embed worker's output from chunks already
-# admitted), jobs and episode_access hold none.
-MEMORY_TABLES = places.MEMORY_TABLES
-
-
-_admitted = gate.admitted  # a record a Gate made, not one of the same type built or copied elsewhere
+_admitted = admission.admitted  # a record a Gate made, not one of the same type built or copied elsewhere
 
 
 def _sourced(conn, record: Any, kind: type) -> None:

@@ -47,14 +47,14 @@ FIXES = ("rotating logs fixed it", "a rollback fixed it", "we added an index", "
 ENCODE_NUMPY = """
 import sys
 from memctl.embedding import minilm
-from memctl.embedding.embedders import bundled_model_dir
+from memctl.embedding.local import bundled_model_dir
 minilm.load(bundled_model_dir()).encode([sys.argv[1]])
 """
 ENCODE_ST = """
 import os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"
 from sentence_transformers import SentenceTransformer
-from memctl.embedding.embedders import bundled_model_dir
+from memctl.embedding.local import bundled_model_dir
 SentenceTransformer(str(bundled_model_dir()), device="cpu").encode([sys.argv[1]], normalize_embeddings=True)
 """
 
@@ -131,7 +131,7 @@ def throughput(rounds: int) -> None:
     from sentence_transformers import SentenceTransformer
 
     from memctl.embedding import minilm
-    from memctl.embedding.embedders import bundled_model_dir
+    from memctl.embedding.local import bundled_model_dir
 
     ours = minilm.load(bundled_model_dir())
     theirs = SentenceTransformer(str(bundled_model_dir()), device="cpu")
@@ -172,7 +172,8 @@ def main() -> None:
     from ollama_server import OllamaTestServer
 
     from memctl import config
-    from memctl.embedding.embedders import LocalEmbedder, OllamaEmbedder, bundled_model_dir, file_sha256
+    from memctl.embedding.local import LocalEmbedder, bundled_model_dir, file_sha256
+    from memctl.embedding.ollama import OllamaEmbedder
 
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     rng = random.Random(7)

@@ -48,7 +48,7 @@ def load(conn, settings, n: int, real: int) -> None:
     from psycopg import sql
 
     from memctl.embedding import models
-    from memctl.embedding.embedders import LocalEmbedder
+    from memctl.embedding.local import LocalEmbedder
     from memctl.records import episodes, facts
 
     rng = random.Random(3)

@@ -159,7 +159,7 @@ def in_process(env: dict, scratch: Path, asks, wanted, splits, variants: list[st
     from dataclasses import replace
 
     from memctl import config, db
-    from memctl.recall import recall, recall_episodes, window
+    from memctl.recall import form, recall, recall_episodes, window
 
     saved = dict(os.environ)
     os.environ.update(env)
@@ -177,9 +177,9 @@ def in_process(env: dict, scratch: Path, asks, wanted, splits, variants: list[st
                 found_here = recall_episodes.find_episodes(conn, chosen, requests)
             else:
                 found_here = found
-            form, rule = recall.template(chosen), window.rule(chosen)
+            made, rule = form.template(chosen), window.rule(chosen)
             for budget in BUDGETS:
-                results = [recall.assemble(conn, chosen, replace(r, max_tokens=budget), budget, 0.0, form, rule, f)
+                results = [recall.assemble(conn, chosen, replace(r, max_tokens=budget), budget, 0.0, made, rule, f)
                            for r, f in zip(requests, found_here)]
                 inside = [ids_inside(plain(x.to_dict())) for x in results]
                 for name, picked in splits.items():

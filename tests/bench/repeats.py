@@ -134,7 +134,7 @@ def top10(conn, settings) -> list[tuple[int, int]]:
 def similarities() -> None:
     """Cosine similarity of ops text pairs by how they differ, with the local all-MiniLM (when installed)."""
     try:
-        from memctl.embedding.embedders import LocalEmbedder
+        from memctl.embedding.local import LocalEmbedder
 
         model = LocalEmbedder()
         model.embed(["warm up"])

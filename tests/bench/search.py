@@ -206,7 +206,7 @@ def filtered_recall(conn, model, centers, ef: int, candidates: int) -> None:
     from psycopg import sql
 
     from memctl.reading.query import Query
-    from memctl.reading.statement import vector_half
+    from memctl.reading.scan import vector_half
 
     def exact_sql(where: str):
         return sql.SQL("SELECT chunk_id FROM {} " + where + " ORDER BY embedding <=> %b LIMIT 10").format(

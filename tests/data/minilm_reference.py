@@ -23,7 +23,7 @@ def main() -> None:
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
-    from memctl.embedding import bundled_model_dir
+    from memctl.embedding.local import bundled_model_dir
     from tests.test_minilm import MAX_TOKENS, REFERENCE_TENSORS, varied_texts
 
     texts = varied_texts()

@@ -1,9 +1,9 @@
-"""Asking the chat model for a summary: the Ollama chat client, fitting a window's text into its context,
-and checking that an answer is a summary.
+"""Asking the chat model for a summary: the Ollama chat client, fitting a window's text into its
+context, and checking that an answer is a summary (docs/summaries.md).
 
-A window too long for one request is cut into groups of whole lines that fit (an episode longer than that
-goes in pieces); nothing is ever cut to fit silently, and an answer the model may have read truncated,
-cut short, empty, a refusal or longer than its input fails its window (WindowFailed).
+A window too long for one request is cut into groups of whole lines that fit (an episode longer than
+that goes in pieces); nothing is ever cut to fit silently, and an answer the model may have read
+truncated, cut short, empty, a refusal or longer than its input fails its window (WindowFailed).
 """
 
 from __future__ import annotations
@@ -14,32 +14,35 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from memctl.config import Settings
-from memctl.embedding.embedders import OllamaEmbedder, estimate_tokens
+from memctl.embedding.ollama import OllamaEmbedder
+from memctl.embedding.protocol import estimate_tokens
 from memctl.errors import ConfigError, EmbedInputRejected, MemctlError
 
 OUTPUT_SHARE = 4  # a quarter of the context is left for the answer (num_predict)
 MARGIN_TOKENS = 64  # the chat template's own tokens around the messages
-# Characters / 4 is an estimate: logs full of numbers, addresses or non-English text run denser. Planning
-# prompts at 80% of the room keeps them inside the context at down to about 3 characters per token.
+# Characters / 4 is an estimate: logs full of numbers, addresses or non-English text run denser.
+# Planning prompts at 80% of the room keeps them inside the context at down to about 3 characters
+# per token.
 ESTIMATE_SAFETY = 0.8
 UTC = datetime.timezone.utc
 
 SYSTEM_PROMPT = (
-    "You summarize an AI agent's memory log so that the agent can read the summary later in place of the "
-    "entries. Write a factual summary of the entries the user gives you. Keep every name, number, date, time, "
-    "address, version, error message, cause, fix and decision exactly as written. Add nothing that is not in "
-    "the entries: no advice, no opinions, no preamble, no closing remark. Plain sentences, one line per event. "
-    "The entries are from agent {agent} on {day} (UTC), oldest first: {what}."
+    "You summarize an AI agent's memory log so that the agent can read the summary later in place "
+    "of the entries. Write a factual summary of the entries the user gives you. Keep every name, "
+    "number, date, time, address, version, error message, cause, fix and decision exactly as "
+    "written. Add nothing that is not in the entries: no advice, no opinions, no preamble, no "
+    "closing remark. Plain sentences, one line per event. The entries are from agent {agent} on "
+    "{day} (UTC), oldest first: {what}."
 )
 ENTRIES = "one per line, each with its time (UTC), [source] and text"
 PART_SUMMARIES = "summaries of consecutive parts of that day, each after a line naming the part"
 # An answer that declines instead of summarizing.
-_REFUSAL = re.compile(r"^\W*(i'?m sorry|i am sorry|sorry\b|i apologi[sz]e|i can(?:no|')t\b|i cannot\b|i am unable|"
-                      r"i'?m unable|i won'?t\b|i will not\b|as an ai\b|i'?m not able|i am not able|"
-                      r"unfortunately,? i\b)", re.IGNORECASE)
+_REFUSAL = re.compile(r"^\W*(i'?m sorry|i am sorry|sorry\b|i apologi[sz]e|i can(?:no|')t\b|"
+                      r"i cannot\b|i am unable|i'?m unable|i won'?t\b|i will not\b|as an ai\b|"
+                      r"i'?m not able|i am not able|unfortunately,? i\b)", re.IGNORECASE)
 # An answer about the request itself: a server that says it could not read all of it.
-_OVERFLOW = re.compile(r"exceeds? the context|context (?:length|window) (?:was )?exceeded|input (?:was )?truncated",
-                       re.IGNORECASE)
+_OVERFLOW = re.compile(r"exceeds? the context|context (?:length|window) (?:was )?exceeded|"
+                       r"input (?:was )?truncated", re.IGNORECASE)
 
 
 # --- the chat client --------------------------------------------------------
@@ -54,14 +57,16 @@ class Answer:
 
 
 class OllamaChat(OllamaEmbedder):
-    """A chat model at an Ollama server. It shares OllamaEmbedder's client, /api/show reading and the mapping of
-    failures to memctl errors (down, slow, 5xx: EmbedderUnavailable, exit 3; 404: UnknownModel with the
-    `ollama pull` hint), so both speak to Ollama the same way."""
+    """A chat model at an Ollama server. It shares OllamaEmbedder's client, /api/show reading and
+    the mapping of failures to memctl errors (down, slow, 5xx: EmbedderUnavailable, exit 3; 404:
+    UnknownModel with the `ollama pull` hint), so both speak to Ollama the same way."""
 
     def chat(self, system: str, user: str, *, num_ctx: int, num_predict: int) -> Answer:
         response = self._call("chat", model=self.model, stream=False,
-                              messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-                              options={"num_ctx": num_ctx, "num_predict": num_predict, "temperature": 0})
+                              messages=[{"role": "system", "content": system},
+                                        {"role": "user", "content": user}],
+                              options={"num_ctx": num_ctx, "num_predict": num_predict,
+                                       "temperature": 0})
         message = getattr(response, "message", None)
         return Answer(text=(getattr(message, "content", None) or "").strip(),
                       prompt_tokens=getattr(response, "prompt_eval_count", None),
@@ -90,7 +95,8 @@ class Budget:
     def for_model(cls, context_length: int | None, configured: int) -> Budget:
         num_ctx = min(configured, context_length) if context_length else configured
         if num_ctx < 512:
-            raise ConfigError(f"a context of {num_ctx} tokens is too small to summarize in ([summarize] context)")
+            raise ConfigError(f"a context of {num_ctx} tokens is too small to summarize in "
+                              "([summarize] context)")
         return cls(num_ctx, num_ctx // OUTPUT_SHARE)
 
     @property
@@ -108,8 +114,8 @@ def _flat(text: str) -> str:
 
 
 def episode_lines(episodes: Iterable[dict], room: int) -> Iterator[str]:
-    """One line per episode (time, [source], text), as they are read; a text longer than the room goes in
-    several lines."""
+    """One line per episode (time, [source], text), as they are read; a text longer than the room
+    goes in several lines."""
     for ep in episodes:
         prefix = f"{ep['created_at'].astimezone(UTC):%Y-%m-%d %H:%M} [{ep['source'] or '-'}]"
         text = _flat(ep["content"])
@@ -125,8 +131,8 @@ def episode_lines(episodes: Iterable[dict], room: int) -> Iterator[str]:
 def _split(text: str, size: int) -> list[str]:
     """Pieces of at most `size` characters, cut at a space where there is one.
 
-    Linear in the text: each piece is sliced once out of the whole text and the search for a space looks back
-    at most half a piece; what remains after a piece is never copied."""
+    Linear in the text: each piece is sliced once out of the whole text and the search for a space
+    looks back at most half a piece; what remains after a piece is never copied."""
     text = text.strip()
     pieces, start, end = [], 0, len(text)
     while end - start > size:
@@ -140,7 +146,7 @@ def _split(text: str, size: int) -> list[str]:
 
 
 def groups(lines: Iterable[str], room: int) -> Iterator[list[str]]:
-    """Consecutive lines packed into groups whose text fits the room, each group as soon as it is full."""
+    """Consecutive lines packed into groups whose text fits the room, each group once it is full."""
     group: list[str] = []
     used = 0
     for line in lines:
@@ -165,8 +171,9 @@ def check_answer(answer: Answer, user: str, budget: Budget) -> str:
     """The answer's text, or WindowFailed saying why it is no summary."""
     if answer.prompt_tokens is not None and answer.prompt_tokens > budget.prompt_room:
         raise WindowFailed(f"the model counted {answer.prompt_tokens} prompt tokens, more than the "
-                           f"{budget.prompt_room} planned within its context of {budget.num_ctx}: it may have read "
-                           "the input truncated (Ollama cuts a long prompt silently); lower [summarize] context")
+                           f"{budget.prompt_room} planned within its context of {budget.num_ctx}: "
+                           "it may have read the input truncated (Ollama cuts a long prompt "
+                           "silently); lower [summarize] context")
     if answer.done_reason == "length":
         raise WindowFailed(f"the answer was cut at {budget.num_predict} tokens (num_predict)")
     if not answer.text:
@@ -174,10 +181,11 @@ def check_answer(answer: Answer, user: str, budget: Budget) -> str:
     if _OVERFLOW.search(answer.text[:200]):
         raise WindowFailed(f"the model says its input did not fit: {answer.text[:80]!r}")
     if _REFUSAL.match(answer.text):
-        raise WindowFailed(f"the model answered with a refusal, not a summary: {answer.text[:80]!r}")
+        raise WindowFailed("the model answered with a refusal, not a summary: "
+                           f"{answer.text[:80]!r}")
     if estimate_tokens(answer.text) > estimate_tokens(user):
-        raise WindowFailed(f"the answer ({estimate_tokens(answer.text)} tokens) is longer than its input "
-                           f"({estimate_tokens(user)} tokens): not a summary")
+        raise WindowFailed(f"the answer ({estimate_tokens(answer.text)} tokens) is longer than its "
+                           f"input ({estimate_tokens(user)} tokens): not a summary")
     return answer.text
 
 
@@ -197,6 +205,7 @@ def ask(chat: OllamaChat, budget: Budget, system: str, user: str, result: Summar
     except EmbedInputRejected as exc:  # a server that refuses long input instead of truncating it
         raise WindowFailed(f"the model refused the input: {exc}") from None
     result.requests += 1
-    result.tokens_in += answer.prompt_tokens if answer.prompt_tokens is not None else estimate_tokens(system + user)
-    result.tokens_out += answer.output_tokens if answer.output_tokens is not None else estimate_tokens(answer.text)
+    said_in, said_out = answer.prompt_tokens, answer.output_tokens
+    result.tokens_in += said_in if said_in is not None else estimate_tokens(system + user)
+    result.tokens_out += said_out if said_out is not None else estimate_tokens(answer.text)
     return check_answer(answer, user, budget)
