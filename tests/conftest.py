@@ -423,7 +423,7 @@ def cli(memctl_env):
 
 @pytest.fixture
 def memctl_bin():
-    """Run the installed memctl in a subprocess: memctl_bin(args, env=..., input=...) -> Outcome.
+    """Run the installed memctl in a subprocess: memctl_bin(args, env=..., input=... or stdin=...) -> Outcome.
 
     The memctl beside this Python first: with another venv active, PATH would name that one's.
     """
@@ -431,10 +431,13 @@ def memctl_bin():
     exe = str(beside) if beside.exists() else shutil.which("memctl")
     assert exe, "no memctl installed beside this Python or on PATH"
 
-    def run(*args: str, env: dict | None = None, input: bytes | str | None = None, timeout: float = 120) -> Outcome:
+    def run(*args: str, env: dict | None = None, input: bytes | str | None = None, timeout: float = 120,
+            stdin=None) -> Outcome:
+        """`stdin`: an open file (or descriptor) to give the process instead of `input` through a pipe."""
         full_env = {**os.environ, **(env or {})}
         data = input.encode() if isinstance(input, str) else input
-        proc = subprocess.run([exe, *args], env=full_env, input=data, capture_output=True, timeout=timeout)
+        proc = subprocess.run([exe, *args], env=full_env, input=data, stdin=stdin, capture_output=True,
+                              timeout=timeout)
         return Outcome(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
 
     return run
