@@ -25,7 +25,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -36,11 +35,15 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from tests.installed import memctl_exe
 from tests.ollama_server import local_embedder_available
 
 
 TEMPLATE = "memctl_test_template"
-pytest_plugins = ("tests.fix_agents", "tests.fix_disk", "tests.fix_places", "tests.fix_upgrade")  # shared fixtures
+pytest_plugins = (  # the shared fixtures (tests/test_test_layout.py: every tests/fix_*.py, and only those)
+    "tests.fix_agents", "tests.fix_disk", "tests.fix_mcp", "tests.fix_places", "tests.fix_reembed",
+    "tests.fix_transfer", "tests.fix_upgrade",
+)
 
 # The writer check (docs/testing.md): in every test database (the template's copies), a statement-level trigger on
 # each memory table refuses an INSERT, UPDATE, MERGE, COPY ... FROM or TRUNCATE whose statement text does not carry
@@ -425,11 +428,9 @@ def cli(memctl_env):
 def memctl_bin():
     """Run the installed memctl in a subprocess: memctl_bin(args, env=..., input=... or stdin=...) -> Outcome.
 
-    The memctl beside this Python first: with another venv active, PATH would name that one's.
+    The memctl beside this Python first (tests.installed): with another venv active, PATH would name that one's.
     """
-    beside = Path(sys.executable).parent / "memctl"
-    exe = str(beside) if beside.exists() else shutil.which("memctl")
-    assert exe, "no memctl installed beside this Python or on PATH"
+    exe = memctl_exe()
 
     def run(*args: str, env: dict | None = None, input: bytes | str | None = None, timeout: float = 120,
             stdin=None) -> Outcome:

@@ -22,13 +22,6 @@ def db_url(agents_db_url):
     return agents_db_url
 
 
-@pytest.fixture
-def can_create_roles(pg_role, conn):
-    if not conn.execute(agents.CAN_CREATE_ROLES).fetchone()["yes"]:
-        pytest.skip(f"needs CREATEROLE to make agents' roles; the test role {pg_role.name!r} lacks it "
-                    "(pg_roles.rolcreaterole is false)")
-
-
 def _as(conn, agent: str):
     """The connection in agent's role, as `psql` would be after SET ROLE."""
     conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(agents.role_name_for(agent))))

@@ -13,19 +13,12 @@ from memctl import files, redact
 from memctl.errors import BadValue
 from memctl.write import gate
 from memctl.write.values import WRITER
-from tests.conftest import fresh_database
 
 # Built at run time, so no scanner mistakes this file for a leak.
 GITHUB = "ghp_" + "aBcD1234EfGh5678IjKl" + "9012MnOp3456QrSt"
 URL_PW = "S3cret" + "Pw99"
 FEED = f"https://user:{URL_PW}@feeds.example.com/rss"
 SMALL = 128 * 1024  # the least [limits] episode_bytes takes
-
-
-@pytest.fixture
-def other_db(pg_server):
-    with fresh_database(pg_server, "memctl_t2") as url:
-        yield url
 
 
 def limits(memctl_env, **values) -> None:
@@ -278,7 +271,7 @@ def test_export_import_of_a_redacted_database_is_the_identity(cli, conn, other_d
 
 
 def test_mcp_remember_refuses_at_the_one_limit_and_echoes_the_stored_kind(conn, memctl_env, tmp_path):
-    from tests.test_mcp import run, serving, stderr_of
+    from tests.fix_mcp import run, serving, stderr_of
 
     log = tmp_path / "mcp.log"
     limits(memctl_env, episode_bytes=SMALL)

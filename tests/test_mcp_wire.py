@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from memctl import config, db
 from memctl.mcp import protocol, tools, transport
 from memctl.records import episodes
-from tests.test_mcp import _exe
+from tests.installed import memctl_exe
 
 INITIALIZE = [
     {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -158,7 +158,7 @@ def _serve_files(tmp_path, messages, env) -> tuple[list[dict], str]:
     requests, answers = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
     requests.write_text("".join(json.dumps(m) + "\n" for m in messages))
     with open(requests, "rb") as stdin, open(answers, "wb") as stdout:
-        proc = subprocess.run([_exe(), "mcp", "--agent", "a"], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+        proc = subprocess.run([memctl_exe(), "mcp", "--agent", "a"], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
                               text=True, timeout=120, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in answers.read_text().splitlines()], proc.stderr
@@ -179,7 +179,7 @@ def test_files_as_stdin_and_stdout_are_served_too(conn, memctl_env, tmp_path):
 
 def _answers_over_pipes(lines: list[bytes]) -> list[dict]:
     """`memctl mcp` on pipes: its answers to LINES, in the order it wrote them."""
-    proc = subprocess.run([_exe(), "mcp", "--agent", "a"], input=b"\n".join(lines) + b"\n", capture_output=True,
+    proc = subprocess.run([memctl_exe(), "mcp", "--agent", "a"], input=b"\n".join(lines) + b"\n", capture_output=True,
                           timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     assert b"Traceback" not in proc.stderr
@@ -211,7 +211,7 @@ def test_a_client_that_stops_reading_ends_the_server_quietly(memctl_env):
     (was a BrokenPipeError's traceback and exit 1)."""
     calls = [{"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
               "params": {"name": "search", "arguments": {"query": "disk full " * 50, "k": 50}}} for i in range(20)]
-    proc = subprocess.Popen([_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([memctl_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=dict(os.environ))
     proc.stdout.close()
     proc.stdin.write("".join(json.dumps(m) + "\n" for m in INITIALIZE + calls).encode())
