@@ -41,7 +41,7 @@ from tests.ollama_server import local_embedder_available
 
 TEMPLATE = "memctl_test_template"
 pytest_plugins = (  # the shared fixtures (tests/test_test_layout.py: every tests/fix_*.py, and only those)
-    "tests.fix_agents", "tests.fix_disk", "tests.fix_mcp", "tests.fix_places", "tests.fix_reembed",
+    "tests.fix_agents", "tests.fix_ci", "tests.fix_disk", "tests.fix_mcp", "tests.fix_places", "tests.fix_reembed",
     "tests.fix_transfer", "tests.fix_upgrade",
 )
 
