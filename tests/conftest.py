@@ -25,7 +25,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from tests.installed import memctl_exe
 from tests.ollama_server import local_embedder_available
 
 
@@ -43,7 +43,10 @@ from tests.ollama_server import local_embedder_available
 # never drop or rebuild each other's. A template whose run is gone is dropped by the next run (_drop_stale).
 TEMPLATE = f"memctl_test_template_{os.getpid()}"
 STALE_TEMPLATES = "SELECT datname FROM pg_database WHERE datname ~ '^memctl_test_template_[0-9]+(_cr)?$'"
-pytest_plugins = ("tests.fix_agents", "tests.fix_disk", "tests.fix_places", "tests.fix_upgrade")  # shared fixtures
+pytest_plugins = (  # the shared fixtures (tests/test_test_layout.py: every tests/fix_*.py, and only those)
+    "tests.fix_agents", "tests.fix_ci", "tests.fix_disk", "tests.fix_mcp", "tests.fix_places", "tests.fix_reembed",
+    "tests.fix_transfer", "tests.fix_upgrade",
+)
 
 # The writer check (docs/testing.md): in every test database (the template's copies), a statement-level trigger on
 # each memory table refuses an INSERT, UPDATE, MERGE, COPY ... FROM or TRUNCATE whose statement text does not carry
@@ -462,18 +465,19 @@ def cli(memctl_env):
 
 @pytest.fixture
 def memctl_bin():
-    """Run the installed memctl in a subprocess: memctl_bin(args, env=..., input=...) -> Outcome.
+    """Run the installed memctl in a subprocess: memctl_bin(args, env=..., input=... or stdin=...) -> Outcome.
 
-    The memctl beside this Python first: with another venv active, PATH would name that one's.
+    The memctl beside this Python first (tests.installed): with another venv active, PATH would name that one's.
     """
-    beside = Path(sys.executable).parent / "memctl"
-    exe = str(beside) if beside.exists() else shutil.which("memctl")
-    assert exe, "no memctl installed beside this Python or on PATH"
+    exe = memctl_exe()
 
-    def run(*args: str, env: dict | None = None, input: bytes | str | None = None, timeout: float = 120) -> Outcome:
+    def run(*args: str, env: dict | None = None, input: bytes | str | None = None, timeout: float = 120,
+            stdin=None) -> Outcome:
+        """`stdin`: an open file (or descriptor) to give the process instead of `input` through a pipe."""
         full_env = {**os.environ, **(env or {})}
         data = input.encode() if isinstance(input, str) else input
-        proc = subprocess.run([exe, *args], env=full_env, input=data, capture_output=True, timeout=timeout)
+        proc = subprocess.run([exe, *args], env=full_env, input=data, stdin=stdin, capture_output=True,
+                              timeout=timeout)
         return Outcome(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
 
     return run

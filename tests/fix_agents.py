@@ -1,5 +1,6 @@
 """Fixtures of the agents' wall (docs/agents.md "Threat model"): two registered agents with login roles in a
-database of their own, and sessions whose user is one of them, as an agent's own SQL client would have.
+database of their own, and sessions whose user is one of them, as an agent's own SQL client would have; and
+`can_create_roles`, which skips, saying why, where the test's database owner may not make agents' roles.
 
 Loaded through pytest_plugins (tests/conftest.py). Roles are the server's: names carry a random suffix so
 runs and lanes sharing a server never meet, and are revoked (dropped) at the end.
@@ -8,13 +9,8 @@ runs and lanes sharing a server never meet, and are revoked (dropped) at the end
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
-import subprocess
-import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -79,6 +75,14 @@ def _database(server_url: str, template: str):
             drop_database(conn, name)
 
 
+@pytest.fixture
+def can_create_roles(pg_role, conn):
+    """Skips, saying why, where the owner of this test's database (`conn`) may not make agents' roles."""
+    if not conn.execute(agents.CAN_CREATE_ROLES).fetchone()["yes"]:
+        pytest.skip(f"needs CREATEROLE to make agents' roles; the test role {pg_role.name!r} lacks it "
+                    "(pg_roles.rolcreaterole is false)")
+
+
 @pytest.fixture(scope="module")
 def wall(pg_server, pg_role, createrole_server) -> Wall:
     """alice and bob, each with a login; alice's episodes, facts and history seeded, bob's too. The owner is the
@@ -126,41 +130,3 @@ def _seed(url: str, suffix: str) -> Wall:
                                          ("facts", "namespace", bob.namespace),
                                          ("fact_history", "namespace", bob.namespace))}
     return Wall(url, alice, bob, logins, None, marks, ids, counts)
-
-
-# ---------------------------------------------------------------------------
-# memctl mcp --http for tests
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def http_server():
-    """http_server(exe, env, log): a context manager running `memctl mcp --http` on a free loopback port; its URL."""
-    return _http_server
-
-
-@contextlib.contextmanager
-def _http_server(exe: str, env: dict, log: Path):
-    port = free_port()
-    with open(log, "a") as err:
-        proc = subprocess.Popen([exe, "mcp", "--http", f"127.0.0.1:{port}"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **env})
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
-        time.sleep(0.2)  # the probe is gone before the test counts connections
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)

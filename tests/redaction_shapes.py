@@ -1,7 +1,8 @@
 """The shapes people type, both ways: secrets the gate must catch, and information it must leave alone.
 
 One list for tests/test_redact_shapes.py and tests/bench/redact.py. Each secret is (text, the secret in it);
-every listed secret must be absent after the gate. Each clean text must come through byte for byte.
+every listed secret must be absent after the gate. Each clean text must come through byte for byte. PIECES, joined
+and repeated, are the adversarial texts of both.
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ CLEAN = [
     "Bearer tokens are validated by the gateway",
     "sshpass is not installed on web-2",
 ]
+
+
+# Pieces of adversarial text: repeated, or joined and repeated, they make the inputs of the linear-time property
+# (tests/test_redact_shapes.py) and of tests/bench/redact.py's search for the slowest shape.
+PIECES = ["token:", "password=", "pw: ", "api_key='", "secret = \"", '"', "'", "`", "Bearer ", "Bearer abcdef0123456789 ",
+          "QUJD", "+/", "a1", "f0", "([{", ")]}", "[", "eyJ", "eyJhbGciOi.", "ghp_", "AKIA", "glpat-", "sk-", "xoxb-1-",
+          "http://u:", "a://b:c@", "?token=", "&password=", "-----BEGIN PRIVATE KEY-----\n", "\nA", "mysql -p",
+          "curl -u a:", "--password ", "docker login -p x ", "fact set db.pw ", "password is ", "key ", "x", "1", ":",
+          "=", " ", ";", "-", ".", "@", "\\",
+          # the keyword plugin's patterns and its Cloudant/IBM kin (memctl.redact.keyword, detect.RUN_NEEDED)
+          "pwd';", "'x'==", "=> '", "aws key '", "contraseña='", "a" * 26, "0123456789abcdef" * 3,
+          # passwords as plain arguments and in prose (issue 50: memctl.redact.commands, shapes._said_findings)
+          "htpasswd -b f u ", "net user a ", "net use \\\\h\\s ", "echo x | chpasswd ", "echo a:b |", "| sudo -S ",
+          "rabbitmqctl add_user a ", "redis-cli AUTH ", "sqlcmd -P ", "7z -p", "-U a%", "mysqladmin password ",
+          "the password was set to ", "password for the ", "with the passphrase '", "(password ", ", password ",
+          "credentials: a / ", "changed the password to ", "is now "]
 
 
 def clean_corpus() -> list[str]:

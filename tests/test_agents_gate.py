@@ -15,8 +15,7 @@ import pytest
 
 from memctl import db
 
-from tests.test_mcp import URL_PASSWORD, _exe, serving
-from tests.test_mcp_http import as_agent
+from tests.fix_mcp import URL_PASSWORD, as_agent, serving
 
 
 PASSWORD_TEXT = f"the staging db password is {URL_PASSWORD} for user app"
@@ -59,7 +58,7 @@ def test_a_registered_agent_writes_every_kind_of_record_through_the_gate(registe
         if transport == "stdio":
             async with serving(log, "--agent", name, env=memctl_env) as served:
                 return await _writes(served, memctl_bin, name)
-        with http_server(_exe(), memctl_env, log) as url:
+        with http_server(memctl_env, log) as url:
             async with as_agent(url, token) as served:
                 return await _writes(served, memctl_bin, name)
 

@@ -24,8 +24,8 @@ from psycopg.conninfo import make_conninfo
 from memctl import config, db
 from memctl.db import migrate, wall
 from memctl.records import agents, episodes
-from tests.test_mcp import _exe
-from tests.test_mcp_http import as_agent
+from tests.fix_mcp import as_agent
+from tests.installed import memctl_exe
 
 
 
@@ -34,7 +34,7 @@ def _name() -> str:
 
 
 def _run(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([_exe(), *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([memctl_exe(), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_a_backup_restored_into_a_fresh_home_serves_alices_token(agents_db_url, memctl_env, memctl_bin, tmp_path,
@@ -73,7 +73,7 @@ def test_a_backup_restored_into_a_fresh_home_serves_alices_token(agents_db_url, 
         status = _run(fresh, "status", "-f", "json")
         assert not [w for w in json.loads(status.stdout)["warnings"] if "agent" in w]
         log = tmp_path / "fresh.log"
-        with http_server(_exe(), fresh, log) as served:
+        with http_server(fresh, log) as served:
             async def scenario():
                 async with as_agent(served, token) as client:
                     found = await client.ok("search", query="osprey backup", mode="text")

@@ -18,6 +18,7 @@ Profiles (derandomized ci here, the long one in tests/bench/fuzz.py): tests/fuzz
 from __future__ import annotations
 
 import datetime
+import functools
 import io
 import json
 import math
@@ -54,6 +55,27 @@ RUNS: Counter = Counter()  # examples run per property (tests/bench/fuzz.py prin
 
 def ran() -> None:
     RUNS[sys._getframe(1).f_code.co_name] += 1
+
+
+TAKEN: Counter = Counter()  # (property, branch): examples that reached the branch
+
+
+def took(branch: str) -> None:
+    """This example reached BRANCH of its property (the branch that asserts on what was accepted)."""
+    TAKEN[(sys._getframe(1).f_code.co_name, branch)] += 1
+
+
+def reaches(branch: str):
+    """Above @given: after its examples, the property fails unless one of them reached BRANCH (took), so a
+    property whose assertions sit behind an `if` cannot pass idle because every input was refused."""
+    def wrap(test):
+        @functools.wraps(test)
+        def run(*args, **kwargs):
+            before = TAKEN[(test.__name__, branch)]
+            test(*args, **kwargs)
+            assert TAKEN[(test.__name__, branch)] > before, f"no example reached {branch!r}: its assertions never ran"
+        return run
+    return wrap
 
 
 UTC = datetime.timezone.utc
@@ -199,6 +221,7 @@ def settings_for(tmp_path) -> config.Settings:
     return config.load(empty, environ={})
 
 
+@reaches("read")
 @given(data=streams(lines(record(EPISODE, required=("content",))) | texts().map(lambda s: s.encode("utf-8",
                                                                                                   "surrogatepass"))),
        shape=st.sampled_from(["any", "fields", "required", "both"]))
@@ -208,12 +231,14 @@ def test_jsonl_reader(data, shape):
                "both": {"fields": episodes.FIELDS, "required": ("content",)}}[shape]
     result = only_memctl_errors(lambda: list(jsonl.read(io.BytesIO(data), **options)))
     if not isinstance(result, MemctlError):
+        took("read")
         for number, item in result:
             assert number >= 1
             if shape != "any":
                 assert isinstance(item, dict)
 
 
+@reaches("skip")
 @given(data=streams(lines(record(EPISODE, required=("content",)))), skip=st.booleans())
 def test_episode_jsonl(tmp_path, data, skip):
     ran()
@@ -221,6 +246,7 @@ def test_episode_jsonl(tmp_path, data, skip):
     parsed = only_memctl_errors(lambda: list(episodes.parse_jsonl(settings_for(tmp_path), io.BytesIO(data),
                                                                   skip_invalid=skip, result=result)))
     if skip:
+        took("skip")
         assert not isinstance(parsed, MemctlError), f"--skip-invalid still refused the input: {parsed}"
 
 
@@ -239,6 +265,7 @@ def test_search_query_values(query):
     only_memctl_errors(q.check)
 
 
+@reaches("read")
 @given(data=streams(lines(st.one_of(record({"content": CONTENT, "text": CONTENT, "query": CONTENT}), VALUES))
                     | texts(40).map(lambda s: s.encode("utf-8", "surrogatepass")), max_lines=6))
 def test_timing_file(tmp_path, data):
@@ -247,6 +274,7 @@ def test_timing_file(tmp_path, data):
     path.write_bytes(data)
     found = only_memctl_errors(timing.read_texts, path)
     if not isinstance(found, MemctlError):
+        took("read")
         assert found and all(isinstance(t, str) and t.strip() for t in found)
 
 
@@ -415,6 +443,7 @@ def _durations(settings: config.Settings):
             yield f"{section}.{key}", value
 
 
+@reaches("loaded")
 @given(document=CONFIG_FILES, env=ENVS)
 def test_config_file_and_environment(tmp_path, document, env):
     ran()
@@ -422,6 +451,7 @@ def test_config_file_and_environment(tmp_path, document, env):
     path.write_bytes(document)
     loaded = only_memctl_errors(config.load, path, environ=env)
     if isinstance(loaded, config.Settings):
+        took("loaded")
         assert config.shown_settings(loaded)
     only_memctl_errors(config.read_section, path, "retention")
 
@@ -443,6 +473,7 @@ def test_config_accepted_values_are_usable(tmp_path, document):
         datetime.timedelta(seconds=seconds)  # retention and --since subtract it from now
 
 
+@reaches("parsed")
 @given(text=DURATIONS)
 def test_durations(text):
     ran()
@@ -453,17 +484,20 @@ def test_durations(text):
     except MemctlError as exc:
         assert exc.exit_code in ERROR_CODES
     else:
+        took("parsed")
         assert isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0, (text, seconds)
     since = only_memctl_errors(filters.parse_since, text)
     if not isinstance(since, MemctlError):
         assert since.tzinfo is not None
 
 
+@reaches("parsed")
 @given(value=TIMES | VALUES)
 def test_times(value):
     ran()
     parsed = only_memctl_errors(gate.parse_time, value)
     if not isinstance(parsed, MemctlError):
+        took("parsed")
         assert parsed.tzinfo is not None
         parsed.astimezone(UTC)
 
@@ -494,11 +528,13 @@ def runbook_texts(draw) -> str:
     return draw(st.sampled_from(["\n", "\r\n", "\r"])).join(out)
 
 
+@reaches("parsed")
 @given(text=runbook_texts() | texts(200), name=st.one_of(st.just("deploy"), texts(20)))
 def test_runbook_format(text, name):
     ran()
     parsed = only_memctl_errors(runbook_format.parse, text, name)
     if not isinstance(parsed, MemctlError):
+        took("parsed")
         assert [s.number for s in parsed.steps] == list(range(1, len(parsed.steps) + 1))
         assert all(s.command.strip() for s in parsed.steps)
     only_memctl_errors(runbook_format.check_name, name)
@@ -539,11 +575,19 @@ DATE_PIECES = st.sampled_from(["May", "may", "Feb.", "sept", "December", "of", "
                                 "2024-02-29", "2022-00-01", "2022-12", "2022-13", "9999-99-99"])
 
 
-@given(text=QUERIES | st.lists(DATE_PIECES, max_size=8).map(" ".join))
+# Dates written as people write them, most of them real: the branch that checks a period found must be reached.
+DATES = st.builds("{} {} {}, {}".format, st.sampled_from(["in", "on", "during", "what happened", ""]),
+                  st.sampled_from(["May", "sept", "Feb.", "December"]), st.integers(0, 32).map(str) | st.just("3rd"),
+                  st.sampled_from(["2022", "2024", "1899", "2099"]))
+
+
+@reaches("found")
+@given(text=QUERIES | st.lists(DATE_PIECES, max_size=8).map(" ".join) | DATES)
 def test_the_period_a_query_names_is_a_real_span_or_none(text):
     ran()
     found = period(text)
     if found is not None:
+        took("found")
         assert found.start < found.end and found.start.tzinfo is not None
         assert found.closeness(found.start) == 1.0 and found.closeness(found.start - datetime.timedelta(1)) == 0.0
 
@@ -719,6 +763,7 @@ def test_setting_edges_refused_or_usable(shared, tmp_path, document):
         only_memctl_errors(search.search, conn, loaded, Query("disk full", mode=mode))
 
 
+@reaches("searched")
 @given(text=QUERIES, mode=MODES)
 @share(0.5)
 def test_search_query_syntax(seeded, text, mode):
@@ -726,6 +771,7 @@ def test_search_query_syntax(seeded, text, mode):
     conn, settings = seeded
     outcome = only_memctl_errors(search.search, conn, settings, Query(text, mode=mode))
     if not isinstance(outcome, MemctlError):
+        took("searched")
         assert all(isinstance(h.id, int) for h in outcome.hits)
 
 

@@ -13,19 +13,12 @@ from memctl import files, redact
 from memctl.errors import BadValue
 from memctl.write import gate
 from memctl.write.values import WRITER
-from tests.conftest import fresh_database
 
 # Built at run time, so no scanner mistakes this file for a leak.
 GITHUB = "ghp_" + "aBcD1234EfGh5678IjKl" + "9012MnOp3456QrSt"
 URL_PW = "S3cret" + "Pw99"
 FEED = f"https://user:{URL_PW}@feeds.example.com/rss"
 SMALL = 128 * 1024  # the least [limits] episode_bytes takes
-
-
-@pytest.fixture
-def other_db(pg_server):
-    with fresh_database(pg_server, "memctl_t2") as url:
-        yield url
 
 
 def limits(memctl_env, **values) -> None:
@@ -68,20 +61,45 @@ def test_a_fact_value_over_the_limit_is_refused_by_set_and_import(cli, conn, mem
     assert count(conn, "facts") == 0 and count(conn, "fact_history") == 0
 
 
-def test_stdin_past_the_limit_is_refused_without_reading_it_all(memctl_bin, memctl_env, conn):
-    """10 MB on stdin: refused at the default 1 MiB with exit 2, nothing queued (it queued 15,763 chunks)."""
-    out = memctl_bin("episode", "add", "-", input=b"token: " * (10 * 1024 * 1024 // 7))
+def read_from_file(run, data: bytes, tmp_path: Path):
+    """run(stdin=file) with data in a regular file: (its outcome, how many bytes of data the process read). The
+    process shares the file's offset, so where the offset stands after it exits is how far it read."""
+    path = tmp_path / "stdin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = run(stdin=fd)
+        return out, os.lseek(fd, 0, os.SEEK_CUR)
+    finally:
+        os.close(fd)
+
+
+READ_AHEAD = 64 * 1024  # what a buffered reader may take past the bytes it was asked for
+
+
+def test_stdin_past_the_limit_is_refused_without_reading_it_all(memctl_bin, memctl_env, conn, tmp_path):
+    """10 MB on stdin: refused at the default 1 MiB with exit 2, nothing queued (it queued 15,763 chunks), and the
+    process read no more than the limit allows (plus a read-ahead): the rest of the 10 MB stayed unread."""
+    data = b"token: " * (10 * 1024 * 1024 // 7)
+    out, read = read_from_file(lambda **k: memctl_bin("episode", "add", "-", **k), data, tmp_path)
     assert out.exit_code == 2 and "1,048,576" in out.stderr and "episode_bytes" in out.stderr
-    fact = memctl_bin("fact", "set", "k", "-", input=b"v" * (10 * 1024 * 1024))
-    assert fact.exit_code == 2 and "value_bytes" in fact.stderr and len(fact.stdout) == 0
+    assert 1024 * 1024 < read <= 1024 * 1024 + 3 + READ_AHEAD, f"read {read:,} of {len(data):,} bytes"
+    out, read = read_from_file(lambda **k: memctl_bin("fact", "set", "k", "-", **k), b"v" * (10 * 1024 * 1024),
+                               tmp_path)
+    assert out.exit_code == 2 and "value_bytes" in out.stderr and len(out.stdout) == 0
+    assert 64 * 1024 < read <= 64 * 1024 + 3 + READ_AHEAD, f"read {read:,} bytes"
     assert count(conn, "episodes") == 0 and count(conn, "embed_queue") == 0 and count(conn, "facts") == 0
 
 
-def test_an_endless_jsonl_line_is_refused_at_its_bound(cli, conn, memctl_env):
+def test_an_endless_jsonl_line_is_refused_at_its_bound(memctl_bin, conn, memctl_env, tmp_path):
+    """A line longer than any record within the limits (values.Limits.line_bytes) is refused when the reader has
+    read that far into it: the bytes after stay unread."""
     limits(memctl_env, episode_bytes=SMALL, meta_bytes=1024, value_bytes=1024)
-    line = b'{"content": "' + b"x" * (6 * (SMALL + 1024) + 70_000) + b'"}\n'
-    out = cli("episode", "import", "-", input=line)
+    bound = 6 * (SMALL + 1024) + 70_000  # over line_bytes (LINE_SLACK is less than 70,000)
+    line = b'{"content": "' + b"x" * (4 * bound) + b'"}\n'
+    out, read = read_from_file(lambda **k: memctl_bin("episode", "import", "-", **k), line, tmp_path)
     assert out.exit_code == 2 and "line 1: longer than" in out.stderr
+    assert bound - 70_000 < read <= bound + READ_AHEAD, f"read {read:,} of {len(line):,} bytes"
     assert count(conn, "episodes") == 0
 
 
@@ -253,7 +271,7 @@ def test_export_import_of_a_redacted_database_is_the_identity(cli, conn, other_d
 
 
 def test_mcp_remember_refuses_at_the_one_limit_and_echoes_the_stored_kind(conn, memctl_env, tmp_path):
-    from tests.test_mcp import run, serving, stderr_of
+    from tests.fix_mcp import run, serving, stderr_of
 
     log = tmp_path / "mcp.log"
     limits(memctl_env, episode_bytes=SMALL)

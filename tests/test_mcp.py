@@ -16,89 +16,22 @@ import socket
 import subprocess
 import sys
 import threading
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
-import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from memctl import config
 from memctl.mcp import tools as catalogue
 from memctl.records import episodes, facts
 from memctl.write import gate, values
+from tests.fix_mcp import URL_PASSWORD, run, serving, stderr_of, text
+from tests.installed import memctl_exe
 
 TOOLS = set(catalogue.TOOLS)  # the one list of tools (test_the_tool_list_is_stated_once)
 WRITE_TOOLS = {name for name, (_, writes) in catalogue.TOOLS.items() if writes}
-# Built at run time, so no scanner mistakes this file for a leak; each is a shape memctl redacts.
+# Built at run time, so no scanner mistakes this file for a leak; a shape memctl redacts (URL_PASSWORD too).
 GITHUB_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0" + "K1l2M3n4O5p6Q7r8"
-URL_PASSWORD = "Zq7-" + "harbour-" + "lantern-91"
-
-
-def _exe() -> str:
-    beside = Path(sys.executable).parent / "memctl"
-    exe = str(beside) if beside.exists() else shutil.which("memctl")
-    assert exe, "no memctl installed beside this Python or on PATH"
-    return exe
-
-
-class Served:
-    """A live client session to `memctl mcp`, with helpers that unwrap results."""
-
-    def __init__(self, session: ClientSession):
-        self.session = session
-
-    async def call(self, tool: str, /, **arguments):
-        return await self.session.call_tool(tool, arguments)
-
-    async def ok(self, tool: str, /, **arguments) -> dict:
-        result = await self.call(tool, **arguments)
-        assert not result.is_error, f"{tool}{arguments}: {text(result)}"
-        return result.structured_content
-
-    async def error(self, tool: str, /, **arguments) -> str:
-        result = await self.call(tool, **arguments)
-        assert result.is_error, f"{tool}{arguments} should have failed: {text(result)}"
-        return text(result)
-
-    async def tool_names(self) -> set[str]:
-        return {t.name for t in (await self.session.list_tools()).tools}
-
-
-def text(result) -> str:
-    return "\n".join(block.text for block in result.content)
-
-
-@asynccontextmanager
-async def serving(log: Path, *args: str, env: dict | None = None):
-    environment = {**os.environ, **(env or {})}
-    with open(log, "a") as errlog:
-        params = StdioServerParameters(command=_exe(), args=["mcp", *args], env=environment)
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                yield Served(session)
-
-
-def run(scenario) -> None:
-    anyio.run(scenario)
-
-
-def stderr_of(log: Path, *secrets: str) -> str:
-    """The server's stderr: memctl's lines only, no traceback, none of the secrets."""
-    err = log.read_text()
-    assert "Traceback" not in err, err
-    assert all(line.startswith("memctl: ") for line in err.splitlines()), err
-    for secret in secrets:
-        assert secret not in err
-    return err
-
-
-@pytest.fixture
-def log(tmp_path) -> Path:
-    return tmp_path / "mcp-stderr.log"
 
 
 def seed(conn, content: str, agent: str, **fields) -> int:
@@ -114,7 +47,7 @@ def embed(memctl_bin) -> None:
 
 
 def test_lists_the_tools_and_calls_each(conn, memctl_bin, ollama_env, log, tmp_path):
-    from tests.test_runbooks import make_repo, md
+    from tests.runbook_repos import make_repo, md
 
     books = tmp_path / "books"
     make_repo(books, {"rotate-logs.md": md("Rotate nginx logs", [("Rotate", "logrotate -f /etc/logrotate.conf")],
@@ -328,7 +261,7 @@ def test_an_argument_of_the_wrong_type_is_one_line_naming_it_without_pydantics_r
 
 def test_a_line_that_is_not_a_json_rpc_message_is_answered_with_an_error(memctl_env):
     lines = ["this is not json", json.dumps({"jsonrpc": "2.0", "id": 7, "method": 5}), "[1, 2]"]
-    proc = subprocess.run([_exe(), "mcp", "--agent", "a"], input="".join(line + "\n" for line in lines),
+    proc = subprocess.run([memctl_exe(), "mcp", "--agent", "a"], input="".join(line + "\n" for line in lines),
                           capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -352,7 +285,7 @@ def test_names_are_as_long_as_a_write_stores_them(conn, memctl_env, log):
 
     run(scenario)
     assert conn.execute("SELECT count(*) AS n FROM episodes WHERE kind = %s", (longest,)).fetchone()["n"] == 2
-    proc = subprocess.run([_exe(), "mcp", "--agent", "a" * (values.MAX_NAME + 1)], capture_output=True, text=True,
+    proc = subprocess.run([memctl_exe(), "mcp", "--agent", "a" * (values.MAX_NAME + 1)], capture_output=True, text=True,
                           timeout=60, input="", env=dict(os.environ))
     assert proc.returncode == 2 and "--agent" in proc.stderr and str(values.MAX_NAME) in proc.stderr
     assert proc.stdout == ""
@@ -618,7 +551,8 @@ def test_the_embedded_server_is_started_on_demand_and_again_after_a_stop(log, tm
            "MEMCTL_EMBEDDER": "hash", "MEMCTL_EMBED_MODEL": "hash-embed"}
 
     def memctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([_exe(), *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
+        return subprocess.run([memctl_exe(), *args], env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=180)
 
     async def scenario():
         async with serving(log, "--agent", "a", env=env) as s:
@@ -683,7 +617,7 @@ def test_stdout_carries_only_the_protocol(memctl_env):
                                                                           "arguments": {"content": "a \ud800 b"}}},
         {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "fact_list", "arguments": {}}},
     ]
-    proc = subprocess.Popen([_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([memctl_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     timer = threading.Timer(120, proc.kill)  # a server that never answers fails the test, never hangs it
     timer.start()
@@ -721,7 +655,7 @@ def test_a_client_that_closes_its_input_at_once_still_gets_every_answer(conn, me
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
     ] + [{"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
           "params": {"name": "remember", "arguments": {"content": f"disk note {i} on web-{i}"}}} for i in range(20)]
-    proc = subprocess.Popen([_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([memctl_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     timer = threading.Timer(120, proc.kill)
     timer.start()
@@ -769,6 +703,6 @@ def test_other_commands_do_not_import_the_sdk(memctl_env):
 
 
 def test_bad_options_exit_2_before_serving(memctl_env):
-    proc = subprocess.run([_exe(), "mcp", "--shared-namespace", "x"], capture_output=True, text=True, timeout=60,
+    proc = subprocess.run([memctl_exe(), "mcp", "--shared-namespace", "x"], capture_output=True, text=True, timeout=60,
                           input="", env=dict(os.environ))
     assert proc.returncode == 2 and "needs --agent" in proc.stderr and proc.stdout == ""

@@ -16,7 +16,6 @@ import uuid
 
 import pytest
 
-from tests.test_mcp import _exe
 
 
 HEADER_TIMEOUT, IDLE_TIMEOUT, TOTAL, PER_CLIENT = 3, 2, 30, 10
@@ -35,7 +34,7 @@ def bounded_server(agents_db_url, memctl_env, tmp_path, memctl_bin, http_server)
     token = memctl_bin("agent", "token", name, env=memctl_env).stdout.strip()
     log = tmp_path / "http.log"
     try:
-        with http_server(_exe(), memctl_env, log) as url:
+        with http_server(memctl_env, log) as url:
             yield int(url.rsplit(":", 1)[1].split("/")[0]), token
     finally:
         memctl_bin("agent", "revoke", name, env=memctl_env)

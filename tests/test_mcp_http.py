@@ -9,64 +9,34 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
-from contextlib import asynccontextmanager
 
 import anyio
 import httpx2
 import pytest
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.test_agents import can_create_roles, db_url  # noqa: F401  (fixtures: an owner that may make roles)
-from tests.test_mcp import Served, _exe
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.fix_mcp import as_agent, serving
+from tests.installed import memctl_exe
 
 
 @pytest.fixture
-def http_server(memctl_env, tmp_path, can_create_roles, memctl_bin):
+def db_url(agents_db_url):
+    """An owner that may make agents' roles (conftest.agents_db_url)."""
+    return agents_db_url
+
+
+@pytest.fixture
+def agents_served(memctl_env, tmp_path, can_create_roles, memctl_bin, http_server):
     """Alice and bob registered with tokens, and `memctl mcp --http` serving them: (url, tokens, stderr path)."""
     tokens = {}
     for name in ("alice", "bob"):
         assert memctl_bin("agent", "add", name).exit_code == 0
         tokens[name] = memctl_bin("agent", "token", name).stdout.strip()
-    port = _port()
     log = tmp_path / "http.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([_exe(), "mcp", "--http", f"127.0.0.1:{port}"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **memctl_env})
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert proc.poll() is None, log.read_text()
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp", tokens, log
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with http_server(memctl_env, log) as url:
+        yield url, tokens, log
     text = log.read_text()
     assert all(token not in text for token in tokens.values()), "a token reached the log"
     assert "Traceback" not in text, text
-
-
-@asynccontextmanager
-async def as_agent(url: str, token: str | None):
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else None
-    async with create_mcp_http_client(headers=headers) as client:
-        async with streamable_http_client(url, http_client=client) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                yield Served(session)
 
 
 def _post(url: str, token: str | None, **headers) -> int:
@@ -77,8 +47,8 @@ def _post(url: str, token: str | None, **headers) -> int:
     return httpx2.post(url, json=body, headers=sent, timeout=30).status_code
 
 
-def test_each_token_is_its_agents_memory_and_bad_tokens_get_401(http_server, conn, memctl_bin):
-    url, tokens, log = http_server
+def test_each_token_is_its_agents_memory_and_bad_tokens_get_401(agents_served, conn, memctl_bin):
+    url, tokens, log = agents_served
 
     async def scenario():
         async with as_agent(url, tokens["alice"]) as alice:
@@ -108,33 +78,27 @@ def test_each_token_is_its_agents_memory_and_bad_tokens_get_401(http_server, con
 
 def test_bad_addresses_and_options_exit_2(memctl_env):
     for args in (["--http", "notaport"], ["--http", "8080", "--agent", "a"], ["--allow-origin", "http://x"]):
-        proc = subprocess.run([_exe(), "mcp", *args], capture_output=True, text=True, timeout=60,
+        proc = subprocess.run([memctl_exe(), "mcp", *args], capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)
         assert proc.returncode == 2, (args, proc.stderr)
 
 
-def test_a_read_only_agent_is_offered_no_write_tool_over_http_and_stdio(http_server, memctl_bin, memctl_env, tmp_path):
-    url, _, _ = http_server
+def test_a_read_only_agent_is_offered_no_write_tool_over_http_and_stdio(agents_served, memctl_bin, memctl_env,
+                                                                        tmp_path):
+    url, tokens, _ = agents_served
     assert memctl_bin("agent", "add", "reader", "--read-only").exit_code == 0
     token = memctl_bin("agent", "token", "reader").stdout.strip()
-    from mcp import ClientSession as Stdio, StdioServerParameters
-    from mcp.client.stdio import stdio_client
 
     async def scenario():
         async with as_agent(url, token) as reader:
             names = await reader.tool_names()
             assert names and not names & {"remember", "fact_set"}, names
             assert "read-only" in await reader.error("remember", content="should not be stored")
-        async with as_agent(url, http_server[1]["alice"]) as alice:  # a writer on the same server still writes
+        async with as_agent(url, tokens["alice"]) as alice:  # a writer on the same server still writes
             assert {"remember", "fact_set"} <= await alice.tool_names()
-        params = StdioServerParameters(command=_exe(), args=["mcp", "--agent", "reader"],
-                                       env={**os.environ, **memctl_env})
-        with open(tmp_path / "stdio.log", "w") as errlog:
-            async with stdio_client(params, errlog=errlog) as (read, write):
-                async with Stdio(read, write) as session:
-                    await session.initialize()
-                    listed = {t.name for t in (await session.list_tools()).tools}
-                    assert listed and not listed & {"remember", "fact_set"}, listed
+        async with serving(tmp_path / "stdio.log", "--agent", "reader", env=memctl_env) as stdio:
+            listed = await stdio.tool_names()
+            assert listed and not listed & {"remember", "fact_set"}, listed
 
     anyio.run(scenario)
 
@@ -144,7 +108,7 @@ def test_a_port_in_use_fails_before_announcing_a_server(memctl_env):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        proc = subprocess.run([_exe(), "mcp", "--http", f"127.0.0.1:{port}"], capture_output=True, text=True,
+        proc = subprocess.run([memctl_exe(), "mcp", "--http", f"127.0.0.1:{port}"], capture_output=True, text=True,
                               timeout=60, stdin=subprocess.DEVNULL, env={**os.environ, **memctl_env})
     assert proc.returncode == 1 and "cannot listen on 127.0.0.1" in proc.stderr, proc.stderr
     assert "streamable HTTP at" not in proc.stderr and "Traceback" not in proc.stderr

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from memctl import config, db
 from memctl.mcp import protocol, sessions, tools, transport
 from memctl.records import episodes
-from tests.test_mcp import _exe
+from tests.installed import memctl_exe
 
 INITIALIZE = [
     {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -158,7 +158,7 @@ def _serve_files(tmp_path, messages, env) -> tuple[list[dict], str]:
     requests, answers = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
     requests.write_text("".join(json.dumps(m) + "\n" for m in messages))
     with open(requests, "rb") as stdin, open(answers, "wb") as stdout:
-        proc = subprocess.run([_exe(), "mcp", "--agent", "a"], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+        proc = subprocess.run([memctl_exe(), "mcp", "--agent", "a"], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
                               text=True, timeout=120, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in answers.read_text().splitlines()], proc.stderr
@@ -177,12 +177,17 @@ def test_files_as_stdin_and_stdout_are_served_too(conn, memctl_env, tmp_path):
     assert conn.execute("SELECT count(*) AS n FROM episodes WHERE agent = 'a'").fetchone()["n"] == 3
 
 
-def _serve_pipes(lines: list[bytes]) -> dict:
-    proc = subprocess.run([_exe(), "mcp", "--agent", "a"], input=b"\n".join(lines) + b"\n", capture_output=True,
+def _answers_over_pipes(lines: list[bytes]) -> list[dict]:
+    """`memctl mcp` on pipes: its answers to LINES, in the order it wrote them."""
+    proc = subprocess.run([memctl_exe(), "mcp", "--agent", "a"], input=b"\n".join(lines) + b"\n", capture_output=True,
                           timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     assert b"Traceback" not in proc.stderr
-    return {a.get("id"): a for a in map(json.loads, proc.stdout.splitlines())}
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def _serve_pipes(lines: list[bytes]) -> dict:
+    return {a.get("id"): a for a in _answers_over_pipes(lines)}
 
 
 def test_pipes_carry_a_large_answer_and_a_bad_line_is_no_harm(conn, memctl_env):
@@ -206,7 +211,7 @@ def test_a_client_that_stops_reading_ends_the_server_quietly(memctl_env):
     (was a BrokenPipeError's traceback and exit 1)."""
     calls = [{"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
               "params": {"name": "search", "arguments": {"query": "disk full " * 50, "k": 50}}} for i in range(20)]
-    proc = subprocess.Popen([_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([memctl_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=dict(os.environ))
     proc.stdout.close()
     proc.stdin.write("".join(json.dumps(m) + "\n" for m in INITIALIZE + calls).encode())
@@ -226,8 +231,10 @@ def test_an_overlong_request_line_is_answered_as_an_error_and_the_server_reads_o
                 "params": {"name": "remember", "arguments": {"content": "x" * (4 << 20)}}}
     after = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
              "params": {"name": "remember", "arguments": {"content": "the line after the long one"}}}
-    answers = _serve_pipes([json.dumps(m).encode() for m in INITIALIZE + [overlong, after]])
-    assert answers[3]["result"]["structuredContent"]["stored"] is True
-    assert 2 not in answers  # never parsed, so never a request: no id to answer
+    answers = _answers_over_pipes([json.dumps(m).encode() for m in INITIALIZE + [overlong, after]])
+    assert [a.get("id") for a in answers] == [1, None, 3]  # never parsed, so never a request: no id to answer
+    refused = answers[1]
+    assert refused["error"]["code"] == -32600 and "longer than the server reads" in refused["error"]["message"]
+    assert "result" not in refused and answers[2]["result"]["structuredContent"]["stored"] is True
     contents = [r["content"] for r in conn.execute("SELECT content FROM episodes WHERE agent = 'a'").fetchall()]
     assert contents == ["the line after the long one"]

@@ -1,7 +1,7 @@
 """memctl metrics: the Prometheus text, the textfile, the shipped alert rules, and a real node_exporter.
 
-promtool and prometheus-node-exporter are Debian's packages (README, Tests): a test that needs one
-fails when CI is set and it is missing, and is skipped with the reason otherwise.
+promtool and prometheus-node-exporter are Debian's packages (README, Tests): a test that needs one is skipped,
+saying so, where it is missing, and no CI step expects that skip, so with CI set it fails (tests/fix_ci.py).
 """
 
 from __future__ import annotations
@@ -29,11 +29,8 @@ NODE_EXPORTER = "prometheus-node-exporter"
 
 def tool(name: str) -> str:
     found = shutil.which(name)
-    if found is None:
-        why = f"{name} is not installed (apt-get install prometheus prometheus-node-exporter)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+    if found is None:  # no CI step expects this skip (tests/fix_ci.py): with CI set, it fails
+        pytest.skip(f"{name} is not installed (apt-get install prometheus prometheus-node-exporter)")
     return found
 
 

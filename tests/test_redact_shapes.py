@@ -16,20 +16,8 @@ from hypothesis import example, given, settings, strategies as st
 
 from memctl import redact
 from memctl.redact import detect, keyword
-from tests.redaction_shapes import CLEAN, OTHER_KEYS, SECRET_KEYS, SECRETS
+from tests.redaction_shapes import CLEAN, OTHER_KEYS, PIECES, SECRET_KEYS, SECRETS
 
-PIECES = ["token:", "password=", "pw: ", "api_key='", "secret = \"", '"', "'", "`", "Bearer ", "Bearer abcdef0123456789 ",
-          "QUJD", "+/", "a1", "f0", "([{", ")]}", "[", "eyJ", "eyJhbGciOi.", "ghp_", "AKIA", "glpat-", "sk-", "xoxb-1-",
-          "http://u:", "a://b:c@", "?token=", "&password=", "-----BEGIN PRIVATE KEY-----\n", "\nA", "mysql -p",
-          "curl -u a:", "--password ", "docker login -p x ", "fact set db.pw ", "password is ", "key ", "x", "1", ":",
-          "=", " ", ";", "-", ".", "@", "\\",
-          # the keyword plugin's patterns and its Cloudant/IBM kin (memctl.redact.keyword, detect.RUN_NEEDED)
-          "pwd';", "'x'==", "=> '", "aws key '", "contraseña='", "a" * 26, "0123456789abcdef" * 3,
-          # passwords as plain arguments and in prose (issue 50: memctl.redact.commands, shapes._said_findings)
-          "htpasswd -b f u ", "net user a ", "net use \\\\h\\s ", "echo x | chpasswd ", "echo a:b |", "| sudo -S ",
-          "rabbitmqctl add_user a ", "redis-cli AUTH ", "sqlcmd -P ", "7z -p", "-U a%", "mysqladmin password ",
-          "the password was set to ", "password for the ", "with the passphrase '", "(password ", ", password ",
-          "credentials: a / ", "changed the password to ", "is now "]
 SIZE = 6000  # characters of the smaller text: big enough that a quadratic detector shows, small enough to be quick
 
 

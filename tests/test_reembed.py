@@ -20,17 +20,11 @@ import pytest
 
 from memctl import db
 from memctl.embedding import models
-from memctl.embedding.embedders import HashEmbedder
 from memctl.reembed import reembed
 from tests.conftest import local_embedder_installed
-from tests.ollama_server import OllamaTestServer
+from tests.ollama_server import OllamaTestServer, _hash_fn
 
 TOPICS = ["disk", "certificate", "replica", "backup", "nginx", "redis", "kafka", "dns"]
-
-
-def _hash_fn(name: str, dims: int):
-    embedder = HashEmbedder(name, dims=dims)
-    return lambda texts: embedder.embed(texts).vectors
 
 
 @pytest.fixture
@@ -40,14 +34,6 @@ def server():
         running.add_model("wide-embed", 3000, 2048, _hash_fn("wide-embed", 3000))
         running.add_model("huge-embed", 5000, 2048, _hash_fn("huge-embed", 5000))
         yield running
-
-
-@pytest.fixture
-def env(server, memctl_env, monkeypatch):
-    values = {"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": server.url}
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return {**memctl_env, **values}
 
 
 def load(cli, n: int = 80) -> None:
@@ -66,7 +52,7 @@ def episodes_heap(conn) -> dict:
         (SELECT array_agg(ctid::text || '/' || xmin::text ORDER BY id) FROM episodes) AS tuples""").fetchone()
 
 
-def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, env, server, tmp_path):
+def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, server_env, server, tmp_path):
     load(cli)
     assert cli("embed").exit_code == 0
     original = episodes_heap(conn)
@@ -158,7 +144,7 @@ def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, env, server, tmp_
     assert server.embed_requests()[-1][1] == "nomic-embed-text" and "reembed start" in worker.stderr
 
 
-def test_dimensions_hnsw_cannot_index_are_refused(cli, conn, env):
+def test_dimensions_hnsw_cannot_index_are_refused(cli, conn, server_env):
     load(cli, 5)
     assert cli("embed").exit_code == 0
     huge = cli("reembed", "start", "--model", "huge-embed")
@@ -184,7 +170,7 @@ def test_dimensions_hnsw_cannot_index_are_refused(cli, conn, env):
     assert models.by_state(conn, "backfill").storage == "halfvec"
 
 
-def test_start_refuses_another_change_and_the_active_model(cli, env):
+def test_start_refuses_another_change_and_the_active_model(cli, server_env):
     load(cli, 3)
     assert cli("embed").exit_code == 0
     same = cli("reembed", "start", "--model", "all-minilm")
@@ -196,7 +182,7 @@ def test_start_refuses_another_change_and_the_active_model(cli, env):
     assert unknown.exit_code == 1 and "not found" in unknown.stderr
 
 
-def test_switch_needs_a_valid_index_and_run_rebuilds_an_invalid_one(cli, conn, env):
+def test_switch_needs_a_valid_index_and_run_rebuilds_an_invalid_one(cli, conn, server_env):
     load(cli, 10)
     assert cli("embed").exit_code == 0
     assert cli("reembed", "start", "--model", "nomic-embed-text").exit_code == 0
@@ -217,7 +203,7 @@ def test_switch_needs_a_valid_index_and_run_rebuilds_an_invalid_one(cli, conn, e
     assert cli("reembed", "switch").exit_code == 0
 
 
-def test_switch_refuses_while_chunks_failed(cli, conn, env):
+def test_switch_refuses_while_chunks_failed(cli, conn, server_env):
     load(cli, 4)
     assert cli("embed").exit_code == 0
     assert cli("reembed", "start", "--model", "nomic-embed-text").exit_code == 0
@@ -250,7 +236,7 @@ def test_index_build_warns_and_passes_on_the_maintenance_work_mem_notice(cli, co
     assert any(w.startswith("PostgreSQL: hnsw graph no longer fits into maintenance_work_mem") for w in warnings)
 
 
-def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, env, server):
+def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, server_env, server):
     n = 120
     load(cli, n)
     assert cli("embed").exit_code == 0
@@ -258,7 +244,7 @@ def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, env, ser
     new = models.by_state(conn, "backfill")
     server.inject("slow", delay_s=0.05)
     proc = subprocess.Popen([sys.executable, "-m", "memctl", "reembed", "run", "--batch-size", "5"],
-                            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**os.environ, **server_env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
             done = reembed._vectors(conn, new)
@@ -283,7 +269,7 @@ def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, env, ser
 
 @pytest.mark.local
 @pytest.mark.skipif(not local_embedder_installed(), reason="needs the real all-MiniLM-L6-v2 (memctl[local])")
-def test_paraphrases_are_found_after_the_switch(cli, conn, env, server):
+def test_paraphrases_are_found_after_the_switch(cli, conn, server_env, server):
     """Questions that share no key words with their answers, found by meaning after the switch.
 
     The new model is registered under the name nomic-embed-text, but its vectors are the real

@@ -17,7 +17,6 @@ import pytest
 from memctl.embedding import models
 from memctl.reembed import quality
 from tests.ollama_server import OllamaTestServer, _hash_fn, meaningless_fn
-from tests.test_reembed import env  # noqa: F401  (the fixture: memctl on this module's `server`, all-minilm)
 
 VOCABULARY = [f"{a}{b}" for a in ("bra", "clo", "dri", "fen", "gul", "hom", "jas", "kri", "lum", "mor")
               for b in ("tap", "vex", "wix", "zul", "quo", "nip", "rak", "sog", "tev", "yum")]
@@ -60,7 +59,7 @@ def test_the_known_items_leave_the_asked_part_out():
     assert quality.split("too short here") is None
 
 
-def test_a_switch_to_a_model_that_finds_less_is_refused_unless_accepted(cli, conn, env, server):
+def test_a_switch_to_a_model_that_finds_less_is_refused_unless_accepted(cli, conn, server_env, server):
     load(cli)
     backfill(cli)
     compared = cli("reembed", "compare", "-f", "json")
@@ -92,7 +91,7 @@ def test_a_switch_to_a_model_that_finds_less_is_refused_unless_accepted(cli, con
     assert figures["tolerance"] == quality.TOLERANCE and figures["source"] == "memory"
 
 
-def test_a_model_no_worse_switches_and_the_job_log_keeps_its_figures(cli, conn, env, server):
+def test_a_model_no_worse_switches_and_the_job_log_keeps_its_figures(cli, conn, server_env, server):
     server.add_model("other-hash", 384, 512, _hash_fn("other-hash", 384))  # words, as the active model
     load(cli, 24)
     backfill(cli, "other-hash")
@@ -103,7 +102,7 @@ def test_a_model_no_worse_switches_and_the_job_log_keeps_its_figures(cli, conn, 
     assert job["detail"]["figures"]["new"]["recall@10"] >= job["detail"]["figures"]["active"]["recall@10"] - 0.02
 
 
-def test_known_items_from_a_file(cli, conn, env, server, tmp_path):
+def test_known_items_from_a_file(cli, conn, server_env, server, tmp_path):
     load(cli, 24)
     backfill(cli)
     items = tmp_path / "known.jsonl"
@@ -127,7 +126,7 @@ def test_known_items_from_a_file(cli, conn, env, server, tmp_path):
     assert bad.exit_code == 2 and "line 2: unknown field(s): episode" in bad.stderr
 
 
-def test_an_empty_memory_switches_saying_there_is_nothing_to_measure(cli, conn, env, server):
+def test_an_empty_memory_switches_saying_there_is_nothing_to_measure(cli, conn, server_env, server):
     assert cli("embed").exit_code == 0
     backfill(cli)
     switched = cli("reembed", "switch")
@@ -144,7 +143,8 @@ def log_line(i: int) -> str:
             f"was drained and the connection pool reset, retry {i % 3} of 3 scheduled by the supervisor")
 
 
-def test_on_log_like_memory_the_gate_cannot_judge_and_refuses_unless_given_queries(cli, conn, env, server, tmp_path):
+def test_on_log_like_memory_the_gate_cannot_judge_and_refuses_unless_given_queries(cli, conn, server_env, server,
+                                                                                 tmp_path):
     """The known items built from a memory of templated lines are found by nothing, the active model included:
     the gate says it cannot judge and refuses, unless --queries (known items the operator vouches for) or
     --accept-worse; compare says so too."""

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.rows import dict_row
 
 from memctl import config
 from memctl.embedding import models
@@ -19,6 +17,7 @@ from memctl.reading.query import Query
 from memctl.reading.pieces import pieces
 from memctl.reading.scan import vector_half
 from tests.conftest import needs_local_embedder
+from tests.scan_witness import SCAN_NOW, scan_witness
 
 DATA = json.loads((Path(__file__).parent / "data" / "retrieval.json").read_text())
 
@@ -357,28 +356,6 @@ def test_exact_tokens_set_is_answered_by_the_text_half(cli, conn, memctl_env, mo
     assert scores["hybrid"] >= TOKENS_FLOOR
     # the set needs the words: without them the same search falls below the floor
     assert scores["vector"] < TOKENS_FLOOR and scores["hybrid, text half off"] < TOKENS_FLOOR
-
-
-# The HNSW scan settings in force, read on the search's connection inside its transaction.
-SCAN_NOW = "SELECT current_setting('hnsw.ef_search') AS ef, current_setting('hnsw.iterative_scan') AS scan"
-
-
-def scan_witness(conn, probe: str | sql.Composable = SCAN_NOW) -> list[list[dict]]:
-    """From now on, after each statement on `conn` that compares vectors (`<=>`), the rows of `probe`
-    run right after it on the same connection, in the same transaction: the settings that statement ran under.
-    """
-    seen: list[list[dict]] = []
-
-    class Witnessed(psycopg.Cursor):
-        def execute(self, query, params=None, **kwargs):
-            result = super().execute(query, params, **kwargs)
-            text = query.as_string(self.connection) if isinstance(query, sql.Composable) else str(query)
-            if "<=>" in text:
-                seen.append(psycopg.Cursor(self.connection, row_factory=dict_row).execute(probe).fetchall())
-            return result
-
-    conn.cursor_factory = Witnessed
-    return seen
 
 
 def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn, memctl_env):

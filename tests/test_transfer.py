@@ -5,34 +5,10 @@ from __future__ import annotations
 import datetime
 import json
 
-import pytest
-
 from memctl.write.values import WRITER  # rows planted on purpose pass the writer check
-from tests.conftest import fresh_database
+from tests.fix_transfer import counts, records
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
-
-
-@pytest.fixture
-def other_db(pg_server):
-    """A second fresh, migrated database (the import target)."""
-    with fresh_database(pg_server, "memctl_t2") as url:
-        yield url
-
-
-def counts(url: str) -> dict:
-    from memctl import db
-
-    with db.connect(url) as conn:
-        return conn.execute(
-            "SELECT (SELECT count(*) FROM episodes) AS episodes, (SELECT count(*) FROM chunks) AS chunks,"
-            " (SELECT count(*) FROM facts) AS facts, (SELECT count(*) FROM fact_history) AS history,"
-            " (SELECT count(*) FROM blocked_sources) AS blocked, (SELECT count(*) FROM embed_queue) AS queued,"
-            " (SELECT count(*) FROM embedding_models) AS models").fetchone()
-
-
-def records(text: str, kind: str) -> list[dict]:
-    return [r for r in map(json.loads, text.splitlines()) if r["type"] == kind]
 
 
 def comparable(export: str) -> dict:
@@ -141,7 +117,7 @@ def test_a_newer_format_is_refused_and_a_headerless_file_too(cli, other_db):
     assert bare.exit_code == 2 and "line 1" in bare.stderr and "header" in bare.stderr
 
 
-def test_import_redacts_and_drops_the_vectors_of_a_redacted_text(cli, conn, tmp_path):
+def test_import_redacts_and_drops_the_vectors_of_a_redacted_text(cli, conn, tmp_path, places_of):
     assert cli("episode", "add", "first").exit_code == 0
     assert cli("embed").exit_code == 0
     export = cli("export", "--vectors").stdout.splitlines()
@@ -161,9 +137,8 @@ def test_import_redacts_and_drops_the_vectors_of_a_redacted_text(cli, conn, tmp_
     assert "redacted 2 secret(s)" in result.stderr and GITHUB not in result.stderr + result.stdout
     summary = result.json()[0]
     assert summary["vectors"] == 0 and summary["queued"] == 1
-    from tests.test_redact import all_text
-
-    assert GITHUB not in all_text(conn) and "[REDACTED:github-token]" in all_text(conn)
+    held = places_of(conn)
+    assert held.holding(GITHUB) == [] and held.holding("[REDACTED:github-token]")
 
 
 def test_lineage_and_runbook_runs_are_remapped_to_the_new_ids(cli, conn, other_db):

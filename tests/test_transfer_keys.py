@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from tests.test_ingest import start
-from tests.test_transfer import counts, other_db, records  # noqa: F401 (other_db: a fixture)
+from tests.fix_transfer import counts, records
+from tests.installed import start_ingest
 
 START = datetime.datetime(2026, 11, 2, 8, 0, tzinfo=datetime.timezone.utc)
 
@@ -67,7 +67,7 @@ def test_an_export_of_an_ingested_journal_then_the_journal_ingested_again_stores
                    for i in range(12)).encode()
 
     def ingest(env):
-        proc = start(env, "--format", "journal")
+        proc = start_ingest(env, "--format", "journal")
         _, err = proc.communicate(data, timeout=60)
         assert proc.returncode == 0, err
         return err.decode()

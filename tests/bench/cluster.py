@@ -1,6 +1,6 @@
 """Citus: the same ops corpus on one server and on a coordinator with two workers, side by side.
 
-The corpus is tests/test_cluster.py's (30 labelled operations episodes and routine filler, five
+The corpus is the cluster tests' (tests/cluster_corpus.py: 30 labelled operations episodes and routine filler, five
 agents; --rows sets its size). On each side, in one run:
 
 - import rows/s: `memctl.records.episodes.import_episodes` (what `memctl episode import` runs), one transaction;
@@ -177,7 +177,7 @@ def main() -> None:
     os.environ.update(env)
     from memctl import config
     from memctl.embedding.embedders import make_embedder
-    from tests import test_cluster as corpus  # the corpus of the cluster tests
+    from tests import cluster_corpus as corpus  # the corpus of the cluster tests
 
     rows = corpus.ops_corpus(args.rows)
     settings = config.load()

@@ -80,11 +80,9 @@ def baseline_copy(url: str, data: list[dict]) -> float:
 
 def ledger(url: str, key: bytes, n: int) -> None:
     """One ledger entry of N erased texts' digests (none of them in the file), as an erasure writes it."""
-    import psycopg
+    from memctl import db, places
 
-    from memctl import places
-
-    with psycopg.connect(url, autocommit=True) as conn:
+    with db.connect(url) as conn:  # it declares the schema, which sql/0025 requires of a session that writes
         conn.execute("INSERT INTO erasures (id, erased_at, op, key_id) VALUES ('bench', now(), 'episode_delete', %s)",
                      (places.key_id(key),))
         conn.execute("INSERT INTO erasure_digests (digest, kind, erasure) SELECT %s || i, 'episode', 'bench' "

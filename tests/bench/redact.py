@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from memctl import redact  # noqa: E402
-from tests.redaction_shapes import SECRETS, clean_corpus  # noqa: E402
+from tests.redaction_shapes import PIECES, SECRETS, clean_corpus  # noqa: E402
 
 ADVERSARIAL = ["token:", "password=", "pw: ", "db password: Hunter2x ", "api_key='", 'secret = "', "'", '"',
                "Bearer ", "Bearer abcdefghijklmnopqrstu1 ", "QUJDREVGR0hJSktM", "0123456789abcdef", "([{", ")]}",
@@ -90,8 +90,6 @@ def repeat(shape: str, size: int) -> str:
 
 def search(count: int, seed: int, size: int, runs: int) -> list[tuple[float, float, str]]:
     """`count` random shapes of 1 to 5 pieces, each repeated to `size` characters: (MB/s, ratio, shape), slowest first."""
-    from tests.test_redact_shapes import PIECES
-
     pieces, rng, rates = sorted(set(ADVERSARIAL + PIECES)), random.Random(seed), []
     for _ in range(count):
         shape = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 5)))

@@ -24,7 +24,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from memctl.embedding.local import bundled_model_dir
-    from tests.test_minilm import MAX_TOKENS, REFERENCE_TENSORS, varied_texts
+    from tests.minilm_texts import MAX_TOKENS, REFERENCE_TENSORS, varied_texts
 
     texts = varied_texts()
     model = SentenceTransformer(str(bundled_model_dir()), device="cpu")
