@@ -12,7 +12,7 @@ _.itersize  # memctl/records/redact_scan.py, memctl/transfer/export.py
 # TokenVerifier.verify_token.
 __getattr__  # memctl/cli/__init__.py
 frame  # memctl/cli/embed.py
-tb  # memctl/db/overlap.py
+tb  # memctl/overlap.py
 _.verify_token  # memctl/mcp/http.py
 # Read by uvicorn's Server.run loop: set to stop it (memctl/mcp/http.py, when the schema changed under it).
 _.should_exit  # memctl/mcp/http.py

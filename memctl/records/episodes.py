@@ -10,11 +10,11 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from memctl import places, redact
+from memctl import overlap, places, redact
 
 from memctl.files import jsonl
 from memctl.config import Settings
-from memctl.db import locks, overlap
+from memctl.db import locks
 from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
 from memctl.write import admission, erased, gate, identity, repeats, store
 from memctl.records.filters import filters, where
@@ -254,7 +254,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
                 try:
                     admitted = admit.episode(episode)
                 except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
-                    copier.wait()  # the connection is the copy's until it returns (memctl.db.overlap)
+                    copier.wait()  # the connection is the copy's until it returns (memctl.overlap)
                     if erased.held(conn, episode.content):  # erased here: left out, whatever else it is
                         result.erased += 1
                         continue
