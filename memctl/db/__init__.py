@@ -12,10 +12,13 @@ replica named by [database] read_url (resolve_read, open_replica), which is chec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl import config as config_mod
 from memctl.errors import BadValue, ConfigError, DatabaseUnavailable, DiskFull, SchemaBehind
+
+if TYPE_CHECKING:
+    import psycopg
 
 APPLICATION_NAME = "memctl"
 NO_SPACE = "No space left on device"  # strerror(ENOSPC), as PostgreSQL writes it in its log and errors
@@ -103,7 +106,7 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
     return conn
 
 
-def register_vector(conn) -> None:
+def register_vector(conn: psycopg.Connection[Any]) -> None:
     """Register pgvector's types (imports numpy: only for commands that need vectors)."""
     from pgvector.psycopg import register_vector as register
 

@@ -19,12 +19,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memctl.files import jsonl
 from memctl.embedding import footprint, models
 from memctl.embedding.protocol import as_documents
 from memctl.errors import BadValue, InvalidInput, UsageError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 SAMPLE = "SELECT content FROM chunks ORDER BY random() LIMIT %s"
 CHUNKS = "SELECT count(*) AS n FROM chunks"
@@ -91,11 +94,11 @@ def read_texts(path: str | Path) -> list[str]:
     return texts
 
 
-def sample_chunks(conn, n: int) -> list[str]:
+def sample_chunks(conn: Memory, n: int) -> list[str]:
     return [row["content"] for row in conn.execute(SAMPLE, (n,)).fetchall()]
 
 
-def _backlog(conn, embedder, chunks: int) -> tuple[int, str]:
+def _backlog(conn: Memory, embedder, chunks: int) -> tuple[int, str]:
     """Chunks this model still has to embed, and whose backlog it is."""
     for model in models.all_models(conn):
         if model.state in ("active", "backfill") and models.matches(model, embedder):
@@ -103,7 +106,7 @@ def _backlog(conn, embedder, chunks: int) -> tuple[int, str]:
     return chunks, "new model"
 
 
-def measure(conn, embedder, *, sample: int = 20, batch_size: int = 32, texts: list[str] | None = None) -> dict:
+def measure(conn: Memory, embedder, *, sample: int = 20, batch_size: int = 32, texts: list[str] | None = None) -> dict:
     if sample < 1 or batch_size < 1:
         raise UsageError("--sample and --batch-size must be at least 1")
     chunks = conn.execute(CHUNKS).fetchone()["n"]

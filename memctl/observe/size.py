@@ -32,8 +32,13 @@ over a Bernoulli sample of about GROUP_SAMPLE_ROWS episodes scaled by 100/percen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memctl.embedding import models
 from memctl.embedding.footprint import MIB, build_memory, build_warning, bytes_per_vector
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 SCHEMA = "SELECT coalesce((SELECT relnamespace FROM pg_class WHERE oid = to_regclass('memctl_migrations')), " \
          "(SELECT oid FROM pg_namespace WHERE nspname = current_schema())) AS oid"
@@ -117,7 +122,7 @@ NOTE_UNREADABLE = "no SELECT privilege on this table: rows are the statistics' e
 NOTE_UNKNOWN = "no statistics yet (never vacuumed or analyzed, statistics reset)"
 
 
-def _count(conn, schema: str, name: str) -> int:
+def _count(conn: Memory, schema: str, name: str) -> int:
     from psycopg import sql
 
     return conn.execute(sql.SQL(COUNT).format(sql.Identifier(schema, name)), prepare=False).fetchone()["n"]
@@ -132,7 +137,7 @@ def _estimate(live: int | None, reltuples: float | None) -> int | None:
     return live  # 0 from the statistics, or None
 
 
-def row_count(conn, rel: dict, *, countable: bool, exact: bool = False) -> tuple[int | None, str, str | None]:
+def row_count(conn: Memory, rel: dict, *, countable: bool, exact: bool = False) -> tuple[int | None, str, str | None]:
     """(rows, 'exact' | 'estimate' | 'unknown', why it is not exact)."""
     if not countable:
         note = NOTE_TOAST
@@ -148,7 +153,7 @@ def row_count(conn, rel: dict, *, countable: bool, exact: bool = False) -> tuple
     return rows, "estimate", note
 
 
-def _relations(conn, exact: bool = False) -> tuple[list[dict], dict[str, str]]:
+def _relations(conn: Memory, exact: bool = False) -> tuple[list[dict], dict[str, str]]:
     """The report rows, and each relation's bare name (to find a model's table and index)."""
     from memctl.db import cluster
 
@@ -180,7 +185,7 @@ NOTE_CITUS = ("Citus {type} table: bytes and dead tuples summed over its {placem
               "{nodes} node(s) (size --section nodes per node); TOAST is in toast_bytes")
 
 
-def _citus_rows(conn, table: dict, kind: str, figures: dict, indexes: list[dict], exact: bool) -> list[dict]:
+def _citus_rows(conn: Memory, table: dict, kind: str, figures: dict, indexes: list[dict], exact: bool) -> list[dict]:
     """A Citus table's row and its indexes' rows, from its shards on the workers (cluster.placement_figures)."""
     shards = {**table, "heap_bytes": figures["heap_bytes"], "live_tuples": figures["live_tuples"], "reltuples": None}
     rows_, source, note = row_count(conn, shards, countable=True, exact=exact)
@@ -195,7 +200,7 @@ def _citus_rows(conn, table: dict, kind: str, figures: dict, indexes: list[dict]
     return out
 
 
-def relations(conn, exact: bool = False) -> list[dict]:
+def relations(conn: Memory, exact: bool = False) -> list[dict]:
     """One row per memctl table, its TOAST table, and every index of both (see the module docstring)."""
     return _relations(conn, exact)[0]
 
@@ -214,11 +219,11 @@ def _index_rows(indexes: list[dict], table_oid: int, parent: str) -> list[dict]:
             for i in indexes if i["table_oid"] == table_oid]
 
 
-def maintenance_work_mem(conn) -> int:
+def maintenance_work_mem(conn: Memory) -> int:
     return conn.execute(MAINTENANCE_WORK_MEM).fetchone()["bytes"]
 
 
-def _model_rows(conn, rels: list[dict], names: dict[str, str], limit: int) -> tuple[list[dict], list[str]]:
+def _model_rows(conn: Memory, rels: list[dict], names: dict[str, str], limit: int) -> tuple[list[dict], list[str]]:
     from psycopg import sql
 
     result, warnings = [], []
@@ -260,7 +265,7 @@ def sample_percent(episodes: dict, exact: bool) -> float | None:
     return round(percent, 4) if percent < 100 else None
 
 
-def _pairs(conn, percent: float | None) -> list[dict]:
+def _pairs(conn: Memory, percent: float | None) -> list[dict]:
     """Episodes, chunks and data bytes per (kind, agent): every row, or a Bernoulli sample of `percent` %."""
     from psycopg import sql
 
@@ -292,7 +297,7 @@ def _rollup(pairs: list[dict], column: str, percent: float | None) -> list[dict]
     return sorted(out.values(), key=lambda r: (-r["bytes"], r[column]))
 
 
-def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
+def growth(conn: Memory, rels: list[dict], names: dict[str, str]) -> dict:
     """Rows per day over 7 and 30 days, and projected total size.
 
     projected_bytes_<N>d = total_bytes + rows_per_day_30d * bytes_per_episode * N, where
@@ -359,7 +364,7 @@ def overview(rels: list[dict], names: dict[str, str]) -> dict:
     return {"total_bytes": total, "total": human_bytes(total), "groups": ordered}
 
 
-def report(conn, exact: bool = False) -> dict:
+def report(conn: Memory, exact: bool = False) -> dict:
     """The whole size report: relations, models, kinds, agents, growth, and warnings.
 
     `exact`: count(*) every memctl table whatever its size (TOAST tables are always estimated).

@@ -54,6 +54,10 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 COMMON_MIN_ROWS = 1000  # below this many rows, matching a word is cheap whatever its share
 SAMPLE_ROWS = 2000  # episodes sampled for the average length
@@ -127,7 +131,7 @@ class TermStats:
 _CACHE: dict[tuple, tuple[float, TermStats]] = {}
 
 
-def cached_term_stats(conn, ttl: float = STATS_TTL) -> TermStats:
+def cached_term_stats(conn: Memory, ttl: float = STATS_TTL) -> TermStats:
     """term_stats, the statistics reused for `ttl` seconds per database.
 
     The counts of rare terms are not reused across calls (each call gets an empty `counted`):
@@ -145,7 +149,7 @@ def cached_term_stats(conn, ttl: float = STATS_TTL) -> TermStats:
                      agents=stats.agents, citus=stats.citus)
 
 
-def term_stats(conn) -> TermStats:
+def term_stats(conn: Memory) -> TermStats:
     row = conn.execute(STATS).fetchone()
     n = row["reltuples"]
     if n is None or n < 0:  # never vacuumed or analyzed: count once
@@ -157,7 +161,7 @@ def term_stats(conn) -> TermStats:
     return TermStats(n=max(n, 1.0), avgdl=avgdl or 1.0, common=common, agents=agents, citus=row["citus"])
 
 
-def agent_share(conn, stats: TermStats, agent: str) -> float:
+def agent_share(conn: Memory, stats: TermStats, agent: str) -> float:
     """The agent's share of all episodes: from the statistics for a common agent, else counted."""
     if agent in stats.agents:
         return stats.agents[agent]
@@ -176,7 +180,7 @@ def single_lexeme(tsquery: str) -> str | None:
     return match.group(1).replace("''", "'") if match else None
 
 
-def document_frequencies(conn, stats: TermStats, terms: list[str]) -> list[float]:
+def document_frequencies(conn: Memory, stats: TermStats, terms: list[str]) -> list[float]:
     """df of each term (a tsquery text): from the statistics when common, else counted."""
     wanted = [t for t in dict.fromkeys(terms) if t not in stats.counted and single_lexeme(t) not in stats.common]
     if wanted:
@@ -226,7 +230,7 @@ def match_bound(stats: TermStats, match_rows: float, match_share: float = 0.0) -
     return max(float(match_rows), match_share * stats.n)
 
 
-def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | None,
+def plan(conn: Memory, stats: TermStats, wanted: list[str], *, common_share: float | None,
          match_rows: float | None = None) -> Plan:
     """Weigh the wanted terms; with common_share, leave out those in more than that share of episodes.
 

@@ -12,7 +12,7 @@ import datetime
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memctl.config import Settings
 from memctl.embedding import models
@@ -23,6 +23,9 @@ from memctl.recall.form import (Item, Template, age, entry_line, folded, sourced
                                  window_lines)
 from memctl.reading.fusion import Hit
 from memctl.reading.query import Query
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # Cosine distance within which an episode counts as related without sharing a
 # word. Models spread their distances differently: unrelated texts sit near 0.9
@@ -203,7 +206,7 @@ def related(hit: Hit, limit: float) -> bool:
 Sightings = tuple[int, datetime.datetime, datetime.datetime]  # repeats, first seen, last seen
 
 
-def sightings(conn, hit: Hit, as_of: datetime.datetime | None) -> Sightings:
+def sightings(conn: Memory, hit: Hit, as_of: datetime.datetime | None) -> Sightings:
     """(repeats, first seen, last seen) of a hit; with as_of, of the sightings before it only."""
     if not hit.repeats:
         return 0, hit.created_at, hit.created_at
@@ -216,7 +219,7 @@ def sightings(conn, hit: Hit, as_of: datetime.datetime | None) -> Sightings:
     return max(0, len(seen) - 1), hit.created_at, max(seen, default=hit.created_at)
 
 
-def entry(conn, hit: Hit, duplicates: list[int], as_of: datetime.datetime | None) -> window.Entry:
+def entry(conn: Memory, hit: Hit, duplicates: list[int], as_of: datetime.datetime | None) -> window.Entry:
     """A hit as the first entry of its window, with what its line shows (repeats, folded near-duplicates)."""
     return window.Entry(hit.id, hit.agent, hit.kind, hit.source, hit.importance, hit.created_at, hit.content,
                         match=True, score=hit.score,

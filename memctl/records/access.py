@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # Rows are written in key order so that two concurrent calls lock them in the
 # same order (no deadlock); an id returned twice in one call counts twice.
@@ -65,7 +68,7 @@ class _Route:
             self.note(message)
 
 
-def route_to_primary(read_conn, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None) -> None:
+def route_to_primary(read_conn: Memory, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None) -> None:
     """Write the accesses recorded on `read_conn` (a replica) through `open_primary()` instead.
 
     `open_primary` runs at most once, at the first record() with something to write; `note`
@@ -75,7 +78,7 @@ def route_to_primary(read_conn, open_primary: Callable[[], Any], *, note: Callab
     read_conn.memctl_access_route = _Route(open_primary, note)
 
 
-def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
+def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:
     """Count one access of each (agent, episode id) now; returns the rows written.
 
     On a connection routed with route_to_primary() the rows are written on the primary.
@@ -102,13 +105,13 @@ def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
         return 0
 
 
-def last_accessed(conn, episode_ids: list[int]) -> dict[int, datetime.datetime]:
+def last_accessed(conn: Memory, episode_ids: list[int]) -> dict[int, datetime.datetime]:
     """Episode id -> when it was last returned, for the ids that ever were."""
     if not episode_ids:
         return {}
     return {row["episode_id"]: row["at"] for row in conn.execute(LAST_ACCESSED, (list(episode_ids),))}
 
 
-def stats(conn, episode_ids: list[int]) -> list[dict]:
+def stats(conn: Memory, episode_ids: list[int]) -> list[dict]:
     """Access rows (agent, episode_id, access_count, last_accessed_at) of these episodes."""
     return conn.execute(STATS, (list(episode_ids),)).fetchall()

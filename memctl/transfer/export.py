@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from memctl import __version__
 from memctl.embedding import models
 from memctl.errors import InvalidInput
 from memctl.files import jsonl
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 FORMAT = 1
 TYPES = ("header", "blocked_source", "fact", "episode", "summary_source", "runbook_run")
@@ -106,14 +109,14 @@ def dumps(record: dict) -> str:
     return jsonl.dumps(record, compact=True)
 
 
-def _stream(conn, query, params=None) -> Iterator[dict]:
+def _stream(conn: Memory, query, params=None) -> Iterator[dict]:
     with conn.cursor(name="memctl_export") as cur:
         cur.itersize = ITERSIZE
         cur.execute(query, params)
         yield from cur
 
 
-def export(conn, write: Callable[[str], Any], *, agent: str | None = None, since: datetime.datetime | None = None,
+def export(conn: Memory, write: Callable[[str], Any], *, agent: str | None = None, since: datetime.datetime | None = None,
            vectors: bool = False) -> ExportResult:
     """Write the memory as JSONL lines through `write` (one call per line), from one snapshot."""
     result = ExportResult()
@@ -187,7 +190,7 @@ def _valid_from(valid_from: datetime.datetime | None, recorded: datetime.datetim
     return {} if valid_from is None or valid_from == recorded else {"valid_from": valid_from}
 
 
-def _episode_lines(conn, filters: dict, model: models.Model | None, result: ExportResult) -> Iterator[str]:
+def _episode_lines(conn: Memory, filters: dict, model: models.Model | None, result: ExportResult) -> Iterator[str]:
     from psycopg import sql
 
     chunks = sql.SQL("")

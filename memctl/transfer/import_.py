@@ -21,7 +21,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from memctl import __version__, redact
 
@@ -34,6 +34,9 @@ from memctl.write import admission, erased, gate, repeats, store
 from memctl.transfer.export import FORMAT, TYPES
 from memctl.transfer.known import Known, Pending, holders, resolve
 from memctl.transfer.merge_facts import merge_fact
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 BATCH = 2000
 
@@ -141,7 +144,7 @@ def import_stream(conn, settings: Settings, lines: Iterable[bytes], *,
     return result
 
 
-def _agent_roles(conn) -> int:
+def _agent_roles(conn: Memory) -> int:
     """After the import commits: every registered agent's role made again where this server lacks it (an import onto
     another server); where this role may not make one, the import is done but reported failed, with what a DBA
     runs (memctl.db.wall.after_move)."""

@@ -27,10 +27,13 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memctl.db import embedded
 from memctl.errors import MemctlError, UsageError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 BACKUP_PREFIX = "memctl-before-upgrade-"
 SUPERUSER = "SELECT rolname FROM pg_roles WHERE oid = 10"
@@ -289,5 +292,5 @@ def _after(say: Callable[[str], None]) -> str | None:
     return note
 
 
-def _exists(conn, name: str) -> bool:
+def _exists(conn: Memory, name: str) -> bool:
     return conn.execute("SELECT to_regclass(%s) IS NOT NULL AS yes", (name,)).fetchone()["yes"]

@@ -16,10 +16,13 @@ cannot confirm a guess against a digest.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from memctl import places
 from memctl.errors import BadValue, MemctlError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 ERASED_ID = 0  # what an import maps a left-out record's id to: no episode has it (identity ids start at 1)
 
@@ -54,7 +57,7 @@ class Lookup:
     `digests`: theirs under `key`, made by the caller (an import's parsing thread, while the copying one waits
     on the server), else made here."""
 
-    def __init__(self, conn, texts: Iterable[str], kind: str = "episode", key: bytes | None = None,
+    def __init__(self, conn: Memory, texts: Iterable[str], kind: str = "episode", key: bytes | None = None,
                  digests: list[str] | None = None):
         texts = list(texts)
         key = key if key is not None else readable_key(conn)
@@ -74,7 +77,7 @@ class Lookup:
 ANY_ENTRY = "SELECT EXISTS (SELECT FROM erasures) AS yes"
 
 
-def readable_key(conn) -> bytes | None:
+def readable_key(conn: Memory) -> bytes | None:
     """The key (None: none yet, nothing was ever erased from this MEMCTL_HOME). A key this user cannot read is
     an error only where the ledger holds entries: what they erased could not be kept out."""
     try:
@@ -85,7 +88,7 @@ def readable_key(conn) -> bytes | None:
         return None
 
 
-def held(conn, text: str) -> bool:
+def held(conn: Memory, text: str) -> bool:
     """Whether the ledger holds this text: for a record a writer refuses (its source blocked since, a secret), which
     an import then leaves out as erased instead of failing on it."""
     return not Lookup(conn, [text]).kept()[0]
@@ -110,7 +113,7 @@ class Ledger:
     `digest_key`: the key id an export's header names (None: a file written before lineage was keyed, whose
     source_hash values are plain sha256 digests, rekeyed here)."""
 
-    def __init__(self, conn, digest_key: Any):
+    def __init__(self, conn: Memory, digest_key: Any):
         if digest_key is not None and not isinstance(digest_key, str):
             raise BadValue("header: digest_key must be a string", "digest_key")
         self.conn, self.given_key = conn, digest_key

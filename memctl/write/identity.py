@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 KEY_BYTES = 16
 UTC = datetime.timezone.utc
@@ -49,7 +53,7 @@ class Occurrences:
         return key(agent, source, None, n, content_hash)
 
 
-def ask(conn, agents: list[str], keys: list[bytes | None]) -> list:
+def ask(conn: Memory, agents: list[str], keys: list[bytes | None]) -> list:
     """The look-ups of the batch's keys, one per agent (call in a pipeline: they go in one round trip); the
     imports' lock first, so two imports of one file cannot both find a key missing (held until the commit)."""
     from memctl.write.repeats import IMPORT_CLASS, LOCK_IMPORTS

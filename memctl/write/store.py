@@ -11,17 +11,20 @@ from __future__ import annotations
 import datetime
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from memctl import places
 from memctl.write import admission, gate
 from memctl.write.admission import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
 from memctl.write.values import WRITER
 
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
+
 _admitted = admission.admitted  # a record a Gate made, not one of the same type built or copied elsewhere
 
 
-def _sourced(conn, record: Any, kind: type) -> None:
+def _sourced(conn: Memory, record: Any, kind: type) -> None:
     """A record that carries a source: admitted, and written inside the writing() transaction of a gate that
     allowed its source (looked at again under the blocked sources' lock before the commit: memctl.db.locks)."""
     _admitted(record, kind)
@@ -48,7 +51,7 @@ WHERE c.agent = %s AND c.episode_id = %s AND m.state IN ('active', 'backfill')
 """
 
 
-def insert_episode(conn, episode: Episode, repeat_of: int | None = None) -> int:
+def insert_episode(conn: Memory, episode: Episode, repeat_of: int | None = None) -> int:
     """One episode with its chunks, queued for every model being filled (call inside a transaction); a repeat
     (`repeat_of` its first's id, memctl.write.repeats) gets no chunks: it is never embedded."""
     from psycopg.types.json import Jsonb
@@ -64,7 +67,7 @@ def insert_episode(conn, episode: Episode, repeat_of: int | None = None) -> int:
     return row["id"]
 
 
-def insert_chunks(conn, episode: Episode, episode_id: int) -> int:
+def insert_chunks(conn: Memory, episode: Episode, episode_id: int) -> int:
     """The admitted episode's chunks for a stored episode (a new one, or one rewritten by redact scan --fix),
     queued; returns the queue rows added."""
     _admitted(episode, Episode)
@@ -94,13 +97,13 @@ COPY_QUEUE = "COPY embed_queue (model_id, agent, chunk_id) FROM STDIN (FORMAT BI
 COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STDIN"
 
 
-def take_ids(conn, sequence: str, count: int) -> list[int]:
+def take_ids(conn: Memory, sequence: str, count: int) -> list[int]:
     if count == 0:
         return []
     return conn.execute(TAKE_IDS, (sequence, count), binary=True).fetchone()["ids"]
 
 
-def queued_models(conn) -> list[int]:
+def queued_models(conn: Memory) -> list[int]:
     return [r["id"] for r in conn.execute(QUEUED_MODELS).fetchall()]
 
 
@@ -115,7 +118,7 @@ class Copied:
     erased: list[int] = field(default_factory=list)  # positions in the batch of records the ledger holds: left out
 
 
-def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
+def copy_episodes(conn: Memory, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
                   vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
                   hints: list[str | None] | None = None, locked: set[str] | None = None,
                   release: Callable[[], None] | None = None, keys: list[bytes] | None = None,
@@ -238,13 +241,13 @@ RETURNING changed_at, valid_from
 """
 
 
-def put_fact(conn, fact: FactValue, version: int, updated_at: datetime.datetime | None = None) -> None:
+def put_fact(conn: Memory, fact: FactValue, version: int, updated_at: datetime.datetime | None = None) -> None:
     _sourced(conn, fact, FactValue)
     conn.execute(UPSERT_FACT, (fact.namespace, fact.key, fact.value, fact.source, version, updated_at,
                                fact.valid_from, updated_at))
 
 
-def insert_history(conn, entry: HistoryEntry) -> dict:
+def insert_history(conn: Memory, entry: HistoryEntry) -> dict:
     """The entry's row; returns its changed_at and valid_from as stored."""
     _sourced(conn, entry, HistoryEntry)
     return conn.execute(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
@@ -278,7 +281,7 @@ WHERE NOT EXISTS (SELECT 1 FROM runbook_runs WHERE agent = %(agent)s AND name = 
 RUN_STATEMENTS = {"start": INSERT_RUN, "reinsert": REINSERT_RUN, "import": IMPORT_RUN}
 
 
-def insert_run(conn, record: RunRecord, how: str = "start"):
+def insert_run(conn: Memory, record: RunRecord, how: str = "start"):
     """A runbook run's row: at its start, again at its end if its row vanished, or from an import."""
     _admitted(record, RunRecord)
     return conn.execute(RUN_STATEMENTS[how], record.row)
@@ -290,7 +293,7 @@ VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING
 """
 
 
-def insert_lineage(conn, rows: Iterable[Lineage]) -> int:
+def insert_lineage(conn: Memory, rows: Iterable[Lineage]) -> int:
     rows = list(rows)
     for row in rows:
         _admitted(row, Lineage)
@@ -308,7 +311,7 @@ SELECT %(agent)s, %(summary_id)s, i.id, i.created_at, {keyed} FROM summarize_inp
 """.format(keyed=places.lineage_sql("i.content_hash"))
 
 
-def insert_window_lineage(conn, lineage: WindowLineage) -> int:
+def insert_window_lineage(conn: Memory, lineage: WindowLineage) -> int:
     """The lineage of a summary to every episode of its window, in one statement (a day may hold 100,000)."""
     from memctl.write import erased
 
@@ -329,7 +332,7 @@ ON CONFLICT (source) DO NOTHING
 """
 
 
-def insert_blocked(conn, blocked: BlockedSource, *, keep_existing: bool = False):
+def insert_blocked(conn: Memory, blocked: BlockedSource, *, keep_existing: bool = False):
     """Block a source (update the reason if it is blocked already, unless `keep_existing`: an import)."""
     _admitted(blocked, BlockedSource)
     if keep_existing:
