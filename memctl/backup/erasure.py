@@ -60,7 +60,7 @@ def vacuum_full(conn: Memory, *, facts: bool = False) -> dict:
     tables += ["facts", "fact_history"] if facts else []
     for table in tables:
         conn.execute(sql.SQL("VACUUM (FULL, ANALYZE) {}").format(sql.Identifier(table)))
-    statistics = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]
+    statistics = conn.one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")["rolsuper"]
     if statistics:
         conn.execute("VACUUM (FULL) pg_catalog.pg_statistic")
     try:

@@ -85,7 +85,7 @@ def require_coordinator(conn: Memory) -> str:
         raise NotCitus("not a Citus database: the extension citus is not created here (a Citus server needs "
                        "shared_preload_libraries = 'citus', then CREATE EXTENSION citus in this database on "
                        "the coordinator and every worker)")
-    if not conn.execute(IS_COORDINATOR).fetchone()["yes"]:
+    if not conn.one(IS_COORDINATOR)["yes"]:
         raise NotCitus("this Citus node is not the coordinator: run memctl db distribute against the coordinator")
     return version
 
@@ -224,14 +224,14 @@ def node_sizes(conn: Memory) -> list[dict]:
 
 def total_size(conn: Memory, table: str) -> int:
     """citus_total_relation_size: the table's shards on every node, indexes and TOAST included (one copy)."""
-    return conn.execute(TOTAL_SIZE, (table,)).fetchone()["bytes"]
+    return conn.one(TOTAL_SIZE, (table,))["bytes"]
 
 
 def relation_size(conn: Memory, table: str) -> int:
     """A table's bytes with indexes and TOAST: its shards' on Citus, pg_total_relation_size otherwise (0 if absent)."""
     if citus_version(conn) is not None and conn.execute(CITUS_TABLE, (table,)).fetchone() is not None:
         return total_size(conn, table)
-    return conn.execute(LOCAL_SIZE, (table,)).fetchone()["bytes"]
+    return conn.one(LOCAL_SIZE, (table,))["bytes"]
 
 
 # One shard placement's figures, run on its node (run_command_on_placements puts the shard's name

@@ -79,7 +79,7 @@ def foreign(found: dict | None, what: str) -> MemctlError | None:
 
 def session_lock(conn: Memory, key: int, what: str) -> None:
     """pg_advisory_lock(key), waiting for memctl's other processes but never for a session that is not memctl's."""
-    while not conn.execute(TRY_SESSION_LOCK, (key,)).fetchone()["ok"]:
+    while not conn.one(TRY_SESSION_LOCK, (key,))["ok"]:
         refused = foreign(holder(conn, key), what)
         if refused is not None:
             raise refused

@@ -15,6 +15,7 @@ import psycopg
 from psycopg.rows import DictRow, tuple_row
 
 if TYPE_CHECKING:
+    from psycopg.abc import Params, Query
     from psycopg.pq.abc import PGconn
     from psycopg.rows import RowFactory
 
@@ -47,3 +48,10 @@ class Memory(psycopg.Connection[DictRow]):
         self.role = None
         self.route = None
         self.gates = []
+
+    def one(self, query: Query, params: Params | None = None, *, prepare: bool | None = None,
+            binary: bool = False) -> DictRow:
+        """execute() and its row, for a statement that returns one (an aggregate, a write's RETURNING)."""
+        row = self.execute(query, params, prepare=prepare, binary=binary).fetchone()
+        assert row is not None, "the statement returned no row"
+        return row

@@ -55,7 +55,7 @@ ORDER BY a.name
 
 
 def _yes(conn: Memory, query, params=()) -> bool:
-    return bool(conn.execute(query, params).fetchone()["yes"])
+    return bool(conn.one(query, params)["yes"])
 
 
 def _me(conn: Memory) -> tuple[str, int]:
@@ -188,7 +188,7 @@ def _revoke_functions(names: tuple[str, ...]) -> sql.Composable:
 
 def _measures(conn: Memory) -> list[_Measure]:
     db = sql.Identifier(conn.info.dbname)
-    schema = sql.Identifier(conn.execute("SELECT current_schema() AS s").fetchone()["s"])
+    schema = sql.Identifier(conn.one("SELECT current_schema() AS s")["s"])
     return [
         _Measure("TEMP on this database is PUBLIC's (an agent's session may create temporary tables and functions)",
                  "the database's owner",
@@ -387,7 +387,7 @@ def retire(conn: Memory, role: str) -> dict:
         return done
     _try(conn, sql.SQL("ALTER ROLE {} NOLOGIN").format(role_id))
     for row in conn.execute(SESSIONS, (role,)).fetchall():
-        if conn.execute(TERMINATE, (row["pid"],)).fetchone()["done"]:
+        if conn.one(TERMINATE, (row["pid"],))["done"]:
             done["sessions_ended"] += 1
     owned = conn.execute(OWNED, (role,)).fetchone()
     done["large_objects"], done["objects"] = owned["large_objects"], owned["others"]
@@ -397,7 +397,7 @@ def retire(conn: Memory, role: str) -> dict:
     if refused is None:
         done["dropped"] = True
         return done
-    elsewhere = conn.execute(ELSEWHERE, (role,)).fetchone()["databases"]
+    elsewhere = conn.one(ELSEWHERE, (role,))["databases"]
     for group in GROUPS:
         _try(conn, sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(group), role_id))
     done["left"] = (f"it still owns objects in {', '.join(elsewhere)}: there, REASSIGN OWNED BY {role} TO ...; DROP "

@@ -102,14 +102,14 @@ def _backlog(conn: Memory, embedder, chunks: int) -> tuple[int, str]:
     """Chunks this model still has to embed, and whose backlog it is."""
     for model in models.all_models(conn):
         if model.state in ("active", "backfill") and models.matches(model, embedder):
-            return conn.execute(QUEUED, (model.id,)).fetchone()["n"], model.state
+            return conn.one(QUEUED, (model.id,))["n"], model.state
     return chunks, "new model"
 
 
 def measure(conn: Memory, embedder, *, sample: int = 20, batch_size: int = 32, texts: list[str] | None = None) -> dict:
     if sample < 1 or batch_size < 1:
         raise UsageError("--sample and --batch-size must be at least 1")
-    chunks = conn.execute(CHUNKS).fetchone()["n"]
+    chunks = conn.one(CHUNKS)["n"]
     texts = list(texts[:sample]) if texts is not None else sample_chunks(conn, sample)
     if not texts:
         raise UsageError("no chunks to time yet: store some episodes or give --file")

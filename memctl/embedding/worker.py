@@ -267,9 +267,9 @@ def retry_failed(conn: Memory, model: models.Model) -> int:
 def is_idle(conn: Memory, targets: list[models.Model], retry: bool = False) -> bool:
     """Nothing for a pass to do: no chunk queued for these models, no orphan to queue, no failure to retry."""
     ids = [m.id for m in targets]
-    if conn.execute(QUEUED, (ids,)).fetchone()["queued"]:
+    if conn.one(QUEUED, (ids,))["queued"]:
         return False
-    if retry and conn.execute(FAILED, (ids,)).fetchone()["failed"]:
+    if retry and conn.one(FAILED, (ids,))["failed"]:
         return False
     return not any(models.count_orphans(conn, m) for m in targets)
 

@@ -125,7 +125,7 @@ NOTE_UNKNOWN = "no statistics yet (never vacuumed or analyzed, statistics reset)
 def _count(conn: Memory, schema: str, name: str) -> int:
     from psycopg import sql
 
-    return conn.execute(sql.SQL(COUNT).format(sql.Identifier(schema, name)), prepare=False).fetchone()["n"]
+    return conn.one(sql.SQL(COUNT).format(sql.Identifier(schema, name)), prepare=False)["n"]
 
 
 def _estimate(live: int | None, reltuples: float | None) -> int | None:
@@ -157,7 +157,7 @@ def _relations(conn: Memory, exact: bool = False) -> tuple[list[dict], dict[str,
     """The report rows, and each relation's bare name (to find a model's table and index)."""
     from memctl.db import cluster
 
-    schema = conn.execute(SCHEMA).fetchone()["oid"]
+    schema = conn.one(SCHEMA)["oid"]
     vector_tables = {m.table_name for m in models.all_models(conn)}
     tables = conn.execute(TABLES, (schema,)).fetchall()
     citus = cluster.placement_figures(conn)  # on Citus the coordinator's tables are empty shells
@@ -220,7 +220,7 @@ def _index_rows(indexes: list[dict], table_oid: int, parent: str) -> list[dict]:
 
 
 def maintenance_work_mem(conn: Memory) -> int:
-    return conn.execute(MAINTENANCE_WORK_MEM).fetchone()["bytes"]
+    return conn.one(MAINTENANCE_WORK_MEM)["bytes"]
 
 
 def _model_rows(conn: Memory, rels: list[dict], names: dict[str, str], limit: int) -> tuple[list[dict], list[str]]:
@@ -236,7 +236,7 @@ def _model_rows(conn: Memory, rels: list[dict], names: dict[str, str], limit: in
         if count:
             statement = sql.SQL(MEASURED_VECTOR).format(dims=sql.Literal(model.dims),
                                                         table=sql.Identifier(model.table_name))
-            measured = conn.execute(statement, prepare=False).fetchone()["bytes"]
+            measured = conn.one(statement, prepare=False)["bytes"]
         hnsw = next((r for r in rels if r["kind"] == "index" and r["parent"] == rel["relation"]
                      and names[r["relation"]] == model.index_name), None)
         warning = build_warning(model, count, limit) if count is not None else None

@@ -153,10 +153,10 @@ def term_stats(conn: Memory) -> TermStats:
     row = conn.execute(STATS).fetchone()
     n = row["reltuples"]
     if n is None or n < 0:  # never vacuumed or analyzed: count once
-        n = conn.execute(COUNT_ALL).fetchone()["n"]
+        n = conn.one(COUNT_ALL)["n"]
     common = dict(zip(row["lexemes"] or [], row["freqs"] or []))
     percent = 100.0 if n <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / n)
-    avgdl = conn.execute(AVERAGE_LENGTH, (percent,)).fetchone()["avgdl"]
+    avgdl = conn.one(AVERAGE_LENGTH, (percent,))["avgdl"]
     agents = dict(zip(row["agents"] or [], row["agent_freqs"] or []))
     return TermStats(n=max(n, 1.0), avgdl=avgdl or 1.0, common=common, agents=agents, citus=row["citus"])
 
@@ -165,7 +165,7 @@ def agent_share(conn: Memory, stats: TermStats, agent: str) -> float:
     """The agent's share of all episodes: from the statistics for a common agent, else counted."""
     if agent in stats.agents:
         return stats.agents[agent]
-    count = conn.execute(COUNT_AGENT, (agent,)).fetchone()["n"]
+    count = conn.one(COUNT_AGENT, (agent,))["n"]
     return min(1.0, count / stats.n)
 
 

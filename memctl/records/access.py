@@ -73,9 +73,9 @@ def route_to_primary(read_conn: Memory, open_primary: Callable[[], Any], *, note
 
     `open_primary` runs at most once, at the first record() with something to write; `note`
     receives one line if it fails (the counts of this connection are then skipped). The route is kept on
-    the read connection itself (a psycopg Connection takes attributes), and goes with it.
+    the read connection's handle (Memory.route), and goes with it.
     """
-    read_conn.memctl_access_route = _Route(open_primary, note)
+    read_conn.route = _Route(open_primary, note)
 
 
 def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:
@@ -89,7 +89,7 @@ def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:
     if not pairs:
         return 0
     params = {"agents": [agent for agent, _ in pairs], "ids": [int(i) for _, i in pairs]}
-    route = getattr(conn, "memctl_access_route", None)
+    route = conn.route
     if route is not None:
         conn = route.writer()
         if conn is None:

@@ -91,7 +91,7 @@ def _agent(row: dict | None) -> Agent | None:
 
 
 def _yes(conn: Memory, query: str, params=()) -> bool:
-    return bool(conn.execute(query, params).fetchone()["yes"])
+    return bool(conn.one(query, params)["yes"])
 
 
 def refuse_citus(conn: Memory) -> None:
@@ -108,7 +108,7 @@ def print_sql(conn: Memory, name: str, *, read_only: bool = False) -> str:
     """The statements `agent add --print-sql` prints for a DBA: run them as a role with CREATEROLE, then
     `memctl agent add` as the owner registers the agent on the roles they made."""
     name = _checked(name, "NAME")
-    owner = conn.execute("SELECT current_user AS me").fetchone()["me"]
+    owner = conn.one("SELECT current_user AS me")["me"]
     head = (f"-- agent {name!r}: run as a superuser, or a role with CREATEROLE (on PostgreSQL 16+ one that made\n"
             f"-- {READERS} and {WRITERS}, or holds them WITH ADMIN OPTION); then, as {owner}:\n"
             f"--   memctl agent add {name} [--namespace NS] [--shared-namespace NS]...\n")
@@ -243,15 +243,15 @@ def assume(conn: Memory, agent: Agent | str) -> None:
     (sql/0022), the text index's way in under row-level security."""
     role = agent if isinstance(agent, str) else agent.role
     conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-    conn.memctl_role = role
+    conn.role = role
 
 
 def reset(conn: Memory) -> None:
     conn.execute("RESET ROLE")
-    conn.memctl_role = None
+    conn.role = None
 
 
 def assumed(conn: Memory) -> bool:
     """Whether assume() put the connection in an agent's role. Only the way words are found depends on it:
     a connection put in a role otherwise (psql's SET ROLE) is still kept to its rows, by the policies."""
-    return getattr(conn, "memctl_role", None) is not None
+    return conn.role is not None

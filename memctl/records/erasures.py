@@ -119,7 +119,7 @@ class Entry:
 
 def new_entry(conn: Memory, op: str, *, key: bytes | None = None, **fields: Any) -> Entry:
     key = key if key is not None else load_key()
-    return Entry(op=op, erased_at=conn.execute(DATABASE).fetchone()["now"], key_id=key_id(key), **fields)
+    return Entry(op=op, erased_at=conn.one(DATABASE)["now"], key_id=key_id(key), **fields)
 
 
 def database_tag(conn: Memory) -> str:
@@ -142,7 +142,7 @@ def _insert(conn: Memory, entry: Entry) -> None:
     """The entry's row, and its digests for the look-up on the way in (memctl.write.erased; from sql/0024)."""
     conn.execute(INSERT, (entry.id, entry.erased_at, entry.op, entry.source, entry.target, entry.key_id,
                           json.dumps(entry.counts, default=str), json.dumps(entry.items)))
-    if conn.execute(HAS_DIGESTS).fetchone()["yes"]:
+    if conn.one(HAS_DIGESTS)["yes"]:
         found = [(e["digest"], "episode") for e in entry.items.get("episodes", [])]
         found += [(d, "quote") for d in entry.items.get("quotes", [])]
         conn.execute(INSERT_DIGESTS, {"id": entry.id, "digests": [d for d, _ in found],
@@ -183,7 +183,7 @@ def record(conn: Memory, entry: Entry) -> Entry:
 
 
 def has_table(conn: Memory) -> bool:
-    return bool(conn.execute(HAS_TABLE).fetchone()["yes"])
+    return bool(conn.one(HAS_TABLE)["yes"])
 
 
 def read_file(tag: str, path: Path | None = None) -> tuple[list[Entry], int]:
@@ -314,7 +314,7 @@ def summaries_of(conn: Memory, keys: Iterable[tuple[str, int]]) -> list[tuple[st
 def sources_gone(conn: Memory, summaries: Iterable[tuple[str, int]]) -> int:
     """How many sources of these summaries prune had deleted already (counted before the summaries go)."""
     summaries = list(summaries)
-    return conn.execute(SOURCES_GONE, _keys(summaries)).fetchone()["n"] if summaries else 0
+    return conn.one(SOURCES_GONE, _keys(summaries))["n"] if summaries else 0
 
 
 def count_rows(conn: Memory, keys: Iterable[tuple[str, int]]) -> dict[str, int]:
@@ -325,7 +325,7 @@ def count_rows(conn: Memory, keys: Iterable[tuple[str, int]]) -> dict[str, int]:
     found = dict(conn.execute(COUNTS, params).fetchone())
     for model in conn.execute(MODELS).fetchall():
         query = sql.SQL(VECTOR_COUNT).format(table=sql.Identifier(model["table_name"]))
-        found[model["table_name"]] = conn.execute(query, params).fetchone()["n"]
+        found[model["table_name"]] = conn.one(query, params)["n"]
     return found
 
 

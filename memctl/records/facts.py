@@ -111,7 +111,7 @@ def _lock(conn: Memory, namespace: str, key: str) -> tuple[str | None, int]:
     """Lock the key for this transaction; return (current value, last version ever used)."""
     lock_key(conn, namespace, key)
     row = conn.execute(CURRENT, (namespace, key)).fetchone()
-    last = conn.execute(LAST_VERSION, (namespace, key)).fetchone()["v"]
+    last = conn.one(LAST_VERSION, (namespace, key))["v"]
     return (row["value"] if row else None), max(last, row["version"] if row else 0)
 
 
@@ -166,7 +166,7 @@ def _set_in_tx(conn: Memory, fact: admission.FactValue, admit: gate.Gate) -> Cha
 
     old, last = _lock(conn, fact.namespace, fact.key)
     if fact.valid_from is not None:  # the database's clock records the version: no later than its now()
-        check_valid_from(fact.valid_from, now=conn.execute(NOW).fetchone()["now"])
+        check_valid_from(fact.valid_from, now=conn.one(NOW)["now"])
     version = last + 1
     recorded = store.insert_history(conn, admit.history(fact, version, "set", old, fact.value, fact.source,
                                                         valid_from=fact.valid_from))

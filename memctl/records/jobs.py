@@ -58,7 +58,7 @@ def record(conn: Memory, name: str) -> Iterator[Job]:
     output gone, `export | head -1`) is 'interrupted', no failure. A process killed mid-run leaves the row
     'running'.
     """
-    job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+    job = Job(conn.one(START, (name,))["id"], name)
     try:
         yield job
     except BaseException as exc:
@@ -98,7 +98,7 @@ def ended(conn: Memory, name: str, exc: BaseException) -> None:
     if isinstance(exc, KeyboardInterrupt):
         _settle(conn)
     try:
-        job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+        job = Job(conn.one(START, (name,))["id"], name)
     except Exception:
         return
     job.outcome, job.error = outcome_of(exc)

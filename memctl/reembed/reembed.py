@@ -65,13 +65,13 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 def _count(conn: Memory, statement: str, *params) -> int:
-    return conn.execute(statement, params).fetchone()["n"]
+    return conn.one(statement, params)["n"]
 
 
 def _vectors(conn: Memory, model: models.Model) -> int:
     from psycopg import sql
 
-    return conn.execute(sql.SQL(COUNT_VECTORS).format(sql.Identifier(model.table_name)), prepare=False).fetchone()["n"]
+    return conn.one(sql.SQL(COUNT_VECTORS).format(sql.Identifier(model.table_name)), prepare=False)["n"]
 
 
 def backfill_model(conn: Memory) -> models.Model:

@@ -39,7 +39,7 @@ def kept_for_summary(conn: Memory, kind: str, cutoff: datetime.datetime, keep: i
     from psycopg import sql
 
     query = sql.SQL("SELECT count(*) AS n FROM episodes e WHERE {}").format(sql.SQL(PRUNE_UNSUMMARIZED_WHERE))
-    return conn.execute(query, {"kind": kind, "cutoff": cutoff, "keep": keep}).fetchone()["n"]
+    return conn.one(query, {"kind": kind, "cutoff": cutoff, "keep": keep})["n"]
 
 
 # --- dry run -------------------------------------------------------------------
@@ -55,7 +55,7 @@ def plan(conn: Memory, policy: Policy, *, await_summary: frozenset[str] = frozen
 
     Kinds in await_summary lose only the episodes a summary holds; kept_for_summary counts the others.
     """
-    now = conn.execute(deletion.NOW).fetchone()["now"]
+    now = conn.one(deletion.NOW)["now"]
     tables = deletion.vector_table_names(conn)
     rows = []
     for kind, cutoff in policy.cutoffs(now).items():
@@ -66,7 +66,7 @@ def plan(conn: Memory, policy: Policy, *, await_summary: frozenset[str] = frozen
                                       "bytes": 0}
         kept = 0
         if policy.keep_importance is not None:
-            kept = conn.execute(KEPT_BY_IMPORTANCE, (kind, cutoff, policy.keep_importance)).fetchone()["n"]
+            kept = conn.one(KEPT_BY_IMPORTANCE, (kind, cutoff, policy.keep_importance))["n"]
         rows.append({"kind": kind, "policy": policy.max_age[kind], "cutoff": cutoff, "rows": row["rows"],
                      "oldest": row["oldest"], "newest": row["newest"], "chunks": row["chunks"],
                      "vectors": row["vectors"], "bytes": row["bytes"], "kept_by_importance": kept,
@@ -105,7 +105,7 @@ JOB_LOG_TABLES = {"jobs": DELETE_JOBS_BATCH, "runbook_runs": DELETE_RUNBOOK_RUNS
 
 def job_log_plan(conn: Memory, policy: Policy) -> list[dict]:
     """Dry run of the job log trim: per table the rows older than [retention] jobs (and how many say 'running')."""
-    cutoff = policy.job_log_cutoff(conn.execute(deletion.NOW).fetchone()["now"])
+    cutoff = policy.job_log_cutoff(conn.one(deletion.NOW)["now"])
     rows = conn.execute(JOB_LOG_PLAN, {"cutoff": cutoff}).fetchall()
     return [{**row, "policy": policy.jobs, "cutoff": cutoff} for row in rows]
 
@@ -114,7 +114,7 @@ def trim_job_log(conn: Memory, policy: Policy, *, batch_size: int = deletion.DEF
     """Delete jobs and runbook_runs rows started before the cutoff, one short transaction per batch."""
     if batch_size <= 0:
         raise UsageError(f"the batch size must be positive, got {batch_size}")
-    cutoff = policy.job_log_cutoff(conn.execute(deletion.NOW).fetchone()["now"])
+    cutoff = policy.job_log_cutoff(conn.one(deletion.NOW)["now"])
     done = []
     for table, statement in JOB_LOG_TABLES.items():
         deleted = batches = 0
@@ -143,7 +143,7 @@ def prune(conn: Memory, policy: Policy, *, batch_size: int = deletion.DEFAULT_BA
     from memctl.records import erasures, jobs
 
     with jobs.record(conn, "prune") as job:
-        now = conn.execute(deletion.NOW).fetchone()["now"]
+        now = conn.one(deletion.NOW)["now"]
         cutoffs = policy.cutoffs(now)
         selections = {kind: prune_selection(kind, cutoff, policy.keep_importance, await_summary=kind in await_summary)
                       for kind, cutoff in cutoffs.items()}

@@ -142,7 +142,7 @@ def export(conn: Memory, write: Callable[[str], Any], *, agent: str | None = Non
         for line in _episode_lines(conn, filters, active if vectors else None, result):
             write(line + "\n")
             result.episodes += 1
-        if conn.execute(HAS_LINEAGE).fetchone()["present"]:
+        if conn.one(HAS_LINEAGE)["present"]:
             for row in _stream(conn, LINEAGE, filters):
                 write(dumps({"type": "summary_source", **row}) + "\n")
                 result.summary_sources += 1
@@ -197,6 +197,6 @@ def _episode_lines(conn: Memory, filters: dict, model: models.Model | None, resu
     if model is not None:
         table = sql.Identifier(model.table_name)
         chunks = sql.SQL(CHUNKS).format(table=table)
-        result.vectors = conn.execute(sql.SQL(VECTORS).format(table=table), filters).fetchone()["n"]
+        result.vectors = conn.one(sql.SQL(VECTORS).format(table=table), filters)["n"]
     for row in _stream(conn, sql.SQL(EPISODES).format(chunks=chunks), filters):
         yield row["line"]

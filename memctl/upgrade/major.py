@@ -293,4 +293,4 @@ def _after(say: Callable[[str], None]) -> str | None:
 
 
 def _exists(conn: Memory, name: str) -> bool:
-    return conn.execute("SELECT to_regclass(%s) IS NOT NULL AS yes", (name,)).fetchone()["yes"]
+    return conn.one("SELECT to_regclass(%s) IS NOT NULL AS yes", (name,))["yes"]

@@ -100,7 +100,7 @@ def _verify(conn: Memory, url: str, path: Path) -> str:
 
     from memctl.backup import backup_file, pgtools, restore
 
-    if conn.execute(MAY_CREATE_DATABASE).fetchone()["may"]:
+    if conn.one(MAY_CREATE_DATABASE)["may"]:
         checked = restore.verify(conn, url, path)
         if not checked.ok:
             raise MemctlError(f"tables differ from its manifest: {', '.join(checked.failed)}")

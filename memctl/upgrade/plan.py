@@ -167,7 +167,7 @@ def _count(conn: Memory, table: str, known: dict[str, int | None]) -> int | None
     if table not in known:
         return None
     if known[table] is None:
-        known[table] = conn.execute(sql.SQL(COUNT).format(sql.Identifier(table))).fetchone()["n"]
+        known[table] = conn.one(sql.SQL(COUNT).format(sql.Identifier(table)))["n"]
     return known[table]
 
 

@@ -83,7 +83,7 @@ def readable_key(conn: Memory) -> bytes | None:
     try:
         return load_key(create=False)
     except MemctlError:
-        if conn.execute(ANY_ENTRY).fetchone()["yes"]:
+        if conn.one(ANY_ENTRY)["yes"]:
             raise
         return None
 

@@ -191,7 +191,7 @@ class Gate:
     def writing(self) -> Iterator[None]:
         """The write's transaction, committed once confirm() finds none of its sources blocked (writing_on)."""
         with self.conn.transaction():
-            open_gates = _open_gates(self.conn)
+            open_gates = self.conn.gates  # the gates in their writing() on it (Memory.gates), gone with it
             open_gates.append(self)
             try:
                 yield
@@ -377,17 +377,10 @@ def renumbered(entry: HistoryEntry, version: int) -> HistoryEntry:
     return _sealed(dataclasses.replace(entry, version=integer(version, "history version", 1, 2**62)))
 
 
-def _open_gates(conn: Memory) -> list[Gate]:
-    """The gates in their writing() on `conn`, kept on it (a psycopg Connection takes attributes), gone with it."""
-    if getattr(conn, "memctl_open_gates", None) is None:
-        conn.memctl_open_gates = []
-    return conn.memctl_open_gates
-
-
 def writing_on(conn: Memory, source: str | None) -> bool:
     """Whether a record from `source` is written on `conn` inside the writing() transaction of a gate that allowed
     that source, so that it is looked at again before the commit."""
-    return any(admit.covers(source) for admit in getattr(conn, "memctl_open_gates", ()))
+    return any(admit.covers(source) for admit in conn.gates)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -69,7 +69,7 @@ FOLD_KEY = "SELECT memctl_fold_key() AS key"  # sql/0023: for memctl's sessions,
 
 
 def fold_key(conn: Memory) -> bytes:
-    return bytes(conn.execute(FOLD_KEY).fetchone()["key"])
+    return bytes(conn.one(FOLD_KEY)["key"])
 
 
 def window_seconds(settings) -> float | None:
@@ -279,7 +279,7 @@ ANY_REPEAT = "SELECT EXISTS (SELECT 1 FROM episodes WHERE repeat_of IS NOT NULL)
 
 def any_repeat(conn: Memory) -> bool:
     """Whether any repeat is stored at all (deleting skips its repeats pass when none is)."""
-    return conn.execute(ANY_REPEAT).fetchone()["yes"]
+    return conn.one(ANY_REPEAT)["yes"]
 
 
 def recount(conn: Memory, deleted: Iterable[Any]) -> int:

@@ -100,7 +100,7 @@ COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STD
 def take_ids(conn: Memory, sequence: str, count: int) -> list[int]:
     if count == 0:
         return []
-    return conn.execute(TAKE_IDS, (sequence, count), binary=True).fetchone()["ids"]
+    return conn.one(TAKE_IDS, (sequence, count), binary=True)["ids"]
 
 
 def queued_models(conn: Memory) -> list[int]:
