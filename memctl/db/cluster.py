@@ -10,7 +10,7 @@ idempotent: a table already as wanted is left alone; one distributed otherwise i
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
@@ -271,7 +271,7 @@ def placement_figures(conn: Memory) -> dict[str, dict]:
         if failed:
             raise MemctlError(f"reading {table['name']}'s shard on {failed[0]['nodename']}:{failed[0]['nodeport']} "
                               f"failed: {failed[0]['result']}")
-        figures = {"type": "distributed" if table["method"] == "h" else "reference", "shards": 0,
+        figures: dict[str, Any] = {"type": "distributed" if table["method"] == "h" else "reference", "shards": 0,
                    "placements": len(rows), "nodes": len({(r["nodename"], r["nodeport"]) for r in rows}),
                    "heap_bytes": 0, "toast_bytes": 0, "index_bytes": 0, "total_bytes": 0, "live_tuples": 0,
                    "dead_tuples": 0, "indexes": {}}

@@ -62,7 +62,7 @@ WAIT_S = 0.2
 def holder(conn: Memory, key: int, second: int | None = None, *, name: str | None = None) -> dict | None:
     """Who holds an advisory lock: key alone (a bigint), or two int4 keys (key, second or hashtext(name))."""
     if second is None and name is None:
-        params = {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF, "name": None, "sub": 1}
+        params: dict[str, int | str | None] = {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF, "name": None, "sub": 1}
     else:
         params = {"hi": key & 0xFFFFFFFF, "lo": second, "name": name, "sub": 2}
     return conn.execute(HOLDER, params).fetchone()

@@ -15,7 +15,7 @@ import psycopg
 from psycopg.rows import DictRow, tuple_row
 
 if TYPE_CHECKING:
-    from psycopg.abc import Params, Query
+    from psycopg.abc import Params, QueryNoTemplate
     from psycopg.pq.abc import PGconn
     from psycopg.rows import RowFactory
 
@@ -49,7 +49,7 @@ class Memory(psycopg.Connection[DictRow]):
         self.route = None
         self.gates = []
 
-    def one(self, query: Query, params: Params | None = None, *, prepare: bool | None = None,
+    def one(self, query: QueryNoTemplate, params: Params | None = None, *, prepare: bool | None = None,
             binary: bool = False) -> DictRow:
         """execute() and its row, for a statement that returns one (an aggregate, a write's RETURNING)."""
         row = self.execute(query, params, prepare=prepare, binary=binary).fetchone()

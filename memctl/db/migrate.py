@@ -104,12 +104,14 @@ class Migration:
 
     @property
     def sql(self) -> str:
+        assert self.path is not None  # an unknown migration (applied, no file here) is never read
         return self.path.read_text(encoding="utf-8")
 
     def steps(self) -> str:
         """What running it executes: the file, or its fix-up with the released file where the fix-up says."""
         if self.status != "fixup":
             return self.sql
+        assert self.fixup is not None
         before, *after = RELEASED.split(self.fixup.read_text(encoding="utf-8"), maxsplit=1)
         return before + (self.sql + "\n;\n" + after[0] if after else "")
 

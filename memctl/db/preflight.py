@@ -73,6 +73,7 @@ def _one(conn: Memory, query: str, params=None) -> dict | None:
 def server_version(conn: Memory) -> tuple[int, str]:
     """(server_version_num, server_version): (180006, '18.6')."""
     row = _one(conn, SERVER)
+    assert row is not None
     return row["num"], row["text"]
 
 
@@ -93,7 +94,9 @@ def available_pgvector(conn: Memory) -> dict | None:
 
 def rights(conn: Memory) -> dict:
     """This role and database: superuser?, CREATE on the database, CREATE on the current schema."""
-    return _one(conn, RIGHTS)
+    row = _one(conn, RIGHTS)
+    assert row is not None
+    return row
 
 
 # ---------------------------------------------------------------------- decisions (pure)
@@ -234,7 +237,9 @@ def update_pgvector(conn: Memory) -> str | None:
     if not (_one(conn, MAY_UPDATE, (EXTENSION,)) or {}).get("may"):
         return behind_message(found, database)
     conn.execute(UPDATE)
-    return f"pgvector updated in database \"{database}\": {_text(found[0])} -> {_text(pgvector_version(conn))}"
+    now = pgvector_version(conn)
+    assert now is not None  # just updated
+    return f"pgvector updated in database \"{database}\": {_text(found[0])} -> {_text(now)}"
 
 
 def version_warnings(conn: Memory) -> list[str]:

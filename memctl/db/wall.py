@@ -59,7 +59,7 @@ def _yes(conn: Memory, query, params=()) -> bool:
 
 
 def _me(conn: Memory) -> tuple[str, int]:
-    row = conn.execute(ME).fetchone()
+    row = conn.one(ME)
     return row["me"], row["version"]
 
 
@@ -389,7 +389,7 @@ def retire(conn: Memory, role: str) -> dict:
     for row in conn.execute(SESSIONS, (role,)).fetchall():
         if conn.one(TERMINATE, (row["pid"],))["done"]:
             done["sessions_ended"] += 1
-    owned = conn.execute(OWNED, (role,)).fetchone()
+    owned = conn.one(OWNED, (role,))
     done["large_objects"], done["objects"] = owned["large_objects"], owned["others"]
     refused = _try(conn, sql.SQL("REASSIGN OWNED BY {} TO {}").format(role_id, owner))
     refused = refused or _try(conn, sql.SQL("DROP OWNED BY {}").format(role_id))
