@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from memctl.errors import ConfigError
 from memctl.schema import (  # noqa: F401  (the configuration's API: memctl.config.Settings, parse_duration, ...)
@@ -136,6 +136,10 @@ _KEYWORD_SECRET = re.compile(r"(?<![\w?&.-])((?:ssl)?password\s*=\s*)('(?:[^'\\]
                              re.IGNORECASE)
 
 
+@overload
+def mask_secrets(text: str) -> str: ...
+@overload
+def mask_secrets(text: str | None) -> str | None: ...
 def mask_secrets(text: str | None) -> str | None:
     """Hide the passwords in any text: URL userinfo, secrets in query strings, libpq password=... pairs.
 

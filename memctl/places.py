@@ -31,7 +31,7 @@ import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Literal, overload
 
 if TYPE_CHECKING:
     import psycopg
@@ -190,6 +190,10 @@ def key_file(home: Path) -> Path:
     return home / "erasure" / "key"
 
 
+@overload
+def load_key(path: Path, *, create: Literal[True] = True) -> bytes: ...
+@overload
+def load_key(path: Path, *, create: bool) -> bytes | None: ...
 def load_key(path: Path, *, create: bool = True) -> bytes | None:
     """The key at PATH; made (32 random bytes, 0600, O_EXCL, its directory 0700) when missing and `create`."""
     from memctl import files

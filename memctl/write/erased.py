@@ -16,7 +16,7 @@ cannot confirm a guess against a digest.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Literal, overload
 
 from memctl import places
 from memctl.errors import BadValue, MemctlError
@@ -41,6 +41,10 @@ def key_path() -> Path:
     return places.key_file(embedded.memctl_home())
 
 
+@overload
+def load_key(*, create: Literal[True] = True) -> bytes: ...
+@overload
+def load_key(*, create: bool) -> bytes | None: ...
 def load_key(*, create: bool = True) -> bytes | None:
     """The installation's digest key; made (0600) when missing and `create`."""
     return places.load_key(key_path(), create=create)
@@ -125,7 +129,8 @@ class Ledger:
 
     def clear_facts(self, item: dict) -> int:
         """Clear, in a fact record's history, every value an erasure of its key cleared; how many."""
-        held = self.facts.get((item.get("namespace") or "default", item.get("key")))
+        key = item.get("key")
+        held = self.facts.get((item.get("namespace") or "default", key)) if isinstance(key, str) else None
         cleared = 0
         if not held or not isinstance(item.get("history"), list):
             return 0

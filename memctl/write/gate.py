@@ -36,7 +36,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, overload
 
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked
@@ -226,6 +226,10 @@ class Gate:
     def _all_blocked(self) -> dict[str, str | None]:
         return {r["source"]: r["reason"] for r in self.conn.execute(BLOCKED).fetchall()}
 
+    @overload
+    def _text(self, value: str, what: str) -> str: ...
+    @overload
+    def _text(self, value: str | None, what: str) -> str | None: ...
     def _text(self, value: str | None, what: str) -> str | None:
         return self.redactor.text(value, what)
 
@@ -238,6 +242,7 @@ class Gate:
     def stored_episode(self, agent: str, content: str, meta: dict) -> Episode:
         """An episode already in memory whose text is being rewritten (redact scan --fix): redacted, rechunked."""
         episode = self.episode(NewEpisode(content, DEFAULT_KIND, agent, None, 1, None, meta or {}))
+        assert episode is not None  # importance 1: kept
         return _sealed(dataclasses.replace(episode, agent=agent))  # the row keeps its agent: its key
 
     def episode(self, episode: NewEpisode) -> Episode | None:

@@ -57,11 +57,11 @@ def insert_episode(conn: Memory, episode: Episode, repeat_of: int | None = None)
     from psycopg.types.json import Jsonb
 
     _sourced(conn, episode, Episode)
-    row = conn.execute(INSERT_EPISODE, {
+    row = conn.one(INSERT_EPISODE, {
         "agent": episode.agent, "kind": episode.kind, "content": episode.content,
         "content_hash": episode.content_hash, "source": episode.source, "importance": episode.importance,
         "created_at": episode.created_at, "meta": Jsonb(episode.meta), "norm_hash": episode.norm_hash,
-        "repeat_of": repeat_of}).fetchone()
+        "repeat_of": repeat_of})
     if repeat_of is None:
         insert_chunks(conn, episode, row["id"])
     return row["id"]
@@ -121,7 +121,7 @@ class Copied:
 def copy_episodes(conn: Memory, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
                   vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
                   hints: list[str | None] | None = None, locked: set[str] | None = None,
-                  release: Callable[[], None] | None = None, keys: list[bytes] | None = None,
+                  release: Callable[[], None] | None = None, keys: list[bytes | None] | None = None,
                   ledger: tuple[bytes, list[str]] | None = None) -> Copied:
     """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
 
@@ -148,12 +148,13 @@ def copy_episodes(conn: Memory, batch: list[Episode], *, now: datetime.datetime,
     # called), so each round trip here is time the import's other thread waits.
     agents = [e.agent for e in batch]
     with repeats.pipeline(conn):
-        sequences = conn.execute(SEQUENCES)
-        ledger = erased_mod.Lookup(conn, (e.content for e in batch), key=ledger[0] if ledger else None,
+        sequences_asked = conn.execute(SEQUENCES)
+        lookup = erased_mod.Lookup(conn, (e.content for e in batch), key=ledger[0] if ledger else None,
                                    digests=ledger[1] if ledger else None)
         asked = identity.ask(conn, agents, keys) if keys is not None else None
-    sequences = sequences.fetchone()
-    kept = ledger.kept()
+    sequences = sequences_asked.fetchone()
+    assert sequences is not None
+    kept = lookup.kept()
     left_out = [i for i, k in enumerate(kept) if not k]
     if left_out:  # erased: never stored again, asked about by nothing below
         batch, agents = [e for e, k in zip(batch, kept) if k], [a for a, k in zip(agents, kept) if k]
@@ -161,7 +162,7 @@ def copy_episodes(conn: Memory, batch: list[Episode], *, now: datetime.datetime,
         vectors = None if vectors is None else [v for v, k in zip(vectors, kept) if k]
         hints = None if hints is None else [h for h, k in zip(hints, kept) if k]
         asked = identity.ask(conn, agents, keys) if keys is not None else None
-    if asked is not None:
+    if asked is not None and keys is not None:  # asked: keys given
         keep = identity.unseen(asked, agents, keys)
         if not all(keep):
             batch = [e for e, k in zip(batch, keep) if k]
@@ -250,9 +251,9 @@ def put_fact(conn: Memory, fact: FactValue, version: int, updated_at: datetime.d
 def insert_history(conn: Memory, entry: HistoryEntry) -> dict:
     """The entry's row; returns its changed_at and valid_from as stored."""
     _sourced(conn, entry, HistoryEntry)
-    return conn.execute(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
-                                         entry.new_value, entry.source, entry.valid_from,
-                                         entry.changed_at)).fetchone()
+    return conn.one(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
+                                     entry.new_value, entry.source, entry.valid_from,
+                                     entry.changed_at))
 
 
 INSERT_RUN = WRITER + """
