@@ -114,9 +114,8 @@ def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> 
                 settings.origins[(section, key)] = "file"
     for (section, key), var in ENV_OVERRIDES.items():
         if env.get(var):
-            value = env[var]
             try:
-                settings.assign(section, key, SCHEMA[section][key].check(value))
+                settings.assign(section, key, SCHEMA[section][key].check(env[var]))
             except ValueError as exc:
                 raise ConfigError(f"environment variable {var}: {exc}") from None
             settings.origins[(section, key)] = f"env {var}"

@@ -31,7 +31,9 @@ class OpenGate(Protocol):
 class Route(Protocol):
     """Where the access counts of a read connection are written (memctl.records.access)."""
 
-    def writer(self) -> psycopg.Connection[Any] | None: ...
+    def writer(self) -> Memory | None: ...
+
+    def report(self, message: str) -> None: ...  # a write through writer() failed: said to whoever asked
 
 
 class Memory(psycopg.Connection[DictRow]):

@@ -51,7 +51,7 @@ class _Route:
     primary: Any = None
     failed: bool = False
 
-    def writer(self):
+    def writer(self) -> Memory | None:
         """The primary's connection, opened at the first call; None (noted once) when it cannot be."""
         from memctl.errors import MemctlError
 
@@ -60,10 +60,10 @@ class _Route:
                 self.primary = self.open_primary()
             except MemctlError as exc:
                 self.failed = True
-                self._note(f"access counts not recorded: cannot open the primary ({exc})")
+                self.report(f"access counts not recorded: cannot open the primary ({exc})")
         return self.primary
 
-    def _note(self, message: str) -> None:
+    def report(self, message: str) -> None:
         if self.note is not None:
             self.note(message)
 
@@ -91,9 +91,10 @@ def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:
     params = {"agents": [agent for agent, _ in pairs], "ids": [int(i) for _, i in pairs]}
     route = conn.route
     if route is not None:
-        conn = route.writer()
-        if conn is None:
+        primary = route.writer()
+        if primary is None:
             return 0
+        conn = primary
     try:
         return conn.execute(RECORD, params, prepare=False).rowcount
     except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.ForeignKeyViolation):
@@ -101,7 +102,7 @@ def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:
     except psycopg.OperationalError as exc:
         if route is None:
             raise
-        route._note(f"access counts not recorded on the primary: {str(exc).strip().splitlines()[0]}")
+        route.report(f"access counts not recorded on the primary: {str(exc).strip().splitlines()[0]}")
         return 0
 
 

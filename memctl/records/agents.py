@@ -22,7 +22,7 @@ import re
 import secrets
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import psycopg
 from psycopg import sql
@@ -86,6 +86,10 @@ def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "replace")).digest()
 
 
+@overload
+def _agent(row: dict) -> Agent: ...
+@overload
+def _agent(row: dict | None) -> Agent | None: ...
 def _agent(row: dict | None) -> Agent | None:
     return None if row is None else Agent(**{**row, "shared": list(row["shared"])})
 
@@ -156,6 +160,10 @@ def list_agents(conn: Memory) -> list[Agent]:
     return [_agent(row) for row in conn.execute(ALL).fetchall()]
 
 
+@overload
+def show(conn: Memory, name: str, *, missing_ok: Literal[False] = False) -> Agent: ...
+@overload
+def show(conn: Memory, name: str, *, missing_ok: bool) -> Agent | None: ...
 def show(conn: Memory, name: str, *, missing_ok: bool = False) -> Agent | None:
     found = _agent(conn.execute(ONE, (name,)).fetchone())
     if found is None and not missing_ok:

@@ -123,7 +123,7 @@ def new_entry(conn: Memory, op: str, *, key: bytes | None = None, **fields: Any)
 
 
 def database_tag(conn: Memory) -> str:
-    row = conn.execute(DATABASE).fetchone()
+    row = conn.one(DATABASE)
     return f"{row['db']}/{row['schema']}"
 
 
@@ -322,7 +322,7 @@ def count_rows(conn: Memory, keys: Iterable[tuple[str, int]]) -> dict[str, int]:
     from psycopg import sql
 
     params = _keys(keys)
-    found = dict(conn.execute(COUNTS, params).fetchone())
+    found = dict(conn.one(COUNTS, params))
     for model in conn.execute(MODELS).fetchall():
         query = sql.SQL(VECTOR_COUNT).format(table=sql.Identifier(model["table_name"]))
         found[model["table_name"]] = conn.one(query, params)["n"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, overload
 
 from memctl.files import jsonl
 from memctl.errors import BadValue, InvalidInput, NotFound
@@ -139,6 +139,10 @@ def at_params(at: datetime.datetime | None = None, *, namespace: str | None = No
     return {"at": at, "namespaces": None if namespace is None else [namespace], "key": key, "prefix": prefix}
 
 
+@overload
+def moment(value: str | datetime.datetime, what: str, skew: float | None = ...) -> datetime.datetime: ...
+@overload
+def moment(value: str | datetime.datetime | None, what: str, skew: float | None = ...) -> datetime.datetime | None: ...
 def moment(value: str | datetime.datetime | None, what: str, skew: float | None = None) -> datetime.datetime | None:
     """A point in time: now, a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC), no later
     than [limits] clock_skew (`skew`) from now (memctl.records.filters.moment)."""
@@ -170,7 +174,7 @@ def _set_in_tx(conn: Memory, fact: admission.FactValue, admit: gate.Gate) -> Cha
     version = last + 1
     recorded = store.insert_history(conn, admit.history(fact, version, "set", old, fact.value, fact.source,
                                                         valid_from=fact.valid_from))
-    winner = conn.execute(VERSIONS_AT, at_params(namespace=fact.namespace, key=fact.key), prepare=False).fetchone()
+    winner = conn.one(VERSIONS_AT, at_params(namespace=fact.namespace, key=fact.key), prepare=False)
     current = winner["version"] == version
     if current:
         store.put_fact(conn, fact, version, recorded["changed_at"])
@@ -385,7 +389,7 @@ def parse_import(lines: Iterable[bytes]) -> list[dict]:
 
 
 def _record(item: dict) -> dict:
-    record = {
+    record: dict[str, Any] = {
         "key": item.get("key"),
         "value": item.get("value"),
         "namespace": item.get("namespace") or DEFAULT_NAMESPACE,

@@ -163,7 +163,7 @@ CREATED = "SELECT min(applied_at) AS at, extract(epoch FROM now() - min(applied_
 def memory_created(conn: Memory) -> dict:
     """When this memory was created (its first migration) and its age in seconds: where a scheduled job that never
     ran starts being late (status --check, memctl_job_last_success_timestamp_seconds)."""
-    row = conn.execute(CREATED).fetchone()
+    row = conn.one(CREATED)
     return {"at": row["at"], "age_s": float(row["age_s"] or 0.0)}
 
 

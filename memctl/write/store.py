@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from memctl import places
 from memctl.write import admission, gate
@@ -121,7 +121,7 @@ class Copied:
 def copy_episodes(conn: Memory, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
                   vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
                   hints: list[str | None] | None = None, locked: set[str] | None = None,
-                  release: Callable[[], None] | None = None, keys: list[bytes | None] | None = None,
+                  release: Callable[[], None] | None = None, keys: Sequence[bytes | None] | None = None,
                   ledger: tuple[bytes, list[str]] | None = None) -> Copied:
     """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
 
