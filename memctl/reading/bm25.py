@@ -54,7 +54,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
@@ -150,7 +150,7 @@ def cached_term_stats(conn: Memory, ttl: float = STATS_TTL) -> TermStats:
 
 
 def term_stats(conn: Memory) -> TermStats:
-    row = conn.execute(STATS).fetchone()
+    row = conn.one(STATS)
     n = row["reltuples"]
     if n is None or n < 0:  # never vacuumed or analyzed: count once
         n = conn.one(COUNT_ALL)["n"]
@@ -196,13 +196,13 @@ def document_frequencies(conn: Memory, stats: TermStats, terms: list[str]) -> li
                                                 counts=sql.SQL(", ").join(
             sql.SQL(COUNT_ONE).format(q=sql.Placeholder(f"q{i}"), name=sql.Identifier(f"df{i}"))
             for i in range(len(wanted))))
-        row = conn.execute(statement, params, prepare=False).fetchone()
+        row = conn.one(statement, params, prepare=False)
         for i, term in enumerate(wanted):
             stats.counted[term] = row[f"df{i}"]
     out = []
     for t in terms:
         lexeme = single_lexeme(t)
-        out.append(stats.counted[t] if t in stats.counted else stats.common[lexeme] * stats.n)
+        out.append(stats.counted[t] if t in stats.counted or lexeme is None else stats.common[lexeme] * stats.n)
     return out
 
 
@@ -260,7 +260,7 @@ def plan(conn: Memory, stats: TermStats, wanted: list[str], *, common_share: flo
             total += frequency[term]
         # an episode holding two of the commoner words together is found by the pair, when the pair's
         # estimated co-occurrence (independent words) fits the bound: their AND reads about that many rows
-        rest = sorted((t for t in kept if t not in matched), key=frequency.get)[:PAIRED_TERMS]
+        rest = sorted((t for t in kept if t not in matched), key=frequency.__getitem__)[:PAIRED_TERMS]
         matched += [f"( {a} ) & ( {b} )" for a, b in itertools.combinations(rest, 2)
                     if frequency[a] * frequency[b] / stats.n <= match_rows]
     return Plan(kept, weights, left_out, matched, sum(weights))
@@ -279,7 +279,7 @@ def score(p: Plan, tsv: str = "e.tsv"):
 
 def parameters(p: Plan, stats: TermStats, k1: float, b: float) -> dict:
     """The named parameters of score(p)."""
-    values = {"k1": k1, "b": b, "avgdl": stats.avgdl}
+    values: dict[str, Any] = {"k1": k1, "b": b, "avgdl": stats.avgdl}
     for i, (term, weight) in enumerate(zip(p.terms, p.weights)):
         values[f"t{i}"], values[f"w{i}"] = term, weight
     return values

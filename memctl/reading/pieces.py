@@ -91,6 +91,7 @@ class PiecesCall:
     def answer(self, conn: Memory, rows: list[dict]) -> Parsed:
         """The pieces from the statement's rows; the rare words' counts go into stats.counted."""
         if self.counting:
+            assert self.stats is not None  # counting: there are statistics to count into
             self.stats.counted.update((r["q"], r["df"] / self.share if r["df"] and self.share > 0 else r["df"])
                                       for r in rows if r["rare"])
         parsed = _grouped(conn, self.terms, self.groups, [r["q"] for r in rows],
@@ -137,6 +138,7 @@ def pieces_call(conn: Memory, text: str, stats: bm25.TermStats | None = None, *,
         params.update(episode_filters.filters(agent=probe[1].agent, kind=probe[1].kind)[1])
     share = 1.0
     if counting:
+        assert stats is not None  # counting: there are statistics
         if scope is not None:
             share = bm25.agent_share(conn, stats, scope)
             params["agent"] = scope
@@ -160,7 +162,7 @@ _PIECES: dict[tuple, bytes] = {}
 def _compose_pieces(probe: tuple[list[str], Query] | None, counting: bool, scope: str | None, in_role: bool):
     from psycopg import sql
 
-    check = sql.SQL("true")
+    check: sql.Composable = sql.SQL("true")
     if probe is not None:
         kinds, query = probe
         clauses, _ = episode_filters.filters(agent=query.agent, kind=query.kind)

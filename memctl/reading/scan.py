@@ -7,8 +7,9 @@ memctl.reading.statement's (docs/search.md).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memctl.embedding import models
 from memctl.reading.query import Query
@@ -106,7 +107,7 @@ class ScanTransactions:
 
     def __init__(self, conn: Memory, ef_search: int, *, pipelined: bool = False):
         self.conn, self.ef_search, self.pipelined = conn, ef_search, pipelined
-        self._open = None
+        self._open: contextlib.AbstractContextManager[Any] | None = None
         self._since = 0.0
 
     def __enter__(self) -> "ScanTransactions":

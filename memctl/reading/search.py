@@ -162,7 +162,8 @@ def _narrowed(plan: bm25.Plan) -> bool:
     return bool(plan.left_out) or any(t not in plan.matched for t in plan.terms)
 
 
-def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Generator:
+def _steps(conn, settings, query: Query, model, vector, outcome: Outcome,
+           cache: dict) -> Generator[StatementCall, Any, None]:
     """One query's work: yields the statements it needs run (statement.StatementCall) and takes their rows;
     its outcome's hits set when it ends. _run_steps runs many of these at once."""
     conf = settings.search
@@ -200,6 +201,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     if vector_runs and parts.plan is not None and not vector_rows and _narrowed(parts.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the
         # words are all there is, so every one of them finds, as on words alone
+        assert parts.stats is not None  # what the plan was made with
         parts = replace(parts, model=None, vector=None,
                         plan=bm25.plan(conn, parts.stats, parsed.wanted, common_share=None))
         request = statement_call(conn, query, parts, settings, n)

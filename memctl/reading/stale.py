@@ -78,6 +78,7 @@ def find(conn, settings: Settings, key: str, *, namespace: str = facts.DEFAULT_N
         vectors, warning = search.embed_queries(settings, model, [f"{key}: {v}" for v in values])
         for value, vector in zip(values, vectors or []):
             query = Query(f"{key} {value}", k=10, mode="vector")
+            assert model is not None  # the vectors were made with it
             for row in vector_half(conn, model, vector, query, 10, settings.search.ef_search):
                 if row["distance"] > max_distance or (row["episode_id"], value) in found:
                     continue
