@@ -130,7 +130,7 @@ def export(conn: Memory, write: Callable[[str], Any], *, agent: str | None = Non
         header = {"type": "header", "format": FORMAT, "memctl": __version__,
                   "exported_at": datetime.datetime.now(datetime.timezone.utc), "agent": agent, "since": since,
                   "models": [_model(m) for m in models.all_models(conn)],
-                  "vectors": _model(active) if vectors else None, "digest_key": _digest_key()}
+                  "vectors": _model(active) if vectors and active is not None else None, "digest_key": _digest_key()}
         write(dumps(header) + "\n")
         for row in conn.execute(BLOCKED).fetchall():
             write(dumps({"type": "blocked_source", **row}) + "\n")
@@ -193,7 +193,7 @@ def _valid_from(valid_from: datetime.datetime | None, recorded: datetime.datetim
 def _episode_lines(conn: Memory, filters: dict, model: models.Model | None, result: ExportResult) -> Iterator[str]:
     from psycopg import sql
 
-    chunks = sql.SQL("")
+    chunks: sql.Composable = sql.SQL("")
     if model is not None:
         table = sql.Identifier(model.table_name)
         chunks = sql.SQL(CHUNKS).format(table=table)

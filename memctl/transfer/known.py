@@ -39,11 +39,14 @@ class Pending:
 
 
 Slot = Union[int, Pending]
-Triple = tuple[str, bytes, datetime.datetime]
+Triple = tuple[str, bytes, datetime.datetime | None]  # an episode's agent, content hash and time
 
 
 def resolve(slot: Slot) -> int:
-    return slot if isinstance(slot, int) else slot.id
+    if isinstance(slot, int):
+        return slot
+    assert slot.id is not None  # its batch took its id before any slot is resolved
+    return slot.id
 
 
 class Known:
@@ -51,7 +54,7 @@ class Known:
         self.by_time: dict[Triple, list[tuple[bytes | None, Slot]]] = {}
         self.by_key: dict[tuple[str, bytes], Slot] = {}
 
-    def load(self, conn: Memory, times: list[datetime.datetime]) -> None:
+    def load(self, conn: Memory, times: list[datetime.datetime | None]) -> None:
         """The episodes at the batch's times."""
         for row in conn.execute(EXISTING, (times,)).fetchall():
             key = bytes(row["record_key"]) if row["record_key"] is not None else None
