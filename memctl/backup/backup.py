@@ -118,7 +118,7 @@ def default_dir(settings) -> Path:
 
 
 def server(conn: Memory) -> dict:
-    return conn.execute(SERVER).fetchone()
+    return conn.one(SERVER)
 
 
 def tables(conn: Memory) -> dict[str, list[str]]:
@@ -137,7 +137,7 @@ def checksums(conn: Memory, schema: str, columns: dict[str, list[str]]) -> dict[
     with conn.transaction():
         conn.execute(CANONICAL)
         for name, cols in sorted(columns.items()):
-            row = conn.execute(checksum_query(schema, name, cols)).fetchone()
+            row = conn.one(checksum_query(schema, name, cols))
             found[name] = {"rows": int(row["rows"]), "checksum": row["checksum"], "columns": cols}
     return found
 

@@ -228,6 +228,7 @@ def find_matches(conn: Memory, entries: list[erasures.Entry], key: bytes | None)
     untestable = [e for e in entries if e.key_id != kid]
     if not usable:
         return [], untestable
+    assert key is not None  # the usable entries are under this key
     owner: dict[str, erasures.Entry] = {}
     for entry in usable:
         for d in entry.digests():
@@ -252,7 +253,8 @@ def find_matches(conn: Memory, entries: list[erasures.Entry], key: bytes | None)
 def _lineage_matches(conn: Memory, usable: list[erasures.Entry]) -> list[dict]:
     """Lineage rows of a summary still built from an erased episode: by the keyed digest the entry keeps of each
     episode, or (an entry made before it kept one) by the episode's agent and id, up to the erasure's time."""
-    by_lineage, by_id = {}, {}
+    by_lineage: dict[str, erasures.Entry] = {}
+    by_id: dict[tuple[str, int], erasures.Entry] = {}
     for entry in (e for e in usable if e.op != "redact_fix"):  # a fix rewrote its episodes: their lineage stays
         for episode in entry.items.get("episodes", []):
             if episode.get("lineage"):

@@ -201,7 +201,8 @@ class _scratch:
     """The scratch database's URL: one made here and dropped at the end, or the operator's (must be empty)."""
 
     def __init__(self, conn: Memory, url: str, given: str | None):
-        self.conn, self.url, self.given, self.name = conn, url, given, None
+        self.conn, self.url, self.given = conn, url, given
+        self.name: str | None = None
 
     def __enter__(self) -> str:
         import psycopg

@@ -147,9 +147,8 @@ def register(conn: Memory, embedder, *, state: str, storage: str = "vector", bui
         if existing is not None:
             return existing
         query, document = instructions(embedder)
-        model_id = conn.execute(INSERT, (embedder.name, embedder.model, dims, storage, embedder.request_dims,
-                                         f"pending_{embedder.model}_{state}", state, state, query, document)
-                                ).fetchone()["id"]
+        model_id = conn.one(INSERT, (embedder.name, embedder.model, dims, storage, embedder.request_dims,
+                                     f"pending_{embedder.model}_{state}", state, state, query, document))["id"]
         table = _table_name(model_id, embedder.model, dims)
         conn.execute(SET_TABLE, (table, model_id))
         conn.execute(sql.SQL(template("vectors.sql")).format(
@@ -164,7 +163,9 @@ def register(conn: Memory, embedder, *, state: str, storage: str = "vector", bui
                           query, document)
             conn.execute(index_statement(model, concurrently=False))
         conn.execute(ENQUEUE_ALL, (model_id,))
-    return by_state(conn, state)
+    made = by_state(conn, state)
+    assert made is not None  # registered above
+    return made
 
 
 def _orphans(conn: Memory, model: Model, statement: str):

@@ -115,7 +115,8 @@ def measure(conn: Memory, embedder, *, sample: int = 20, batch_size: int = 32, t
         raise UsageError("no chunks to time yet: store some episodes or give --file")
     texts = as_documents(embedder, texts)  # as the worker sends them: the model's document instruction first
     embedder.embed(texts[:1])  # warm-up: model load and connection, not counted
-    latencies, tokens = [], 0
+    latencies: list[float] = []
+    tokens: int | None = 0
     for text in texts:
         started = time.perf_counter()
         result = embedder.embed([text])

@@ -103,7 +103,7 @@ def groups(conn: Memory, total: int) -> tuple[list[dict], float]:
     """
     from psycopg import sql
 
-    sample = sql.SQL("")
+    sample: sql.Composable = sql.SQL("")
     if total > SAMPLE_ROWS:
         sample = sql.SQL("TABLESAMPLE SYSTEM ({}) REPEATABLE (0)").format(sql.Literal(100.0 * SAMPLE_ROWS / total))
     rows = conn.execute(sql.SQL(GROUPS).format(sample=sample), prepare=False).fetchall()
@@ -131,7 +131,7 @@ def _memory(conn, total: int, settings: Settings | None) -> list[Metric]:
     """Episodes and chunks by kind and by agent, each bounded (see bounded)."""
     pairs, ratio = groups(conn, total)
     agents_limit = (settings or Settings()).metrics.agents
-    out = []
+    out: list[Metric] = []
     for column, limit, prefix in (("kind", KINDS_LIMIT, ""), ("agent", agents_limit, "agent_")):
         rows = bounded(_rollup(pairs, column), column, limit, ("episodes", "chunks"))
         for field, what in (("episodes", "Episodes"), ("chunks", "Chunks")):

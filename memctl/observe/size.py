@@ -161,7 +161,7 @@ def _relations(conn: Memory, exact: bool = False) -> tuple[list[dict], dict[str,
     vector_tables = {m.table_name for m in models.all_models(conn)}
     tables = conn.execute(TABLES, (schema,)).fetchall()
     citus = cluster.placement_figures(conn)  # on Citus the coordinator's tables are empty shells
-    toast = {t["toast_oid"]: conn.execute(TOAST, (t["toast_oid"],)).fetchone() for t in tables if t["toast_oid"]}
+    toast = {t["toast_oid"]: conn.one(TOAST, (t["toast_oid"],)) for t in tables if t["toast_oid"]}
     indexes = conn.execute(INDEXES, ([t["oid"] for t in tables] + list(toast),)).fetchall()
     names = {r["relation"]: r["name"] for r in [*tables, *toast.values(), *indexes]}
     rows: list[dict] = []
@@ -306,7 +306,7 @@ def growth(conn: Memory, rels: list[dict], names: dict[str, str]) -> dict:
     models not retired, divided by the number of episodes (that table's `rows`, exact or estimated
     as the relations section says). The 7- and 30-day counts use the created_at index.
     """
-    counts = conn.execute(GROWTH).fetchone()
+    counts = conn.one(GROWTH)
     episodes = next(r for r in rels if r["kind"] == "table" and names[r["relation"]] == "episodes")
     counts["episodes"] = episodes["rows"]
     per_episode_tables = {"episodes", "chunks"} | {m.table_name for m in models.all_models(conn)
