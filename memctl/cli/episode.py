@@ -69,8 +69,8 @@ def add(
     added = episodes.add_episode(connect(), st, read_text_arg(text, "episode_bytes"), kind=kind, source=source,
                                  agent=agent, importance=importance, created_at=created_at,
                                  meta=json_object("--meta", meta), redactor=redactor)
-    if redactor.note():
-        warn(redactor.note())
+    if note := redactor.note():
+        warn(note)
     if added.id is None:
         warn(f"not stored: importance 0 for kind {kind or gate.DEFAULT_KIND!r} (write policy [importance])")
         return
@@ -110,8 +110,8 @@ def import_(
                                  result=result)
     finally:
         handle.close()
-    if result.redactor is not None and result.redactor.note():
-        warn(result.redactor.note())
+    if result.redactor is not None and (note := result.redactor.note()):
+        warn(note)
     for number, reason in result.skipped[:20]:
         warn(f"skipped line {number}: {reason}")
     if len(result.skipped) > 20:

@@ -91,6 +91,7 @@ def recall(
             raise UsageError("--batch writes one JSON object per observation: add -f jsonl")
         _recall_batch(conn, batch, base)
         return
+    assert observation is not None  # one of the two, checked above
     request = replace(base, observation=read_text_arg(observation, "episode_bytes", "observation"))
     result = recall_mod.recall(conn, settings(), request)
     for message in result.warnings:

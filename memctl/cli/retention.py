@@ -107,7 +107,7 @@ def prune(
     _kept_for_summary(report.kinds, awaited, planned=False)
     warn("job log: deleted " + _job_log_counts(report.job_log) + f" started before {_cutoff(report.job_log)} "
          f"([retention] jobs = {policy.jobs})")
-    if report.outcome != "ok":
+    if report.outcome != "ok" and report.error is not None:
         warn(report.error)
         raise typer.Exit(EXIT_ERROR)
 
@@ -220,7 +220,7 @@ def purge(
     _summary("purged", report)
     if source not in sources.blocked_set(conn):
         warn(f"{source!r} is not blocked and may write again: memctl source block {source!r} --reason ...")
-    if report.outcome != "ok":
+    if report.outcome != "ok" and report.error is not None:
         warn(report.error)
         raise typer.Exit(EXIT_ERROR)
 

@@ -87,8 +87,8 @@ def import_(
         result = import_mod.import_stream(connect(), st, lines, redactor=redactor)
     finally:
         handle.close()
-    if redactor.note():
-        warn(redactor.note())
+    if note := redactor.note():
+        warn(note)
     if result.erased:
         from memctl.cli.erasure import erased_note
 
