@@ -48,12 +48,12 @@ class Scope:
              source: str | None = None) -> "Scope":
         agent, namespace = _name(agent, "agent"), _name(namespace, "namespace")
         source = _name(source, "source")
-        shared = tuple(dict.fromkeys(_name(ns, "shared-namespace") for ns in shared or ()))
-        if agent is None and shared:
+        names = tuple(dict.fromkeys(values.name(ns, "--shared-namespace") for ns in shared or ()))
+        if agent is None and names:
             raise UsageError("--shared-namespace needs --agent: the operator's view reads every "
                              "namespace already")
         own = namespace or agent or facts.DEFAULT_NAMESPACE
-        return cls(agent, own, tuple(ns for ns in shared if ns != own), read_only,
+        return cls(agent, own, tuple(ns for ns in names if ns != own), read_only,
                    source or (f"mcp:{agent}" if agent else "mcp"))
 
     @property
@@ -188,7 +188,7 @@ class Session:
         else:
             agents.assume(conn, self.role)
 
-    def _live(self, conn: Memory):
+    def _live(self, conn: Memory | None):
         import psycopg
 
         if conn is not None and not conn.closed and not conn.broken:
@@ -214,7 +214,7 @@ class Session:
         return conn
 
     @staticmethod
-    def _drop(conn: Memory) -> None:
+    def _drop(conn: Memory | None) -> None:
         if conn is not None:
             try:
                 conn.close()
