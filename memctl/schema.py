@@ -454,7 +454,7 @@ FREE_SECTIONS: dict[str, Callable[[Any], Any]] = {
 # [retention] keys that are not episode kinds: keep_importance, and jobs (the maximum age of the job log,
 # jobs and runbook_runs rows). Only jobs has a default; it applies even when [retention] is empty.
 RETENTION_SPECIAL: dict[str, Callable[[Any], Any]] = {"keep_importance": _importance, "jobs": _job_log_age}
-RETENTION_DEFAULTS: dict[str, str | bool] = {"jobs": "90d"}
+RETENTION_DEFAULTS: dict[str, Any] = {"jobs": "90d"}
 # require_summary: with [summarize] model set, prune keeps episodes of summarized kinds that no summary holds yet.
 RETENTION_SPECIAL["require_summary"] = _bool
 RETENTION_DEFAULTS["require_summary"] = True

@@ -75,7 +75,7 @@ def split(text: str) -> tuple[str, str] | None:
 
 
 def from_memory(conn: Memory, sample: int = SAMPLE) -> list[KnownItem]:
-    items = []
+    items: list[KnownItem] = []
     for row in conn.execute(SAMPLE_EPISODES, (sample * 2,)).fetchall():
         parts = split(row["content"])
         if parts is not None and len(items) < sample:
@@ -156,7 +156,7 @@ def measure(conn, settings, model: models.Model, items: list[KnownItem], k: int)
     ef = settings.search.ef_search
     queries = _embed([i.query for i in items], lambda t: embedder.embed(as_queries(embedder, t)).vectors)
     held = [i for i in items if i.held_out is not None]
-    documents = dict(zip(map(id, held), _embed([i.held_out for i in held],
+    documents = dict(zip(map(id, held), _embed([i.held_out or "" for i in held],  # held: not None
                                                lambda t: embedder.embed(as_documents(embedder, t)).vectors)))
     recall = reciprocal = 0.0
     for item, vector in zip(items, queries):

@@ -258,7 +258,7 @@ def _delete_pass(conn: Memory, kind: str, selection: Selection, done: Deleted, b
                 batch, counts = _delete_batch_by_agent(conn, query, params, counted[1:])
             else:
                 before = _deleted_in_tx(conn, counted)
-                batch = conn.execute(query, params, prepare=False).fetchone()
+                batch = conn.one(query, params, prepare=False)
             if not batch["selected"]:
                 break
             if not by_agent:

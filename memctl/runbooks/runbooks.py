@@ -294,6 +294,7 @@ def _run_step(cwd: Path, runbook: Runbook, step: Step, emit: Callable[[bytes], N
     # stays in memctl's process group, so Ctrl-C reaches it and a password prompt on /dev/tty works.
     proc = subprocess.Popen([SHELL, "-e", "-c", step.command, f"{runbook.name}:{step.number}"], cwd=cwd, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None  # PIPE
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
             emit(chunk)

@@ -135,6 +135,7 @@ def upgrade(old_bindir: Path, settings, *, backup: bool = True, report: Callable
     old_major, new_major = embedded.data_major(pgdata), embedded.server_major()
     old_bindir = Path(old_bindir).expanduser().resolve()
     _refuse(pgdata, old_major, new_major, old_bindir)
+    assert old_major is not None  # refused without one
     owner = Owner(pgdata)
     with tempfile.TemporaryDirectory(prefix="memctl-upgrade.") as tmp:
         work = owner.own(Path(tmp))
@@ -236,7 +237,9 @@ def _superuser(old: OldServer, owner: Owner) -> str:
     for name in dict.fromkeys(["postgres", pwd.getpwuid(owner.uid).pw_name]):
         try:
             with psycopg.connect(old.url(name, "postgres"), autocommit=True) as admin:
-                return admin.execute(SUPERUSER).fetchone()[0]
+                row = admin.execute(SUPERUSER).fetchone()
+                assert row is not None  # the bootstrap superuser (oid 10) is always there
+                return row[0]
         except psycopg.OperationalError:
             continue
     raise MemctlError(f"cannot connect to the old server as postgres or {pwd.getpwuid(owner.uid).pw_name}")

@@ -44,7 +44,7 @@ _ONLY = r"(?:ONLY\s+)?(?:IF\s+EXISTS\s+)?"
 
 @dataclass
 class Lock:
-    table: str  # a table's name, or EVERY_TABLE
+    table: str | None  # a table's name, or EVERY_TABLE (None: a statement whose table was not read)
     mode: str
     work: str | None = None  # a key of RATES: what is done for each of the table's rows under the lock
 
@@ -160,7 +160,7 @@ def _rows(conn: Memory) -> dict[str, int | None]:
     return {row["name"]: row["rows"] for row in conn.execute(ROWS).fetchall()}
 
 
-def _count(conn: Memory, table: str, known: dict[str, int | None]) -> int | None:
+def _count(conn: Memory, table: str | None, known: dict[str, int | None]) -> int | None:
     """The table's row estimate; counted when the table was never analysed; None for a table not there yet."""
     from psycopg import sql
 
