@@ -201,7 +201,7 @@ class Section:
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and vars(self) == vars(other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # Python's unhashable; typeshed declares a method
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"

@@ -144,6 +144,7 @@ class LineReader:
 
     def _reopen_if_rotated(self) -> None:
         """A followed file replaced (logrotate) or cut short: read the new one from its start."""
+        assert self.follow is not None  # following a file
         try:
             now = os.stat(self.follow)
         except OSError:
@@ -307,6 +308,7 @@ class Ingest:
         content = "\n".join(pending.group)
         pending.group, pending.group_bytes = [], 0
         number, self.group_first = self.group_first, None
+        assert number is not None  # set by the group's first line
         if content.strip():
             self._add(logformats.Record(content), number, str(pending.group_end))
         else:
@@ -377,5 +379,6 @@ class Ingest:
             except Blocked:
                 if attempt >= LATE_BLOCKS:
                     raise
-                if redactor is not None:
+                if redactor is not None and counted is not None:
                     redactor.kinds = counted  # counted again by the run that stores
+        raise AssertionError("unreachable: itertools.count does not end")  # for the checker: the loop returns

@@ -341,6 +341,7 @@ def scoped(conn: Memory, requests: list[Request]) -> list[Request]:
 def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,
               rule: window.Rule, found: recall_episodes.Episodes) -> Recall:
     now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
+    assert request.namespace is not None  # recall() asked the agents' registry for it
     fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)
     outcome = found.outcome
     hits = [h for h in outcome.hits if recall_episodes.related(h, found.max_distance)]

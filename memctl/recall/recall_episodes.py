@@ -210,6 +210,7 @@ def sightings(conn: Memory, hit: Hit, as_of: datetime.datetime | None) -> Sighti
     """(repeats, first seen, last seen) of a hit; with as_of, of the sightings before it only."""
     if not hit.repeats:
         return 0, hit.created_at, hit.created_at
+    assert hit.first_seen is not None and hit.last_seen is not None  # a first standing for repeats: its span
     if as_of is None or hit.last_seen < as_of:
         return hit.repeats, hit.first_seen, hit.last_seen
     from memctl.records import episodes
@@ -246,6 +247,7 @@ def episode_item(e: window.Entry, form: Template, now: datetime.datetime) -> Ite
               "content": e.content, "score": e.score, "repeats": repeats, "first_seen": age(first, now),
               "last_seen": age(last, now), "folded": folded(e.extra["duplicates"]),
               "seen": f" (seen {repeats + 1} times, first {age(first, now)}, last {age(last, now)})" if repeats else ""}
+    assert e.score is not None  # a hit's
     return Item("episode", e.score, form.line("episode", values), data=data)
 
 
@@ -264,7 +266,7 @@ def window_item(block: window.Block, form: Template, now: datetime.datetime) -> 
                              "age": age(e.created_at, now), "content": e.content, "match": False})
     data = {"agent": first.agent, "source": first.source, "ids": [e.id for e in block.entries],
             "matches": [e.id for e in block.matches], "episodes": episodes}
-    score = max(e.score for e in block.matches)
+    score = max(e.score for e in block.matches if e.score is not None)  # the hits': each has one
     return Item("window", score, "\n".join(window_lines(form, block.entries, now)), data=data)
 
 

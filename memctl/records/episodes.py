@@ -15,7 +15,7 @@ from memctl import overlap, places, redact
 from memctl.files import jsonl
 from memctl.config import Settings
 from memctl.db import locks
-from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
+from memctl.errors import BadValue, Blocked, InvalidInput, MemctlError, NotFound
 from memctl.write import admission, erased, gate, identity, repeats, store
 from memctl.records.filters import filters, where
 
@@ -221,7 +221,7 @@ FIRST_BATCH = 500
 
 def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode], *, result: ImportResult,
                     occurrences: identity.Occurrences | None = None,
-                    refused: Callable[[gate.NewEpisode, Exception], None] | None = None,
+                    refused: Callable[[gate.NewEpisode, MemctlError], None] | None = None,
                     then: Callable[[Any], None] | None = None) -> ImportResult:
     """Load episodes with binary COPY, in one transaction: all of them or none.
 

@@ -105,7 +105,8 @@ def _plugins() -> tuple[tuple[str, Any, Callable[[str, str], bool] | None, bool]
     from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
 
     plugins = []
-    mapping: dict[str, type[BasePlugin]] = get_mapping_from_secret_type_to_class()  # type: ignore[assignment]  # its Type[Plugin]: a TypeVar only the return names
+    mapping: dict[str, type[BasePlugin]]
+    mapping = get_mapping_from_secret_type_to_class()  # type: ignore[assignment]  # its TypeVar is in the return alone
     for secret_type, plugin in sorted(mapping.items()):
         if plugin.__name__ in EXCLUDED_PLUGINS:
             continue

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl.db import cluster, locks
 from memctl.embedding import footprint, models, worker
@@ -248,7 +248,7 @@ def status(conn: Memory) -> dict:
     """Where a model change stands: done / total, rate, ETA, index, and the next step."""
     active = models.active(conn)
     retired = [m for m in models.all_models(conn) if m.state == "retired"]
-    report = {"active": active.label if active else None, "new": None, "state": "idle", "done": None,
+    report: dict[str, Any] = {"active": active.label if active else None, "new": None, "state": "idle", "done": None,
               "total": None, "pending": None, "failed": None, "rate": None, "eta_s": None, "index": None,
               "running_pid": None, "retired": [m.label for m in retired], "next": None}
     model = models.by_state(conn, "backfill")
@@ -347,7 +347,7 @@ def compare(conn, settings, *, sample: int = 20, queries: str | None = None, k: 
 
     old_vectors = _embed_all(make_embedder(settings, registered=active), texts)
     new_vectors = _embed_all(make_embedder(settings, registered=new), texts)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for text, a_vec, b_vec in zip(texts, old_vectors, new_vectors):
         a, b = top_episodes(conn, active, a_vec, k, ef), top_episodes(conn, new, b_vec, k, ef)
         rows.append({"query": text, "overlap": round(overlap(a, b), 3), "active_top": a, "new_top": b})
@@ -421,8 +421,7 @@ def _ready(conn: Memory, new: models.Model) -> None:
         problems.append(f"{failed} chunk(s) refused by {new.label}: `memctl reembed run --retry-failed` "
                         "or `memctl reembed abort`")
     if not pending and not failed:
-        missing = conn.execute(sql.SQL(MISSING).format(sql.Identifier(new.table_name)), prepare=False
-                               ).fetchone()["n"]
+        missing = conn.one(sql.SQL(MISSING).format(sql.Identifier(new.table_name)), prepare=False)["n"]
         if missing:
             problems.append(f"{missing} chunk(s) have no vector in {new.table_name}: run `memctl reembed run`")
     state = index_state(conn, new)
