@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from memctl.errors import ConfigError
 from memctl.schema import (  # noqa: F401  (the configuration's API: memctl.config.Settings, parse_duration, ...)
@@ -114,9 +114,8 @@ def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> 
                 settings.origins[(section, key)] = "file"
     for (section, key), var in ENV_OVERRIDES.items():
         if env.get(var):
-            value = env[var]
             try:
-                settings.assign(section, key, SCHEMA[section][key].check(value))
+                settings.assign(section, key, SCHEMA[section][key].check(env[var]))
             except ValueError as exc:
                 raise ConfigError(f"environment variable {var}: {exc}") from None
             settings.origins[(section, key)] = f"env {var}"
@@ -136,6 +135,10 @@ _KEYWORD_SECRET = re.compile(r"(?<![\w?&.-])((?:ssl)?password\s*=\s*)('(?:[^'\\]
                              re.IGNORECASE)
 
 
+@overload
+def mask_secrets(text: str) -> str: ...
+@overload
+def mask_secrets(text: str | None) -> str | None: ...
 def mask_secrets(text: str | None) -> str | None:
     """Hide the passwords in any text: URL userinfo, secrets in query strings, libpq password=... pairs.
 

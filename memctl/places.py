@@ -31,7 +31,10 @@ import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Literal, overload
+
+if TYPE_CHECKING:
+    import psycopg
 
 # How an erasure reaches a column.
 WHOLE = "whole"  # holds a memory text whole: the erasure deletes its row; verify tests its value's digest
@@ -187,6 +190,10 @@ def key_file(home: Path) -> Path:
     return home / "erasure" / "key"
 
 
+@overload
+def load_key(path: Path, *, create: Literal[True] = True) -> bytes: ...
+@overload
+def load_key(path: Path, *, create: bool) -> bytes | None: ...
 def load_key(path: Path, *, create: bool = True) -> bytes | None:
     """The key at PATH; made (32 random bytes, 0600, O_EXCL, its directory 0700) when missing and `create`."""
     from memctl import files
@@ -262,7 +269,7 @@ SET_PADS = ("SELECT pg_catalog.set_config('memctl.digest_ipad', %s, false), "
 
 
 @contextlib.contextmanager
-def key_for_migrations(conn, key: bytes | None) -> Iterator[None]:
+def key_for_migrations(conn: psycopg.Connection[Any], key: bytes | None) -> Iterator[None]:
     """Give migrations run on CONN inside the block the key's pads (sql/0024 reads them); none without a key."""
     if key is None:
         yield

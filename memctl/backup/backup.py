@@ -46,7 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
@@ -54,6 +54,9 @@ from memctl import __version__, places
 from memctl.errors import DiskFull, MemctlError, no_space
 from memctl.records import jobs
 from memctl.backup import backup_file
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 JOB = "backup"
 PREFIX = "memctl-backup-"
@@ -114,11 +117,11 @@ def default_dir(settings) -> Path:
     return Path(configured).expanduser() if configured else embedded.memctl_home() / "backups"
 
 
-def server(conn) -> dict:
-    return conn.execute(SERVER).fetchone()
+def server(conn: Memory) -> dict:
+    return conn.one(SERVER)
 
 
-def tables(conn) -> dict[str, list[str]]:
+def tables(conn: Memory) -> dict[str, list[str]]:
     """memctl's tables in its schema, each with the columns its checksum reads."""
     return {row["name"]: list(row["columns"]) for row in conn.execute(TABLES).fetchall()}
 
@@ -128,18 +131,18 @@ def checksum_query(schema: str, table: str, columns: list[str]) -> sql.Composed:
     return CHECKSUM.format(row=row, table=sql.Identifier(schema, table))
 
 
-def checksums(conn, schema: str, columns: dict[str, list[str]]) -> dict[str, dict]:
+def checksums(conn: Memory, schema: str, columns: dict[str, list[str]]) -> dict[str, dict]:
     """Row count and content checksum of each table, in one transaction (the caller's, if one is open)."""
     found = {}
     with conn.transaction():
         conn.execute(CANONICAL)
         for name, cols in sorted(columns.items()):
-            row = conn.execute(checksum_query(schema, name, cols)).fetchone()
+            row = conn.one(checksum_query(schema, name, cols))
             found[name] = {"rows": int(row["rows"]), "checksum": row["checksum"], "columns": cols}
     return found
 
 
-def refuse_cluster(conn, what: str) -> None:
+def refuse_cluster(conn: Memory, what: str) -> None:
     from memctl.db import cluster
 
     if cluster.citus_version(conn) is not None:
@@ -147,7 +150,7 @@ def refuse_cluster(conn, what: str) -> None:
                           "Back up every node with Citus's own procedure (see Citus's documentation on backups)")
 
 
-def take(conn, url: str, directory: Path, *, keep_daily: int = 0, keep_weekly: int = 0,
+def take(conn: Memory, url: str, directory: Path, *, keep_daily: int = 0, keep_weekly: int = 0,
          prefix: str = PREFIX, record: bool = True) -> Backup:
     """Write a backup of the database `conn` is connected to (at `url`) into `directory`, then rotate.
 
@@ -175,7 +178,7 @@ def take(conn, url: str, directory: Path, *, keep_daily: int = 0, keep_weekly: i
     return made
 
 
-def _record_failure(conn, exc: MemctlError) -> None:
+def _record_failure(conn: Memory, exc: MemctlError) -> None:
     """A run refused before it began (no pg_dump, a cluster, a directory it cannot make), in the job log."""
     with contextlib.suppress(MemctlError):
         with jobs.record(conn, JOB):

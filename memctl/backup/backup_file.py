@@ -54,6 +54,13 @@ def write(handle: IO[bytes], manifest: dict, dump: Path) -> None:
                 tar.addfile(info, source)
 
 
+def _contents(tar: tarfile.TarFile, member: tarfile.TarInfo | str) -> IO[bytes]:
+    """A member's contents; it is a regular file (the layout is checked before: the others have none)."""
+    contents = tar.extractfile(member)
+    assert contents is not None
+    return contents
+
+
 def damaged(path: Path, why: str) -> InvalidInput:
     return InvalidInput(f"{path}: damaged backup: {why}")
 
@@ -72,7 +79,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
                 raise damaged(path, f"it holds {', '.join(names)} instead of {', '.join(MEMBERS)} (cut short?)")
             if members[0].size > MAX_SMALL or members[2].size > MAX_SMALL:
                 raise damaged(path, f"{MANIFEST} or {SUMS} is too large")
-            data, sums = (tar.extractfile(m).read() for m in (members[0], members[2]))
+            data, sums = (_contents(tar, m).read() for m in (members[0], members[2]))
         _check_layout(path, members)
     except FileNotFoundError:
         raise NotFound(f"no backup file {path}") from None
@@ -153,7 +160,7 @@ def extract_dump(path: str | Path, manifest: dict, directory: Path) -> Path:
     digest, size = hashlib.sha256(), 0
     try:
         with tarfile.open(path, "r:") as tar:
-            source = tar.extractfile(tar.getmember(DUMP))
+            source = _contents(tar, tar.getmember(DUMP))
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as out:
                 for block in iter(lambda: source.read(1 << 20), b""):

@@ -28,11 +28,15 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from psycopg import sql
 
 from memctl import places
 from memctl.records import erasures
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 WARNING_TAG = "memctl-reapplied "
 VACUUMED = ("episodes", "chunks", "embed_queue", "embed_failures", "episode_access", "summary_sources",
@@ -46,7 +50,7 @@ WAL_NOTE = ("the WAL written before the erasure holds the texts until the server
 # --- --full ----------------------------------------------------------------------------------------
 
 
-def vacuum_full(conn, *, facts: bool = False) -> dict:
+def vacuum_full(conn: Memory, *, facts: bool = False) -> dict:
     """VACUUM FULL every table an erasure of episodes touches (each rewritten into new files; an exclusive lock
     while it runs), pg_statistic where allowed (ANALYZE keeps sample values of text columns there), then
     CHECKPOINT (superuser or pg_checkpoint; skipped and said otherwise)."""
@@ -56,7 +60,7 @@ def vacuum_full(conn, *, facts: bool = False) -> dict:
     tables += ["facts", "fact_history"] if facts else []
     for table in tables:
         conn.execute(sql.SQL("VACUUM (FULL, ANALYZE) {}").format(sql.Identifier(table)))
-    statistics = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]
+    statistics = conn.one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")["rolsuper"]
     if statistics:
         conn.execute("VACUUM (FULL) pg_catalog.pg_statistic")
     try:
@@ -132,7 +136,7 @@ def receipt(conn, settings, *, op: str, ledger: str | None, target: dict, remove
             "copies": copies(conn, settings, erased_at)}
 
 
-def find_entry(conn, wanted: str) -> erasures.Entry:
+def find_entry(conn: Memory, wanted: str) -> erasures.Entry:
     """The ledger entry whose id is WANTED or starts with it (at least 8 characters; table and file synced)."""
     from memctl.errors import NotFound, UsageError
 
@@ -217,13 +221,14 @@ def _place_queries() -> list[sql.Composed]:
     return found
 
 
-def find_matches(conn, entries: list[erasures.Entry], key: bytes | None) -> tuple[list[dict], list[erasures.Entry]]:
+def find_matches(conn: Memory, entries: list[erasures.Entry], key: bytes | None) -> tuple[list[dict], list[erasures.Entry]]:
     """Rows that still hold an erased text (table, row, column, the erasure), and the entries no key tests."""
     kid = erasures.key_id(key) if key else None
     usable = [e for e in entries if e.key_id == kid]
     untestable = [e for e in entries if e.key_id != kid]
     if not usable:
         return [], untestable
+    assert key is not None  # the usable entries are under this key
     owner: dict[str, erasures.Entry] = {}
     for entry in usable:
         for d in entry.digests():
@@ -245,10 +250,11 @@ def find_matches(conn, entries: list[erasures.Entry], key: bytes | None) -> tupl
     return [_shown(r) for r in rows], untestable
 
 
-def _lineage_matches(conn, usable: list[erasures.Entry]) -> list[dict]:
+def _lineage_matches(conn: Memory, usable: list[erasures.Entry]) -> list[dict]:
     """Lineage rows of a summary still built from an erased episode: by the keyed digest the entry keeps of each
     episode, or (an entry made before it kept one) by the episode's agent and id, up to the erasure's time."""
-    by_lineage, by_id = {}, {}
+    by_lineage: dict[str, erasures.Entry] = {}
+    by_id: dict[tuple[str, int], erasures.Entry] = {}
     for entry in (e for e in usable if e.op != "redact_fix"):  # a fix rewrote its episodes: their lineage stays
         for episode in entry.items.get("episodes", []):
             if episode.get("lineage"):
@@ -264,7 +270,7 @@ def _lineage_matches(conn, usable: list[erasures.Entry]) -> list[dict]:
             for r in conn.execute(LINEAGE_MATCHES, params).fetchall()]
 
 
-def _fact_matches(conn, usable: list[erasures.Entry], key: bytes) -> list[dict]:
+def _fact_matches(conn: Memory, usable: list[erasures.Entry], key: bytes) -> list[dict]:
     wanted: dict[tuple[str, str], tuple[set[str], erasures.Entry]] = {}
     for entry in usable:
         for fact in entry.items.get("facts", []):
@@ -289,14 +295,14 @@ def _shown(row: dict) -> dict:
             "op": entry.op, "what": entry.target or entry.source, "erased_at": entry.erased_at.isoformat()}
 
 
-def verify(conn) -> dict:
+def verify(conn: Memory) -> dict:
     """Every ledger entry (both copies synced) tested against what is live."""
     entries = erasures.sync(conn)
     matches, untestable = find_matches(conn, entries, erasures.load_key(create=False))
     return {"entries": len(entries), "matches": matches, "untestable": len(untestable)}
 
 
-def backup_report(conn, scratch) -> dict:
+def backup_report(conn: Memory, scratch) -> dict:
     """For `backup verify`: the erasures newer than the backup in `scratch`, and its rows of erased text."""
     entries = erasures.sync(conn) if erasures.has_table(conn) else []
     known = {e.id for e in erasures.read_table(scratch)}
@@ -371,7 +377,7 @@ def newer_than(entries: list[erasures.Entry], created_at: str) -> list[erasures.
     return [e for e in entries if e.erased_at > created]
 
 
-def reapply_sql(conn, schema: str, entries: list[erasures.Entry], key: bytes | None) -> str:
+def reapply_sql(conn: Memory, schema: str, entries: list[erasures.Entry], key: bytes | None) -> str:
     """The statements that re-apply `entries` in the restore's transaction (its search_path is empty: every
     name qualified). The key's pads travel in the script on psql's standard input, never in its arguments."""
     if not entries:

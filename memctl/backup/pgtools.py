@@ -179,6 +179,7 @@ def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str
 
 
 def _script_run(restore: subprocess.Popen, psql: subprocess.Popen, drop: list[re.Pattern], after: str) -> bytes:
+    assert restore.stdout is not None and psql.stdin is not None  # both opened with PIPE
     errors: dict[str, bytes] = {}
     readers = [threading.Thread(target=lambda p=p, n=n: errors.__setitem__(n, p.stderr.read()), daemon=True)
                for p, n in ((restore, "pg_restore"), (psql, "psql"))]

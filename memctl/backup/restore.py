@@ -24,13 +24,16 @@ import uuid
 import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from psycopg import sql
 
 from memctl.errors import InvalidInput, MemctlError, SchemaAhead
 from memctl.records import jobs
 from memctl.backup import backup as backup_mod, backup_file
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 JOB = "restore"
 SCRATCH_PREFIX = "memctl_verify_"
@@ -133,7 +136,7 @@ class Restored:
                 "agent_roles_made": self.agents.get("made", [])}
 
 
-def verify(conn, url: str, path: str | Path, *, scratch_url: str | None = None,
+def verify(conn: Memory, url: str, path: str | Path, *, scratch_url: str | None = None,
            inspect: Callable[[Any], Any] | None = None) -> Verification:
     """Restore the backup into a scratch database and compare every table with the manifest; `inspect`, given
     a connection to the scratch database, looks at it before it is dropped (its result: .inspected)."""
@@ -170,7 +173,7 @@ def _unserved(scratch) -> list[dict]:
     return wall.unserved(scratch)
 
 
-def verify_backup(conn, url: str, path: str | Path, *, scratch_url: str | None = None) -> dict:
+def verify_backup(conn: Memory, url: str, path: str | Path, *, scratch_url: str | None = None) -> dict:
     """`memctl erasure verify --backup`: the erasure ledger's test (memctl.backup.erasure.find_matches) on a
     backup restored into a scratch database."""
     from memctl.records import erasures
@@ -187,7 +190,7 @@ def verify_backup(conn, url: str, path: str | Path, *, scratch_url: str | None =
             "backup_created_at": checked.manifest["created_at"], "tables_ok": checked.ok}
 
 
-def _compare(conn, schema: str, expected: dict[str, dict]) -> list[TableCheck]:
+def _compare(conn: Memory, schema: str, expected: dict[str, dict]) -> list[TableCheck]:
     present = backup_mod.tables(conn)
     found = backup_mod.checksums(conn, schema, {name: t["columns"] for name, t in expected.items() if name in present})
     checks = []
@@ -201,8 +204,9 @@ def _compare(conn, schema: str, expected: dict[str, dict]) -> list[TableCheck]:
 class _scratch:
     """The scratch database's URL: one made here and dropped at the end, or the operator's (must be empty)."""
 
-    def __init__(self, conn, url: str, given: str | None):
-        self.conn, self.url, self.given, self.name = conn, url, given, None
+    def __init__(self, conn: Memory, url: str, given: str | None):
+        self.conn, self.url, self.given = conn, url, given
+        self.name: str | None = None
 
     def __enter__(self) -> str:
         import psycopg
@@ -231,7 +235,7 @@ class _scratch:
             _drop_database(self.conn, self.name)
 
 
-def _drop_database(conn, name: str) -> None:
+def _drop_database(conn: Memory, name: str) -> None:
     """DROP DATABASE, waiting out an autovacuum worker still in it (a plain DROP asks it to leave)."""
     import psycopg
 
@@ -321,7 +325,7 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
     return restored
 
 
-def _agents(conn) -> dict:
+def _agents(conn: Memory) -> dict:
     """Every registered agent's role, memberships and grants, made again here: the roles live in the server, not
     in the dump, and pg_restore --no-acl brings no grant back (memctl.db.wall)."""
     from memctl.db import wall

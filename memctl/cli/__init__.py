@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -76,7 +76,7 @@ def _clean_usage_error():
 
 # The usage errors' base class, of the click typer carries within it (typer._click): found from typer's public
 # BadParameter, not imported from a private module.
-_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_CLICK_ERROR: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
 def _check_arguments(args: list[str]) -> None:

@@ -137,7 +137,7 @@ def read_text_arg(value: str, limit: str | None = None, what: str = "content") -
         bound = getattr(values.Limits.of(settings()), limit)
         data = sys.stdin.buffer.read(bound + 3)  # the text, the newline that ends it (CRLF: 2 bytes), one more
     data = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
-    if bound is not None and len(data) > bound:
+    if bound is not None and limit is not None and len(data) > bound:
         raise BadValue(values.too_long(what, None, bound, limit), what)
     if not data:
         raise jsonl.empty_stdin()

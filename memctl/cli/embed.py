@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from memctl.cli.common import FormatOption, connect, settings, warn
 from memctl.cli.render import Format, render
 from memctl.errors import EXIT_UNAVAILABLE, Unavailable
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 MAX_BATCH = 10_000  # chunks per embedder call: far past any useful batch (Ollama gains little past 64)
 # A pass claims, embeds and commits; an idle pass costs a few queries. One second between passes keeps a
@@ -67,7 +70,7 @@ def embed(
     interrupts.check()
 
 
-def _passes(conn, st, embedder, size: int, *, limit, loop: bool, interval: float, retry_failed: bool, progress,
+def _passes(conn: Memory, st, embedder, size: int, *, limit, loop: bool, interval: float, retry_failed: bool, progress,
             fmt: Format) -> None:
     from memctl import interrupts
     from memctl.db import migrate

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -14,6 +14,9 @@ from memctl.cli.render import Format, render, render_one
 from memctl.errors import BadValue, UsageError
 from memctl.reading import query as query_mod, search as search_mod
 from memctl.records.filters import SINCE, UNTIL
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # The write path (memctl.records.episodes: the gate, redaction, the repeats fold) is imported by the
 # commands that write or list, not at the top: `episode search` starts without it.
@@ -66,8 +69,8 @@ def add(
     added = episodes.add_episode(connect(), st, read_text_arg(text, "episode_bytes"), kind=kind, source=source,
                                  agent=agent, importance=importance, created_at=created_at,
                                  meta=json_object("--meta", meta), redactor=redactor)
-    if redactor.note():
-        warn(redactor.note())
+    if note := redactor.note():
+        warn(note)
     if added.id is None:
         warn(f"not stored: importance 0 for kind {kind or gate.DEFAULT_KIND!r} (write policy [importance])")
         return
@@ -107,8 +110,8 @@ def import_(
                                  result=result)
     finally:
         handle.close()
-    if result.redactor is not None and result.redactor.note():
-        warn(result.redactor.note())
+    if result.redactor is not None and (note := result.redactor.note()):
+        warn(note)
     for number, reason in result.skipped[:20]:
         warn(f"skipped line {number}: {reason}")
     if len(result.skipped) > 20:
@@ -268,7 +271,7 @@ def _seen(row: dict) -> str:
     return f"×{row['repeats'] + 1}" if row.get("repeats") else ""
 
 
-def _search_batch(conn, path: str, *, track: bool = True) -> None:
+def _search_batch(conn: Memory, path: str, *, track: bool = True) -> None:
     from memctl.files import jsonl
     from memctl.write import values
 

@@ -56,6 +56,7 @@ def set_(
     if redactor.note():
         warn(redactor.note())
     if not change.current:
+        assert change.valid_from is not None  # a version not current is one valid from before the current one's
         stays = "stays deleted" if change.old_value is None else f"stays {change.old_value!r}"
         warn(f"{key}: version {change.version} recorded as valid from {change.valid_from.isoformat()}; a version "
              f"valid from later is current, so the current value {stays} (fact history {key})")

@@ -5,13 +5,16 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from enum import Enum
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from memctl.cli.common import (batch_error, batch_write, clock_skew, connect_read, read_text_arg, settings,
                                since_value, warn)
 from memctl.errors import BadValue, UsageError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 MAX_K = 100  # memctl.recall.recall.check's bound, checked here too so the error names -k
@@ -88,6 +91,7 @@ def recall(
             raise UsageError("--batch writes one JSON object per observation: add -f jsonl")
         _recall_batch(conn, batch, base)
         return
+    assert observation is not None  # one of the two, checked above
     request = replace(base, observation=read_text_arg(observation, "episode_bytes", "observation"))
     result = recall_mod.recall(conn, settings(), request)
     for message in result.warnings:
@@ -104,7 +108,7 @@ def recall(
             sys.stdout.write(to_json(item.to_dict()) + "\n")
 
 
-def _recall_batch(conn, path: str, base) -> None:
+def _recall_batch(conn: Memory, path: str, base) -> None:
     """One recall per JSONL line, all in one recall_batch; a bad line's place holds its error object. A line
     naming an agent but no namespace reads that agent's namespaces, as `recall --agent` does."""
     from memctl.files import jsonl

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -14,6 +14,9 @@ from memctl.errors import EXIT_ERROR, UsageError
 from memctl.records import jobs as jobs_mod
 from memctl.write import sources
 from memctl.retention import deletion, policy as policy_mod, prune as prune_mod, purge as purge_mod
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 source_app = typer.Typer(help="Blocked sources: writes (episode add/import, fact set/import) from a blocked "
                               "source are refused with exit 1 and the reason.", no_args_is_help=True)
@@ -104,7 +107,7 @@ def prune(
     _kept_for_summary(report.kinds, awaited, planned=False)
     warn("job log: deleted " + _job_log_counts(report.job_log) + f" started before {_cutoff(report.job_log)} "
          f"([retention] jobs = {policy.jobs})")
-    if report.outcome != "ok":
+    if report.outcome != "ok" and report.error is not None:
         warn(report.error)
         raise typer.Exit(EXIT_ERROR)
 
@@ -120,7 +123,7 @@ def _kept_for_summary(rows: list[dict], awaited: frozenset[str], *, planned: boo
          "deletes them unsummarized)")
 
 
-def _prune_plan(conn, policy: policy_mod.Policy, fmt: Format, awaited: frozenset[str] = frozenset()) -> None:
+def _prune_plan(conn: Memory, policy: policy_mod.Policy, fmt: Format, awaited: frozenset[str] = frozenset()) -> None:
     rows = prune_mod.plan(conn, policy, await_summary=awaited)
     job_log = prune_mod.job_log_plan(conn, policy)
     render(rows, fmt, columns=PLAN_COLUMNS)
@@ -217,12 +220,12 @@ def purge(
     _summary("purged", report)
     if source not in sources.blocked_set(conn):
         warn(f"{source!r} is not blocked and may write again: memctl source block {source!r} --reason ...")
-    if report.outcome != "ok":
+    if report.outcome != "ok" and report.error is not None:
         warn(report.error)
         raise typer.Exit(EXIT_ERROR)
 
 
-def _nothing_matched(conn, source: str) -> None:
+def _nothing_matched(conn: Memory, source: str) -> None:
     """Nothing from SOURCE: exit 0 as everywhere (README), said on stderr with the nearest sources that wrote."""
     near = purge_mod.near_sources(conn, source)
     warn(f"nothing matched: no episode or fact from source {source!r}"

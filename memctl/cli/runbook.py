@@ -159,7 +159,8 @@ def _confirm(runbook: runbooks.Runbook, steps: list[runbooks.Step]) -> None:
                           "pass --yes to run it (or --dry-run to see the steps)")
     for step in steps:
         warn(f"step {step.number}: {step.title}")
-    if not typer.confirm(f"Run {len(steps)} step(s) of {runbook.name} at {runbook.commit[:12]}?", err=True):
+    at = runbook.commit[:12] if runbook.commit else "no commit yet"  # a repository without one
+    if not typer.confirm(f"Run {len(steps)} step(s) of {runbook.name} at {at}?", err=True):
         warn("nothing run")
         raise typer.Exit(1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -14,6 +14,9 @@ from memctl.cli.render import Format, render
 from memctl.errors import InvalidInput
 from memctl.records import filters
 from memctl.transfer import export as export_mod, import_ as import_mod
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 def register(root: typer.Typer) -> None:
@@ -47,7 +50,7 @@ def export(
     warn(f"exported {counts}")
 
 
-def _export(conn, out: str, agent, when, vectors: bool):
+def _export(conn: Memory, out: str, agent, when, vectors: bool):
     if out == "-":
         result = export_mod.export(conn, sys.stdout.write, agent=agent, since=when, vectors=vectors)
     else:  # private (0600) from the first byte, fsynced, renamed into place whole
@@ -84,8 +87,8 @@ def import_(
         result = import_mod.import_stream(connect(), st, lines, redactor=redactor)
     finally:
         handle.close()
-    if redactor.note():
-        warn(redactor.note())
+    if note := redactor.note():
+        warn(note)
     if result.erased:
         from memctl.cli.erasure import erased_note
 

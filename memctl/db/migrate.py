@@ -30,11 +30,15 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memctl.errors import MemctlError, SchemaAhead, SchemaBehind, SchemaChanged
 
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
-def _rows(conn, query, params=None):
+
+def _rows(conn: Memory, query, params=None):
     from psycopg.rows import tuple_row
 
     return conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
@@ -100,12 +104,14 @@ class Migration:
 
     @property
     def sql(self) -> str:
+        assert self.path is not None  # an unknown migration (applied, no file here) is never read
         return self.path.read_text(encoding="utf-8")
 
     def steps(self) -> str:
         """What running it executes: the file, or its fix-up with the released file where the fix-up says."""
         if self.status != "fixup":
             return self.sql
+        assert self.fixup is not None
         before, *after = RELEASED.split(self.fixup.read_text(encoding="utf-8"), maxsplit=1)
         return before + (self.sql + "\n;\n" + after[0] if after else "")
 
@@ -178,7 +184,7 @@ def session_options(url: str) -> str:
     return f"{existing} {declared}" if existing else declared
 
 
-def read_schema(conn, directory: Path | None = None) -> Schema:
+def read_schema(conn: Memory, directory: Path | None = None) -> Schema:
     """Every migration file with its status against the database, then those only the database has."""
     files = read_files(directory)
     applied = {}
@@ -197,7 +203,7 @@ def read_schema(conn, directory: Path | None = None) -> Schema:
     return Schema(sorted(files + unknown, key=lambda m: m.name))
 
 
-def plan(conn, directory: Path | None = None) -> list[Migration]:
+def plan(conn: Memory, directory: Path | None = None) -> list[Migration]:
     """Every migration with its status (`memctl db migrate --list`)."""
     return read_schema(conn, directory).migrations
 
@@ -224,14 +230,14 @@ def ahead_message(unknown: list[Migration], directory: Path | None = None) -> st
             "(pip install -U memctl, in every venv that runs it: the systemd units' too)")
 
 
-def pending(conn, directory: Path | None = None) -> list[Migration]:
+def pending(conn: Memory, directory: Path | None = None) -> list[Migration]:
     """What a migrate would run, in order: pending files and fix-ups of earlier contents."""
     schema = read_schema(conn, directory)
     _refuse(schema, directory)
     return schema.by("pending", "fixup")
 
 
-def apply(conn, directory: Path | None = None, report=None, progress=None) -> list[Migration]:
+def apply(conn: Memory, directory: Path | None = None, report=None, progress=None) -> list[Migration]:
     """Apply pending migrations; returns those applied by this call. `conn` is autocommit.
 
     First the server is checked (memctl.db.preflight.preflight): a PostgreSQL or pgvector too old, or a
@@ -266,14 +272,14 @@ def apply(conn, directory: Path | None = None, report=None, progress=None) -> li
         conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
 
 
-def _declare(conn, name: str) -> None:
+def _declare(conn: Memory, name: str) -> None:
     """Declare NAME for this session unless it declares a newer one already."""
     declared = _rows(conn, DECLARED)[0][0] or ""
     if name > declared:
         conn.execute(DECLARE, (name,))
 
 
-def _run(conn, migration: Migration, report) -> None:
+def _run(conn: Memory, migration: Migration, report) -> None:
     """One migration (or fix-up), tried again when it gave way to a writer's lock."""
     import psycopg
 
@@ -342,7 +348,7 @@ def _code(statement: str) -> bool:
     return bool(re.sub(r"--[^\n]*|/\*.*?\*/|\s+", "", statement, flags=re.DOTALL))
 
 
-def holds_memory(conn) -> bool:
+def holds_memory(conn: Memory) -> bool:
     """Whether any memory table holds a row (a database only created and migrated holds none)."""
     from psycopg import sql
 
@@ -359,7 +365,7 @@ def holds_memory(conn) -> bool:
     return bool(_rows(conn, sql.SQL("SELECT ") + query)[0][0])
 
 
-def ensure_current(conn, *, auto: bool, reading: bool = False, report=None) -> None:
+def ensure_current(conn: Memory, *, auto: bool, reading: bool = False, report=None) -> None:
     """Check the database's schema is this memctl's; apply what is pending when `auto` and it holds no memory.
 
     A schema newer than this memctl's (a migration it does not know) is SchemaAhead, unless the command only
@@ -391,11 +397,11 @@ def ensure_current(conn, *, auto: bool, reading: bool = False, report=None) -> N
     )
 
 
-def newest_applied(conn) -> str | None:
+def newest_applied(conn: Memory) -> str | None:
     return _rows(conn, NEWEST)[0][0] if _rows(conn, TABLE_EXISTS)[0][0] else None
 
 
-def check_unchanged(conn, known: str | None = None) -> None:
+def check_unchanged(conn: Memory, known: str | None = None) -> None:
     """For a long-running process: SchemaChanged once the database's newest migration is not the one this
     memctl knows (a newer memctl migrated it since the process started)."""
     known = known or newest()

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import TYPE_CHECKING
 
 from memctl.errors import MemctlError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 MIN_SERVER = 15
 MAX_SERVER = 18
@@ -60,25 +64,26 @@ def _text(version: tuple[int, ...]) -> str:
     return ".".join(str(part) for part in version)
 
 
-def _one(conn, query: str, params=None) -> dict | None:
+def _one(conn: Memory, query: str, params=None) -> dict | None:
     from psycopg.rows import dict_row
 
     return conn.cursor(row_factory=dict_row).execute(query, params).fetchone()
 
 
-def server_version(conn) -> tuple[int, str]:
+def server_version(conn: Memory) -> tuple[int, str]:
     """(server_version_num, server_version): (180006, '18.6')."""
     row = _one(conn, SERVER)
+    assert row is not None
     return row["num"], row["text"]
 
 
-def pgvector_version(conn) -> tuple[int, ...] | None:
+def pgvector_version(conn: Memory) -> tuple[int, ...] | None:
     """The version of the vector extension created in this database, or None when it is not created."""
     row = _one(conn, INSTALLED, (EXTENSION,))
     return parse_version(row["extversion"]) if row else None
 
 
-def available_pgvector(conn) -> dict | None:
+def available_pgvector(conn: Memory) -> dict | None:
     """What the server could create: {'version', 'superuser', 'trusted'}, or None when pgvector is not installed."""
     row = _one(conn, AVAILABLE, (EXTENSION,))
     if row is None:
@@ -87,9 +92,11 @@ def available_pgvector(conn) -> dict | None:
             "trusted": row["trusted"]}
 
 
-def rights(conn) -> dict:
+def rights(conn: Memory) -> dict:
     """This role and database: superuser?, CREATE on the database, CREATE on the current schema."""
-    return _one(conn, RIGHTS)
+    row = _one(conn, RIGHTS)
+    assert row is not None
+    return row
 
 
 # ---------------------------------------------------------------------- decisions (pure)
@@ -169,7 +176,7 @@ def schema_problem(r: dict) -> str | None:
 # ---------------------------------------------------------------------- checks against a connection
 
 
-def preflight(conn, *, schema_changes: bool) -> list[str]:
+def preflight(conn: Memory, *, schema_changes: bool) -> list[str]:
     """Refuse (ServerRefused) what `db migrate` cannot fix itself; returns warnings to show once.
 
     `schema_changes`: migrations are pending, so the role must be able to create tables.
@@ -205,7 +212,7 @@ FROM pg_extension e WHERE e.extname = %s
 UPDATE = "ALTER EXTENSION vector UPDATE"
 
 
-def pgvector_behind(conn) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def pgvector_behind(conn: Memory) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(created, available) when the server has a newer pgvector than the one created here; else None."""
     installed = pgvector_version(conn)
     available = (available_pgvector(conn) or {}).get("version")
@@ -221,7 +228,7 @@ def behind_message(found: tuple[tuple[int, ...], tuple[int, ...]], database: str
             f"connected to database \"{database}\": ALTER EXTENSION vector UPDATE;")
 
 
-def update_pgvector(conn) -> str | None:
+def update_pgvector(conn: Memory) -> str | None:
     """ALTER EXTENSION vector UPDATE where this role may; what happened, in a line (None: nothing to do)."""
     found = pgvector_behind(conn)
     if found is None:
@@ -230,10 +237,12 @@ def update_pgvector(conn) -> str | None:
     if not (_one(conn, MAY_UPDATE, (EXTENSION,)) or {}).get("may"):
         return behind_message(found, database)
     conn.execute(UPDATE)
-    return f"pgvector updated in database \"{database}\": {_text(found[0])} -> {_text(pgvector_version(conn))}"
+    now = pgvector_version(conn)
+    assert now is not None  # just updated
+    return f"pgvector updated in database \"{database}\": {_text(found[0])} -> {_text(now)}"
 
 
-def version_warnings(conn) -> list[str]:
+def version_warnings(conn: Memory) -> list[str]:
     """For `status`: the server or pgvector version memctl does not support or was not measured on."""
     num, text = server_version(conn)
     found = [w for w in (server_problem(num, text), server_warning(num, text)) if w]

@@ -14,11 +14,15 @@ the statement a DBA runs. docs/agents.md "Threat model" says what an agent's rol
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 
 from memctl.errors import MemctlError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 READERS = "memctl_agents"
 WRITERS = "memctl_agents_write"
@@ -50,12 +54,12 @@ ORDER BY a.name
 """
 
 
-def _yes(conn, query, params=()) -> bool:
-    return bool(conn.execute(query, params).fetchone()["yes"])
+def _yes(conn: Memory, query, params=()) -> bool:
+    return bool(conn.one(query, params)["yes"])
 
 
-def _me(conn) -> tuple[str, int]:
-    row = conn.execute(ME).fetchone()
+def _me(conn: Memory) -> tuple[str, int]:
+    row = conn.one(ME)
     return row["me"], row["version"]
 
 
@@ -81,12 +85,12 @@ def role_sql(agent_role: str, read_only: bool, owner: str, version: int) -> list
     return statements
 
 
-def statements_for(conn, agent_role: str, read_only: bool) -> list[sql.Composed]:
+def statements_for(conn: Memory, agent_role: str, read_only: bool) -> list[sql.Composed]:
     owner, version = _me(conn)
     return role_sql(agent_role, read_only, owner, version)
 
 
-def make_roles(conn, name: str, role: str, read_only: bool) -> None:
+def make_roles(conn: Memory, name: str, role: str, read_only: bool) -> None:
     """Make the agent's role and memberships, unless a DBA made the role (_check_roles says what is missing)."""
     owner, version = _me(conn)
     if not _yes(conn, CAN_CREATE_ROLES):
@@ -106,7 +110,7 @@ def make_roles(conn, name: str, role: str, read_only: bool) -> None:
                 f"`memctl agent add {name} --print-sql` prints") from None
 
 
-def check_roles(conn, name: str, role: str, read_only: bool) -> None:
+def check_roles(conn: Memory, name: str, role: str, read_only: bool) -> None:
     """The owner can assume the role, and the role is in the groups that carry its grants: else what a DBA
     runs (a role made by hand rather than by --print-sql)."""
     owner, _ = _me(conn)
@@ -135,7 +139,7 @@ class _Rollback(Exception):
 # Grants and the server's defaults
 
 
-def grant(conn) -> None:
+def grant(conn: Memory) -> None:
     """Every grant the agents' groups have (sql/0023 memctl_grant_all: the memory tables, by column for writes;
     the functions policies call; nothing of memctl's for PUBLIC), then harden(). Run by `agent add`, at every
     agent server's start, when a model's vector table is made, and by ensure(). Nothing is granted until a
@@ -182,9 +186,9 @@ def _revoke_functions(names: tuple[str, ...]) -> sql.Composable:
         sql.SQL(", ").join(sql.SQL("pg_catalog.") + sql.SQL(n) for n in names))
 
 
-def _measures(conn) -> list[_Measure]:
+def _measures(conn: Memory) -> list[_Measure]:
     db = sql.Identifier(conn.info.dbname)
-    schema = sql.Identifier(conn.execute("SELECT current_schema() AS s").fetchone()["s"])
+    schema = sql.Identifier(conn.one("SELECT current_schema() AS s")["s"])
     return [
         _Measure("TEMP on this database is PUBLIC's (an agent's session may create temporary tables and functions)",
                  "the database's owner",
@@ -200,7 +204,7 @@ def _measures(conn) -> list[_Measure]:
     ]
 
 
-def _assumable(conn) -> list[sql.Composed]:
+def _assumable(conn: Memory) -> list[sql.Composed]:
     """On PostgreSQL 16+: the agents' memberships in a group that may still be assumed with SET ROLE, and the
     GRANTs that keep them inherited but not assumable (on 15 a group assumed sees nothing: the policies)."""
     if _me(conn)[1] < SET_OPTION_VERSION:
@@ -214,7 +218,7 @@ def _assumable(conn) -> list[sql.Composed]:
                                                                        sql.Identifier(row["role"])) for row in rows]
 
 
-def harden(conn) -> list[Gap]:
+def harden(conn: Memory) -> list[Gap]:
     """Close what this role may of the defaults an agent's role would use (revoked from PUBLIC: TEMP, CREATE on
     the schema, creating large objects, advisory locks; the groups made unassumable); the rest, as Gaps."""
     gaps = []
@@ -229,12 +233,12 @@ def harden(conn) -> list[Gap]:
     return gaps + _assumable_gaps(conn)
 
 
-def _assumable_gaps(conn) -> list[Gap]:
+def _assumable_gaps(conn: Memory) -> list[Gap]:
     return [Gap("an agent may SET ROLE to its group (which sees and writes nothing: the policies)",
                 "the role that granted the membership", s.as_string(conn)) for s in _assumable(conn)]
 
 
-def gaps(conn) -> list[Gap]:
+def gaps(conn: Memory) -> list[Gap]:
     """What harden() could not close, without changing anything."""
     return [Gap(m.what, m.needs, m.close.as_string(conn)) for m in _measures(conn)
             if _yes(conn, m.open_sql)] + _assumable_gaps(conn)
@@ -244,7 +248,7 @@ def gaps(conn) -> list[Gap]:
 # Every registered agent's role, on this server
 
 
-def _roles(conn) -> list[dict]:
+def _roles(conn: Memory) -> list[dict]:
     rows = []
     for row in conn.execute(ROLES).fetchall():
         row["problem"] = ("its role does not exist" if row["missing"] else
@@ -255,13 +259,13 @@ def _roles(conn) -> list[dict]:
     return rows
 
 
-def broken(conn) -> list[dict]:
+def broken(conn: Memory) -> list[dict]:
     """Registered agents without a working role here: {name, role, problem}. A restore or an import onto
     another server brings the registry back but not the roles, which live in the server (ensure())."""
     return [{k: row[k] for k in ("name", "role", "problem")} for row in _roles(conn) if row["problem"]]
 
 
-def ensure(conn) -> dict:
+def ensure(conn: Memory) -> dict:
     """Make every registered agent's role, memberships and grants again where they are missing (after a restore or
     an import onto another server, a `db upgrade`), and harden(). Raises AgentsUnsupported, with the statements a
     DBA runs, when a role is missing and this role may not make it: the agents are not served until then.
@@ -291,7 +295,7 @@ def ensure(conn) -> dict:
     return {"made": made, "logins": logins, "gaps": [str(g) for g in gaps_left]}
 
 
-def after_move(conn, *, strict: bool) -> dict:
+def after_move(conn: Memory, *, strict: bool) -> dict:
     """ensure() once memory came from elsewhere (a restore, an import, an upgrade), where agents are registered.
     `strict`: a refusal (roles this role may not make) raises; else its message is returned as `unserved`."""
     if not _yes(conn, ANY_AGENT):
@@ -304,7 +308,7 @@ def after_move(conn, *, strict: bool) -> dict:
         return {"made": [], "logins": [], "gaps": [], "unserved": str(exc)}
 
 
-def unserved(conn) -> list[dict]:
+def unserved(conn: Memory) -> list[dict]:
     """For the restore drill (`backup verify`), on the restored scratch database: each registered agent without a
     working role on that server, and whether this role would make it there (`makes`: a restore does; else a DBA
     must, and the restore would refuse to report success). A backup from before agents: []."""
@@ -314,7 +318,7 @@ def unserved(conn) -> list[dict]:
     return [{**row, "makes": makes} for row in broken(conn)]
 
 
-def warnings(conn) -> list[str]:
+def warnings(conn: Memory) -> list[str]:
     """`memctl status`'s warnings: each registered agent without a working role on this server."""
     return [f"agent {row['name']!r} has no working role ({row['role']}: {row['problem']}): its calls fail until "
             "`memctl restore`'s step is done again, or a DBA runs what `memctl agent add NAME --print-sql` prints"
@@ -325,7 +329,7 @@ def warnings(conn) -> list[str]:
 # A login for an agent's own client, and the end of a role
 
 
-def login(conn, role: str, verifier: str, *, connections: int, statement_timeout: int, idle_timeout: int) -> None:
+def login(conn: Memory, role: str, verifier: str, *, connections: int, statement_timeout: int, idle_timeout: int) -> None:
     """Make the agent's role a login role: its password (a SCRAM verifier, so no plain password reaches the server's
     log), a connection limit, and defaults for its sessions' statement and idle-in-transaction timeouts, in ms
     (defaults its client may change: the limit is the server's; retire() ends its sessions)."""
@@ -359,7 +363,7 @@ WHERE r.rolname = %s AND d.dbid <> (SELECT oid FROM pg_database WHERE datname = 
 """
 
 
-def _try(conn, statement) -> str | None:
+def _try(conn: Memory, statement) -> str | None:
     """Run one statement in a savepoint: None, or PostgreSQL's reason it was refused."""
     try:
         with conn.transaction():
@@ -369,7 +373,7 @@ def _try(conn, statement) -> str | None:
         return e.diag.message_primary or type(e).__name__
 
 
-def retire(conn, role: str) -> dict:
+def retire(conn: Memory, role: str) -> dict:
     """After an agent is unregistered: no login, its sessions ended, what it owns in this database given to memctl's
     role (a large object it made included) and its privileges dropped, then the role dropped. Where the role
     cannot be dropped (objects in another database, no CREATEROLE), it is left unable to log in and outside the
@@ -383,9 +387,9 @@ def retire(conn, role: str) -> dict:
         return done
     _try(conn, sql.SQL("ALTER ROLE {} NOLOGIN").format(role_id))
     for row in conn.execute(SESSIONS, (role,)).fetchall():
-        if conn.execute(TERMINATE, (row["pid"],)).fetchone()["done"]:
+        if conn.one(TERMINATE, (row["pid"],))["done"]:
             done["sessions_ended"] += 1
-    owned = conn.execute(OWNED, (role,)).fetchone()
+    owned = conn.one(OWNED, (role,))
     done["large_objects"], done["objects"] = owned["large_objects"], owned["others"]
     refused = _try(conn, sql.SQL("REASSIGN OWNED BY {} TO {}").format(role_id, owner))
     refused = refused or _try(conn, sql.SQL("DROP OWNED BY {}").format(role_id))
@@ -393,7 +397,7 @@ def retire(conn, role: str) -> dict:
     if refused is None:
         done["dropped"] = True
         return done
-    elsewhere = conn.execute(ELSEWHERE, (role,)).fetchone()["databases"]
+    elsewhere = conn.one(ELSEWHERE, (role,))["databases"]
     for group in GROUPS:
         _try(conn, sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(group), role_id))
     done["left"] = (f"it still owns objects in {', '.join(elsewhere)}: there, REASSIGN OWNED BY {role} TO ...; DROP "

@@ -64,7 +64,7 @@ def indexable(dims: int, storage: str) -> bool:
     return dims <= limit
 
 
-def _pages(tuple_sizes: list[int], rows: int, usable: int) -> float:
+def _pages(tuple_sizes: list[int], rows: int, usable: int) -> int:
     """Pages used by `rows` rows each inserting `tuple_sizes`, filling pages in order."""
     if rows <= 0:
         return 0

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from memctl.db import locks
 from memctl.errors import MemctlError, UsageError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 MAX_VECTOR_INDEX_DIMS = 2000
 MAX_HALFVEC_INDEX_DIMS = 4000
@@ -77,22 +81,22 @@ QUEUE_ORPHANS = "INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %(id
     " ON CONFLICT DO NOTHING"
 
 
-def lock_registry(conn) -> None:
+def lock_registry(conn: Memory) -> None:
     """The registry lock (exclusive) for the current transaction; call it first in the transaction."""
     conn.execute(SEQUENTIAL)
     conn.execute(locks.LOCK)
 
 
-def by_state(conn, state: str) -> Model | None:
+def by_state(conn: Memory, state: str) -> Model | None:
     row = conn.execute(BY_STATE, (state,)).fetchone()
     return Model(**row) if row else None
 
 
-def active(conn) -> Model | None:
+def active(conn: Memory) -> Model | None:
     return by_state(conn, "active")
 
 
-def all_models(conn) -> list[Model]:
+def all_models(conn: Memory) -> list[Model]:
     return [Model(**row) for row in conn.execute(ALL).fetchall()]
 
 
@@ -128,7 +132,7 @@ def _table_name(model_id: int, model: str, dims: int) -> str:
     return f"vectors_{model_id}_{slug}_{dims}"
 
 
-def register(conn, embedder, *, state: str, storage: str = "vector", build_index: bool = True) -> Model:
+def register(conn: Memory, embedder, *, state: str, storage: str = "vector", build_index: bool = True) -> Model:
     """Create a model's row and vector table and queue every existing chunk for it."""
     from psycopg import sql
 
@@ -143,9 +147,8 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
         if existing is not None:
             return existing
         query, document = instructions(embedder)
-        model_id = conn.execute(INSERT, (embedder.name, embedder.model, dims, storage, embedder.request_dims,
-                                         f"pending_{embedder.model}_{state}", state, state, query, document)
-                                ).fetchone()["id"]
+        model_id = conn.one(INSERT, (embedder.name, embedder.model, dims, storage, embedder.request_dims,
+                                     f"pending_{embedder.model}_{state}", state, state, query, document))["id"]
         table = _table_name(model_id, embedder.model, dims)
         conn.execute(SET_TABLE, (table, model_id))
         conn.execute(sql.SQL(template("vectors.sql")).format(
@@ -160,22 +163,24 @@ def register(conn, embedder, *, state: str, storage: str = "vector", build_index
                           query, document)
             conn.execute(index_statement(model, concurrently=False))
         conn.execute(ENQUEUE_ALL, (model_id,))
-    return by_state(conn, state)
+    made = by_state(conn, state)
+    assert made is not None  # registered above
+    return made
 
 
-def _orphans(conn, model: Model, statement: str):
+def _orphans(conn: Memory, model: Model, statement: str):
     from psycopg import sql
 
     return conn.execute(sql.SQL(statement).format(table=sql.Identifier(model.table_name)), {"id": model.id},
                         prepare=False)
 
 
-def count_orphans(conn, model: Model) -> int:
+def count_orphans(conn: Memory, model: Model) -> int:
     """Chunks that will never get a vector of this model unless re-queued (see ORPHANS)."""
     return _orphans(conn, model, COUNT_ORPHANS).fetchone()["n"]
 
 
-def queue_orphans(conn, model: Model) -> int:
+def queue_orphans(conn: Memory, model: Model) -> int:
     """Queue every orphaned chunk of this model; returns how many."""
     return _orphans(conn, model, QUEUE_ORPHANS).rowcount
 
@@ -241,14 +246,14 @@ def mismatch_warning(model: Model, embedder) -> str | None:
             f"set MEMCTL_EMBEDDER={model.embedder} MEMCTL_EMBED_MODEL={model.model}.")
 
 
-def require_active(conn) -> Model:
+def require_active(conn: Memory) -> Model:
     model = active(conn)
     if model is None:
         raise MemctlError("no embedding model yet: run `memctl embed` once to register the configured model")
     return model
 
 
-def ensure_active(conn, embedder, *, storage: str = "vector") -> Model:
+def ensure_active(conn: Memory, embedder, *, storage: str = "vector") -> Model:
     """The active model, registering the configured one on first use.
 
     Registration runs under the registry lock, so of two workers configured differently
@@ -266,7 +271,7 @@ CLEAR_QUEUE = "DELETE FROM embed_queue WHERE model_id = %s"
 DELETE_MODEL = "DELETE FROM embedding_models WHERE id = %s"
 
 
-def activate(conn, model: Model) -> Model | None:
+def activate(conn: Memory, model: Model) -> Model | None:
     """Make a backfilled model the active one; the old active model is retired (returned).
 
     Runs inside the caller's transaction, under the registry lock. Chunks still queued for
@@ -284,7 +289,7 @@ def activate(conn, model: Model) -> Model | None:
     return old
 
 
-def remove(conn, model: Model) -> None:
+def remove(conn: Memory, model: Model) -> None:
     """Drop a retired or backfilling model's vector table and its row (queue and failures cascade)."""
     from psycopg import sql
 

@@ -41,7 +41,7 @@ class OllamaEmbedder:
 
     def __init__(
         self,
-        model: str,
+        model: str | None,
         host: str | None = None,
         timeout: float = 60.0,
         dimensions: int | None = None,

@@ -19,12 +19,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memctl.files import jsonl
 from memctl.embedding import footprint, models
 from memctl.embedding.protocol import as_documents
 from memctl.errors import BadValue, InvalidInput, UsageError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 SAMPLE = "SELECT content FROM chunks ORDER BY random() LIMIT %s"
 CHUNKS = "SELECT count(*) AS n FROM chunks"
@@ -91,28 +94,29 @@ def read_texts(path: str | Path) -> list[str]:
     return texts
 
 
-def sample_chunks(conn, n: int) -> list[str]:
+def sample_chunks(conn: Memory, n: int) -> list[str]:
     return [row["content"] for row in conn.execute(SAMPLE, (n,)).fetchall()]
 
 
-def _backlog(conn, embedder, chunks: int) -> tuple[int, str]:
+def _backlog(conn: Memory, embedder, chunks: int) -> tuple[int, str]:
     """Chunks this model still has to embed, and whose backlog it is."""
     for model in models.all_models(conn):
         if model.state in ("active", "backfill") and models.matches(model, embedder):
-            return conn.execute(QUEUED, (model.id,)).fetchone()["n"], model.state
+            return conn.one(QUEUED, (model.id,))["n"], model.state
     return chunks, "new model"
 
 
-def measure(conn, embedder, *, sample: int = 20, batch_size: int = 32, texts: list[str] | None = None) -> dict:
+def measure(conn: Memory, embedder, *, sample: int = 20, batch_size: int = 32, texts: list[str] | None = None) -> dict:
     if sample < 1 or batch_size < 1:
         raise UsageError("--sample and --batch-size must be at least 1")
-    chunks = conn.execute(CHUNKS).fetchone()["n"]
+    chunks = conn.one(CHUNKS)["n"]
     texts = list(texts[:sample]) if texts is not None else sample_chunks(conn, sample)
     if not texts:
         raise UsageError("no chunks to time yet: store some episodes or give --file")
     texts = as_documents(embedder, texts)  # as the worker sends them: the model's document instruction first
     embedder.embed(texts[:1])  # warm-up: model load and connection, not counted
-    latencies, tokens = [], 0
+    latencies: list[float] = []
+    tokens: int | None = 0
     for text in texts:
         started = time.perf_counter()
         result = embedder.embed([text])

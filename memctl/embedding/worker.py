@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memctl.embedding import models
 from memctl.embedding.protocol import as_documents
 from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 MAX_SPLIT_DEPTH = 6
 
@@ -137,7 +140,7 @@ def embed_texts(embedder, texts: list[str]) -> tuple[list[list[float] | None], l
     return vectors, errors, 0
 
 
-def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResult:
+def run_batch(conn: Memory, model: models.Model, embedder, batch_size: int) -> BatchResult:
     from psycopg import sql
 
     table = sql.Identifier(model.table_name)
@@ -187,7 +190,7 @@ def run_batch(conn, model: models.Model, embedder, batch_size: int) -> BatchResu
     return result
 
 
-def claim(conn, model: models.Model, batch_size: int) -> list[dict]:
+def claim(conn: Memory, model: models.Model, batch_size: int) -> list[dict]:
     """Lock up to batch_size queued chunks of the model (inside the caller's transaction), agent by agent."""
     rows: list[dict] = []
     agent = None
@@ -221,7 +224,7 @@ def _as_vector(vector, model: models.Model):
     return HalfVector(values) if model.storage == "halfvec" else Vector(values)
 
 
-def run(conn, model: models.Model, embedder, *, batch_size: int, limit: int | None = None,
+def run(conn: Memory, model: models.Model, embedder, *, batch_size: int, limit: int | None = None,
         progress: Callable[[RunResult], None] | None = None,
         should_stop: Callable[[], str | None] | None = None) -> RunResult:
     """Embed pending chunks of one model until none remain (or `limit` chunks are done).
@@ -257,21 +260,21 @@ def run(conn, model: models.Model, embedder, *, batch_size: int, limit: int | No
     return result
 
 
-def retry_failed(conn, model: models.Model) -> int:
+def retry_failed(conn: Memory, model: models.Model) -> int:
     return conn.execute(RETRY_FAILED, (model.id,)).rowcount
 
 
-def is_idle(conn, targets: list[models.Model], retry: bool = False) -> bool:
+def is_idle(conn: Memory, targets: list[models.Model], retry: bool = False) -> bool:
     """Nothing for a pass to do: no chunk queued for these models, no orphan to queue, no failure to retry."""
     ids = [m.id for m in targets]
-    if conn.execute(QUEUED, (ids,)).fetchone()["queued"]:
+    if conn.one(QUEUED, (ids,))["queued"]:
         return False
-    if retry and conn.execute(FAILED, (ids,)).fetchone()["failed"]:
+    if retry and conn.one(FAILED, (ids,))["failed"]:
         return False
     return not any(models.count_orphans(conn, m) for m in targets)
 
 
-def record_idle(conn) -> None:
+def record_idle(conn: Memory) -> None:
     """One job row per streak of idle passes (see TOUCH_IDLE)."""
     with conn.transaction():
         if conn.execute(TOUCH_IDLE).fetchone() is None:

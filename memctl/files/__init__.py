@@ -37,7 +37,7 @@ def atomic_write(path: str | Path, *, mode: int = PRIVATE, text: bool = True) ->
     if mode & 0o077:  # a public file (a unit): the mode asked for, whatever the umask; never for a private one
         os.fchmod(fd, mode)
     try:
-        with os.fdopen(fd, "w" if text else "wb", **({"encoding": "utf-8"} if text else {})) as handle:
+        with os.fdopen(fd, "w" if text else "wb", encoding="utf-8" if text else None) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())

@@ -22,12 +22,15 @@ import os
 import select
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl.errors import EXIT_USAGE, BadValue, Blocked, InvalidInput
 from memctl.records import episodes
 from memctl.ingest import logformats
 from memctl.write import gate, identity, values
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 BATCH = 5000  # records a batch holds at most: stored at once when reached
 MAX_LINE = 1 << 20
@@ -58,7 +61,7 @@ def line_limit(limits: values.Limits, fmt: str) -> int:
     return limits.episode_bytes + 1 + (SYSLOG_HEADER if fmt == "syslog" else 0)  # + 1: a CRLF line's \r
 
 
-def stored_position(conn, name: str) -> str | None:
+def stored_position(conn: Memory, name: str) -> str | None:
     row = conn.execute(GET_CURSOR, (name,)).fetchone()
     return None if row is None else row["position"]
 
@@ -141,6 +144,7 @@ class LineReader:
 
     def _reopen_if_rotated(self) -> None:
         """A followed file replaced (logrotate) or cut short: read the new one from its start."""
+        assert self.follow is not None  # following a file
         try:
             now = os.stat(self.follow)
         except OSError:
@@ -304,6 +308,7 @@ class Ingest:
         content = "\n".join(pending.group)
         pending.group, pending.group_bytes = [], 0
         number, self.group_first = self.group_first, None
+        assert number is not None  # set by the group's first line
         if content.strip():
             self._add(logformats.Record(content), number, str(pending.group_end))
         else:
@@ -339,7 +344,7 @@ class Ingest:
             return
         records, pending.records = pending.records, []
 
-        def then(conn) -> None:
+        def then(conn: Memory) -> None:
             if self.cursor_name is not None and position is not None:
                 conn.execute(PUT_CURSOR, (self.cursor_name, position))
 
@@ -374,5 +379,6 @@ class Ingest:
             except Blocked:
                 if attempt >= LATE_BLOCKS:
                     raise
-                if redactor is not None:
+                if redactor is not None and counted is not None:
                     redactor.kinds = counted  # counted again by the run that stores
+        raise AssertionError("unreachable: itertools.count does not end")  # for the checker: the loop returns

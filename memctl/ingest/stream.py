@@ -104,6 +104,7 @@ def run(conn, settings, source: Input, *, report: Callable[[int, str], None],
                                follow=os.path.abspath(request.file) if request.follow else None)
 
     def after_commit(position: str) -> None:
+        assert cursor_file is not None  # given to the ingest only with one
         files.write_text(cursor_file, position + "\n")
 
     options = ingest.Options(request.format, request.source, request.kind, request.agent,

@@ -48,9 +48,9 @@ def protocol(limits: Limits) -> type[H11Protocol]:
     """uvicorn's h11 protocol, bounded by `limits` (one object for the server: its counts are every connection's)."""
 
     class Bounded(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._peer = self.client[0] if self.client else ""
+            self._peer: str | None = self.client[0] if self.client else ""
             self._arrival: asyncio.TimerHandle | None = None
             counted = limits.open.get(self._peer, 0)
             if sum(limits.open.values()) >= limits.total or counted >= limits.per_client:
@@ -84,8 +84,9 @@ def protocol(limits: Limits) -> type[H11Protocol]:
             self._arrival = self.loop.call_later(limits.header_timeout, self._too_slow)
 
         def _stop_waiting(self) -> None:
-            if getattr(self, "_arrival", None) is not None:
-                self._arrival.cancel()
+            arrival = getattr(self, "_arrival", None)  # None before connection_made set it
+            if arrival is not None:
+                arrival.cancel()
                 self._arrival = None
 
         def _too_slow(self) -> None:

@@ -23,6 +23,7 @@ from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import AnyHttpUrl
 
 from memctl.config import Settings
 from memctl.db import migrate
@@ -125,7 +126,8 @@ def app(registry: Registry, host: str, port: int, origins: list[str]):
     server = protocol.build(registry.current, scope=sessions.Scope.make(agent="any"),
                             describe="each request in its bearer token's agent: its episodes, its namespace and the "
                                      "shared namespaces it may read", token_verifier=TokenVerifier(registry),
-                            auth=AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp",
+                            auth=AuthSettings(issuer_url=AnyHttpUrl(base),
+                                              resource_server_url=AnyHttpUrl(f"{base}/mcp"),
                                               validate_token_resource=False))
     return server.streamable_http_app(stateless_http=True, json_response=True, host=host,
                                       transport_security=security(host, origins))

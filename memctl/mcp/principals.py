@@ -7,9 +7,14 @@ and served as before (memctl's SQL scope alone, the owner's rights) with a warni
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 from memctl.errors import DatabaseUnavailable, UsageError
 from memctl.mcp import sessions
 from memctl.records import agents
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 def scope_of(agent: agents.Agent, *, source: str | None = None, read_only: bool = False) -> sessions.Scope:
@@ -32,7 +37,7 @@ def narrowed(agent: agents.Agent, asked: sessions.Scope, *, namespace_given: boo
                             read_only=agent.read_only or asked.read_only, source=source)
 
 
-def resolve(open_connection, asked: sessions.Scope, *, namespace_given: bool, shared_given: bool,
+def resolve(open_connection: Callable[[], Memory], asked: sessions.Scope, *, namespace_given: bool, shared_given: bool,
             source: str | None, warn) -> sessions.Scope:
     """The stdio server's scope at start. With the database down it stays as asked; the registry is asked
     again when the first call connects (sessions.registered_role)."""

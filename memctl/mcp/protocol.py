@@ -300,7 +300,7 @@ class Server(MCPServer):
     async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
         known = self._parameters.get(name)
         unknown = sorted(set(arguments) - known) if known is not None else []
-        if unknown:
+        if unknown and known is not None:
             takes = ", ".join(sorted(known)) or "no arguments"
             raise ToolError(f"{name} does not take {', '.join(unknown)}; it takes {takes}")
         try:
@@ -331,7 +331,9 @@ def build(session: sessions.Session | Callable[[], sessions.Session], *, scope: 
     """The server of one session (stdio), or of a function giving each call's session (HTTP: `scope` says which
     tools to offer, `describe` the instructions' scope, `options` go to MCPServer: the token verifier).
     `inline`: run the tools on the event loop, one at a time (stdio's one session; see _bind)."""
-    scope = scope or session.scope
+    if scope is None:
+        assert isinstance(session, sessions.Session)  # a function giving sessions comes with its scope (HTTP)
+        scope = session.scope
     offered = set(tools.offered(scope))
     declared = [d for d in DECLARED if d.__name__ in offered]
     made = []

@@ -12,12 +12,15 @@ import select
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from memctl.config import Settings, mask_secrets
 from memctl.errors import DatabaseUnavailable, MemctlError, UsageError
 from memctl.records import facts
 from memctl.write import gate, values
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 # ---------------------------------------------------------------------------
@@ -45,12 +48,12 @@ class Scope:
              source: str | None = None) -> "Scope":
         agent, namespace = _name(agent, "agent"), _name(namespace, "namespace")
         source = _name(source, "source")
-        shared = tuple(dict.fromkeys(_name(ns, "shared-namespace") for ns in shared or ()))
-        if agent is None and shared:
+        names = tuple(dict.fromkeys(values.name(ns, "--shared-namespace") for ns in shared or ()))
+        if agent is None and names:
             raise UsageError("--shared-namespace needs --agent: the operator's view reads every "
                              "namespace already")
         own = namespace or agent or facts.DEFAULT_NAMESPACE
-        return cls(agent, own, tuple(ns for ns in shared if ns != own), read_only,
+        return cls(agent, own, tuple(ns for ns in names if ns != own), read_only,
                    source or (f"mcp:{agent}" if agent else "mcp"))
 
     @property
@@ -98,7 +101,7 @@ class Stale(DatabaseUnavailable):
     it again."""
 
 
-def _quiet(conn) -> bool:
+def _quiet(conn: Memory) -> bool:
     """Whether an idle, open connection's socket has nothing to read. A server that restarted, or
     ended the session, has sent its last words or closed the socket, which makes it readable; a
     quiet one is most likely alive (a silent network cut hangs a ping as long as the call's own
@@ -177,7 +180,7 @@ class Session:
                     with self._lock:
                         self._idle.append(conn)
 
-    def _ping(self, conn) -> None:
+    def _ping(self, conn: Memory) -> None:
         from memctl.records import agents
 
         if self.role is None:
@@ -185,7 +188,7 @@ class Session:
         else:
             agents.assume(conn, self.role)
 
-    def _live(self, conn):
+    def _live(self, conn: Memory | None):
         import psycopg
 
         if conn is not None and not conn.closed and not conn.broken:
@@ -211,7 +214,7 @@ class Session:
         return conn
 
     @staticmethod
-    def _drop(conn) -> None:
+    def _drop(conn: Memory | None) -> None:
         if conn is not None:
             try:
                 conn.close()
@@ -233,7 +236,7 @@ class Session:
                 self._slots.release()
 
 
-def registered_role(conn, agent: str) -> str | None:
+def registered_role(conn: Memory, agent: str) -> str | None:
     """The agent's role when it is registered; None when no agent is registered in this database
     (memctl's SQL scope alone, as before agents had roles); refused when others are and it is
     not."""

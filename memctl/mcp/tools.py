@@ -124,8 +124,11 @@ def search(session: Session, query: str, *, k: int = 5, kind: str | None = None,
         lines.append("No episode found.")
     for h in hits:
         source = f", source {h.source}" if h.source else ""
-        seen = (f", seen {h.repeats + 1} times, first {h.first_seen.isoformat(timespec='seconds')}, "
-                f"last {h.last_seen.isoformat(timespec='seconds')}") if h.repeats else ""
+        seen = ""
+        if h.repeats:  # a first standing for its repeats: the span it was seen in
+            assert h.first_seen is not None and h.last_seen is not None
+            seen = (f", seen {h.repeats + 1} times, first {h.first_seen.isoformat(timespec='seconds')}, "
+                    f"last {h.last_seen.isoformat(timespec='seconds')}")
         lines.append(f"[episode {h.id}, {h.created_at.isoformat(timespec='seconds')}, {h.kind}{source}{seen}, "
                      f"score {h.score:.3f}] {h.content}")
     return Reply(data, "\n".join(lines))
@@ -189,7 +192,7 @@ def fact_get(session: Session, key: str, *, namespace: str | None = None, as_of:
 def fact_list(session: Session, *, prefix: str | None = None, namespace: str | None = None) -> Reply:
     ns = session.scope.readable(namespace)
     with session.connection(rerun=True) as conn:
-        rows = []
+        rows: list[dict] = []
         for fact in facts.list_facts(conn, namespace=ns, prefix=prefix):
             if len(rows) == MAX_FACTS:
                 break

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -227,8 +227,8 @@ def _streams() -> tuple:
             *anyio.create_memory_object_stream[SessionMessage](0))
 
 
-async def _run(server: MCPServer, streams: tuple, receive_input: Callable[[], Awaitable[None]],
-               send_output: Callable[[], Awaitable[None]]) -> None:
+async def _run(server: MCPServer, streams: tuple, receive_input: Callable[[], Coroutine[Any, Any, None]],
+               send_output: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """The SDK's server between the two relays (MCPServer.run_stdio_async's own server, other streams)."""
     _, server_reads, server_writes, _ = streams
     # MCPServer (mcp 2.1-2.3) has no public way to run on streams of one's own: run_stdio_async reads

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, InfoMetricFamily, Metric
 
@@ -27,6 +27,9 @@ from memctl import files
 from memctl.config import SCHEMA, Settings, parse_duration
 from memctl.errors import BadValue, MemctlError
 from memctl.records import jobs
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 JOBS = ("embed", "summarize", "prune", "purge", "backup")  # always reported, run or not
 OUTCOMES = ("running", "ok", "partial", "failed", "unavailable", "interrupted")  # the job log's CHECK constraint
@@ -90,7 +93,7 @@ def bounded(rows: list[dict], column: str, limit: int, fields: tuple[str, ...]) 
 # --- the families ------------------------------------------------------------------------------------
 
 
-def groups(conn, total: int) -> tuple[list[dict], float]:
+def groups(conn: Memory, total: int) -> tuple[list[dict], float]:
     """Episodes and chunks per (kind, agent), and the share of episodes read.
 
     Up to SAMPLE_ROWS episodes every row is read; past that a block sample (TABLESAMPLE SYSTEM) of
@@ -100,7 +103,7 @@ def groups(conn, total: int) -> tuple[list[dict], float]:
     """
     from psycopg import sql
 
-    sample = sql.SQL("")
+    sample: sql.Composable = sql.SQL("")
     if total > SAMPLE_ROWS:
         sample = sql.SQL("TABLESAMPLE SYSTEM ({}) REPEATABLE (0)").format(sql.Literal(100.0 * SAMPLE_ROWS / total))
     rows = conn.execute(sql.SQL(GROUPS).format(sample=sample), prepare=False).fetchall()
@@ -128,7 +131,7 @@ def _memory(conn, total: int, settings: Settings | None) -> list[Metric]:
     """Episodes and chunks by kind and by agent, each bounded (see bounded)."""
     pairs, ratio = groups(conn, total)
     agents_limit = (settings or Settings()).metrics.agents
-    out = []
+    out: list[Metric] = []
     for column, limit, prefix in (("kind", KINDS_LIMIT, ""), ("agent", agents_limit, "agent_")):
         rows = bounded(_rollup(pairs, column), column, limit, ("episodes", "chunks"))
         for field, what in (("episodes", "Episodes"), ("chunks", "Chunks")):
@@ -158,7 +161,7 @@ def _backlog(report: dict) -> list[Metric]:
     ]
 
 
-def _models(conn) -> list[Metric]:
+def _models(conn: Memory) -> list[Metric]:
     from memctl.embedding import models
 
     family = InfoMetricFamily(f"{PREFIX}_embedding_model", "Each registered embedding model: state active "
@@ -220,7 +223,7 @@ def _jobs(conn, settings: Settings | None) -> list[Metric]:
     return list(families.values())
 
 
-def _last_run(conn, job: str, families: dict[str, GaugeMetricFamily]) -> None:
+def _last_run(conn: Memory, job: str, families: dict[str, GaugeMetricFamily]) -> None:
     last = next(iter(jobs.list_jobs(conn, job=job, limit=1)), None)
     if last is None:
         if job in JOBS:  # never run: late from the memory's creation, so MemctlJobLate fires for a timer never run
@@ -241,7 +244,7 @@ def _last_run(conn, job: str, families: dict[str, GaugeMetricFamily]) -> None:
         families["success"].add_metric([job], jobs.memory_created(conn)["at"].timestamp())
 
 
-def _database(conn, sizes: dict, data_dir: Path | None) -> list[Metric]:
+def _database(conn: Memory, sizes: dict, data_dir: Path | None) -> list[Metric]:
     """Bytes by relation group, from `memctl size`'s relations (heap, TOAST and maps as data; indexes apart)."""
     from memctl.embedding import models
 
@@ -283,7 +286,7 @@ def overdue_episodes(conn, settings: Settings | None) -> int | None:
     return conn.execute(summarize.OVERDUE, (summarize.kinds(settings), late)).fetchone()["n"]
 
 
-def _info(conn) -> list[Metric]:
+def _info(conn: Memory) -> list[Metric]:
     from memctl.db import migrate, preflight
 
     applied = [m.name for m in migrate.plan(conn) if m.status == "applied"]
@@ -296,7 +299,7 @@ def _info(conn) -> list[Metric]:
     return [family]
 
 
-def size_figures(conn) -> dict:
+def size_figures(conn: Memory) -> dict:
     """`memctl size`'s relations and growth, on its cheap path (never --exact)."""
     from memctl.observe import size
 
@@ -320,7 +323,7 @@ def collect(conn, settings: Settings | None, *, data_dir: Path | None = None) ->
     return [*families, *_up(1, started)]
 
 
-def _agents_without_role(conn) -> list[Metric]:
+def _agents_without_role(conn: Memory) -> list[Metric]:
     from memctl.db import wall
 
     return _one("agents_without_role", "Registered agents whose PostgreSQL role is missing or not usable on this "

@@ -32,8 +32,13 @@ over a Bernoulli sample of about GROUP_SAMPLE_ROWS episodes scaled by 100/percen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memctl.embedding import models
 from memctl.embedding.footprint import MIB, build_memory, build_warning, bytes_per_vector
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 SCHEMA = "SELECT coalesce((SELECT relnamespace FROM pg_class WHERE oid = to_regclass('memctl_migrations')), " \
          "(SELECT oid FROM pg_namespace WHERE nspname = current_schema())) AS oid"
@@ -117,10 +122,10 @@ NOTE_UNREADABLE = "no SELECT privilege on this table: rows are the statistics' e
 NOTE_UNKNOWN = "no statistics yet (never vacuumed or analyzed, statistics reset)"
 
 
-def _count(conn, schema: str, name: str) -> int:
+def _count(conn: Memory, schema: str, name: str) -> int:
     from psycopg import sql
 
-    return conn.execute(sql.SQL(COUNT).format(sql.Identifier(schema, name)), prepare=False).fetchone()["n"]
+    return conn.one(sql.SQL(COUNT).format(sql.Identifier(schema, name)), prepare=False)["n"]
 
 
 def _estimate(live: int | None, reltuples: float | None) -> int | None:
@@ -132,7 +137,7 @@ def _estimate(live: int | None, reltuples: float | None) -> int | None:
     return live  # 0 from the statistics, or None
 
 
-def row_count(conn, rel: dict, *, countable: bool, exact: bool = False) -> tuple[int | None, str, str | None]:
+def row_count(conn: Memory, rel: dict, *, countable: bool, exact: bool = False) -> tuple[int | None, str, str | None]:
     """(rows, 'exact' | 'estimate' | 'unknown', why it is not exact)."""
     if not countable:
         note = NOTE_TOAST
@@ -148,15 +153,15 @@ def row_count(conn, rel: dict, *, countable: bool, exact: bool = False) -> tuple
     return rows, "estimate", note
 
 
-def _relations(conn, exact: bool = False) -> tuple[list[dict], dict[str, str]]:
+def _relations(conn: Memory, exact: bool = False) -> tuple[list[dict], dict[str, str]]:
     """The report rows, and each relation's bare name (to find a model's table and index)."""
     from memctl.db import cluster
 
-    schema = conn.execute(SCHEMA).fetchone()["oid"]
+    schema = conn.one(SCHEMA)["oid"]
     vector_tables = {m.table_name for m in models.all_models(conn)}
     tables = conn.execute(TABLES, (schema,)).fetchall()
     citus = cluster.placement_figures(conn)  # on Citus the coordinator's tables are empty shells
-    toast = {t["toast_oid"]: conn.execute(TOAST, (t["toast_oid"],)).fetchone() for t in tables if t["toast_oid"]}
+    toast = {t["toast_oid"]: conn.one(TOAST, (t["toast_oid"],)) for t in tables if t["toast_oid"]}
     indexes = conn.execute(INDEXES, ([t["oid"] for t in tables] + list(toast),)).fetchall()
     names = {r["relation"]: r["name"] for r in [*tables, *toast.values(), *indexes]}
     rows: list[dict] = []
@@ -180,7 +185,7 @@ NOTE_CITUS = ("Citus {type} table: bytes and dead tuples summed over its {placem
               "{nodes} node(s) (size --section nodes per node); TOAST is in toast_bytes")
 
 
-def _citus_rows(conn, table: dict, kind: str, figures: dict, indexes: list[dict], exact: bool) -> list[dict]:
+def _citus_rows(conn: Memory, table: dict, kind: str, figures: dict, indexes: list[dict], exact: bool) -> list[dict]:
     """A Citus table's row and its indexes' rows, from its shards on the workers (cluster.placement_figures)."""
     shards = {**table, "heap_bytes": figures["heap_bytes"], "live_tuples": figures["live_tuples"], "reltuples": None}
     rows_, source, note = row_count(conn, shards, countable=True, exact=exact)
@@ -195,7 +200,7 @@ def _citus_rows(conn, table: dict, kind: str, figures: dict, indexes: list[dict]
     return out
 
 
-def relations(conn, exact: bool = False) -> list[dict]:
+def relations(conn: Memory, exact: bool = False) -> list[dict]:
     """One row per memctl table, its TOAST table, and every index of both (see the module docstring)."""
     return _relations(conn, exact)[0]
 
@@ -214,11 +219,11 @@ def _index_rows(indexes: list[dict], table_oid: int, parent: str) -> list[dict]:
             for i in indexes if i["table_oid"] == table_oid]
 
 
-def maintenance_work_mem(conn) -> int:
-    return conn.execute(MAINTENANCE_WORK_MEM).fetchone()["bytes"]
+def maintenance_work_mem(conn: Memory) -> int:
+    return conn.one(MAINTENANCE_WORK_MEM)["bytes"]
 
 
-def _model_rows(conn, rels: list[dict], names: dict[str, str], limit: int) -> tuple[list[dict], list[str]]:
+def _model_rows(conn: Memory, rels: list[dict], names: dict[str, str], limit: int) -> tuple[list[dict], list[str]]:
     from psycopg import sql
 
     result, warnings = [], []
@@ -231,7 +236,7 @@ def _model_rows(conn, rels: list[dict], names: dict[str, str], limit: int) -> tu
         if count:
             statement = sql.SQL(MEASURED_VECTOR).format(dims=sql.Literal(model.dims),
                                                         table=sql.Identifier(model.table_name))
-            measured = conn.execute(statement, prepare=False).fetchone()["bytes"]
+            measured = conn.one(statement, prepare=False)["bytes"]
         hnsw = next((r for r in rels if r["kind"] == "index" and r["parent"] == rel["relation"]
                      and names[r["relation"]] == model.index_name), None)
         warning = build_warning(model, count, limit) if count is not None else None
@@ -260,7 +265,7 @@ def sample_percent(episodes: dict, exact: bool) -> float | None:
     return round(percent, 4) if percent < 100 else None
 
 
-def _pairs(conn, percent: float | None) -> list[dict]:
+def _pairs(conn: Memory, percent: float | None) -> list[dict]:
     """Episodes, chunks and data bytes per (kind, agent): every row, or a Bernoulli sample of `percent` %."""
     from psycopg import sql
 
@@ -292,7 +297,7 @@ def _rollup(pairs: list[dict], column: str, percent: float | None) -> list[dict]
     return sorted(out.values(), key=lambda r: (-r["bytes"], r[column]))
 
 
-def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
+def growth(conn: Memory, rels: list[dict], names: dict[str, str]) -> dict:
     """Rows per day over 7 and 30 days, and projected total size.
 
     projected_bytes_<N>d = total_bytes + rows_per_day_30d * bytes_per_episode * N, where
@@ -301,7 +306,7 @@ def growth(conn, rels: list[dict], names: dict[str, str]) -> dict:
     models not retired, divided by the number of episodes (that table's `rows`, exact or estimated
     as the relations section says). The 7- and 30-day counts use the created_at index.
     """
-    counts = conn.execute(GROWTH).fetchone()
+    counts = conn.one(GROWTH)
     episodes = next(r for r in rels if r["kind"] == "table" and names[r["relation"]] == "episodes")
     counts["episodes"] = episodes["rows"]
     per_episode_tables = {"episodes", "chunks"} | {m.table_name for m in models.all_models(conn)
@@ -359,7 +364,7 @@ def overview(rels: list[dict], names: dict[str, str]) -> dict:
     return {"total_bytes": total, "total": human_bytes(total), "groups": ordered}
 
 
-def report(conn, exact: bool = False) -> dict:
+def report(conn: Memory, exact: bool = False) -> dict:
     """The whole size report: relations, models, kinds, agents, growth, and warnings.
 
     `exact`: count(*) every memctl table whatever its size (TOAST tables are always estimated).

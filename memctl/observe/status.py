@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 from memctl.config import Settings, parse_duration
 from memctl.embedding import models
 from memctl.errors import MemctlError
 from memctl.records import jobs
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 COUNTS = """
 SELECT (SELECT count(*) FROM episodes) AS episodes,
@@ -71,7 +75,7 @@ def human(seconds: float) -> str:
 RUN = {"prune": "memctl prune --yes", "backup": "memctl backup", "embed": "memctl embed"}
 
 
-def _late(conn, job: str, schedule: str, *, never: str | None) -> str | None:
+def _late(conn: Memory, job: str, schedule: str, *, never: str | None) -> str | None:
     """A warning if the job's last completed run is older than LATE_FACTOR times its schedule; for a job that
     never ran: `never` when it is worth saying at once, else once the memory itself is older than that (a
     timer never enabled is as late as one that stopped)."""
@@ -95,7 +99,7 @@ def _late(conn, job: str, schedule: str, *, never: str | None) -> str | None:
     return None
 
 
-def _failed_last(conn, job: str, pending: int) -> str | None:
+def _failed_last(conn: Memory, job: str, pending: int) -> str | None:
     """A warning when the job's last run ended failed or unavailable after an earlier one completed.
 
     (With no completed run at all, _late says so.) Ollama down for one timer run is worth a look too:
@@ -125,7 +129,7 @@ def _instructions(conn, settings) -> str | None:
     return models.instruction_warning(model, models.instructions(configured))
 
 
-def _agents(conn) -> list[str]:
+def _agents(conn: Memory) -> list[str]:
     """Registered agents whose role does not work on this server (a restore onto another one: memctl.db.wall)."""
     from memctl.db import wall
 

@@ -17,6 +17,10 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 COMMON_MIN_ROWS = 1000  # below this many rows, matching a word is cheap whatever its share
 SAMPLE_ROWS = 2000  # episodes sampled for the average length
@@ -90,7 +94,7 @@ class TermStats:
 _CACHE: dict[tuple, tuple[float, TermStats]] = {}
 
 
-def cached_term_stats(conn, ttl: float = STATS_TTL) -> TermStats:
+def cached_term_stats(conn: Memory, ttl: float = STATS_TTL) -> TermStats:
     """term_stats, the statistics reused for `ttl` seconds per database.
 
     The counts of rare terms are not reused across calls (each call gets an empty `counted`):
@@ -108,23 +112,23 @@ def cached_term_stats(conn, ttl: float = STATS_TTL) -> TermStats:
                      agents=stats.agents, citus=stats.citus)
 
 
-def term_stats(conn) -> TermStats:
-    row = conn.execute(STATS).fetchone()
+def term_stats(conn: Memory) -> TermStats:
+    row = conn.one(STATS)
     n = row["reltuples"]
     if n is None or n < 0:  # never vacuumed or analyzed: count once
-        n = conn.execute(COUNT_ALL).fetchone()["n"]
+        n = conn.one(COUNT_ALL)["n"]
     common = dict(zip(row["lexemes"] or [], row["freqs"] or []))
     percent = 100.0 if n <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / n)
-    avgdl = conn.execute(AVERAGE_LENGTH, (percent,)).fetchone()["avgdl"]
+    avgdl = conn.one(AVERAGE_LENGTH, (percent,))["avgdl"]
     agents = dict(zip(row["agents"] or [], row["agent_freqs"] or []))
     return TermStats(n=max(n, 1.0), avgdl=avgdl or 1.0, common=common, agents=agents, citus=row["citus"])
 
 
-def agent_share(conn, stats: TermStats, agent: str) -> float:
+def agent_share(conn: Memory, stats: TermStats, agent: str) -> float:
     """The agent's share of all episodes: from the statistics for a common agent, else counted."""
     if agent in stats.agents:
         return stats.agents[agent]
-    count = conn.execute(COUNT_AGENT, (agent,)).fetchone()["n"]
+    count = conn.one(COUNT_AGENT, (agent,))["n"]
     return min(1.0, count / stats.n)
 
 
@@ -139,7 +143,7 @@ def single_lexeme(tsquery: str) -> str | None:
     return match.group(1).replace("''", "'") if match else None
 
 
-def document_frequencies(conn, stats: TermStats, terms: list[str]) -> list[float]:
+def document_frequencies(conn: Memory, stats: TermStats, terms: list[str]) -> list[float]:
     """df of each term (a tsquery text): from the statistics when common, else counted."""
     wanted = [t for t in dict.fromkeys(terms) if t not in stats.counted and single_lexeme(t) not in stats.common]
     if wanted:
@@ -155,13 +159,13 @@ def document_frequencies(conn, stats: TermStats, terms: list[str]) -> list[float
                                                 counts=sql.SQL(", ").join(
             sql.SQL(COUNT_ONE).format(q=sql.Placeholder(f"q{i}"), name=sql.Identifier(f"df{i}"))
             for i in range(len(wanted))))
-        row = conn.execute(statement, params, prepare=False).fetchone()
+        row = conn.one(statement, params, prepare=False)
         for i, term in enumerate(wanted):
             stats.counted[term] = row[f"df{i}"]
     out = []
     for t in terms:
         lexeme = single_lexeme(t)
-        out.append(stats.counted[t] if t in stats.counted else stats.common[lexeme] * stats.n)
+        out.append(stats.counted[t] if t in stats.counted or lexeme is None else stats.common[lexeme] * stats.n)
     return out
 
 
@@ -189,7 +193,7 @@ def match_bound(stats: TermStats, match_rows: float, match_share: float = 0.0) -
     return max(float(match_rows), match_share * stats.n)
 
 
-def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | None,
+def plan(conn: Memory, stats: TermStats, wanted: list[str], *, common_share: float | None,
          match_rows: float | None = None) -> Plan:
     """Weigh the wanted terms; with common_share, leave out those in more than that share of episodes.
 
@@ -219,7 +223,7 @@ def plan(conn, stats: TermStats, wanted: list[str], *, common_share: float | Non
             total += frequency[term]
         # an episode holding two of the commoner words together is found by the pair, when the pair's
         # estimated co-occurrence (independent words) fits the bound: their AND reads about that many rows
-        rest = sorted((t for t in kept if t not in matched), key=frequency.get)[:PAIRED_TERMS]
+        rest = sorted((t for t in kept if t not in matched), key=frequency.__getitem__)[:PAIRED_TERMS]
         matched += [f"( {a} ) & ( {b} )" for a, b in itertools.combinations(rest, 2)
                     if frequency[a] * frequency[b] / stats.n <= match_rows]
     return Plan(kept, weights, left_out, matched, sum(weights))
@@ -238,7 +242,7 @@ def score(p: Plan, tsv: str = "e.tsv"):
 
 def parameters(p: Plan, stats: TermStats, k1: float, b: float) -> dict:
     """The named parameters of score(p)."""
-    values = {"k1": k1, "b": b, "avgdl": stats.avgdl}
+    values: dict[str, Any] = {"k1": k1, "b": b, "avgdl": stats.avgdl}
     for i, (term, weight) in enumerate(zip(p.terms, p.weights)):
         values[f"t{i}"], values[f"w{i}"] = term, weight
     return values

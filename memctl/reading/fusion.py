@@ -116,7 +116,9 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
     raw = {}
     for i, b in base.items():
         before, after = context.get(i, NO_NEIGHBOURS)
-        raw[i] = b + beta * max(near.get(before, 0.0), near.get(after, 0.0))
+        near_before = near.get(before, 0.0) if before is not None else 0.0
+        near_after = near.get(after, 0.0) if after is not None else 0.0
+        raw[i] = b + beta * max(near_before, near_after)
         # a reply to a question is scored with it: in a dialogue the answer is the turn after the
         # question, and often shares none of its words (LoCoMo dev recall@10: docs/search.md)
         if reply and before in near and asks(scored[before].get("content") or ""):
@@ -196,7 +198,7 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
         recency = 0.5 ** (max(0.0, (now - anchor).total_seconds()) / half_life)
         score = relevance_of[episode_id] + recency_weight * recency + importance_weight * row["importance"] / 10
         closeness = None
-        if when_weight:
+        if when_weight and period is not None:  # when_weight: 0 without a period
             closeness = period.closeness(row["created_at"], row.get("last_seen_at"))
             score += when_weight * closeness
         ranked.append((round(score, 6), episode_id, recency, closeness))

@@ -11,13 +11,16 @@ to a batch's pipeline (memctl.reading.search) with the reading of its rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memctl.reading import bm25
 from memctl.reading.query import Query, Terms, split_terms, synonyms
 from memctl.reading.statement import StatementCall
 from memctl.records import filters as episode_filters
 from memctl.records.agents import assumed
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # Each piece of the query (a word, a "quoted phrase") becomes its own tsquery text: lexemes as
 # PostgreSQL's english configuration makes them, phrases with <->, and / . : @ read as spaces, as
@@ -85,9 +88,10 @@ class PiecesCall:
     counting: bool
     share: float = 1.0
 
-    def answer(self, conn, rows: list[dict]) -> Parsed:
+    def answer(self, conn: Memory, rows: list[dict]) -> Parsed:
         """The pieces from the statement's rows; the rare words' counts go into stats.counted."""
         if self.counting:
+            assert self.stats is not None  # counting: there are statistics to count into
             self.stats.counted.update((r["q"], r["df"] / self.share if r["df"] and self.share > 0 else r["df"])
                                       for r in rows if r["rare"])
         parsed = _grouped(conn, self.terms, self.groups, [r["q"] for r in rows],
@@ -97,7 +101,7 @@ class PiecesCall:
         return parsed
 
 
-def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple[list[str], Query] | None = None,
+def pieces(conn: Memory, text: str, stats: bm25.TermStats | None = None, *, probe: tuple[list[str], Query] | None = None,
            scope: str | None = None) -> Parsed:
     """The query's wanted and excluded pieces as tsquery texts ('' for a piece of stopwords only).
 
@@ -114,7 +118,7 @@ def pieces(conn, text: str, stats: bm25.TermStats | None = None, *, probe: tuple
     return call.answer(conn, conn.execute(r.text, r.params, prepare=r.prepare).fetchall())
 
 
-def pieces_call(conn, text: str, stats: bm25.TermStats | None = None, *,
+def pieces_call(conn: Memory, text: str, stats: bm25.TermStats | None = None, *,
                 probe: tuple[list[str], Query] | None = None, scope: str | None = None) -> PiecesCall | Parsed:
     """pieces() as a statement to run and the reading of its rows (PiecesCall.answer); the Parsed
     pieces at once when there is nothing to run (no word)."""
@@ -134,6 +138,7 @@ def pieces_call(conn, text: str, stats: bm25.TermStats | None = None, *,
         params.update(episode_filters.filters(agent=probe[1].agent, kind=probe[1].kind)[1])
     share = 1.0
     if counting:
+        assert stats is not None  # counting: there are statistics
         if scope is not None:
             share = bm25.agent_share(conn, stats, scope)
             params["agent"] = scope
@@ -157,7 +162,7 @@ _PIECES: dict[tuple, bytes] = {}
 def _compose_pieces(probe: tuple[list[str], Query] | None, counting: bool, scope: str | None, in_role: bool):
     from psycopg import sql
 
-    check = sql.SQL("true")
+    check: sql.Composable = sql.SQL("true")
     if probe is not None:
         kinds, query = probe
         clauses, _ = episode_filters.filters(agent=query.agent, kind=query.kind)
@@ -170,7 +175,7 @@ def _compose_pieces(probe: tuple[list[str], Query] | None, counting: bool, scope
                                           episodes=sql.SQL(COUNTED_MATCHES if in_role else COUNTED_EPISODES))
 
 
-def _grouped(conn, terms: Terms, groups: list[list[str]], parsed: list[str], stats: bm25.TermStats | None) -> Parsed:
+def _grouped(conn: Memory, terms: Terms, groups: list[list[str]], parsed: list[str], stats: bm25.TermStats | None) -> Parsed:
     """The wanted pieces with their synonyms ORed in (document frequency: the sum of the words'), the excluded."""
     wanted = parsed[: len(terms.wanted)]
     plain = len(terms.wanted) + len(terms.excluded)

@@ -117,7 +117,8 @@ def split_terms(text: str) -> Terms:
     A lone `-` or a word like `api-v2` is not a negation (only a leading dash is), and
     `or` is just a word: OR is already how wanted terms combine.
     """
-    wanted, excluded = [], []
+    wanted: list[tuple[str, bool]] = []
+    excluded: list[tuple[str, bool]] = []
     for match in _TERM.finditer(text):
         negated, phrase, word = match.group(1), match.group(2), match.group(3)
         if phrase is not None:

@@ -7,11 +7,16 @@ memctl.reading.statement's (docs/search.md).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import TYPE_CHECKING, Any
 
 from memctl.embedding import models
 from memctl.reading.query import Query
 from memctl.records import filters as episode_filters
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # The vector half alone (model comparisons, stale-fact checks): the nearest chunks by the index.
 VECTOR_HALF = """
@@ -58,7 +63,7 @@ def vector_where(query: Query, *more):
     return episode_filters.where(conditions), join, params
 
 
-def vector_half(conn, model: models.Model, vector, query: Query, n: int,
+def vector_half(conn: Memory, model: models.Model, vector, query: Query, n: int,
                 ef_search: int) -> list[dict]:
     """The nearest chunks by the active model's HNSW index, iterative scan on, filters applied."""
     from psycopg import sql
@@ -72,7 +77,7 @@ def vector_half(conn, model: models.Model, vector, query: Query, n: int,
                             prepare=False).fetchall()
 
 
-def set_scan(conn, ef_search: int, *, pipelined: bool = False) -> None:
+def set_scan(conn: Memory, ef_search: int, *, pipelined: bool = False) -> None:
     """Iterative HNSW scan and ef_search for the current transaction, on every node it reaches.
 
     The one place search's transactions (vector_half, ScanTransactions) get them.
@@ -100,9 +105,9 @@ class ScanTransactions:
 
     seconds = 1.0
 
-    def __init__(self, conn, ef_search: int, *, pipelined: bool = False):
+    def __init__(self, conn: Memory, ef_search: int, *, pipelined: bool = False):
         self.conn, self.ef_search, self.pipelined = conn, ef_search, pipelined
-        self._open = None
+        self._open: contextlib.AbstractContextManager[Any] | None = None
         self._since = 0.0
 
     def __enter__(self) -> "ScanTransactions":
@@ -128,7 +133,7 @@ class ScanTransactions:
         self.end(*exc)
 
 
-def query_vector(conn, vector, model: models.Model):
+def query_vector(conn: Memory, vector, model: models.Model):
     """The query vector as a pgvector value, sent as a binary parameter (%b), not a text literal."""
     from pgvector import HalfVector, Vector
     from psycopg.adapt import PyFormat

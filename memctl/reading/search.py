@@ -35,7 +35,7 @@ import contextlib
 import datetime
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Generator
+from typing import TYPE_CHECKING, Any, Generator
 
 from memctl.config import Settings
 from memctl.embedding import models
@@ -49,6 +49,9 @@ from memctl.reading.scan import ScanTransactions
 from memctl.reading.statement import (StatementCall, StatementParts, period_exact, read_rows,
                                      statement_call)
 from memctl.records.agents import assumed
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 @dataclass
@@ -148,7 +151,7 @@ def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None
                         vectors=None if vector is None else [vector])[0]
 
 
-def _track(conn, outcomes: list[Outcome]) -> None:
+def _track(conn: Memory, outcomes: list[Outcome]) -> None:
     from memctl.records import access
 
     access.record(conn, [(h.agent, h.id) for o in outcomes for h in o.hits])
@@ -159,7 +162,8 @@ def _narrowed(plan: bm25.Plan) -> bool:
     return bool(plan.left_out) or any(t not in plan.matched for t in plan.terms)
 
 
-def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache: dict) -> Generator:
+def _steps(conn, settings, query: Query, model, vector, outcome: Outcome,
+           cache: dict) -> Generator[StatementCall, Any, None]:
     """One query's work: yields the statements it needs run (statement.StatementCall) and takes their rows;
     its outcome's hits set when it ends. _run_steps runs many of these at once."""
     conf = settings.search
@@ -197,6 +201,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     if vector_runs and parts.plan is not None and not vector_rows and _narrowed(parts.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the
         # words are all there is, so every one of them finds, as on words alone
+        assert parts.stats is not None  # what the plan was made with
         parts = replace(parts, model=None, vector=None,
                         plan=bm25.plan(conn, parts.stats, parsed.wanted, common_share=None))
         request = statement_call(conn, query, parts, settings, n)
@@ -224,7 +229,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
 WINDOW = 16
 
 
-def _run_steps(conn, scans: ScanTransactions, runs: list[Generator], pipelined: bool) -> None:
+def _run_steps(conn: Memory, scans: ScanTransactions, runs: list[Generator], pipelined: bool) -> None:
     """Run the queries' steps, their statements pipelined: the database runs a window of queries'
     statements while memctl scores the window before (fusion is pure Python; the server is another
     process, on another core).
@@ -273,7 +278,7 @@ def _run_steps(conn, scans: ScanTransactions, runs: list[Generator], pipelined: 
                 advance(run, read(i))
 
 
-def with_repeats(conn, hits: list[Hit]) -> list[dict]:
+def with_repeats(conn: Memory, hits: list[Hit]) -> list[dict]:
     """The hits as rows, each folded one followed by every repeat of it (oldest first; search --all).
 
     A repeat's row has the hit's keys, its own id, time, importance and text, `repeat_of` naming its

@@ -8,6 +8,7 @@ insensitive), and the chunks nearest in meaning to "key: old value".
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from memctl.config import Settings
 from memctl.embedding import models
@@ -16,6 +17,9 @@ from memctl.reading import search
 from memctl.reading.query import Query
 from memctl.reading.scan import vector_half
 from memctl.records import facts
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 PAST_VALUES = """
 SELECT DISTINCT v FROM (
@@ -51,7 +55,7 @@ class StaleMention:
         return asdict(self)
 
 
-def past_values(conn, key: str, namespace: str) -> list[str]:
+def past_values(conn: Memory, key: str, namespace: str) -> list[str]:
     try:
         current = facts.get_fact(conn, key, namespace=namespace).value
     except NotFound:
@@ -74,6 +78,7 @@ def find(conn, settings: Settings, key: str, *, namespace: str = facts.DEFAULT_N
         vectors, warning = search.embed_queries(settings, model, [f"{key}: {v}" for v in values])
         for value, vector in zip(values, vectors or []):
             query = Query(f"{key} {value}", k=10, mode="vector")
+            assert model is not None  # the vectors were made with it
             for row in vector_half(conn, model, vector, query, 10, settings.search.ef_search):
                 if row["distance"] > max_distance or (row["episode_id"], value) in found:
                     continue

@@ -226,21 +226,24 @@ def _shape(query: Query, parts: StatementParts, matching: bool, n: int) -> tuple
     """What the statement's text depends on: the halves that run, which filters are set, the number
     of scored words, whether words find, the neighbours, the exclusions, whether in an agent's role, the
     candidates each half reads, a named period's exact bound, last (the other values are parameters)."""
-    return (int(n), (parts.model.table_name, parts.model.storage) if parts.vector_runs else None,
+    model, plan = parts.model if parts.vector_runs else None, parts.plan if parts.scoring else None
+    return (int(n), (model.table_name, model.storage) if model is not None else None,
             tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
-            len(parts.plan.terms) if parts.scoring else None, matching, parts.context, any(parts.excluded),
+            len(plan.terms) if plan is not None else None, matching, parts.context, any(parts.excluded),
             parts.in_role, parts.exact if parts.period is not None else None)
 
 
 def statement(query: Query, parts: StatementParts, settings: Settings, n: int):
     """The one statement of a query (bytes) and its parameters; None when no half can run."""
-    match = match_query(parts.plan.matched, parts.excluded) if parts.scoring else None
+    plan = parts.plan if parts.scoring else None
+    match = match_query(plan.matched, parts.excluded) if plan is not None else None
     params: dict[str, Any] = {}
     if not parts.vector_runs and match is None:
         return None, params
     params.update(_filters(query)[1])  # the filters' values, under the names every part uses
-    if parts.scoring:
-        params.update(bm25.parameters(parts.plan, parts.stats, settings.search.bm25_k1,
+    if plan is not None:
+        assert parts.stats is not None  # what the plan was made with
+        params.update(bm25.parameters(plan, parts.stats, settings.search.bm25_k1,
                                       settings.search.bm25_b))
     if match is not None:
         params["match"] = match
@@ -265,6 +268,7 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
     from psycopg import sql
 
     limit = sql.Literal(int(n))
+    model, plan = parts.model if parts.vector_runs else None, parts.plan if parts.scoring else None
     ctes = []
     agent_c = agent_e = sql.SQL("")
     if query.agent is not None:
@@ -276,8 +280,7 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
             period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(parts.exact + 1),
             exact=sql.Literal(parts.exact), filters=episode_filters.and_joined(clauses)))
     prefix = "every_" if period else ""
-    if parts.vector_runs:
-        model = parts.model
+    if model is not None:
         where, join, _ = vector_where(query)
         ctes.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage), n=limit,
                                                 table=sql.Identifier(model.table_name), join=join, where=where,
@@ -291,7 +294,7 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
                 agent_c=agent_c, vec=sql.SQL("period_vec"), hits=sql.SQL("period_vhits")))
             ctes.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("vhits"), everywhere=sql.SQL("every_vhits"),
                                                       inside=sql.SQL("period_vhits"), best=sql.SQL("distance")))
-    score = bm25.score(parts.plan, "e.tsv") if parts.scoring else sql.SQL("0::float8")
+    score = bm25.score(plan, "e.tsv") if plan is not None else sql.SQL("0::float8")
     if matching:
         filters = sql.SQL(bm25.matched_in_role(parts.in_role, "%(match)s")) + episode_filters.and_joined(clauses)
         ctes.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"), filters=filters))
@@ -302,16 +305,16 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
             ctes.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("thits"), everywhere=sql.SQL("every_thits"),
                                                       inside=sql.SQL("period_thits"), best=sql.SQL("text_score DESC")))
     found = FOUND_BOTH if parts.vector_runs and matching else FOUND_VECTOR if parts.vector_runs else FOUND_TEXT
-    near = sql.SQL(NO_NEAR)
+    near: sql.Composable = sql.SQL(NO_NEAR)
     if parts.context:
         filters = {}
         for alias, name in (("b", "before"), ("a", "after")):
             filters[name] = episode_filters.and_joined(_filters(query, alias)[0])
         near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)
-    distance = sql.SQL("NULL::float8")
-    if parts.vector_runs:
-        exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(parts.model.storage),
-                                         table=sql.Identifier(parts.model.table_name))
+    distance: sql.Composable = sql.SQL("NULL::float8")
+    if model is not None:
+        exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(model.storage),
+                                         table=sql.Identifier(model.table_name))
         distance = sql.SQL("coalesce(x.distance, {})").format(exact)
     text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if parts.scoring else score
     excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery") if any(parts.excluded) else sql.SQL("")
@@ -326,6 +329,7 @@ def statement_call(conn, query: Query, parts: StatementParts, settings: Settings
     if text is None:
         return None
     if parts.vector_runs:
+        assert parts.model is not None  # vector_runs: there is one
         params["q"] = query_vector(conn, parts.vector, parts.model)
     # rows in binary: a query's hundred or so candidates, their times, numbers and arrays load faster so
     return StatementCall(text, params, prepare=None, binary=True, stage=1)

@@ -99,7 +99,7 @@ _YEARS = re.compile(r"\b(?:between|from)\s+" + _YEAR + r"\s+(?:and|to|until|till
 def _span(shape: str, g: tuple) -> tuple[tuple[datetime.datetime, datetime.datetime] | None, str, tuple]:
     """A matched date's span, its unit and its (year, month, day) (month and day None where not named)."""
     if shape == "ymd":
-        ymd = int(g[0]), int(g[1]), int(g[2])
+        ymd: tuple[int, int, int | None] = int(g[0]), int(g[1]), int(g[2])
     elif shape == "dmy":
         ymd = int(g[2]), MONTHS[g[1].lower()], int(g[0])
     elif shape == "mdy":
@@ -139,7 +139,9 @@ def _first(text: str, last: tuple) -> tuple[datetime.datetime | None, bool]:
         elif shape == "m":
             span = _date(year, MONTHS[g[0].lower()], None)
         else:
-            return _date(int(g[0]), 1, None)[0], False
+            january = _date(int(g[0]), 1, None)
+            assert january is not None  # a month without a day: a span, or ValueError
+            return january[0], False
         return (span[0] if span else None), True
     return None, False
 

@@ -15,13 +15,16 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl.config import Settings
 from memctl.errors import BadValue, MemctlError, UsageError
 from memctl.reading import query
 from memctl.recall import recall_episodes, window
 from memctl.recall.form import Item, Template, age, sourced, template
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being below between
@@ -117,7 +120,7 @@ def _verbatim(key: str, text: str) -> bool:
     return re.search(r"(?<![\w.])" + re.escape(key.lower()) + r"(?!\w)", text) is not None
 
 
-def match_facts(conn, observation: str, namespace: str, also: tuple[str, ...] = (),
+def match_facts(conn: Memory, observation: str, namespace: str, also: tuple[str, ...] = (),
                 as_of: datetime.datetime | None = None) -> list[dict]:
     """Facts of the namespace (and of the namespaces `also` names) sharing a word with the observation,
     best first, each with its `score`; the current ones, or with `as_of` those valid then."""
@@ -268,7 +271,7 @@ def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Reca
     return results
 
 
-def scoped(conn, requests: list[Request]) -> list[Request]:
+def scoped(conn: Memory, requests: list[Request]) -> list[Request]:
     """Each request whose namespace is None given the namespaces its agent's MCP server reads
     (records.agents.namespaces_for), asked once an agent."""
     from memctl.records import agents
@@ -288,6 +291,7 @@ def scoped(conn, requests: list[Request]) -> list[Request]:
 def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,
               rule: window.Rule, found: recall_episodes.Episodes) -> Recall:
     now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
+    assert request.namespace is not None  # recall() asked the agents' registry for it
     fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)
     outcome = found.outcome
     hits = [h for h in outcome.hits if recall_episodes.related(h, found.max_distance)]

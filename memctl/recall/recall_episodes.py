@@ -12,7 +12,7 @@ import datetime
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memctl.config import Settings
 from memctl.embedding import models
@@ -23,6 +23,9 @@ from memctl.recall.form import (Item, Template, age, entry_line, folded, sourced
                                  window_lines)
 from memctl.reading.fusion import Hit
 from memctl.reading.query import Query
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # Cosine distance within which an episode counts as related without sharing a
 # word. Models spread their distances differently: unrelated texts sit near 0.9
@@ -203,10 +206,11 @@ def related(hit: Hit, limit: float) -> bool:
 Sightings = tuple[int, datetime.datetime, datetime.datetime]  # repeats, first seen, last seen
 
 
-def sightings(conn, hit: Hit, as_of: datetime.datetime | None) -> Sightings:
+def sightings(conn: Memory, hit: Hit, as_of: datetime.datetime | None) -> Sightings:
     """(repeats, first seen, last seen) of a hit; with as_of, of the sightings before it only."""
     if not hit.repeats:
         return 0, hit.created_at, hit.created_at
+    assert hit.first_seen is not None and hit.last_seen is not None  # a first standing for repeats: its span
     if as_of is None or hit.last_seen < as_of:
         return hit.repeats, hit.first_seen, hit.last_seen
     from memctl.records import episodes
@@ -216,7 +220,7 @@ def sightings(conn, hit: Hit, as_of: datetime.datetime | None) -> Sightings:
     return max(0, len(seen) - 1), hit.created_at, max(seen, default=hit.created_at)
 
 
-def entry(conn, hit: Hit, duplicates: list[int], as_of: datetime.datetime | None) -> window.Entry:
+def entry(conn: Memory, hit: Hit, duplicates: list[int], as_of: datetime.datetime | None) -> window.Entry:
     """A hit as the first entry of its window, with what its line shows (repeats, folded near-duplicates)."""
     return window.Entry(hit.id, hit.agent, hit.kind, hit.source, hit.importance, hit.created_at, hit.content,
                         match=True, score=hit.score,
@@ -243,6 +247,7 @@ def episode_item(e: window.Entry, form: Template, now: datetime.datetime) -> Ite
               "content": e.content, "score": e.score, "repeats": repeats, "first_seen": age(first, now),
               "last_seen": age(last, now), "folded": folded(e.extra["duplicates"]),
               "seen": f" (seen {repeats + 1} times, first {age(first, now)}, last {age(last, now)})" if repeats else ""}
+    assert e.score is not None  # a hit's
     return Item("episode", e.score, form.line("episode", values), data=data)
 
 
@@ -261,7 +266,7 @@ def window_item(block: window.Block, form: Template, now: datetime.datetime) -> 
                              "age": age(e.created_at, now), "content": e.content, "match": False})
     data = {"agent": first.agent, "source": first.source, "ids": [e.id for e in block.entries],
             "matches": [e.id for e in block.matches], "episodes": episodes}
-    score = max(e.score for e in block.matches)
+    score = max(e.score for e in block.matches if e.score is not None)  # the hits': each has one
     return Item("window", score, "\n".join(window_lines(form, block.entries, now)), data=data)
 
 

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl.config import parse_duration
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 SCAN = 4  # rows read a side per neighbour wanted: a bounded walk through other sources' entries
 MAX_SIDE = 10  # at most this many neighbours a side ([recall] window_before/after, --context)
@@ -95,7 +98,7 @@ class Entry:
 Windows = dict[tuple[str, int], tuple[list[Entry], list[Entry]]]
 
 
-def windows(conn, hits: list[Entry], rule_: Rule, until: datetime.datetime | None = None) -> Windows:
+def windows(conn: Memory, hits: list[Entry], rule_: Rule, until: datetime.datetime | None = None) -> Windows:
     """Each hit's neighbours by the rule, one statement per agent among the hits."""
     found: Windows = {h.key: ([], []) for h in hits}
     if rule_.off or not hits:

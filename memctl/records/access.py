@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # Rows are written in key order so that two concurrent calls lock them in the
 # same order (no deadlock); an id returned twice in one call counts twice.
@@ -48,7 +51,7 @@ class _Route:
     primary: Any = None
     failed: bool = False
 
-    def writer(self):
+    def writer(self) -> Memory | None:
         """The primary's connection, opened at the first call; None (noted once) when it cannot be."""
         from memctl.errors import MemctlError
 
@@ -57,25 +60,25 @@ class _Route:
                 self.primary = self.open_primary()
             except MemctlError as exc:
                 self.failed = True
-                self._note(f"access counts not recorded: cannot open the primary ({exc})")
+                self.report(f"access counts not recorded: cannot open the primary ({exc})")
         return self.primary
 
-    def _note(self, message: str) -> None:
+    def report(self, message: str) -> None:
         if self.note is not None:
             self.note(message)
 
 
-def route_to_primary(read_conn, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None) -> None:
+def route_to_primary(read_conn: Memory, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None) -> None:
     """Write the accesses recorded on `read_conn` (a replica) through `open_primary()` instead.
 
     `open_primary` runs at most once, at the first record() with something to write; `note`
     receives one line if it fails (the counts of this connection are then skipped). The route is kept on
-    the read connection itself (a psycopg Connection takes attributes), and goes with it.
+    the read connection's handle (Memory.route), and goes with it.
     """
-    read_conn.memctl_access_route = _Route(open_primary, note)
+    read_conn.route = _Route(open_primary, note)
 
 
-def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
+def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:
     """Count one access of each (agent, episode id) now; returns the rows written.
 
     On a connection routed with route_to_primary() the rows are written on the primary.
@@ -86,11 +89,12 @@ def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
     if not pairs:
         return 0
     params = {"agents": [agent for agent, _ in pairs], "ids": [int(i) for _, i in pairs]}
-    route = getattr(conn, "memctl_access_route", None)
+    route = conn.route
     if route is not None:
-        conn = route.writer()
-        if conn is None:
+        primary = route.writer()
+        if primary is None:
             return 0
+        conn = primary
     try:
         return conn.execute(RECORD, params, prepare=False).rowcount
     except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.ForeignKeyViolation):
@@ -98,17 +102,17 @@ def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
     except psycopg.OperationalError as exc:
         if route is None:
             raise
-        route._note(f"access counts not recorded on the primary: {str(exc).strip().splitlines()[0]}")
+        route.report(f"access counts not recorded on the primary: {str(exc).strip().splitlines()[0]}")
         return 0
 
 
-def last_accessed(conn, episode_ids: list[int]) -> dict[int, datetime.datetime]:
+def last_accessed(conn: Memory, episode_ids: list[int]) -> dict[int, datetime.datetime]:
     """Episode id -> when it was last returned, for the ids that ever were."""
     if not episode_ids:
         return {}
     return {row["episode_id"]: row["at"] for row in conn.execute(LAST_ACCESSED, (list(episode_ids),))}
 
 
-def stats(conn, episode_ids: list[int]) -> list[dict]:
+def stats(conn: Memory, episode_ids: list[int]) -> list[dict]:
     """Access rows (agent, episode_id, access_count, last_accessed_at) of these episodes."""
     return conn.execute(STATS, (list(episode_ids),)).fetchall()

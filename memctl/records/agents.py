@@ -22,6 +22,7 @@ import re
 import secrets
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, overload
 
 import psycopg
 from psycopg import sql
@@ -29,6 +30,9 @@ from psycopg import sql
 from memctl.db import wall
 from memctl.errors import NotFound, UsageError
 from memctl.write import values
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 READERS, WRITERS = wall.READERS, wall.WRITERS
 AgentsUnsupported = wall.AgentsUnsupported
@@ -82,15 +86,19 @@ def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "replace")).digest()
 
 
+@overload
+def _agent(row: dict) -> Agent: ...
+@overload
+def _agent(row: dict | None) -> Agent | None: ...
 def _agent(row: dict | None) -> Agent | None:
     return None if row is None else Agent(**{**row, "shared": list(row["shared"])})
 
 
-def _yes(conn, query: str, params=()) -> bool:
-    return bool(conn.execute(query, params).fetchone()["yes"])
+def _yes(conn: Memory, query: str, params=()) -> bool:
+    return bool(conn.one(query, params)["yes"])
 
 
-def refuse_citus(conn) -> None:
+def refuse_citus(conn: Memory) -> None:
     if _yes(conn, IS_CITUS):
         raise AgentsUnsupported("agents are not offered on Citus: row-level security is not set up on distributed "
                                 "tables (docs/agents.md); `memctl mcp --agent` keeps its SQL scope there")
@@ -100,23 +108,23 @@ def refuse_citus(conn) -> None:
 # Roles (memctl.db.wall)
 
 
-def print_sql(conn, name: str, *, read_only: bool = False) -> str:
+def print_sql(conn: Memory, name: str, *, read_only: bool = False) -> str:
     """The statements `agent add --print-sql` prints for a DBA: run them as a role with CREATEROLE, then
     `memctl agent add` as the owner registers the agent on the roles they made."""
     name = _checked(name, "NAME")
-    owner = conn.execute("SELECT current_user AS me").fetchone()["me"]
+    owner = conn.one("SELECT current_user AS me")["me"]
     head = (f"-- agent {name!r}: run as a superuser, or a role with CREATEROLE (on PostgreSQL 16+ one that made\n"
             f"-- {READERS} and {WRITERS}, or holds them WITH ADMIN OPTION); then, as {owner}:\n"
             f"--   memctl agent add {name} [--namespace NS] [--shared-namespace NS]...\n")
     return head + "".join(s.as_string(conn) + ";\n" for s in wall.statements_for(conn, role_name_for(name), read_only))
 
 
-def grant(conn) -> None:
+def grant(conn: Memory) -> None:
     """The agents' groups' grants on every memory table there is now (memctl.db.wall.grant)."""
     wall.grant(conn)
 
 
-def open_gaps(conn) -> list[str]:
+def open_gaps(conn: Memory) -> list[str]:
     """What of the server's defaults an agent's role keeps because memctl's role may not revoke it, each with the
     statement a DBA runs (memctl.db.wall.gaps; docs/agents.md "Threat model")."""
     return [str(gap) for gap in wall.gaps(conn)]
@@ -130,7 +138,7 @@ def _checked(name: str, what: str) -> str:
     return values.name(name, what)
 
 
-def add(conn, name: str, *, namespace: str | None = None, shared: list[str] | None = None,
+def add(conn: Memory, name: str, *, namespace: str | None = None, shared: list[str] | None = None,
         read_only: bool = False) -> Agent:
     """Register an agent: its role (made unless a DBA made it), grants, and its row. No token yet."""
     name = _checked(name, "NAME")
@@ -148,25 +156,29 @@ def add(conn, name: str, *, namespace: str | None = None, shared: list[str] | No
     return show(conn, name)
 
 
-def list_agents(conn) -> list[Agent]:
+def list_agents(conn: Memory) -> list[Agent]:
     return [_agent(row) for row in conn.execute(ALL).fetchall()]
 
 
-def show(conn, name: str, *, missing_ok: bool = False) -> Agent | None:
+@overload
+def show(conn: Memory, name: str, *, missing_ok: Literal[False] = False) -> Agent: ...
+@overload
+def show(conn: Memory, name: str, *, missing_ok: bool) -> Agent | None: ...
+def show(conn: Memory, name: str, *, missing_ok: bool = False) -> Agent | None:
     found = _agent(conn.execute(ONE, (name,)).fetchone())
     if found is None and not missing_ok:
         raise NotFound(f"no agent {name!r}: `memctl agent add {name}` registers it")
     return found
 
 
-def namespaces_for(conn, agent: str | None) -> tuple[str, tuple[str, ...]]:
+def namespaces_for(conn: Memory, agent: str | None) -> tuple[str, tuple[str, ...]]:
     """The facts' namespaces a registered agent's MCP server reads (its own, then shared ones); 'default' for an
     unregistered agent or none (the operator's commands' default, as before agents were registered)."""
     found = show(conn, agent, missing_ok=True) if agent is not None else None
     return (found.namespace, tuple(found.shared)) if found is not None else (values.DEFAULT_NAMESPACE, ())
 
 
-def issue_token(conn, name: str) -> str:
+def issue_token(conn: Memory, name: str) -> str:
     """A new bearer token for the agent, replacing any earlier one (which stops working at once)."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     if conn.execute(SET_TOKEN, (hash_token(token), name)).fetchone() is None:
@@ -174,7 +186,7 @@ def issue_token(conn, name: str) -> str:
     return token
 
 
-def by_token(conn, token: str) -> Agent | None:
+def by_token(conn: Memory, token: str) -> Agent | None:
     """The agent a bearer token belongs to, or None (unknown, rotated or revoked)."""
     if not token or len(token) > 200 or not token.isascii():
         return None
@@ -221,7 +233,7 @@ def login(conn, name: str, settings) -> str:
     return f"postgresql://{quote(agent.role)}:{quote(password)}@{where}{tail}"
 
 
-def revoke(conn, name: str) -> dict:
+def revoke(conn: Memory, name: str) -> dict:
     """Unregister an agent: its row and token go (its servers refuse it from their next call), then its role
     is retired (memctl.db.wall.retire: no login, its sessions ended, what it owns here taken over, the role
     dropped). The agent's memory stays (the operator's: `purge`, `episode delete`)."""
@@ -232,22 +244,22 @@ def revoke(conn, name: str) -> dict:
     return {"name": name, **wall.retire(conn, row["role_name"])}
 
 
-def assume(conn, agent: Agent | str) -> None:
+def assume(conn: Memory, agent: Agent | str) -> None:
     """Run the connection's next statements in the agent's role (an Agent or its role's name; until reset()).
 
     The connection remembers it (assumed()): search then finds words through memctl_agent_matches
     (sql/0022), the text index's way in under row-level security."""
     role = agent if isinstance(agent, str) else agent.role
     conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-    conn.memctl_role = role
+    conn.role = role
 
 
-def reset(conn) -> None:
+def reset(conn: Memory) -> None:
     conn.execute("RESET ROLE")
-    conn.memctl_role = None
+    conn.role = None
 
 
-def assumed(conn) -> bool:
+def assumed(conn: Memory) -> bool:
     """Whether assume() put the connection in an agent's role. Only the way words are found depends on it:
     a connection put in a role otherwise (psql's SET ROLE) is still kept to its rows, by the policies."""
-    return getattr(conn, "memctl_role", None) is not None
+    return conn.role is not None

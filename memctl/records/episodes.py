@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from memctl import places, redact
+from memctl import overlap, places, redact
 
 from memctl.files import jsonl
 from memctl.config import Settings
-from memctl.db import locks, overlap
-from memctl.errors import BadValue, Blocked, InvalidInput, NotFound
+from memctl.db import locks
+from memctl.errors import BadValue, Blocked, InvalidInput, MemctlError, NotFound
 from memctl.write import admission, erased, gate, identity, repeats, store
 from memctl.records.filters import filters, where
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 FIELDS = ("content", "kind", "source", "agent", "importance", "created_at", "meta")
 
@@ -66,7 +69,7 @@ FROM chunks c WHERE c.agent = %s AND c.episode_id = %s ORDER BY c.seq
 """
 
 
-def show(conn, episode_id: int) -> dict:
+def show(conn: Memory, episode_id: int) -> dict:
     row = conn.execute(SHOW, (episode_id,)).fetchone()
     if row is None:
         raise NotFound(f"no episode {episode_id}")
@@ -74,7 +77,7 @@ def show(conn, episode_id: int) -> dict:
     return row
 
 
-def list_episodes(conn, *, agent: str | None = None, kind: str | None = None, source: str | None = None,
+def list_episodes(conn: Memory, *, agent: str | None = None, kind: str | None = None, source: str | None = None,
                   since: str | None = None, limit: int = 50) -> list[dict]:
     from psycopg import sql
 
@@ -108,7 +111,7 @@ class Deletion:
     summaries: list[int] = field(default_factory=list)  # summaries built from them, deleted with them
 
 
-def delete_episodes(conn, ids: list[int]) -> Deletion:
+def delete_episodes(conn: Memory, ids: list[int]) -> Deletion:
     """Delete episodes with their chunks and vectors (all models), a first with its repeats, and every summary built
     from any of them (removed, never rewritten: docs/retention.md), recorded in the erasure ledger
     (memctl.records.erasures) with the rows removed per table; runbook runs that recorded a deleted episode lose the
@@ -155,7 +158,7 @@ ORDER BY created_at, id LIMIT %(limit)s
 """
 
 
-def repeat_info(conn, ids: Iterable[int], agent: str | None = None) -> dict[int, dict]:
+def repeat_info(conn: Memory, ids: Iterable[int], agent: str | None = None) -> dict[int, dict]:
     """{id: {repeats, first_seen, last_seen, repeat_of}} of stored episodes (memctl.write.repeats): a first's
     repeats (0: none) and the span it was seen in; a repeat's repeat_of names its first. `agent` routes it to
     one shard on Citus."""
@@ -163,7 +166,7 @@ def repeat_info(conn, ids: Iterable[int], agent: str | None = None) -> dict[int,
     return {r.pop("id"): r for r in rows}
 
 
-def repeats_of(conn, agent: str, first_id: int, limit: int = 1000) -> list[dict]:
+def repeats_of(conn: Memory, agent: str, first_id: int, limit: int = 1000) -> list[dict]:
     """A first and every repeat of it, oldest first (search --all), at most `limit` rows."""
     return conn.execute(REPEATS_OF, {"agent": agent, "id": first_id, "limit": limit}).fetchall()
 
@@ -218,7 +221,7 @@ FIRST_BATCH = 500
 
 def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode], *, result: ImportResult,
                     occurrences: identity.Occurrences | None = None,
-                    refused: Callable[[gate.NewEpisode, Exception], None] | None = None,
+                    refused: Callable[[gate.NewEpisode, MemctlError], None] | None = None,
                     then: Callable[[Any], None] | None = None) -> ImportResult:
     """Load episodes with binary COPY, in one transaction: all of them or none.
 
@@ -254,7 +257,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
                 try:
                     admitted = admit.episode(episode)
                 except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
-                    copier.wait()  # the connection is the copy's until it returns (memctl.db.overlap)
+                    copier.wait()  # the connection is the copy's until it returns (memctl.overlap)
                     if erased.held(conn, episode.content):  # erased here: left out, whatever else it is
                         result.erased += 1
                         continue
@@ -286,7 +289,7 @@ class _Fold:
     locked: set[str] = field(default_factory=set)  # agents whose fold lock this transaction holds
 
 
-def _copy_batch(conn, batch: list[admission.Episode], keys: list[bytes], now, queued: list[int], result: ImportResult,
+def _copy_batch(conn: Memory, batch: list[admission.Episode], keys: list[bytes], now, queued: list[int], result: ImportResult,
                 fold: _Fold, ledger: tuple, release=None) -> None:
     copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked,
                                  release=release, keys=keys, ledger=ledger if ledger[0] is not None else None)

@@ -28,13 +28,16 @@ import os
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from memctl import places
 from memctl.errors import MemctlError
 from memctl.places import digest, digest_sql, key_id, pads  # noqa: F401 (the ledger's digests: one home)
 from memctl.write.erased import key_path, load_key, state_dir  # noqa: F401 (the ledger's key: one home)
 from memctl.write.values import WRITER
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 KEY_BYTES = places.KEY_BYTES
 OPS = ("purge", "fact_erase", "episode_delete", "redact_fix", "prune_blocked")
@@ -114,13 +117,13 @@ class Entry:
                f"{facts} fact(s)) [{self.id[:12]}]".replace("  ", " ")
 
 
-def new_entry(conn, op: str, *, key: bytes | None = None, **fields: Any) -> Entry:
+def new_entry(conn: Memory, op: str, *, key: bytes | None = None, **fields: Any) -> Entry:
     key = key if key is not None else load_key()
-    return Entry(op=op, erased_at=conn.execute(DATABASE).fetchone()["now"], key_id=key_id(key), **fields)
+    return Entry(op=op, erased_at=conn.one(DATABASE)["now"], key_id=key_id(key), **fields)
 
 
-def database_tag(conn) -> str:
-    row = conn.execute(DATABASE).fetchone()
+def database_tag(conn: Memory) -> str:
+    row = conn.one(DATABASE)
     return f"{row['db']}/{row['schema']}"
 
 
@@ -135,11 +138,11 @@ ON CONFLICT DO NOTHING
 HAS_DIGESTS = "SELECT to_regclass('erasure_digests') IS NOT NULL AS yes"
 
 
-def _insert(conn, entry: Entry) -> None:
+def _insert(conn: Memory, entry: Entry) -> None:
     """The entry's row, and its digests for the look-up on the way in (memctl.write.erased; from sql/0024)."""
     conn.execute(INSERT, (entry.id, entry.erased_at, entry.op, entry.source, entry.target, entry.key_id,
                           json.dumps(entry.counts, default=str), json.dumps(entry.items)))
-    if conn.execute(HAS_DIGESTS).fetchone()["yes"]:
+    if conn.one(HAS_DIGESTS)["yes"]:
         found = [(e["digest"], "episode") for e in entry.items.get("episodes", [])]
         found += [(d, "quote") for d in entry.items.get("quotes", [])]
         conn.execute(INSERT_DIGESTS, {"id": entry.id, "digests": [d for d, _ in found],
@@ -171,7 +174,7 @@ def _append(entries: Iterable[Entry], tag: str) -> None:
         files.fsync_dir(path.parent)
 
 
-def record(conn, entry: Entry) -> Entry:
+def record(conn: Memory, entry: Entry) -> Entry:
     """Keep the entry in the table (if the schema has it) and in the file."""
     if has_table(conn):
         _insert(conn, entry)
@@ -179,8 +182,8 @@ def record(conn, entry: Entry) -> Entry:
     return entry
 
 
-def has_table(conn) -> bool:
-    return bool(conn.execute(HAS_TABLE).fetchone()["yes"])
+def has_table(conn: Memory) -> bool:
+    return bool(conn.one(HAS_TABLE)["yes"])
 
 
 def read_file(tag: str, path: Path | None = None) -> tuple[list[Entry], int]:
@@ -203,13 +206,13 @@ def read_file(tag: str, path: Path | None = None) -> tuple[list[Entry], int]:
     return found, bad
 
 
-def read_table(conn) -> list[Entry]:
+def read_table(conn: Memory) -> list[Entry]:
     if not has_table(conn):
         return []
     return [Entry.from_dict(row) for row in conn.execute(ALL).fetchall()]
 
 
-def sync(conn, also: Iterable[Entry] = ()) -> list[Entry]:
+def sync(conn: Memory, also: Iterable[Entry] = ()) -> list[Entry]:
     """Every entry of this database, from the table, the file and `also`, each copied where it is missing;
     oldest first."""
     tag = database_tag(conn)
@@ -269,7 +272,7 @@ def _keys(keys: Iterable[tuple[str, int]]) -> dict:
     return {"agents": [a for a, _ in pairs], "ids": [i for _, i in pairs]}
 
 
-def capture_episodes(conn, keys: Iterable[tuple[str, int]], key: bytes) -> tuple[list[dict], list[str]]:
+def capture_episodes(conn: Memory, keys: Iterable[tuple[str, int]], key: bytes) -> tuple[list[dict], list[str]]:
     """The ledger's items for these episodes (agent, id, digest of the text and of each chunk, the keyed digest
     lineage keeps of it), and the texts (to look for in the job log)."""
     import hashlib
@@ -300,7 +303,7 @@ WHERE NOT EXISTS (SELECT 1 FROM episodes e WHERE e.agent = l.agent AND e.id = l.
 """
 
 
-def summaries_of(conn, keys: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+def summaries_of(conn: Memory, keys: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
     """The summaries (and their repeats) built from any of these episodes, not among them."""
     keys = list(keys)
     given = set(keys)
@@ -308,21 +311,21 @@ def summaries_of(conn, keys: Iterable[tuple[str, int]]) -> list[tuple[str, int]]
             if (r["agent"], r["id"]) not in given]
 
 
-def sources_gone(conn, summaries: Iterable[tuple[str, int]]) -> int:
+def sources_gone(conn: Memory, summaries: Iterable[tuple[str, int]]) -> int:
     """How many sources of these summaries prune had deleted already (counted before the summaries go)."""
     summaries = list(summaries)
-    return conn.execute(SOURCES_GONE, _keys(summaries)).fetchone()["n"] if summaries else 0
+    return conn.one(SOURCES_GONE, _keys(summaries))["n"] if summaries else 0
 
 
-def count_rows(conn, keys: Iterable[tuple[str, int]]) -> dict[str, int]:
+def count_rows(conn: Memory, keys: Iterable[tuple[str, int]]) -> dict[str, int]:
     """Rows these episodes hold in each table (every model's vectors by table: a re-embed's too)."""
     from psycopg import sql
 
     params = _keys(keys)
-    found = dict(conn.execute(COUNTS, params).fetchone())
+    found = dict(conn.one(COUNTS, params))
     for model in conn.execute(MODELS).fetchall():
         query = sql.SQL(VECTOR_COUNT).format(table=sql.Identifier(model["table_name"]))
-        found[model["table_name"]] = conn.execute(query, params).fetchone()["n"]
+        found[model["table_name"]] = conn.one(query, params)["n"]
     return found
 
 
@@ -330,7 +333,7 @@ def removed(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {table: n - after.get(table, 0) for table, n in before.items()}
 
 
-def unlink_runs(conn, keys: Iterable[tuple[str, int]], key: bytes, quotes: list[str]) -> int:
+def unlink_runs(conn: Memory, keys: Iterable[tuple[str, int]], key: bytes, quotes: list[str]) -> int:
     """Runbook runs whose record episode is erased: the link and the output tail cleared, the digest of the
     output each had added to `quotes`; how many."""
     ipad, opad = pads(key)
@@ -366,7 +369,7 @@ def _replace(value: Any, texts: list[str]) -> Any:
     return value
 
 
-def scrub_quotes(conn, texts: Iterable[str], key: bytes, quotes: list[str]) -> dict[str, int]:
+def scrub_quotes(conn: Memory, texts: Iterable[str], key: bytes, quotes: list[str]) -> dict[str, int]:
     """Job log rows and runbook run outputs that quote an erased text (of at least MIN_QUOTE characters; the
     longest MAX_QUOTED texts): the quote replaced by [erased], the digest of the whole value each changed column
     had added to `quotes` (memctl.places: QUOTE). Rows changed per table, and texts looked for."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, overload
 
 from memctl.files import jsonl
 from memctl.errors import BadValue, InvalidInput, NotFound
@@ -24,6 +24,7 @@ from memctl.write.values import WRITER
 
 if TYPE_CHECKING:
     from memctl import redact
+    from memctl.db.memory import Memory
     from memctl.write import admission, gate
 
 # Reading a fact (get, list, history) imports neither the gate nor redaction: `memctl fact get` starts
@@ -101,16 +102,16 @@ LOCK_KEY = "SELECT memctl_lock_key(%s, %s || chr(31) || %s)"  # memctl.db.locks:
 LOCK_CLASS = 0x6D666B79  # "mfky": one lock per (namespace, key)
 CURRENT = "SELECT value, version FROM facts WHERE namespace = %s AND key = %s"
 LAST_VERSION = "SELECT coalesce(max(version), 0) AS v FROM fact_history WHERE namespace = %s AND key = %s"
-def lock_key(conn, namespace: str, key: str) -> None:
+def lock_key(conn: Memory, namespace: str, key: str) -> None:
     """Writers of one fact's key take turns until their transaction ends."""
     conn.execute(LOCK_KEY, (LOCK_CLASS, namespace, key))
 
 
-def _lock(conn, namespace: str, key: str) -> tuple[str | None, int]:
+def _lock(conn: Memory, namespace: str, key: str) -> tuple[str | None, int]:
     """Lock the key for this transaction; return (current value, last version ever used)."""
     lock_key(conn, namespace, key)
     row = conn.execute(CURRENT, (namespace, key)).fetchone()
-    last = conn.execute(LAST_VERSION, (namespace, key)).fetchone()["v"]
+    last = conn.one(LAST_VERSION, (namespace, key))["v"]
     return (row["value"] if row else None), max(last, row["version"] if row else 0)
 
 
@@ -138,6 +139,10 @@ def at_params(at: datetime.datetime | None = None, *, namespace: str | None = No
     return {"at": at, "namespaces": None if namespace is None else [namespace], "key": key, "prefix": prefix}
 
 
+@overload
+def moment(value: str | datetime.datetime, what: str, skew: float | None = ...) -> datetime.datetime: ...
+@overload
+def moment(value: str | datetime.datetime | None, what: str, skew: float | None = ...) -> datetime.datetime | None: ...
 def moment(value: str | datetime.datetime | None, what: str, skew: float | None = None) -> datetime.datetime | None:
     """A point in time: now, a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC), no later
     than [limits] clock_skew (`skew`) from now (memctl.records.filters.moment)."""
@@ -160,16 +165,16 @@ def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_f
     return when
 
 
-def _set_in_tx(conn, fact: admission.FactValue, admit: gate.Gate) -> Change:
+def _set_in_tx(conn: Memory, fact: admission.FactValue, admit: gate.Gate) -> Change:
     from memctl.write import store
 
     old, last = _lock(conn, fact.namespace, fact.key)
     if fact.valid_from is not None:  # the database's clock records the version: no later than its now()
-        check_valid_from(fact.valid_from, now=conn.execute(NOW).fetchone()["now"])
+        check_valid_from(fact.valid_from, now=conn.one(NOW)["now"])
     version = last + 1
     recorded = store.insert_history(conn, admit.history(fact, version, "set", old, fact.value, fact.source,
                                                         valid_from=fact.valid_from))
-    winner = conn.execute(VERSIONS_AT, at_params(namespace=fact.namespace, key=fact.key), prepare=False).fetchone()
+    winner = conn.one(VERSIONS_AT, at_params(namespace=fact.namespace, key=fact.key), prepare=False)
     current = winner["version"] == version
     if current:
         store.put_fact(conn, fact, version, recorded["changed_at"])
@@ -212,7 +217,7 @@ SELECT namespace, key, value, source, version, updated_at, valid_from FROM facts
 """
 
 
-def get_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE,
+def get_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE,
              as_of: str | datetime.datetime | None = None) -> Fact:
     """The current value, or with `as_of` the value valid at that time (NotFound: none then)."""
     if as_of is not None:
@@ -235,7 +240,7 @@ ORDER BY namespace, key
 """
 
 
-def list_facts(conn, *, namespace: str | None = DEFAULT_NAMESPACE, prefix: str | None = None,
+def list_facts(conn: Memory, *, namespace: str | None = DEFAULT_NAMESPACE, prefix: str | None = None,
                as_of: str | datetime.datetime | None = None) -> Iterator[Fact]:
     """The current facts, or with `as_of` those valid at that time, sorted by namespace and key."""
     if as_of is not None:
@@ -253,7 +258,7 @@ FROM fact_history WHERE namespace = %s AND key = %s ORDER BY version, id
 """
 
 
-def history(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> list[dict]:
+def history(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> list[dict]:
     rows = conn.execute(HISTORY_OF, (namespace, key)).fetchall()
     if not rows:
         raise NotFound(f"no history for fact {key!r} in namespace {namespace!r}")
@@ -295,7 +300,7 @@ UNION SELECT new_value FROM fact_history WHERE namespace = %(ns)s AND key = %(ke
 """
 
 
-def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool = False,
+def erase_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool = False,
                record: bool = True) -> Erasure:
     """Remove the fact and every value its history held, keeping a record that an erasure happened.
 
@@ -344,7 +349,7 @@ def erase_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool
     return result
 
 
-def vacuum(conn, *, full: bool) -> None:
+def vacuum(conn: Memory, *, full: bool) -> None:
     """VACUUM the tables an erasure rewrites (FULL: rewrite them, so no erased value stays on disk)."""
     from psycopg import sql
 
@@ -353,7 +358,7 @@ def vacuum(conn, *, full: bool) -> None:
         conn.execute(command.format(sql.Identifier(table)))
 
 
-def _checkpoint(conn) -> bool:
+def _checkpoint(conn: Memory) -> bool:
     import psycopg
 
     try:
@@ -363,7 +368,7 @@ def _checkpoint(conn) -> bool:
     return True
 
 
-def export_rows(conn, *, namespace: str | None = None) -> Iterator[dict]:
+def export_rows(conn: Memory, *, namespace: str | None = None) -> Iterator[dict]:
     for fact in list_facts(conn, namespace=namespace):
         yield {"namespace": fact.namespace, "key": fact.key, "value": fact.value, "source": fact.source,
                "valid_from": fact.valid_from}
@@ -384,7 +389,7 @@ def parse_import(lines: Iterable[bytes]) -> list[dict]:
 
 
 def _record(item: dict) -> dict:
-    record = {
+    record: dict[str, Any] = {
         "key": item.get("key"),
         "value": item.get("value"),
         "namespace": item.get("namespace") or DEFAULT_NAMESPACE,

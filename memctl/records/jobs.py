@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from memctl.errors import BadValue, MemctlError, NothingToDo, Unavailable
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # The jobs the log records (the seven, then the steps of a model change that are logged apart, and exports:
 # an erasure's receipt lists the exports before it).
@@ -47,7 +50,7 @@ class Job:
 
 
 @contextmanager
-def record(conn, name: str) -> Iterator[Job]:
+def record(conn: Memory, name: str) -> Iterator[Job]:
     """Record a run: a 'running' row at start, the outcome at the end (also on error).
 
     An exception marks the run failed (unavailable for a missing dependency)
@@ -55,7 +58,7 @@ def record(conn, name: str) -> Iterator[Job]:
     output gone, `export | head -1`) is 'interrupted', no failure. A process killed mid-run leaves the row
     'running'.
     """
-    job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+    job = Job(conn.one(START, (name,))["id"], name)
     try:
         yield job
     except BaseException as exc:
@@ -67,7 +70,7 @@ def record(conn, name: str) -> Iterator[Job]:
     _finish(conn, job)
 
 
-def _settle(conn) -> None:
+def _settle(conn: Memory) -> None:
     """Make a connection an interrupt left mid-statement usable for the job's last row. psycopg cancels the
     statement it waits on, but a signal can land between a statement sent and the wait for it (seen on a server
     over TCP: the row stayed 'running', "another command is already in progress"): cancel it, read what is left,
@@ -89,13 +92,13 @@ def _settle(conn) -> None:
         pass  # the row stays 'running', as for a process killed mid-run
 
 
-def ended(conn, name: str, exc: BaseException) -> None:
+def ended(conn: Memory, name: str, exc: BaseException) -> None:
     """Log a run that ended on EXC where no row was written around it (a restore replaces the job log itself); a
     database gone meanwhile logs nothing, as a run killed mid-way."""
     if isinstance(exc, KeyboardInterrupt):
         _settle(conn)
     try:
-        job = Job(conn.execute(START, (name,)).fetchone()["id"], name)
+        job = Job(conn.one(START, (name,))["id"], name)
     except Exception:
         return
     job.outcome, job.error = outcome_of(exc)
@@ -130,7 +133,7 @@ def _masked(value: Any) -> Any:
     return redact_value(value, _clean)
 
 
-def _finish(conn, job: Job) -> None:
+def _finish(conn: Memory, job: Job) -> None:
     """Store the outcome; the error and detail masked first: an exception's text may carry a DSN or a token."""
     job.error = _clean(job.error)
     detail = json.dumps(_masked(job.detail), default=lambda v: _clean(str(v)))
@@ -146,24 +149,24 @@ def check_name(job: str | None) -> None:
         raise BadValue(f"--job: no job {job!r}; the jobs are {', '.join(LOGGED)}", "--job")
 
 
-def list_jobs(conn, *, job: str | None = None, limit: int = 20) -> list[dict]:
+def list_jobs(conn: Memory, *, job: str | None = None, limit: int = 20) -> list[dict]:
     return conn.execute(LIST, {"job": job, "limit": limit}).fetchall()
 
 
-def last(conn, name: str, *, outcome: str | None = None) -> dict | None:
+def last(conn: Memory, name: str, *, outcome: str | None = None) -> dict | None:
     return conn.execute(LAST, (name, outcome, outcome)).fetchone()
 
 
 CREATED = "SELECT min(applied_at) AS at, extract(epoch FROM now() - min(applied_at)) AS age_s FROM memctl_migrations"
 
 
-def memory_created(conn) -> dict:
+def memory_created(conn: Memory) -> dict:
     """When this memory was created (its first migration) and its age in seconds: where a scheduled job that never
     ran starts being late (status --check, memctl_job_last_success_timestamp_seconds)."""
-    row = conn.execute(CREATED).fetchone()
+    row = conn.one(CREATED)
     return {"at": row["at"], "age_s": float(row["age_s"] or 0.0)}
 
 
-def last_completed(conn, name: str, outcomes: tuple[str, ...] = COMPLETED) -> dict | None:
+def last_completed(conn: Memory, name: str, outcomes: tuple[str, ...] = COMPLETED) -> dict | None:
     """The last run that finished its work (ok, or partial: it ran but left something), with age_s."""
     return conn.execute(LAST_COMPLETED, (name, list(outcomes))).fetchone()

@@ -9,6 +9,10 @@ deletes its lineage rows (ON DELETE CASCADE).
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 SUMMARY_KIND = "summary"
 SOURCE_PREFIX = "summarize:"
@@ -31,7 +35,7 @@ WHERE l.agent = %s AND l.source_id = %s ORDER BY l.summary_id
 """
 
 
-def lineage(conn, agent: str, episode_id: int) -> dict:
+def lineage(conn: Memory, agent: str, episode_id: int) -> dict:
     """An episode's place in the lineage: the sources a summary was built from, the summaries built from it."""
     return {"sources": conn.execute(SOURCES_OF, (agent, episode_id)).fetchall(),
             "summarized_in": conn.execute(SUMMARIZED_IN, (agent, episode_id)).fetchall()}
@@ -51,5 +55,5 @@ ORDER BY s.agent, s.id
 """
 
 
-def built_from(conn, source: str, since: datetime.datetime | None = None) -> list[dict]:
+def built_from(conn: Memory, source: str, since: datetime.datetime | None = None) -> list[dict]:
     return conn.execute(BUILT_FROM, {"source": source, "since": since}).fetchall()

@@ -18,13 +18,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from memctl import places
 from memctl.db import locks
 from memctl.records import facts
 from memctl.write.values import WRITER
 from memctl.redact import Redactor, find, redact_named, redact_text, redact_value
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 @dataclass
@@ -110,7 +113,7 @@ def _kinds(text: str | None) -> str | None:
     return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(counts.items()))
 
 
-def _rows(conn, table: str) -> Iterator[dict]:
+def _rows(conn: Memory, table: str) -> Iterator[dict]:
     with conn.transaction(), conn.cursor(name=f"memctl_scan_{table}") as cur:
         cur.itersize = ITERSIZE
         cur.execute(SOURCES[table])
@@ -135,7 +138,7 @@ MARK = {
 }
 
 
-def scan(conn) -> Scan:
+def scan(conn: Memory) -> Scan:
     """Every secret in every column memctl.places says the scan reads: where (table, row, column, kinds)."""
     result = Scan()
     for table in (t for t in places.TABLES if t.scanned):
@@ -226,7 +229,7 @@ UNION ALL SELECT namespace, key, new_value FROM fact_history WHERE id = ANY(%(ne
 """
 
 
-def _ledger_items(conn, found: Scan, secret: bytes) -> dict:
+def _ledger_items(conn: Memory, found: Scan, secret: bytes) -> dict:
     """What the fix is about to overwrite, for the erasure ledger: digests of the old texts, never the texts."""
     from memctl.records import erasures
 
@@ -244,7 +247,7 @@ def _ledger_items(conn, found: Scan, secret: bytes) -> dict:
                       for (n, k), d in digests.items()]}
 
 
-def _reason(conn, source: str) -> str | None:
+def _reason(conn: Memory, source: str) -> str | None:
     row = conn.execute("SELECT reason FROM blocked_sources WHERE source = %s", (source,)).fetchone()
     return row["reason"] if row else None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 from memctl.errors import InvalidInput
 from memctl.redact.detect import find
@@ -132,6 +132,10 @@ class Redactor:
     def count(self) -> int:
         return sum(self.kinds.values())
 
+    @overload
+    def text(self, value: str, what: str = ...) -> str: ...
+    @overload
+    def text(self, value: str | None, what: str = ...) -> str | None: ...
     def text(self, value: str | None, what: str = "text") -> str | None:
         if self.mode == "off" or not value or value in self._clean:
             return value
@@ -147,6 +151,10 @@ class Redactor:
         self.kinds.update(kinds)
         return replace(value, found)
 
+    @overload
+    def named(self, name: str, value: str, what: str = ...) -> str: ...
+    @overload
+    def named(self, name: str, value: str | None, what: str = ...) -> str | None: ...
     def named(self, name: str, value: str | None, what: str = "text") -> str | None:
         """A value stored under a name (a fact's key, a meta field): replaced whole when the name names a
         secret (`secret_name`) and the value is neither a placeholder nor a sentence, by `[REDACTED:<kind>]`

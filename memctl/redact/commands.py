@@ -67,6 +67,7 @@ def command_findings(text: str) -> list[Finding]:
         rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else
                                  "login" if name.endswith("login") else name]
         for m in rule.finditer(text, command.start(2), command.end(2)):
+            assert m.lastindex is not None  # each rule's value is a group
             span = (m.start(m.lastindex), m.end(m.lastindex))
             value = text[span[0]:span[1]]
             if len(value) < 3 or placeholder(value) or name[0] == "m" and value.isdigit() and len(value) <= 5:

@@ -102,10 +102,12 @@ def candidate(text: str, low: str) -> bool:
 def _plugins() -> tuple[tuple[str, Any, Callable[[str, str], bool] | None, bool], ...]:
     """(kind, plugin instance, its gate, is a plain regex plugin) for every detect-secrets plugin used."""
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
-    from detect_secrets.plugins.base import RegexBasedDetector
+    from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
 
     plugins = []
-    for secret_type, plugin in sorted(get_mapping_from_secret_type_to_class().items()):
+    mapping: dict[str, type[BasePlugin]]
+    mapping = get_mapping_from_secret_type_to_class()  # type: ignore[assignment]  # its TypeVar is in the return alone
+    for secret_type, plugin in sorted(mapping.items()):
         if plugin.__name__ in EXCLUDED_PLUGINS:
             continue
         kind = KIND_NAMES.get(secret_type) or re.sub(r"[^a-z0-9]+", "-", secret_type.lower()).strip("-")
@@ -235,13 +237,14 @@ def _plugin_findings(text: str, low: str) -> list[Finding]:
                 long_tokens = ([m.span() for m in _TOKEN.finditer(runs) if m.end() - m.start() >= shortest]
                                if max(map(len, runs.split()), default=0) >= shortest else [])
             for start, end in _windows(text):
-                if need and not _has_run(long_tokens, start, end, need):
+                if need and not _has_run(long_tokens or [], start, end, need):  # made above when needed
                     continue
                 found.extend(_regex_findings(text, kind, plugin, start, end))
         elif kind == "secret-keyword":
             # The keyword plugin reports one value per pattern per call: one line (window) at a time, its values
             # found by memctl.redact.keyword (the same values in linear time).
             word_starts = keyword.starts(text, low)
+            assert gate is not None  # GATES has the keyword plugin's
             for line in _LINE.finditer(text):
                 span = line.span()
                 at = bisect.bisect_left(word_starts, span[0])
@@ -274,14 +277,19 @@ def _private_keys(text: str) -> list[Finding]:
             continue  # a BEGIN inside a key already found
         same = ends.get(begin.group(1), [])
         at = bisect.bisect_left(same, (begin.end(), 0))
-        end = same[at][1] if at < len(same) else _KEY_LINES.match(text, begin.end()).end()
+        if at < len(same):
+            end = same[at][1]
+        else:
+            lines = _KEY_LINES.match(text, begin.end())
+            assert lines is not None  # it matches the empty string
+            end = lines.end()
         found.append(Finding("private-key", begin.start(), end))
     return found
 
 
 def _url_findings(text: str) -> list[Finding]:
     """URL passwords: for each token holding `://`, the password of each URL in it runs to the token's last @."""
-    found = []
+    found: list[Finding] = []
     for token in _TOKEN.finditer(text):
         if "://" not in token.group():
             continue

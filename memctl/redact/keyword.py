@@ -44,8 +44,9 @@ _QUOTE_SEMICOLON = re.compile(r"['\"`];")
 
 
 @lru_cache(maxsize=1)
-def _patterns() -> tuple[tuple[str, ...], tuple[tuple[re.Pattern, int, str | None], ...]]:
-    """(the DENYLIST words spelled out, (pattern, its group, the literal it needs or None for the comparison))."""
+def _patterns() -> tuple[tuple[str, ...], tuple[tuple[re.Pattern, int, tuple[str, re.Pattern] | re.Pattern], ...]]:
+    """(the DENYLIST words spelled out, (pattern, its group, (the literal it needs, its quote's pattern), or for the
+    comparison the pattern of its tail))."""
     from detect_secrets.plugins import keyword
 
     words = set()
@@ -147,14 +148,18 @@ def _semicolon_starts(text: str, start: int, end: int, first: list[int]) -> list
         return []
     tries = []
     for at in first:
-        reach = min(_WORD_RUN.match(text, at, end).end() + _LAZY, end)
+        word = _WORD_RUN.match(text, at, end)
+        assert word is not None  # it matches the empty string
+        reach = min(word.end() + _LAZY, end)
         blank = _SPACE.search(text, at, min(reach + 1, end))
         last = blank.start() - 1 if blank is not None else reach
         index = bisect.bisect_right(openings, at)
         if index < len(openings) and openings[index] <= last:
             tries.append(at)
         elif blank is not None:
-            after = _SPACES.match(text, blank.start(), end).end()
+            spaces = _SPACES.match(text, blank.start(), end)
+            assert spaces is not None  # it matches the empty string
+            after = spaces.end()
             index = bisect.bisect_left(openings, after)
             if index < len(openings) and openings[index] == after:
                 tries.append(at)

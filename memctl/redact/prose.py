@@ -41,7 +41,8 @@ _GIVING = {"with", "using", "use", "via"}  # `with password X`: the name, then i
 
 def _words_before(text: str, reversed_text: str, at: int) -> list[str]:
     """Up to five words before position `at`, in text order."""
-    words, position = [], len(text) - at
+    words: list[str] = []
+    position = len(text) - at
     while len(words) < 5 and (m := _WORD_BEFORE_REVERSED.match(reversed_text,
                                                                position)) is not None:
         words.append(m.group(1)[::-1])

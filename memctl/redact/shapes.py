@@ -89,7 +89,9 @@ class _BareValues:
 
     def end(self, start: int) -> int:
         if not self.run[0] <= start < self.run[1]:
-            self.run = (start, _BARE_RUN.match(self.text, start).end())
+            run = _BARE_RUN.match(self.text, start)
+            assert run is not None  # it matches the empty string
+            self.run = (start, run.end())
             has = _OPENER.search(self.text, *self.run) is not None
             self.last = {o: self.text.rfind(o, *self.run) for o in CLOSERS.values()} if has else {}
             self.ends = {}
@@ -104,7 +106,8 @@ class _BareValues:
 def _pair_findings(text: str) -> list[Finding]:
     """`name = value`, `name: value`, `"name": "value"` whose name names a secret: the value. A
     tight loop: hostile text holds a pair every few characters (`pw: pw: ...`)."""
-    found, bare, reversed_text, at, size = [], _BareValues(text), None, 0, len(text)
+    found: list[Finding] = []
+    bare, reversed_text, at, size = _BareValues(text), None, 0, len(text)
     search, append = _PAIR.search, found.append
     while (m := search(text, at)) is not None:
         at = m.end()

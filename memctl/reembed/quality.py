@@ -23,11 +23,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memctl.files import jsonl
 from memctl.embedding import models
 from memctl.embedding.protocol import as_documents, as_queries
 from memctl.errors import BadValue, InvalidInput
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 TOLERANCE = 0.02  # recall@k the new model may lose to the active one before `switch` refuses it
 # recall@k the active model must reach itself on known items built from the memory for them to judge a switch: on
@@ -70,8 +74,8 @@ def split(text: str) -> tuple[str, str] | None:
     return " ".join(words[:middle])[:MAX_QUERY_CHARS], " ".join(words[middle:])
 
 
-def from_memory(conn, sample: int = SAMPLE) -> list[KnownItem]:
-    items = []
+def from_memory(conn: Memory, sample: int = SAMPLE) -> list[KnownItem]:
+    items: list[KnownItem] = []
     for row in conn.execute(SAMPLE_EPISODES, (sample * 2,)).fetchall():
         parts = split(row["content"])
         if parts is not None and len(items) < sample:
@@ -79,7 +83,7 @@ def from_memory(conn, sample: int = SAMPLE) -> list[KnownItem]:
     return items
 
 
-def read_file(conn, path: str | Path) -> tuple[list[KnownItem], list[str]]:
+def read_file(conn: Memory, path: str | Path) -> tuple[list[KnownItem], list[str]]:
     """(known items, queries without expectations) from a file; a bad line fails naming it (exit 1 or 2)."""
     try:
         lines = Path(path).read_bytes().splitlines()
@@ -105,7 +109,7 @@ def read_file(conn, path: str | Path) -> tuple[list[KnownItem], list[str]]:
     return items, plain
 
 
-def _item(conn, record: dict) -> KnownItem:
+def _item(conn: Memory, record: dict) -> KnownItem:
     query, ids, texts = record["query"], record.get("episodes", []), record.get("texts", [])
     if not isinstance(query, str) or not query.strip():
         raise BadValue("query: expected a non-empty string")
@@ -132,7 +136,7 @@ def _embed(texts: list[str], embed, batch: int = 32) -> list:
     return vectors
 
 
-def _ranked(conn, model: models.Model, vector, k: int, ef: int, skip: set[int]) -> list[tuple[int, float]]:
+def _ranked(conn: Memory, model: models.Model, vector, k: int, ef: int, skip: set[int]) -> list[tuple[int, float]]:
     """(episode id, similarity) of the k nearest episodes, by best chunk, leaving out `skip`."""
     from memctl.reading.query import Query
     from memctl.reading.scan import vector_half
@@ -152,7 +156,7 @@ def measure(conn, settings, model: models.Model, items: list[KnownItem], k: int)
     ef = settings.search.ef_search
     queries = _embed([i.query for i in items], lambda t: embedder.embed(as_queries(embedder, t)).vectors)
     held = [i for i in items if i.held_out is not None]
-    documents = dict(zip(map(id, held), _embed([i.held_out for i in held],
+    documents = dict(zip(map(id, held), _embed([i.held_out or "" for i in held],  # held: not None
                                                lambda t: embedder.embed(as_documents(embedder, t)).vectors)))
     recall = reciprocal = 0.0
     for item, vector in zip(items, queries):

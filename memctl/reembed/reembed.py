@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl.db import cluster, locks
 from memctl.embedding import footprint, models, worker
@@ -30,6 +30,9 @@ from memctl.errors import EmbedderUnavailable, MemctlError, NotFound, UsageError
 from memctl.records import jobs
 from memctl.reembed import quality
 from memctl.observe import size
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 REEMBED_LOCK = 0x6D656D72  # "memr": a session lock held by `reembed run`, second key the model id
 TRY_LOCK = "SELECT pg_try_advisory_lock(%s::int4, %s::int4) AS ok"
@@ -61,17 +64,17 @@ SAMPLE_EPISODES = "SELECT content FROM episodes ORDER BY random() LIMIT %s"
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
-def _count(conn, statement: str, *params) -> int:
-    return conn.execute(statement, params).fetchone()["n"]
+def _count(conn: Memory, statement: str, *params) -> int:
+    return conn.one(statement, params)["n"]
 
 
-def _vectors(conn, model: models.Model) -> int:
+def _vectors(conn: Memory, model: models.Model) -> int:
     from psycopg import sql
 
-    return conn.execute(sql.SQL(COUNT_VECTORS).format(sql.Identifier(model.table_name)), prepare=False).fetchone()["n"]
+    return conn.one(sql.SQL(COUNT_VECTORS).format(sql.Identifier(model.table_name)), prepare=False)["n"]
 
 
-def backfill_model(conn) -> models.Model:
+def backfill_model(conn: Memory) -> models.Model:
     model = models.by_state(conn, "backfill")
     if model is None:
         raise NotFound("no model change in progress: start one with `memctl reembed start --model M`")
@@ -112,17 +115,17 @@ def start(conn, settings, *, model: str | None = None, embedder: str | None = No
 # ------------------------------------------------------------------------ run
 
 
-def lock_holder(conn, model: models.Model) -> int | None:
+def lock_holder(conn: Memory, model: models.Model) -> int | None:
     row = conn.execute(LOCK_HOLDER, (REEMBED_LOCK, model.id)).fetchone()
     return row["pid"] if row else None
 
 
-def index_state(conn, model: models.Model) -> str:
+def index_state(conn: Memory, model: models.Model) -> str:
     row = conn.execute(INDEX_STATE, (model.index_name,)).fetchone()
     return "missing" if row is None else ("valid" if row["valid"] else "invalid")
 
 
-def build_index(conn, model: models.Model, on_warning: Callable[[str], None] | None = None) -> dict:
+def build_index(conn: Memory, model: models.Model, on_warning: Callable[[str], None] | None = None) -> dict:
     """Build the model's HNSW index CONCURRENTLY (outside a transaction), replacing an invalid leftover.
 
     Warns first when the graph would outgrow maintenance_work_mem, and passes on PostgreSQL's
@@ -233,7 +236,7 @@ def run(conn, settings, *, batch_size: int, limit: int | None = None, retry_fail
 # --------------------------------------------------------------------- status
 
 
-def _rate(conn, model: models.Model) -> float | None:
+def _rate(conn: Memory, model: models.Model) -> float | None:
     row = conn.execute(LAST_RUN, (str(model.id),)).fetchone()
     if row is None:
         return None
@@ -241,11 +244,11 @@ def _rate(conn, model: models.Model) -> float | None:
     return row["rows"] / elapsed if elapsed and row["rows"] else None
 
 
-def status(conn) -> dict:
+def status(conn: Memory) -> dict:
     """Where a model change stands: done / total, rate, ETA, index, and the next step."""
     active = models.active(conn)
     retired = [m for m in models.all_models(conn) if m.state == "retired"]
-    report = {"active": active.label if active else None, "new": None, "state": "idle", "done": None,
+    report: dict[str, Any] = {"active": active.label if active else None, "new": None, "state": "idle", "done": None,
               "total": None, "pending": None, "failed": None, "rate": None, "eta_s": None, "index": None,
               "running_pid": None, "retired": [m.label for m in retired], "next": None}
     model = models.by_state(conn, "backfill")
@@ -274,7 +277,7 @@ def status(conn) -> dict:
 # -------------------------------------------------------------------- compare
 
 
-def sample_queries(conn, n: int) -> list[str]:
+def sample_queries(conn: Memory, n: int) -> list[str]:
     """The first sentence of n random episodes (at most 200 characters)."""
     queries = []
     for row in conn.execute(SAMPLE_EPISODES, (n,)).fetchall():
@@ -293,7 +296,7 @@ def _embed_all(embedder, texts: list[str], batch: int = 32) -> list:
     return vectors
 
 
-def top_episodes(conn, model: models.Model, vector, k: int, ef_search: int) -> list[int]:
+def top_episodes(conn: Memory, model: models.Model, vector, k: int, ef_search: int) -> list[int]:
     """Vector-only top-k episode ids in one model's table (an episode counts once, by its best chunk)."""
     from memctl.reading.query import Query
     from memctl.reading.scan import vector_half
@@ -312,7 +315,7 @@ def overlap(a: list[int], b: list[int]) -> float:
     return 1.0 if size == 0 else len(set(a) & set(b)) / size
 
 
-def known_items(conn, path: str | None, sample: int) -> tuple[list, list[str] | None, str]:
+def known_items(conn: Memory, path: str | None, sample: int) -> tuple[list, list[str] | None, str]:
     """(known items, plain queries from the file or None, where the items came from)."""
     if path is None:
         return quality.from_memory(conn, sample), None, "memory"
@@ -344,7 +347,7 @@ def compare(conn, settings, *, sample: int = 20, queries: str | None = None, k: 
 
     old_vectors = _embed_all(make_embedder(settings, registered=active), texts)
     new_vectors = _embed_all(make_embedder(settings, registered=new), texts)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for text, a_vec, b_vec in zip(texts, old_vectors, new_vectors):
         a, b = top_episodes(conn, active, a_vec, k, ef), top_episodes(conn, new, b_vec, k, ef)
         rows.append({"query": text, "overlap": round(overlap(a, b), 3), "active_top": a, "new_top": b})
@@ -406,7 +409,7 @@ def switch(conn, settings, *, accept_worse: bool = False, queries: str | None = 
             "config": config_change(new), "quality": measured, "accepted_worse": accept_worse and measured["worse"]}
 
 
-def _ready(conn, new: models.Model) -> None:
+def _ready(conn: Memory, new: models.Model) -> None:
     """Refuse a model that is not completely backfilled and indexed, saying what to run."""
     from psycopg import sql
 
@@ -418,8 +421,7 @@ def _ready(conn, new: models.Model) -> None:
         problems.append(f"{failed} chunk(s) refused by {new.label}: `memctl reembed run --retry-failed` "
                         "or `memctl reembed abort`")
     if not pending and not failed:
-        missing = conn.execute(sql.SQL(MISSING).format(sql.Identifier(new.table_name)), prepare=False
-                               ).fetchone()["n"]
+        missing = conn.one(sql.SQL(MISSING).format(sql.Identifier(new.table_name)), prepare=False)["n"]
         if missing:
             problems.append(f"{missing} chunk(s) have no vector in {new.table_name}: run `memctl reembed run`")
     state = index_state(conn, new)
@@ -432,14 +434,14 @@ def _ready(conn, new: models.Model) -> None:
 # ------------------------------------------------------------ drop-old, abort
 
 
-def _drop(conn, model: models.Model) -> dict:
+def _drop(conn: Memory, model: models.Model) -> dict:
     size = cluster.relation_size(conn, model.table_name)  # its shards' on Citus
     with conn.transaction():
         models.remove(conn, model)
     return {"model": model.label, "state": model.state, "relation": model.table_name, "bytes_returned": size}
 
 
-def drop_old(conn) -> list[dict]:
+def drop_old(conn: Memory) -> list[dict]:
     """Drop retired models' tables; the size each had is the space returned (on Citus: its shards')."""
     retired = [m for m in models.all_models(conn) if m.state == "retired"]
     if not retired:
@@ -451,7 +453,7 @@ def drop_old(conn) -> list[dict]:
     return dropped
 
 
-def abort(conn) -> dict:
+def abort(conn: Memory) -> dict:
     """Drop the model being backfilled (table, queue, failures); the active model is untouched."""
     model = backfill_model(conn)
     pid = lock_holder(conn, model)

@@ -16,11 +16,14 @@ import datetime
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memctl.embedding import models
 from memctl.errors import UsageError
 from memctl.write import repeats
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 DEFAULT_BATCH = 2000
 NOW = "SELECT now() AS now"
@@ -61,11 +64,11 @@ JOIN doomed d ON d.agent = c.agent AND d.id = c.episode_id
 NO_VECTORS = "SELECT NULL::text AS kind, 0 AS size WHERE false"
 
 
-def vector_table_names(conn) -> list[str]:
+def vector_table_names(conn: Memory) -> list[str]:
     return [m.table_name for m in models.all_models(conn)]
 
 
-def summarise(conn, selection: Selection, vector_tables: list[str]) -> list[dict]:
+def summarise(conn: Memory, selection: Selection, vector_tables: list[str]) -> list[dict]:
     """Per kind: rows, oldest and newest created_at, chunks, vectors, and the logical bytes they hold.
 
     Bytes are pg_column_size of the episode, chunk and vector rows (every
@@ -196,7 +199,7 @@ RETURNING agent, repeat_of, created_at
 """
 
 
-def _delete_batch_by_agent(conn, query, params: dict, vector_tables: list[str]) -> tuple[dict, list[int]]:
+def _delete_batch_by_agent(conn: Memory, query, params: dict, vector_tables: list[str]) -> tuple[dict, list[int]]:
     """One batch on Citus: (the batch row DELETE_BATCH would return, [chunks, vectors] deleted)."""
     from psycopg import sql
 
@@ -222,11 +225,11 @@ def _delete_batch_by_agent(conn, query, params: dict, vector_tables: list[str]) 
     return batch, [chunks, vectors]
 
 
-def _deleted_in_tx(conn, tables: list[str]) -> list[int]:
+def _deleted_in_tx(conn: Memory, tables: list[str]) -> list[int]:
     return [r["n"] for r in conn.execute(DELETED_IN_TX, (tables,)).fetchall()]
 
 
-def delete_selected(conn, kind: str, selection: Selection, done: Deleted, *, batch_size: int = DEFAULT_BATCH) -> None:
+def delete_selected(conn: Memory, kind: str, selection: Selection, done: Deleted, *, batch_size: int = DEFAULT_BATCH) -> None:
     """Delete every episode of one kind the selection matches, one short transaction per batch: its repeats,
     then its firsts no repeat is left of (PASSES; the first pass only when some repeat is stored)."""
     from memctl.db import cluster
@@ -240,7 +243,7 @@ def delete_selected(conn, kind: str, selection: Selection, done: Deleted, *, bat
         _delete_pass(conn, kind, Selection(where, selection.params), done, batch_size, counted, by_agent)
 
 
-def _delete_pass(conn, kind: str, selection: Selection, done: Deleted, batch_size: int, counted: list[str],
+def _delete_pass(conn: Memory, kind: str, selection: Selection, done: Deleted, batch_size: int, counted: list[str],
                  by_agent: bool) -> None:
     from psycopg import sql
 
@@ -255,7 +258,7 @@ def _delete_pass(conn, kind: str, selection: Selection, done: Deleted, batch_siz
                 batch, counts = _delete_batch_by_agent(conn, query, params, counted[1:])
             else:
                 before = _deleted_in_tx(conn, counted)
-                batch = conn.execute(query, params, prepare=False).fetchone()
+                batch = conn.one(query, params, prepare=False)
             if not batch["selected"]:
                 break
             if not by_agent:
@@ -266,7 +269,7 @@ def _delete_pass(conn, kind: str, selection: Selection, done: Deleted, batch_siz
         after_t, after_id = batch["last_t"], batch["last_id"]
 
 
-def count_by_kind(conn, selection: Selection) -> Counter:
+def count_by_kind(conn: Memory, selection: Selection) -> Counter:
     """How many episodes still match, per kind (the check after deleting)."""
     from psycopg import sql
 
@@ -287,7 +290,7 @@ ORDER BY t.n
 BASE_TABLES = ("episodes", "chunks", "embed_queue", "embed_failures")
 
 
-def table_stats(conn, tables: list[str]) -> list[dict]:
+def table_stats(conn: Memory, tables: list[str]) -> list[dict]:
     """Total size (heap, TOAST, indexes) and live/dead tuples of each table.
 
     This session's own counters are flushed first (pg_stat_force_next_flush,
@@ -306,7 +309,7 @@ def table_stats(conn, tables: list[str]) -> list[dict]:
     return rows
 
 
-def vacuum(conn, tables: list[str]) -> None:
+def vacuum(conn: Memory, tables: list[str]) -> None:
     """VACUUM (ANALYZE) each table: dead tuples become reusable space; files rarely shrink."""
     from psycopg import sql
 
@@ -351,7 +354,7 @@ class Report:
         return asdict(self)
 
 
-def run(conn, selections: dict[str, Selection], *, batch_size: int, run_vacuum: bool) -> tuple[Report, Deleted]:
+def run(conn: Memory, selections: dict[str, Selection], *, batch_size: int, run_vacuum: bool) -> tuple[Report, Deleted]:
     """Delete each kind's selection in batches, check that nothing still matches, measure the tables."""
     started = time.perf_counter()
     tables = [*BASE_TABLES, *vector_table_names(conn)]

@@ -8,11 +8,15 @@ memctl.retention.summarize.awaited_kinds).
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 from memctl.errors import UsageError
 from memctl.records import lineage
 from memctl.retention import deletion
 from memctl.retention.policy import Policy
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # The episodes of one kind past its age (a WHERE clause over `episodes e`). A first's age counts from the last
 # time it was seen (memctl.write.repeats): it goes with its last repeat, and never before (memctl.retention.deletion).
@@ -30,12 +34,12 @@ def prune_selection(kind: str, cutoff: datetime.datetime, keep: int | None, *,
     return deletion.Selection(where, {"kind": kind, "cutoff": cutoff, "keep": keep})
 
 
-def kept_for_summary(conn, kind: str, cutoff: datetime.datetime, keep: int | None) -> int:
+def kept_for_summary(conn: Memory, kind: str, cutoff: datetime.datetime, keep: int | None) -> int:
     """Episodes of a kind past its age that prune keeps because no summary holds them yet."""
     from psycopg import sql
 
     query = sql.SQL("SELECT count(*) AS n FROM episodes e WHERE {}").format(sql.SQL(PRUNE_UNSUMMARIZED_WHERE))
-    return conn.execute(query, {"kind": kind, "cutoff": cutoff, "keep": keep}).fetchone()["n"]
+    return conn.one(query, {"kind": kind, "cutoff": cutoff, "keep": keep})["n"]
 
 
 # --- dry run -------------------------------------------------------------------
@@ -46,12 +50,12 @@ SELECT count(*) AS n FROM episodes e WHERE e.kind = %s AND e.created_at < %s AND
 UNNAMED_KINDS = "SELECT kind, count(*) AS rows FROM episodes WHERE kind <> ALL(%s) GROUP BY kind ORDER BY kind"
 
 
-def plan(conn, policy: Policy, *, await_summary: frozenset[str] = frozenset()) -> list[dict]:
+def plan(conn: Memory, policy: Policy, *, await_summary: frozenset[str] = frozenset()) -> list[dict]:
     """Dry run of a prune: per kind of the policy, what it would delete (none for an empty policy).
 
     Kinds in await_summary lose only the episodes a summary holds; kept_for_summary counts the others.
     """
-    now = conn.execute(deletion.NOW).fetchone()["now"]
+    now = conn.one(deletion.NOW)["now"]
     tables = deletion.vector_table_names(conn)
     rows = []
     for kind, cutoff in policy.cutoffs(now).items():
@@ -62,7 +66,7 @@ def plan(conn, policy: Policy, *, await_summary: frozenset[str] = frozenset()) -
                                       "bytes": 0}
         kept = 0
         if policy.keep_importance is not None:
-            kept = conn.execute(KEPT_BY_IMPORTANCE, (kind, cutoff, policy.keep_importance)).fetchone()["n"]
+            kept = conn.one(KEPT_BY_IMPORTANCE, (kind, cutoff, policy.keep_importance))["n"]
         rows.append({"kind": kind, "policy": policy.max_age[kind], "cutoff": cutoff, "rows": row["rows"],
                      "oldest": row["oldest"], "newest": row["newest"], "chunks": row["chunks"],
                      "vectors": row["vectors"], "bytes": row["bytes"], "kept_by_importance": kept,
@@ -70,7 +74,7 @@ def plan(conn, policy: Policy, *, await_summary: frozenset[str] = frozenset()) -
     return rows
 
 
-def unnamed_kinds(conn, policy: Policy) -> list[dict]:
+def unnamed_kinds(conn: Memory, policy: Policy) -> list[dict]:
     """Kinds present in the database that the policy does not name (kept)."""
     return conn.execute(UNNAMED_KINDS, (list(policy.max_age),)).fetchall()
 
@@ -99,18 +103,18 @@ DELETE FROM runbook_runs WHERE (agent, id) IN (
 JOB_LOG_TABLES = {"jobs": DELETE_JOBS_BATCH, "runbook_runs": DELETE_RUNBOOK_RUNS_BATCH}
 
 
-def job_log_plan(conn, policy: Policy) -> list[dict]:
+def job_log_plan(conn: Memory, policy: Policy) -> list[dict]:
     """Dry run of the job log trim: per table the rows older than [retention] jobs (and how many say 'running')."""
-    cutoff = policy.job_log_cutoff(conn.execute(deletion.NOW).fetchone()["now"])
+    cutoff = policy.job_log_cutoff(conn.one(deletion.NOW)["now"])
     rows = conn.execute(JOB_LOG_PLAN, {"cutoff": cutoff}).fetchall()
     return [{**row, "policy": policy.jobs, "cutoff": cutoff} for row in rows]
 
 
-def trim_job_log(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH) -> list[dict]:
+def trim_job_log(conn: Memory, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH) -> list[dict]:
     """Delete jobs and runbook_runs rows started before the cutoff, one short transaction per batch."""
     if batch_size <= 0:
         raise UsageError(f"the batch size must be positive, got {batch_size}")
-    cutoff = policy.job_log_cutoff(conn.execute(deletion.NOW).fetchone()["now"])
+    cutoff = policy.job_log_cutoff(conn.one(deletion.NOW)["now"])
     done = []
     for table, statement in JOB_LOG_TABLES.items():
         deleted = batches = 0
@@ -128,7 +132,7 @@ def trim_job_log(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BAT
 # --- prune -------------------------------------------------------------------
 
 
-def prune(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run_vacuum: bool = False,
+def prune(conn: Memory, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run_vacuum: bool = False,
           await_summary: frozenset[str] = frozenset()) -> deletion.Report:
     """Delete every episode past its kind's maximum age, in batches; verify; trim the job log; record as 'prune'.
 
@@ -139,7 +143,7 @@ def prune(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run
     from memctl.records import erasures, jobs
 
     with jobs.record(conn, "prune") as job:
-        now = conn.execute(deletion.NOW).fetchone()["now"]
+        now = conn.one(deletion.NOW)["now"]
         cutoffs = policy.cutoffs(now)
         selections = {kind: prune_selection(kind, cutoff, policy.keep_importance, await_summary=kind in await_summary)
                       for kind, cutoff in cutoffs.items()}
@@ -168,7 +172,7 @@ def prune(conn, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run
 
 
 
-def _erase_blocked(conn, blocked: list, summaries: list, items: list[dict], texts: list[str], secret: bytes,
+def _erase_blocked(conn: Memory, blocked: list, summaries: list, items: list[dict], texts: list[str], secret: bytes,
                    batch_size: int) -> None:
     """After a prune deleted a blocked source's episodes: the summaries built from them go too, runs and job log
     rows lose what they quoted, and the ledger records it all (memctl.records.erasures)."""
@@ -192,7 +196,7 @@ SELECT e.agent, e.id FROM episodes e WHERE ({where}) AND e.source IN (SELECT sou
 """
 
 
-def _blocked_keys(conn, selections: dict[str, deletion.Selection]) -> list[tuple[str, int]]:
+def _blocked_keys(conn: Memory, selections: dict[str, deletion.Selection]) -> list[tuple[str, int]]:
     """The episodes a prune is about to delete that came from a blocked source (recorded in the erasure ledger)."""
     from psycopg import sql
 

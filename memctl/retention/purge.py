@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from memctl.errors import NotFound, UsageError
 from memctl.records import lineage
 from memctl.retention import deletion
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # The episodes from a source (a WHERE clause over `episodes e`), of one kind. A repeat has its first's source
 # (memctl.write.repeats folds only within one source), so a purge takes a first with its repeats; with --since,
@@ -77,7 +81,7 @@ UNION SELECT DISTINCT source FROM facts WHERE source IS NOT NULL
 SOURCES_LOOKED_AT = 10_000
 
 
-def near_sources(conn, source: str, n: int = 3) -> list[str]:
+def near_sources(conn: Memory, source: str, n: int = 3) -> list[str]:
     """The sources that wrote whose names are closest to `source` (a purge that matched nothing: a typo?)."""
     import difflib
 
@@ -85,11 +89,11 @@ def near_sources(conn, source: str, n: int = 3) -> list[str]:
     return difflib.get_close_matches(source, known, n=n, cutoff=0.5)
 
 
-def _source_facts(conn, source: str, since: datetime.datetime | None) -> list[dict]:
+def _source_facts(conn: Memory, source: str, since: datetime.datetime | None) -> list[dict]:
     return [{**f, "deleted": False} for f in conn.execute(SOURCE_FACTS, (source, since, since)).fetchall()]
 
 
-def purge_plan(conn, source: str, since: str | datetime.datetime | None = None) -> PurgePlan:
+def purge_plan(conn: Memory, source: str, since: str | datetime.datetime | None = None) -> PurgePlan:
     """Dry run of a purge: per kind the episodes from `source` (since `since`), and the facts it last set."""
     _check_source(source)
     when = _since(since)
@@ -102,7 +106,7 @@ def purge_plan(conn, source: str, since: str | datetime.datetime | None = None) 
 PURGED_KEYS = "SELECT e.agent, e.id FROM episodes e WHERE {where}"
 
 
-def purge(conn, source: str, since: str | datetime.datetime | None = None, *, delete_facts: bool = False,
+def purge(conn: Memory, source: str, since: str | datetime.datetime | None = None, *, delete_facts: bool = False,
           batch_size: int = deletion.DEFAULT_BATCH, full: bool = False) -> deletion.Report:
     """Delete the episodes (chunks, vectors) from `source`, and with delete_facts the facts it last set.
 
@@ -173,21 +177,21 @@ def purge(conn, source: str, since: str | datetime.datetime | None = None, *, de
 SUMMARIES_WHERE = "e.kind = 'summary' AND e.id = ANY(%(ids)s)"
 
 
-def _purge_summaries(conn, source: str, since: datetime.datetime | None, batch_size: int) -> list[dict]:
+def _purge_summaries(conn: Memory, source: str, since: datetime.datetime | None, batch_size: int) -> list[dict]:
     """Delete the summaries built from `source`'s episodes (their lineage rows cascade); the ones deleted."""
     found = lineage.built_from(conn, source, since)
     delete_summaries(conn, [s["id"] for s in found], batch_size)
     return found
 
 
-def delete_summaries(conn, ids: list[int], batch_size: int = deletion.DEFAULT_BATCH) -> None:
+def delete_summaries(conn: Memory, ids: list[int], batch_size: int = deletion.DEFAULT_BATCH) -> None:
     """Delete these summaries (their chunks, vectors and lineage rows cascade), in batches."""
     if ids:
         selection = deletion.Selection(SUMMARIES_WHERE, {"ids": ids})
         deletion.delete_selected(conn, "summary", selection, deletion.Deleted(), batch_size=batch_size)
 
 
-def _delete_facts(conn, found: list[dict], source: str) -> None:
+def _delete_facts(conn: Memory, found: list[dict], source: str) -> None:
     from memctl.records import facts as facts_mod
 
     for fact in found:

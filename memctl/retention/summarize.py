@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from memctl.config import Settings, parse_duration
 from memctl.db import locks
@@ -38,6 +38,9 @@ from memctl.records import lineage as lineage_mod
 from memctl.retention import chat as chat_mod
 from memctl.retention.chat import UTC, Budget, OllamaChat, Summary, WindowFailed
 from memctl.retention.policy import policy_from_settings
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 SUMMARY_KIND = lineage_mod.SUMMARY_KIND
 SOURCE_PREFIX = lineage_mod.SOURCE_PREFIX
@@ -150,7 +153,7 @@ def plan(conn, settings: Settings, **selection: Any) -> list[dict]:
 # --- one window ---------------------------------------------------------------
 
 
-def summarize_window(conn, chat: OllamaChat, budget: Budget, agent: str, day: str,
+def summarize_window(conn: Memory, chat: OllamaChat, budget: Budget, agent: str, day: str,
                      episodes: Iterable[dict]) -> Summary:
     """Ask the model for one summary of the window: in one request, or parts first and then their summaries
     in rounds. Episodes are consumed as the parts fill; the parts' summaries wait in a temporary table."""
@@ -224,7 +227,7 @@ PARTS_OF_ROUND = "SELECT seq, text FROM summarize_parts WHERE round = %s AND seq
 DROP_SCRATCH = "DROP TABLE IF EXISTS pg_temp.summarize_input, pg_temp.summarize_parts"
 
 
-def record_input(conn, window: Window, kinds_: list[str]) -> int:
+def record_input(conn: Memory, window: Window, kinds_: list[str]) -> int:
     """Record the window's episodes that no summary holds yet; how many there are."""
     conn.execute(CREATE_INPUT)
     conn.execute(CLEAR_INPUT)
@@ -232,7 +235,7 @@ def record_input(conn, window: Window, kinds_: list[str]) -> int:
                                        "kinds": kinds_}).rowcount
 
 
-def input_episodes(conn, agent: str) -> Iterator[dict]:
+def input_episodes(conn: Memory, agent: str) -> Iterator[dict]:
     """The recorded episodes in time order (created_at, source, content), read a page at a time."""
     base = 0
     while True:
@@ -254,7 +257,7 @@ def input_episodes(conn, agent: str) -> Iterator[dict]:
 class Parts:
     """One window's part summaries, round by round, in a temporary table rather than in memory."""
 
-    def __init__(self, conn) -> None:
+    def __init__(self, conn: Memory) -> None:
         self.conn = conn
         self.counts: dict[int, int] = {}
         conn.execute(CREATE_PARTS)

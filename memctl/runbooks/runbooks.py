@@ -15,11 +15,14 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memctl.errors import ConfigError, InvalidInput, MemctlError, NotFound, Unavailable, UsageError
 from memctl.runbooks.runbook_format import NOT_RUNBOOKS, Runbook, Step, check_name, parse  # noqa: F401 - the public API
 from memctl.write.values import WRITER
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 TAIL_BYTES = 64 * 1024
 MARKER_ROOM = 64  # "[N earlier bytes of output not kept]\n" fits
@@ -291,6 +294,7 @@ def _run_step(cwd: Path, runbook: Runbook, step: Step, emit: Callable[[bytes], N
     # stays in memctl's process group, so Ctrl-C reaches it and a password prompt on /dev/tty works.
     proc = subprocess.Popen([SHELL, "-e", "-c", step.command, f"{runbook.name}:{step.number}"], cwd=cwd, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None  # PIPE
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
             emit(chunk)
@@ -308,7 +312,7 @@ def exit_text(code: int | None) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _finish(conn, admit, record: dict, failed: Step | None, code: int | None, tail: _Tail, clock: float) -> dict:
+def _finish(conn: Memory, admit, record: dict, failed: Step | None, code: int | None, tail: _Tail, clock: float) -> dict:
     from memctl.write import gate, store
     from memctl.redact import SecretRefused
 
@@ -380,12 +384,12 @@ SELECT DISTINCT ON (name) name, started_at, outcome FROM runbook_runs ORDER BY n
 """
 
 
-def runs(conn, name: str, *, agent: str | None = None, limit: int = 20) -> list[dict]:
+def runs(conn: Memory, name: str, *, agent: str | None = None, limit: int = 20) -> list[dict]:
     """Recorded runs of a runbook, newest first."""
     return conn.execute(RUNS, {"name": check_name(name), "agent": agent, "limit": limit}).fetchall()
 
 
-def last_runs(conn) -> dict[str, dict]:
+def last_runs(conn: Memory) -> dict[str, dict]:
     """name -> {started_at, outcome} of its latest run."""
     return {row["name"]: row for row in conn.execute(LAST_RUNS)}
 

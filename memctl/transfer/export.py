@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from memctl import __version__
 from memctl.embedding import models
 from memctl.errors import InvalidInput
 from memctl.files import jsonl
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 FORMAT = 1
 TYPES = ("header", "blocked_source", "fact", "episode", "summary_source", "runbook_run")
@@ -106,14 +109,14 @@ def dumps(record: dict) -> str:
     return jsonl.dumps(record, compact=True)
 
 
-def _stream(conn, query, params=None) -> Iterator[dict]:
+def _stream(conn: Memory, query, params=None) -> Iterator[dict]:
     with conn.cursor(name="memctl_export") as cur:
         cur.itersize = ITERSIZE
         cur.execute(query, params)
         yield from cur
 
 
-def export(conn, write: Callable[[str], Any], *, agent: str | None = None, since: datetime.datetime | None = None,
+def export(conn: Memory, write: Callable[[str], Any], *, agent: str | None = None, since: datetime.datetime | None = None,
            vectors: bool = False) -> ExportResult:
     """Write the memory as JSONL lines through `write` (one call per line), from one snapshot."""
     result = ExportResult()
@@ -127,7 +130,7 @@ def export(conn, write: Callable[[str], Any], *, agent: str | None = None, since
         header = {"type": "header", "format": FORMAT, "memctl": __version__,
                   "exported_at": datetime.datetime.now(datetime.timezone.utc), "agent": agent, "since": since,
                   "models": [_model(m) for m in models.all_models(conn)],
-                  "vectors": _model(active) if vectors else None, "digest_key": _digest_key()}
+                  "vectors": _model(active) if vectors and active is not None else None, "digest_key": _digest_key()}
         write(dumps(header) + "\n")
         for row in conn.execute(BLOCKED).fetchall():
             write(dumps({"type": "blocked_source", **row}) + "\n")
@@ -139,7 +142,7 @@ def export(conn, write: Callable[[str], Any], *, agent: str | None = None, since
         for line in _episode_lines(conn, filters, active if vectors else None, result):
             write(line + "\n")
             result.episodes += 1
-        if conn.execute(HAS_LINEAGE).fetchone()["present"]:
+        if conn.one(HAS_LINEAGE)["present"]:
             for row in _stream(conn, LINEAGE, filters):
                 write(dumps({"type": "summary_source", **row}) + "\n")
                 result.summary_sources += 1
@@ -187,13 +190,13 @@ def _valid_from(valid_from: datetime.datetime | None, recorded: datetime.datetim
     return {} if valid_from is None or valid_from == recorded else {"valid_from": valid_from}
 
 
-def _episode_lines(conn, filters: dict, model: models.Model | None, result: ExportResult) -> Iterator[str]:
+def _episode_lines(conn: Memory, filters: dict, model: models.Model | None, result: ExportResult) -> Iterator[str]:
     from psycopg import sql
 
-    chunks = sql.SQL("")
+    chunks: sql.Composable = sql.SQL("")
     if model is not None:
         table = sql.Identifier(model.table_name)
         chunks = sql.SQL(CHUNKS).format(table=table)
-        result.vectors = conn.execute(sql.SQL(VECTORS).format(table=table), filters).fetchone()["n"]
+        result.vectors = conn.one(sql.SQL(VECTORS).format(table=table), filters)["n"]
     for row in _stream(conn, sql.SQL(EPISODES).format(chunks=chunks), filters):
         yield row["line"]

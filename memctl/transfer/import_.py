@@ -21,7 +21,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from memctl import __version__, redact
 
@@ -34,6 +34,9 @@ from memctl.write import admission, erased, gate, repeats, store
 from memctl.transfer.export import FORMAT, TYPES
 from memctl.transfer.known import Known, Pending, holders, resolve
 from memctl.transfer.merge_facts import merge_fact
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 BATCH = 2000
 
@@ -141,7 +144,7 @@ def import_stream(conn, settings: Settings, lines: Iterable[bytes], *,
     return result
 
 
-def _agent_roles(conn) -> int:
+def _agent_roles(conn: Memory) -> int:
     """After the import commits: every registered agent's role made again where this server lacks it (an import onto
     another server); where this role may not make one, the import is done but reported failed, with what a DBA
     runs (memctl.db.wall.after_move)."""
@@ -177,14 +180,14 @@ class _Loader:
         for statement in ID_MAP:
             conn.execute(statement)
         self.mapped: list[tuple[str, int, int]] = []
-        self.batch: list[tuple[dict, admission.Episode]] = []
+        self.batch: list[tuple[int, gate.NewEpisode, list | None, str | None, bytes | None]] = []
         self.model: models.Model | None = None  # whose vectors the file's chunks carry, when usable here
         self.index_later: models.Model | None = None  # registered by this import, its index not built yet
         self.queued: list[int] = []
         self.now = datetime.datetime.now(datetime.timezone.utc)
         self.window = repeats.window_seconds(settings)
         self.locked: set[str] = set()  # agents whose fold lock this import holds
-        self.ledger: erased.Ledger | None = None  # read with the header
+        self._ledger: erased.Ledger | None = None  # read with the header
 
     def add(self, number: int, item: dict) -> None:
         kind = item["type"]
@@ -200,7 +203,12 @@ class _Loader:
         if described:
             self.model = self._usable_model(_described(described))
         self.queued = store.queued_models(self.conn)
-        self.ledger = erased.Ledger(self.conn, item.get("digest_key"))
+        self._ledger = erased.Ledger(self.conn, item.get("digest_key"))
+
+    @property
+    def ledger(self) -> erased.Ledger:
+        assert self._ledger is not None  # the header, checked first (records), read it
+        return self._ledger
 
     def _usable_model(self, described: _Described) -> models.Model | None:
         active = models.active(self.conn)
@@ -239,6 +247,7 @@ class _Loader:
         try:
             return self.gate.episode(episode)
         except (InvalidInput, BadValue, Blocked) as exc:
+            assert episode.line is not None  # _episode set it
             raise jsonl.at(episode.line, exc) from None
 
     def vectors(self, episode: admission.Episode, given: list[dict] | None) -> list | None:
@@ -397,6 +406,7 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
             repeated.append((raw.agent, old_id, slot))
             result.duplicates += 1
             continue
+        assert ep is not None  # admitted above: a record found here went on
         pending = Pending()
         fresh.append((old_id, ep, raw.agent, pending))  # ids are mapped under the file's agent name
         vectors.append(loader.vectors(ep, given))

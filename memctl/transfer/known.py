@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from memctl.write import identity, repeats
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # By created_at, which is indexed (content_hash is not); the hash is compared here.
 EXISTING = "SELECT agent, content_hash, created_at, record_key, id FROM episodes WHERE created_at = ANY(%s)"
@@ -36,11 +39,14 @@ class Pending:
 
 
 Slot = Union[int, Pending]
-Triple = tuple[str, bytes, datetime.datetime]
+Triple = tuple[str, bytes, datetime.datetime | None]  # an episode's agent, content hash and time
 
 
 def resolve(slot: Slot) -> int:
-    return slot if isinstance(slot, int) else slot.id
+    if isinstance(slot, int):
+        return slot
+    assert slot.id is not None  # its batch took its id before any slot is resolved
+    return slot.id
 
 
 class Known:
@@ -48,7 +54,7 @@ class Known:
         self.by_time: dict[Triple, list[tuple[bytes | None, Slot]]] = {}
         self.by_key: dict[tuple[str, bytes], Slot] = {}
 
-    def load(self, conn, times: list[datetime.datetime]) -> None:
+    def load(self, conn: Memory, times: list[datetime.datetime | None]) -> None:
         """The episodes at the batch's times."""
         for row in conn.execute(EXISTING, (times,)).fetchall():
             key = bytes(row["record_key"]) if row["record_key"] is not None else None
@@ -70,7 +76,7 @@ class Known:
             self.by_key.setdefault((triple[0], key), slot)
 
 
-def holders(conn, agents: list[str], keys: list[bytes | None]) -> dict[tuple[str, bytes], int]:
+def holders(conn: Memory, agents: list[str], keys: list[bytes | None]) -> dict[tuple[str, bytes], int]:
     """(agent, key) -> the id of the episode holding it, for the batch's keys."""
     with repeats.pipeline(conn):
         asked = identity.ask(conn, agents, keys)

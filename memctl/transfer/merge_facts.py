@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memctl.errors import BadValue
 from memctl.records import facts
 from memctl.write import admission, gate, store
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 class Counts(Protocol):  # memctl.transfer.import_.ImportResult
@@ -36,7 +39,7 @@ def _history_entries(admit: gate.Gate, fact: admission.FactValue, history: Any) 
     return sorted(entries, key=lambda e: e.version)
 
 
-def merge_fact(conn, admit: gate.Gate, item: dict, result: Counts) -> None:
+def merge_fact(conn: Memory, admit: gate.Gate, item: dict, result: Counts) -> None:
     """Add a key's history: as it is on an empty key; else the entries not yet here, after the last version.
 
     The current row is then the merged history's (memctl.records.facts: the greatest valid_from wins)."""
@@ -67,7 +70,7 @@ def merge_fact(conn, admit: gate.Gate, item: dict, result: Counts) -> None:
     _settle(conn, namespace, key, added)
 
 
-def _settle(conn, namespace: str, key: str, added: list[admission.HistoryEntry]) -> None:
+def _settle(conn: Memory, namespace: str, key: str, added: list[admission.HistoryEntry]) -> None:
     """The key's current row after a merge: the winning version's, when the file brought it."""
     winner = conn.execute(facts.VERSIONS_AT, facts.at_params(namespace=namespace, key=key), prepare=False).fetchone()
     if winner is None:  # every version erased, or none sets a value

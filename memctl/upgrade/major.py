@@ -27,10 +27,13 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memctl.db import embedded
 from memctl.errors import MemctlError, UsageError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 BACKUP_PREFIX = "memctl-before-upgrade-"
 SUPERUSER = "SELECT rolname FROM pg_roles WHERE oid = 10"
@@ -132,6 +135,7 @@ def upgrade(old_bindir: Path, settings, *, backup: bool = True, report: Callable
     old_major, new_major = embedded.data_major(pgdata), embedded.server_major()
     old_bindir = Path(old_bindir).expanduser().resolve()
     _refuse(pgdata, old_major, new_major, old_bindir)
+    assert old_major is not None  # refused without one
     owner = Owner(pgdata)
     with tempfile.TemporaryDirectory(prefix="memctl-upgrade.") as tmp:
         work = owner.own(Path(tmp))
@@ -233,7 +237,9 @@ def _superuser(old: OldServer, owner: Owner) -> str:
     for name in dict.fromkeys(["postgres", pwd.getpwuid(owner.uid).pw_name]):
         try:
             with psycopg.connect(old.url(name, "postgres"), autocommit=True) as admin:
-                return admin.execute(SUPERUSER).fetchone()[0]
+                row = admin.execute(SUPERUSER).fetchone()
+                assert row is not None  # the bootstrap superuser (oid 10) is always there
+                return row[0]
         except psycopg.OperationalError:
             continue
     raise MemctlError(f"cannot connect to the old server as postgres or {pwd.getpwuid(owner.uid).pw_name}")
@@ -289,5 +295,5 @@ def _after(say: Callable[[str], None]) -> str | None:
     return note
 
 
-def _exists(conn, name: str) -> bool:
-    return conn.execute("SELECT to_regclass(%s) IS NOT NULL AS yes", (name,)).fetchone()["yes"]
+def _exists(conn: Memory, name: str) -> bool:
+    return conn.one("SELECT to_regclass(%s) IS NOT NULL AS yes", (name,))["yes"]

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memctl.db import migrate, preflight
 from memctl.errors import MemctlError
 from memctl.upgrade import plan as plan_mod
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 MAY_CREATE_DATABASE = "SELECT rolcreatedb OR rolsuper AS may FROM pg_roles WHERE rolname = current_user"
 
@@ -61,7 +64,7 @@ def run(conn, url: str, settings, *, backup: bool = True, dry_run: bool = False,
     return out
 
 
-def apply(conn, directory: Path | None = None, **options) -> list:
+def apply(conn: Memory, directory: Path | None = None, **options) -> list:
     """migrate.apply with the installation's erasure key given to the migrations that rekey digests (sql/0024)."""
     from memctl import places
     from memctl.write import erased
@@ -70,7 +73,7 @@ def apply(conn, directory: Path | None = None, **options) -> list:
         return migrate.apply(conn, directory, **options)
 
 
-def take_verified(conn, url: str, directory: Path, say: Callable[[str], None],
+def take_verified(conn: Memory, url: str, directory: Path, say: Callable[[str], None],
                   prefix: str | None = None) -> tuple[Path, str]:
     """A backup of the whole database into DIRECTORY, verified; MemctlError (nothing migrated) if either fails.
     `prefix`: its name's (default memctl-before-migrate-; never rotated away)."""
@@ -90,14 +93,14 @@ def take_verified(conn, url: str, directory: Path, say: Callable[[str], None],
     return made.path, verified
 
 
-def _verify(conn, url: str, path: Path) -> str:
+def _verify(conn: Memory, url: str, path: Path) -> str:
     """Restore the backup into a scratch database and compare every table; the file's own checks where this
     role may not create a database."""
     import tempfile
 
     from memctl.backup import backup_file, pgtools, restore
 
-    if conn.execute(MAY_CREATE_DATABASE).fetchone()["may"]:
+    if conn.one(MAY_CREATE_DATABASE)["may"]:
         checked = restore.verify(conn, url, path)
         if not checked.tables_ok:  # the copy is whole or not; agents' roles are the server's, not the backup's
             raise MemctlError(f"tables differ from its manifest: {', '.join(checked.failed)}")

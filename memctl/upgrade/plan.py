@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from memctl.db import migrate
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # Lock modes, weakest first.
 MODES = ("ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE",
@@ -40,7 +44,7 @@ _ONLY = r"(?:ONLY\s+)?(?:IF\s+EXISTS\s+)?"
 
 @dataclass
 class Lock:
-    table: str  # a table's name, or EVERY_TABLE
+    table: str | None  # a table's name, or EVERY_TABLE (None: a statement whose table was not read)
     mode: str
     work: str | None = None  # a key of RATES: what is done for each of the table's rows under the lock
 
@@ -152,22 +156,22 @@ def _alter_table(text: str) -> list[Lock]:
     return [Lock(table, "ACCESS EXCLUSIVE", work)] + references
 
 
-def _rows(conn) -> dict[str, int | None]:
+def _rows(conn: Memory) -> dict[str, int | None]:
     return {row["name"]: row["rows"] for row in conn.execute(ROWS).fetchall()}
 
 
-def _count(conn, table: str, known: dict[str, int | None]) -> int | None:
+def _count(conn: Memory, table: str | None, known: dict[str, int | None]) -> int | None:
     """The table's row estimate; counted when the table was never analysed; None for a table not there yet."""
     from psycopg import sql
 
     if table not in known:
         return None
     if known[table] is None:
-        known[table] = conn.execute(sql.SQL(COUNT).format(sql.Identifier(table))).fetchone()["n"]
+        known[table] = conn.one(sql.SQL(COUNT).format(sql.Identifier(table)))["n"]
     return known[table]
 
 
-def make(conn, todo: list[migrate.Migration]) -> list[Step]:
+def make(conn: Memory, todo: list[migrate.Migration]) -> list[Step]:
     """The plan of the migrations `todo` (memctl.db.migrate.pending) on this database."""
     known = _rows(conn)
     steps = []

@@ -16,10 +16,13 @@ cannot confirm a guess against a digest.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Literal, overload
 
 from memctl import places
 from memctl.errors import BadValue, MemctlError
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 ERASED_ID = 0  # what an import maps a left-out record's id to: no episode has it (identity ids start at 1)
 
@@ -38,6 +41,10 @@ def key_path() -> Path:
     return places.key_file(embedded.memctl_home())
 
 
+@overload
+def load_key(*, create: Literal[True] = True) -> bytes: ...
+@overload
+def load_key(*, create: bool) -> bytes | None: ...
 def load_key(*, create: bool = True) -> bytes | None:
     """The installation's digest key; made (0600) when missing and `create`."""
     return places.load_key(key_path(), create=create)
@@ -54,7 +61,7 @@ class Lookup:
     `digests`: theirs under `key`, made by the caller (an import's parsing thread, while the copying one waits
     on the server), else made here."""
 
-    def __init__(self, conn, texts: Iterable[str], kind: str = "episode", key: bytes | None = None,
+    def __init__(self, conn: Memory, texts: Iterable[str], kind: str = "episode", key: bytes | None = None,
                  digests: list[str] | None = None):
         texts = list(texts)
         key = key if key is not None else readable_key(conn)
@@ -74,18 +81,18 @@ class Lookup:
 ANY_ENTRY = "SELECT EXISTS (SELECT 1 FROM erasures) AS yes"
 
 
-def readable_key(conn) -> bytes | None:
+def readable_key(conn: Memory) -> bytes | None:
     """The key (None: none yet, nothing was ever erased from this MEMCTL_HOME). A key this user cannot read is
     an error only where the ledger holds entries: what they erased could not be kept out."""
     try:
         return load_key(create=False)
     except MemctlError:
-        if conn.execute(ANY_ENTRY).fetchone()["yes"]:
+        if conn.one(ANY_ENTRY)["yes"]:
             raise
         return None
 
 
-def held(conn, text: str) -> bool:
+def held(conn: Memory, text: str) -> bool:
     """Whether the ledger holds this text: for a record a writer refuses (its source blocked since, a secret), which
     an import then leaves out as erased instead of failing on it."""
     return not Lookup(conn, [text]).kept()[0]
@@ -110,7 +117,7 @@ class Ledger:
     `digest_key`: the key id an export's header names (None: a file written before lineage was keyed, whose
     source_hash values are plain sha256 digests, rekeyed here)."""
 
-    def __init__(self, conn, digest_key: Any):
+    def __init__(self, conn: Memory, digest_key: Any):
         if digest_key is not None and not isinstance(digest_key, str):
             raise BadValue("header: digest_key must be a string", "digest_key")
         self.conn, self.given_key = conn, digest_key
@@ -122,7 +129,8 @@ class Ledger:
 
     def clear_facts(self, item: dict) -> int:
         """Clear, in a fact record's history, every value an erasure of its key cleared; how many."""
-        held = self.facts.get((item.get("namespace") or "default", item.get("key")))
+        key = item.get("key")
+        held = self.facts.get((item.get("namespace") or "default", key)) if isinstance(key, str) else None
         cleared = 0
         if not held or not isinstance(item.get("history"), list):
             return 0

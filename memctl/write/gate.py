@@ -36,7 +36,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, overload
 
 from memctl.db import locks
 from memctl.errors import BadValue, Blocked
@@ -48,6 +48,7 @@ from memctl.write.values import no_nul as _no_nul, shown as _shown
 
 if TYPE_CHECKING:
     from memctl import redact
+    from memctl.db.memory import Memory
 
 DEFAULT_AGENT = "default"
 DEFAULT_KIND = "observation"
@@ -190,7 +191,7 @@ class Gate:
     def writing(self) -> Iterator[None]:
         """The write's transaction, committed once confirm() finds none of its sources blocked (writing_on)."""
         with self.conn.transaction():
-            open_gates = _open_gates(self.conn)
+            open_gates = self.conn.gates  # the gates in their writing() on it (Memory.gates), gone with it
             open_gates.append(self)
             try:
                 yield
@@ -225,6 +226,10 @@ class Gate:
     def _all_blocked(self) -> dict[str, str | None]:
         return {r["source"]: r["reason"] for r in self.conn.execute(BLOCKED).fetchall()}
 
+    @overload
+    def _text(self, value: str, what: str) -> str: ...
+    @overload
+    def _text(self, value: str | None, what: str) -> str | None: ...
     def _text(self, value: str | None, what: str) -> str | None:
         return self.redactor.text(value, what)
 
@@ -237,6 +242,7 @@ class Gate:
     def stored_episode(self, agent: str, content: str, meta: dict) -> Episode:
         """An episode already in memory whose text is being rewritten (redact scan --fix): redacted, rechunked."""
         episode = self.episode(NewEpisode(content, DEFAULT_KIND, agent, None, 1, None, meta or {}))
+        assert episode is not None  # importance 1: kept
         return _sealed(dataclasses.replace(episode, agent=agent))  # the row keeps its agent: its key
 
     def episode(self, episode: NewEpisode) -> Episode | None:
@@ -376,17 +382,10 @@ def renumbered(entry: HistoryEntry, version: int) -> HistoryEntry:
     return _sealed(dataclasses.replace(entry, version=integer(version, "history version", 1, 2**62)))
 
 
-def _open_gates(conn) -> list[Gate]:
-    """The gates in their writing() on `conn`, kept on it (a psycopg Connection takes attributes), gone with it."""
-    if getattr(conn, "memctl_open_gates", None) is None:
-        conn.memctl_open_gates = []
-    return conn.memctl_open_gates
-
-
-def writing_on(conn, source: str | None) -> bool:
+def writing_on(conn: Memory, source: str | None) -> bool:
     """Whether a record from `source` is written on `conn` inside the writing() transaction of a gate that allowed
     that source, so that it is looked at again before the commit."""
-    return any(admit.covers(source) for admit in getattr(conn, "memctl_open_gates", ()))
+    return any(admit.covers(source) for admit in conn.gates)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 KEY_BYTES = 16
 UTC = datetime.timezone.utc
@@ -49,7 +53,7 @@ class Occurrences:
         return key(agent, source, None, n, content_hash)
 
 
-def ask(conn, agents: list[str], keys: list[bytes | None]) -> list:
+def ask(conn: Memory, agents: list[str], keys: Sequence[bytes | None]) -> list:
     """The look-ups of the batch's keys, one per agent (call in a pipeline: they go in one round trip); the
     imports' lock first, so two imports of one file cannot both find a key missing (held until the commit)."""
     from memctl.write.repeats import IMPORT_CLASS, LOCK_IMPORTS
@@ -62,10 +66,10 @@ def ask(conn, agents: list[str], keys: list[bytes | None]) -> list:
     return [(agent, conn.execute(STORED, (agent, wanted))) for agent, wanted in sorted(by_agent.items())]
 
 
-def unseen(asked: list, agents: list[str], keys: list[bytes | None]) -> list[bool]:
+def unseen(asked: list, agents: list[str], keys: Sequence[bytes | None]) -> list[bool]:
     """Per record (from ask()'s answers): True when no stored episode of its agent has its key and no earlier
     record of the batch does; always for a record with no key."""
-    stored = {(agent, bytes(row["record_key"])) for agent, cursor in asked for row in cursor.fetchall()}
+    stored: set[tuple[str, bytes | None]] = {(agent, bytes(row["record_key"])) for agent, cursor in asked for row in cursor.fetchall()}
     keep = []
     for agent, k in zip(agents, keys):
         fresh = k is None or (agent, k) not in stored

@@ -24,10 +24,13 @@ import hmac
 import json
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from memctl.db import locks
 from memctl.write.values import WRITER
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 LOCK_CLASS = 0x6D726570  # "mrep": a space of memctl.db.locks.KEY_LOCK, one lock per agent
 HASH_BYTES = 16  # of sha256: an index key half the size, collisions still out of reach
@@ -65,8 +68,8 @@ def _canonical(value: Any) -> bytes:
 FOLD_KEY = "SELECT memctl_fold_key() AS key"  # sql/0023: for memctl's sessions, an agent's role included
 
 
-def fold_key(conn) -> bytes:
-    return bytes(conn.execute(FOLD_KEY).fetchone()["key"])
+def fold_key(conn: Memory) -> bytes:
+    return bytes(conn.one(FOLD_KEY)["key"])
 
 
 def window_seconds(settings) -> float | None:
@@ -85,7 +88,7 @@ LOCK_IMPORTS = locks.KEY_LOCK  # (IMPORT_CLASS, '')
 IMPORT_CLASS = LOCK_CLASS + 1
 
 
-def lock_agent(conn, agent: str) -> None:
+def lock_agent(conn: Memory, agent: str) -> None:
     """Writers of one agent fold in turn until their transaction ends."""
     conn.execute(LOCK_AGENT, (LOCK_CLASS, agent))
 
@@ -110,7 +113,7 @@ WHERE agent = %(agent)s AND id = %(id)s
 """
 
 
-def fold_one(conn, episode, window: float | None) -> int | None:
+def fold_one(conn: Memory, episode, window: float | None) -> int | None:
     """The first this admitted episode repeats, counted already; None: it is a first (call in the write's
     transaction, before inserting it)."""
     if window is None:
@@ -167,7 +170,7 @@ class BatchFold:
         return sum(r is not None for r in self.repeat_of)
 
 
-def plan_batch(conn, batch: list, ids: list[int], times: list[datetime.datetime], window: float | None,
+def plan_batch(conn: Memory, batch: list, ids: list[int], times: list[datetime.datetime], window: float | None,
                hints: list[str | None] | None = None, locked: set[str] | None = None) -> BatchFold:
     """Fold a batch of admitted episodes (ids taken, times resolved) against the stored firsts and each other,
     in time order; one look-up per agent. `hints` (memctl import): FIRST keeps a record a first, REPEAT folds
@@ -214,7 +217,7 @@ def _back(at: datetime.datetime, reach: datetime.timedelta) -> datetime.datetime
         return None
 
 
-def _stored_firsts(conn, batch, times, reach, hints, locked: set[str]) -> dict[tuple, list[_First]]:
+def _stored_firsts(conn: Memory, batch, times, reach, hints, locked: set[str]) -> dict[tuple, list[_First]]:
     if not locked:
         conn.execute(LOCK_IMPORTS, (IMPORT_CLASS, ""))
     by_agent: dict[str, list[int]] = {}
@@ -242,14 +245,14 @@ def _stored_firsts(conn, batch, times, reach, hints, locked: set[str]) -> dict[t
     return found
 
 
-def pipeline(conn):
+def pipeline(conn: Memory):
     """A block whose statements go in one round trip where libpq can pipeline them (read their results after it)."""
     from psycopg import Pipeline
 
     return conn.pipeline() if Pipeline.is_supported() else contextlib.nullcontext()
 
 
-def settle(conn, fold: BatchFold) -> None:
+def settle(conn: Memory, fold: BatchFold) -> None:
     """Count the batch's repeats on the firsts stored before it, one statement per agent."""
     by_agent: dict[str, list] = {}
     for (agent, first), (n, latest) in fold.owed.items():
@@ -274,12 +277,12 @@ WHERE f.agent = %(agent)s AND f.id = d.id
 ANY_REPEAT = "SELECT EXISTS (SELECT 1 FROM episodes WHERE repeat_of IS NOT NULL) AS yes"
 
 
-def any_repeat(conn) -> bool:
+def any_repeat(conn: Memory) -> bool:
     """Whether any repeat is stored at all (deleting skips its repeats pass when none is)."""
-    return conn.execute(ANY_REPEAT).fetchone()["yes"]
+    return conn.one(ANY_REPEAT)["yes"]
 
 
-def recount(conn, deleted: Iterable[Any]) -> int:
+def recount(conn: Memory, deleted: Iterable[Any]) -> int:
     """Recount the firsts of deleted repeats; `deleted` holds (agent, first id, how many, newest created_at)
     per first. The firsts updated."""
     by_agent: dict[str, list] = {}

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memctl import redact
 from memctl.db import locks
 from memctl.errors import NotFound
 from memctl.write import gate, store
 
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
+
 ALL = "SELECT source, reason, blocked_at FROM blocked_sources ORDER BY source"
 UNBLOCK = "DELETE FROM blocked_sources WHERE source = ANY(%s) RETURNING source"
 
 
-def blocked_set(conn) -> dict[str, str | None]:
+def blocked_set(conn: Memory) -> dict[str, str | None]:
     return {row["source"]: row["reason"] for row in conn.execute(ALL).fetchall()}
 
 
-def block(conn, source: str, reason: str | None = None) -> dict:
+def block(conn: Memory, source: str, reason: str | None = None) -> dict:
     """Block a source. Waits for the writes that already confirmed their sources (their commits); a write
     still running refuses itself when it confirms (memctl.db.locks)."""
     admitted = gate.Gate(conn, None, redact.Redactor()).blocked_source(source, reason)
@@ -25,7 +30,7 @@ def block(conn, source: str, reason: str | None = None) -> dict:
     return {"source": row["source"], "reason": row["reason"], "blocked_at": row["blocked_at"]}
 
 
-def unblock(conn, source: str) -> str:
+def unblock(conn: Memory, source: str) -> str:
     """Unblock SOURCE, named as it was blocked or as it is stored (redacted); returns the name removed."""
     row = conn.execute(UNBLOCK, (list(gate.source_forms(source)),)).fetchone()
     if row is None:
@@ -33,5 +38,5 @@ def unblock(conn, source: str) -> str:
     return row["source"]
 
 
-def list_blocked(conn) -> list[dict]:
+def list_blocked(conn: Memory) -> list[dict]:
     return conn.execute(ALL).fetchall()

@@ -11,17 +11,20 @@ from __future__ import annotations
 import datetime
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from memctl import places
 from memctl.write import admission, gate
 from memctl.write.admission import BlockedSource, Episode, FactValue, HistoryEntry, Lineage, RunRecord, WindowLineage
 from memctl.write.values import WRITER
 
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
+
 _admitted = admission.admitted  # a record a Gate made, not one of the same type built or copied elsewhere
 
 
-def _sourced(conn, record: Any, kind: type) -> None:
+def _sourced(conn: Memory, record: Any, kind: type) -> None:
     """A record that carries a source: admitted, and written inside the writing() transaction of a gate that
     allowed its source (looked at again under the blocked sources' lock before the commit: memctl.db.locks)."""
     _admitted(record, kind)
@@ -48,23 +51,23 @@ WHERE c.agent = %s AND c.episode_id = %s AND m.state IN ('active', 'backfill')
 """
 
 
-def insert_episode(conn, episode: Episode, repeat_of: int | None = None) -> int:
+def insert_episode(conn: Memory, episode: Episode, repeat_of: int | None = None) -> int:
     """One episode with its chunks, queued for every model being filled (call inside a transaction); a repeat
     (`repeat_of` its first's id, memctl.write.repeats) gets no chunks: it is never embedded."""
     from psycopg.types.json import Jsonb
 
     _sourced(conn, episode, Episode)
-    row = conn.execute(INSERT_EPISODE, {
+    row = conn.one(INSERT_EPISODE, {
         "agent": episode.agent, "kind": episode.kind, "content": episode.content,
         "content_hash": episode.content_hash, "source": episode.source, "importance": episode.importance,
         "created_at": episode.created_at, "meta": Jsonb(episode.meta), "norm_hash": episode.norm_hash,
-        "repeat_of": repeat_of}).fetchone()
+        "repeat_of": repeat_of})
     if repeat_of is None:
         insert_chunks(conn, episode, row["id"])
     return row["id"]
 
 
-def insert_chunks(conn, episode: Episode, episode_id: int) -> int:
+def insert_chunks(conn: Memory, episode: Episode, episode_id: int) -> int:
     """The admitted episode's chunks for a stored episode (a new one, or one rewritten by redact scan --fix),
     queued; returns the queue rows added."""
     _admitted(episode, Episode)
@@ -94,13 +97,13 @@ COPY_QUEUE = "COPY embed_queue (model_id, agent, chunk_id) FROM STDIN (FORMAT BI
 COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STDIN"
 
 
-def take_ids(conn, sequence: str, count: int) -> list[int]:
+def take_ids(conn: Memory, sequence: str, count: int) -> list[int]:
     if count == 0:
         return []
-    return conn.execute(TAKE_IDS, (sequence, count), binary=True).fetchone()["ids"]
+    return conn.one(TAKE_IDS, (sequence, count), binary=True)["ids"]
 
 
-def queued_models(conn) -> list[int]:
+def queued_models(conn: Memory) -> list[int]:
     return [r["id"] for r in conn.execute(QUEUED_MODELS).fetchall()]
 
 
@@ -115,10 +118,10 @@ class Copied:
     erased: list[int] = field(default_factory=list)  # positions in the batch of records the ledger holds: left out
 
 
-def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
+def copy_episodes(conn: Memory, batch: list[Episode], *, now: datetime.datetime, queued: list[int],
                   vectors: list[list[Any] | None] | None = None, model=None, window: float | None = None,
                   hints: list[str | None] | None = None, locked: set[str] | None = None,
-                  release: Callable[[], None] | None = None, keys: list[bytes] | None = None,
+                  release: Callable[[], None] | None = None, keys: Sequence[bytes | None] | None = None,
                   ledger: tuple[bytes, list[str]] | None = None) -> Copied:
     """Episodes with binary COPY (call inside a transaction holding memctl.db.locks.WRITE_LOCK).
 
@@ -145,12 +148,13 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
     # called), so each round trip here is time the import's other thread waits.
     agents = [e.agent for e in batch]
     with repeats.pipeline(conn):
-        sequences = conn.execute(SEQUENCES)
-        ledger = erased_mod.Lookup(conn, (e.content for e in batch), key=ledger[0] if ledger else None,
+        sequences_asked = conn.execute(SEQUENCES)
+        lookup = erased_mod.Lookup(conn, (e.content for e in batch), key=ledger[0] if ledger else None,
                                    digests=ledger[1] if ledger else None)
         asked = identity.ask(conn, agents, keys) if keys is not None else None
-    sequences = sequences.fetchone()
-    kept = ledger.kept()
+    sequences = sequences_asked.fetchone()
+    assert sequences is not None
+    kept = lookup.kept()
     left_out = [i for i, k in enumerate(kept) if not k]
     if left_out:  # erased: never stored again, asked about by nothing below
         batch, agents = [e for e, k in zip(batch, kept) if k], [a for a, k in zip(agents, kept) if k]
@@ -158,7 +162,7 @@ def copy_episodes(conn, batch: list[Episode], *, now: datetime.datetime, queued:
         vectors = None if vectors is None else [v for v, k in zip(vectors, kept) if k]
         hints = None if hints is None else [h for h, k in zip(hints, kept) if k]
         asked = identity.ask(conn, agents, keys) if keys is not None else None
-    if asked is not None:
+    if asked is not None and keys is not None:  # asked: keys given
         keep = identity.unseen(asked, agents, keys)
         if not all(keep):
             batch = [e for e, k in zip(batch, keep) if k]
@@ -238,18 +242,18 @@ RETURNING changed_at, valid_from
 """
 
 
-def put_fact(conn, fact: FactValue, version: int, updated_at: datetime.datetime | None = None) -> None:
+def put_fact(conn: Memory, fact: FactValue, version: int, updated_at: datetime.datetime | None = None) -> None:
     _sourced(conn, fact, FactValue)
     conn.execute(UPSERT_FACT, (fact.namespace, fact.key, fact.value, fact.source, version, updated_at,
                                fact.valid_from, updated_at))
 
 
-def insert_history(conn, entry: HistoryEntry) -> dict:
+def insert_history(conn: Memory, entry: HistoryEntry) -> dict:
     """The entry's row; returns its changed_at and valid_from as stored."""
     _sourced(conn, entry, HistoryEntry)
-    return conn.execute(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
-                                         entry.new_value, entry.source, entry.valid_from,
-                                         entry.changed_at)).fetchone()
+    return conn.one(INSERT_HISTORY, (entry.namespace, entry.key, entry.version, entry.op, entry.old_value,
+                                     entry.new_value, entry.source, entry.valid_from,
+                                     entry.changed_at))
 
 
 INSERT_RUN = WRITER + """
@@ -278,7 +282,7 @@ WHERE NOT EXISTS (SELECT 1 FROM runbook_runs WHERE agent = %(agent)s AND name = 
 RUN_STATEMENTS = {"start": INSERT_RUN, "reinsert": REINSERT_RUN, "import": IMPORT_RUN}
 
 
-def insert_run(conn, record: RunRecord, how: str = "start"):
+def insert_run(conn: Memory, record: RunRecord, how: str = "start"):
     """A runbook run's row: at its start, again at its end if its row vanished, or from an import."""
     _admitted(record, RunRecord)
     return conn.execute(RUN_STATEMENTS[how], record.row)
@@ -290,7 +294,7 @@ VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING
 """
 
 
-def insert_lineage(conn, rows: Iterable[Lineage]) -> int:
+def insert_lineage(conn: Memory, rows: Iterable[Lineage]) -> int:
     rows = list(rows)
     for row in rows:
         _admitted(row, Lineage)
@@ -308,7 +312,7 @@ SELECT %(agent)s, %(summary_id)s, i.id, i.created_at, {keyed} FROM summarize_inp
 """.format(keyed=places.lineage_sql("i.content_hash"))
 
 
-def insert_window_lineage(conn, lineage: WindowLineage) -> int:
+def insert_window_lineage(conn: Memory, lineage: WindowLineage) -> int:
     """The lineage of a summary to every episode of its window, in one statement (a day may hold 100,000)."""
     from memctl.write import erased
 
@@ -329,7 +333,7 @@ ON CONFLICT (source) DO NOTHING
 """
 
 
-def insert_blocked(conn, blocked: BlockedSource, *, keep_existing: bool = False):
+def insert_blocked(conn: Memory, blocked: BlockedSource, *, keep_existing: bool = False):
     """Block a source (update the reason if it is blocked already, unless `keep_existing`: an import)."""
     _admitted(blocked, BlockedSource)
     if keep_existing:

@@ -10,7 +10,7 @@ import datetime
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from memctl.errors import BadValue
 
@@ -138,6 +138,12 @@ def parse_time(value: Any, what: str = "created_at") -> datetime.datetime:
     return parsed
 
 
+@overload
+def name(value: Any, what: str, *, default: str, optional: bool = ...) -> str: ...
+@overload
+def name(value: Any, what: str, *, default: None = ..., optional: Literal[False] = ...) -> str: ...
+@overload
+def name(value: Any, what: str, *, default: str | None = ..., optional: bool = ...) -> str | None: ...
 def name(value: Any, what: str, *, default: str | None = None, optional: bool = False) -> str | None:
     """A name field (agent, kind, source, namespace): a non-empty string without NUL, of bounded length."""
     if value is None:

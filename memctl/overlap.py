@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import psycopg
 
 # While a call runs, the interpreter offers the other thread the GIL every SWITCH seconds, not every 5 ms:
 # the copying thread mostly waits on the socket, and each time it wakes it needs the GIL back from a caller
@@ -34,7 +37,7 @@ class Overlap:
     Ctrl-C) and waits for the call to end, so whatever rolls the transaction back finds the connection free.
     """
 
-    def __init__(self, conn) -> None:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
         self._switch = sys.getswitchinterval()
         self._thread: threading.Thread | None = None
