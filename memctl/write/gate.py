@@ -264,7 +264,7 @@ class Gate:
             secret = repeats.secret_digest(self._fold_key, {"content": episode.content, "meta": episode.meta,
                                                             "kind": episode.kind, "source": episode.source})
         return _sealed(Episode(content, kind, agent, source, episode.importance, episode.created_at, meta,
-                               chunking.chunk_text(content, self.chunk_size, self.overlap), digest, changed, secret))
+                               tuple(chunking.chunk_text(content, self.chunk_size, self.overlap)), digest, changed, secret))
 
     def new_episode(self, content: Any, **fields: Any) -> Episode | None:
         return self.episode(validate(self.settings, content, **fields))

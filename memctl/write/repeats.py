@@ -24,6 +24,7 @@ import hmac
 import json
 import unicodedata
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterable
 
 from memctl.db import locks
@@ -44,7 +45,7 @@ def normalize(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-def norm_hash(text: str, meta: dict | None = None, secret: bytes | None = None) -> bytes:
+def norm_hash(text: str, meta: Mapping[str, Any] | None = None, secret: bytes | None = None) -> bytes:
     """The fold key: the normalized text, the meta exactly (keys sorted), and `secret_digest` when redaction
     changed the episode. Text holds no NUL (the gate refuses it), so the parts cannot run into each other."""
     digest = hashlib.sha256(normalize(text).encode("utf-8"))
