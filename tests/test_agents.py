@@ -141,7 +141,7 @@ def test_the_text_index_function_gives_an_agent_only_its_own_ids_whatever_it_is_
 
 
 def test_search_in_an_agents_role_finds_by_the_text_index_function(conn, can_create_roles, memctl_env):
-    """agents.assume marks the connection, and search's statements then read the ids memctl_agent_matches
+    """conn.assume_role marks the handle, and search's statements then read the ids memctl_agent_matches
     finds: alice's words find her episode, in every mode, and never bob's."""
     from memctl.reading import bm25, search, statement
     from memctl.reading.query import Query
@@ -150,8 +150,8 @@ def test_search_in_an_agents_role_finds_by_the_text_index_function(conn, can_cre
     agents.add(conn, "bob")
     mine, theirs = _seed(conn)
     settings = config.load()
-    agents.assume(conn, alice)
-    assert agents.assumed(conn)
+    conn.assume_role(alice.role)
+    assert conn.in_agent_role and conn.role == alice.role
     for mode in ("text", "hybrid"):
         found = search.search(conn, settings, Query("heron queue", k=10, mode=mode), track=False)
         assert [h.id for h in found.hits] == [mine], mode
@@ -160,8 +160,8 @@ def test_search_in_an_agents_role_finds_by_the_text_index_function(conn, can_cre
                                          stats=bm25.TermStats(n=2.0, avgdl=5.0, common={}))
         return statement.statement(Query("heron", k=5), parts, settings, 20)[0].decode()
     assert "memctl_agent_matches" in composed(True) and "memctl_agent_matches" not in composed(False)
-    agents.reset(conn)
-    assert not agents.assumed(conn)
+    conn.reset_role()
+    assert not conn.in_agent_role
     assert {h.id for h in search.search(conn, settings, Query("heron queue", k=10, mode="text"),
                                         track=False).hits} == {mine, theirs}
 

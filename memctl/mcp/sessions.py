@@ -178,12 +178,10 @@ class Session:
                         self._idle.append(conn)
 
     def _ping(self, conn) -> None:
-        from memctl.records import agents
-
         if self.role is None:
             conn.execute(PING)
         else:
-            agents.assume(conn, self.role)
+            conn.assume_role(self.role)
 
     def _live(self, conn):
         import psycopg

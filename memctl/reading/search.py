@@ -48,7 +48,6 @@ from memctl.reading.pieces import Parsed, pieces_call
 from memctl.reading.scan import ScanTransactions
 from memctl.reading.statement import (StatementCall, StatementParts, period_exact, read_rows,
                                      statement_call)
-from memctl.records.agents import assumed
 
 
 @dataclass
@@ -182,7 +181,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome, cache:
     parts = StatementParts(model=model if vector_runs else None, vector=vector if vector_runs else None,
                            excluded=parsed.excluded, context=context and parsed.context,
                            period=period, period_exact=None if period is None else period_exact(cache[key].n),
-                           in_role=assumed(conn))
+                           in_role=conn.in_agent_role)
     if wants_text and any(parsed.wanted):
         parts.stats = cache[key]
         # with the vector half running, words in nearly every episode are left out, and only the

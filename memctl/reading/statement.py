@@ -197,7 +197,7 @@ class StatementParts:
     context: bool = False
     period: Period | None = None  # the period the query names: each half also runs inside it
     period_exact: int | None = None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
-    in_role: bool = False  # the connection is in an agent's role (agents.assumed): bm25.matched_in_role
+    in_role: bool = False  # the connection is in an agent's role (Memory.in_agent_role): bm25.matched_in_role
 
     @property
     def vector_runs(self) -> bool:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # Rows are written in key order so that two concurrent calls lock them in the
 # same order (no deadlock); an id returned twice in one call counts twice.
@@ -65,17 +68,18 @@ class _Route:
             self.note(message)
 
 
-def route_to_primary(read_conn, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None) -> None:
+def route_to_primary(read_conn: Memory, open_primary: Callable[[], Any], *,
+                     note: Callable[[str], None] | None = None) -> None:
     """Write the accesses recorded on `read_conn` (a replica) through `open_primary()` instead.
 
     `open_primary` runs at most once, at the first record() with something to write; `note`
-    receives one line if it fails (the counts of this connection are then skipped). The route is kept on
-    the read connection itself (a psycopg Connection takes attributes), and goes with it.
+    receives one line if it fails (the counts of this connection are then skipped). The route is kept by
+    the read handle (Memory.route), and goes with it.
     """
-    read_conn.memctl_access_route = _Route(open_primary, note)
+    read_conn.route_counts_to(_Route(open_primary, note))
 
 
-def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
+def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:
     """Count one access of each (agent, episode id) now; returns the rows written.
 
     On a connection routed with route_to_primary() the rows are written on the primary.
@@ -86,7 +90,7 @@ def record(conn, episodes: Iterable[tuple[str, int]]) -> int:
     if not pairs:
         return 0
     params = {"agents": [agent for agent, _ in pairs], "ids": [int(i) for _, i in pairs]}
-    route = getattr(conn, "memctl_access_route", None)
+    route = conn.route if isinstance(conn.route, _Route) else None
     if route is not None:
         conn = route.writer()
         if conn is None:

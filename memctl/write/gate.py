@@ -48,6 +48,7 @@ from memctl.write.values import no_nul as _no_nul, shown as _shown
 
 if TYPE_CHECKING:
     from memctl import redact
+    from memctl.db.memory import Memory
 
 DEFAULT_AGENT = "default"
 DEFAULT_KIND = "observation"
@@ -189,14 +190,9 @@ class Gate:
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """The write's transaction, committed once confirm() finds none of its sources blocked (writing_on)."""
-        with self.conn.transaction():
-            open_gates = _open_gates(self.conn)
-            open_gates.append(self)
-            try:
-                yield
-                self.confirm()
-            finally:
-                open_gates.remove(self)
+        with self.conn.transaction(), self.conn.gate_open(self):
+            yield
+            self.confirm()
 
     def covers(self, source: str | None) -> bool:
         """Whether confirm() looks at `source` again: one this gate allowed (all of them past SOURCES_KEPT)."""
@@ -376,17 +372,10 @@ def renumbered(entry: HistoryEntry, version: int) -> HistoryEntry:
     return _sealed(dataclasses.replace(entry, version=integer(version, "history version", 1, 2**62)))
 
 
-def _open_gates(conn) -> list[Gate]:
-    """The gates in their writing() on `conn`, kept on it (a psycopg Connection takes attributes), gone with it."""
-    if getattr(conn, "memctl_open_gates", None) is None:
-        conn.memctl_open_gates = []
-    return conn.memctl_open_gates
-
-
-def writing_on(conn, source: str | None) -> bool:
+def writing_on(conn: Memory, source: str | None) -> bool:
     """Whether a record from `source` is written on `conn` inside the writing() transaction of a gate that allowed
     that source, so that it is looked at again before the commit."""
-    return any(admit.covers(source) for admit in getattr(conn, "memctl_open_gates", ()))
+    return any(admit.covers(source) for admit in conn.gates)
 
 
 @functools.lru_cache(maxsize=4096)
