@@ -643,8 +643,8 @@ def seeded(run, db_url):
     from memctl import db
 
     seed()
-    with db.connect(db_url) as conn:
-        yield conn, config.load()
+    with db.connect(db_url, settings=config.load()) as conn:
+        yield conn, conn.settings
 
 
 @dataclass
@@ -677,9 +677,9 @@ def shared(pg_server, tmp_path_factory):
 
 def test_search_finds_the_seeded_episodes(seeded):
     """The search properties below run against episodes a plain query does find (by words and by meaning)."""
-    conn, settings = seeded
+    conn, _ = seeded
     for mode in ("text", "hybrid", "vector"):
-        outcome = search.search(conn, settings, Query("disk full", mode=mode))
+        outcome = search.search(conn, Query("disk full", mode=mode))
         assert outcome.hits and outcome.mode == mode, mode
 
 
@@ -723,8 +723,8 @@ def test_setting_edges_refused_or_usable(shared, tmp_path, document):
 @share(0.5)
 def test_search_query_syntax(seeded, text, mode):
     ran()
-    conn, settings = seeded
-    outcome = only_memctl_errors(search.search, conn, settings, Query(text, mode=mode))
+    conn, _ = seeded
+    outcome = only_memctl_errors(search.search, conn, Query(text, mode=mode))
     if not isinstance(outcome, MemctlError):
         assert all(isinstance(h.id, int) for h in outcome.hits)
 

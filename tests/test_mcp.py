@@ -102,7 +102,7 @@ def log(tmp_path) -> Path:
 
 
 def seed(conn, content: str, agent: str, **fields) -> int:
-    return episodes.add(conn, config.load(), content, agent=agent, **fields)
+    return episodes.add(conn.use_settings(config.load()), content, agent=agent, **fields)
 
 
 def embed(memctl_bin) -> None:

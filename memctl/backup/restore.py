@@ -24,13 +24,16 @@ import uuid
 import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from psycopg import sql
 
 from memctl.errors import InvalidInput, MemctlError, SchemaAhead
 from memctl.records import jobs
 from memctl.backup import backup as backup_mod, backup_file
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 JOB = "restore"
 SCRATCH_PREFIX = "memctl_verify_"
@@ -258,7 +261,7 @@ def _check(schema: str, expected: dict[str, dict]) -> sql.Composed:
     return CHECK.format(settings=settings, tables=tables)
 
 
-def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None) -> Restored:
+def restore(conn: Memory, url: str, path: str | Path, *, directory: Path) -> Restored:
     """Replace memctl's tables with the backup's, after a safety backup of what is there now into DIRECTORY."""
     from memctl.db import migrate
     from memctl.records import erasures
@@ -303,7 +306,7 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
     with places.key_for_migrations(conn, erasures.load_key()):  # a backup older than sql/0024: its lineage rekeyed
         applied = migrate.apply(conn)
     erasures.sync(conn, ledger)  # the table holds every entry again
-    erasure.after_restore(conn, settings, newer)
+    erasure.after_restore(conn, newer)
     counts = erasure.reapplied_counts(said)
     restored = Restored(path, manifest, safety, [m.name for m in applied],
                         [{"erasure": e.id, "op": e.op, "what": e.target or e.source,

@@ -45,5 +45,5 @@ def scan(
     if not yes:
         warn("dry run: add --yes to rewrite them")
         return
-    done = redact_scan.fix(conn, settings(), found)
+    done = redact_scan.fix(conn, found)
     warn("fixed: " + ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in done.to_dict().items()))

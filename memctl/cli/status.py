@@ -28,7 +28,7 @@ def status(
     than twice its \\[schedule], when the last backup failed, when the oldest pending chunk is older than the
     embed schedule allows, and when chunks failed to embed.
     """
-    report = status_mod.collect(connect(reading=True), settings())  # reads only: a newer schema is a warning
+    report = status_mod.collect(connect(reading=True))  # reads only: a newer schema is a warning
     render_one(report, fmt)
     for message in report["warnings"]:
         warn(f"warning: {message}")

@@ -22,12 +22,15 @@ import os
 import select
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl.errors import EXIT_USAGE, BadValue, Blocked, InvalidInput
 from memctl.records import episodes
 from memctl.ingest import logformats
 from memctl.write import gate, identity, values
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 BATCH = 5000  # records a batch holds at most: stored at once when reached
 MAX_LINE = 1 << 20
@@ -189,11 +192,11 @@ class Ingest:
     """Reads `reader`, stores batches on `conn`, reports a skipped line by calling `report(number, reason)`;
     once `should_stop()` says so (a signal: memctl.interrupts), stores what it read and returns."""
 
-    def __init__(self, conn, settings, reader: LineReader, options: Options, *,
+    def __init__(self, conn: Memory, reader: LineReader, options: Options, *,
                  report: Callable[[int, str], None], cursor_name: str | None = None,
                  after_commit: Callable[[str], None] | None = None, resume: str | None = None,
                  should_stop: Callable[[], Any] = lambda: None):
-        self.conn, self.settings, self.reader, self.options = conn, settings, reader, options
+        self.conn, self.settings, self.reader, self.options = conn, conn.settings, reader, options
         self.report, self.cursor_name, self.after_commit = report, cursor_name, after_commit
         self.should_stop = should_stop
         self.counts = Counts()
@@ -366,7 +369,7 @@ class Ingest:
             counted = None if redactor is None else redactor.kinds.copy()
             result = episodes.ImportResult(redactor=redactor)
             try:
-                episodes.import_episodes(self.conn, self.settings, iter(records), result=result,
+                episodes.import_episodes(self.conn, iter(records), result=result,
                                          occurrences=self.occurrences, then=then,
                                          refused=lambda episode, exc: refusals.append((episode.line or 0, str(exc),
                                                                                       exc.exit_code)))

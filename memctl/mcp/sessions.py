@@ -198,7 +198,7 @@ class Session:
                                   f"({_first_line(exc)}): `memctl agent add {self.scope.agent}` "
                                   "registers it again") from None
         self._drop(conn)
-        conn = self._open()
+        conn = self._open().use_settings(self.settings)  # a handle with the session's settings
         try:
             if self.role is None and self.scope.agent is not None:
                 self.role = registered_role(conn, self.scope.agent)

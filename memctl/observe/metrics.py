@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, InfoMetricFamily, Metric
 
@@ -27,6 +27,9 @@ from memctl import files
 from memctl.config import SCHEMA, Settings, parse_duration
 from memctl.errors import BadValue, MemctlError
 from memctl.records import jobs
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 JOBS = ("embed", "summarize", "prune", "purge", "backup")  # always reported, run or not
 OUTCOMES = ("running", "ok", "partial", "failed", "unavailable", "interrupted")  # the job log's CHECK constraint
@@ -201,7 +204,8 @@ def _job_families() -> dict[str, GaugeMetricFamily]:
     }
 
 
-def _jobs(conn, settings: Settings | None) -> list[Metric]:
+def _jobs(conn: Memory) -> list[Metric]:
+    settings = conn.settings if conn.has_settings else None
     from memctl.observe import status
 
     runs: dict[str, dict[str, int]] = {job: dict.fromkeys(OUTCOMES, 0) for job in JOBS}
@@ -273,8 +277,9 @@ def _database(conn, sizes: dict, data_dir: Path | None) -> list[Metric]:
     return out
 
 
-def overdue_episodes(conn, settings: Settings | None) -> int | None:
+def overdue_episodes(conn: Memory) -> int | None:
     """Episodes past summarize.overdue's limit with no summary; None when summaries are off."""
+    settings = conn.settings if conn.has_settings else None
     from memctl.retention import summarize
 
     if settings is None or summarize.model(settings) is None or not summarize.kinds(settings):
@@ -305,17 +310,18 @@ def size_figures(conn) -> dict:
     return {"relations": rels, "growth": size.growth(conn, rels, names)}
 
 
-def collect(conn, settings: Settings | None, *, data_dir: Path | None = None) -> list[Metric]:
+def collect(conn: Memory, *, data_dir: Path | None = None) -> list[Metric]:
     """Every metric family, from one connection. `data_dir`: the embedded server's data directory, if any."""
+    settings = conn.settings if conn.has_settings else None
     from memctl.observe import status
 
     started = time.monotonic()
-    report = status.collect(conn, settings)
+    report = status.collect(conn)
     sizes = size_figures(conn)
-    families = [*_info(conn), *_memory(conn, report["episodes"], settings), *_backlog(report), *_models(conn), *_jobs(conn, settings),
+    families = [*_info(conn), *_memory(conn, report["episodes"], settings), *_backlog(report), *_models(conn), *_jobs(conn),
                 *_database(conn, sizes, data_dir)]
     families += _one("summaries_overdue_episodes", "Episodes older than [summarize] after plus two days with no "
-                     "summary (absent when summaries are off)", overdue_episodes(conn, settings))
+                     "summary (absent when summaries are off)", overdue_episodes(conn))
     families += _agents_without_role(conn)
     return [*families, *_up(1, started)]
 

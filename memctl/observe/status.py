@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 from memctl.config import Settings, parse_duration
 from memctl.embedding import models
 from memctl.errors import MemctlError
 from memctl.records import jobs
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 COUNTS = """
 SELECT (SELECT count(*) FROM episodes) AS episodes,
@@ -23,7 +27,7 @@ LATE_FACTOR = 2  # a scheduled job is late when its last success is older than t
 FAILED_OUTCOMES = ("failed", "unavailable")
 
 
-def collect(conn, settings=None) -> dict:
+def collect(conn: Memory) -> dict:
     """Counts, backlog and last runs, plus `warnings`: a list of what an operator should look at."""
     report = dict(conn.execute(COUNTS).fetchone())
     model = models.active(conn)
@@ -45,7 +49,7 @@ def collect(conn, settings=None) -> dict:
     backed_up = jobs.last_completed(conn, "backup")
     report["last_backup_age_s"] = round(float(backed_up["age_s"]), 1) if backed_up else None
     report["checked_at"] = datetime.datetime.now(datetime.timezone.utc)
-    report["warnings"] = warnings(conn, settings, report)
+    report["warnings"] = warnings(conn, report)
     return report
 
 
@@ -109,10 +113,11 @@ def _failed_last(conn, job: str, pending: int) -> str | None:
             + f"{waiting} (memctl jobs --job {job})")
 
 
-def _instructions(conn, settings) -> str | None:
+def _instructions(conn: Memory) -> str | None:
     """A warning when the active model's vectors were made with other instructions than it expects
     (DESIGN 12): a database embedded before memctl knew nomic-embed-text's, or a changed
     [embedding] query_prefix / document_prefix. Search goes on with the vectors' own instructions."""
+    settings = conn.settings if conn.has_settings else None
     from memctl.embedding.embedders import make_embedder
 
     model = models.active(conn)
@@ -132,7 +137,8 @@ def _agents(conn) -> list[str]:
     return wall.warnings(conn)
 
 
-def warnings(conn, settings, report: dict) -> list[str]:
+def warnings(conn: Memory, report: dict) -> list[str]:
+    settings = conn.settings if conn.has_settings else None
     found = []
     embed_every = _schedule(settings, "embed")
     never_embedded = None
@@ -148,7 +154,7 @@ def warnings(conn, settings, report: dict) -> list[str]:
     if report.get("orphaned"):
         found.append(f"{report['orphaned']} chunk(s) have no vector, no queue row and no failure (written while a "
                      "model was being registered): the next memctl embed queues them")
-    found.append(_instructions(conn, settings))
+    found.append(_instructions(conn))
     if report["failed"]:
         found.append(f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
                      "(memctl embed --retry-failed puts them back in the queue)")
@@ -166,7 +172,7 @@ def warnings(conn, settings, report: dict) -> list[str]:
     from memctl.db import preflight
     from memctl.retention import summarize
 
-    found.append(summarize.overdue(conn, settings))
+    found.append(summarize.overdue(conn))
     found.extend(preflight.version_warnings(conn))
     found.extend(_agents(conn))
     return [w for w in found if w]

@@ -8,6 +8,7 @@ insensitive), and the chunks nearest in meaning to "key: old value".
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from memctl.config import Settings
 from memctl.embedding import models
@@ -16,6 +17,9 @@ from memctl.reading import search
 from memctl.reading.query import Query
 from memctl.reading.scan import vector_half
 from memctl.records import facts
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 PAST_VALUES = """
 SELECT DISTINCT v FROM (
@@ -60,9 +64,10 @@ def past_values(conn, key: str, namespace: str) -> list[str]:
     return [r["v"] for r in conn.execute(PAST_VALUES, {"ns": namespace, "key": key, "current": current})]
 
 
-def find(conn, settings: Settings, key: str, *, namespace: str = facts.DEFAULT_NAMESPACE, limit: int = 100,
+def find(conn: Memory, key: str, *, namespace: str = facts.DEFAULT_NAMESPACE, limit: int = 100,
          max_distance: float = 0.35) -> tuple[list[StaleMention], str | None]:
     """Mentions of past values; the warning says when the meaning half could not run."""
+    settings = conn.settings
     found: dict[tuple[int, str], StaleMention] = {}
     values = past_values(conn, key, namespace)
     for value in values:
@@ -74,7 +79,7 @@ def find(conn, settings: Settings, key: str, *, namespace: str = facts.DEFAULT_N
         vectors, warning = search.embed_queries(settings, model, [f"{key}: {v}" for v in values])
         for value, vector in zip(values, vectors or []):
             query = Query(f"{key} {value}", k=10, mode="vector")
-            for row in vector_half(conn, model, vector, query, 10, settings.search.ef_search):
+            for row in vector_half(conn, model, vector, query, 10):
                 if row["distance"] > max_distance or (row["episode_id"], value) in found:
                     continue
                 episode = conn.execute(EPISODE, (row["episode_id"],)).fetchone()

@@ -12,7 +12,7 @@ import datetime
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memctl.config import Settings
 from memctl.embedding import models
@@ -23,6 +23,9 @@ from memctl.recall.form import (Item, Template, age, entry_line, folded, sourced
                                  window_lines)
 from memctl.reading.fusion import Hit
 from memctl.reading.query import Query
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # Cosine distance within which an episode counts as related without sharing a
 # word. Models spread their distances differently: unrelated texts sit near 0.9
@@ -73,8 +76,9 @@ class Episodes:
     counter: str
 
 
-def find_episodes(conn, settings: Settings, requests: list) -> list[Episodes]:
+def find_episodes(conn: Memory, requests: list) -> list[Episodes]:
     """The hybrid search of each request's observation, all in one search batch, each embedded once."""
+    settings = conn.settings
     from memctl.embedding.protocol import estimate_tokens
 
     model = models.active(conn)
@@ -89,7 +93,7 @@ def find_episodes(conn, settings: Settings, requests: list) -> list[Episodes]:
     queries = [Query(r.observation, k=min(1000, r.k * 3), agent=r.agent, mode="hybrid" if v is not None else "text",
                      until=None if r.as_of is None else r.as_of.isoformat())  # created before it (exclusive)
                for r, v in zip(requests, vectors)]
-    outcomes = search.search_batch(conn, settings, queries, vectors=vectors) if queries else []
+    outcomes = search.search_batch(conn, queries, vectors=vectors) if queries else []
     found = []
     for outcome, vector in zip(outcomes, vectors):
         outcome.warning = warning

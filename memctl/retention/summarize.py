@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from memctl.config import Settings, parse_duration
 from memctl.db import locks
@@ -38,6 +38,9 @@ from memctl.records import lineage as lineage_mod
 from memctl.retention import chat as chat_mod
 from memctl.retention.chat import UTC, Budget, OllamaChat, Summary, WindowFailed
 from memctl.retention.policy import policy_from_settings
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 SUMMARY_KIND = lineage_mod.SUMMARY_KIND
 SOURCE_PREFIX = lineage_mod.SOURCE_PREFIX
@@ -118,9 +121,10 @@ class Window:
         return self.start.date().isoformat()
 
 
-def windows(conn, settings: Settings, *, older_than: str | None = None, agent: str | None = None,
+def windows(conn: Memory, *, older_than: str | None = None, agent: str | None = None,
             limit: int | None = None) -> list[Window]:
     """Windows (agent, UTC day) wholly older than older_than with episodes no summary holds yet, oldest first."""
+    settings = conn.settings
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit must be positive, got {limit}")
     kinds_ = kinds(settings)
@@ -140,11 +144,11 @@ def windows(conn, settings: Settings, *, older_than: str | None = None, agent: s
     return found
 
 
-def plan(conn, settings: Settings, **selection: Any) -> list[dict]:
+def plan(conn: Memory, **selection: Any) -> list[dict]:
     """Dry run: the windows that would be summarized, their episode counts and estimated input tokens."""
     return [{"agent": w.agent, "window_start": w.start, "window_end": w.end, "episodes": w.episodes,
              "tokens_in": math.ceil(int(w.chars) / 4), "addendum_to": w.addendum_to}
-            for w in windows(conn, settings, **selection)]
+            for w in windows(conn, **selection)]
 
 
 # --- one window ---------------------------------------------------------------
@@ -297,8 +301,9 @@ FROM summarize_input
 """
 
 
-def _write(conn, settings: Settings, name: str, window: Window, sources: int, summary: Summary) -> int | None:
+def _write(conn: Memory, name: str, window: Window, sources: int, summary: Summary) -> int | None:
     """Summary episode and lineage in one transaction; None if another run summarized these episodes meanwhile."""
+    settings = conn.settings
     from memctl.records import episodes as episodes_mod
     from memctl.write import gate, store
 
@@ -319,7 +324,7 @@ def _write(conn, settings: Settings, name: str, window: Window, sources: int, su
             meta["addendum_to"] = window.addendum_to
         header = f"Summary of {sources} episode(s) of agent {window.agent} on {window.day} (UTC):"
         try:
-            summary_id = episodes_mod.add(conn, settings, f"{header}\n{summary.text}", kind=SUMMARY_KIND,
+            summary_id = episodes_mod.add(conn, f"{header}\n{summary.text}", kind=SUMMARY_KIND,
                                           source=f"{SOURCE_PREFIX}{name}", agent=window.agent,
                                           importance=facts["importance"], created_at=window.end, meta=meta)
         except Unavailable:
@@ -340,13 +345,14 @@ class RunResult:
     skipped: int = 0  # windows another run held or finished meanwhile
 
 
-def run(conn, settings: Settings, *, older_than: str | None = None, agent: str | None = None,
+def run(conn: Memory, *, older_than: str | None = None, agent: str | None = None,
         limit: int | None = None, chat: OllamaChat | None = None) -> RunResult:
     """Summarize every due window, one transaction each; recorded as job 'summarize'.
 
     A window whose answer is no summary fails alone (listed in the result and the job's detail); Ollama down,
     slow or failing raises EmbedderUnavailable (exit 3), an unknown model UnknownModel (exit 1).
     """
+    settings = conn.settings
     from memctl.records import jobs
 
     name = model(settings)
@@ -356,8 +362,8 @@ def run(conn, settings: Settings, *, older_than: str | None = None, agent: str |
     result = RunResult()
     with jobs.record(conn, JOB) as job:
         budget = Budget.for_model(chat.context_tokens(), settings.summarize.context)
-        for window in windows(conn, settings, older_than=older_than, agent=agent, limit=limit):
-            _one(conn, settings, chat, name, budget, window, result)
+        for window in windows(conn, older_than=older_than, agent=agent, limit=limit):
+            _one(conn, chat, name, budget, window, result)
         conn.execute(DROP_SCRATCH)
         job.rows = len(result.written)
         job.detail = {"model": name, "num_ctx": budget.num_ctx, "written": result.written, "failed": result.failed,
@@ -369,7 +375,8 @@ def run(conn, settings: Settings, *, older_than: str | None = None, agent: str |
     return result
 
 
-def _one(conn, settings, chat, name, budget, window: Window, result: RunResult) -> None:
+def _one(conn: Memory, chat, name, budget, window: Window, result: RunResult) -> None:
+    settings = conn.settings
     key = f"{window.agent}/{window.day}"
     if not conn.execute(TRY_LOCK, (LOCK_CLASS, key)).fetchone()["ok"]:
         refused = locks.foreign(locks.holder(conn, LOCK_CLASS, name=key), "summarize")  # an agent's session holds it
@@ -385,7 +392,7 @@ def _one(conn, settings, chat, name, budget, window: Window, result: RunResult) 
             result.skipped += 1
             return
         summary = summarize_window(conn, chat, budget, window.agent, window.day, input_episodes(conn, window.agent))
-        summary_id = _write(conn, settings, name, window, sources, summary)
+        summary_id = _write(conn, name, window, sources, summary)
         if summary_id is None:
             result.skipped += 1
             return
@@ -407,8 +414,9 @@ WHERE e.kind = ANY(%s) AND e.created_at < now() - make_interval(secs => %s) AND 
 """.format(unsummarized=lineage_mod.UNSUMMARIZED)
 
 
-def overdue(conn, settings: Settings | None) -> str | None:
+def overdue(conn: Memory) -> str | None:
     """A warning when episodes should have been summarized two days ago and are not (None when all is well)."""
+    settings = conn.settings if conn.has_settings else None
     if settings is None or model(settings) is None or not kinds(settings):
         return None
     after = settings.summarize.after

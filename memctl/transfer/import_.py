@@ -21,7 +21,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from memctl import __version__, redact
 
@@ -34,6 +34,9 @@ from memctl.write import admission, erased, gate, repeats, store
 from memctl.transfer.export import FORMAT, TYPES
 from memctl.transfer.known import Known, Pending, holders, resolve
 from memctl.transfer.merge_facts import merge_fact
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 BATCH = 2000
 
@@ -112,9 +115,10 @@ def _check_header(number: int, header: dict) -> None:
                            f"this memctl {__version__} reads format {FORMAT} and older: upgrade memctl to import it")
 
 
-def import_stream(conn, settings: Settings, lines: Iterable[bytes], *,
+def import_stream(conn: Memory, lines: Iterable[bytes], *,
                   redactor: redact.Redactor | None = None) -> ImportResult:
     """Load an export in one transaction: all of it, or (on any bad line) nothing."""
+    settings = conn.settings
     import psycopg
 
     result = ImportResult(redactor=redactor if redactor is not None else redact.Redactor.from_settings(settings))

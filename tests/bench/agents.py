@@ -191,18 +191,18 @@ def main() -> None:
             role.assume_role(agents.show(owner, "a0").role)
             def run(conn) -> float:
                 start = time.perf_counter()
-                outcome = search.search(conn, settings, Query(QUERY, k=10, agent="a0"), track=False)
+                outcome = search.search(conn.use_settings(settings), Query(QUERY, k=10, agent="a0"), track=False)
                 if outcome.warning or not outcome.hits or {h.agent for h in outcome.hits} != {"a0"}:
                     raise SystemExit(f"the search degraded, came back empty or left a0: {outcome.warning}")
                 return time.perf_counter() - start
             def text(conn) -> float:
                 start = time.perf_counter()
-                search.search(conn, settings, Query(QUERY, k=10, agent="a0", mode="text"), track=False)
+                search.search(conn.use_settings(settings), Query(QUERY, k=10, agent="a0", mode="text"), track=False)
                 return time.perf_counter() - start
 
             def write(conn, i: int) -> float:
                 start = time.perf_counter()
-                episodes.add(conn, settings, f"{random.choice(WORDS)} write {i} {QUERY}", agent="a0")
+                episodes.add(conn.use_settings(settings), f"{random.choice(WORDS)} write {i} {QUERY}", agent="a0")
                 return time.perf_counter() - start
 
             for i in range(5):
