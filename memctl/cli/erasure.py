@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, settings, target, warn
+from memctl.cli.common import FormatOption, connect, target, warn
 from memctl.cli.render import Format, render, to_json
 from memctl.errors import EXIT_ERROR, DiskFull, MemctlError
 

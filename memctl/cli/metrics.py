@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import connect, settings, target, warn
+from memctl.cli.common import connect, target, warn
 from memctl.errors import MemctlError
 
 

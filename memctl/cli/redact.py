@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.common import FormatOption, connect, warn
 from memctl.cli.render import Format, render
 from memctl.errors import UsageError
 from memctl.records import redact_scan

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.common import FormatOption, connect, warn
 from memctl.cli.render import Format, render_one
 from memctl.errors import EXIT_ERROR
 from memctl.observe import status as status_mod

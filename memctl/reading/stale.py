@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from memctl.config import Settings
 from memctl.embedding import models
 from memctl.errors import NotFound
 from memctl.reading import search
