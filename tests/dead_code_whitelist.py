@@ -50,3 +50,6 @@ runbook_line
 window_line
 # The schema's reference (docs/configuration.md's block), printed by tests/test_docs.py and tests/test_settings.py.
 reference  # memctl/config.py
+# The way back from Memory.assume_role, for a tool or a test that runs a while as an agent on one handle (the MCP
+# server opens a new handle instead): tests/test_agents.py, tests/test_upgrade_guard.py.
+_.reset_role  # memctl/db/memory.py

@@ -95,15 +95,6 @@ class Memory(psycopg.Connection[DictRow]):
         self.execute("RESET ROLE")
         self._role = None
 
-    @contextmanager
-    def as_agent(self, role: str) -> Iterator[Memory]:
-        """In `role` for the block, back in its login role after it."""
-        self.assume_role(role)
-        try:
-            yield self
-        finally:
-            self.reset_role()
-
     @property
     def route(self) -> Route | None:
         """Where the access counts of what it read are written, when not on itself (a replica's)."""

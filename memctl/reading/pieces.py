@@ -61,7 +61,7 @@ FROM p LEFT JOIN rare r USING (ord) LEFT JOIN counted c USING (ord)
 ORDER BY p.ord
 """
 
-# The episodes counted: by the text index, or in an agent's role (Memory.as_agent) by the ids it finds among
+# The episodes counted: by the text index, or in an agent's role (Memory.assume_role) by the ids it finds among
 # the agent's episodes (bm25.MATCHED: memctl_agent_matches), read again under the table's policies.
 COUNTED_EPISODES = "JOIN episodes e ON e.tsv @@ r.q::tsquery"
 COUNTED_MATCHES = ("CROSS JOIN LATERAL (SELECT memctl_agent_matches(r.q::tsquery) AS ids OFFSET 0) m "

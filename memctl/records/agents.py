@@ -1,7 +1,7 @@
 """Agents as principals: the registry, each agent's PostgreSQL role, its bearer token (docs/agents.md).
 
 An agent registered here has a role of its own, named by role_name_for(): memctl's servers connect as
-the owner and assume it with SET ROLE for the agent's statements (Memory.as_agent); with `agent add --login`
+the owner and assume it with SET ROLE for the agent's statements (Memory.assume_role); with `agent add --login`
 (login()) its own client may also log in as it, to read its memory with SQL. Row-level security
 (sql/0019_agents.sql, sql/0023_agent_wall.sql) keeps that role to the agent's own episodes and namespace
 and the namespaces it may read; the roles, their grants and what the server lets them do are

@@ -6,7 +6,7 @@ analyzed. Printed side by side, from one run:
 
   1. the same hybrid search for agent a0 through the library, on one connection in a0's role (SET
      ROLE: row-level security applies) and on one as the owner (it does not), alternating
-     --calls times: ratio role / owner (goal <= 1.15). In the role (Memory.as_agent), words are found
+     --calls times: ratio role / owner (goal <= 1.15). In the role (Memory.assume_role), words are found
      through memctl_agent_matches (sql/0022, docs/agents.md): `@@` is not LEAKPROOF, so under
      row-level security the text index could not serve it (before 0022: 3.14 at 50k episodes, the
      counts of the query's rare words being sequential scans of the agent's episodes). Measured at
