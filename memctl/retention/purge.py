@@ -50,7 +50,7 @@ class PurgePlan:
 
 
 def _since(since: str | datetime.datetime | None) -> datetime.datetime | None:
-    from memctl.records.episodes import parse_since
+    from memctl.records.filters import parse_since
 
     if since is None or isinstance(since, datetime.datetime):
         return since
