@@ -694,7 +694,7 @@ def test_search_with_accepted_settings(seeded, tmp_path, document, mode):
     loaded = only_memctl_errors(config.load, path, environ={"MEMCTL_EMBEDDER": "hash", "OLLAMA_HOST": NOWHERE,
                                                             "MEMCTL_EMBED_MODEL": "hash-embed"})
     assume(isinstance(loaded, config.Settings))
-    only_memctl_errors(search.search, conn, loaded, Query("disk full", mode=mode))
+    only_memctl_errors(search.search, conn.use_settings(loaded), Query("disk full", mode=mode))
 
 
 # Edges the properties reach only now and then, run on every run (each refused, or run without a crash).
@@ -716,7 +716,7 @@ def test_setting_edges_refused_or_usable(shared, tmp_path, document):
     for name, value in _numbers(loaded):
         assert math.isfinite(value), f"{name} = {value!r} accepted"
     for mode in ("text", "hybrid", "vector"):
-        only_memctl_errors(search.search, conn, loaded, Query("disk full", mode=mode))
+        only_memctl_errors(search.search, conn.use_settings(loaded), Query("disk full", mode=mode))
 
 
 @given(text=QUERIES, mode=MODES)

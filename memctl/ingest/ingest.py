@@ -201,7 +201,7 @@ class Ingest:
         self.should_stop = should_stop
         self.counts = Counts()
         self.first_skip = 0  # the exit code of the first record skipped (every record skipped: the command's)
-        self.limits = values.Limits.of(settings)  # read once, not per record
+        self.limits = values.Limits.of(self.settings)  # read once, not per record
         self.pending = _Pending()
         self.group_first: int | None = None
         self.occurrences = identity.Occurrences()  # stays empty: every ingested record has a time
