@@ -381,9 +381,11 @@ def empty_db_url(pg_server):
 
 @pytest.fixture
 def conn(db_url):
-    from memctl import db
+    """A memory handle on this test's database, with the settings of the environment it starts in (a test that
+    changes them hands the handle its own: conn.use_settings(config.load()))."""
+    from memctl import config, db
 
-    with db.connect(db_url) as connection:
+    with db.connect(db_url, settings=config.load()) as connection:
         yield connection
 
 

@@ -52,3 +52,6 @@ runbook_line
 window_line
 # The schema's reference (docs/configuration.md's block), printed by tests/test_docs.py and tests/test_settings.py.
 reference  # memctl/config.py
+# The way back from Memory.as_agent, for a tool or a test that runs a while as an agent on one handle (the MCP
+# server opens a new handle instead): tests/test_agents.py, tests/test_upgrade_guard.py.
+_.as_owner  # memctl/db/memory.py

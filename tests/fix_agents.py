@@ -116,9 +116,9 @@ def _seed(url: str, suffix: str) -> Wall:
         alice = agents.add(conn, f"alice_{suffix}", namespace=f"ns_alice_{suffix}")
         bob = agents.add(conn, f"bob_{suffix}", namespace=f"ns_bob_{suffix}")
         marks = (f"heron{suffix}", f"alicevalue{suffix}", alice.namespace)
-        ids = {episodes.add(conn, settings, f"alice saw the heron{suffix} at dawn", agent=alice.name),
-               episodes.add(conn, settings, f"alice heron{suffix} again, kestrel{suffix}", agent=alice.name)}
-        episodes.add(conn, settings, f"bob saw a kestrel{suffix}", agent=bob.name)
+        ids = {episodes.add(conn.use_settings(settings), f"alice saw the heron{suffix} at dawn", agent=alice.name),
+               episodes.add(conn.use_settings(settings), f"alice heron{suffix} again, kestrel{suffix}", agent=alice.name)}
+        episodes.add(conn.use_settings(settings), f"bob saw a kestrel{suffix}", agent=bob.name)
         for value in ("first", f"alicevalue{suffix}"):
             facts.set_fact(conn, "db.password.hint", value, namespace=alice.namespace)
         facts.set_fact(conn, "db.host", "10.9.9.9", namespace=bob.namespace)

@@ -30,8 +30,9 @@ def _as(conn, agent: str):
 
 def _seed(conn):
     settings = config.load()
-    mine = episodes.add(conn, settings, "alice saw the heron queue back up", agent="alice")
-    theirs = episodes.add(conn, settings, "bob saw the heron queue back up", agent="bob")
+    conn.use_settings(settings)
+    mine = episodes.add(conn, "alice saw the heron queue back up", agent="alice")
+    theirs = episodes.add(conn, "bob saw the heron queue back up", agent="bob")
     facts.set_fact(conn, "db.host", "10.0.0.1", namespace="alice")
     facts.set_fact(conn, "db.host", "10.0.0.2", namespace="bob")
     facts.set_fact(conn, "dns", "1.1.1.1", namespace="infra")
@@ -78,7 +79,7 @@ def test_set_role_to_an_agent_sees_only_its_own_episodes_and_facts(conn, can_cre
     agents.add(conn, "alice", shared=["infra"])
     agents.add(conn, "bob")
     mine, theirs = _seed(conn)
-    episodes.add(conn, config.load(), "the owner's own note", agent="default")
+    episodes.add(conn.use_settings(config.load()), "the owner's own note", agent="default")
     _as(conn, "alice")
     assert [r["id"] for r in conn.execute("SELECT id FROM episodes ORDER BY id")] == [mine]
     assert {r["agent"] for r in conn.execute("SELECT agent FROM chunks")} == {"alice"}
@@ -112,7 +113,7 @@ def test_the_text_index_function_gives_an_agent_only_its_own_ids_whatever_it_is_
     agents.add(conn, "alice")
     agents.add(conn, "bob")
     mine, theirs = _seed(conn)
-    bobs_only = episodes.add(conn, config.load(), "bob alone knows the kestrel", agent="bob")
+    bobs_only = episodes.add(conn.use_settings(config.load()), "bob alone knows the kestrel", agent="bob")
     matches = "SELECT memctl_agent_matches(%s::tsquery) AS ids"
     queries = ["heron", "heron & queue", "bob", "kestrel", "alice | bob | heron | kestrel", "!heron", "!kestrel",
                "saw:*", "b:*", "!alice & !bob"]
@@ -134,7 +135,7 @@ def test_the_text_index_function_gives_an_agent_only_its_own_ids_whatever_it_is_
 
 
 def test_search_in_an_agents_role_finds_by_the_text_index_function(conn, can_create_roles, memctl_env):
-    """agents.assume marks the connection, and search's statements then read the ids memctl_agent_matches
+    """conn.as_agent marks the handle, and search's statements then read the ids memctl_agent_matches
     finds: alice's words find her episode, in every mode, and never bob's."""
     from memctl.reading import bm25, search, statement
     from memctl.reading.query import Query
@@ -143,31 +144,33 @@ def test_search_in_an_agents_role_finds_by_the_text_index_function(conn, can_cre
     agents.add(conn, "bob")
     mine, theirs = _seed(conn)
     settings = config.load()
-    agents.assume(conn, alice)
-    assert agents.assumed(conn)
+    conn.use_settings(settings)
+    conn.as_agent(alice.role)
+    assert conn.in_agent_role and conn.role == alice.role
     for mode in ("text", "hybrid"):
-        found = search.search(conn, settings, Query("heron queue", k=10, mode=mode), track=False)
+        found = search.search(conn, Query("heron queue", k=10, mode=mode), track=False)
         assert [h.id for h in found.hits] == [mine], mode
     def composed(in_role: bool) -> str:
         parts = statement.StatementParts(plan=bm25.Plan(["'heron'"], [1.0], [], ["'heron'"]), in_role=in_role,
                                          stats=bm25.TermStats(n=2.0, avgdl=5.0, common={}))
         return statement.statement(Query("heron", k=5), parts, settings, 20)[0].decode()
     assert "memctl_agent_matches" in composed(True) and "memctl_agent_matches" not in composed(False)
-    agents.reset(conn)
-    assert not agents.assumed(conn)
-    assert {h.id for h in search.search(conn, settings, Query("heron queue", k=10, mode="text"),
+    conn.as_owner()
+    assert not conn.in_agent_role
+    assert {h.id for h in search.search(conn, Query("heron queue", k=10, mode="text"),
                                         track=False).hits} == {mine, theirs}
 
 
 def test_an_agent_writes_through_the_library_in_its_role(conn, can_create_roles, memctl_env):
     agents.add(conn, "alice")
     settings = config.load()
+    conn.use_settings(settings)
     _as(conn, "alice")
-    new = episodes.add(conn, settings, "alice deployed api v2 to the canary", agent="alice", source="mcp:alice")
+    new = episodes.add(conn, "alice deployed api v2 to the canary", agent="alice", source="mcp:alice")
     facts.set_fact(conn, "db.port", "5432", namespace="alice")
     facts.set_fact(conn, "db.port", "5433", namespace="alice")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        episodes.add(conn, settings, "alice pretends to be bob", agent="bob")
+        episodes.add(conn, "alice pretends to be bob", agent="bob")
     conn.execute("RESET ROLE")
     assert conn.execute("SELECT agent FROM episodes WHERE id = %s", (new,)).fetchone()["agent"] == "alice"
     assert facts.get_fact(conn, "db.port", namespace="alice").value == "5433"
@@ -177,7 +180,7 @@ def test_a_read_only_agent_writes_nothing(conn, can_create_roles, memctl_env):
     agents.add(conn, "watcher", read_only=True)
     _as(conn, "watcher")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        episodes.add(conn, config.load(), "a watcher writes", agent="watcher")
+        episodes.add(conn.use_settings(config.load()), "a watcher writes", agent="watcher")
     conn.execute("RESET ROLE")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         _as(conn, "watcher")

@@ -54,8 +54,8 @@ def test_a_login_reads_its_agents_rows_writes_nothing_and_is_bounded(owner_env, 
         url = path.read_text().strip()
         assert url.startswith("postgresql://") and url not in added.stderr + added.stdout
         with db.connect(agents_db_url) as conn:
-            mine = episodes.add(conn, config.load(), "the login's own note", agent=name)
-            episodes.add(conn, config.load(), "another agent's note", agent=other)
+            mine = episodes.add(conn.use_settings(config.load()), "the login's own note", agent=name)
+            episodes.add(conn.use_settings(config.load()), "another agent's note", agent=other)
             role = conn.execute("SELECT rolcanlogin, rolconnlimit, rolconfig FROM pg_roles WHERE rolname = %s",
                                 (agents.role_name_for(name),)).fetchone()
         settings = config.Settings()
@@ -87,7 +87,7 @@ def test_revoke_ends_the_logins_sessions_takes_over_its_large_object_and_leaves_
     path = tmp_path / "login.url"
     assert memctl_bin("agent", "add", name, "--login", "--login-file", str(path), env=owner_env).exit_code == 0
     with db.connect(agents_db_url) as conn:
-        episodes.add(conn, config.load(), "what the revoked agent could read", agent=name)
+        episodes.add(conn.use_settings(config.load()), "what the revoked agent could read", agent=name)
     session = psycopg.connect(path.read_text().strip(), autocommit=True)
     try:
         try:  # bob makes a large object himself where the server lets him; else the owner gives him one

@@ -49,7 +49,7 @@ def test_a_backup_restored_into_a_fresh_home_serves_alices_token(agents_db_url, 
     backups = tmp_path / "backups"
     try:
         with db.connect(agents_db_url) as conn:
-            episodes.add(conn, config.load(), "the osprey backup job failed on disk space", agent=alice)
+            episodes.add(conn.use_settings(config.load()), "the osprey backup job failed on disk space", agent=alice)
         taken = memctl_bin("backup", "--to", str(backups), env=memctl_env)
         assert taken.exit_code == 0, taken.stderr
     finally:

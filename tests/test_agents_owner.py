@@ -32,7 +32,7 @@ def _seen_by(url: str, agent: str) -> set[str]:
 def _seed(url: str, *names: str) -> None:
     with db.connect(url) as conn:
         for name in names:
-            episodes.add(conn, config.load(), f"{name} rotated the nginx logs", agent=name)
+            episodes.add(conn.use_settings(config.load()), f"{name} rotated the nginx logs", agent=name)
 
 
 def _attributes(url: str) -> tuple:

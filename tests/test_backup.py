@@ -427,7 +427,7 @@ def writer(url: str, config: str, number: int, log: list[Write], stop: threading
             started = time.time()
             with conn.transaction():
                 xid = int(conn.execute("SELECT pg_current_xact_id()::text AS x").fetchone()["x"])
-                episodes.add(conn, settings, content, agent=f"writer{number}")
+                episodes.add(conn.use_settings(settings), content, agent=f"writer{number}")
                 facts.set_fact(conn, f"writer{number}.last", content, settings=settings)
             log.append(Write(xid, content, started, time.time()))
             n += 1

@@ -168,7 +168,7 @@ def test_search_runs_its_vector_statement_under_the_scan_settings_on_every_shard
                 assert conn.execute(probe).fetchall() != wanted
             seen = scan_witness(conn, probe)
             for mode in ("vector", "hybrid"):
-                assert search.search(conn, settings, Query("certificate expired", agent=agent, mode=mode)).hits
+                assert search.search(conn.use_settings(settings), Query("certificate expired", agent=agent, mode=mode)).hits
             assert seen == [wanted, wanted], where
 
 
@@ -439,10 +439,10 @@ def _remote_shards(citus, mode: str, text: str = "why is the disk full on db01")
         query = Query(text, k=3, agent="ops", mode=mode)
         # the term statistics (episode count, average length) are read once per process and
         # database, from every shard; what is routed is each query
-        search.search(conn, settings, query)
+        search.search(conn.use_settings(settings), query)
         conn.execute("SET citus.log_remote_commands = on")
         conn.execute("SET client_min_messages = log")
-        hits = search.search(conn, settings, query).hits
+        hits = search.search(conn.use_settings(settings), query).hits
         assert hits and {h.agent for h in hits} == {"ops"}
     touched = {int(m.group(2)) for c in commands for m in SHARD_NAME.finditer(c)} & every
     return touched, mine, len(commands)

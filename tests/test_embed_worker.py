@@ -133,7 +133,7 @@ def test_two_workers_never_embed_a_chunk_twice(cli, db_url, ollama, ollama_env):
     def worker():
         try:
             with db.connect(db_url, vector=True) as c:
-                results.extend(embed_worker.work(c, settings, make_embedder(settings), batch_size=5)[0])
+                results.extend(embed_worker.work(c.use_settings(settings), make_embedder(settings), batch_size=5)[0])
         except Exception as exc:
             errors.append(exc)
 

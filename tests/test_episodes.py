@@ -190,7 +190,7 @@ def test_import_reads_the_next_batch_while_one_is_copied(memctl_env, db_url, con
 
     monkeypatch.setattr(store, "copy_episodes", copy)
     with db.connect(db_url) as c:
-        result = episodes.import_episodes(c, settings, source(), result=episodes.ImportResult())
+        result = episodes.import_episodes(c.use_settings(settings), source(), result=episodes.ImportResult())
     assert read_meanwhile.is_set()
     assert (result.imported, result.chunks, threads) == (10, 10, ["memctl-overlap"] * 4)
     assert count(conn, "episodes") == count(conn, "chunks") == 10
@@ -219,11 +219,11 @@ def test_import_failing_after_batches_were_copied_leaves_nothing(cli, conn, db_u
     monkeypatch.setattr(store, "copy_episodes", refused_second)
     with db.connect(db_url) as c:
         with pytest.raises(psycopg.errors.DivisionByZero):
-            episodes.import_episodes(c, settings, (gate.validate(settings, f"text {i}") for i in range(7)),
+            episodes.import_episodes(c.use_settings(settings), (gate.validate(settings, f"text {i}") for i in range(7)),
                                      result=episodes.ImportResult())
         assert count(conn, "episodes") == 0 and count(conn, "chunks") == 0
         monkeypatch.setattr(store, "copy_episodes", real)
-        again = episodes.import_episodes(c, settings, (gate.validate(settings, f"text {i}") for i in range(7)),
+        again = episodes.import_episodes(c.use_settings(settings), (gate.validate(settings, f"text {i}") for i in range(7)),
                                          result=episodes.ImportResult())
     assert again.imported == count(conn, "episodes") == 7
 

@@ -687,8 +687,8 @@ def seeded(run, db_url):
     from memctl import db
 
     seed()
-    with db.connect(db_url) as conn:
-        yield conn, config.load()
+    with db.connect(db_url, settings=config.load()) as conn:
+        yield conn, conn.settings
 
 
 @dataclass
@@ -721,9 +721,9 @@ def shared(pg_server, tmp_path_factory):
 
 def test_search_finds_the_seeded_episodes(seeded):
     """The search properties below run against episodes a plain query does find (by words and by meaning)."""
-    conn, settings = seeded
+    conn, _ = seeded
     for mode in ("text", "hybrid", "vector"):
-        outcome = search.search(conn, settings, Query("disk full", mode=mode))
+        outcome = search.search(conn, Query("disk full", mode=mode))
         assert outcome.hits and outcome.mode == mode, mode
 
 
@@ -738,7 +738,7 @@ def test_search_with_accepted_settings(seeded, tmp_path, document, mode):
     loaded = only_memctl_errors(config.load, path, environ={"MEMCTL_EMBEDDER": "hash", "OLLAMA_HOST": NOWHERE,
                                                             "MEMCTL_EMBED_MODEL": "hash-embed"})
     assume(isinstance(loaded, config.Settings))
-    only_memctl_errors(search.search, conn, loaded, Query("disk full", mode=mode))
+    only_memctl_errors(search.search, conn.use_settings(loaded), Query("disk full", mode=mode))
 
 
 # Edges the properties reach only now and then, run on every run (each refused, or run without a crash).
@@ -760,7 +760,7 @@ def test_setting_edges_refused_or_usable(shared, tmp_path, document):
     for name, value in _numbers(loaded):
         assert math.isfinite(value), f"{name} = {value!r} accepted"
     for mode in ("text", "hybrid", "vector"):
-        only_memctl_errors(search.search, conn, loaded, Query("disk full", mode=mode))
+        only_memctl_errors(search.search, conn.use_settings(loaded), Query("disk full", mode=mode))
 
 
 @reaches("searched")
@@ -768,8 +768,8 @@ def test_setting_edges_refused_or_usable(shared, tmp_path, document):
 @share(0.5)
 def test_search_query_syntax(seeded, text, mode):
     ran()
-    conn, settings = seeded
-    outcome = only_memctl_errors(search.search, conn, settings, Query(text, mode=mode))
+    conn, _ = seeded
+    outcome = only_memctl_errors(search.search, conn, Query(text, mode=mode))
     if not isinstance(outcome, MemctlError):
         took("searched")
         assert all(isinstance(h.id, int) for h in outcome.hits)

@@ -499,17 +499,19 @@ FEED = "feed-7"
 
 
 def _episode_add(conn, settings):
+    conn.use_settings(settings)
     from memctl.records import episodes
 
-    episodes.add_episode(conn, settings, "cpu 97% on web-3", source=FEED)
+    episodes.add_episode(conn, "cpu 97% on web-3", source=FEED)
 
 
 def _episode_import(conn, settings):
+    conn.use_settings(settings)
     from memctl.records import episodes
 
     rows = [gate.NewEpisode(f"line {i} of the feed", "observation", "default", FEED, 5, None, {}, i + 1)
             for i in range(1200)]
-    episodes.import_episodes(conn, settings, rows, result=episodes.ImportResult())
+    episodes.import_episodes(conn, rows, result=episodes.ImportResult())
 
 
 def _fact_set(conn, settings):
@@ -530,7 +532,7 @@ def _memctl_import(lines):
     def write(conn, settings):
         from memctl.transfer import import_
 
-        import_.import_stream(conn, settings, iter(lines))
+        import_.import_stream(conn.use_settings(settings), iter(lines))
     return write
 
 
@@ -586,6 +588,7 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
     """The write admitted its records before the block was committed (its first look saw no block); at its end
     it waits for the block and refuses itself: nothing from the source is stored after the block, whatever the
     path (issue 19's side door, for a block that comes while an import runs)."""
+    conn.use_settings(settings_obj)
     from memctl.errors import Blocked
     from memctl.records import episodes
     from memctl.transfer import export
@@ -593,7 +596,7 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
     write = {"episode add": _episode_add, "episode import": _episode_import, "fact set": _fact_set,
              "fact import": _fact_import}.get(path)
     if write is None:  # an export holding an episode from the source, taken before it was blocked
-        episodes.add_episode(conn, settings_obj, "cpu 97% on web-3", source=FEED)
+        episodes.add_episode(conn, "cpu 97% on web-3", source=FEED)
         lines: list[str] = []
         export.export(conn, lines.append)
         conn.execute("DELETE FROM episodes")  # memory lost, not erased: an erasure would keep the import out
@@ -607,17 +610,18 @@ def test_a_source_blocked_while_a_write_runs_refuses_the_whole_write(conn, db_ur
 
 def test_a_write_that_blocks_its_own_source_is_not_refused_by_it(conn, settings_obj):
     """An export's own blocked sources are restored with it; its records from them were accepted when written."""
+    conn.use_settings(settings_obj)
     from memctl.records import episodes
     from memctl.write import sources
     from memctl.transfer import export, import_
 
-    episodes.add_episode(conn, settings_obj, "fetched page text", source=FEED)
+    episodes.add_episode(conn, "fetched page text", source=FEED)
     sources.block(conn, FEED, "poisoned")
     lines: list[str] = []
     export.export(conn, lines.append)
     conn.execute("DELETE FROM episodes")  # memory lost, not erased: an erasure would keep the import out
     sources.unblock(conn, FEED)
-    import_.import_stream(conn, settings_obj, iter(line.encode() for chunk in lines
+    import_.import_stream(conn, iter(line.encode() for chunk in lines
                                                    for line in chunk.splitlines(keepends=True)))
     assert _stored(conn)["episodes"] == 1
     assert FEED in sources.blocked_set(conn)
@@ -627,6 +631,7 @@ def test_a_write_of_more_distinct_sources_than_kept_is_refused_by_any_block_made
         conn, db_url, settings_obj, monkeypatch):
     """Memory stays flat however many sources a file holds: past SOURCES_KEPT, a block made while the import
     runs refuses it whole (here a source of its own records, past the kept ones); with no block it lands."""
+    conn.use_settings(settings_obj)
     from memctl.errors import Blocked
     from memctl.records import episodes
     from memctl.write import sources
@@ -638,12 +643,12 @@ def test_a_write_of_more_distinct_sources_than_kept_is_refused_by_any_block_made
         return [gate.NewEpisode(f"{tag} record {i}", "observation", "default", f"{tag}-{i}", 5, None, {}, i + 1)
                 for i in range(8)]
 
-    result = episodes.import_episodes(conn, settings_obj, rows("calm"), result=episodes.ImportResult())
+    result = episodes.import_episodes(conn, rows("calm"), result=episodes.ImportResult())
     assert result.imported == 8  # a block made before the import is no reason to refuse it
 
     outcome = _beside_a_held_block(  # feed-6: a source past the three kept
         conn, db_url, settings_obj, "feed-6",
-        lambda own, settings: episodes.import_episodes(own, settings, rows("feed"), result=episodes.ImportResult()))
+        lambda own, settings: episodes.import_episodes(own.use_settings(settings), rows("feed"), result=episodes.ImportResult()))
     assert isinstance(outcome.get("error"), Blocked), outcome
     assert "feed-6" in str(outcome["error"]) and "run it again" in str(outcome["error"])
     assert conn.execute("SELECT count(*) AS n FROM episodes WHERE source LIKE 'feed-%'").fetchone()["n"] == 0

@@ -35,7 +35,7 @@ GITHUB_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0" + "K1l2M3n4O5p6Q7r8"
 
 
 def seed(conn, content: str, agent: str, **fields) -> int:
-    return episodes.add(conn, config.load(), content, agent=agent, **fields)
+    return episodes.add(conn.use_settings(config.load()), content, agent=agent, **fields)
 
 
 def embed(memctl_bin) -> None:

@@ -70,7 +70,7 @@ def test_an_idle_connection_is_quiet_until_the_server_ends_it(session, conn):
 def test_a_read_on_a_connection_ended_unseen_runs_again(session, conn, monkeypatch):
     """The moment between the server ending a connection and its socket saying so: a read fails with Stale,
     and protocol.answer runs it once more on a new connection; the agent sees only the answer."""
-    episodes.add(conn, config.load(), "the heron queue drained at noon", agent="a")
+    episodes.add(conn.use_settings(config.load()), "the heron queue drained at noon", agent="a")
     first = _backend_of(session)
     _terminate_others(conn)
     monkeypatch.setattr(sessions, "_quiet", lambda held: True)  # as if asked just before the socket spoke

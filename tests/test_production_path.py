@@ -64,7 +64,7 @@ def test_the_first_embed_waits_for_an_import_in_flight_and_queues_its_chunks(cli
     def importer():
         try:
             with db.connect(db_url) as c:
-                episodes.import_episodes(c, settings, slow_source(), result=episodes.ImportResult())
+                episodes.import_episodes(c.use_settings(settings), slow_source(), result=episodes.ImportResult())
         except Exception as exc:  # reported by the assertion below
             errors.append(exc)
 
@@ -124,7 +124,7 @@ def test_two_workers_configured_differently_on_an_empty_database_register_one_mo
         try:
             with db.connect(db_url, vector=True) as c:
                 start.wait(10)
-                results[name] = embed_worker.work(c, settings, make_embedder(settings, embedder="hash", model=name),
+                results[name] = embed_worker.work(c.use_settings(settings), make_embedder(settings, embedder="hash", model=name),
                                            batch_size=5)
         except Exception as exc:
             errors.append(exc)

@@ -230,7 +230,7 @@ def test_index_build_warns_and_passes_on_the_maintenance_work_mem_notice(cli, co
     warnings = []
     with db.connect(memctl_env["MEMCTL_DATABASE_URL"], vector=True) as own:
         own.execute("SET maintenance_work_mem = '1MB'")
-        result = reembed.run(own, load_settings(), batch_size=200, on_warning=warnings.append)
+        result = reembed.run(own.use_settings(load_settings()), batch_size=200, on_warning=warnings.append)
     assert result["index"] == "built" and result["warnings"] == warnings
     assert any("more than maintenance_work_mem (1 MiB)" in w for w in warnings)
     assert any(w.startswith("PostgreSQL: hnsw graph no longer fits into maintenance_work_mem") for w in warnings)

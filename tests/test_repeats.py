@@ -42,7 +42,7 @@ def scalar(conn, query, params=None):
 
 
 def add(conn, text: str, **fields) -> episodes.Added:
-    return episodes.add_episode(conn, config.load(), text, **fields)
+    return episodes.add_episode(conn.use_settings(config.load()), text, **fields)
 
 
 def load(cli, rows: list[dict], *args: str) -> dict:
@@ -409,7 +409,7 @@ def test_writers_adding_and_importing_the_same_text_at_once_make_one_first(db_ur
             with db.connect(db_url) as own:
                 start.wait()
                 for _ in range(25):  # one time for all: which writer comes first decides nothing
-                    episodes.add_episode(own, settings, ALERT, kind="alert", created_at=NOW)
+                    episodes.add_episode(own.use_settings(settings), ALERT, kind="alert", created_at=NOW)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -420,7 +420,7 @@ def test_writers_adding_and_importing_the_same_text_at_once_make_one_first(db_ur
                 new = [gate.validate(settings, ALERT.upper(), kind="alert",
                                          created_at=NOW + datetime.timedelta(microseconds=i)) for i in range(25)]
                 start.wait()
-                episodes.import_episodes(own, settings, iter(new), result=episodes.ImportResult())
+                episodes.import_episodes(own.use_settings(settings), iter(new), result=episodes.ImportResult())
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 

@@ -92,13 +92,14 @@ def test_recall_and_the_mcp_search_show_the_alert_once_with_its_count(cli, conn)
 
     # a custom line without {seen} is unchanged; one with {repeats} gets the count
     settings = config.load()
+    conn.use_settings(settings)
     settings.recall = config.Recall(episode_line="* {content} [{repeats}]")
-    plain = recall.recall(conn, settings, recall.Request("disk 91% on web-3", agent="ops", track=False))
+    plain = recall.recall(conn, recall.Request("disk 91% on web-3", agent="ops", track=False))
     assert "* alert: disk 91% on web-3 [500]" in plain.text() and "seen" not in plain.text()
 
     from memctl.mcp import tools
 
-    hits = search_mod.search(conn, config.load(), query_mod.Query("disk 91% on web-3", k=3, agent="ops")).hits
+    hits = search_mod.search(conn.use_settings(config.load()), query_mod.Query("disk 91% on web-3", k=3, agent="ops")).hits
     shown = [tools._hit(h) for h in hits]
     assert [s["repeats"] for s in shown if s["text"] == ALERT] == [500]
     assert all("repeats" not in s for s in shown if s["text"] != ALERT)
@@ -107,8 +108,9 @@ def test_recall_and_the_mcp_search_show_the_alert_once_with_its_count(cli, conn)
 def test_recall_as_of_counts_only_the_sightings_before_then(cli, conn):
     loaded(cli)
     settings = config.load()
+    conn.use_settings(settings)
     then = START + datetime.timedelta(minutes=5 * 100, seconds=1)  # the first and 100 repeats before it
-    past = recall.recall(conn, settings, recall.Request("disk 91% on web-3", agent="ops", as_of=then))
+    past = recall.recall(conn, recall.Request("disk 91% on web-3", agent="ops", as_of=then))
     alert = [i for i in past.items if i.kind == "episode" and i.data["content"] == ALERT]
     assert len(alert) == 1 and alert[0].data["repeats"] == 100
     assert "(seen 101 times, first 8 hours ago, last just now)" in alert[0].line

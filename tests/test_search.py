@@ -157,9 +157,10 @@ def test_fact_stale_finds_copies_of_an_old_value(cli):
 
 
 def recall_at_5(conn, settings, mode: str, ids: list[int]) -> float:
+    conn.use_settings(settings)
     hits = 0
     for question in DATA["questions"]:
-        outcome = search.search(conn, settings, Query(question["q"], k=5, mode=mode))
+        outcome = search.search(conn, Query(question["q"], k=5, mode=mode))
         found = {h.id for h in outcome.hits}
         wanted = {ids[a - 1] for a in question["answers"]}
         hits += len(found & wanted) / len(wanted)
@@ -191,11 +192,12 @@ def test_operations_log_set_hybrid_at_least_the_better_half(cli, conn, memctl_en
     ids = [add(cli, text, "--created-at", when) for when, text in LOG["episodes"]]
     assert cli("embed").exit_code == 0
     settings = config.load()
+    conn.use_settings(settings)
     scores = {}
     for mode in ("hybrid", "vector", "text"):
         total = 0.0
         for question in LOG["questions"]:
-            found = {h.id for h in search.search(conn, settings, Query(question["q"], k=5, mode=mode)).hits}
+            found = {h.id for h in search.search(conn, Query(question["q"], k=5, mode=mode)).hits}
             wanted = {ids[a - 1] for a in question["answers"]}
             total += len(found & wanted) / len(wanted)
         scores[mode] = total / len(LOG["questions"])
@@ -217,6 +219,7 @@ def test_only_the_rarest_words_find_within_match_rows_and_the_others_still_score
     conn.execute("ANALYZE episodes")
     Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nmatch_rows = 10\ncandidates = 50\n")
     settings = config.load()
+    conn.use_settings(settings)
     stats = bm25.term_stats(conn)
     wanted = pieces(conn, "widget sprocket", stats).wanted
     plan = bm25.plan(conn, stats, wanted, common_share=None, match_rows=10)
@@ -226,14 +229,14 @@ def test_only_the_rarest_words_find_within_match_rows_and_the_others_still_score
     unknown = bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={})
     pieces(conn, 'widget sprocket -order "sprocket order"', unknown)
     assert unknown.counted == {"'widget'": 41, "'sprocket'": 3, "'sprocket' <-> 'order'": 2}
-    hits = search.search(conn, settings, Query("widget sprocket", k=50)).hits
+    hits = search.search(conn, Query("widget sprocket", k=50)).hits
     by_words = {h.id for h in hits if h.text_rank is not None}
     assert len(by_words) == 3 and all("sprocket" in h.content for h in hits if h.id in by_words)
     both = next(h for h in hits if h.content == "sprocket and widget order")
     single = [h for h in hits if h.content.startswith("sprocket order")]
     assert both.text_score > max(h.text_score for h in single)  # widget scores what sprocket found
     # on words alone every word finds again
-    text_only = search.search(conn, settings, Query("widget sprocket", k=50, mode="text")).hits
+    text_only = search.search(conn, Query("widget sprocket", k=50, mode="text")).hits
     assert len(text_only) == 43
 
 
@@ -252,7 +255,7 @@ def test_the_match_bound_grows_with_the_memory(cli, conn, memctl_env):
         Path(memctl_env["MEMCTL_CONFIG"]).write_text(f"[search]\nmatch_rows = 10\nmatch_share = {share}\n"
                                                      "candidates = 50\n")
         bm25._CACHE.clear()  # the statistics after this test's ANALYZE
-        hits = search.search(conn, config.load(), Query("widget", k=50)).hits
+        hits = search.search(conn.use_settings(config.load()), Query("widget", k=50)).hits
         found[share] = {h.id for h in hits if h.text_rank is not None}
     assert found[0] == set() and len(found[1.0]) == 41
 
@@ -281,9 +284,10 @@ def test_words_all_find_when_the_vector_half_finds_nothing(cli, conn, memctl_env
 def test_an_episode_added_after_a_search_is_found_by_its_rare_word_at_once(cli, conn):
     add(cli, "the usual deploy notes")
     settings = config.load()
-    assert search.search(conn, settings, Query("zebracorn", mode="text")).hits == []
+    conn.use_settings(settings)
+    assert search.search(conn, Query("zebracorn", mode="text")).hits == []
     episode = add(cli, "a zebracorn appeared in the logs")
-    hits = search.search(conn, settings, Query("zebracorn", mode="text")).hits
+    hits = search.search(conn, Query("zebracorn", mode="text")).hits
     assert [h.id for h in hits] == [episode]
 
 
@@ -293,8 +297,9 @@ def test_one_statement_serves_every_mode_with_negation_and_context(cli, conn):
     noise = add(cli, "database migration dry run", "--kind", "raw")
     assert cli("embed").exit_code == 0
     settings = config.load()
+    conn.use_settings(settings)
     for mode in ("hybrid", "text", "vector"):
-        hits = search.search(conn, settings, Query('database migration -"dry run"', k=10, mode=mode)).hits
+        hits = search.search(conn, Query('database migration -"dry run"', k=10, mode=mode)).hits
         ids = [h.id for h in hits]
         assert noise not in ids, mode
         if mode != "vector":
@@ -327,9 +332,10 @@ TEXT_HALF_OFF = "[search]\ntext_weight = 0.0\ncontext_weight = 0.0\n"
 
 def _recall_at(conn, settings, data: dict, ids: list[int], mode: str, k: int) -> float:
     """Mean share of each question's answers among its first k hits."""
+    conn.use_settings(settings)
     total = 0.0
     for question in data["questions"]:
-        found = {h.id for h in search.search(conn, settings, Query(question["q"], k=k, mode=mode)).hits}
+        found = {h.id for h in search.search(conn, Query(question["q"], k=k, mode=mode)).hits}
         wanted = {ids[a - 1] for a in question["answers"]}
         total += len(found & wanted) / len(wanted)
     return total / len(data["questions"])
@@ -364,12 +370,13 @@ def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn
     assert cli("embed").exit_code == 0
     Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nef_search = 7\n")
     settings = config.load()
+    conn.use_settings(settings)
     seen = scan_witness(conn)
     for mode in ("hybrid", "vector"):  # one statement each, in a transaction of scan.ScanTransactions
-        assert search.search(conn, settings, Query("backup", mode=mode, agent="ops")).hits
+        assert search.search(conn, Query("backup", mode=mode, agent="ops")).hits
     model = models.active(conn)
     vectors, _ = search.embed_queries(settings, model, ["backup"])
-    assert vector_half(conn, model, vectors[0], Query("backup"), 5, 7)  # fact stale, reembed compare
+    assert vector_half(conn, model, vectors[0], Query("backup"), 5)  # fact stale, reembed compare
     assert seen == [[{"ef": "7", "scan": "relaxed_order"}]] * 3
     # SET LOCAL: the session outside search's transactions keeps pgvector's defaults
     assert conn.execute(SCAN_NOW).fetchone() == {"ef": "40", "scan": "off"}
@@ -385,10 +392,11 @@ def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, m
         add(cli, text)
     assert cli("embed").exit_code == 0
     settings = config.load()
+    conn.use_settings(settings)
     queries = ["backup", "lunch", "disk full", "backup failed", "noon"]
     # each vector statement's transaction start (now()) and the scan it ran under
     seen = scan_witness(conn, "SELECT now() AS began, current_setting('hnsw.iterative_scan') AS scan")
-    outcomes = search.search_batch(conn, settings, [Query(q) for q in queries])
+    outcomes = search.search_batch(conn, [Query(q) for q in queries])
     assert all(o.hits and o.mode == "hybrid" for o in outcomes)
     assert len(seen) == len(queries) and {r[0]["scan"] for r in seen} == {"relaxed_order"}
     assert len({r[0]["began"] for r in seen}) == 1  # one BEGIN, one SET, one COMMIT for the batch
@@ -397,7 +405,7 @@ def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, m
     # a transaction no longer than nothing, a query at a time: each query's statement in one of its own
     monkeypatch.setattr(scan.ScanTransactions, "seconds", 0.0)
     monkeypatch.setattr(search, "WINDOW", 1)
-    again = search.search_batch(conn, settings, [Query(q) for q in queries])
+    again = search.search_batch(conn, [Query(q) for q in queries])
     assert [{h.id for h in o.hits} for o in again] == [{h.id for h in o.hits} for o in outcomes]
     assert len({r[0]["began"] for r in seen}) == len(queries)
 
@@ -413,13 +421,14 @@ def test_a_pipelined_batch_answers_as_its_queries_one_at_a_time(cli, conn, memct
     assert cli("episode", "import", "-", input=lines).exit_code == 0
     assert cli("embed").exit_code == 0
     settings = config.load()
+    conn.use_settings(settings)
     texts = ["disk incident", "nginx -web-3", '"rolled back" deploy', "redis paged", "!!!", "backup fixed",
              "incident on web-2", "deploy ignored -redis", "what broke on web-5?"]
     queries = [Query(t, k=5, agent=(None, "a1")[i % 2], kind=(None, "conversation", None)[i % 3])
                for i, t in enumerate(texts * 5)]  # 45 queries: three windows
     assert len(queries) > 2 * search.WINDOW
-    batch = search.search_batch(conn, settings, queries)
-    alone = [search.search(conn, settings, q) for q in queries]
+    batch = search.search_batch(conn, queries)
+    alone = [search.search(conn, q) for q in queries]
     assert [[h.id for h in o.hits] for o in batch] == [[h.id for h in o.hits] for o in alone]
     assert [o.note for o in batch] == [o.note for o in alone] and batch[4].note and not batch[4].hits
     assert sum(bool(o.hits) for o in batch) >= 35
@@ -486,14 +495,15 @@ def test_the_hybrid_statement_prepared_and_planned_once_answers_as_planned_each_
     assert cli("episode", "import", "-", input=lines).exit_code == 0
     assert cli("embed").exit_code == 0
     settings = config.load()
+    conn.use_settings(settings)
     texts = ["disk paged", "nginx fixed", "redis retried", "backup escalated", "deploy ignored", "cert paged",
              "disk retried", "nginx escalated"]
     queries = [Query(t, k=5, agent=("a0", None)[i % 2]) for i, t in enumerate(texts * 4)]
-    batch = search.search_batch(conn, settings, queries)
+    batch = search.search_batch(conn, queries)
     alone = []
     for q in queries:
         with db.connect(db_url, vector=True) as fresh:  # never prepared: planned for its own values
-            alone.append(search.search(fresh, settings, q))
+            alone.append(search.search(fresh.use_settings(settings), q))
     assert [[h.id for h in o.hits] for o in batch] == [[h.id for h in o.hits] for o in alone]
     prepared = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                             "WHERE statement LIKE '%vec AS MATERIALIZED%'").fetchall()

@@ -44,7 +44,7 @@ def _load(cli) -> list[int]:
 
 def _order(conn, memctl_env, settings_text: str) -> list[int]:
     Path(memctl_env["MEMCTL_CONFIG"]).write_text(settings_text)
-    outcome = search.search(conn, config.load(), Query(QUESTION, k=10, agent="a", mode="text"))
+    outcome = search.search(conn.use_settings(config.load()), Query(QUESTION, k=10, agent="a", mode="text"))
     return [h.id for h in outcome.hits]
 
 

@@ -251,7 +251,7 @@ def test_short_episodes_get_no_length_bonus(cli, conn):
     short = add(cli, "nginx ok")
     longer = add(cli, "nginx logs rotated on web2 after the disk alert, freeing four gigabytes for the queue")
     add(cli, "lunch at noon")
-    hits = search.search(conn, config.load(), Query("nginx", mode="text", k=5)).hits
+    hits = search.search(conn.use_settings(config.load()), Query("nginx", mode="text", k=5)).hits
     by_id = {h.id: h.text_score for h in hits}
     assert by_id[short] >= by_id[longer]  # shorter than average: no bonus over an average one ...
     assert by_id[short] == pytest.approx(bm25.idf(3, 2))  # ... the term's idf exactly, times (k1+1)/(1+k1)=1

@@ -156,13 +156,14 @@ def test_dated_queries_prepared_and_planned_once_answer_as_each_planned_alone(cl
     assert cli("episode", "import", "-", input="".join(json.dumps(r) + "\n" for r in rows)).exit_code == 0
     assert cli("embed").exit_code == 0
     settings = config.load()
+    conn.use_settings(settings)
     texts = [f"why did the {svc} deploy fail on {day.isoformat()}?" for day in days[::5] for svc in ("api", "billing")]
     queries = [Query(t, k=3, agent=("a0", None)[i % 2]) for i, t in enumerate(texts * 3)]
-    batch = search.search_batch(conn, settings, queries)
+    batch = search.search_batch(conn, queries)
     alone = []
     for q in queries:
         with db.connect(db_url, vector=True) as fresh:
-            alone.append(search.search(fresh, settings, q))
+            alone.append(search.search(fresh.use_settings(settings), q))
     assert [[h.id for h in o.hits] for o in batch] == [[h.id for h in o.hits] for o in alone]
     prepared = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                             "WHERE statement LIKE '%period_eps AS MATERIALIZED%'").fetchall()
@@ -188,19 +189,20 @@ def test_a_period_of_many_episodes_runs_each_half_on_its_index_and_answers_as_ra
     assert cli("embed").exit_code == 0
     Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\ncandidates = 1\n")
     settings = config.load()
+    conn.use_settings(settings)
     queries = [Query("why did the api deploy fail in May 2026?", k=8, agent="ops", mode=mode),
                Query("why did the api deploy fail on 2026-04-20?", k=1, mode=mode)]
     answers = {}
     for exact in (1000, 5):  # May holds 30 of the episodes, a day one
         monkeypatch.setattr(statement, "PERIOD_EXACT", exact)
         statement._TEXTS.clear()
-        answers[exact] = [[h.id for h in search.search(conn, settings, q).hits] for q in queries]
+        answers[exact] = [[h.id for h in search.search(conn, q).hits] for q in queries]
     statement._TEXTS.clear()
     assert answers[1000] == answers[5]
     # the bound a share of the table: all of its 60 episodes here, so May's 30 are ranked exactly again
     monkeypatch.setattr(statement, "PERIOD_EXACT_SHARE", 1.0)
     monkeypatch.setattr(bm25, "_CACHE", {})  # the table's count read now, not an earlier test's
-    assert [h.id for h in search.search(conn, settings, queries[0]).hits] == answers[5][0]
+    assert [h.id for h in search.search(conn, queries[0]).hits] == answers[5][0]
     assert [shape[-1] for shape in statement._TEXTS] == [60]  # the bound the statement was written with
     statement._TEXTS.clear()
     by_id = {h["id"]: h for h in cli("episode", "list", "--agent", "ops", "-n", "100", "-f", "json").json()}

@@ -320,13 +320,15 @@ def test_older_than_limit_and_agent_choose_the_windows(cli, conn, setup):
 
 def test_overdue_warns_until_the_windows_are_summarized(cli, conn, setup, ollama_env):
     settings = config.load(Path(ollama_env["MEMCTL_CONFIG"]))
-    warning = summarize.overdue(conn, settings)
+    conn.use_settings(settings)
+    warning = summarize.overdue(conn)
     assert warning is not None and "120 episode(s) of raw" in warning and "memctl summarize" in warning
     assert cli("summarize").exit_code == 0
-    assert summarize.overdue(conn, settings) is None
+    assert summarize.overdue(conn) is None
     off = config.load(Path(ollama_env["MEMCTL_CONFIG"]), environ={})
+    conn.use_settings(off)
     off.summarize.model = None
-    assert summarize.overdue(conn, off) is None
+    assert summarize.overdue(conn) is None
 
 
 def test_summarize_config_is_validated(tmp_path):
@@ -446,19 +448,20 @@ def test_an_episode_backdated_into_a_window_while_it_is_summarized_is_not_claime
     Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
     load(cli, window_rows("ops", 40))
     settings = config.load(Path(ollama_env["MEMCTL_CONFIG"]))
+    conn.use_settings(settings)
     added = []
 
     def backdate():
         with db.connect(db_url) as other:
-            added.append(episodes.add(other, settings, "Backdated meanwhile: the spare gateway was patched.",
+            added.append(episodes.add(other.use_settings(settings), "Backdated meanwhile: the spare gateway was patched.",
                                       kind="raw", agent="ops", source="agent:ops", created_at=day_at(40, 7)))
 
-    result = summarize.run(conn, settings, chat=_Meddling(ollama.url, backdate))
+    result = summarize.run(conn, chat=_Meddling(ollama.url, backdate))
     assert [w["sources"] for w in result.written] == [10] and added[0] is not None
     summary_id = result.written[0]["summary_id"]
     assert scalar(conn, "SELECT count(*) FROM summary_sources WHERE source_id = %s", (added[0],)) == 0
     assert "Backdated meanwhile" not in scalar(conn, "SELECT content FROM episodes WHERE id = %s", (summary_id,))
-    addendum = summarize.run(conn, settings, chat=chat.OllamaChat("llama3.2:3b", host=ollama.url))
+    addendum = summarize.run(conn, chat=chat.OllamaChat("llama3.2:3b", host=ollama.url))
     assert [w["sources"] for w in addendum.written] == [1]
     assert scalar(conn, "SELECT summary_id FROM summary_sources WHERE source_id = %s", (added[0],)) == \
         addendum.written[0]["summary_id"]
@@ -470,16 +473,17 @@ def test_a_source_deleted_while_its_window_is_summarized_fails_the_window(cli, c
     Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
     load(cli, window_rows("ops", 40))
     settings = config.load(Path(ollama_env["MEMCTL_CONFIG"]))
+    conn.use_settings(settings)
 
     def delete_one():
         with db.connect(db_url) as other:
             other.execute("DELETE FROM episodes WHERE id = (SELECT min(id) FROM episodes WHERE agent = 'ops')")
 
-    result = summarize.run(conn, settings, chat=_Meddling(ollama.url, delete_one))
+    result = summarize.run(conn, chat=_Meddling(ollama.url, delete_one))
     assert result.written == [] and len(result.failed) == 1
     assert "1 source episode(s) were deleted or changed" in result.failed[0]["error"]
     assert summaries(conn) == 0 and scalar(conn, "SELECT count(*) FROM summary_sources") == 0
-    retry = summarize.run(conn, settings, chat=chat.OllamaChat("llama3.2:3b", host=ollama.url))
+    retry = summarize.run(conn, chat=chat.OllamaChat("llama3.2:3b", host=ollama.url))
     assert [w["sources"] for w in retry.written] == [9]
 
 

@@ -58,9 +58,10 @@ def test_ingest_a_source_blocked_while_its_batch_is_written_refuses_that_source_
     from memctl.write.values import WRITER
 
     settings = config.load()
+    conn.use_settings(settings)
     reader = ingest.LineReader(os.open(os.devnull, os.O_RDONLY))
     skipped: list = []
-    run = ingest.Ingest(conn, settings, reader, ingest.Options("jsonl"), report=lambda n, why: skipped.append(n))
+    run = ingest.Ingest(conn, reader, ingest.Options("jsonl"), report=lambda n, why: skipped.append(n))
     records = [gate.validate(settings, f"line {i}", source="late" if i == 2 else "app",
                              created_at="2026-08-11T09:30:00Z") for i in range(1, 4)]
     for number, record in enumerate(records, start=1):

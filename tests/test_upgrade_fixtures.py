@@ -121,6 +121,6 @@ def test_what_an_earlier_memctl_found_is_found(record, restored):
         embedder = HashEmbedder(active["model"], active["dims"]) if active else None
         for search in record["searches"]:
             q = query_mod.Query(search["query"], k=10, mode=search["mode"])
-            outcome = search_mod.search(conn, settings, q, embedder=embedder)
+            outcome = search_mod.search(conn.use_settings(settings), q, embedder=embedder)
             found = [hit.id for hit in outcome.hits]
             assert outcome.warning is None and set(search["ids"]) <= set(found), f"{search}: today {found}"

@@ -110,15 +110,15 @@ def test_an_agents_role_passes_the_guard_when_memctl_writes_as_it(agents_db_url)
         agent = agents.add(conn, f"guard_{os.getpid()}")
         insert = WRITER + "INSERT INTO facts (namespace, key, value, version) VALUES (%s, 'k', 'v', 1)"
         try:
-            agents.assume(conn, agent)
+            conn.as_agent(agent.role)
             conn.execute(insert, (agent.namespace,))
-            agents.reset(conn)
+            conn.as_owner()
             with psycopg.connect(agents_db_url, autocommit=True) as old:
                 old.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(agent.role)))
                 with pytest.raises(psycopg.Error) as refused:
                     old.execute(insert, (agent.namespace,))
         finally:
-            agents.reset(conn)
+            conn.as_owner()
             agents.revoke(conn, agent.name)
     assert refused.value.sqlstate == GUARD
 

@@ -121,7 +121,7 @@ def test_embed_loop_stops_at_a_migration_and_the_queue_waits_for_the_next(memctl
     settings = config.load()
     with db.connect(db_url) as conn:
         for n in range(2):
-            episodes.add(conn, settings, f"before the upgrade {n}")
+            episodes.add(conn.use_settings(settings), f"before the upgrade {n}")
     err = tmp_path / "embed.err"
     proc = _start(["embed", "--loop", "--interval", "1"], memctl_env, err)
     try:
@@ -129,7 +129,7 @@ def test_embed_loop_stops_at_a_migration_and_the_queue_waits_for_the_next(memctl
               and _count(db_url, QUEUED) == 0, what="the first pass")
         newer = _migrate_to_the_future(db_url, tmp_path)
         for n in range(2):
-            episodes.add(newer, settings, f"after the upgrade {n}")
+            episodes.add(newer.use_settings(settings), f"after the upgrade {n}")
         _stopped(proc, err)
     finally:
         if proc.poll() is None:

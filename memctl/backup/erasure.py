@@ -82,8 +82,9 @@ REPLICAS = "SELECT application_name, state, sync_state FROM pg_stat_replication"
 SETTINGS = "SELECT current_setting('archive_mode') AS archive_mode, current_setting('wal_level') AS wal_level"
 
 
-def copies(conn, settings, erased_at: datetime.datetime) -> dict:
+def copies(conn: Memory, erased_at: datetime.datetime) -> dict:
     """Where copies of what was erased can still be: memctl's backups and exports made before it, WAL, replicas."""
+    settings = conn.settings
     import psycopg
 
     from memctl.backup import backup
@@ -107,7 +108,7 @@ def copies(conn, settings, erased_at: datetime.datetime) -> dict:
         replicas = conn.execute(REPLICAS).fetchall()
     except psycopg.Error:
         replicas = []
-    wal = conn.execute(SETTINGS).fetchone()
+    wal = conn.one(SETTINGS)
     return {"backups": sorted((b for b in found.values() if b["exists"]), key=lambda b: b["created_at"]),
             "backups_gone": sorted((b["file"] for b in found.values() if not b["exists"])),
             "exports": exports, "wal": WAL_NOTE, "archive_mode": wal["archive_mode"],
@@ -123,17 +124,17 @@ def _stamp(name: str) -> datetime.datetime | None:
     return datetime.datetime.strptime(match.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=datetime.timezone.utc)
 
 
-def receipt(conn, settings, *, op: str, ledger: str | None, target: dict, removed: dict,
+def receipt(conn: Memory, *, op: str, ledger: str | None, target: dict, removed: dict,
             vacuum: dict | None, entry: erasures.Entry | None = None) -> dict:
     """The receipt of one erasure (its schema: docs/retention.md)."""
     entry = entry or next((e for e in erasures.read_table(conn) if e.id == ledger), None)
-    erased_at = entry.erased_at if entry else conn.execute(erasures.DATABASE).fetchone()["now"]
+    erased_at = entry.erased_at if entry else conn.one(erasures.DATABASE)["now"]
     return {"receipt": "memctl-erasure", "version": 1, "op": op, "erased_at": erased_at.isoformat(),
             "target": target, "removed": removed,
             "vacuum": vacuum or {"ran": None, "note": "autovacuum makes the space reusable; --full rewrites"},
             "ledger": {"id": ledger, "table": "erasures", "file": str(erasures.ledger_path()),
                        "digests": len(entry.digests()) if entry else 0},
-            "copies": copies(conn, settings, erased_at)}
+            "copies": copies(conn, erased_at)}
 
 
 def find_entry(conn: Memory, wanted: str) -> erasures.Entry:
@@ -151,7 +152,7 @@ def find_entry(conn: Memory, wanted: str) -> erasures.Entry:
     return found[0]
 
 
-def reissue(conn, settings, entry: erasures.Entry) -> dict:
+def reissue(conn: Memory, entry: erasures.Entry) -> dict:
     """The receipt of a past erasure, written again from its ledger entry (what it removed is what the entry
     counted; which vacuum ran is not kept there)."""
     items = entry.items
@@ -163,7 +164,7 @@ def reissue(conn, settings, entry: erasures.Entry) -> dict:
     else:
         target = {"source": entry.source, "since": items.get("since"),
                   "facts": [f"{f['namespace']}/{f['key']}" for f in items.get("facts", [])]}
-    found = receipt(conn, settings, op=entry.op, ledger=entry.id, target=target, removed=entry.counts,
+    found = receipt(conn, op=entry.op, ledger=entry.id, target=target, removed=entry.counts,
                     vacuum={"ran": None, "note": "written again from the ledger, which does not record the vacuum"},
                     entry=entry)
     return {**found, "reissued": True}
@@ -412,7 +413,7 @@ def reapplied_counts(stderr: bytes) -> dict[str, dict]:
     return found
 
 
-def after_restore(conn, settings, entries: list[erasures.Entry]) -> None:
+def after_restore(conn: Memory, entries: list[erasures.Entry]) -> None:
     """What the script cannot do: each fact erasure's history marker, a purge's fact deletions (as deletions,
     in the history), a redaction fix run again over what came back."""
     from memctl.errors import NotFound
@@ -431,4 +432,4 @@ def after_restore(conn, settings, entries: list[erasures.Entry]) -> None:
     if any(e.op == "redact_fix" for e in entries):
         found = redact_scan.scan(conn)
         if found.hits:
-            redact_scan.fix(conn, settings, found)
+            redact_scan.fix(conn, found)

@@ -266,7 +266,7 @@ def _check(schema: str, expected: dict[str, dict]) -> sql.Composed:
     return CHECK.format(settings=settings, tables=tables)
 
 
-def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None) -> Restored:
+def restore(conn: Memory, url: str, path: str | Path, *, directory: Path) -> Restored:
     """Replace memctl's tables with the backup's, after a safety backup of what is there now into DIRECTORY."""
     from memctl.db import migrate
     from memctl.records import erasures
@@ -311,7 +311,7 @@ def restore(conn, url: str, path: str | Path, *, directory: Path, settings=None)
     with places.key_for_migrations(conn, erasures.load_key()):  # a backup older than sql/0024: its lineage rekeyed
         applied = migrate.apply(conn)
     erasures.sync(conn, ledger)  # the table holds every entry again
-    erasure.after_restore(conn, settings, newer)
+    erasure.after_restore(conn, newer)
     counts = erasure.reapplied_counts(said)
     restored = Restored(path, manifest, safety, [m.name for m in applied],
                         [{"erasure": e.id, "op": e.op, "what": e.target or e.source,

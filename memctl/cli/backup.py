@@ -114,8 +114,7 @@ def restore(
 
     conn = connect(migrate=False)
     try:
-        result = restore_mod.restore(conn, target().url, file, directory=backup_mod.default_dir(settings()),
-                                     settings=settings())
+        result = restore_mod.restore(conn, target().url, file, directory=backup_mod.default_dir(settings()))
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM at any step: psql killed before it commits; said in the job log
         jobs.ended(conn, restore_mod.JOB, exc)
         raise

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from memctl import config as config_mod
 from memctl.cli.render import Format
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 FormatOption = Annotated[
     Format, typer.Option("--format", "-f", help="Output format: table, json (one document), jsonl, csv.")
@@ -80,18 +83,20 @@ def target():
     return db.resolve(st.database_url, st.settings)
 
 
-def connect(*, vector: bool = False, migrate: bool = True, reading: bool = False):
-    """Open the configured database (starting the embedded one, migrating it while it holds no memory); closed
-    at exit. `reading`: the command only reads, so a schema newer than this memctl's is a warning."""
+def connect(*, vector: bool = False, migrate: bool = True, reading: bool = False) -> Memory:
+    """The memory handle with the invocation's settings, on the configured database (starting the embedded one,
+    migrating it while it holds no memory); closed at exit. `reading`: the command only reads, so a schema newer
+    than this memctl's is a warning."""
     from memctl import db
 
     st = state()
-    conn = db.open_database(target(), report=warn, vector=vector, migrate=migrate, reading=reading)
+    conn = db.open_database(target(), report=warn, vector=vector, migrate=migrate, reading=reading,
+                            settings=st.settings)
     st._conns.append(conn)
     return conn
 
 
-def connect_read(*, vector: bool = False):
+def connect_read(*, vector: bool = False) -> Memory:
     """For commands that only read: the replica named by [database] read_url, else connect().
 
     Accesses recorded on the replica are written to the primary, opened only when there is
@@ -107,7 +112,7 @@ def connect_read(*, vector: bool = False):
     if replica is None:
         return connect(vector=vector, reading=True)
     try:
-        conn = db.open_replica(replica, vector=vector)
+        conn = db.open_replica(replica, vector=vector, settings=st.settings)
     except (DatabaseUnavailable, SchemaBehind) as exc:
         warn(f"{exc}; reading from the primary")
         return connect(vector=vector, reading=True)

@@ -82,7 +82,7 @@ def _passes(conn: Memory, st, embedder, size: int, *, limit, loop: bool, interva
         if loop:  # a newer memctl migrated the memory: stop (exit 75), the memctl installed now carries on
             migrate.check_unchanged(conn)
         try:
-            results, notes = embed_mod.work(conn, st, embedder, batch_size=size, limit=limit,
+            results, notes = embed_mod.work(conn, embedder, batch_size=size, limit=limit,
                                             retry=retry_failed, progress=progress, should_stop=interrupts.requested)
         except Unavailable as exc:
             if not loop:

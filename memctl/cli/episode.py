@@ -66,7 +66,7 @@ def add(
 
     st = settings()
     redactor = redact.Redactor.from_settings(st)
-    added = episodes.add_episode(connect(), st, read_text_arg(text, "episode_bytes"), kind=kind, source=source,
+    added = episodes.add_episode(connect(), read_text_arg(text, "episode_bytes"), kind=kind, source=source,
                                  agent=agent, importance=importance, created_at=created_at,
                                  meta=json_object("--meta", meta), redactor=redactor)
     if note := redactor.note():
@@ -106,7 +106,7 @@ def import_(
     handle = jsonl.open_input(file)
     lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
-        episodes.import_episodes(conn, st, episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
+        episodes.import_episodes(conn, episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
                                  result=result)
     finally:
         handle.close()
@@ -250,7 +250,7 @@ def search(
 
     q = query_mod.Query(read_text_arg(query, "episode_bytes", "query"), k=k, agent=agent, kind=kind, source=source,
                         since=since, until=until, mode=mode)
-    outcome, rows = window.episode_search(conn, settings(), q, track=not no_track, context=context,
+    outcome, rows = window.episode_search(conn, q, track=not no_track, context=context,
                                           every=every)
     if outcome.warning:
         warn(outcome.warning)
@@ -297,4 +297,4 @@ def _search_batch(conn: Memory, path: str, *, track: bool = True) -> None:
             line["note"] = outcome.note  # why this query found nothing
         return line, [outcome.warning] if outcome.warning else []
 
-    batch_write(slots, search_mod.search_batch(conn, settings(), queries, track=track) if queries else [], answer)
+    batch_write(slots, search_mod.search_batch(conn, queries, track=track) if queries else [], answer)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, settings, target, warn
+from memctl.cli.common import FormatOption, connect, target, warn
 from memctl.cli.render import Format, render, to_json
 from memctl.errors import EXIT_ERROR, DiskFull, MemctlError
 
@@ -78,7 +78,7 @@ def write_receipt(destination: str, op: str, *, ledger: str | None, target_: dic
     the erasure: a failure says that the erasure happened and where the ledger holds it."""
     from memctl.backup import erasure
 
-    _deliver(destination, ledger, lambda: erasure.receipt(connect(), settings(), op=op, ledger=ledger,
+    _deliver(destination, ledger, lambda: erasure.receipt(connect(), op=op, ledger=ledger,
                                                           target=target_, removed=removed, vacuum=vacuum))
 
 
@@ -127,7 +127,7 @@ def receipt(
     check_receipt(out, "--out")
     conn = connect()
     found = erasure.find_entry(conn, entry)
-    _deliver(out, found.id, lambda: erasure.reissue(conn, settings(), found))
+    _deliver(out, found.id, lambda: erasure.reissue(conn, found))
 
 
 @app.command()

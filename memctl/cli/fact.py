@@ -210,7 +210,7 @@ def stale(
     from memctl.cli.common import settings
     from memctl.reading import stale as stale_mod
 
-    mentions, warning = stale_mod.find(connect(vector=True), settings(), key, namespace=namespace,
+    mentions, warning = stale_mod.find(connect(vector=True), key, namespace=namespace,
                                        max_distance=max_distance)
     if warning:
         warn(warning)

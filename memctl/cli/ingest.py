@@ -77,7 +77,7 @@ def ingest(
     st = settings()
     conn = connect()
     with interrupts.deferred():  # SIGINT, SIGTERM: what was read is stored, then exit 130, 143
-        done = stream.run(conn, st, opened, warn=warn, should_stop=interrupts.requested,
+        done = stream.run(conn, opened, warn=warn, should_stop=interrupts.requested,
                           report=lambda n, why: warn(f"line {n}: {why}: skipped"))
     counts = done.counts
     if done.redactor is not None and done.redactor.note():

@@ -49,7 +49,7 @@ def mcp(
     from memctl.mcp import sessions, tools
 
     def open_connection():
-        return db.open_database(target(), report=warn, vector=True)
+        return db.open_database(target(), report=warn, vector=True, settings=settings())
 
     if http is not None:
         from memctl.mcp import http as http_mod

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import connect, settings, target, warn
+from memctl.cli.common import connect, target, warn
 from memctl.errors import MemctlError
 
 
@@ -45,7 +45,7 @@ def metrics(
             except MemctlError as also:
                 warn(str(also))
         raise
-    families = metrics_mod.collect(conn, settings(), data_dir=_data_dir() if where.embedded else None)
+    families = metrics_mod.collect(conn, data_dir=_data_dir() if where.embedded else None)
     if path is not None:
         metrics_mod.write_textfile(path, families)
     else:

@@ -93,7 +93,7 @@ def recall(
         return
     assert observation is not None  # one of the two, checked above
     request = replace(base, observation=read_text_arg(observation, "episode_bytes", "observation"))
-    result = recall_mod.recall(conn, settings(), request)
+    result = recall_mod.recall(conn, request)
     for message in result.warnings:
         warn(message)
     if not result.items and result.left_out:  # found, but the budget holds none: not the silence of "nothing"
@@ -130,5 +130,5 @@ def _recall_batch(conn: Memory, path: str, base) -> None:
         except BadValue as exc:
             slots.append(batch_error(number, exc))
     requests = [s for s in slots if isinstance(s, recall_mod.Request)]
-    batch_write(slots, recall_mod.recall_batch(conn, settings(), requests) if requests else [],
+    batch_write(slots, recall_mod.recall_batch(conn, requests) if requests else [],
                 lambda request, result: (result.to_dict(), result.warnings))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.common import FormatOption, connect, warn
 from memctl.cli.render import Format, render
 from memctl.errors import UsageError
 from memctl.records import redact_scan
@@ -45,5 +45,5 @@ def scan(
     if not yes:
         warn("dry run: add --yes to rewrite them")
         return
-    done = redact_scan.fix(conn, settings(), found)
+    done = redact_scan.fix(conn, found)
     warn("fixed: " + ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in done.to_dict().items()))

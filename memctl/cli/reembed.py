@@ -46,7 +46,7 @@ def start(
     """
     from memctl.reembed import reembed
 
-    result = reembed.start(connect(vector=True), settings(), model=model, embedder=embedder, dims=dims,
+    result = reembed.start(connect(vector=True), model=model, embedder=embedder, dims=dims,
                            halfvec=halfvec)
     render_one(result, fmt)
     warn(f"{result['queued']} chunk(s) queued for {result['model']}: run `memctl reembed run`")
@@ -117,7 +117,7 @@ def run(
         warn(message)
 
     try:
-        result = reembed.run(connect(vector=True), st, batch_size=batch_size or st.embedding.batch_size,
+        result = reembed.run(connect(vector=True), batch_size=batch_size or st.embedding.batch_size,
                              limit=limit, retry_failed=retry_failed, progress=bar, on_warning=on_warning)
     finally:
         if bar is not None:
@@ -160,7 +160,7 @@ def compare(
     from memctl.reembed import quality, reembed
 
     tolerance = quality.TOLERANCE if tolerance is None else tolerance
-    result = reembed.compare(connect(vector=True), settings(), sample=sample, queries=queries, k=k,
+    result = reembed.compare(connect(vector=True), sample=sample, queries=queries, k=k,
                              tolerance=tolerance)
     if result["warning"]:
         warn(result["warning"])
@@ -209,7 +209,7 @@ def switch(
     from memctl.reembed import quality, reembed
 
     tolerance = quality.TOLERANCE if tolerance is None else tolerance
-    result = reembed.switch(connect(vector=True), settings(), accept_worse=accept_worse, queries=queries, k=k,
+    result = reembed.switch(connect(vector=True), accept_worse=accept_worse, queries=queries, k=k,
                             tolerance=tolerance)
     warn(quality.figures(result["quality"]))
     if result["accepted_worse"]:

@@ -143,7 +143,7 @@ def run(
         sys.stderr.write(decoder.decode(data))
         sys.stderr.flush()
 
-    result = runbooks.run(connect(), settings(), repository, runbook, from_step=from_step, agent=agent,
+    result = runbooks.run(connect(), repository, runbook, from_step=from_step, agent=agent,
                           on_output=stream)
     render_one(result if fmt is not Format.table else {k: result[k] for k in RUN_COLUMNS}, fmt)
     if result["episode_error"]:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.common import FormatOption, connect, warn
 from memctl.cli.render import Format, render_one
 from memctl.errors import EXIT_ERROR
 from memctl.observe import status as status_mod
@@ -28,7 +28,7 @@ def status(
     than twice its \\[schedule], when the last backup failed, when the oldest pending chunk is older than the
     embed schedule allows, and when chunks failed to embed.
     """
-    report = status_mod.collect(connect(reading=True), settings())  # reads only: a newer schema is a warning
+    report = status_mod.collect(connect(reading=True))  # reads only: a newer schema is a warning
     render_one(report, fmt)
     for message in report["warnings"]:
         warn(f"warning: {message}")

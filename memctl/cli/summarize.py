@@ -51,7 +51,7 @@ def summarize(
         return
     conn = connect()
     if dry_run:
-        rows = summarize_mod.plan(conn, settings(), older_than=older_than, agent=agent, limit=limit)
+        rows = summarize_mod.plan(conn, older_than=older_than, agent=agent, limit=limit)
         render(rows, fmt, columns=PLAN_COLUMNS)
         addenda = sum(1 for r in rows if r["addendum_to"] is not None)
         warn(f"dry run, nothing written: {len(rows)} window(s), {sum(r['episodes'] for r in rows)} episode(s), "
@@ -59,7 +59,7 @@ def summarize(
              + (f"; {addenda} of them add to a window summarized before (episodes backdated into it)"
                 if addenda else ""))
         return
-    result = summarize_mod.run(conn, settings(), older_than=older_than, agent=agent, limit=limit)
+    result = summarize_mod.run(conn, older_than=older_than, agent=agent, limit=limit)
     render(result.written, fmt, columns=COLUMNS)
     warn(f"wrote {len(result.written)} summar{'y' if len(result.written) == 1 else 'ies'}"
          + (f", {result.skipped} window(s) skipped (held or finished by another run)" if result.skipped else ""))

@@ -84,7 +84,7 @@ def import_(
         from memctl.write import values
 
         lines = jsonl.bounded(handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]")
-        result = import_mod.import_stream(connect(), st, lines, redactor=redactor)
+        result = import_mod.import_stream(connect(), lines, redactor=redactor)
     finally:
         handle.close()
     if note := redactor.note():

@@ -19,6 +19,7 @@ from memctl.errors import BadValue, ConfigError, DatabaseUnavailable, DiskFull, 
 
 if TYPE_CHECKING:
     import psycopg
+    from memctl.db.memory import Memory
 
 APPLICATION_NAME = "memctl"
 NO_SPACE = "No space left on device"  # strerror(ENOSPC), as PostgreSQL writes it in its log and errors
@@ -76,8 +77,9 @@ def check_url(url: str, option: str | None = None) -> str:
     return url
 
 
-def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout: int = 10):
-    """An autocommit connection with dict rows; `vector` registers pgvector types.
+def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout: int = 10,
+            settings: config_mod.Settings | None = None) -> Memory:
+    """An autocommit memory handle (dict rows) carrying `settings`; `vector` registers pgvector types.
 
     The session declares the schema this memctl knows (memctl.db.migrate.SETTING): from sql/0025 on, the
     schema refuses writes from a session that declares an older one, or none (an older memctl)."""
@@ -101,6 +103,7 @@ def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout:
         said = str(exc).strip()
         message = config_mod.mask_secrets(said.splitlines()[0] if said else "connection failed")
         raise DatabaseUnavailable(f"database unavailable: {message}") from None
+    conn.use_settings(settings)
     if vector:
         register_vector(conn)
     return conn
@@ -117,7 +120,7 @@ def register_vector(conn: psycopg.Connection[Any]) -> None:
 
 
 def open_database(target: Target, *, report: Callable[[str], None] | None = None, vector: bool = False,
-                  migrate: bool = True, reading: bool = False):
+                  migrate: bool = True, reading: bool = False, settings: config_mod.Settings | None = None) -> Memory:
     """Connect to the target, starting the embedded server as needed, and check its schema is this memctl's
     (a fresh embedded one is migrated; `reading`: a newer schema is a warning, not a refusal)."""
     from memctl.db import migrate as migrate_mod
@@ -125,14 +128,14 @@ def open_database(target: Target, *, report: Callable[[str], None] | None = None
     if target.embedded and not target.url:
         target.url = start_embedded(report).url
     try:
-        conn = connect(target.url)
+        conn = connect(target.url, settings=settings)
     except DatabaseUnavailable:
         if not target.embedded:
             raise
         # Found running while another memctl was still creating its database (or stopped since):
         # wait for that start to finish, then connect once more.
         target.url = start_embedded(report, after_another=True).url
-        conn = connect(target.url)
+        conn = connect(target.url, settings=settings)
     if migrate:
         migrate_mod.ensure_current(conn, auto=target.embedded, reading=reading, report=report)
     if vector:
@@ -209,12 +212,12 @@ def disk_full(target: Target | None, what: str = "") -> DiskFull:
     return DiskFull("the database server's disk (its data or WAL directory)", what)
 
 
-def open_replica(target: ReadTarget, *, vector: bool = False):
+def open_replica(target: ReadTarget, *, vector: bool = False, settings: config_mod.Settings | None = None) -> Memory:
     """Connect to the read replica and check its schema is current; never migrates (a standby is read-only)."""
     from memctl.db import migrate as migrate_mod
 
     try:
-        conn = connect(target.url)
+        conn = connect(target.url, settings=settings)
     except DatabaseUnavailable as exc:
         raise DatabaseUnavailable(f"read replica ({target.origin}): {exc}") from None
     try:

@@ -281,7 +281,7 @@ def record_idle(conn: Memory) -> None:
             conn.execute(RECORD_IDLE)
 
 
-def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | None = None,
+def work(conn: Memory, configured_embedder, *, batch_size: int, limit: int | None = None,
          retry: bool = False, progress=None, should_stop=None) -> tuple[list[RunResult], list[str]]:
     """One worker pass: the active model (registered on first use), then a backfilling one.
 
@@ -293,6 +293,7 @@ def work(conn, settings, configured_embedder, *, batch_size: int, limit: int | N
     model embeds for the active one, with a warning (returned with the results).
     Orphaned chunks (see models.ORPHANS) are queued before each model's run.
     """
+    settings = conn.settings
     from memctl.embedding.embedders import make_embedder
     from memctl.records import jobs
 

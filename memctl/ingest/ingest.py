@@ -193,16 +193,16 @@ class Ingest:
     """Reads `reader`, stores batches on `conn`, reports a skipped line by calling `report(number, reason)`;
     once `should_stop()` says so (a signal: memctl.interrupts), stores what it read and returns."""
 
-    def __init__(self, conn, settings, reader: LineReader, options: Options, *,
+    def __init__(self, conn: Memory, reader: LineReader, options: Options, *,
                  report: Callable[[int, str], None], cursor_name: str | None = None,
                  after_commit: Callable[[str], None] | None = None, resume: str | None = None,
                  should_stop: Callable[[], Any] = lambda: None):
-        self.conn, self.settings, self.reader, self.options = conn, settings, reader, options
+        self.conn, self.settings, self.reader, self.options = conn, conn.settings, reader, options
         self.report, self.cursor_name, self.after_commit = report, cursor_name, after_commit
         self.should_stop = should_stop
         self.counts = Counts()
         self.first_skip = 0  # the exit code of the first record skipped (every record skipped: the command's)
-        self.limits = values.Limits.of(settings)  # read once, not per record
+        self.limits = values.Limits.of(self.settings)  # read once, not per record
         self.pending = _Pending()
         self.group_first: int | None = None
         self.occurrences = identity.Occurrences()  # stays empty: every ingested record has a time
@@ -371,7 +371,7 @@ class Ingest:
             counted = None if redactor is None else redactor.kinds.copy()
             result = episodes.ImportResult(redactor=redactor)
             try:
-                episodes.import_episodes(self.conn, self.settings, iter(records), result=result,
+                episodes.import_episodes(self.conn, iter(records), result=result,
                                          occurrences=self.occurrences, then=then,
                                          refused=lambda episode, exc: refusals.append((episode.line or 0, str(exc),
                                                                                       exc.exit_code)))

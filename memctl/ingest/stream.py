@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memctl.errors import BadValue
 from memctl.ingest import ingest
 from memctl.write import values
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 
 @dataclass
@@ -74,10 +77,11 @@ def open_input(request: Request) -> Input:
     return Input(fd, request)
 
 
-def run(conn, settings, source: Input, *, report: Callable[[int, str], None],
+def run(conn: Memory, source: Input, *, report: Callable[[int, str], None],
         warn: Callable[[str], None], should_stop: Callable[[], Any] = lambda: None) -> Outcome:
     """Ingest SOURCE until the end of input or `should_stop()`; `report(number, reason)` for a
     record skipped, `warn(message)` for the rest of what a person should hear."""
+    settings = conn.settings
     from memctl import files
 
     request, fd = source.request, source.fd
@@ -109,7 +113,7 @@ def run(conn, settings, source: Input, *, report: Callable[[int, str], None],
 
     options = ingest.Options(request.format, request.source, request.kind, request.agent,
                              request.flush, request.group, request.gap, max_line, bound)
-    running = ingest.Ingest(conn, settings, reader, options, report=report, cursor_name=name,
+    running = ingest.Ingest(conn, reader, options, report=report, cursor_name=name,
                             after_commit=after_commit, resume=resume, should_stop=should_stop)
     try:
         counts = running.run()

@@ -181,12 +181,10 @@ class Session:
                         self._idle.append(conn)
 
     def _ping(self, conn: Memory) -> None:
-        from memctl.records import agents
-
         if self.role is None:
             conn.execute(PING)
         else:
-            agents.assume(conn, self.role)
+            conn.as_agent(self.role)
 
     def _live(self, conn: Memory | None):
         import psycopg
@@ -203,7 +201,7 @@ class Session:
                                   f"({_first_line(exc)}): `memctl agent add {self.scope.agent}` "
                                   "registers it again") from None
         self._drop(conn)
-        conn = self._open()
+        conn = self._open().use_settings(self.settings)  # a handle with the session's settings
         try:
             if self.role is None and self.scope.agent is not None:
                 self.role = registered_role(conn, self.scope.agent)

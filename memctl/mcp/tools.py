@@ -71,7 +71,7 @@ def remember(session: Session, content: str, *, kind: str | None = None, importa
     scope = session.scope  # its size: the gate's [limits] episode_bytes, as for every write
     redactor = _redactor(session.settings)
     with session.connection() as conn:
-        added = episodes.add_episode(conn, session.settings, content, kind=kind, source=scope.source,
+        added = episodes.add_episode(conn, content, kind=kind, source=scope.source,
                                      agent=scope.writer, importance=importance, redactor=redactor)
     new_id, stored = added.id, added.stored
     if stored is not None:  # every echo is the stored value: the names as the gate redacted them
@@ -111,7 +111,7 @@ def search(session: Session, query: str, *, k: int = 5, kind: str | None = None,
     q = Query(query, k=k, agent=session.scope.agent, kind=kind, since=since, until=until, mode=mode)
     q.check()
     with session.connection(rerun=True) as conn:  # hits count as accessed as in the library (its `track`)
-        outcome = search_mod.search(conn, session.settings, q, track=session.track)
+        outcome = search_mod.search(conn, q, track=session.track)
     hits = outcome.hits
     degraded = outcome.mode != mode
     data = {"results": [_hit(h) for h in hits], "mode": outcome.mode, "degraded": degraded,
@@ -164,7 +164,7 @@ def recall(session: Session, observation: str, *, max_tokens: int | None = None,
     request = recall_mod.Request(observation, agent=scope.agent, namespace=scope.namespace, shared=scope.shared,
                                  k=k, max_tokens=max_tokens, track=session.track)
     with session.connection(rerun=True) as conn:
-        result = recall_mod.recall(conn, session.settings, request)
+        result = recall_mod.recall(conn, request)
     data = {"text": result.text(), **jsonl.plain(result.to_dict()),
             "degraded": result.mode != "hybrid",
             "warnings": result.warnings}

@@ -127,7 +127,7 @@ def _rollup(pairs: list[dict], column: str) -> list[dict]:
     return list(out.values())
 
 
-def _memory(conn, total: int, settings: Settings | None) -> list[Metric]:
+def _memory(conn: Memory, total: int, settings: Settings | None) -> list[Metric]:
     """Episodes and chunks by kind and by agent, each bounded (see bounded)."""
     pairs, ratio = groups(conn, total)
     agents_limit = (settings or Settings()).metrics.agents
@@ -204,7 +204,8 @@ def _job_families() -> dict[str, GaugeMetricFamily]:
     }
 
 
-def _jobs(conn, settings: Settings | None) -> list[Metric]:
+def _jobs(conn: Memory) -> list[Metric]:
+    settings = conn.settings if conn.has_settings else None
     from memctl.observe import status
 
     runs: dict[str, dict[str, int]] = {job: dict.fromkeys(OUTCOMES, 0) for job in JOBS}
@@ -215,8 +216,8 @@ def _jobs(conn, settings: Settings | None) -> list[Metric]:
         for outcome, n in counts.items():
             families["runs"].add_metric([job, outcome], n)
         _last_run(conn, job, families)
-        failures = conn.execute(CONSECUTIVE_FAILURES, {"job": job, "failed": list(status.FAILED_OUTCOMES),
-                                                       "completed": list(jobs.COMPLETED)}).fetchone()["n"]
+        failures = conn.one(CONSECUTIVE_FAILURES, {"job": job, "failed": list(status.FAILED_OUTCOMES),
+                                                   "completed": list(jobs.COMPLETED)})["n"]
         families["failures"].add_metric([job], failures)
     for job, seconds in sorted(_schedules(settings).items()):
         families["schedule"].add_metric([job], seconds)
@@ -276,14 +277,15 @@ def _database(conn: Memory, sizes: dict, data_dir: Path | None) -> list[Metric]:
     return out
 
 
-def overdue_episodes(conn, settings: Settings | None) -> int | None:
+def overdue_episodes(conn: Memory) -> int | None:
     """Episodes past summarize.overdue's limit with no summary; None when summaries are off."""
+    settings = conn.settings if conn.has_settings else None
     from memctl.retention import summarize
 
     if settings is None or summarize.model(settings) is None or not summarize.kinds(settings):
         return None
     late = parse_duration(settings.summarize.after) + 86400 + summarize.OVERDUE_GRACE_S  # as overdue()
-    return conn.execute(summarize.OVERDUE, (summarize.kinds(settings), late)).fetchone()["n"]
+    return conn.one(summarize.OVERDUE, (summarize.kinds(settings), late))["n"]
 
 
 def _info(conn: Memory) -> list[Metric]:
@@ -308,17 +310,18 @@ def size_figures(conn: Memory) -> dict:
     return {"relations": rels, "growth": size.growth(conn, rels, names)}
 
 
-def collect(conn, settings: Settings | None, *, data_dir: Path | None = None) -> list[Metric]:
+def collect(conn: Memory, *, data_dir: Path | None = None) -> list[Metric]:
     """Every metric family, from one connection. `data_dir`: the embedded server's data directory, if any."""
+    settings = conn.settings if conn.has_settings else None
     from memctl.observe import status
 
     started = time.monotonic()
-    report = status.collect(conn, settings)
+    report = status.collect(conn)
     sizes = size_figures(conn)
-    families = [*_info(conn), *_memory(conn, report["episodes"], settings), *_backlog(report), *_models(conn), *_jobs(conn, settings),
+    families = [*_info(conn), *_memory(conn, report["episodes"], settings), *_backlog(report), *_models(conn), *_jobs(conn),
                 *_database(conn, sizes, data_dir)]
     families += _one("summaries_overdue_episodes", "Episodes older than [summarize] after plus two days with no "
-                     "summary (absent when summaries are off)", overdue_episodes(conn, settings))
+                     "summary (absent when summaries are off)", overdue_episodes(conn))
     families += _agents_without_role(conn)
     return [*families, *_up(1, started)]
 

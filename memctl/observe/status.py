@@ -27,18 +27,18 @@ LATE_FACTOR = 2  # a scheduled job is late when its last success is older than t
 FAILED_OUTCOMES = ("failed", "unavailable")
 
 
-def collect(conn, settings=None) -> dict:
+def collect(conn: Memory) -> dict:
     """Counts, backlog and last runs, plus `warnings`: a list of what an operator should look at."""
-    report = dict(conn.execute(COUNTS).fetchone())
+    report = dict(conn.one(COUNTS))
     model = models.active(conn)
     backfill = models.by_state(conn, "backfill")
     if model is None:
-        report.update(pending=conn.execute(UNREGISTERED).fetchone()["pending"], failed=0, active_model=None,
+        report.update(pending=conn.one(UNREGISTERED)["pending"], failed=0, active_model=None,
                       oldest_pending_age_s=None)
     else:
-        backlog = conn.execute(BACKLOG, (model.id,)).fetchone()
+        backlog = conn.one(BACKLOG, (model.id,))
         age = backlog["oldest_pending_age_s"]
-        report.update(pending=backlog["pending"], failed=conn.execute(FAILED, (model.id,)).fetchone()["failed"],
+        report.update(pending=backlog["pending"], failed=conn.one(FAILED, (model.id,))["failed"],
                       active_model=model.label, oldest_pending_age_s=round(float(age), 1) if age is not None else None)
     # Chunks no worker will ever embed unless re-queued (models.ORPHANS); `memctl embed` does that.
     report["orphaned"] = sum(models.count_orphans(conn, m) for m in (model, backfill) if m is not None)
@@ -49,7 +49,7 @@ def collect(conn, settings=None) -> dict:
     backed_up = jobs.last_completed(conn, "backup")
     report["last_backup_age_s"] = round(float(backed_up["age_s"]), 1) if backed_up else None
     report["checked_at"] = datetime.datetime.now(datetime.timezone.utc)
-    report["warnings"] = warnings(conn, settings, report)
+    report["warnings"] = warnings(conn, report)
     return report
 
 
@@ -113,10 +113,11 @@ def _failed_last(conn: Memory, job: str, pending: int) -> str | None:
             + f"{waiting} (memctl jobs --job {job})")
 
 
-def _instructions(conn, settings) -> str | None:
+def _instructions(conn: Memory) -> str | None:
     """A warning when the active model's vectors were made with other instructions than it expects
     (DESIGN 12): a database embedded before memctl knew nomic-embed-text's, or a changed
     [embedding] query_prefix / document_prefix. Search goes on with the vectors' own instructions."""
+    settings = conn.settings if conn.has_settings else None
     from memctl.embedding.embedders import make_embedder
 
     model = models.active(conn)
@@ -136,7 +137,8 @@ def _agents(conn: Memory) -> list[str]:
     return wall.warnings(conn)
 
 
-def warnings(conn, settings, report: dict) -> list[str]:
+def warnings(conn: Memory, report: dict) -> list[str]:
+    settings = conn.settings if conn.has_settings else None
     found = []
     embed_every = _schedule(settings, "embed")
     never_embedded = None
@@ -152,7 +154,7 @@ def warnings(conn, settings, report: dict) -> list[str]:
     if report.get("orphaned"):
         found.append(f"{report['orphaned']} chunk(s) have no vector, no queue row and no failure (written while a "
                      "model was being registered): the next memctl embed queues them")
-    found.append(_instructions(conn, settings))
+    found.append(_instructions(conn))
     if report["failed"]:
         found.append(f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
                      "(memctl embed --retry-failed puts them back in the queue)")
@@ -170,7 +172,7 @@ def warnings(conn, settings, report: dict) -> list[str]:
     from memctl.db import preflight
     from memctl.retention import summarize
 
-    found.append(summarize.overdue(conn, settings))
+    found.append(summarize.overdue(conn))
     found.extend(preflight.version_warnings(conn))
     found.extend(_agents(conn))
     return [w for w in found if w]

@@ -41,7 +41,7 @@ WHERE c.oid = 'episodes'::regclass
 COUNT_ALL = "SELECT count(*)::float8 AS n FROM episodes"
 COUNT_AGENT = "SELECT count(*)::float8 AS n FROM episodes WHERE agent = %s"
 AVERAGE_LENGTH = "SELECT avg(length(tsv))::float8 AS avgdl FROM episodes TABLESAMPLE SYSTEM (%s)"
-# In an agent's role (agents.assume) a text search also reads only the ids the text index finds among the
+# In an agent's role (Memory.as_agent) a text search also reads only the ids the text index finds among the
 # agent's own episodes (memctl_agent_matches, sql/0022): under row-level security `@@` cannot use the index,
 # not being LEAKPROOF, while `id = ANY($ids)` can (the function itself is not LEAKPROOF: called in a
 # subquery, once per statement, its array is a parameter); the policies still filter every row read.
@@ -149,9 +149,7 @@ def document_frequencies(conn: Memory, stats: TermStats, terms: list[str]) -> li
     if wanted:
         from psycopg import sql
 
-        from memctl.records.agents import assumed
-
-        in_role = assumed(conn)
+        in_role = conn.in_agent_role
 
         params = {f"q{i}": t for i, t in enumerate(wanted)}
         params["any"] = " | ".join(f"( {t} )" for t in wanted)

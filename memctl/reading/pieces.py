@@ -17,7 +17,6 @@ from memctl.reading import bm25
 from memctl.reading.query import Query, Terms, split_terms, synonyms
 from memctl.reading.statement import StatementCall
 from memctl.records import filters as episode_filters
-from memctl.records.agents import assumed
 
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
@@ -65,7 +64,7 @@ FROM p LEFT JOIN rare r USING (ord) LEFT JOIN counted c USING (ord)
 ORDER BY p.ord
 """
 
-# The episodes counted: by the text index, or in an agent's role (agents.assume) by the ids it finds among
+# The episodes counted: by the text index, or in an agent's role (Memory.as_agent) by the ids it finds among
 # the agent's episodes (bm25.MATCHED: memctl_agent_matches), read again under the table's policies.
 COUNTED_EPISODES = "JOIN episodes e ON e.tsv @@ r.q::tsquery"
 COUNTED_MATCHES = ("CROSS JOIN LATERAL (SELECT memctl_agent_matches(r.q::tsquery) AS ids OFFSET 0) m "
@@ -146,7 +145,7 @@ def pieces_call(conn: Memory, text: str, stats: bm25.TermStats | None = None, *,
         params.update(wanted=len(terms.wanted), plain=plain, common=stats.common_array)
     shape = (tuple(probe[0]) if probe is not None else None,
              (probe[1].agent is not None, probe[1].kind is not None) if probe is not None else None,
-             counting, counting and scope is not None, counting and assumed(conn))
+             counting, counting and scope is not None, counting and conn.in_agent_role)
     statement = _PIECES.get(shape)
     if statement is None:
         statement = _PIECES[shape] = _compose_pieces(probe, counting, scope, shape[-1]).as_bytes(None)

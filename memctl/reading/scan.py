@@ -63,8 +63,7 @@ def vector_where(query: Query, *more):
     return episode_filters.where(conditions), join, params
 
 
-def vector_half(conn: Memory, model: models.Model, vector, query: Query, n: int,
-                ef_search: int) -> list[dict]:
+def vector_half(conn: Memory, model: models.Model, vector, query: Query, n: int) -> list[dict]:
     """The nearest chunks by the active model's HNSW index, iterative scan on, filters applied."""
     from psycopg import sql
 
@@ -72,19 +71,20 @@ def vector_half(conn: Memory, model: models.Model, vector, query: Query, n: int,
     statement = sql.SQL(VECTOR_HALF).format(
         type=sql.SQL(model.storage), table=sql.Identifier(model.table_name), join=join, where=where)
     with conn.transaction():
-        set_scan(conn, ef_search)
+        set_scan(conn)
         return conn.execute(statement, {**params, "q": query_vector(conn, vector, model), "n": n},
                             prepare=False).fetchall()
 
 
-def set_scan(conn: Memory, ef_search: int, *, pipelined: bool = False) -> None:
-    """Iterative HNSW scan and ef_search for the current transaction, on every node it reaches.
+def set_scan(conn: Memory, *, pipelined: bool = False) -> None:
+    """Iterative HNSW scan and the handle's ef_search (Memory.ef_search, from its settings) for the current
+    transaction, on every node it reaches.
 
     The one place search's transactions (vector_half, ScanTransactions) get them.
     """
     from psycopg import sql
 
-    commands = [sql.SQL(c).format(ef=sql.Literal(int(ef_search))) for c in SCAN_SETTINGS]
+    commands = [sql.SQL(c).format(ef=sql.Literal(int(conn.ef_search))) for c in SCAN_SETTINGS]
     if pipelined:
         for command in commands:
             conn.execute(command)
@@ -93,7 +93,7 @@ def set_scan(conn: Memory, ef_search: int, *, pipelined: bool = False) -> None:
 
 
 class ScanTransactions:
-    """Transactions that set the HNSW scan once (set_scan) for every query run in them.
+    """Transactions that set the HNSW scan once (set_scan, with the handle's ef_search) for every query run in them.
 
     A batch's queries share them: BEGIN, the settings and COMMIT are three round trips, which a
     query would otherwise pay each time (about a tenth of a hybrid query: docs/benchmarks.md).
@@ -105,8 +105,8 @@ class ScanTransactions:
 
     seconds = 1.0
 
-    def __init__(self, conn: Memory, ef_search: int, *, pipelined: bool = False):
-        self.conn, self.ef_search, self.pipelined = conn, ef_search, pipelined
+    def __init__(self, conn: Memory, *, pipelined: bool = False):
+        self.conn, self.pipelined = conn, pipelined
         self._open: contextlib.AbstractContextManager[Any] | None = None
         self._since = 0.0
 
@@ -122,7 +122,7 @@ class ScanTransactions:
         self._open = self.conn.transaction()
         self._open.__enter__()
         self._since = time.monotonic()
-        set_scan(self.conn, self.ef_search, pipelined=self.pipelined)
+        set_scan(self.conn, pipelined=self.pipelined)
 
     def end(self, *exc) -> None:
         if self._open is not None:

@@ -48,7 +48,9 @@ from memctl.reading.pieces import Parsed, pieces_call
 from memctl.reading.scan import ScanTransactions
 from memctl.reading.statement import (StatementCall, StatementParts, period_exact, read_rows,
                                      statement_call)
-from memctl.records.agents import assumed
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
@@ -140,14 +142,14 @@ def _vector_mode_refusal(warning: str | None) -> EmbedderUnavailable:
                                "use --mode hybrid or text to search by words")
 
 
-def search(conn, settings: Settings, query: Query, *, vector=None, embedder=None, track: bool = False) -> Outcome:
+def search(conn: Memory, query: Query, *, vector=None, embedder=None, track: bool = False) -> Outcome:
     """Run one query; `vector` skips embedding (recall, benchmarks).
 
     The database's active model embeds the query, whatever the configuration names
     (a differing configuration adds a warning). With `track`, the hits returned count
     as accessed (memctl.records.access), in one statement.
     """
-    return search_batch(conn, settings, [query], embedder, track=track,
+    return search_batch(conn, [query], embedder, track=track,
                         vectors=None if vector is None else [vector])[0]
 
 
@@ -162,10 +164,11 @@ def _narrowed(plan: bm25.Plan) -> bool:
     return bool(plan.left_out) or any(t not in plan.matched for t in plan.terms)
 
 
-def _steps(conn, settings, query: Query, model, vector, outcome: Outcome,
+def _steps(conn: Memory, query: Query, model, vector, outcome: Outcome,
            cache: dict) -> Generator[StatementCall, Any, None]:
     """One query's work: yields the statements it needs run (statement.StatementCall) and takes their rows;
     its outcome's hits set when it ends. _run_steps runs many of these at once."""
+    settings = conn.settings
     conf = settings.search
     n = max(conf.candidates, query.k * 4)
     vector_runs = outcome.mode in ("hybrid", "vector") and model is not None and vector is not None
@@ -186,7 +189,7 @@ def _steps(conn, settings, query: Query, model, vector, outcome: Outcome,
     parts = StatementParts(model=model if vector_runs else None, vector=vector if vector_runs else None,
                            excluded=parsed.excluded, context=context and parsed.context,
                            period=period, period_exact=None if period is None else period_exact(cache[key].n),
-                           in_role=assumed(conn))
+                           in_role=conn.in_agent_role)
     if wants_text and any(parsed.wanted):
         parts.stats = cache[key]
         # with the vector half running, words in nearly every episode are left out, and only the
@@ -302,13 +305,14 @@ def with_repeats(conn: Memory, hits: list[Hit]) -> list[dict]:
 REPEAT_FIELDS = ("id", "agent", "kind", "source", "importance", "created_at", "content")
 
 
-def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, *,
+def search_batch(conn: Memory, queries: list[Query], embedder=None, *,
                  track: bool = False, vectors: list | None = None) -> list[Outcome]:
     """Many queries on one connection, their vectors embedded in sub-batches; `track` as in search().
 
     A query whose sub-batch failed to embed runs on words alone (its outcome says so);
     a query that asked for --mode vector is never answered by words: EmbedderUnavailable.
     """
+    settings = conn.settings
     for q in queries:
         q.check()
     model = models.active(conn)
@@ -331,10 +335,10 @@ def search_batch(conn, settings: Settings, queries: list[Query], embedder=None, 
             notes.append(found.warning)
     outcomes = [_outcome(q, i, nothing, notes, by_index) for i, q in enumerate(queries)]
     cache: dict = {}  # term statistics, read once per batch
-    runs = [_steps(conn, settings, q, model, by_index.get(i), o, cache)
+    runs = [_steps(conn, q, model, by_index.get(i), o, cache)
             for i, (q, o) in enumerate(zip(queries, outcomes)) if i not in nothing]
     pipelined = len(runs) > 1 and _pipelines()
-    with ScanTransactions(conn, settings.search.ef_search, pipelined=pipelined) as scans, \
+    with ScanTransactions(conn, pipelined=pipelined) as scans, \
             conn.pipeline() if pipelined else contextlib.nullcontext():
         _run_steps(conn, scans, runs, pipelined)
     if track:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from memctl.config import Settings
 from memctl.embedding import models
 from memctl.errors import NotFound
 from memctl.reading import search
@@ -64,9 +63,10 @@ def past_values(conn: Memory, key: str, namespace: str) -> list[str]:
     return [r["v"] for r in conn.execute(PAST_VALUES, {"ns": namespace, "key": key, "current": current})]
 
 
-def find(conn, settings: Settings, key: str, *, namespace: str = facts.DEFAULT_NAMESPACE, limit: int = 100,
+def find(conn: Memory, key: str, *, namespace: str = facts.DEFAULT_NAMESPACE, limit: int = 100,
          max_distance: float = 0.35) -> tuple[list[StaleMention], str | None]:
     """Mentions of past values; the warning says when the meaning half could not run."""
+    settings = conn.settings
     found: dict[tuple[int, str], StaleMention] = {}
     values = past_values(conn, key, namespace)
     for value in values:
@@ -79,7 +79,7 @@ def find(conn, settings: Settings, key: str, *, namespace: str = facts.DEFAULT_N
         for value, vector in zip(values, vectors or []):
             query = Query(f"{key} {value}", k=10, mode="vector")
             assert model is not None  # the vectors were made with it
-            for row in vector_half(conn, model, vector, query, 10, settings.search.ef_search):
+            for row in vector_half(conn, model, vector, query, 10):
                 if row["distance"] > max_distance or (row["episode_id"], value) in found:
                     continue
                 episode = conn.execute(EPISODE, (row["episode_id"],)).fetchone()

@@ -10,7 +10,7 @@ whole statement to the agent's shard.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memctl.config import Settings, parse_duration
 from memctl.embedding import models
@@ -19,6 +19,9 @@ from memctl.reading.scan import query_vector, vector_where
 from memctl.reading.query import Query, context_kinds, match_query
 from memctl.reading.when import Period
 from memctl.records import filters as episode_filters
+
+if TYPE_CHECKING:
+    from memctl.db.memory import Memory
 
 # One statement per query: both halves, the context neighbours and every candidate scored by
 # both halves (so fusion never guesses the half an episode was not found by). Its parts.
@@ -197,7 +200,7 @@ class StatementParts:
     context: bool = False
     period: Period | None = None  # the period the query names: each half also runs inside it
     period_exact: int | None = None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
-    in_role: bool = False  # the connection is in an agent's role (agents.assumed): bm25.matched_in_role
+    in_role: bool = False  # the connection is in an agent's role (Memory.in_agent_role): bm25.matched_in_role
 
     @property
     def vector_runs(self) -> bool:
@@ -322,7 +325,7 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
                                   distance=distance, text_score=text_score, excluded=excluded)
 
 
-def statement_call(conn, query: Query, parts: StatementParts, settings: Settings, n: int) -> StatementCall | None:
+def statement_call(conn: Memory, query: Query, parts: StatementParts, settings: Settings, n: int) -> StatementCall | None:
     """The query's one statement, to run in a transaction with the scan set (ScanTransactions); None when no
     half can run (read_rows(None, parts) is then its answer)."""
     text, params = statement(query, parts, settings, n)

@@ -240,26 +240,27 @@ def check(request: Request, settings: Settings) -> tuple[int, float]:
     return int(max_tokens), float(min_score)
 
 
-def recall(conn, settings: Settings, request: Request) -> Recall:
+def recall(conn: Memory, request: Request) -> Recall:
     """Facts, then episodes (with their windows), then runbooks, as many whole items as the budget holds."""
-    return recall_batch(conn, settings, [request])[0]
+    return recall_batch(conn, [request])[0]
 
 
-def recall_batch(conn, settings: Settings, requests: list[Request]) -> list[Recall]:
+def recall_batch(conn: Memory, requests: list[Request]) -> list[Recall]:
     """Many recalls on one connection: their searches one search batch, the rest in shared read transactions
     (scan.ScanTransactions), the accesses counted at the end."""
+    settings = conn.settings
     from memctl.reading.scan import ScanTransactions
 
     limits = [check(r, settings) for r in requests]
     requests = scoped(conn, requests)
     form = template(settings)
     rule = window.rule(settings)
-    found = recall_episodes.find_episodes(conn, settings, requests)
+    found = recall_episodes.find_episodes(conn, requests)
     results = []
-    with ScanTransactions(conn, settings.search.ef_search) as scans:
+    with ScanTransactions(conn) as scans:
         for request, (max_tokens, min_score), episodes in zip(requests, limits, found):
             scans.begin()
-            results.append(assemble(conn, settings, request, max_tokens, min_score, form, rule, episodes))
+            results.append(assemble(conn, request, max_tokens, min_score, form, rule, episodes))
     tracked = [(i.data["agent"], episode_id) for request, result in zip(requests, results)
                if request.track and request.as_of is None
                for i in result.items if i.kind in ("episode", "window")
@@ -288,8 +289,9 @@ def scoped(conn: Memory, requests: list[Request]) -> list[Request]:
     return out
 
 
-def assemble(conn, settings: Settings, request: Request, max_tokens: int, min_score: float, form: Template,
+def assemble(conn: Memory, request: Request, max_tokens: int, min_score: float, form: Template,
               rule: window.Rule, found: recall_episodes.Episodes) -> Recall:
+    settings = conn.settings
     now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
     assert request.namespace is not None  # recall() asked the agents' registry for it
     fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)

@@ -76,8 +76,9 @@ class Episodes:
     counter: str
 
 
-def find_episodes(conn, settings: Settings, requests: list) -> list[Episodes]:
+def find_episodes(conn: Memory, requests: list) -> list[Episodes]:
     """The hybrid search of each request's observation, all in one search batch, each embedded once."""
+    settings = conn.settings
     from memctl.embedding.protocol import estimate_tokens
 
     model = models.active(conn)
@@ -92,7 +93,7 @@ def find_episodes(conn, settings: Settings, requests: list) -> list[Episodes]:
     queries = [Query(r.observation, k=min(1000, r.k * 3), agent=r.agent, mode="hybrid" if v is not None else "text",
                      until=None if r.as_of is None else r.as_of.isoformat())  # created before it (exclusive)
                for r, v in zip(requests, vectors)]
-    outcomes = search.search_batch(conn, settings, queries, vectors=vectors) if queries else []
+    outcomes = search.search_batch(conn, queries, vectors=vectors) if queries else []
     found = []
     for outcome, vector in zip(outcomes, vectors):
         outcome.warning = warning

@@ -236,11 +236,12 @@ class Blocks:
         return sorted(self.blocks, key=lambda b: b.rank)
 
 
-def around(conn, settings, hits: list, width: int, until: datetime.datetime | None = None) -> list[dict]:
+def around(conn: Memory, hits: list, width: int, until: datetime.datetime | None = None) -> list[dict]:
     """`episode search --context N`: the hits (fusion.Hit) with `width` neighbours each side by the window
     rule ([recall] window_gap), as rows in blocks (windows that meet merged), each block in time order;
     `block` numbers them from 1 in the order of their best hit, `match` marks the hits (a neighbour's
     score and ranks are None)."""
+    settings = conn.settings
     entries = [Entry(h.id, h.agent, h.kind, h.source, h.importance, h.created_at, h.content, match=True,
                      score=h.score, extra={"hit": h}) for h in hits]
     width = max(0, min(int(width), MAX_SIDE))
@@ -263,7 +264,7 @@ def around(conn, settings, hits: list, width: int, until: datetime.datetime | No
     return rows
 
 
-def episode_search(conn, settings, query, *, track: bool = True, context: int = 0,
+def episode_search(conn: Memory, query, *, track: bool = True, context: int = 0,
                    every: bool = False) -> tuple[Any, list[dict]]:
     """`memctl episode search`: the search's outcome (memctl.reading.search.Outcome) and the rows
     it prints: each hit, with every repeat of it after it (`every`: search.with_repeats), or with
@@ -273,9 +274,9 @@ def episode_search(conn, settings, query, *, track: bool = True, context: int = 
 
     if context and every:
         raise UsageError("--context and --all: choose one")
-    outcome = search.search(conn, settings, query, track=track)
+    outcome = search.search(conn, query, track=track)
     if context:
-        rows = around(conn, settings, outcome.hits, context)
+        rows = around(conn, outcome.hits, context)
     elif every:
         rows = search.with_repeats(conn, outcome.hits)
     else:

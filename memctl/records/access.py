@@ -68,14 +68,15 @@ class _Route:
             self.note(message)
 
 
-def route_to_primary(read_conn: Memory, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None) -> None:
+def route_to_primary(read_conn: Memory, open_primary: Callable[[], Any], *,
+                     note: Callable[[str], None] | None = None) -> None:
     """Write the accesses recorded on `read_conn` (a replica) through `open_primary()` instead.
 
     `open_primary` runs at most once, at the first record() with something to write; `note`
-    receives one line if it fails (the counts of this connection are then skipped). The route is kept on
-    the read connection's handle (Memory.route), and goes with it.
+    receives one line if it fails (the counts of this connection are then skipped). The route is kept by
+    the read handle (Memory.route), and goes with it.
     """
-    read_conn.route = _Route(open_primary, note)
+    read_conn.route_counts_to(_Route(open_primary, note))
 
 
 def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:

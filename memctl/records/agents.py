@@ -1,7 +1,7 @@
 """Agents as principals: the registry, each agent's PostgreSQL role, its bearer token (docs/agents.md).
 
 An agent registered here has a role of its own, named by role_name_for(): memctl's servers connect as
-the owner and assume it with SET ROLE for the agent's statements (assume()); with `agent add --login`
+the owner and assume it with SET ROLE for the agent's statements (Memory.as_agent); with `agent add --login`
 (login()) its own client may also log in as it, to read its memory with SQL. Row-level security
 (sql/0019_agents.sql, sql/0023_agent_wall.sql) keeps that role to the agent's own episodes and namespace
 and the namespaces it may read; the roles, their grants and what the server lets them do are
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, overload
 
 import psycopg
-from psycopg import sql
 
 from memctl.db import wall
 from memctl.errors import NotFound, UsageError
@@ -204,7 +203,7 @@ def scram_verifier(password: str, iterations: int = SCRAM_ITERATIONS) -> str:
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored)}:{b64(server)}"
 
 
-def login(conn, name: str, settings) -> str:
+def login(conn: Memory, name: str, settings) -> str:
     """Make the agent's role a login role with a new generated password (any earlier one stops working), a
     connection limit and its sessions' timeouts ([agents] login_*): the URL its client connects with, password
     included (the caller keeps it in a 0600 file). Its own sessions read its memory and write nothing: its writes
@@ -242,24 +241,3 @@ def revoke(conn: Memory, name: str) -> dict:
         if row is None:
             raise NotFound(f"no agent {name!r}")
     return {"name": name, **wall.retire(conn, row["role_name"])}
-
-
-def assume(conn: Memory, agent: Agent | str) -> None:
-    """Run the connection's next statements in the agent's role (an Agent or its role's name; until reset()).
-
-    The connection remembers it (assumed()): search then finds words through memctl_agent_matches
-    (sql/0022), the text index's way in under row-level security."""
-    role = agent if isinstance(agent, str) else agent.role
-    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-    conn.role = role
-
-
-def reset(conn: Memory) -> None:
-    conn.execute("RESET ROLE")
-    conn.role = None
-
-
-def assumed(conn: Memory) -> bool:
-    """Whether assume() put the connection in an agent's role. Only the way words are found depends on it:
-    a connection put in a role otherwise (psql's SET ROLE) is still kept to its rows, by the policies."""
-    return conn.role is not None

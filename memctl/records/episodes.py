@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 FIELDS = ("content", "kind", "source", "agent", "importance", "created_at", "meta")
 
 
-def add(conn, settings: Settings, content: Any, **fields: Any) -> int | None:
+def add(conn: Memory, content: Any, **fields: Any) -> int | None:
     """Store one episode through the gate; returns its id, or None when the write policy drops it (importance 0).
 
     Fields as add_episode's; a repeat is stored (and its id returned) all the same.
     """
-    return add_episode(conn, settings, content, **fields).id
+    return add_episode(conn, content, **fields).id
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Added:
     stored: admission.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
 
 
-def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
+def add_episode(conn: Memory, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
                 importance: Any = None, created_at: Any = None, meta: Any = None,
                 redactor: redact.Redactor | None = None) -> Added:
     """Store one episode through the gate, folded into the first it repeats ([episodes] fold, repeat_window).
@@ -48,6 +48,7 @@ def add_episode(conn, settings: Settings, content: Any, *, kind: Any = None, sou
     Secrets are redacted first ([redaction] mode), so none reaches the table, the chunks or the
     embedder; `redactor` (default: one from the settings) counts what was replaced.
     """
+    settings = conn.settings
     admit = gate.Gate(conn, settings, redactor)
     episode = admit.new_episode(content, kind=kind, source=source, agent=agent, importance=importance,
                                 created_at=created_at, meta=meta)
@@ -219,7 +220,7 @@ BATCH = 5000
 FIRST_BATCH = 500
 
 
-def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode], *, result: ImportResult,
+def import_episodes(conn: Memory, episodes: Iterable[gate.NewEpisode], *, result: ImportResult,
                     occurrences: identity.Occurrences | None = None,
                     refused: Callable[[gate.NewEpisode, MemctlError], None] | None = None,
                     then: Callable[[Any], None] | None = None) -> ImportResult:
@@ -231,6 +232,7 @@ def import_episodes(conn, settings: Settings, episodes: Iterable[gate.NewEpisode
     the gate refuses (blocked source, secret in block mode) is handed to it and skipped instead of failing
     the whole. `then(conn)` runs in the transaction after the last batch (ingest's cursor).
     """
+    settings = conn.settings
     occurrences = occurrences if occurrences is not None else identity.Occurrences()
     key = erased.readable_key(conn)  # each record's ledger digest is made here, beside the copy (store.copy_episodes)
     if result.redactor is None:

@@ -190,7 +190,7 @@ def validate(key: str, value: str, namespace: str, source: str | None) -> None:
     values.name(source, "source", optional=True)
 
 
-def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
+def set_fact(conn: Memory, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
              redactor: redact.Redactor | None = None, settings=None,
              valid_from: str | datetime.datetime | None = None) -> Change:
     """Set a fact through the gate: a secret in the value is redacted first, or refused (`redactor`, default:
@@ -203,7 +203,7 @@ def set_fact(conn, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, 
         return _set_in_tx(conn, fact, admit)
 
 
-def _gate(conn, redactor: redact.Redactor | None, settings, *, bulk: bool = False) -> gate.Gate:
+def _gate(conn: Memory, redactor: redact.Redactor | None, settings, *, bulk: bool = False) -> gate.Gate:
     from memctl import config, redact
     from memctl.write import gate
 
@@ -268,7 +268,7 @@ def history(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> li
 DELETE = "DELETE FROM facts WHERE namespace = %s AND key = %s"
 
 
-def delete_fact(conn, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
+def delete_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
                 settings=None) -> Change:
     from memctl.write import store
 
@@ -410,7 +410,7 @@ def _record(item: dict) -> dict:
     return record
 
 
-def import_facts(conn, records: list[dict], *, source: str | None = None,
+def import_facts(conn: Memory, records: list[dict], *, source: str | None = None,
                  redactor: redact.Redactor | None = None, settings=None) -> list[Change]:
     """Set every record in one transaction through the gate: all of them or none."""
     admit = _gate(conn, redactor, settings, bulk=True)

@@ -177,7 +177,7 @@ GET_RUN = "SELECT commit, output_tail FROM runbook_runs WHERE agent = %s AND id 
 SET_RUN = WRITER + "UPDATE runbook_runs SET commit = %s, output_tail = %s WHERE agent = %s AND id = %s"
 
 
-def fix(conn, settings, found: Scan) -> Fixed:
+def fix(conn: Memory, found: Scan) -> Fixed:
     """Rewrite every row the scan found, in one transaction; then vacuum the fact tables if history changed."""
     from psycopg.types.json import Jsonb
 
@@ -189,7 +189,7 @@ def fix(conn, settings, found: Scan) -> Fixed:
         conn.execute(locks.WRITE_LOCK)
         items = _ledger_items(conn, found, secret)
         for agent, episode_id in sorted(found.episodes):
-            _fix_episode(conn, settings, agent, episode_id, done, Jsonb)
+            _fix_episode(conn, agent, episode_id, done, Jsonb)
         for namespace, key in sorted(found.facts):
             facts.lock_key(conn, namespace, key)
             row = conn.execute(GET_FACT, (namespace, key)).fetchone()
@@ -252,7 +252,8 @@ def _reason(conn: Memory, source: str) -> str | None:
     return row["reason"] if row else None
 
 
-def _fix_episode(conn, settings, agent: str, episode_id: int, done: Fixed, Jsonb: Any) -> None:
+def _fix_episode(conn: Memory, agent: str, episode_id: int, done: Fixed, Jsonb: Any) -> None:
+    settings = conn.settings
     from memctl.write import gate, store
 
     row = conn.execute(GET_EPISODE, (agent, episode_id)).fetchone()

@@ -136,24 +136,24 @@ def _embed(texts: list[str], embed, batch: int = 32) -> list:
     return vectors
 
 
-def _ranked(conn: Memory, model: models.Model, vector, k: int, ef: int, skip: set[int]) -> list[tuple[int, float]]:
+def _ranked(conn: Memory, model: models.Model, vector, k: int, skip: set[int]) -> list[tuple[int, float]]:
     """(episode id, similarity) of the k nearest episodes, by best chunk, leaving out `skip`."""
     from memctl.reading.query import Query
     from memctl.reading.scan import vector_half
 
     best: dict[int, float] = {}
-    for row in vector_half(conn, model, vector, Query(text="compare", k=k), 4 * k + 16, ef):
+    for row in vector_half(conn, model, vector, Query(text="compare", k=k), 4 * k + 16):
         if row["episode_id"] not in skip and row["episode_id"] not in best:
             best[row["episode_id"]] = 1.0 - float(row["distance"])
     return list(best.items())[:k]
 
 
-def measure(conn, settings, model: models.Model, items: list[KnownItem], k: int) -> dict:
+def measure(conn: Memory, model: models.Model, items: list[KnownItem], k: int) -> dict:
     """recall@k and MRR of one model over the known items."""
+    settings = conn.settings
     from memctl.embedding.embedders import make_embedder
 
     embedder = make_embedder(settings, registered=model)
-    ef = settings.search.ef_search
     queries = _embed([i.query for i in items], lambda t: embedder.embed(as_queries(embedder, t)).vectors)
     held = [i for i in items if i.held_out is not None]
     documents = dict(zip(map(id, held), _embed([i.held_out or "" for i in held],  # held: not None
@@ -162,11 +162,11 @@ def measure(conn, settings, model: models.Model, items: list[KnownItem], k: int)
     for item, vector in zip(items, queries):
         if item.held_out is not None:  # its own chunks set aside, the rest of its text in their place
             target = sum(a * b for a, b in zip(vector, documents[id(item)]))
-            ahead = sum(1 for _, similarity in _ranked(conn, model, vector, k, ef, item.wanted) if similarity > target)
+            ahead = sum(1 for _, similarity in _ranked(conn, model, vector, k, item.wanted) if similarity > target)
             rank = ahead + 1 if ahead < k else None
             found = 1.0 if rank else 0.0
         else:
-            top = [episode for episode, _ in _ranked(conn, model, vector, k, ef, set())]
+            top = [episode for episode, _ in _ranked(conn, model, vector, k, set())]
             found = len(item.wanted & set(top)) / len(item.wanted)
             rank = next((i + 1 for i, episode in enumerate(top) if episode in item.wanted), None)
         recall += found
@@ -176,13 +176,13 @@ def measure(conn, settings, model: models.Model, items: list[KnownItem], k: int)
             "queries": len(items)}
 
 
-def side_by_side(conn, settings, active: models.Model, new: models.Model, items: list[KnownItem], *, k: int,
+def side_by_side(conn: Memory, active: models.Model, new: models.Model, items: list[KnownItem], *, k: int,
                  source: str, tolerance: float = TOLERANCE) -> dict:
     """Both models' figures on the same known items, and whether the new one finds less beyond `tolerance`."""
     if not items:
         return {"source": source, "k": k, "queries": 0, "active": None, "new": None, "tolerance": tolerance,
                 "worse": False, "note": "nothing to measure: no episode long enough to ask for by a part of it"}
-    old, fresh = measure(conn, settings, active, items, k), measure(conn, settings, new, items, k)
+    old, fresh = measure(conn, active, items, k), measure(conn, new, items, k)
     key = f"recall@{k}"
     worse = fresh[key] < old[key] - tolerance
     judged = source != "memory" or old[key] >= JUDGE_FLOOR

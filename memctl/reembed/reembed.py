@@ -84,12 +84,13 @@ def backfill_model(conn: Memory) -> models.Model:
 # ---------------------------------------------------------------------- start
 
 
-def start(conn, settings, *, model: str | None = None, embedder: str | None = None, dims: int | None = None,
+def start(conn: Memory, *, model: str | None = None, embedder: str | None = None, dims: int | None = None,
           halfvec: bool = False) -> dict:
     """Register `model` (default: the configured one) for backfill: its vector table, every chunk queued.
 
     Idempotent for the same model.
     """
+    settings = conn.settings
     from memctl.embedding.embedders import make_embedder
 
     active = models.require_active(conn)
@@ -174,7 +175,7 @@ def _progress_detail(model, done, total, result, phase) -> dict:
             "elapsed_s": round(result.elapsed_s, 3)}
 
 
-def run(conn, settings, *, batch_size: int, limit: int | None = None, retry_failed: bool = False,
+def run(conn: Memory, *, batch_size: int, limit: int | None = None, retry_failed: bool = False,
         progress: Callable[[dict], None] | None = None,
         on_warning: Callable[[str], None] | None = None) -> dict:
     """Backfill the new model from the stored texts, then build its index.
@@ -183,13 +184,14 @@ def run(conn, settings, *, batch_size: int, limit: int | None = None, retry_fail
     moment resumes where it stopped and no chunk is embedded twice. One `reembed run` at a
     time per model (a session advisory lock); `memctl embed` workers may help alongside.
     """
+    settings = conn.settings
     import json
 
     from memctl.embedding.embedders import make_embedder
 
     model = backfill_model(conn)
     embedder = make_embedder(settings, registered=model)
-    if not conn.execute(TRY_LOCK, (REEMBED_LOCK, model.id)).fetchone()["ok"]:
+    if not conn.one(TRY_LOCK, (REEMBED_LOCK, model.id))["ok"]:
         raise locks.foreign(locks.holder(conn, REEMBED_LOCK, model.id), "reembed run") or MemctlError(
             f"`memctl reembed run` is already running for {model.label} (backend pid {lock_holder(conn, model)})")
     try:
@@ -296,12 +298,12 @@ def _embed_all(embedder, texts: list[str], batch: int = 32) -> list:
     return vectors
 
 
-def top_episodes(conn: Memory, model: models.Model, vector, k: int, ef_search: int) -> list[int]:
+def top_episodes(conn: Memory, model: models.Model, vector, k: int) -> list[int]:
     """Vector-only top-k episode ids in one model's table (an episode counts once, by its best chunk)."""
     from memctl.reading.query import Query
     from memctl.reading.scan import vector_half
 
-    rows = vector_half(conn, model, vector, Query(text="compare", k=k), k * 4, ef_search)
+    rows = vector_half(conn, model, vector, Query(text="compare", k=k), k * 4)
     ids: list[int] = []
     for row in rows:
         if row["episode_id"] not in ids:
@@ -325,15 +327,16 @@ def known_items(conn: Memory, path: str | None, sample: int) -> tuple[list, list
     return quality.from_memory(conn, sample), plain, "memory"
 
 
-def compare(conn, settings, *, sample: int = 20, queries: str | None = None, k: int = 10,
+def compare(conn: Memory, *, sample: int = 20, queries: str | None = None, k: int = 10,
             tolerance: float = quality.TOLERANCE) -> dict:
     """recall@k and MRR of both models on known items (`queries`: a file, see memctl.reembed.quality; else
     built from the memory), and how much the top-k would change: per-query overlap of their results."""
+    settings = conn.settings
     if not 1 <= k <= 1000:
         raise UsageError(f"k must be between 1 and 1000, got {k}")
     active, new = models.require_active(conn), backfill_model(conn)
     items, plain, source = known_items(conn, queries, quality.SAMPLE)  # the figures `switch` goes by
-    measured = quality.side_by_side(conn, settings, active, new, items, k=k, source=source, tolerance=tolerance)
+    measured = quality.side_by_side(conn, active, new, items, k=k, source=source, tolerance=tolerance)
     if queries is None:
         texts = sample_queries(conn, sample)
     else:
@@ -342,14 +345,13 @@ def compare(conn, settings, *, sample: int = 20, queries: str | None = None, k: 
         return {"active": active.label, "new": new.label, "k": k, "queries": 0, "mean_overlap": None,
                 "done": _vectors(conn, new), "total": _count(conn, CHUNKS), "warning": None, "rows": [],
                 "quality": measured}
-    ef = settings.search.ef_search
     from memctl.embedding.embedders import make_embedder
 
     old_vectors = _embed_all(make_embedder(settings, registered=active), texts)
     new_vectors = _embed_all(make_embedder(settings, registered=new), texts)
     rows: list[dict[str, Any]] = []
     for text, a_vec, b_vec in zip(texts, old_vectors, new_vectors):
-        a, b = top_episodes(conn, active, a_vec, k, ef), top_episodes(conn, new, b_vec, k, ef)
+        a, b = top_episodes(conn, active, a_vec, k), top_episodes(conn, new, b_vec, k)
         rows.append({"query": text, "overlap": round(overlap(a, b), 3), "active_top": a, "new_top": b})
     done, total = _vectors(conn, new), _count(conn, CHUNKS)
     warning = None if done >= total else (f"the new model has vectors for {done} of {total} chunks: "
@@ -375,7 +377,7 @@ class WorseModel(MemctlError):
     """The new model finds less than the active one: `switch` refused (exit 1)."""
 
 
-def switch(conn, settings, *, accept_worse: bool = False, queries: str | None = None, k: int = 10,
+def switch(conn: Memory, *, accept_worse: bool = False, queries: str | None = None, k: int = 10,
            tolerance: float = quality.TOLERANCE) -> dict:
     """Make the backfilled model the active one, atomically, if it finds no less than the active one.
 
@@ -387,7 +389,7 @@ def switch(conn, settings, *, accept_worse: bool = False, queries: str | None = 
     _ready(conn, backfill_model(conn))
     active, new = models.require_active(conn), backfill_model(conn)
     items, _, source = known_items(conn, queries, quality.SAMPLE)
-    measured = quality.side_by_side(conn, settings, active, new, items, k=k, source=source, tolerance=tolerance)
+    measured = quality.side_by_side(conn, active, new, items, k=k, source=source, tolerance=tolerance)
     if not measured.get("judged", True) and not accept_worse:
         raise WorseModel(f"switch refused: {measured['note']}, or `memctl reembed switch --accept-worse` to switch "
                          f"unjudged ({quality.figures({**measured, 'judged': True})})")

@@ -121,16 +121,17 @@ class Window:
         return self.start.date().isoformat()
 
 
-def windows(conn, settings: Settings, *, older_than: str | None = None, agent: str | None = None,
+def windows(conn: Memory, *, older_than: str | None = None, agent: str | None = None,
             limit: int | None = None) -> list[Window]:
     """Windows (agent, UTC day) wholly older than older_than with episodes no summary holds yet, oldest first."""
+    settings = conn.settings
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit must be positive, got {limit}")
     kinds_ = kinds(settings)
     if not kinds_:
         raise NothingToDo("nothing to summarize: [summarize] kinds is empty and [retention] limits no kind but "
                           'summary (e.g. [retention] raw = "30d")')
-    now = conn.execute(NOW).fetchone()["now"].astimezone(UTC)
+    now = conn.one(NOW)["now"].astimezone(UTC)
     edge = now - datetime.timedelta(seconds=_older_than(settings, older_than))
     before = datetime.datetime.combine(edge.date(), datetime.time(), UTC)
     rows = conn.execute(WINDOWS, {"kinds": kinds_, "before": before, "agent": agent, "limit": limit}).fetchall()
@@ -143,11 +144,11 @@ def windows(conn, settings: Settings, *, older_than: str | None = None, agent: s
     return found
 
 
-def plan(conn, settings: Settings, **selection: Any) -> list[dict]:
+def plan(conn: Memory, **selection: Any) -> list[dict]:
     """Dry run: the windows that would be summarized, their episode counts and estimated input tokens."""
     return [{"agent": w.agent, "window_start": w.start, "window_end": w.end, "episodes": w.episodes,
              "tokens_in": math.ceil(int(w.chars) / 4), "addendum_to": w.addendum_to}
-            for w in windows(conn, settings, **selection)]
+            for w in windows(conn, **selection)]
 
 
 # --- one window ---------------------------------------------------------------
@@ -300,19 +301,20 @@ FROM summarize_input
 """
 
 
-def _write(conn, settings: Settings, name: str, window: Window, sources: int, summary: Summary) -> int | None:
+def _write(conn: Memory, name: str, window: Window, sources: int, summary: Summary) -> int | None:
     """Summary episode and lineage in one transaction; None if another run summarized these episodes meanwhile."""
+    settings = conn.settings
     from memctl.records import episodes as episodes_mod
     from memctl.write import gate, store
 
     with conn.transaction():
-        held = conn.execute(RECHECK, {"agent": window.agent}).fetchone()
+        held = conn.one(RECHECK, {"agent": window.agent})
         if held["summarized"]:
             return None
         if held["unchanged"] != sources:
             raise WindowFailed(f"{sources - held['unchanged']} source episode(s) were deleted or changed while "
                                "summarizing")
-        facts = conn.execute(INPUT_FACTS).fetchone()
+        facts = conn.one(INPUT_FACTS)
         meta = {"window_start": window.start.isoformat(), "window_end": window.end.isoformat(), "model": name,
                 "sources": sources, "repeats": facts["repeats"], "source_names": facts["source_names"] or [],
                 "kinds": facts["kinds"],
@@ -322,7 +324,7 @@ def _write(conn, settings: Settings, name: str, window: Window, sources: int, su
             meta["addendum_to"] = window.addendum_to
         header = f"Summary of {sources} episode(s) of agent {window.agent} on {window.day} (UTC):"
         try:
-            summary_id = episodes_mod.add(conn, settings, f"{header}\n{summary.text}", kind=SUMMARY_KIND,
+            summary_id = episodes_mod.add(conn, f"{header}\n{summary.text}", kind=SUMMARY_KIND,
                                           source=f"{SOURCE_PREFIX}{name}", agent=window.agent,
                                           importance=facts["importance"], created_at=window.end, meta=meta)
         except Unavailable:
@@ -343,13 +345,14 @@ class RunResult:
     skipped: int = 0  # windows another run held or finished meanwhile
 
 
-def run(conn, settings: Settings, *, older_than: str | None = None, agent: str | None = None,
+def run(conn: Memory, *, older_than: str | None = None, agent: str | None = None,
         limit: int | None = None, chat: OllamaChat | None = None) -> RunResult:
     """Summarize every due window, one transaction each; recorded as job 'summarize'.
 
     A window whose answer is no summary fails alone (listed in the result and the job's detail); Ollama down,
     slow or failing raises EmbedderUnavailable (exit 3), an unknown model UnknownModel (exit 1).
     """
+    settings = conn.settings
     from memctl.records import jobs
 
     name = model(settings)
@@ -359,8 +362,8 @@ def run(conn, settings: Settings, *, older_than: str | None = None, agent: str |
     result = RunResult()
     with jobs.record(conn, JOB) as job:
         budget = Budget.for_model(chat.context_tokens(), settings.summarize.context)
-        for window in windows(conn, settings, older_than=older_than, agent=agent, limit=limit):
-            _one(conn, settings, chat, name, budget, window, result)
+        for window in windows(conn, older_than=older_than, agent=agent, limit=limit):
+            _one(conn, chat, name, budget, window, result)
         conn.execute(DROP_SCRATCH)
         job.rows = len(result.written)
         job.detail = {"model": name, "num_ctx": budget.num_ctx, "written": result.written, "failed": result.failed,
@@ -372,9 +375,10 @@ def run(conn, settings: Settings, *, older_than: str | None = None, agent: str |
     return result
 
 
-def _one(conn, settings, chat, name, budget, window: Window, result: RunResult) -> None:
+def _one(conn: Memory, chat, name, budget, window: Window, result: RunResult) -> None:
+    settings = conn.settings
     key = f"{window.agent}/{window.day}"
-    if not conn.execute(TRY_LOCK, (LOCK_CLASS, key)).fetchone()["ok"]:
+    if not conn.one(TRY_LOCK, (LOCK_CLASS, key))["ok"]:
         refused = locks.foreign(locks.holder(conn, LOCK_CLASS, name=key), "summarize")  # an agent's session holds it
         if refused is None:
             result.skipped += 1  # another memctl summarizes this window
@@ -388,7 +392,7 @@ def _one(conn, settings, chat, name, budget, window: Window, result: RunResult) 
             result.skipped += 1
             return
         summary = summarize_window(conn, chat, budget, window.agent, window.day, input_episodes(conn, window.agent))
-        summary_id = _write(conn, settings, name, window, sources, summary)
+        summary_id = _write(conn, name, window, sources, summary)
         if summary_id is None:
             result.skipped += 1
             return
@@ -410,13 +414,14 @@ WHERE e.kind = ANY(%s) AND e.created_at < now() - make_interval(secs => %s) AND 
 """.format(unsummarized=lineage_mod.UNSUMMARIZED)
 
 
-def overdue(conn, settings: Settings | None) -> str | None:
+def overdue(conn: Memory) -> str | None:
     """A warning when episodes should have been summarized two days ago and are not (None when all is well)."""
+    settings = conn.settings if conn.has_settings else None
     if settings is None or model(settings) is None or not kinds(settings):
         return None
     after = settings.summarize.after
     late = parse_duration(after) + 86400 + OVERDUE_GRACE_S  # its whole window is past `after`, plus two runs
-    row = conn.execute(OVERDUE, (kinds(settings), late)).fetchone()
+    row = conn.one(OVERDUE, (kinds(settings), late))
     if not row["n"]:
         return None
     return (f"summaries are overdue: {row['n']} episode(s) of {', '.join(kinds(settings))} older than "

@@ -245,7 +245,7 @@ RETURNING *
 SET_EPISODE = WRITER + "UPDATE runbook_runs SET episode_id = %s WHERE agent = %s AND id = %s"
 
 
-def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: int = 1, agent: str = "default",
+def run(conn: Memory, repository: Repository, runbook: Runbook, *, from_step: int = 1, agent: str = "default",
         on_output: Callable[[bytes], None] | None = None) -> dict:
     """Run the steps from FROM_STEP in order, each through `sh -e -c`, stopping at the first failure.
 
@@ -254,6 +254,7 @@ def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: 
     their output (stdout and stderr together) goes to on_output as it comes.
     Returns the recorded run, with episode_id or episode_error.
     """
+    settings = conn.settings
     from memctl.write import gate, store
 
     admit = gate.Gate(conn, settings)
@@ -280,10 +281,10 @@ def run(conn, settings, repository: Repository, runbook: Runbook, *, from_step: 
     except BaseException:  # interrupted (Ctrl-C) or crashed: leave a finished, failed record behind
         failed = failed or runbook.steps[from_step - 1]
         tail.add(f"--- interrupted during step {failed.number}\n".encode())
-        _add_episode(conn, settings, runbook, _finish(conn, admit, record, failed, None, tail, clock))
+        _add_episode(conn, runbook, _finish(conn, admit, record, failed, None, tail, clock))
         raise
     result = _finish(conn, admit, record, failed, code if failed else None, tail, clock)
-    return _add_episode(conn, settings, runbook, result)
+    return _add_episode(conn, runbook, result)
 
 
 def _run_step(cwd: Path, runbook: Runbook, step: Step, emit: Callable[[bytes], None]) -> int:
@@ -335,7 +336,7 @@ def redact_off():
     return Redactor("off")
 
 
-def _add_episode(conn, settings, runbook: Runbook, run: dict) -> dict:
+def _add_episode(conn: Memory, runbook: Runbook, run: dict) -> dict:
     from memctl.records import episodes
 
     meta = {key: run[key] for key in ("commit", "dirty", "outcome", "from_step", "failed_step", "exit_code",
@@ -343,7 +344,7 @@ def _add_episode(conn, settings, runbook: Runbook, run: dict) -> dict:
     meta.update(runbook=runbook.name, title=runbook.title, run_id=run["id"], steps=len(runbook.steps))
     run["episode_id"], run["episode_error"] = None, None
     try:
-        run["episode_id"] = episodes.add(conn, settings, episode_text(runbook, run), kind="runbook",
+        run["episode_id"] = episodes.add(conn, episode_text(runbook, run), kind="runbook",
                                          source=f"runbook:{runbook.name}", agent=run["agent"], importance=None,
                                          meta=meta)
     except MemctlError as exc:  # the run is on the record already; the episode is its summary

@@ -115,9 +115,10 @@ def _check_header(number: int, header: dict) -> None:
                            f"this memctl {__version__} reads format {FORMAT} and older: upgrade memctl to import it")
 
 
-def import_stream(conn, settings: Settings, lines: Iterable[bytes], *,
+def import_stream(conn: Memory, lines: Iterable[bytes], *,
                   redactor: redact.Redactor | None = None) -> ImportResult:
     """Load an export in one transaction: all of it, or (on any bad line) nothing."""
+    settings = conn.settings
     import psycopg
 
     result = ImportResult(redactor=redactor if redactor is not None else redact.Redactor.from_settings(settings))
@@ -173,7 +174,7 @@ class _Described:
 
 
 class _Loader:
-    def __init__(self, conn, settings: Settings, result: ImportResult, admit: gate.Gate):
+    def __init__(self, conn: Memory, settings: Settings, result: ImportResult, admit: gate.Gate):
         self.conn, self.settings, self.result = conn, settings, result
         self.gate = admit
         # (agent, id in the file) -> id here, kept in a temporary table: memory stays flat at any size

@@ -145,7 +145,7 @@ def upgrade(old_bindir: Path, settings, *, backup: bool = True, report: Callable
 
             superuser = _superuser(old, owner)
             with db.connect(old.url(superuser)) as conn:
-                cluster = dict(conn.execute(CLUSTER).fetchone())
+                cluster = dict(conn.one(CLUSTER))
                 if backup:
                     from memctl.upgrade import migrating
 

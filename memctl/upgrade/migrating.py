@@ -37,7 +37,7 @@ class Outcome:
     holds_memory: bool = False
 
 
-def run(conn, url: str, settings, *, backup: bool = True, dry_run: bool = False,
+def run(conn: Memory, url: str, settings, *, backup: bool = True, dry_run: bool = False,
         report: Callable[[str], None] | None = None, directory: Path | None = None) -> Outcome:
     """Migrate the database `conn` is connected to (at `url`), a verified backup first when it holds memory."""
     from memctl.backup import backup as backup_mod

@@ -135,7 +135,7 @@ class Gate:
     file's records from it were accepted where they were written and are restored as they were.
     """
 
-    def __init__(self, conn, settings, redactor: redact.Redactor | None = None, *, bulk: bool = False):
+    def __init__(self, conn: Memory, settings, redactor: redact.Redactor | None = None, *, bulk: bool = False):
         self.conn, self.settings = conn, settings
         from memctl import redact  # imported by writes only: reading checks values with the gate, never redacts
 
@@ -190,14 +190,9 @@ class Gate:
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """The write's transaction, committed once confirm() finds none of its sources blocked (writing_on)."""
-        with self.conn.transaction():
-            open_gates = self.conn.gates  # the gates in their writing() on it (Memory.gates), gone with it
-            open_gates.append(self)
-            try:
-                yield
-                self.confirm()
-            finally:
-                open_gates.remove(self)
+        with self.conn.transaction(), self.conn.gate_open(self):
+            yield
+            self.confirm()
 
     def covers(self, source: str | None) -> bool:
         """Whether confirm() looks at `source` again: one this gate allowed (all of them past SOURCES_KEPT)."""

@@ -95,7 +95,7 @@ def load_words(url: str, settings, n: int, agent_of) -> None:
                          "agent": agent_of(i), "kind": "observation"}).encode() for i in range(n))
     with db.connect(url) as conn:
         result = episodes.ImportResult()
-        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+        episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                       result=result), result=result)
 
 

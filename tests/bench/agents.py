@@ -6,7 +6,7 @@ analyzed. Printed side by side, from one run:
 
   1. the same hybrid search for agent a0 through the library, on one connection in a0's role (SET
      ROLE: row-level security applies) and on one as the owner (it does not), alternating
-     --calls times: ratio role / owner (goal <= 1.15). In the role (agents.assume), words are found
+     --calls times: ratio role / owner (goal <= 1.15). In the role (Memory.as_agent), words are found
      through memctl_agent_matches (sql/0022, docs/agents.md): `@@` is not LEAKPROOF, so under
      row-level security the text index could not serve it (before 0022: 3.14 at 50k episodes, the
      counts of the query's rare words being sequential scans of the agent's episodes). Measured at
@@ -188,21 +188,21 @@ def main() -> None:
               f"{time.perf_counter() - started:.0f} s")
 
         with db.connect(url, vector=True) as owner, db.connect(url, vector=True) as role:
-            agents.assume(role, agents.show(owner, "a0"))
+            role.as_agent(agents.show(owner, "a0").role)
             def run(conn) -> float:
                 start = time.perf_counter()
-                outcome = search.search(conn, settings, Query(QUERY, k=10, agent="a0"), track=False)
+                outcome = search.search(conn.use_settings(settings), Query(QUERY, k=10, agent="a0"), track=False)
                 if outcome.warning or not outcome.hits or {h.agent for h in outcome.hits} != {"a0"}:
                     raise SystemExit(f"the search degraded, came back empty or left a0: {outcome.warning}")
                 return time.perf_counter() - start
             def text(conn) -> float:
                 start = time.perf_counter()
-                search.search(conn, settings, Query(QUERY, k=10, agent="a0", mode="text"), track=False)
+                search.search(conn.use_settings(settings), Query(QUERY, k=10, agent="a0", mode="text"), track=False)
                 return time.perf_counter() - start
 
             def write(conn, i: int) -> float:
                 start = time.perf_counter()
-                episodes.add(conn, settings, f"{random.choice(WORDS)} write {i} {QUERY}", agent="a0")
+                episodes.add(conn.use_settings(settings), f"{random.choice(WORDS)} write {i} {QUERY}", agent="a0")
                 return time.perf_counter() - start
 
             for i in range(5):

@@ -52,7 +52,7 @@ def import_rows(url: str, settings, rows: list[dict]) -> float:
     with db.connect(url) as conn:
         result = episodes.ImportResult()
         lines = [json.dumps(r).encode() for r in rows]
-        seconds, _ = timed(lambda: episodes.import_episodes(conn, settings, episodes.parse_jsonl(
+        seconds, _ = timed(lambda: episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(
             settings, lines, skip_invalid=False, result=result), result=result))
         assert result.imported == len(rows), result
     return seconds
@@ -101,7 +101,7 @@ def search_times(url: str, settings, questions: list[str], vectors: list, agent:
                 query = Query(text, k=5, agent=agent, mode=mode)
                 start = time.perf_counter()
                 try:
-                    search.search(conn, settings, query, vector=vector)
+                    search.search(conn.use_settings(settings), query, vector=vector)
                 except Exception as exc:  # noqa: BLE001 - reported, not hidden: the bench goes on
                     return [f"{type(exc).__name__}: {str(exc).splitlines()[0]}"]
                 times.append(time.perf_counter() - start)

@@ -52,9 +52,9 @@ def main() -> None:
     with server(args.database_url) as admin, fresh_database(admin) as url, db.connect(url, vector=True) as conn:
         result = episodes.ImportResult()
         lines = (json.dumps({"content": t}).encode() for t in texts)
-        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+        episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                       result=result), result=result)
-        ours, (runs, _warnings) = timed(worker.work, conn, settings, embedder, batch_size=args.batch_size)
+        ours, (runs, _warnings) = timed(worker.work, conn, embedder, batch_size=args.batch_size)
         done = sum(r.chunks for r in runs)
         assert done == args.chunks, f"worker embedded {done} of {args.chunks}"
     after, _ = timed(direct)

@@ -76,7 +76,7 @@ def load(url: str, settings, embedder, texts: list[str], vectors: list[list[floa
     with db.connect(url, vector=True) as conn:
         lines = (json.dumps({"content": t, "agent": f"agent{i % 3}"}).encode() for i, t in enumerate(texts))
         result = episodes.ImportResult()
-        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+        episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                       result=result), result=result)
         model = models.register(conn, embedder, state="active", build_index=True)
         conn.execute("DELETE FROM embed_queue")

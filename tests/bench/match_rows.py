@@ -273,14 +273,14 @@ def run(conn, queries, compared, rules: Rules, warm: int = 7):
     for (_, text), vector in list(zip(queries, vectors))[::max(1, len(queries) // warm)]:  # warm every path
         for _, settings, rule in compared:
             rules.rule = rule
-            search.search(conn, settings, Query(text, k=10), vector=vector)
+            search.search(conn.use_settings(settings), Query(text, k=10), vector=vector)
     for i, ((cls, text), vector) in enumerate(zip(queries, vectors)):
         order = compared[i % len(compared):] + compared[:i % len(compared)]
         outcomes = {}
         for label, settings, rule in order:
             rules.rule = rule
             started = time.perf_counter()
-            outcomes[label] = search.search(conn, settings, Query(text, k=10), vector=vector)
+            outcomes[label] = search.search(conn.use_settings(settings), Query(text, k=10), vector=vector)
             times[label].setdefault(cls, []).append(time.perf_counter() - started)
         rules.rule = []
         truth = outcomes["unbounded"].hits

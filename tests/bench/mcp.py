@@ -103,7 +103,7 @@ def main() -> None:
         fresh = [wall(cli, env) for _ in range(args.runs)]
         with db.connect(url, vector=True) as conn:
             def library():
-                outcome = search.search(conn, settings, Query(QUERY, k=5, agent="a"), track=True)
+                outcome = search.search(conn.use_settings(settings), Query(QUERY, k=5, agent="a"), track=True)
                 if outcome.warning or len(outcome.hits) != 5:
                     raise SystemExit(f"the library search degraded or came short: {outcome.warning}")
 

@@ -79,14 +79,13 @@ def inside(url: str) -> dict[str, float]:
     from memctl import config, db
     from memctl.observe import metrics, status
 
-    settings = config.load()
-    with db.connect(url) as conn:
+    with db.connect(url, settings=config.load()) as conn:
         for _ in range(2):
-            seconds, report = timed(status.collect, conn, settings)
+            seconds, report = timed(status.collect, conn)
             parts = {"status.collect (what memctl status runs)": seconds,
                      "metrics.size_figures (memctl size's relations, growth)": timed(metrics.size_figures, conn)[0],
                      "metrics.groups (per kind and agent)": timed(metrics.groups, conn, report["episodes"])[0],
-                     "metrics.collect (all of it)": timed(metrics.collect, conn, settings)[0]}
+                     "metrics.collect (all of it)": timed(metrics.collect, conn)[0]}
     return parts
 
 

@@ -31,13 +31,14 @@ SPAN = datetime.timedelta(days=3 * 365)
 
 
 def load(conn, settings, n: int, rng: random.Random):
+    conn.use_settings(settings)
     from memctl.embedding import models
     from memctl.records import episodes
 
     lines = (json.dumps({"content": sentence(rng, rng.randint(12, 30)), "agent": "ops",
                          "created_at": (END - SPAN * (i / n)).isoformat()}).encode() for i in range(n))
     result = episodes.ImportResult()
-    episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+    episodes.import_episodes(conn, episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                   result=result), result=result)
     model, centers = clustered_vectors(conn)
     conn.execute("SET maintenance_work_mem = '1GB'")
@@ -47,13 +48,14 @@ def load(conn, settings, n: int, rng: random.Random):
 
 
 def per_query_ms(conn, settings, queries, vectors) -> float:
+    conn.use_settings(settings)
     from memctl.reading import search
 
     # warm, and prepared: the whole batch once, so the run timed after it reads what the first read from disk
     # (a warm-up of five made the first of two runs over one period twice the second's time, at 1M)
-    search.search_batch(conn, settings, queries, vectors=vectors)
+    search.search_batch(conn, queries, vectors=vectors)
     started = time.perf_counter()
-    search.search_batch(conn, settings, queries, vectors=vectors)
+    search.search_batch(conn, queries, vectors=vectors)
     return 1000 * (time.perf_counter() - started) / len(queries)
 
 

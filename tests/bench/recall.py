@@ -44,6 +44,7 @@ def sentence(rng: random.Random, i: int) -> str:
 
 
 def load(conn, settings, n: int, real: int) -> None:
+    conn.use_settings(settings)
     from pgvector import Vector
     from psycopg import sql
 
@@ -57,7 +58,7 @@ def load(conn, settings, n: int, real: int) -> None:
                          "created_at": f"2026-{1 + i % 11:02d}-{1 + i % 28:02d}T12:00:00Z"}).encode()
              for i in range(n))
     result = episodes.ImportResult()
-    episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False, result=result),
+    episodes.import_episodes(conn, episodes.parse_jsonl(settings, lines, skip_invalid=False, result=result),
                              result=result)
     embedder = LocalEmbedder()
     model = models.register(conn, embedder, state="active", build_index=False)

@@ -168,7 +168,7 @@ def in_process(env: dict, scratch: Path, asks, wanted, splits, variants: list[st
         conn = db.connect(env["MEMCTL_DATABASE_URL"], vector=True)
         requests = [recall.Request(q, agent=a, k=100, track=False) for a, q in asks]
         started = time.perf_counter()
-        found = recall_episodes.find_episodes(conn, settings, requests)
+        found = recall_episodes.find_episodes(conn.use_settings(settings), requests)
         print(f"  (the {len(requests)} searches, k 300: {time.perf_counter() - started:.0f} s)", flush=True)
         for variant in variants:
             write_config(scratch / "memctl.toml", variant)

@@ -61,15 +61,15 @@ def main() -> None:
     with server(args.database_url) as admin, fresh_database(admin) as url, db.connect(url, vector=True) as conn:
         result = episodes.ImportResult()
         lines = (json.dumps({"content": t}).encode() for t in texts)
-        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+        episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                       result=result), result=result)
-        worker.work(conn, settings, make_embedder(settings), batch_size=256)
-        reembed.start(conn, settings, model=target_model, embedder=name)
+        worker.work(conn.use_settings(settings), make_embedder(settings), batch_size=256)
+        reembed.start(conn.use_settings(settings), model=target_model, embedder=name)
         for number, start in enumerate(range(0, n, step)):
             part = texts[start:start + step]
             if number % 2:
                 base += timed(direct, part)[0]
-            spent, report = timed(reembed.run, conn, settings, batch_size=args.batch_size, limit=len(part))
+            spent, report = timed(reembed.run, conn, batch_size=args.batch_size, limit=len(part))
             if not number % 2:
                 base += timed(direct, part)[0]
             assert report["chunks"] == len(part), report

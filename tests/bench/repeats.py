@@ -100,14 +100,14 @@ def load(url: str, rows: list[dict], fold: bool) -> dict:
     settings.episodes.fold = fold
     lines = [json.dumps(r).encode() for r in rows]
     with db.connect(url, vector=True) as conn:
-        worker.work(conn, settings, HashEmbedder(), batch_size=64)  # the model first: every chunk is queued
+        worker.work(conn.use_settings(settings), HashEmbedder(), batch_size=64)  # the model first: every chunk is queued
         result = episodes.ImportResult()
         started = time.perf_counter()
-        episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+        episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                       result=result), result=result)
         elapsed = time.perf_counter() - started
         queued = conn.execute("SELECT count(*) AS n FROM embed_queue").fetchone()["n"]
-        runs, _ = worker.work(conn, settings, HashEmbedder(), batch_size=256)
+        runs, _ = worker.work(conn.use_settings(settings), HashEmbedder(), batch_size=256)
         stored = conn.execute("SELECT count(*) AS rows, count(*) FILTER (WHERE repeat_of IS NULL) AS firsts "
                               "FROM episodes").fetchone()
         return {"rows": stored["rows"], "firsts": stored["firsts"], "folded": result.folded, "chunks": queued,
@@ -117,12 +117,13 @@ def load(url: str, rows: list[dict], fold: bool) -> dict:
 
 def top10(conn, settings) -> list[tuple[int, int]]:
     """(distinct normalized texts, hits) in the top 10 of each question: the hook for the read side's folding."""
+    conn.use_settings(settings)
     from memctl.reading import query as query_mod, search as search_mod
     from memctl.write import repeats
 
     found = []
     for text in QUESTIONS:
-        hits = search_mod.search(conn, settings, query_mod.Query(text, k=10, agent="ops"), track=False).hits
+        hits = search_mod.search(conn, query_mod.Query(text, k=10, agent="ops"), track=False).hits
         ids = [h.id for h in hits]
         rows = conn.execute("SELECT count(*) AS n FROM episodes WHERE id = ANY(%s) AND repeat_of IS NOT NULL",
                             (ids,)).fetchone()["n"]

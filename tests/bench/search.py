@@ -76,6 +76,7 @@ def sentence(rng: random.Random, words: int) -> str:
 
 
 def load(conn, settings, n: int, rng: random.Random) -> tuple:
+    conn.use_settings(settings)
     from memctl.embedding import models
     from memctl.records import episodes
 
@@ -84,7 +85,7 @@ def load(conn, settings, n: int, rng: random.Random) -> tuple:
                          "agent": agents[i % 10]}).encode() for i in range(n))
     result = episodes.ImportResult()
     started = time.perf_counter()
-    episodes.import_episodes(conn, settings, episodes.parse_jsonl(settings, lines, skip_invalid=False,
+    episodes.import_episodes(conn, episodes.parse_jsonl(settings, lines, skip_invalid=False,
                                                                   result=result), result=result)
     model, centers = clustered_vectors(conn)
     loaded = time.perf_counter() - started
@@ -173,18 +174,19 @@ def compare(ours: list[str], base: list[str], env: dict, runs: int, against: Pat
 
 
 def per_query(conn, settings, model, texts, vectors) -> None:
+    conn.use_settings(settings)
     from memctl.reading import search
     from memctl.reading.query import Query
 
     # the bare query's ef_search as memctl's (a top-50 needs ef_search >= 50; pgvector's default is 40)
     conn.execute("SELECT set_config('hnsw.ef_search', %s, false)", (str(settings.search.ef_search),))
     for text, vector in list(zip(texts, vectors))[:5]:  # warm caches for every path
-        search.search(conn, settings, Query(text, k=10), vector=vector)
+        search.search(conn, Query(text, k=10), vector=vector)
         bare(conn, model, vector)
     ours, base, old = [], [], []
     for text, vector in zip(texts, vectors):
         t = time.perf_counter()
-        search.search(conn, settings, Query(text, k=10), vector=vector)
+        search.search(conn, Query(text, k=10), vector=vector)
         ours.append(time.perf_counter() - t)
         t = time.perf_counter()
         bare(conn, model, vector)
@@ -216,9 +218,9 @@ def filtered_recall(conn, model, centers, ef: int, candidates: int) -> None:
     gen = np.random.default_rng(12)
     for vector in (query_vector(centers, gen) for _ in range(50)):
         q = Query("x", k=10, agent="agent3", mode="vector")
-        approx = {r["chunk_id"] for r in vector_half(conn, model, vector, q, 10, ef)}
+        approx = {r["chunk_id"] for r in vector_half(conn, model, vector, q, 10)}
         # as search runs it: the vector half's `candidates` nearest, of which the best 10
-        deeper = [r["chunk_id"] for r in vector_half(conn, model, vector, q, candidates, ef)][:10]
+        deeper = [r["chunk_id"] for r in vector_half(conn, model, vector, q, candidates)][:10]
         with conn.transaction():
             conn.execute("SET LOCAL enable_indexscan = off")
             exact = {r["chunk_id"] for r in conn.execute(exact_sql("WHERE agent = %s"), ("agent3", Vector(vector)))}
