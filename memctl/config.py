@@ -14,9 +14,34 @@ from typing import Any, overload
 
 from memctl.errors import ConfigError
 from memctl.schema import (  # noqa: F401  (the configuration's API: memctl.config.Settings, parse_duration, ...)
-    DEFAULT_IMPORTANCE, ENV_OVERRIDES, FREE_SECTIONS, INT_MAX, JOB_LOG_MIN, MAX_DURATION, MAX_DURATION_S,
-    RETENTION_DEFAULTS, RETENTION_SPECIAL, SCHEMA, SECTIONS, Backup, Chunking, Database, DurationTooLong, Embedding,
-    Episodes, Limits, Metrics, Recall, Redaction, Schedule, Search, Setting, Settings, Summarize, parse_duration)
+    DEFAULT_IMPORTANCE,
+    ENV_OVERRIDES,
+    FREE_SECTIONS,
+    INT_MAX,
+    JOB_LOG_MIN,
+    MAX_DURATION,
+    MAX_DURATION_S,
+    RETENTION_DEFAULTS,
+    RETENTION_SPECIAL,
+    SCHEMA,
+    SECTIONS,
+    Backup,
+    Chunking,
+    Database,
+    DurationTooLong,
+    Embedding,
+    Episodes,
+    Limits,
+    Metrics,
+    Recall,
+    Redaction,
+    Schedule,
+    Search,
+    Setting,
+    Settings,
+    Summarize,
+    parse_duration,
+)
 
 
 def config_path() -> Path:
@@ -105,9 +130,13 @@ def load(path: Path | None = None, *, environ: dict[str, str] | None = None) -> 
     for kind in DEFAULT_IMPORTANCE:
         settings.origins[("importance", kind)] = "default"
     if settings.file_exists:
-        file_values, problems = _validate(_read_file(path, "MEMCTL_CONFIG" if from_env else None), path)
+        file_values, problems = _validate(
+            _read_file(path, "MEMCTL_CONFIG" if from_env else None), path
+        )
         if problems:
-            raise ConfigError(f"{len(problems)} problem(s) in the configuration:\n  " + "\n  ".join(problems))
+            raise ConfigError(
+                f"{len(problems)} problem(s) in the configuration:\n  " + "\n  ".join(problems)
+            )
         for section, keys in file_values.items():
             for key, value in keys.items():
                 settings.assign(section, key, value)
@@ -129,10 +158,12 @@ _URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@?#]*:)[^\s]*@")
 # A secret in a URL's query string: ?password=...&..., up to the next & or # or space.
 _QUERY_SECRET = re.compile(
     r"([?&](?:ssl)?(?:password|passwd|pwd)=|[?&](?:token|api[_-]?key|access[_-]?token|secret)=)[^&#\s]*",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 # A libpq key=value string: password=secret or password='it''s quoted'.
-_KEYWORD_SECRET = re.compile(r"(?<![\w?&.-])((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'][^\s]*)",
-                             re.IGNORECASE)
+_KEYWORD_SECRET = re.compile(
+    r"(?<![\w?&.-])((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'][^\s]*)", re.IGNORECASE
+)
 
 
 @overload
@@ -164,13 +195,17 @@ def shown_settings(settings: Settings) -> list[dict[str, Any]]:
     """Rows for `config show`: every setting of the schema and of [importance] and [retention], secrets masked."""
     rows = []
     retention = {**RETENTION_DEFAULTS, **settings.retention}
-    given = {(section, key): value for section, key, value in settings.items() if section != "retention"}
+    given = {
+        (section, key): value for section, key, value in settings.items() if section != "retention"
+    }
     given.update({("retention", key): value for key, value in retention.items()})
     for (section, key), value in sorted(given.items()):
         if isinstance(value, str):  # every URL or DSN-valued setting, whatever its name
             value = _mask_setting(value)
         name = f"{section}.{key}" if section else key
-        origin = settings.origins.get((section, key), "file" if key in settings.retention else "default")
+        origin = settings.origins.get(
+            (section, key), "file" if key in settings.retention else "default"
+        )
         rows.append({"setting": name, "value": value, "origin": origin})
     return rows
 
@@ -179,15 +214,31 @@ def shown_settings(settings: Settings) -> list[dict[str, Any]]:
 # `python -c 'from memctl import config; print(config.reference())'` prints it. [importance] and [retention] take
 # any kind as a key: their lines are these examples.
 FREE_EXAMPLES = {
-    "importance": ("default importance per kind; 0 = not stored at all",
-                   [*((kind, str(value), "") for kind, value in DEFAULT_IMPORTANCE.items()),
-                    ("default", "5", "kinds not listed")]),
-    "retention": ("maximum age per kind; kinds not named are kept",
-                  [("raw", '"30d"', ""), ("summary", '"365d"', ""),
-                   ("keep_importance", "9", "not a kind: importance >= 9 is kept whatever its age"),
-                   ("jobs", f'"{RETENTION_DEFAULTS["jobs"]}"',
-                    f"not a kind: the job log's age (jobs, runbook runs); at least {JOB_LOG_MIN}"),
-                   ("require_summary", "true", "with [summarize] model set, prune keeps what no summary holds yet")]),
+    "importance": (
+        "default importance per kind; 0 = not stored at all",
+        [
+            *((kind, str(value), "") for kind, value in DEFAULT_IMPORTANCE.items()),
+            ("default", "5", "kinds not listed"),
+        ],
+    ),
+    "retention": (
+        "maximum age per kind; kinds not named are kept",
+        [
+            ("raw", '"30d"', ""),
+            ("summary", '"365d"', ""),
+            ("keep_importance", "9", "not a kind: importance >= 9 is kept whatever its age"),
+            (
+                "jobs",
+                f'"{RETENTION_DEFAULTS["jobs"]}"',
+                f"not a kind: the job log's age (jobs, runbook runs); at least {JOB_LOG_MIN}",
+            ),
+            (
+                "require_summary",
+                "true",
+                "with [summarize] model set, prune keeps what no summary holds yet",
+            ),
+        ],
+    ),
 }
 _COMMENT_AT, _WIDTH = 29, 116
 
@@ -218,11 +269,18 @@ def reference() -> str:
     sections = [*SCHEMA, *FREE_EXAMPLES]
     for section in sections:
         if section:
-            doc = (SECTIONS[section].__doc__ or "").partition(": ")[2] if section in SECTIONS \
+            doc = (
+                (SECTIONS[section].__doc__ or "").partition(": ")[2]
+                if section in SECTIONS
                 else FREE_EXAMPLES[section][0]
+            )
             out += ["", *_line(f"[{section}]", doc.strip())]
         if section in FREE_EXAMPLES:
-            out += [line for key, value, doc in FREE_EXAMPLES[section][1] for line in _line(f"{key} = {value}", doc)]
+            out += [
+                line
+                for key, value, doc in FREE_EXAMPLES[section][1]
+                for line in _line(f"{key} = {value}", doc)
+            ]
             continue
         for spec in SCHEMA[section].values():
             doc = spec.doc + (f"; or {spec.env}" if spec.env else "")

@@ -6,7 +6,9 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_NOT_FOUND = 4
 EXIT_DISK_FULL = 5
-EXIT_SCHEMA_CHANGED = 75  # EX_TEMPFAIL: the schema changed under this process; the systemd units restart it
+EXIT_SCHEMA_CHANGED = (
+    75  # EX_TEMPFAIL: the schema changed under this process; the systemd units restart it
+)
 
 
 class MemctlError(Exception):
@@ -78,24 +80,32 @@ class DiskFull(MemctlError):
 
     def __init__(self, disk: str, what: str = ""):
         self.disk = disk
-        super().__init__(f"disk full: {disk} has no space left{f' ({what})' if what else ''}; nothing was half "
-                         "written: free space there, then run the command again")
+        super().__init__(
+            f"disk full: {disk} has no space left{f' ({what})' if what else ''}; nothing was half "
+            "written: free space there, then run the command again"
+        )
 
     @classmethod
     def output(cls, path: str) -> "DiskFull":
         """Standard output was a file (the shell's redirect) on the disk that filled: that file is cut short."""
         error = cls.__new__(cls)
         error.disk = f"the disk holding {path}"
-        MemctlError.__init__(error, f"disk full: the disk holding {path} (standard output) has no space left; what "
-                                    f"was written to {path} is cut short (your shell created it, memctl cannot "
-                                    "remove it): free space there, then run the command again")
+        MemctlError.__init__(
+            error,
+            f"disk full: the disk holding {path} (standard output) has no space left; what "
+            f"was written to {path} is cut short (your shell created it, memctl cannot "
+            "remove it): free space there, then run the command again",
+        )
         return error
 
     @classmethod
     def at(cls, path, what: str = "") -> "DiskFull":
         """The disk holding PATH, named by the path and the mount point of its filesystem."""
         mount = mount_point(path)
-        return cls(f"the disk holding {path}" + (f" (the filesystem mounted at {mount})" if mount else ""), what)
+        return cls(
+            f"the disk holding {path}" + (f" (the filesystem mounted at {mount})" if mount else ""),
+            what,
+        )
 
 
 def mount_point(path) -> str | None:
@@ -107,7 +117,10 @@ def mount_point(path) -> str | None:
         current = os.path.dirname(current)
     try:
         device = os.stat(current).st_dev
-        while current != os.path.dirname(current) and os.stat(os.path.dirname(current)).st_dev == device:
+        while (
+            current != os.path.dirname(current)
+            and os.stat(os.path.dirname(current)).st_dev == device
+        ):
             current = os.path.dirname(current)
     except OSError:
         return None

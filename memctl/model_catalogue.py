@@ -10,13 +10,30 @@ from __future__ import annotations
 
 # Native dimensions, by Ollama's name (`:latest` is the same model).
 KNOWN_DIMS = {
-    "all-minilm": 384, "bge-small": 384, "bge-small-en-v1.5": 384, "snowflake-arctic-embed:s": 384,
-    "nomic-embed-text": 768, "embeddinggemma": 768, "snowflake-arctic-embed:m": 768,
-    "mxbai-embed-large": 1024, "bge-m3": 1024, "snowflake-arctic-embed": 1024, "snowflake-arctic-embed:l": 1024,
-    "qwen3-embedding:0.6b": 1024, "qwen3-embedding:4b": 2560, "qwen3-embedding:8b": 4096,
-    "multilingual-e5-small": 384, "multilingual-e5-base": 768, "multilingual-e5-large": 1024,
-    "e5-small-v2": 384, "e5-base-v2": 768, "e5-large-v2": 1024, "bge-large": 1024, "snowflake-arctic-embed2": 1024,
-    "text-embedding-3-small": 1536, "text-embedding-3-large": 3072,
+    "all-minilm": 384,
+    "bge-small": 384,
+    "bge-small-en-v1.5": 384,
+    "snowflake-arctic-embed:s": 384,
+    "nomic-embed-text": 768,
+    "embeddinggemma": 768,
+    "snowflake-arctic-embed:m": 768,
+    "mxbai-embed-large": 1024,
+    "bge-m3": 1024,
+    "snowflake-arctic-embed": 1024,
+    "snowflake-arctic-embed:l": 1024,
+    "qwen3-embedding:0.6b": 1024,
+    "qwen3-embedding:4b": 2560,
+    "qwen3-embedding:8b": 4096,
+    "multilingual-e5-small": 384,
+    "multilingual-e5-base": 768,
+    "multilingual-e5-large": 1024,
+    "e5-small-v2": 384,
+    "e5-base-v2": 768,
+    "e5-large-v2": 1024,
+    "bge-large": 1024,
+    "snowflake-arctic-embed2": 1024,
+    "text-embedding-3-small": 1536,
+    "text-embedding-3-large": 3072,
 }
 # Context windows (tokens), by the model's name before any `:tag`.
 KNOWN_CONTEXT_TOKENS = {
@@ -27,9 +44,16 @@ KNOWN_CONTEXT_TOKENS = {
     "bge-m3": 8192,
     "embeddinggemma": 2048,
     "qwen3-embedding": 32768,
-    "multilingual-e5-small": 512, "multilingual-e5-base": 512, "multilingual-e5-large": 512,
-    "e5-small-v2": 512, "e5-base-v2": 512, "e5-large-v2": 512,
-    "bge-large": 512, "bge-small": 512, "bge-small-en-v1.5": 512, "snowflake-arctic-embed2": 8192,
+    "multilingual-e5-small": 512,
+    "multilingual-e5-base": 512,
+    "multilingual-e5-large": 512,
+    "e5-small-v2": 512,
+    "e5-base-v2": 512,
+    "e5-large-v2": 512,
+    "bge-large": 512,
+    "bge-small": 512,
+    "bge-small-en-v1.5": 512,
+    "snowflake-arctic-embed2": 8192,
 }
 # The models `memctl size --estimate` shows when none is named: (model, dims, note).
 COMMON_MODELS = [
@@ -63,11 +87,17 @@ INSTRUCTIONS = {
     "nomic-embed-text": ("search_query: ", "search_document: "),
     # https://huggingface.co/intfloat/multilingual-e5-small ("Each input text should start with
     # 'query: ' or 'passage: '"); the same on the e5-*-v2 and multilingual-e5-base/large cards.
-    "multilingual-e5-small": _E5, "multilingual-e5-base": _E5, "multilingual-e5-large": _E5,
-    "e5-small-v2": _E5, "e5-base-v2": _E5, "e5-large-v2": _E5,
+    "multilingual-e5-small": _E5,
+    "multilingual-e5-base": _E5,
+    "multilingual-e5-large": _E5,
+    "e5-small-v2": _E5,
+    "e5-base-v2": _E5,
+    "e5-large-v2": _E5,
     # https://huggingface.co/BAAI/bge-small-en-v1.5 and bge-large-en-v1.5 ("add instruction to query,
     # no instruction for passages"); Ollama's bge-large is bge-large-en-v1.5.
-    "bge-small": (_BGE_QUERY, ""), "bge-small-en-v1.5": (_BGE_QUERY, ""), "bge-large": (_BGE_QUERY, ""),
+    "bge-small": (_BGE_QUERY, ""),
+    "bge-small-en-v1.5": (_BGE_QUERY, ""),
+    "bge-large": (_BGE_QUERY, ""),
     # https://huggingface.co/mixedbread-ai/mxbai-embed-large-v1 ("Represent this sentence for searching
     # relevant passages: " before a query; documents as they are), https://ollama.com/library/mxbai-embed-large
     "mxbai-embed-large": (_BGE_QUERY, ""),
@@ -82,8 +112,11 @@ INSTRUCTIONS = {
     "embeddinggemma": ("task: search result | query: ", "title: none | text: "),
     # https://huggingface.co/Qwen/Qwen3-Embedding-0.6B (queries as f"Instruct: {task}\nQuery:{query}",
     # documents without instruction; the card's example task), https://ollama.com/library/qwen3-embedding
-    "qwen3-embedding": ("Instruct: Given a web search query, retrieve relevant passages that answer the query\n"
-                        "Query:", ""),
+    "qwen3-embedding": (
+        "Instruct: Given a web search query, retrieve relevant passages that answer the query\n"
+        "Query:",
+        "",
+    ),
 }
 
 

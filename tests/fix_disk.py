@@ -16,7 +16,9 @@ def full_disk(tmp_path):
         pytest.skip("needs root to mount a size-limited tmpfs")
     mount = tmp_path / "full"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
         yield Disk(mount)
@@ -29,4 +31,6 @@ class Disk:
         self.path = path
 
     def fill(self) -> None:
-        subprocess.run(["dd", "if=/dev/zero", f"of={self.path}/filler", "bs=64k"], capture_output=True)
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={self.path}/filler", "bs=64k"], capture_output=True
+        )

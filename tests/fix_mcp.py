@@ -108,8 +108,13 @@ def http_server():
 def _http_server(env: dict, log: Path):
     port = free_port()
     with open(log, "a") as err:
-        proc = subprocess.Popen([memctl_exe(), "mcp", "--http", f"127.0.0.1:{port}"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **env})
+        proc = subprocess.Popen(
+            [memctl_exe(), "mcp", "--http", f"127.0.0.1:{port}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, **env},
+        )
     try:
         deadline = time.monotonic() + 60
         while True:

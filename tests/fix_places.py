@@ -28,7 +28,17 @@ WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p'
               AND a.attname IN ('agent', 'namespace') AND NOT a.attisdropped)
 ORDER BY 1
 """
-TEXT_TYPES = ("text", "text[]", "character varying", "character", "json", "jsonb", "tsvector", "bytea", "name")
+TEXT_TYPES = (
+    "text",
+    "text[]",
+    "character varying",
+    "character",
+    "json",
+    "jsonb",
+    "tsvector",
+    "bytea",
+    "name",
+)
 
 
 class Places:
@@ -49,7 +59,8 @@ class Places:
         found = []
         for col in (c for c in self.columns() if c["type"] in TEXT_TYPES):
             query = sql.SQL("SELECT count(*) AS n FROM {t} WHERE strpos({c}::text, %s) > 0").format(
-                t=sql.Identifier(col["table"]), c=sql.Identifier(col["column"]))
+                t=sql.Identifier(col["table"]), c=sql.Identifier(col["column"])
+            )
             if self.conn.execute(query, (text,)).fetchone()["n"]:
                 found.append(f"{col['table']}.{col['column']}")
         return found
@@ -59,8 +70,9 @@ class Places:
         digests = [hashlib.sha256(t.encode()).digest() for t in texts]
         found = []
         for col in (c for c in self.columns() if c["type"] == "bytea"):
-            query = sql.SQL("SELECT count(*) AS n FROM {t} WHERE {c} = ANY(%s) OR substr({c}, 1, 16) = ANY(%s)").format(
-                t=sql.Identifier(col["table"]), c=sql.Identifier(col["column"]))
+            query = sql.SQL(
+                "SELECT count(*) AS n FROM {t} WHERE {c} = ANY(%s) OR substr({c}, 1, 16) = ANY(%s)"
+            ).format(t=sql.Identifier(col["table"]), c=sql.Identifier(col["column"]))
             if self.conn.execute(query, (digests, [d[:16] for d in digests])).fetchone()["n"]:
                 found.append(f"{col['table']}.{col['column']}")
         return found

@@ -10,7 +10,11 @@ import pytest
 def server_env(server, memctl_env, monkeypatch):
     """memctl on the test module's own `server` through the real ollama client, all-minilm active: the environment
     (also set in this process)."""
-    values = {"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": server.url}
+    values = {
+        "MEMCTL_EMBEDDER": "ollama",
+        "MEMCTL_EMBED_MODEL": "all-minilm",
+        "OLLAMA_HOST": server.url,
+    }
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     return {**memctl_env, **values}

@@ -25,7 +25,8 @@ def counts(url: str) -> dict:
             "SELECT (SELECT count(*) FROM episodes) AS episodes, (SELECT count(*) FROM chunks) AS chunks,"
             " (SELECT count(*) FROM facts) AS facts, (SELECT count(*) FROM fact_history) AS history,"
             " (SELECT count(*) FROM blocked_sources) AS blocked, (SELECT count(*) FROM embed_queue) AS queued,"
-            " (SELECT count(*) FROM embedding_models) AS models").fetchone()
+            " (SELECT count(*) FROM embedding_models) AS models"
+        ).fetchone()
 
 
 def records(text: str, kind: str) -> list[dict]:

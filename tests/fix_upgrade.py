@@ -49,8 +49,15 @@ def restored(pg_server, tmp_path):
         tools = pgtools.for_restore(major, 18)
         listing = pgtools.listing(tools, record["dump"], tmp_path / f"{name}.list")
         with pgtools.connection_env(url) as env:
-            pgtools.restore_script(tools, record["dump"], listing, env, server_major=major,
-                                   before="CREATE EXTENSION IF NOT EXISTS vector;", after="SELECT 1;")
+            pgtools.restore_script(
+                tools,
+                record["dump"],
+                listing,
+                env,
+                server_major=major,
+                before="CREATE EXTENSION IF NOT EXISTS vector;",
+                after="SELECT 1;",
+            )
         return url
 
     yield restore
@@ -59,8 +66,11 @@ def restored(pg_server, tmp_path):
             drop_database(admin, name)
 
 
-def table_rows(conn, columns: dict[str, list[str]] | None = None,
-               instead: dict[tuple[str, str], sql.Composable] | None = None) -> dict[str, Counter]:
+def table_rows(
+    conn,
+    columns: dict[str, list[str]] | None = None,
+    instead: dict[tuple[str, str], sql.Composable] | None = None,
+) -> dict[str, Counter]:
     """Every row of every table of memctl's schema as text (times in UTC, floats whole), counted; `columns`: only
     these tables and columns (what an earlier schema had), else every stored column of every table; `instead`:
     an expression read in place of a (table, column)."""

@@ -23,16 +23,32 @@ from hypothesis import HealthCheck, settings
 CI_EXAMPLES = 100
 # The database is made once per test and checked before and after each example: Hypothesis must
 # not refuse a function-scoped fixture, nor a slow or large example (a CLI run costs a connection).
-SUPPRESSED = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
-              HealthCheck.filter_too_much, HealthCheck.large_base_example]
-COMMON = {"deadline": None, "database": None, "suppress_health_check": SUPPRESSED, "print_blob": True}
+SUPPRESSED = [
+    HealthCheck.function_scoped_fixture,
+    HealthCheck.too_slow,
+    HealthCheck.data_too_large,
+    HealthCheck.filter_too_much,
+    HealthCheck.large_base_example,
+]
+COMMON = {
+    "deadline": None,
+    "database": None,
+    "suppress_health_check": SUPPRESSED,
+    "print_blob": True,
+}
 
 settings.register_profile("ci", derandomize=True, max_examples=CI_EXAMPLES, **COMMON)
-settings.register_profile("long", derandomize=False,
-                          max_examples=int(os.environ.get("MEMCTL_FUZZ_EXAMPLES", "2000")), **COMMON)
+settings.register_profile(
+    "long",
+    derandomize=False,
+    max_examples=int(os.environ.get("MEMCTL_FUZZ_EXAMPLES", "2000")),
+    **COMMON,
+)
 PROFILE = os.environ.get("MEMCTL_FUZZ_PROFILE", "ci")
 settings.load_profile(PROFILE)
-SHRINK_SECONDS = int(os.environ.get("MEMCTL_FUZZ_SHRINK_SECONDS", "8" if PROFILE == "ci" else "120"))
+SHRINK_SECONDS = int(
+    os.environ.get("MEMCTL_FUZZ_SHRINK_SECONDS", "8" if PROFILE == "ci" else "120")
+)
 
 
 def _bound_shrinking() -> None:

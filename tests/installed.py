@@ -19,5 +19,10 @@ def memctl_exe() -> str:
 
 def start_ingest(env: dict, *args: str, stdin=subprocess.PIPE) -> subprocess.Popen:
     """`memctl ingest ARGS` running, with ENV over this process's environment, its stdout and stderr piped."""
-    return subprocess.Popen([memctl_exe(), "ingest", *args], stdin=stdin, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, **env})
+    return subprocess.Popen(
+        [memctl_exe(), "ingest", *args],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )

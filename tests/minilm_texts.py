@@ -9,7 +9,11 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data" / "retrieval.json"
 MAX_TOKENS = 256
-REFERENCE_TENSORS = ("embeddings.word_embeddings.weight", "encoder.layer.5.output.dense.weight", "pooler.dense.bias")
+REFERENCE_TENSORS = (
+    "embeddings.word_embeddings.weight",
+    "encoder.layer.5.output.dense.weight",
+    "pooler.dense.bias",
+)
 NON_ASCII = [
     "Über die Brücke: Größe, Maß und Öl",
     "café naïve résumé coöperate façade",
@@ -27,12 +31,27 @@ NON_ASCII = [
     "control \x07 bell and \x1b escape characters",
     "ﬁ ligature, ½ fraction, Ⅻ numeral, ｆｕｌｌｗｉｄｔｈ",
 ]
-EDGES = ["a", "", " ", "\n\n", "?", "...", "[CLS]", "[SEP] [PAD] [MASK] [UNK]", "I", "ok", "x" * 500,
-         "supercalifragilisticexpialidocious", "  leading and trailing whitespace  "]
-WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
-         "consumer scaled certificate renewal backup restore latency index customer refund release the a of to and "
-         "in is was it for on with after because when we they kubernetes pod OOMKilled 10.8.0.4:5432 /var/log "
-         "v2.3.1 2026-08-11 03:10 UTC 4GB p95 200ms HTTP/1.1 503 user@example.com").split()
+EDGES = [
+    "a",
+    "",
+    " ",
+    "\n\n",
+    "?",
+    "...",
+    "[CLS]",
+    "[SEP] [PAD] [MASK] [UNK]",
+    "I",
+    "ok",
+    "x" * 500,
+    "supercalifragilisticexpialidocious",
+    "  leading and trailing whitespace  ",
+]
+WORDS = (
+    "deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
+    "consumer scaled certificate renewal backup restore latency index customer refund release the a of to and "
+    "in is was it for on with after because when we they kubernetes pod OOMKilled 10.8.0.4:5432 /var/log "
+    "v2.3.1 2026-08-11 03:10 UTC 4GB p95 200ms HTTP/1.1 503 user@example.com"
+).split()
 
 
 def varied_texts() -> list[str]:
@@ -42,7 +61,13 @@ def varied_texts() -> list[str]:
     texts = list(data["episodes"]) + [q["q"] for q in data["questions"]]
     texts += NON_ASCII + EDGES
     texts += [" ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(160)]
-    texts += [" ".join(rng.choices(WORDS, k=rng.randint(230, 600))) for _ in range(30)]  # > 256 tokens
+    texts += [
+        " ".join(rng.choices(WORDS, k=rng.randint(230, 600))) for _ in range(30)
+    ]  # > 256 tokens
     texts += [" ".join(rng.choices(NON_ASCII, k=12)) for _ in range(6)]  # long and non-ASCII
-    texts += ["def f(x):\n    return {'a': [1, 2, 3]}[x]  # code", "SELECT id FROM t WHERE a = $1;", "https://x.io/a?b=c"]
+    texts += [
+        "def f(x):\n    return {'a': [1, 2, 3]}[x]  # code",
+        "SELECT id FROM t WHERE a = $1;",
+        "https://x.io/a?b=c",
+    ]
     return texts

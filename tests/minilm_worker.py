@@ -19,7 +19,10 @@ import sys
 
 
 def main() -> int:
-    protocol, sys.stdout = sys.stdout, sys.stderr  # nothing a library prints can corrupt the answers
+    protocol, sys.stdout = (
+        sys.stdout,
+        sys.stderr,
+    )  # nothing a library prints can corrupt the answers
     from memctl.embedding.local import LocalEmbedder
 
     embedder = LocalEmbedder()

@@ -133,9 +133,12 @@ def _hash_fn(model: str, dims: int) -> EmbedFn:
 def meaningless_fn(dims: int) -> EmbedFn:
     """A model that carries no meaning: each text's vector comes from a hash of the whole text, so
     two texts that differ by one character are as far apart as any two."""
+
     def vector(text: str) -> list[float]:
         stream = hashlib.shake_256(text.encode("utf-8", "surrogatepass")).digest(4 * dims)
-        return unit([int.from_bytes(stream[i:i + 4], "big") / 2**31 - 1.0 for i in range(0, 4 * dims, 4)])
+        return unit(
+            [int.from_bytes(stream[i : i + 4], "big") / 2**31 - 1.0 for i in range(0, 4 * dims, 4)]
+        )
 
     return lambda texts: [vector(t) for t in texts]
 
@@ -155,7 +158,11 @@ class MiniLMWorker:
 
     def __call__(self, texts: list[str]) -> list[list[float]]:
         with self._lock:
-            proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
+            proc = (
+                self._proc
+                if self._proc is not None and self._proc.poll() is None
+                else self._start()
+            )
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(json.dumps({"texts": list(texts)}) + "\n")
             proc.stdin.flush()
@@ -177,7 +184,10 @@ class MiniLMWorker:
         # -I: neither the caller's cwd nor PYTHON* variables choose what the worker imports.
         self._proc = subprocess.Popen(
             [self.python, "-I", str(MINILM_WORKER)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
         )
         return self._proc
 
@@ -200,6 +210,7 @@ class MiniLMWorker:
 def local_embedder_available() -> bool:
     """Whether memctl's LocalEmbedder can run in this process: the `local` extra's bundled
     weights and a runtime for them (sentence-transformers, or numpy with tokenizers)."""
+
     def have(*modules: str) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in modules)
 
@@ -260,7 +271,9 @@ class OllamaTestServer:
 
     def __init__(self, models: dict[str, ModelSpec] | None = None) -> None:
         self.models = default_models() if models is None else dict(models)
-        self._workers = [spec.embed for spec in self.models.values() if isinstance(spec.embed, MiniLMWorker)]
+        self._workers = [
+            spec.embed for spec in self.models.values() if isinstance(spec.embed, MiniLMWorker)
+        ]
         self.fault: str | None = None
         self.fail_times: int | None = None
         self.delay_s = 5.0
@@ -271,7 +284,9 @@ class OllamaTestServer:
         self.answer_fault: str | None = None
         self.answer_times: int | None = None
         self.answer_after = 0  # good answers to give before the answer fault starts
-        self.chat_overflows: list[tuple[int, int]] = []  # (prompt tokens, limit) of each chat over its context
+        self.chat_overflows: list[
+            tuple[int, int]
+        ] = []  # (prompt tokens, limit) of each chat over its context
         self.port = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -333,7 +348,9 @@ class OllamaTestServer:
         httpd.owner = self  # type: ignore[attr-defined]
         self.port = httpd.server_address[1]
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     def _close(self) -> None:
@@ -347,13 +364,17 @@ class OllamaTestServer:
 
     # -------------------------------------------------------------- control
 
-    def add_model(self, name: str, dims: int, context: int, fn: EmbedFn, family: str = "bert") -> None:
+    def add_model(
+        self, name: str, dims: int, context: int, fn: EmbedFn, family: str = "bert"
+    ) -> None:
         with self._lock:
             self.models[name.removesuffix(":latest")] = ModelSpec(dims, context, fn, family)
             if isinstance(fn, MiniLMWorker) and fn not in self._workers:
                 self._workers.append(fn)
 
-    def inject(self, fault: str | None, times: int | None = None, delay_s: float | None = None) -> None:
+    def inject(
+        self, fault: str | None, times: int | None = None, delay_s: float | None = None
+    ) -> None:
         """Set a fault for every request (times=None) or for the next `times` requests."""
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}: one of {FAULTS}")
@@ -535,14 +556,19 @@ class OllamaTestServer:
         started = time.perf_counter_ns()
         spec = self._chat_model(body)
         if spec is None:
-            if body.get("model") in self.models or str(body.get("model")).removesuffix(":latest") in self.models:
+            if (
+                body.get("model") in self.models
+                or str(body.get("model")).removesuffix(":latest") in self.models
+            ):
                 raise HttpError(400, f'"{body.get("model")}" does not support chat')
             raise HttpError(404, f'model "{body.get("model")}" not found, try pulling it first')
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise HttpError(400, "invalid messages")
         texts = [str(m.get("content") or "") for m in messages]
-        user = next((t for m, t in zip(reversed(messages), reversed(texts)) if m.get("role") == "user"), "")
+        user = next(
+            (t for m, t in zip(reversed(messages), reversed(texts)) if m.get("role") == "user"), ""
+        )
         options = body.get("options") or {}
         limit = min(int(options.get("num_ctx") or CHAT_DEFAULT_NUM_CTX), spec.context)
         tokens = sum(estimate_tokens(t) for t in texts if t)
@@ -552,8 +578,10 @@ class OllamaTestServer:
         if tokens > limit:
             with self._lock:
                 self.chat_overflows.append((tokens, limit))
-            content = (f"the input exceeds the context length: {tokens} tokens, more than {limit}; "
-                       "only the last part was read")
+            content = (
+                f"the input exceeds the context length: {tokens} tokens, more than {limit}; "
+                "only the last part was read"
+            )
             tokens = limit
         elif fault == "empty":
             content = ""
@@ -583,8 +611,11 @@ class OllamaTestServer:
                 "modelfile": f"FROM {body['model']}\n",
                 "parameters": "",
                 "template": "{{ .Prompt }}",
-                "details": {**_details(ModelSpec(0, chat.context, lambda t: [], chat.family)),
-                            "parameter_size": "3.2B", "quantization_level": "Q4_K_M"},
+                "details": {
+                    **_details(ModelSpec(0, chat.context, lambda t: [], chat.family)),
+                    "parameter_size": "3.2B",
+                    "quantization_level": "Q4_K_M",
+                },
                 "model_info": {
                     "general.architecture": chat.family,
                     "general.parameter_count": 3_212_749_888,
@@ -627,7 +658,8 @@ class OllamaTestServer:
                     "details": _details(spec),
                 }
                 for name, spec in items
-            ] + [
+            ]
+            + [
                 {
                     "name": name if ":" in name else f"{name}:latest",
                     "model": name if ":" in name else f"{name}:latest",

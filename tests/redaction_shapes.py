@@ -20,7 +20,10 @@ SECRETS = [
     ("DB_PASSWORD: correct-horse-battery-staple", "correct-horse-battery-staple"),
     ("docker login -p SECRETpw registry.example.com", "SECRETpw"),
     ("export SECRET_KEY_BASE=a1b2c3d4e5f6a7b8c9d0", "a1b2c3d4e5f6a7b8c9d0"),
-    ("aws secret access key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+    (
+        "aws secret access key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    ),
     ("ran: memctl fact set db.password Hunter2xyz", "Hunter2xyz"),
     # colon and assignment
     ("root password: toor", "toor"),
@@ -51,9 +54,14 @@ SECRETS = [
     ("PGPASSWORD=Hunter2xyz psql -h db -U app", "Hunter2xyz"),
     ("PGPASSWORD=changeme pg_dump app", "changeme"),
     ("export MYSQL_PWD=rootpw", "rootpw"),
-    ("export GITHUB_TOKEN=ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt", "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"),
-    ("set -x; export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-     "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+    (
+        "export GITHUB_TOKEN=ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt",
+        "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt",
+    ),
+    (
+        "set -x; export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    ),
     ("env DATABASE_PASSWORD=letmein123 ./migrate", "letmein123"),
     # URLs with user:password@
     ("cloned https://deploy:Hunter2xyz@git.example.com/infra.git", "Hunter2xyz"),
@@ -61,16 +69,42 @@ SECRETS = [
     ("amqp://guest:guestpw@rabbit:5672/", "guestpw"),
     # secret-named facts set on a command line
     ("ran: memctl fact set redis.auth Sup3rS3cret", "Sup3rS3cret"),
-    ("ran: memctl fact set github.pat ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt",
-     "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"),
+    (
+        "ran: memctl fact set github.pat ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt",
+        "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt",
+    ),
     ("memctl fact set db.pw Hunter2xyz", "Hunter2xyz"),
 ]
 
 # Fact keys that name a secret, and some that do not.
-SECRET_KEYS = ["db.pw", "redis.auth", "github.pat", "openai.key", "db.password", "stripe.key", "mysql.root_pw",
-               "gitlab.pat", "slack.webhook_secret", "smtp.passwd", "anthropic.key", "vault.token", "redis.requirepass"]
-OTHER_KEYS = ["db.host", "redis.port", "github.org", "openai.model", "cache.key", "primary_key", "ssh_key",
-              "token_count", "db.password_policy", "auth.method", "pw.length"]
+SECRET_KEYS = [
+    "db.pw",
+    "redis.auth",
+    "github.pat",
+    "openai.key",
+    "db.password",
+    "stripe.key",
+    "mysql.root_pw",
+    "gitlab.pat",
+    "slack.webhook_secret",
+    "smtp.passwd",
+    "anthropic.key",
+    "vault.token",
+    "redis.requirepass",
+]
+OTHER_KEYS = [
+    "db.host",
+    "redis.port",
+    "github.org",
+    "openai.model",
+    "cache.key",
+    "primary_key",
+    "ssh_key",
+    "token_count",
+    "db.password_policy",
+    "auth.method",
+    "pw.length",
+]
 
 CLEAN = [
     "password rotation is due Friday",
@@ -103,18 +137,84 @@ CLEAN = [
 
 # Pieces of adversarial text: repeated, or joined and repeated, they make the inputs of the linear-time property
 # (tests/test_redact_shapes.py) and of tests/bench/redact.py's search for the slowest shape.
-PIECES = ["token:", "password=", "pw: ", "api_key='", "secret = \"", '"', "'", "`", "Bearer ", "Bearer abcdef0123456789 ",
-          "QUJD", "+/", "a1", "f0", "([{", ")]}", "[", "eyJ", "eyJhbGciOi.", "ghp_", "AKIA", "glpat-", "sk-", "xoxb-1-",
-          "http://u:", "a://b:c@", "?token=", "&password=", "-----BEGIN PRIVATE KEY-----\n", "\nA", "mysql -p",
-          "curl -u a:", "--password ", "docker login -p x ", "fact set db.pw ", "password is ", "key ", "x", "1", ":",
-          "=", " ", ";", "-", ".", "@", "\\",
-          # the keyword plugin's patterns and its Cloudant/IBM kin (memctl.redact.keyword, detect.RUN_NEEDED)
-          "pwd';", "'x'==", "=> '", "aws key '", "contraseña='", "a" * 26, "0123456789abcdef" * 3,
-          # passwords as plain arguments and in prose (issue 50: memctl.redact.commands, shapes._said_findings)
-          "htpasswd -b f u ", "net user a ", "net use \\\\h\\s ", "echo x | chpasswd ", "echo a:b |", "| sudo -S ",
-          "rabbitmqctl add_user a ", "redis-cli AUTH ", "sqlcmd -P ", "7z -p", "-U a%", "mysqladmin password ",
-          "the password was set to ", "password for the ", "with the passphrase '", "(password ", ", password ",
-          "credentials: a / ", "changed the password to ", "is now "]
+PIECES = [
+    "token:",
+    "password=",
+    "pw: ",
+    "api_key='",
+    'secret = "',
+    '"',
+    "'",
+    "`",
+    "Bearer ",
+    "Bearer abcdef0123456789 ",
+    "QUJD",
+    "+/",
+    "a1",
+    "f0",
+    "([{",
+    ")]}",
+    "[",
+    "eyJ",
+    "eyJhbGciOi.",
+    "ghp_",
+    "AKIA",
+    "glpat-",
+    "sk-",
+    "xoxb-1-",
+    "http://u:",
+    "a://b:c@",
+    "?token=",
+    "&password=",
+    "-----BEGIN PRIVATE KEY-----\n",
+    "\nA",
+    "mysql -p",
+    "curl -u a:",
+    "--password ",
+    "docker login -p x ",
+    "fact set db.pw ",
+    "password is ",
+    "key ",
+    "x",
+    "1",
+    ":",
+    "=",
+    " ",
+    ";",
+    "-",
+    ".",
+    "@",
+    "\\",
+    # the keyword plugin's patterns and its Cloudant/IBM kin (memctl.redact.keyword, detect.RUN_NEEDED)
+    "pwd';",
+    "'x'==",
+    "=> '",
+    "aws key '",
+    "contraseña='",
+    "a" * 26,
+    "0123456789abcdef" * 3,
+    # passwords as plain arguments and in prose (issue 50: memctl.redact.commands, shapes._said_findings)
+    "htpasswd -b f u ",
+    "net user a ",
+    "net use \\\\h\\s ",
+    "echo x | chpasswd ",
+    "echo a:b |",
+    "| sudo -S ",
+    "rabbitmqctl add_user a ",
+    "redis-cli AUTH ",
+    "sqlcmd -P ",
+    "7z -p",
+    "-U a%",
+    "mysqladmin password ",
+    "the password was set to ",
+    "password for the ",
+    "with the passphrase '",
+    "(password ",
+    ", password ",
+    "credentials: a / ",
+    "changed the password to ",
+    "is now ",
+]
 
 
 def clean_corpus() -> list[str]:
@@ -122,8 +222,15 @@ def clean_corpus() -> list[str]:
     data = Path(__file__).parent / "data"
     texts = list(CLEAN)
     for name in ("retrieval.json", "retrieval_log.json"):
-        texts += [e if isinstance(e, str) else e[1] for e in json.loads((data / name).read_text())["episodes"]]
-    texts += [r["text"] for r in map(json.loads, (data / "secrets_labelled.jsonl").open()) if not r["kinds"]]
+        texts += [
+            e if isinstance(e, str) else e[1]
+            for e in json.loads((data / name).read_text())["episodes"]
+        ]
+    texts += [
+        r["text"]
+        for r in map(json.loads, (data / "secrets_labelled.jsonl").open())
+        if not r["kinds"]
+    ]
     return texts + locomo_turns()
 
 
@@ -141,8 +248,8 @@ def locomo_turns(path: Path = LOCOMO) -> list[str]:
         for key, turns in conv["conversation"].items():
             if key.startswith("session_") and isinstance(turns, list):
                 for t in turns:
-                    text = f'{t["speaker"]}: {t["text"]}'
+                    text = f"{t['speaker']}: {t['text']}"
                     if t.get("blip_caption"):
-                        text += f' [shares a photo of {t["blip_caption"]}]'
+                        text += f" [shares a photo of {t['blip_caption']}]"
                     texts.append(text)
     return texts

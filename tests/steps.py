@@ -15,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 FACTOR = 10  # the larger input is this many times the smaller
-RATIO = 12  # steps at FACTOR n over steps at n: linear is about FACTOR, quadratic about FACTOR squared
+RATIO = (
+    12  # steps at FACTOR n over steps at n: linear is about FACTOR, quadratic about FACTOR squared
+)
 
 
 class OverBudget(BaseException):
@@ -45,7 +47,9 @@ def steps(call: Callable[[], Any], budget: int | None = None) -> tuple[int, Any]
     return count, outcome
 
 
-def linear(parse: Callable[[Any], Any], make: Callable[[int], Any], n: int, per_unit: int = 200) -> tuple[Any, Any]:
+def linear(
+    parse: Callable[[Any], Any], make: Callable[[int], Any], n: int, per_unit: int = 200
+) -> tuple[Any, Any]:
     """parse(make(n)) and parse(make(FACTOR * n)) (each input made before its count starts): (both outcomes).
     The first may take `per_unit` steps for each unit of n, the second RATIO times what the first took; past its
     budget a run is stopped and the test fails, saying the counts."""
@@ -53,9 +57,13 @@ def linear(parse: Callable[[Any], Any], make: Callable[[int], Any], n: int, per_
     try:
         small, small_outcome = steps(lambda: parse(small_input), budget=per_unit * n)
     except OverBudget:
-        raise AssertionError(f"over {per_unit} steps per unit at n = {n:,}: not linear, or n is too large") from None
+        raise AssertionError(
+            f"over {per_unit} steps per unit at n = {n:,}: not linear, or n is too large"
+        ) from None
     try:
         large, large_outcome = steps(lambda: parse(large_input), budget=RATIO * small)
     except OverBudget:
-        raise AssertionError(f"{small:,} steps at n = {n:,}, over {RATIO * small:,} at {FACTOR}n: not linear") from None
+        raise AssertionError(
+            f"{small:,} steps at n = {n:,}, over {RATIO * small:,} at {FACTOR}n: not linear"
+        ) from None
     return small_outcome, large_outcome

@@ -49,8 +49,9 @@ async def _writes(served, memctl_bin, name: str) -> dict:
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
-def test_a_registered_agent_writes_every_kind_of_record_through_the_gate(registered, transport, memctl_env, memctl_bin,
-                                                                         http_server, tmp_path):
+def test_a_registered_agent_writes_every_kind_of_record_through_the_gate(
+    registered, transport, memctl_env, memctl_bin, http_server, tmp_path
+):
     name, token, url = registered
     log = tmp_path / "mcp.log"
 
@@ -65,16 +66,27 @@ def test_a_registered_agent_writes_every_kind_of_record_through_the_gate(registe
     said = anyio.run(scenario)
     assert URL_PASSWORD not in log.read_text()
     assert said["secret"]["stored"] and said["secret"]["redacted"] >= 1
-    assert said["secret_again"]["folded_into"] == said["secret"]["id"]  # the fold key, read through memctl_fold_key
+    assert (
+        said["secret_again"]["folded_into"] == said["secret"]["id"]
+    )  # the fold key, read through memctl_fold_key
     assert said["repeat"]["folded_into"] == said["plain"]["id"]
     assert "blocked" in said["blocked_episode"] and "blocked" in said["blocked_fact"]
     with db.connect(url) as conn:  # the owner reads back what the gate made
-        rows = conn.execute("SELECT id, agent, content, repeats, repeat_of FROM episodes ORDER BY id").fetchall()
-        values = {r["key"]: (r["value"], r["version"]) for r in conn.execute("SELECT key, value, version FROM facts")}
-        history = conn.execute("SELECT count(*) AS n FROM fact_history WHERE strpos(coalesce(new_value, ''), %s) > 0",
-                               (URL_PASSWORD,)).fetchone()["n"]
+        rows = conn.execute(
+            "SELECT id, agent, content, repeats, repeat_of FROM episodes ORDER BY id"
+        ).fetchall()
+        values = {
+            r["key"]: (r["value"], r["version"])
+            for r in conn.execute("SELECT key, value, version FROM facts")
+        }
+        history = conn.execute(
+            "SELECT count(*) AS n FROM fact_history WHERE strpos(coalesce(new_value, ''), %s) > 0",
+            (URL_PASSWORD,),
+        ).fetchone()["n"]
     assert [r["agent"] for r in rows] == [name] * 4
-    assert all(URL_PASSWORD not in r["content"] for r in rows) and "[REDACTED:" in rows[0]["content"]
+    assert (
+        all(URL_PASSWORD not in r["content"] for r in rows) and "[REDACTED:" in rows[0]["content"]
+    )
     assert [r["repeats"] for r in rows if r["repeat_of"] is None] == [1, 1]
     assert URL_PASSWORD not in values["db.password"][0] and "[REDACTED" in values["db.password"][0]
     assert values["db.port"] == ("5433", 2) and history == 0

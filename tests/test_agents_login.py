@@ -42,10 +42,14 @@ def _password_matters(url: str) -> bool:
         return True
 
 
-def test_a_login_reads_its_agents_rows_writes_nothing_and_is_bounded(owner_env, agents_db_url, memctl_bin, tmp_path):
+def test_a_login_reads_its_agents_rows_writes_nothing_and_is_bounded(
+    owner_env, agents_db_url, memctl_bin, tmp_path
+):
     name, other = _name(), _name()
     path = tmp_path / "login.url"
-    added = memctl_bin("agent", "add", name, "--login", "--login-file", str(path), "-f", "json", env=owner_env)
+    added = memctl_bin(
+        "agent", "add", name, "--login", "--login-file", str(path), "-f", "json", env=owner_env
+    )
     assert added.exit_code == 0, added.stderr
     assert added.json()["login"] is True and str(path) in added.stderr
     assert memctl_bin("agent", "add", other, env=owner_env).exit_code == 0
@@ -54,20 +58,33 @@ def test_a_login_reads_its_agents_rows_writes_nothing_and_is_bounded(owner_env, 
         url = path.read_text().strip()
         assert url.startswith("postgresql://") and url not in added.stderr + added.stdout
         with db.connect(agents_db_url) as conn:
-            mine = episodes.add(conn.use_settings(config.load()), "the login's own note", agent=name)
+            mine = episodes.add(
+                conn.use_settings(config.load()), "the login's own note", agent=name
+            )
             episodes.add(conn.use_settings(config.load()), "another agent's note", agent=other)
-            role = conn.execute("SELECT rolcanlogin, rolconnlimit, rolconfig FROM pg_roles WHERE rolname = %s",
-                                (agents.role_name_for(name),)).fetchone()
+            role = conn.execute(
+                "SELECT rolcanlogin, rolconnlimit, rolconfig FROM pg_roles WHERE rolname = %s",
+                (agents.role_name_for(name),),
+            ).fetchone()
         settings = config.Settings()
         assert role["rolcanlogin"] and role["rolconnlimit"] == settings.agents.login_connections
-        assert {"statement_timeout=30000", "idle_in_transaction_session_timeout=60000"} <= set(role["rolconfig"])
+        assert {"statement_timeout=30000", "idle_in_transaction_session_timeout=60000"} <= set(
+            role["rolconfig"]
+        )
         with psycopg.connect(url, autocommit=True) as client:
-            assert client.execute("SELECT id, content FROM episodes").fetchall() == [(mine, "the login's own note")]
+            assert client.execute("SELECT id, content FROM episodes").fetchall() == [
+                (mine, "the login's own note")
+            ]
             # declaring today's schema passes the schema guard (sql/0025): what refuses is the agent's wall
             client.execute("SELECT set_config(%s, %s, false)", (migrate.SETTING, migrate.newest()))
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):  # its own rows too: writes go through the gate
-                client.execute(WRITER + "INSERT INTO episodes (agent, content, content_hash, importance) "
-                               "VALUES (%s, 'direct', '\\x00', 5)", (name,))  # marked: the policy refuses it
+            with pytest.raises(
+                psycopg.errors.InsufficientPrivilege
+            ):  # its own rows too: writes go through the gate
+                client.execute(
+                    WRITER + "INSERT INTO episodes (agent, content, content_hash, importance) "
+                    "VALUES (%s, 'direct', '\\x00', 5)",
+                    (name,),
+                )  # marked: the policy refuses it
         printed = memctl_bin("agent", "login", name, "--login-file", "-", env=owner_env)
         assert printed.exit_code == 0 and printed.stdout.startswith("postgresql://")
         if _password_matters(url):  # the earlier password stops working
@@ -79,23 +96,36 @@ def test_a_login_reads_its_agents_rows_writes_nothing_and_is_bounded(owner_env, 
             memctl_bin("agent", "revoke", agent, env=owner_env)
 
 
-def test_revoke_ends_the_logins_sessions_takes_over_its_large_object_and_leaves_no_role_reading(owner_env,
-                                                                                             agents_db_url,
-                                                                                             memctl_bin, tmp_path):
+def test_revoke_ends_the_logins_sessions_takes_over_its_large_object_and_leaves_no_role_reading(
+    owner_env, agents_db_url, memctl_bin, tmp_path
+):
     name = _name()
     role = agents.role_name_for(name)
     path = tmp_path / "login.url"
-    assert memctl_bin("agent", "add", name, "--login", "--login-file", str(path), env=owner_env).exit_code == 0
+    assert (
+        memctl_bin(
+            "agent", "add", name, "--login", "--login-file", str(path), env=owner_env
+        ).exit_code
+        == 0
+    )
     with db.connect(agents_db_url) as conn:
-        episodes.add(conn.use_settings(config.load()), "what the revoked agent could read", agent=name)
+        episodes.add(
+            conn.use_settings(config.load()), "what the revoked agent could read", agent=name
+        )
     session = psycopg.connect(path.read_text().strip(), autocommit=True)
     try:
         try:  # bob makes a large object himself where the server lets him; else the owner gives him one
             session.execute("SELECT lo_from_bytea(0, 'kept by the agent')")
         except psycopg.errors.InsufficientPrivilege:
             with db.connect(agents_db_url) as conn:
-                oid = conn.execute("SELECT lo_from_bytea(0, 'kept by the agent') AS o").fetchone()["o"]
-                conn.execute(sql.SQL("ALTER LARGE OBJECT {} OWNER TO {}").format(sql.Literal(oid), sql.Identifier(role)))
+                oid = conn.execute("SELECT lo_from_bytea(0, 'kept by the agent') AS o").fetchone()[
+                    "o"
+                ]
+                conn.execute(
+                    sql.SQL("ALTER LARGE OBJECT {} OWNER TO {}").format(
+                        sql.Literal(oid), sql.Identifier(role)
+                    )
+                )
         revoked = memctl_bin("agent", "revoke", name, env=owner_env)
         assert revoked.exit_code == 0, revoked.stderr
         assert "1 large object" in revoked.stderr and "ended 1 of its sessions" in revoked.stderr
@@ -106,19 +136,30 @@ def test_revoke_ends_the_logins_sessions_takes_over_its_large_object_and_leaves_
         session.close()
     with db.connect(agents_db_url) as conn:
         assert not conn.execute(agents.ROLE_EXISTS, (role,)).fetchone()["yes"]
-        assert conn.execute("SELECT count(*) AS n FROM pg_largeobject_metadata lo JOIN pg_roles r ON r.oid = lo.lomowner "
-                            "WHERE r.rolname = current_user").fetchone()["n"] >= 1  # taken over, not lost
+        assert (
+            conn.execute(
+                "SELECT count(*) AS n FROM pg_largeobject_metadata lo JOIN pg_roles r ON r.oid = lo.lomowner "
+                "WHERE r.rolname = current_user"
+            ).fetchone()["n"]
+            >= 1
+        )  # taken over, not lost
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(path.read_text().strip()).close()
 
 
-def test_memctls_session_locks_are_never_waited_for_when_an_agents_session_holds_them(owner_env, agents_db_url,
-                                                                                      memctl_bin, tmp_path):
+def test_memctls_session_locks_are_never_waited_for_when_an_agents_session_holds_them(
+    owner_env, agents_db_url, memctl_bin, tmp_path
+):
     """An agent's session holding the migration's advisory key: where memctl's role may revoke advisory locks from
     PUBLIC (a superuser) the agent cannot take it; elsewhere `migrate` refuses at once, naming the holder's role."""
     name = _name()
     path = tmp_path / "login.url"
-    assert memctl_bin("agent", "add", name, "--login", "--login-file", str(path), env=owner_env).exit_code == 0
+    assert (
+        memctl_bin(
+            "agent", "add", name, "--login", "--login-file", str(path), env=owner_env
+        ).exit_code
+        == 0
+    )
     try:
         with psycopg.connect(path.read_text().strip(), autocommit=True) as session:
             try:
@@ -141,11 +182,16 @@ def test_memctls_session_locks_are_never_waited_for_when_an_agents_session_holds
             worker.join(60)
             assert not worker.is_alive(), "migrate waited for an agent's session"
         if held:
-            assert agents.role_name_for(name) in outcome["error"] and "not memctl's" in outcome["error"]
+            assert (
+                agents.role_name_for(name) in outcome["error"]
+                and "not memctl's" in outcome["error"]
+            )
         else:
             assert outcome == {"ok": True}
             with db.connect(agents_db_url) as conn:
-                assert not conn.execute("SELECT has_function_privilege('public', 'pg_advisory_lock(bigint)', 'EXECUTE') "
-                                        "AS yes").fetchone()["yes"]
+                assert not conn.execute(
+                    "SELECT has_function_privilege('public', 'pg_advisory_lock(bigint)', 'EXECUTE') "
+                    "AS yes"
+                ).fetchone()["yes"]
     finally:
         memctl_bin("agent", "revoke", name, env=owner_env)

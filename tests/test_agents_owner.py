@@ -32,12 +32,16 @@ def _seen_by(url: str, agent: str) -> set[str]:
 def _seed(url: str, *names: str) -> None:
     with db.connect(url) as conn:
         for name in names:
-            episodes.add(conn.use_settings(config.load()), f"{name} rotated the nginx logs", agent=name)
+            episodes.add(
+                conn.use_settings(config.load()), f"{name} rotated the nginx logs", agent=name
+            )
 
 
 def _attributes(url: str) -> tuple:
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchone()
+        return conn.execute(
+            "SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
 
 
 def test_an_owner_with_createrole_makes_agents_roles_itself(createrole_db_url, cli, memctl_env):
@@ -48,7 +52,10 @@ def test_an_owner_with_createrole_makes_agents_roles_itself(createrole_db_url, c
         added = cli("agent", "add", name, "-f", "json", env=env)
         assert added.exit_code == 0, added.stderr
         # what only a superuser may revoke is said to stay open, with its statement (docs/agents.md)
-        assert "left open" in added.stderr and "REVOKE EXECUTE ON FUNCTION pg_catalog.lo_creat" in added.stderr
+        assert (
+            "left open" in added.stderr
+            and "REVOKE EXECUTE ON FUNCTION pg_catalog.lo_creat" in added.stderr
+        )
     _seed(createrole_db_url, alice, bob)
     assert _seen_by(createrole_db_url, alice) == {alice}
     assert _seen_by(createrole_db_url, bob) == {bob}
@@ -56,13 +63,18 @@ def test_an_owner_with_createrole_makes_agents_roles_itself(createrole_db_url, c
     assert revoked.exit_code == 0 and "dropped role" in revoked.stderr
     cli("agent", "revoke", bob, env=env)
     with psycopg.connect(createrole_db_url) as conn:
-        assert conn.execute(agents.ROLE_EXISTS, (agents.role_name_for(alice),)).fetchone()[0] is False
+        assert (
+            conn.execute(agents.ROLE_EXISTS, (agents.role_name_for(alice),)).fetchone()[0] is False
+        )
 
 
-def test_an_owner_without_createrole_is_told_the_grant_and_a_dba_runs_print_sql(plain_owner_db_url, createrole_server,
-                                                                                cli, memctl_env):
+def test_an_owner_without_createrole_is_told_the_grant_and_a_dba_runs_print_sql(
+    plain_owner_db_url, createrole_server, cli, memctl_env
+):
     if createrole_server is None:
-        pytest.skip("needs a DBA: a login role with CREATEROLE (MEMCTL_TEST_CREATEROLE_URL, or a superuser test role)")
+        pytest.skip(
+            "needs a DBA: a login role with CREATEROLE (MEMCTL_TEST_CREATEROLE_URL, or a superuser test role)"
+        )
     url = plain_owner_db_url
     owner = conninfo_to_dict(url).get("user") or _owner(url)
     assert _attributes(url) == (False, False)
@@ -70,10 +82,15 @@ def test_an_owner_without_createrole_is_told_the_grant_and_a_dba_runs_print_sql(
     carol, dave = _name(), _name()
     refused = cli("agent", "add", carol, env=env)
     assert refused.exit_code == 1 and refused.stdout == ""
-    assert f"ALTER ROLE {owner} CREATEROLE" in refused.stderr and f"agent add {carol} --print-sql" in refused.stderr
+    assert (
+        f"ALTER ROLE {owner} CREATEROLE" in refused.stderr
+        and f"agent add {carol} --print-sql" in refused.stderr
+    )
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM agents").fetchone()[0] == 0
-        assert conn.execute(agents.ROLE_EXISTS, (agents.role_name_for(carol),)).fetchone()[0] is False
+        assert (
+            conn.execute(agents.ROLE_EXISTS, (agents.role_name_for(carol),)).fetchone()[0] is False
+        )
 
     dba_url = make_conninfo(createrole_server[0], dbname=conninfo_to_dict(url)["dbname"])
     with psycopg.connect(dba_url, autocommit=True) as dba:
@@ -88,16 +105,23 @@ def test_an_owner_without_createrole_is_told_the_grant_and_a_dba_runs_print_sql(
         assert _seen_by(url, carol) == {carol}
         assert _seen_by(url, dave) == {dave}
         revoked = cli("agent", "revoke", carol, env=env)
-        assert revoked.exit_code == 0 and f"a DBA runs DROP ROLE {agents.role_name_for(carol)}" in revoked.stderr
+        assert (
+            revoked.exit_code == 0
+            and f"a DBA runs DROP ROLE {agents.role_name_for(carol)}" in revoked.stderr
+        )
         assert _seen_by(url, carol) == set()  # unregistered: its role, still there, sees nothing
         cli("agent", "revoke", dave, env=env)
         for name in (carol, dave):
             dba.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(agents.role_name_for(name))))
 
 
-def test_a_role_a_dba_made_by_hand_without_its_group_is_named(plain_owner_db_url, createrole_server, cli, memctl_env):
+def test_a_role_a_dba_made_by_hand_without_its_group_is_named(
+    plain_owner_db_url, createrole_server, cli, memctl_env
+):
     if createrole_server is None:
-        pytest.skip("needs a DBA: a login role with CREATEROLE (MEMCTL_TEST_CREATEROLE_URL, or a superuser test role)")
+        pytest.skip(
+            "needs a DBA: a login role with CREATEROLE (MEMCTL_TEST_CREATEROLE_URL, or a superuser test role)"
+        )
     url = plain_owner_db_url
     owner = conninfo_to_dict(url).get("user") or _owner(url)
     erin = _name()

@@ -32,104 +32,209 @@ from memctl.write import repeats
 
 # The tables the SECURITY DEFINER functions read, and the memory tables: a temporary table of each name, holding a
 # row that would make bob alice (columns of the registry, the fold key, the blocked sources and the catalog).
-SHADOWED = ("agents", "fold_key", "blocked_sources", "episodes", "facts", "fact_history", "chunks", "pg_roles",
-            "pg_auth_members", "memctl_lock_keys", "memctl_lock_models", "memctl_lock_sources")
-SHADOW = ("CREATE TEMP TABLE {t} AS SELECT 'ALICE'::text AS name, 'BOB_ROLE'::name AS role_name, "
-          "'ALICE_NS'::text AS writes_namespace, ARRAY['ALICE_NS']::text[] AS reads_namespaces, false AS read_only, "
-          "'ALICE'::text AS agent, 'ALICE_NS'::text AS namespace, 'BOB_ROLE'::name AS rolname, "
-          "'\\x00'::bytea AS key, 'x'::text AS source")
-FAKES = ("memctl_agent_of(name) RETURNS text", "memctl_agent_writer(name) RETURNS text",
-         "memctl_agent_reads(name) RETURNS text[]", "memctl_agent_writes(name) RETURNS text",
-         "current_setting(text) RETURNS text", "pg_has_role(name, oid, text) RETURNS boolean")
+SHADOWED = (
+    "agents",
+    "fold_key",
+    "blocked_sources",
+    "episodes",
+    "facts",
+    "fact_history",
+    "chunks",
+    "pg_roles",
+    "pg_auth_members",
+    "memctl_lock_keys",
+    "memctl_lock_models",
+    "memctl_lock_sources",
+)
+SHADOW = (
+    "CREATE TEMP TABLE {t} AS SELECT 'ALICE'::text AS name, 'BOB_ROLE'::name AS role_name, "
+    "'ALICE_NS'::text AS writes_namespace, ARRAY['ALICE_NS']::text[] AS reads_namespaces, false AS read_only, "
+    "'ALICE'::text AS agent, 'ALICE_NS'::text AS namespace, 'BOB_ROLE'::name AS rolname, "
+    "'\\x00'::bytea AS key, 'x'::text AS source"
+)
+FAKES = (
+    "memctl_agent_of(name) RETURNS text",
+    "memctl_agent_writer(name) RETURNS text",
+    "memctl_agent_reads(name) RETURNS text[]",
+    "memctl_agent_writes(name) RETURNS text",
+    "current_setting(text) RETURNS text",
+    "pg_has_role(name, oid, text) RETURNS boolean",
+)
 ANSWER = {"text": "'ALICE'", "text[]": "ARRAY['ALICE_NS']", "boolean": "true"}
-TEMP_FIRST = "SELECT set_config('search_path', 'pg_temp, ' || current_setting('search_path'), false)"
+TEMP_FIRST = (
+    "SELECT set_config('search_path', 'pg_temp, ' || current_setting('search_path'), false)"
+)
 GROUPS = ("memctl_agents", "memctl_agents_write")
-MODES = ("login", "authorization")  # bob's login role; SET SESSION AUTHORIZATION by a superuser (fix_agents)
+MODES = (
+    "login",
+    "authorization",
+)  # bob's login role; SET SESSION AUTHORIZATION by a superuser (fix_agents)
 
 
 @dataclass(frozen=True)
 class Attack:
     name: str
     setup: tuple[str, ...] = ()
-    login_only: bool = False  # changes the session's authorization, which a superuser's session may undo
+    login_only: bool = (
+        False  # changes the session's authorization, which a superuser's session may undo
+    )
 
 
 def _fakes(schema: str) -> tuple[str, ...]:
-    return tuple(f"CREATE FUNCTION {schema}.{signature} LANGUAGE sql AS $$ SELECT {ANSWER[signature.split()[-1]]} $$"
-                 for signature in FAKES)
+    return tuple(
+        f"CREATE FUNCTION {schema}.{signature} LANGUAGE sql AS $$ SELECT {ANSWER[signature.split()[-1]]} $$"
+        for signature in FAKES
+    )
 
 
 ATTACKS = (
     Attack("plain"),
     *(Attack(f"temp table {t}", (SHADOW.format(t=t), TEMP_FIRST)) for t in SHADOWED),
     Attack("temp functions", (*_fakes("pg_temp"), TEMP_FIRST)),
-    Attack("functions in memctl's schema", tuple(f"DO $do$ BEGIN EXECUTE format('{s.replace(chr(39), chr(39) * 2)}', "
-                                                 "current_schema()); END $do$" for s in _fakes("%I"))),
-    Attack("operators", ("CREATE FUNCTION pg_temp.yes(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'",
-                         "CREATE OPERATOR pg_temp.= (LEFTARG = text, RIGHTARG = text, FUNCTION = pg_temp.yes)",
-                         "DO $$ BEGIN EXECUTE format('CREATE OPERATOR %I.= (LEFTARG = text, RIGHTARG = text, "
-                         "FUNCTION = pg_catalog.textne)', current_schema()); END $$", TEMP_FIRST)),
+    Attack(
+        "functions in memctl's schema",
+        tuple(
+            f"DO $do$ BEGIN EXECUTE format('{s.replace(chr(39), chr(39) * 2)}', "
+            "current_schema()); END $do$"
+            for s in _fakes("%I")
+        ),
+    ),
+    Attack(
+        "operators",
+        (
+            "CREATE FUNCTION pg_temp.yes(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'",
+            "CREATE OPERATOR pg_temp.= (LEFTARG = text, RIGHTARG = text, FUNCTION = pg_temp.yes)",
+            "DO $$ BEGIN EXECUTE format('CREATE OPERATOR %I.= (LEFTARG = text, RIGHTARG = text, "
+            "FUNCTION = pg_catalog.textne)', current_schema()); END $$",
+            TEMP_FIRST,
+        ),
+    ),
     Attack("search_path", ("SET search_path = pg_temp", "SET search_path = pg_catalog")),
     *(Attack(f"SET ROLE {g}", (f"SET ROLE {g}",)) for g in GROUPS),
-    *(Attack(f"set_config role {g}", (f"SELECT set_config('role', '{g}', false)",)) for g in GROUPS),
+    *(
+        Attack(f"set_config role {g}", (f"SELECT set_config('role', '{g}', false)",))
+        for g in GROUPS
+    ),
     Attack("SET ROLE alice", ("SET ROLE ALICE_ROLE",)),
-    Attack("SET SESSION AUTHORIZATION alice", ("SET SESSION AUTHORIZATION ALICE_ROLE",), login_only=True),
+    Attack(
+        "SET SESSION AUTHORIZATION alice",
+        ("SET SESSION AUTHORIZATION ALICE_ROLE",),
+        login_only=True,
+    ),
     Attack("row_security off", ("SET row_security = off",)),
     Attack("large objects", ("SELECT lo_creat(-1)", "SELECT lo_from_bytea(0, 'x')")),
-    Attack("views", ("CREATE TEMP VIEW every AS SELECT * FROM episodes",
-                     "DO $$ BEGIN EXECUTE format('CREATE VIEW %I.every AS SELECT * FROM episodes', current_schema()); "
-                     "END $$")),
-    Attack("owner's powers", ("ALTER TABLE episodes DISABLE ROW LEVEL SECURITY", "ALTER ROLE BOB_ROLE BYPASSRLS",
-                              "CREATE POLICY everything ON episodes USING (true)", "SELECT memctl_grant_all()",
-                              "GRANT memctl_agents TO BOB_ROLE", "ALTER TABLE episodes OWNER TO BOB_ROLE")),
-    Attack("memctl's advisory keys", (
-        "SELECT pg_advisory_lock(hashtext('memctl.embedding_models'))",
-        "SELECT pg_advisory_lock(hashtext('memctl.blocked_sources'))",
-        f"SELECT pg_advisory_lock({repeats.LOCK_CLASS}, hashtext('ALICE'))",  # the keys before sql/0023
-        f"SELECT pg_advisory_lock({repeats.IMPORT_CLASS}, 0)",
-        "SELECT pg_advisory_lock(hashtextextended('ALICE_NS' || chr(31) || 'db.password.hint', 0))",
-        f"SELECT pg_advisory_xact_lock({repeats.LOCK_CLASS}, hashtext('ALICE'))",
-        f"SELECT pg_advisory_lock({migrate.LOCK_KEY})")),
-    Attack("memctl's locks", (
-        "SELECT memctl_lock('models', false)", "SELECT memctl_lock('sources', false)",
-        f"SELECT memctl_lock_key({repeats.LOCK_CLASS}, 'ALICE')", f"SELECT memctl_lock_key({repeats.IMPORT_CLASS}, '')",
-        f"SELECT memctl_lock_key({facts.LOCK_CLASS}, 'ALICE_NS' || chr(31) || 'db.password.hint')",
-        "LOCK TABLE memctl_lock_models IN ACCESS EXCLUSIVE MODE", "LOCK TABLE memctl_lock_keys IN ACCESS EXCLUSIVE MODE",
-        "SELECT * FROM memctl_lock_keys FOR UPDATE")),
-    Attack("table locks", ("LOCK TABLE episodes IN ACCESS EXCLUSIVE MODE", "LOCK TABLE facts IN EXCLUSIVE MODE",
-                           "LOCK TABLE chunks IN SHARE ROW EXCLUSIVE MODE", "LOCK TABLE fact_history IN SHARE MODE",
-                           "SELECT * FROM episodes FOR UPDATE", "SELECT * FROM facts FOR UPDATE")),
+    Attack(
+        "views",
+        (
+            "CREATE TEMP VIEW every AS SELECT * FROM episodes",
+            "DO $$ BEGIN EXECUTE format('CREATE VIEW %I.every AS SELECT * FROM episodes', current_schema()); "
+            "END $$",
+        ),
+    ),
+    Attack(
+        "owner's powers",
+        (
+            "ALTER TABLE episodes DISABLE ROW LEVEL SECURITY",
+            "ALTER ROLE BOB_ROLE BYPASSRLS",
+            "CREATE POLICY everything ON episodes USING (true)",
+            "SELECT memctl_grant_all()",
+            "GRANT memctl_agents TO BOB_ROLE",
+            "ALTER TABLE episodes OWNER TO BOB_ROLE",
+        ),
+    ),
+    Attack(
+        "memctl's advisory keys",
+        (
+            "SELECT pg_advisory_lock(hashtext('memctl.embedding_models'))",
+            "SELECT pg_advisory_lock(hashtext('memctl.blocked_sources'))",
+            f"SELECT pg_advisory_lock({repeats.LOCK_CLASS}, hashtext('ALICE'))",  # the keys before sql/0023
+            f"SELECT pg_advisory_lock({repeats.IMPORT_CLASS}, 0)",
+            "SELECT pg_advisory_lock(hashtextextended('ALICE_NS' || chr(31) || 'db.password.hint', 0))",
+            f"SELECT pg_advisory_xact_lock({repeats.LOCK_CLASS}, hashtext('ALICE'))",
+            f"SELECT pg_advisory_lock({migrate.LOCK_KEY})",
+        ),
+    ),
+    Attack(
+        "memctl's locks",
+        (
+            "SELECT memctl_lock('models', false)",
+            "SELECT memctl_lock('sources', false)",
+            f"SELECT memctl_lock_key({repeats.LOCK_CLASS}, 'ALICE')",
+            f"SELECT memctl_lock_key({repeats.IMPORT_CLASS}, '')",
+            f"SELECT memctl_lock_key({facts.LOCK_CLASS}, 'ALICE_NS' || chr(31) || 'db.password.hint')",
+            "LOCK TABLE memctl_lock_models IN ACCESS EXCLUSIVE MODE",
+            "LOCK TABLE memctl_lock_keys IN ACCESS EXCLUSIVE MODE",
+            "SELECT * FROM memctl_lock_keys FOR UPDATE",
+        ),
+    ),
+    Attack(
+        "table locks",
+        (
+            "LOCK TABLE episodes IN ACCESS EXCLUSIVE MODE",
+            "LOCK TABLE facts IN EXCLUSIVE MODE",
+            "LOCK TABLE chunks IN SHARE ROW EXCLUSIVE MODE",
+            "LOCK TABLE fact_history IN SHARE MODE",
+            "SELECT * FROM episodes FOR UPDATE",
+            "SELECT * FROM facts FOR UPDATE",
+        ),
+    ),
 )
 
 # Reads: none may return one of alice's marks (her text, her fact's value, her namespace).
-READS = ("SELECT agent, content FROM episodes", "SELECT agent, content FROM chunks",
-         "SELECT namespace, key, value FROM facts", "SELECT namespace, key, old_value, new_value FROM fact_history",
-         "SELECT * FROM agents", "SELECT * FROM fold_key", "SELECT * FROM blocked_sources",
-         "SELECT id FROM episodes WHERE tsv @@ to_tsquery('HERON')",
-         "SELECT memctl_agent_reads('ALICE_ROLE'), memctl_agent_writes('ALICE_ROLE'), memctl_agent_of('ALICE_ROLE'), "
-         "memctl_agent_writer('ALICE_ROLE')",
-         "SELECT memctl_agent_matches(to_tsquery('HERON'))", "SELECT memctl_fold_key()",
-         "SELECT last_value FROM episodes_id_seq",
-         "SELECT most_common_vals::text, histogram_bounds::text FROM pg_stats WHERE tablename IN "
-         "('episodes', 'chunks', 'facts', 'fact_history')",
-         "COPY episodes TO STDOUT", "COPY (SELECT content FROM episodes) TO STDOUT", "COPY facts TO STDOUT")
-COUNTS = {"episodes": "SELECT count(*) FROM episodes", "chunks": "SELECT count(*) FROM chunks",
-          "facts": "SELECT count(*) FROM facts", "fact_history": "SELECT count(*) FROM fact_history"}
+READS = (
+    "SELECT agent, content FROM episodes",
+    "SELECT agent, content FROM chunks",
+    "SELECT namespace, key, value FROM facts",
+    "SELECT namespace, key, old_value, new_value FROM fact_history",
+    "SELECT * FROM agents",
+    "SELECT * FROM fold_key",
+    "SELECT * FROM blocked_sources",
+    "SELECT id FROM episodes WHERE tsv @@ to_tsquery('HERON')",
+    "SELECT memctl_agent_reads('ALICE_ROLE'), memctl_agent_writes('ALICE_ROLE'), memctl_agent_of('ALICE_ROLE'), "
+    "memctl_agent_writer('ALICE_ROLE')",
+    "SELECT memctl_agent_matches(to_tsquery('HERON'))",
+    "SELECT memctl_fold_key()",
+    "SELECT last_value FROM episodes_id_seq",
+    "SELECT most_common_vals::text, histogram_bounds::text FROM pg_stats WHERE tablename IN "
+    "('episodes', 'chunks', 'facts', 'fact_history')",
+    "COPY episodes TO STDOUT",
+    "COPY (SELECT content FROM episodes) TO STDOUT",
+    "COPY facts TO STDOUT",
+)
+COUNTS = {
+    "episodes": "SELECT count(*) FROM episodes",
+    "chunks": "SELECT count(*) FROM chunks",
+    "facts": "SELECT count(*) FROM facts",
+    "fact_history": "SELECT count(*) FROM fact_history",
+}
 # Writes: each refused, or changing no row (bob's own session writes nothing, not even his own rows).
-WRITES = ("INSERT INTO episodes (agent, content, content_hash, importance) VALUES ('ALICE', 'bob was here', '\\x00', 5)",
-          "INSERT INTO episodes (agent, content, content_hash, importance) VALUES ('BOB', 'bob was here', '\\x00', 5)",
-          "UPDATE episodes SET importance = 0", "UPDATE episodes SET content = 'bob was here' WHERE agent = 'ALICE'",
-          "UPDATE facts SET value = 'bob was here'",
-          "INSERT INTO facts (namespace, key, value, version) VALUES ('ALICE_NS', 'k', 'bob was here', 9)",
-          "DELETE FROM episodes", "DELETE FROM facts", "TRUNCATE episodes", "TRUNCATE facts",
-          "INSERT INTO blocked_sources (source) VALUES ('mcp:ALICE')", "UPDATE fold_key SET key = '\\x00'",
-          "UPDATE agents SET role_name = 'BOB_ROLE'")
+WRITES = (
+    "INSERT INTO episodes (agent, content, content_hash, importance) VALUES ('ALICE', 'bob was here', '\\x00', 5)",
+    "INSERT INTO episodes (agent, content, content_hash, importance) VALUES ('BOB', 'bob was here', '\\x00', 5)",
+    "UPDATE episodes SET importance = 0",
+    "UPDATE episodes SET content = 'bob was here' WHERE agent = 'ALICE'",
+    "UPDATE facts SET value = 'bob was here'",
+    "INSERT INTO facts (namespace, key, value, version) VALUES ('ALICE_NS', 'k', 'bob was here', 9)",
+    "DELETE FROM episodes",
+    "DELETE FROM facts",
+    "TRUNCATE episodes",
+    "TRUNCATE facts",
+    "INSERT INTO blocked_sources (source) VALUES ('mcp:ALICE')",
+    "UPDATE fold_key SET key = '\\x00'",
+    "UPDATE agents SET role_name = 'BOB_ROLE'",
+)
 COPY_IN = "COPY episodes (agent, content, content_hash, importance) FROM STDIN"
 
 
 def _sql(text: str, wall) -> str:
-    for token, value in (("ALICE_ROLE", wall.alice.role), ("BOB_ROLE", wall.bob.role), ("ALICE_NS", wall.alice.namespace),
-                         ("HERON", wall.marks[0]), ("ALICE", wall.alice.name), ("BOB", wall.bob.name)):
+    for token, value in (
+        ("ALICE_ROLE", wall.alice.role),
+        ("BOB_ROLE", wall.bob.role),
+        ("ALICE_NS", wall.alice.namespace),
+        ("HERON", wall.marks[0]),
+        ("ALICE", wall.alice.name),
+        ("BOB", wall.bob.name),
+    ):
         text = text.replace(token, value)
     return text
 
@@ -159,17 +264,26 @@ def _copy_in(conn, wall) -> int:
 
 def _snapshot(wall) -> list:
     with wall.owner() as conn:
-        return [conn.execute("SELECT id, agent, content, importance, repeats FROM episodes WHERE agent = %s ORDER BY id",
-                             (wall.alice.name,)).fetchall(),
-                conn.execute("SELECT key, value, version FROM facts WHERE namespace = %s ORDER BY key",
-                             (wall.alice.namespace,)).fetchall(),
-                conn.execute("SELECT count(*) AS n FROM fact_history WHERE namespace = %s",
-                             (wall.alice.namespace,)).fetchone()]
+        return [
+            conn.execute(
+                "SELECT id, agent, content, importance, repeats FROM episodes WHERE agent = %s ORDER BY id",
+                (wall.alice.name,),
+            ).fetchall(),
+            conn.execute(
+                "SELECT key, value, version FROM facts WHERE namespace = %s ORDER BY key",
+                (wall.alice.namespace,),
+            ).fetchall(),
+            conn.execute(
+                "SELECT count(*) AS n FROM fact_history WHERE namespace = %s",
+                (wall.alice.namespace,),
+            ).fetchone(),
+        ]
 
 
 def _alice_writes(wall) -> None:
     """alice remembers and sets a fact through memctl in her role, and the owner adds an episode for her, each
     failing rather than waiting past 10 s for a lock bob's open transaction might hold."""
+
     def opened():
         conn = db.connect(wall.url, vector=True)
         conn.execute("SET lock_timeout = '10s'")
@@ -178,7 +292,9 @@ def _alice_writes(wall) -> None:
     scope = sessions.Scope.make(agent=wall.alice.name, namespace=wall.alice.namespace)
     session = sessions.Session(config.Settings(), scope, opened, role=wall.alice.role)
     try:
-        assert tools.remember(session, "alice's write while bob holds his session open").data["stored"]
+        assert tools.remember(session, "alice's write while bob holds his session open").data[
+            "stored"
+        ]
         tools.fact_set(session, "written.while.held", "yes")
     finally:
         session.close()
@@ -188,11 +304,18 @@ def _alice_writes(wall) -> None:
 
 def _undo_alice_writes(wall) -> None:
     with wall.owner() as conn:
-        conn.execute("DELETE FROM episodes WHERE agent = %s AND content LIKE 'alice''s write while%%'",
-                     (wall.alice.name,))
+        conn.execute(
+            "DELETE FROM episodes WHERE agent = %s AND content LIKE 'alice''s write while%%'",
+            (wall.alice.name,),
+        )
         for key in ("written.while.held", "written.by.owner"):
-            conn.execute("DELETE FROM facts WHERE namespace = %s AND key = %s", (wall.alice.namespace, key))
-            conn.execute("DELETE FROM fact_history WHERE namespace = %s AND key = %s", (wall.alice.namespace, key))
+            conn.execute(
+                "DELETE FROM facts WHERE namespace = %s AND key = %s", (wall.alice.namespace, key)
+            )
+            conn.execute(
+                "DELETE FROM fact_history WHERE namespace = %s AND key = %s",
+                (wall.alice.namespace, key),
+            )
 
 
 def _leaks(rows, wall) -> list[str]:
@@ -207,7 +330,9 @@ def _leaks(rows, wall) -> list[str]:
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
 def test_bob_gets_past_his_rows_by_no_postgresql_feature(wall, mode, attack):
     if attack.login_only and mode != "login":
-        pytest.skip("a superuser's session may undo SET SESSION AUTHORIZATION: only bob's login tries it")
+        pytest.skip(
+            "a superuser's session may undo SET SESSION AUTHORIZATION: only bob's login tries it"
+        )
     before = _snapshot(wall)
     problems = []
     with wall.session(mode, wall.bob) as conn:
@@ -219,7 +344,9 @@ def test_bob_gets_past_his_rows_by_no_postgresql_feature(wall, mode, attack):
         for table, statement in COUNTS.items():
             rows, _, _ = _try(conn, statement)
             if rows and rows[0][0] > wall.bob_counts[table]:
-                problems.append(f"{statement!r} counts {rows[0][0]} rows, bob has {wall.bob_counts[table]}")
+                problems.append(
+                    f"{statement!r} counts {rows[0][0]} rows, bob has {wall.bob_counts[table]}"
+                )
         for statement in WRITES:
             _, changed, error = _try(conn, _sql(statement, wall))
             if error is None and changed:
@@ -239,9 +366,13 @@ def test_bob_gets_past_his_rows_by_no_postgresql_feature(wall, mode, attack):
 def test_no_role_bob_is_a_member_of_shows_alices_rows(wall, mode):
     """Every role bob's role is a member of (found on the server, not listed), assumed in turn: nothing of alice's."""
     with wall.owner() as conn:
-        roles = [r["rolname"] for r in conn.execute(
-            "SELECT rolname FROM pg_roles WHERE pg_has_role(%s, oid, 'MEMBER') AND rolname <> %s",
-            (wall.bob.role, wall.bob.role))]
+        roles = [
+            r["rolname"]
+            for r in conn.execute(
+                "SELECT rolname FROM pg_roles WHERE pg_has_role(%s, oid, 'MEMBER') AND rolname <> %s",
+                (wall.bob.role, wall.bob.role),
+            )
+        ]
     assert set(GROUPS) <= set(roles)
     seen = {}
     with wall.session(mode, wall.bob) as conn:
@@ -265,11 +396,21 @@ def test_every_function_of_memctls_is_pinned_and_none_is_publics(wall):
             FROM pg_proc p WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'memctl\\_%'
               AND p.proname <> 'memctl_test_writer_check'""").fetchall()
         schema = conn.execute("SELECT current_schema() AS s").fetchone()["s"]
-    assert {r["proname"] for r in rows} >= {"memctl_agent_of", "memctl_agent_matches", "memctl_fold_key", "memctl_lock"}
+    assert {r["proname"] for r in rows} >= {
+        "memctl_agent_of",
+        "memctl_agent_matches",
+        "memctl_fold_key",
+        "memctl_lock",
+    }
     for row in rows:
         assert not row["public"], f"{row['proname']} is PUBLIC's"
         if row["prosecdef"]:
-            path = [setting for setting in row["proconfig"] or [] if setting.startswith("search_path=")]
+            path = [
+                setting for setting in row["proconfig"] or [] if setting.startswith("search_path=")
+            ]
             assert path, f"{row['proname']} has no search_path of its own"
             parts = [p.strip().strip('"') for p in path[0].split("=", 1)[1].split(",")]
-            assert parts[-1] == "pg_temp" and schema in parts and "pg_catalog" in parts, (row["proname"], parts)
+            assert parts[-1] == "pg_temp" and schema in parts and "pg_catalog" in parts, (
+                row["proname"],
+                parts,
+            )

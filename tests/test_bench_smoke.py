@@ -33,7 +33,10 @@ RUNS = [
     ("dated.py --days 20", "recall@10"),
     ("period.py --episodes 2000 --days 1 --exact 1000", "a query"),
     ("prune.py --episodes 2000 --rounds 1", "longest prune transaction"),
-    ("mcp.py --episodes 300 --calls 10 --runs 3 --embedder hash", "ratio tool call / fresh process"),
+    (
+        "mcp.py --episodes 300 --calls 10 --runs 3 --embedder hash",
+        "ratio tool call / fresh process",
+    ),
     ("recall.py --episodes 2000", "ratio (goal <= 1.3)"),
     ("metrics.py --episodes 2000", "ratio metrics / status"),
     ("match_rows.py --episodes 2000", "unbounded"),
@@ -57,9 +60,19 @@ def test_the_bench_runs(command, marker):
     script, *args = command.split()
     # The bench starts its own embedded server and reads no test setting: none of the suite's MEMCTL_*.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCTL_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this venv's memctl
+    env["PATH"] = (
+        f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this venv's memctl
+    )
     env["HF_HUB_OFFLINE"] = "1"
-    done = subprocess.run([sys.executable, str(BENCH / script), *args], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=BENCH.parent.parent)
-    assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=BENCH.parent.parent,
+    )
+    assert done.returncode == 0, (
+        f"{command} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    )
     assert marker in done.stdout, f"{command} did not print {marker!r}:\n{done.stdout[-2000:]}"

@@ -14,7 +14,9 @@ HELPER = Path(__file__).parent / "ci" / "server-pid.sh"
 def _bash(script, *args):
     return subprocess.run(
         ["bash", "-c", f'. "{HELPER}"; {script}', "bash", *map(str, args)],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 

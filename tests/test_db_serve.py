@@ -43,8 +43,19 @@ def _ensure_user(name: str, group: str | None = None) -> pwd.struct_passwd:
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        name], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ],
+            check=True,
+            capture_output=True,
+        )
         entry = pwd.getpwnam(name)
     if group and name not in grp.getgrnam(group).gr_mem:
         subprocess.run(["usermod", "-aG", group, name], check=True, capture_output=True)
@@ -64,8 +75,13 @@ def _new_home(pgdata: Path | None = None):
         subprocess.run(["cp", "-a", str(pgdata), str(path / "pgdata")], check=True)
     config = path.parent / f"{path.name}.toml"
     config.write_text("")
-    env = {**os.environ, "MEMCTL_HOME": str(path), "MEMCTL_CONFIG": str(config), "MEMCTL_DATABASE_URL": "",
-           "MEMCTL_EMBEDDER": "hash"}
+    env = {
+        **os.environ,
+        "MEMCTL_HOME": str(path),
+        "MEMCTL_CONFIG": str(config),
+        "MEMCTL_DATABASE_URL": "",
+        "MEMCTL_EMBEDDER": "hash",
+    }
     try:
         yield env, path
     finally:
@@ -118,8 +134,13 @@ class Server:
         self.log_path = Path(f"{home}.log")
         self.offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen([_memctl(), "db", "serve"], env=env, stdout=subprocess.DEVNULL,
-                                         stderr=log, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [_memctl(), "db", "serve"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
         deadline = time.monotonic() + WAIT_S
         while "memctl: embedded database ready" not in self.log():
             assert self.proc.poll() is None, self.log()
@@ -128,7 +149,7 @@ class Server:
 
     def log(self) -> str:
         """This run's part of the log."""
-        return self.log_path.read_text()[self.offset:]
+        return self.log_path.read_text()[self.offset :]
 
     @property
     def url(self) -> str:
@@ -155,7 +176,9 @@ def server(home):
 
 
 def _run(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([_memctl(), *args], env=env, capture_output=True, text=True, timeout=WAIT_S)
+    return subprocess.run(
+        [_memctl(), *args], env=env, capture_output=True, text=True, timeout=WAIT_S
+    )
 
 
 def test_serve_makes_the_data_directory_and_the_database_on_an_empty_home(empty_home):
@@ -168,15 +191,23 @@ def test_serve_makes_the_data_directory_and_the_database_on_an_empty_home(empty_
         with psycopg.connect(served.url, autocommit=True) as client:
             assert client.execute("SELECT current_database()").fetchone() == (embedded.DATABASE,)
         marker = json.loads((path / embedded.MANAGED).read_text())
-        assert marker == {"unit": "memctl-db.service", "socket_dir": str(path / "run"), "port": 5432}
+        assert marker == {
+            "unit": "memctl-db.service",
+            "socket_dir": str(path / "run"),
+            "port": 5432,
+        }
         assert (path / embedded.MANAGED).stat().st_mode & 0o777 == 0o644
-        assert (path / "pgdata").stat().st_uid == (path.stat().st_uid)  # the server's user, never root
+        assert (path / "pgdata").stat().st_uid == (
+            path.stat().st_uid
+        )  # the server's user, never root
     finally:
         assert served.stop() == 0
 
 
 def test_jobs_and_a_long_lived_client_share_the_one_server(server):
-    with psycopg.connect(server.url, autocommit=True) as client:  # the database exists before any job ran
+    with psycopg.connect(
+        server.url, autocommit=True
+    ) as client:  # the database exists before any job ran
         added = _run(server.env, "episode", "add", "disk full on web-1; rotating logs fixed it")
         assert added.returncode == 0, added.stderr
         embedded_rows = _run(server.env, "embed", "-f", "json")
@@ -184,23 +215,36 @@ def test_jobs_and_a_long_lived_client_share_the_one_server(server):
         assert sum(row["embedded"] for row in json.loads(embedded_rows.stdout)) == 1
         assert client.execute("SELECT count(*) FROM episodes").fetchone() == (1,)
         status = json.loads(_run(server.env, "db", "status", "-f", "json").stdout)
-        assert status["embedded_managed_by"] == "memctl-db.service" and status["embedded_running"] is True
+        assert (
+            status["embedded_managed_by"] == "memctl-db.service"
+            and status["embedded_running"] is True
+        )
     assert server.log().count(READY) == 1  # one server, the served one
-    assert not (server.home / "pgdata" / "log").exists()  # the on-demand start path (it logs there) never ran
+    assert not (
+        server.home / "pgdata" / "log"
+    ).exists()  # the on-demand start path (it logs there) never ran
     assert server.proc.poll() is None
 
 
 def test_a_job_killed_with_its_process_group_leaves_the_server_and_its_clients(server):
     pid = server.postmaster_pid()
     with psycopg.connect(server.url, autocommit=True) as client:
-        job = subprocess.Popen([_memctl(), "embed", "--loop", "--interval", "1"], env=server.env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        job = subprocess.Popen(
+            [_memctl(), "embed", "--loop", "--interval", "1"],
+            env=server.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + WAIT_S
-        while not client.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'memctl'"
-                                 ).fetchone()[0]:
+        while not client.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'memctl'"
+        ).fetchone()[0]:
             assert job.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        os.killpg(job.pid, signal.SIGKILL)  # what systemd does to a oneshot unit's processes, at its harshest
+        os.killpg(
+            job.pid, signal.SIGKILL
+        )  # what systemd does to a oneshot unit's processes, at its harshest
         assert job.wait(timeout=WAIT_S) == -signal.SIGKILL
         assert client.execute("SELECT 1").fetchone() == (1,)  # same connection, still served
     assert server.proc.poll() is None and server.postmaster_pid() == pid
@@ -213,7 +257,9 @@ def test_a_job_killed_with_its_process_group_leaves_the_server_and_its_clients(s
 def test_a_stop_signal_is_a_fast_clean_shutdown_even_with_a_client_connected(home, sig):
     env, path = home
     served = Server(env, path)
-    client = psycopg.connect(served.url, autocommit=True)  # a smart shutdown would wait for it forever
+    client = psycopg.connect(
+        served.url, autocommit=True
+    )  # a smart shutdown would wait for it forever
     try:
         assert served.stop(sig) == 0
     finally:
@@ -242,7 +288,10 @@ def test_a_managed_home_never_gets_a_server_of_a_command(home):
     for args in [("episode", "add", "nobody to store me"), ("db", "start"), ("db", "url")]:
         result = _run(env, *args)
         assert result.returncode == 3, (args, result.stderr)
-        assert "systemctl start memctl-db.service" in result.stderr and "Traceback" not in result.stderr
+        assert (
+            "systemctl start memctl-db.service" in result.stderr
+            and "Traceback" not in result.stderr
+        )
     assert not (path / "pgdata" / "postmaster.pid").exists()  # no server started
     assert not (path / "pgdata" / "log").exists()
     assert _run(env, "db", "stop").returncode == 0  # nothing to stop
@@ -255,7 +304,9 @@ def test_serve_never_takes_over_a_server_it_did_not_start(empty_home):
     assert started.returncode == 0, started.stderr
     refused = _run(env, "db", "serve")
     assert refused.returncode == 1, refused.stderr
-    expected = "belongs to embedded_postgres" if IS_ROOT else "a server started outside memctl db serve"
+    expected = (
+        "belongs to embedded_postgres" if IS_ROOT else "a server started outside memctl db serve"
+    )
     assert expected in refused.stderr and "Traceback" not in refused.stderr
     assert not (path / embedded.MANAGED).exists()
     assert json.loads(_run(env, "db", "status", "-f", "json").stdout)["embedded_running"] is True
@@ -266,12 +317,31 @@ def test_serve_never_takes_over_a_server_it_did_not_start(empty_home):
 def test_the_socket_admits_the_servers_group_and_nobody_else(server):
     member, outsider = _ensure_user(MEMBER, group=SERVER_USER), _ensure_user(OUTSIDER)
     marker = json.loads((server.home / embedded.MANAGED).read_text())
-    psql = [str(embedded.bin_dir() / "psql"), "-h", marker["socket_dir"], "-p", str(marker["port"]), "-U",
-            "postgres", "-d", embedded.DATABASE, "-Atc", "SELECT current_database()"]
+    psql = [
+        str(embedded.bin_dir() / "psql"),
+        "-h",
+        marker["socket_dir"],
+        "-p",
+        str(marker["port"]),
+        "-U",
+        "postgres",
+        "-d",
+        embedded.DATABASE,
+        "-Atc",
+        "SELECT current_database()",
+    ]
 
     def as_user(entry: pwd.struct_passwd, argv: list[str]) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, user=entry.pw_uid, group=entry.pw_gid, cwd="/", capture_output=True, text=True,
-                              extra_groups=os.getgrouplist(entry.pw_name, entry.pw_gid), timeout=WAIT_S)
+        return subprocess.run(
+            argv,
+            user=entry.pw_uid,
+            group=entry.pw_gid,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            extra_groups=os.getgrouplist(entry.pw_name, entry.pw_gid),
+            timeout=WAIT_S,
+        )
 
     joined = as_user(member, psql)
     assert (joined.returncode, joined.stdout) == (0, "memctl\n"), joined.stderr
@@ -296,9 +366,16 @@ def test_serve_refuses_a_data_directory_of_another_user(empty_home):
 def test_as_root_serve_refuses_a_home_root_owns():
     path = Path(tempfile.mkdtemp(prefix="memctl-test-serve-root-"))
     try:
-        env = {**os.environ, "MEMCTL_HOME": str(path), "MEMCTL_CONFIG": os.devnull, "MEMCTL_DATABASE_URL": ""}
+        env = {
+            **os.environ,
+            "MEMCTL_HOME": str(path),
+            "MEMCTL_CONFIG": os.devnull,
+            "MEMCTL_DATABASE_URL": "",
+        }
         refused = _run(env, "db", "serve")
-        assert refused.returncode == 1 and "PostgreSQL refuses root" in refused.stderr, refused.stderr
+        assert refused.returncode == 1 and "PostgreSQL refuses root" in refused.stderr, (
+            refused.stderr
+        )
         assert list(path.iterdir()) == []
     finally:
         shutil.rmtree(path, ignore_errors=True)
@@ -316,6 +393,8 @@ def test_serve_serves_on_when_a_newer_memctl_migrates_the_memory(server, tmp_pat
     with db.connect(server.url) as conn:
         migrate.apply(conn, newer)
     with psycopg.connect(server.url, autocommit=True) as client:
-        assert client.execute("SELECT max(name) FROM memctl_migrations").fetchone() == ("9000_future.sql",)
+        assert client.execute("SELECT max(name) FROM memctl_migrations").fetchone() == (
+            "9000_future.sql",
+        )
     assert server.proc.poll() is None
     assert server.stop() == 0

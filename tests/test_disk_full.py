@@ -22,7 +22,9 @@ import pytest
 from memctl.errors import EXIT_DISK_FULL
 
 DISK_MB = 160  # an empty cluster with memctl's schema takes about 45 MB, a WAL segment 16 MB of it
-BIG = 300_000  # characters: a write this size cannot fit in the free room of pages already allocated
+BIG = (
+    300_000  # characters: a write this size cannot fit in the free room of pages already allocated
+)
 
 
 def _memctl() -> str:
@@ -36,25 +38,39 @@ def _memctl() -> str:
 def disk():
     """(mount point, run) for a tmpfs of DISK_MB holding MEMCTL_HOME; run(*args) -> CompletedProcess."""
     if os.environ.get("MEMCTL_TEST_DATABASE_URL"):
-        pytest.skip("fills the embedded server's disk; with MEMCTL_TEST_DATABASE_URL the suite is about that "
-                    "server, whose disk a test cannot fill")
+        pytest.skip(
+            "fills the embedded server's disk; with MEMCTL_TEST_DATABASE_URL the suite is about that "
+            "server, whose disk a test cannot fill"
+        )
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a size-limited tmpfs for the data directory")
     mount = Path(tempfile.mkdtemp(prefix="memctl-diskfull-", dir="/var/tmp"))
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m,mode=0755", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m,mode=0755", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
         mount.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}): needs root with CAP_SYS_ADMIN")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({made.stderr.strip()}): needs root with CAP_SYS_ADMIN"
+        )
     config = Path(tempfile.mkdtemp(prefix="memctl-diskfull-cfg-")) / "config.toml"
-    config.write_text("[limits]\nvalue_bytes = 1048576\n")  # a fact value of BIG characters (the default is 64 KiB)
+    config.write_text(
+        "[limits]\nvalue_bytes = 1048576\n"
+    )  # a fact value of BIG characters (the default is 64 KiB)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMCTL_", "PG"))}
-    env.update(MEMCTL_HOME=str(mount / "home"), MEMCTL_CONFIG=str(config), MEMCTL_EMBEDDER="hash",
-               MEMCTL_EMBED_MODEL="hash-embed")
+    env.update(
+        MEMCTL_HOME=str(mount / "home"),
+        MEMCTL_CONFIG=str(config),
+        MEMCTL_EMBEDDER="hash",
+        MEMCTL_EMBED_MODEL="hash-embed",
+    )
 
     def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([_memctl(), *args], env=env, input=input, capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [_memctl(), *args], env=env, input=input, capture_output=True, text=True, timeout=120
+        )
 
     try:
         yield mount, run
@@ -85,8 +101,25 @@ def _words(n: int, seed: str) -> str:
     import random
 
     rng = random.Random(seed)
-    vocabulary = ["disk", "deploy", "nginx", "rotated", "failed", "restart", "replica", "volume", "alert",
-                  "queue", "backlog", "kernel", "memory", "ticket", "cleanup", "retention", "snapshot"]
+    vocabulary = [
+        "disk",
+        "deploy",
+        "nginx",
+        "rotated",
+        "failed",
+        "restart",
+        "replica",
+        "volume",
+        "alert",
+        "queue",
+        "backlog",
+        "kernel",
+        "memory",
+        "ticket",
+        "cleanup",
+        "retention",
+        "snapshot",
+    ]
     out, length = [], 0
     while length < n:
         word = f"{rng.choice(vocabulary)}{rng.randrange(10_000)}"
@@ -99,15 +132,23 @@ def _counts(run) -> dict[str, int]:
     url = run("db", "url").stdout.strip()
     assert url, "memctl db url printed nothing"
     with psycopg.connect(url, autocommit=True) as conn:
-        return {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 - fixed names
-                for table in ("episodes", "chunks", "embed_queue", "facts", "fact_history")}
+        return {
+            table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 - fixed names
+            for table in ("episodes", "chunks", "embed_queue", "facts", "fact_history")
+        }
 
 
 def _commands(mount: Path, batch: Path, tag: str) -> dict[str, tuple[list[str], str | None]]:
     """Each write, as (arguments, stdin): the big texts go through stdin, past the kernel's argument limit."""
     return {
-        "episode add": (["episode", "add", "-", "--source", "disk-test"], _words(BIG, f"episode-{tag}")),
-        "fact set": (["fact", "set", f"disk.{tag}", "-", "--source", "disk-test"], _words(BIG, f"fact-{tag}")),
+        "episode add": (
+            ["episode", "add", "-", "--source", "disk-test"],
+            _words(BIG, f"episode-{tag}"),
+        ),
+        "fact set": (
+            ["fact", "set", f"disk.{tag}", "-", "--source", "disk-test"],
+            _words(BIG, f"fact-{tag}"),
+        ),
         "episode import": (["episode", "import", str(batch)], None),
         "export --out": (["export", "--out", str(mount / "export.jsonl")], None),
     }
@@ -115,11 +156,17 @@ def _commands(mount: Path, batch: Path, tag: str) -> dict[str, tuple[list[str], 
 
 def test_a_full_disk_refuses_every_write_whole_and_writes_resume_once_freed(disk, tmp_path):
     mount, run = disk
-    seeded = run("fact", "set", "disk.seed", "1")  # starts the server on the small disk and migrates it
+    seeded = run(
+        "fact", "set", "disk.seed", "1"
+    )  # starts the server on the small disk and migrates it
     assert seeded.returncode == 0, seeded.stderr
     batch = tmp_path / "batch.jsonl"  # the import file itself lives off the full disk
-    batch.write_text("".join(json.dumps({"content": f"batch {n}: " + _words(2_000, f"b{n}")}) + "\n"
-                             for n in range(200)))
+    batch.write_text(
+        "".join(
+            json.dumps({"content": f"batch {n}: " + _words(2_000, f"b{n}")}) + "\n"
+            for n in range(200)
+        )
+    )
     before = _counts(run)
 
     filler = _fill(mount)
@@ -157,7 +204,9 @@ def test_a_server_that_cannot_start_on_a_full_disk_says_so_and_starts_once_freed
         out = run("fact", "get", "disk.start")
         assert out.returncode == EXIT_DISK_FULL, (out.returncode, out.stderr)
         assert "cannot start" in out.stderr and str(mount) in out.stderr, out.stderr
-        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, (
+            out.stderr
+        )
     finally:
         filler.unlink()
     out = run("fact", "get", "disk.start")

@@ -59,8 +59,10 @@ def test_the_configuration_reference_is_the_schema_s():
 
     page = (ROOT / "docs" / "configuration.md").read_text()
     block = page.split("```toml\n", 1)[1].split("```\n", 1)[0]
-    assert block == config.reference(), ("docs/configuration.md's block differs from the schema: print it with "
-                                         "python -c 'from memctl import config; print(config.reference())'")
+    assert block == config.reference(), (
+        "docs/configuration.md's block differs from the schema: print it with "
+        "python -c 'from memctl import config; print(config.reference())'"
+    )
     for section, keys in config.SCHEMA.items():
         for name in keys:
             assert f"{name} = " in block, f"{section}.{name} undocumented"

@@ -16,17 +16,26 @@ from memctl import db
 
 
 def add_many(cli, n: int, prefix: str = "episode") -> None:
-    data = "".join(json.dumps({"content": f"{prefix} {i}: the service restarted after memory pressure {i}"}) + "\n"
-                   for i in range(n))
+    data = "".join(
+        json.dumps({"content": f"{prefix} {i}: the service restarted after memory pressure {i}"})
+        + "\n"
+        for i in range(n)
+    )
     assert cli("episode", "import", "-", input=data).exit_code == 0
 
 
 def vector_count(conn) -> int:
-    table = conn.execute("SELECT table_name FROM embedding_models WHERE state = 'active'").fetchone()["table_name"]
-    return conn.execute(f'SELECT count(*) AS n FROM "{table}"').fetchone()["n"]  # name from our registry
+    table = conn.execute(
+        "SELECT table_name FROM embedding_models WHERE state = 'active'"
+    ).fetchone()["table_name"]
+    return conn.execute(f'SELECT count(*) AS n FROM "{table}"').fetchone()[
+        "n"
+    ]  # name from our registry
 
 
-def test_embed_in_batches_registers_the_model_and_empties_the_backlog(cli, conn, ollama, ollama_env):
+def test_embed_in_batches_registers_the_model_and_empties_the_backlog(
+    cli, conn, ollama, ollama_env
+):
     add_many(cli, 10)
     result = cli("embed", "--batch-size", "4", "-f", "json")
     assert result.exit_code == 0, result.stderr
@@ -68,12 +77,16 @@ def test_first_run_with_ollama_down_exits_3_and_keeps_rows(cli, ollama, ollama_e
 
 
 @pytest.mark.parametrize("fault,code", [("500", 3), ("slow", 3)])
-def test_server_errors_and_timeouts_leave_rows_pending(cli, ollama, ollama_env, memctl_env, fault, code):
+def test_server_errors_and_timeouts_leave_rows_pending(
+    cli, ollama, ollama_env, memctl_env, fault, code
+):
     add_many(cli, 2)
     cli("embed")
     add_many(cli, 2, prefix="more")
     ollama.inject(fault, delay_s=3 if fault == "slow" else None)
-    (__import__("pathlib").Path(memctl_env["MEMCTL_CONFIG"])).write_text("[embedding]\ntimeout = 0.5\n")
+    (__import__("pathlib").Path(memctl_env["MEMCTL_CONFIG"])).write_text(
+        "[embedding]\ntimeout = 0.5\n"
+    )
     result = cli("embed")
     assert result.exit_code == code, result.stderr
     ollama.clear()
@@ -103,17 +116,28 @@ def test_a_chunk_the_model_rejects_is_split_or_marked_failed(cli, conn, ollama, 
     assert vector_count(conn) == 2
 
 
-def test_a_configured_model_other_than_the_database_s_warns_and_follows_the_database(cli, conn, ollama, ollama_env):
+def test_a_configured_model_other_than_the_database_s_warns_and_follows_the_database(
+    cli, conn, ollama, ollama_env
+):
     add_many(cli, 1)
     cli("embed")
     add_many(cli, 2, prefix="later")
     other = cli("embed", "-f", "json", env={"MEMCTL_EMBED_MODEL": "nomic-embed-text"})
     assert other.exit_code == 0, other.stderr
-    assert other.json()[0]["chunks"] == 2 and other.json()[0]["model"].startswith("ollama:all-minilm")
-    assert other.stderr.count("memctl:") == 1 and "reembed start --model nomic-embed-text" in other.stderr
-    assert {m for _, m, _ in ollama.embed_requests()} == {"all-minilm"}  # never the configured model
+    assert other.json()[0]["chunks"] == 2 and other.json()[0]["model"].startswith(
+        "ollama:all-minilm"
+    )
+    assert (
+        other.stderr.count("memctl:") == 1
+        and "reembed start --model nomic-embed-text" in other.stderr
+    )
+    assert {m for _, m, _ in ollama.embed_requests()} == {
+        "all-minilm"
+    }  # never the configured model
     assert vector_count(conn) == 3
-    search = cli("episode", "search", "memory", "-f", "json", env={"MEMCTL_EMBED_MODEL": "nomic-embed-text"})
+    search = cli(
+        "episode", "search", "memory", "-f", "json", env={"MEMCTL_EMBED_MODEL": "nomic-embed-text"}
+    )
     assert search.exit_code == 0 and "reembed start" in search.stderr
     assert search.json()[0]["vector_rank"] is not None
 
@@ -133,7 +157,11 @@ def test_two_workers_never_embed_a_chunk_twice(cli, db_url, ollama, ollama_env):
     def worker():
         try:
             with db.connect(db_url, vector=True) as c:
-                results.extend(embed_worker.work(c.use_settings(settings), make_embedder(settings), batch_size=5)[0])
+                results.extend(
+                    embed_worker.work(
+                        c.use_settings(settings), make_embedder(settings), batch_size=5
+                    )[0]
+                )
         except Exception as exc:
             errors.append(exc)
 
@@ -155,8 +183,12 @@ def test_kill_9_mid_batch_loses_nothing(memctl_bin, memctl_env, cli, conn, ollam
     add_many(cli, 30, prefix="killed")
     ollama.inject("slow", delay_s=30)  # the worker will hang inside its first batch
     env = {**os.environ, **ollama_env}
-    proc = subprocess.Popen([sys.executable, "-m", "memctl", "embed", "--batch-size", "10"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memctl", "embed", "--batch-size", "10"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 30
     while time.time() < deadline and not ollama.embed_requests():
         time.sleep(0.1)
@@ -182,12 +214,21 @@ def test_embed_loop_idle_passes_print_nothing_and_share_one_job_row(cli, conn, o
     assert cli("embed").exit_code == 0
 
     def embed_jobs() -> list[tuple[int, int | None]]:
-        return [(r["rows"], r["detail"].get("idle_passes")) for r in
-                conn.execute("SELECT rows, detail FROM jobs WHERE job = 'embed' ORDER BY id").fetchall()]
+        return [
+            (r["rows"], r["detail"].get("idle_passes"))
+            for r in conn.execute(
+                "SELECT rows, detail FROM jobs WHERE job = 'embed' ORDER BY id"
+            ).fetchall()
+        ]
 
     env = {**os.environ, **ollama_env}
-    proc = subprocess.Popen([sys.executable, "-m", "memctl", "embed", "--loop", "--interval", "1"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memctl", "embed", "--loop", "--interval", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for(lambda: (embed_jobs()[-1][1] or 0) >= 3)
         add_many(cli, 2, prefix="while looping")

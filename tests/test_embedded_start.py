@@ -38,7 +38,12 @@ def empty_home():
     home = Path(tempfile.mkdtemp(prefix="memctl-test-start-"))
     config = home.parent / f"{home.name}.toml"
     config.write_text("")
-    env = {**os.environ, "MEMCTL_HOME": str(home), "MEMCTL_CONFIG": str(config), "MEMCTL_DATABASE_URL": ""}
+    env = {
+        **os.environ,
+        "MEMCTL_HOME": str(home),
+        "MEMCTL_CONFIG": str(config),
+        "MEMCTL_DATABASE_URL": "",
+    }
     try:
         yield env, home
     finally:
@@ -53,15 +58,25 @@ def _run(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 def test_four_processes_on_an_empty_home_share_one_first_start(empty_home):
     env, home = empty_home
-    procs = [subprocess.Popen([_memctl(), "fact", "set", f"k{n}", f"v{n}"], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in range(STARTERS)]
+    procs = [
+        subprocess.Popen(
+            [_memctl(), "fact", "set", f"k{n}", f"v{n}"],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for n in range(STARTERS)
+    ]
     for proc in procs:
         _out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0 and "Traceback" not in err, err
 
     listed = _run(env, "fact", "list", "-f", "json")
     assert listed.returncode == 0, listed.stderr
-    assert {f["key"]: f["value"] for f in json.loads(listed.stdout)} == {f"k{n}": f"v{n}" for n in range(STARTERS)}
+    assert {f["key"]: f["value"] for f in json.loads(listed.stdout)} == {
+        f"k{n}": f"v{n}" for n in range(STARTERS)
+    }
 
     pgdata = home / "pgdata"
     log = (pgdata / "log").read_text()
@@ -74,11 +89,15 @@ def test_four_processes_on_an_empty_home_share_one_first_start(empty_home):
 
     url = _run(env, "db", "url").stdout.strip()
     with psycopg.connect(url) as conn:
-        setting, source = conn.execute("SELECT setting::bigint * 8 / 1024, source FROM pg_settings "
-                                       "WHERE name = 'shared_buffers'").fetchone()
+        setting, source = conn.execute(
+            "SELECT setting::bigint * 8 / 1024, source FROM pg_settings "
+            "WHERE name = 'shared_buffers'"
+        ).fetchone()
     assert (setting, source) == (embedded.shared_buffers_mb(), "configuration file")
     pid = (pgdata / "postmaster.pid").read_text().splitlines()[0]
-    assert f"[{pid}]" in next(line for line in log.splitlines() if READY in line)  # the one running now
+    assert f"[{pid}]" in next(
+        line for line in log.splitlines() if READY in line
+    )  # the one running now
 
 
 def test_a_server_found_running_without_its_database_is_waited_for(empty_home):

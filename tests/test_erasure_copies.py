@@ -24,8 +24,9 @@ def marker(what: str) -> str:
 
 
 def day(age: int, minute: int = 0) -> str:
-    start = datetime.datetime.combine((NOW - datetime.timedelta(days=age)).date(), datetime.time(9),
-                                      datetime.timezone.utc)
+    start = datetime.datetime.combine(
+        (NOW - datetime.timedelta(days=age)).date(), datetime.time(9), datetime.timezone.utc
+    )
     return (start + datetime.timedelta(minutes=minute)).isoformat()
 
 
@@ -44,20 +45,34 @@ def summarized(cli, conn, ollama_env, ollama):
     Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG)
     leak = marker("said")
     text = f"The intern said {leak} on the call. It was repeated twice."
-    load(cli, [{"content": c, "kind": "raw", "source": "agent:ops", "created_at": day(40, i)} for i, c in enumerate(
-        [f"Disk on web-3 reached 91% at noon {i}. Logs were rotated." for i in range(2)] + [text])])
+    load(
+        cli,
+        [
+            {"content": c, "kind": "raw", "source": "agent:ops", "created_at": day(40, i)}
+            for i, c in enumerate(
+                [f"Disk on web-3 reached 91% at noon {i}. Logs were rotated." for i in range(2)]
+                + [text]
+            )
+        ],
+    )
     done = cli("summarize", "-f", "json")
     assert done.exit_code == 0 and len(done.json()) == 1, done.stderr
     summary = done.json()[0]["summary_id"]
-    assert leak in one(conn, "SELECT content FROM episodes WHERE id = %s", (summary,))  # the stand-in quotes it
+    assert leak in one(
+        conn, "SELECT content FROM episodes WHERE id = %s", (summary,)
+    )  # the stand-in quotes it
     assert cli("embed").exit_code == 0
     return one(conn, "SELECT id FROM episodes WHERE content = %s", (text,)), text, leak, summary
 
 
-def test_a_summarized_episode_deleted_with_a_receipt_is_in_no_table(cli, conn, summarized, places_of, tmp_path):
+def test_a_summarized_episode_deleted_with_a_receipt_is_in_no_table(
+    cli, conn, summarized, places_of, tmp_path
+):
     episode, text, leak, summary = summarized
     # The lineage keeps a keyed digest of each source, never its plain sha256.
-    plain = places_of(conn).plain_digests(text)  # beside the text itself only, in its own rows (memctl.places: ROW)
+    plain = places_of(conn).plain_digests(
+        text
+    )  # beside the text itself only, in its own rows (memctl.places: ROW)
     assert plain and "summary_sources.source_hash" not in plain
     assert {p.split(".")[0].split("_")[0] for p in plain} == {"chunks", "episodes", "vectors"}
     key = erasures.load_key(create=False)
@@ -71,8 +86,13 @@ def test_a_summarized_episode_deleted_with_a_receipt_is_in_no_table(cli, conn, s
     assert out.exit_code == 0, out.stderr
     assert f"also deleted 1 summary built from them (ids {summary})" in out.stderr
     removed = json.loads(receipt.read_text())["removed"]
-    assert removed["summaries"] == 1 and removed["episodes"] == 2 and removed["summary_sources"] == 3
-    assert removed["chunks"] >= 2 and sum(v for k, v in removed.items() if k.startswith("vectors_")) >= 2
+    assert (
+        removed["summaries"] == 1 and removed["episodes"] == 2 and removed["summary_sources"] == 3
+    )
+    assert (
+        removed["chunks"] >= 2
+        and sum(v for k, v in removed.items() if k.startswith("vectors_")) >= 2
+    )
     assert places_of(conn).holding(leak) == []
     assert places_of(conn).plain_digests(text) == []
     verified = cli("erasure", "verify")
@@ -83,7 +103,9 @@ def test_a_summarized_episode_deleted_with_a_receipt_is_in_no_table(cli, conn, s
     assert places_of(conn).holding(leak) == []
 
 
-@pytest.mark.parametrize("entry", ["kept before issue 49 (no lineage digest)", "keyed lineage digest"])
+@pytest.mark.parametrize(
+    "entry", ["kept before issue 49 (no lineage digest)", "keyed lineage digest"]
+)
 def test_verify_names_a_summary_still_built_from_an_erased_episode(cli, conn, summarized, entry):
     """An erasure made before summaries went with their sources left them: verify says so."""
     episode, _, _, summary = summarized
@@ -91,16 +113,25 @@ def test_verify_names_a_summary_still_built_from_an_erased_episode(cli, conn, su
     items, _ = erasures.capture_episodes(conn, [("default", episode)], key)
     if entry.startswith("kept before"):
         del items[0]["lineage"]
-    conn.execute("DELETE FROM episodes WHERE id = %s", (episode,))  # the episode gone, its summary kept
-    erasures.record(conn, erasures.new_entry(conn, "episode_delete", key=key, target=str(episode),
-                                             items={"episodes": items}))
+    conn.execute(
+        "DELETE FROM episodes WHERE id = %s", (episode,)
+    )  # the episode gone, its summary kept
+    erasures.record(
+        conn,
+        erasures.new_entry(
+            conn, "episode_delete", key=key, target=str(episode), items={"episodes": items}
+        ),
+    )
     out = cli("erasure", "verify", "-f", "json")
     assert out.exit_code == 1, out.stderr
     assert [(m["table"], m["row"]) for m in out.json()] == [
-        ("summary_sources", f"default/{summary} (source {episode})")]
+        ("summary_sources", f"default/{summary} (source {episode})")
+    ]
 
 
-def test_an_export_from_before_the_erasure_imported_again_brings_nothing_back(cli, conn, places_of, tmp_path):
+def test_an_export_from_before_the_erasure_imported_again_brings_nothing_back(
+    cli, conn, places_of, tmp_path
+):
     leak, value = marker("leak"), marker("value")
     gone = cli("episode", "add", f"the page said {leak}", "--source", "web").stdout.strip()
     assert cli("fact", "set", "db.host", value).exit_code == 0
@@ -109,19 +140,29 @@ def test_an_export_from_before_the_erasure_imported_again_brings_nothing_back(cl
     assert cli("export", "--out", str(export)).exit_code == 0
     assert cli("episode", "delete", gone).exit_code == 0
     assert cli("fact", "delete", "db.host", "--erase").exit_code == 0
-    assert cli("source", "block", "web").exit_code == 0  # its erased record is left out, not refused
+    assert (
+        cli("source", "block", "web").exit_code == 0
+    )  # its erased record is left out, not refused
 
     out = cli("import", str(export), "-f", "json")
     assert out.exit_code == 0, out.stderr
-    assert out.json()[0]["erased"] == 4 and out.json()[0]["episodes"] == 0  # the episode, three history values
+    assert (
+        out.json()[0]["erased"] == 4 and out.json()[0]["episodes"] == 0
+    )  # the episode, three history values
     assert "left out 4 record(s) erased here before" in out.stderr
     assert places_of(conn).holding(leak) == [] and places_of(conn).holding(value) == []
     assert cli("fact", "get", "db.host").exit_code == 4
     assert cli("erasure", "verify").exit_code == 0
 
     # The same text by `episode import` and by `ingest`: left out, said, exit 0.
-    out = cli("episode", "import", "-", "-f", "json",
-              input=json.dumps({"content": f"the page said {leak}", "source": "web"}) + "\n")
+    out = cli(
+        "episode",
+        "import",
+        "-",
+        "-f",
+        "json",
+        input=json.dumps({"content": f"the page said {leak}", "source": "web"}) + "\n",
+    )
     assert out.exit_code == 0 and out.json()[0]["erased"] == 1 and out.json()[0]["imported"] == 0
     assert "left out 1 record(s)" in out.stderr
     log = tmp_path / "app.log"
@@ -133,15 +174,18 @@ def test_an_export_from_before_the_erasure_imported_again_brings_nothing_back(cl
 
 
 @pytest.mark.writer_check_off  # a restore into the database its dump came from (tests/conftest.py)
-def test_an_erased_runbook_runs_output_stays_gone_through_a_restore(cli, conn, memctl_env, places_of, tmp_path):
+def test_an_erased_runbook_runs_output_stays_gone_through_a_restore(
+    cli, conn, memctl_env, places_of, tmp_path
+):
     import git
 
     Path(memctl_env["MEMCTL_CONFIG"]).write_text(f'[backup]\ndir = "{tmp_path / "backups"}"\n')
     leak = marker("out")
     repo = tmp_path / "books"
     git.Repo.init(repo)
-    (repo / "say.md").write_text(f"# Say\n\nSays it.\n\n## 1. Say\n\n"
-                                 f"```sh\necho 'shipped build {leak} today'\nexit 3\n```\n")
+    (repo / "say.md").write_text(
+        f"# Say\n\nSays it.\n\n## 1. Say\n\n```sh\necho 'shipped build {leak} today'\nexit 3\n```\n"
+    )
     made = git.Repo(repo)
     with made.config_writer() as config:
         config.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
@@ -149,8 +193,12 @@ def test_an_erased_runbook_runs_output_stays_gone_through_a_restore(cli, conn, m
     made.index.commit("add")
     ran = cli("runbook", "run", "say", "--repo", str(repo), "--yes", "-f", "json")
     assert ran.exit_code == 1, ran.stderr  # failed: its record episode quotes the output too
-    assert places_of(conn).holding(leak) == ["chunks.content", "episodes.content", "episodes.tsv",
-                                              "runbook_runs.output_tail"]
+    assert places_of(conn).holding(leak) == [
+        "chunks.content",
+        "episodes.content",
+        "episodes.tsv",
+        "runbook_runs.output_tail",
+    ]
     backup = cli("backup", "-f", "json").json()["file"]
     episode = one(conn, "SELECT episode_id FROM runbook_runs")
     out = cli("episode", "delete", str(episode), "--receipt", "-")
@@ -162,31 +210,45 @@ def test_an_erased_runbook_runs_output_stays_gone_through_a_restore(cli, conn, m
     assert restored.json()["erasures_reapplied"][0]["quotes"] == 1
     assert places_of(conn).holding(leak) == []
     assert conn.execute("SELECT output_tail, outcome, episode_id FROM runbook_runs").fetchall() == [
-        {"output_tail": places.ERASED, "outcome": "failed", "episode_id": None}]
+        {"output_tail": places.ERASED, "outcome": "failed", "episode_id": None}
+    ]
     assert cli("erasure", "verify").exit_code == 0
     old = cli("erasure", "verify", "--backup", backup, "-f", "json")
-    assert old.exit_code == 1 and ("runbook_runs", "output_tail") in {(m["table"], m["column"]) for m in old.json()}
+    assert old.exit_code == 1 and ("runbook_runs", "output_tail") in {
+        (m["table"], m["column"]) for m in old.json()
+    }
 
 
 def _targets(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "a-directory").mkdir()
     (tmp_path / "elsewhere.json").write_text("{}")
     (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere.json")
-    return {"missing directory": str(tmp_path / "no" / "such" / "r.json"), "directory": str(tmp_path / "a-directory"),
-            "symlink": str(tmp_path / "link.json")}
+    return {
+        "missing directory": str(tmp_path / "no" / "such" / "r.json"),
+        "directory": str(tmp_path / "a-directory"),
+        "symlink": str(tmp_path / "link.json"),
+    }
 
 
 @pytest.mark.parametrize("target", ["missing directory", "directory", "symlink"])
-def test_a_receipt_that_cannot_be_written_stops_the_erasure_before_it_starts(cli, conn, tmp_path, target):
+def test_a_receipt_that_cannot_be_written_stops_the_erasure_before_it_starts(
+    cli, conn, tmp_path, target
+):
     where = _targets(tmp_path)[target]
     episode = cli("episode", "add", "an episode to keep", "--source", "s").stdout.strip()
     assert cli("fact", "set", "db.host", "10.8.0.4").exit_code == 0
-    for command in (("episode", "delete", episode), ("fact", "delete", "db.host", "--erase"),
-                    ("purge", "--source", "s", "--yes")):
+    for command in (
+        ("episode", "delete", episode),
+        ("fact", "delete", "db.host", "--erase"),
+        ("purge", "--source", "s", "--yes"),
+    ):
         out = cli(*command, "--receipt", where)
         assert out.exit_code == 2, (command, out.stderr)
         assert "nothing was erased" in out.stderr, out.stderr
-    assert one(conn, "SELECT count(*) FROM episodes") == 1 and one(conn, "SELECT count(*) FROM facts") == 1
+    assert (
+        one(conn, "SELECT count(*) FROM episodes") == 1
+        and one(conn, "SELECT count(*) FROM facts") == 1
+    )
     assert one(conn, "SELECT count(*) FROM erasures") == 0
     assert (tmp_path / "elsewhere.json").read_text() == "{}"
 
@@ -204,7 +266,10 @@ def test_the_receipt_is_written_again_from_the_ledger(cli, conn, tmp_path):
     assert copy["target"]["ids"] == [int(episode)] and copy["erased_at"] == original["erased_at"]
     out = tmp_path / "again.json"
     assert cli("erasure", "receipt", ledger, "--out", str(out)).exit_code == 0
-    assert json.loads(out.read_text())["ledger"]["id"] == ledger and out.stat().st_mode & 0o777 == 0o600
+    assert (
+        json.loads(out.read_text())["ledger"]["id"] == ledger
+        and out.stat().st_mode & 0o777 == 0o600
+    )
     assert cli("erasure", "receipt", "0123456789abcdef").exit_code == 4
     assert cli("erasure", "receipt", "xyz").exit_code == 2
 

@@ -33,7 +33,8 @@ kinds = ["raw"]
 dir = "{backups}"
 """
 OLD = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=40)).replace(
-    hour=9, minute=0, second=0, microsecond=0)
+    hour=9, minute=0, second=0, microsecond=0
+)
 
 
 @dataclass
@@ -64,14 +65,27 @@ def _episode_add(w: World, source: str, text: str) -> None:
 
 
 def _episode_import(w: World, source: str, text: str) -> None:
-    w.run("episode", "import", "-", input=_lines([{"content": text, "source": source, "kind": "note"}]))
+    w.run(
+        "episode",
+        "import",
+        "-",
+        input=_lines([{"content": text, "source": source, "kind": "note"}]),
+    )
 
 
 def _import(w: World, source: str, text: str) -> None:
     header = json.loads(w.run("export").stdout.splitlines()[0])
-    record = {"type": "episode", "id": 900001, "agent": "default", "kind": "note", "source": source,
-              "importance": 5, "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "meta": {}, "content": text}
+    record = {
+        "type": "episode",
+        "id": 900001,
+        "agent": "default",
+        "kind": "note",
+        "source": source,
+        "importance": 5,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "meta": {},
+        "content": text,
+    }
     w.run("import", "-", input=_lines([header, record]))
 
 
@@ -85,7 +99,9 @@ def _mcp_remember(w: World, source: str, text: str) -> None:
     from memctl import config, db
     from memctl.mcp import sessions, tools
 
-    session = sessions.Session(config.load(), sessions.Scope.make(source=source), lambda: db.connect(w.db_url))
+    session = sessions.Session(
+        config.load(), sessions.Scope.make(source=source), lambda: db.connect(w.db_url)
+    )
     assert tools.remember(session, text, kind="note").data["stored"]
 
 
@@ -100,17 +116,26 @@ def _runbook_run(w: World, source: str, text: str) -> None:
     made = git.Repo.init(repo)
     with made.config_writer() as config:
         config.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
-    (repo / "mark.md").write_text(f"# Mark\n\nFails after saying it.\n\n## 1. Say\n\n"
-                                  f"```sh\necho '{text}'\nexit 3\n```\n")
+    (repo / "mark.md").write_text(
+        f"# Mark\n\nFails after saying it.\n\n## 1. Say\n\n```sh\necho '{text}'\nexit 3\n```\n"
+    )
     made.index.add(["mark.md"])
     made.index.commit("add")
-    w.run("runbook", "run", "mark", "--repo", str(repo), "--yes", code=1)  # failed: the record quotes the output
+    w.run(
+        "runbook", "run", "mark", "--repo", str(repo), "--yes", code=1
+    )  # failed: the record quotes the output
 
 
 def _summarize(w: World, source: str, text: str) -> None:
-    rows = [{"content": c, "kind": "raw", "source": source,
-             "created_at": (OLD + datetime.timedelta(minutes=i)).isoformat()}
-            for i, c in enumerate([text, "Disk on web-3 reached 91% at noon. Logs were rotated."])]
+    rows = [
+        {
+            "content": c,
+            "kind": "raw",
+            "source": source,
+            "created_at": (OLD + datetime.timedelta(minutes=i)).isoformat(),
+        }
+        for i, c in enumerate([text, "Disk on web-3 reached 91% at noon. Logs were rotated."])
+    ]
     w.run("episode", "import", "-", input=_lines(rows))
     assert len(w.run("summarize", "-f", "json").json()) == 1
 
@@ -132,8 +157,14 @@ WRITES = {
 
 
 def _episode_delete(w: World, paths: list[str]) -> None:
-    ids = [str(r["id"]) for path in paths for r in w.conn.execute(
-        "SELECT id FROM episodes WHERE kind <> 'summary' AND strpos(content, %s) > 0", (w.written[path][1],))]
+    ids = [
+        str(r["id"])
+        for path in paths
+        for r in w.conn.execute(
+            "SELECT id FROM episodes WHERE kind <> 'summary' AND strpos(content, %s) > 0",
+            (w.written[path][1],),
+        )
+    ]
     w.run("episode", "delete", *ids)
 
 
@@ -152,8 +183,11 @@ def _retention(w: World, paths: list[str]) -> None:
     sources = [w.written[path][0] for path in paths]
     for source in sources:
         w.run("source", "block", source)
-    w.conn.execute(WRITER + "UPDATE episodes SET created_at = created_at - interval '10 days' "
-                   "WHERE source = ANY(%s) AND kind <> 'raw'", (sources,))  # test data: past their age
+    w.conn.execute(
+        WRITER + "UPDATE episodes SET created_at = created_at - interval '10 days' "
+        "WHERE source = ANY(%s) AND kind <> 'raw'",
+        (sources,),
+    )  # test data: past their age
     w.run("prune", "--yes")
 
 
@@ -176,8 +210,9 @@ def _absent(w: World, places_of, copy: str) -> None:
 
 @pytest.mark.writer_check_off  # a restore into the database its dump came from (tests/conftest.py)
 @pytest.mark.parametrize("erasure", list(ERASURES))
-def test_an_erasure_reaches_every_copy_of_every_path(erasure, cli, conn, db_url, ollama_env, ollama, places_of,
-                                                      tmp_path):
+def test_an_erasure_reaches_every_copy_of_every_path(
+    erasure, cli, conn, db_url, ollama_env, ollama, places_of, tmp_path
+):
     kind, erase = ERASURES[erasure]
     Path(ollama_env["MEMCTL_CONFIG"]).write_text(CONFIG.format(backups=tmp_path / "backups"))
     w = World(cli, conn, db_url, tmp_path)

@@ -15,8 +15,16 @@ from memctl.records import facts
 def test_set_prints_old_and_new_value_and_version(cli):
     first = cli("fact", "set", "db.port", "5432", "-f", "json")
     assert first.exit_code == 0, first.stderr
-    assert first.json() == [{"namespace": "default", "key": "db.port", "old_value": None, "new_value": "5432",
-                             "version": 1, "current_value": "5432"}]
+    assert first.json() == [
+        {
+            "namespace": "default",
+            "key": "db.port",
+            "old_value": None,
+            "new_value": "5432",
+            "version": 1,
+            "current_value": "5432",
+        }
+    ]
     second = cli("fact", "set", "db.port", "5433", "--source", "ops", "-f", "json")
     assert second.json()[0]["old_value"] == "5432"
     assert second.json()[0]["version"] == 2
@@ -40,12 +48,24 @@ def test_missing_key_exits_4_with_nothing_on_stdout(cli):
 def test_old_value_is_gone_after_set_and_only_history_keeps_it(cli, conn):
     cli("fact", "set", "api.key.name", "old-name")
     cli("fact", "set", "api.key.name", "new-name")
-    assert conn.execute("SELECT count(*) AS n FROM facts WHERE value = 'old-name'").fetchone()["n"] == 0
+    assert (
+        conn.execute("SELECT count(*) AS n FROM facts WHERE value = 'old-name'").fetchone()["n"]
+        == 0
+    )
     history = cli("fact", "history", "api.key.name", "-f", "json").json()
     assert [h["op"] for h in history] == ["set", "set"]
     assert history[1]["old_value"] == "old-name" and history[1]["new_value"] == "new-name"
-    assert set(history[0]) == {"namespace", "key", "version", "op", "old_value", "new_value", "source", "changed_at",
-                                  "valid_from"}
+    assert set(history[0]) == {
+        "namespace",
+        "key",
+        "version",
+        "op",
+        "old_value",
+        "new_value",
+        "source",
+        "changed_at",
+        "valid_from",
+    }
 
 
 def test_delete_keeps_history_and_versions_continue(cli):
@@ -65,25 +85,34 @@ def test_erase_removes_values_from_history_and_records_the_erasure(cli, conn):
     cli("fact", "set", "ops.note", "hunter3")
     erased = cli("fact", "delete", "ops.note", "--erase", "-f", "json")
     assert erased.exit_code == 0, erased.stderr
-    assert erased.json()[0]["history_values_erased"] == 2 and erased.json()[0]["fact_removed"] is True
-    rows = conn.execute("SELECT op, old_value, new_value FROM fact_history WHERE key = 'ops.note' "
-                        "ORDER BY version").fetchall()
+    assert (
+        erased.json()[0]["history_values_erased"] == 2 and erased.json()[0]["fact_removed"] is True
+    )
+    rows = conn.execute(
+        "SELECT op, old_value, new_value FROM fact_history WHERE key = 'ops.note' ORDER BY version"
+    ).fetchall()
     assert [r["op"] for r in rows] == ["set", "set", "erase"]
     assert all(r["old_value"] is None and r["new_value"] is None for r in rows)
-    hits = conn.execute("SELECT count(*) AS n FROM fact_history WHERE old_value LIKE 'hunter%%' "
-                        "OR new_value LIKE 'hunter%%'").fetchone()["n"]
+    hits = conn.execute(
+        "SELECT count(*) AS n FROM fact_history WHERE old_value LIKE 'hunter%%' "
+        "OR new_value LIKE 'hunter%%'"
+    ).fetchone()["n"]
     assert hits == 0
 
 
-FILENODES = "SELECT pg_relation_filenode('facts') AS facts, pg_relation_filenode('fact_history') AS history"
+FILENODES = (
+    "SELECT pg_relation_filenode('facts') AS facts, pg_relation_filenode('fact_history') AS history"
+)
 # Where the value's bytes are in each table's main file, after a CHECKPOINT has written the pages out (0: absent).
 IN_FILES = """
 SELECT t, position(convert_to(%s, 'UTF8') IN pg_read_binary_file(pg_relation_filepath(t))) AS at
 FROM unnest(ARRAY['facts', 'fact_history']) AS t ORDER BY t
 """
 CAN_READ_FILES = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
-CAN_CHECKPOINT = "SELECT rolsuper OR pg_has_role(current_user, 'pg_checkpoint', 'MEMBER') AS ok FROM pg_roles " \
-                 "WHERE rolname = current_user"
+CAN_CHECKPOINT = (
+    "SELECT rolsuper OR pg_has_role(current_user, 'pg_checkpoint', 'MEMBER') AS ok FROM pg_roles "
+    "WHERE rolname = current_user"
+)
 
 
 def test_erase_says_what_plain_vacuum_leaves_behind(cli, conn):
@@ -112,9 +141,14 @@ def test_erase_full_rewrites_both_tables_and_checkpoints(cli, conn):
     [row] = erased.json()
     assert row["vacuum"] == "VACUUM FULL" and row["history_values_erased"] == 2
     assert row["checkpoint"] is conn.execute(CAN_CHECKPOINT).fetchone()["ok"]
-    assert "WAL archives, backups, dumps and replicas" in row["still_in"] and "VACUUM FULL run" in erased.stderr
+    assert (
+        "WAL archives, backups, dumps and replicas" in row["still_in"]
+        and "VACUUM FULL run" in erased.stderr
+    )
     after = conn.execute(FILENODES).fetchone()
-    assert after["facts"] != before["facts"] and after["history"] != before["history"]  # rewritten into new files
+    assert (
+        after["facts"] != before["facts"] and after["history"] != before["history"]
+    )  # rewritten into new files
     if superuser:
         conn.execute("CHECKPOINT")
         assert [r["at"] for r in conn.execute(IN_FILES, ("-in-the-file",)).fetchall()] == [0, 0]
@@ -194,7 +228,7 @@ def test_concurrent_sets_of_one_key_each_get_their_own_version(db_url):
 
 def test_export_into_a_fresh_database_and_import_back(cli, db_url, empty_db_url, tmp_path):
     cli("fact", "set", "db.port", "5432", "--source", "ops")
-    cli("fact", "set", "line", "tab\there \"quoted\" ünïcode")
+    cli("fact", "set", "line", 'tab\there "quoted" ünïcode')
     cli("fact", "set", "x", "1", "-n", "other")
     exported = cli("fact", "export")
     assert exported.exit_code == 0
@@ -211,8 +245,11 @@ def test_export_into_a_fresh_database_and_import_back(cli, db_url, empty_db_url,
 
 
 def test_import_with_a_bad_line_fails_whole_and_names_the_line(cli, conn):
-    lines = [json.dumps({"key": "a", "value": "1"}), json.dumps({"key": "b", "value": "x\u0000y"}),
-             json.dumps({"key": "c", "value": "3"})]
+    lines = [
+        json.dumps({"key": "a", "value": "1"}),
+        json.dumps({"key": "b", "value": "x\u0000y"}),
+        json.dumps({"key": "c", "value": "3"}),
+    ]
     result = cli("fact", "import", "-", input="\n".join(lines) + "\n")
     assert result.exit_code == 2
     assert "line 2" in result.stderr and "NUL" in result.stderr
@@ -243,7 +280,9 @@ def test_schema_behind_is_refused_on_a_server_database(cli, empty_db_url):
     result = cli("fact", "get", "x", env={"MEMCTL_DATABASE_URL": empty_db_url})
     assert result.exit_code == 1
     assert "schema is behind: run memctl db migrate" in result.stderr
-    listed = cli("db", "migrate", "--list", "-f", "json", env={"MEMCTL_DATABASE_URL": empty_db_url}).json()
+    listed = cli(
+        "db", "migrate", "--list", "-f", "json", env={"MEMCTL_DATABASE_URL": empty_db_url}
+    ).json()
     assert {r["status"] for r in listed} == {"pending"}
     applied = cli("db", "migrate", env={"MEMCTL_DATABASE_URL": empty_db_url})
     assert applied.exit_code == 0
@@ -262,13 +301,22 @@ def test_erase_in_a_transaction_says_it_did_not_vacuum(db_url):
 def test_set_and_import_redact_the_value_and_its_history(cli, conn, tmp_path):
     token = "xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx"
     assert cli("fact", "set", "alerts.slack", token).exit_code == 0
-    data = json.dumps({"key": "db.url", "value": "postgresql://app:s3cr3tPass@db.internal/app"}) + "\n"
+    data = (
+        json.dumps({"key": "db.url", "value": "postgresql://app:s3cr3tPass@db.internal/app"}) + "\n"
+    )
     assert cli("fact", "import", "-", input=data).exit_code == 0
     assert cli("fact", "get", "alerts.slack").stdout.strip() == "[REDACTED:slack-token]"
-    assert cli("fact", "get", "db.url").stdout.strip() == "postgresql://app:[REDACTED:url-password]@db.internal/app"
-    stored = conn.execute("SELECT string_agg(coalesce(new_value, ''), ' ') AS v FROM fact_history").fetchone()["v"]
+    assert (
+        cli("fact", "get", "db.url").stdout.strip()
+        == "postgresql://app:[REDACTED:url-password]@db.internal/app"
+    )
+    stored = conn.execute(
+        "SELECT string_agg(coalesce(new_value, ''), ' ') AS v FROM fact_history"
+    ).fetchone()["v"]
     assert token not in stored and "s3cr3tPass" not in stored
     (tmp_path / "config.toml").write_text('[redaction]\nmode = "block"\n')
     refused = cli("fact", "set", "alerts.slack", token)
-    assert refused.exit_code == 1 and "slack-token" in refused.stderr and token not in refused.stderr
+    assert (
+        refused.exit_code == 1 and "slack-token" in refused.stderr and token not in refused.stderr
+    )
     assert cli("fact", "get", "alerts.slack").stdout.strip() == "[REDACTED:slack-token]"

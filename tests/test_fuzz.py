@@ -68,13 +68,18 @@ def took(branch: str) -> None:
 def reaches(branch: str):
     """Above @given: after its examples, the property fails unless one of them reached BRANCH (took), so a
     property whose assertions sit behind an `if` cannot pass idle because every input was refused."""
+
     def wrap(test):
         @functools.wraps(test)
         def run(*args, **kwargs):
             before = TAKEN[(test.__name__, branch)]
             test(*args, **kwargs)
-            assert TAKEN[(test.__name__, branch)] > before, f"no example reached {branch!r}: its assertions never ran"
+            assert TAKEN[(test.__name__, branch)] > before, (
+                f"no example reached {branch!r}: its assertions never ran"
+            )
+
         return run
+
     return wrap
 
 
@@ -83,12 +88,55 @@ UTC = datetime.timezone.utc
 # --- values -------------------------------------------------------------------------------------------
 
 SPECIAL_TEXT = [
-    "", " ", "\t", "\n", "\x00", "a\x00b", "\ud800", "\udcff", "a\udc80b", "'", '"', '""', '"unbalanced', 'a "b',
-    "\\", "\\x00", "\\u0000", "-", "--", '-"', '-"phrase"', '-"dry run" deploy', "deploy -nginx", "& | ! <-> : * ( )",
-    "!!", "a:*", "(a", "a)", "<->", "<2>", "'a' & 'b'", "\u202e", "\r\n", "\x1b[31m", "\u2028", "\U0001d518",
-    "NaN", "null", "true", "0", "-1", "1e309", "9" * 40, "\u0663", "\ufeff", "x" * 3000, "word " * 400,
+    "",
+    " ",
+    "\t",
+    "\n",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "\udcff",
+    "a\udc80b",
+    "'",
+    '"',
+    '""',
+    '"unbalanced',
+    'a "b',
+    "\\",
+    "\\x00",
+    "\\u0000",
+    "-",
+    "--",
+    '-"',
+    '-"phrase"',
+    '-"dry run" deploy',
+    "deploy -nginx",
+    "& | ! <-> : * ( )",
+    "!!",
+    "a:*",
+    "(a",
+    "a)",
+    "<->",
+    "<2>",
+    "'a' & 'b'",
+    "\u202e",
+    "\r\n",
+    "\x1b[31m",
+    "\u2028",
+    "\U0001d518",
+    "NaN",
+    "null",
+    "true",
+    "0",
+    "-1",
+    "1e309",
+    "9" * 40,
+    "\u0663",
+    "\ufeff",
+    "x" * 3000,
+    "word " * 400,
 ]
-SYNTAX_CHARS = st.sampled_from(list('"-&|!<>:*()\'\\ \t\n\r\x00\x01\x1b\x7f\u2028\u202e\ufeff'))
+SYNTAX_CHARS = st.sampled_from(list("\"-&|!<>:*()'\\ \t\n\r\x00\x01\x1b\x7f\u2028\u202e\ufeff"))
 CHARS = st.one_of(st.characters(), SYNTAX_CHARS, st.characters(categories=["Cs"]))
 
 
@@ -96,11 +144,18 @@ def texts(max_size: int = 30) -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(SPECIAL_TEXT), st.text(CHARS, max_size=max_size))
 
 
-HUGE_INTS = st.sampled_from([2**31, 2**53 + 1, 2**63, -(2**63) - 1, 2**64, 10**30, -(10**30), 10**400])
-FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e308, -0.0, 5e-324, 1.5, 5.0]))
+HUGE_INTS = st.sampled_from(
+    [2**31, 2**53 + 1, 2**63, -(2**63) - 1, 2**64, 10**30, -(10**30), 10**400]
+)
+FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e308, -0.0, 5e-324, 1.5, 5.0])
+)
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), HUGE_INTS, FLOATS, texts())
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts(8), inner, max_size=3),
-                      max_leaves=6)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts(8), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 def weighted(*choices: tuple[int, st.SearchStrategy]) -> st.SearchStrategy:
@@ -114,16 +169,32 @@ def field(valid: st.SearchStrategy) -> st.SearchStrategy:
     return weighted((2, valid), (1, VALUES))
 
 
-def record(valid: dict[str, st.SearchStrategy], required=(), kind: str | None = None) -> st.SearchStrategy[dict]:
+def record(
+    valid: dict[str, st.SearchStrategy], required=(), kind: str | None = None
+) -> st.SearchStrategy[dict]:
     """A JSON object with the fields of a record. Half the time every field has a value of its type (so the
     reader gets past the first line and its checks are reached); else required fields are mostly present,
     others present or not, each now and then any JSON value at all, with now and then an unknown field."""
-    clean = st.fixed_dictionaries({k: v for k, v in valid.items() if k in required},
-                                  optional={k: v for k, v in valid.items() if k not in required})
-    present = st.fixed_dictionaries({k: field(v) for k, v in valid.items() if k in required},
-                                    optional={k: field(v) for k, v in valid.items() if k not in required})
-    unknown = weighted((3, st.just({})), (1, st.dictionaries(st.sampled_from(["extra", "Content", "id ", "", "type"])
-                                                             | texts(6), VALUES, min_size=1, max_size=2)))
+    clean = st.fixed_dictionaries(
+        {k: v for k, v in valid.items() if k in required},
+        optional={k: v for k, v in valid.items() if k not in required},
+    )
+    present = st.fixed_dictionaries(
+        {k: field(v) for k, v in valid.items() if k in required},
+        optional={k: field(v) for k, v in valid.items() if k not in required},
+    )
+    unknown = weighted(
+        (3, st.just({})),
+        (
+            1,
+            st.dictionaries(
+                st.sampled_from(["extra", "Content", "id ", "", "type"]) | texts(6),
+                VALUES,
+                min_size=1,
+                max_size=2,
+            ),
+        ),
+    )
     dropped = weighted((3, st.none()), (1, st.sampled_from(sorted(required) or [None])))
 
     def build(fields, extra, drop):
@@ -133,7 +204,9 @@ def record(valid: dict[str, st.SearchStrategy], required=(), kind: str | None = 
         item.pop(drop, None)
         return item
 
-    return st.one_of(st.builds(build, clean, st.just({}), st.none()), st.builds(build, present, unknown, dropped))
+    return st.one_of(
+        st.builds(build, clean, st.just({}), st.none()), st.builds(build, present, unknown, dropped)
+    )
 
 
 def encode(value, ascii_only: bool) -> bytes:
@@ -141,65 +214,200 @@ def encode(value, ascii_only: bool) -> bytes:
     return json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
 
 
-JUNK_LINES = st.sampled_from([b"", b"   ", b"\t", b"\xef\xbb\xbf{}", b"{}\r", b"\x00", b"{}", b"[]", b"{", b"}",
-                              b'{"a":1}{"b":2}', b'{"content": "\\ud800"}', b"\xff\xfe", b"NaN", b"-Infinity"])
+JUNK_LINES = st.sampled_from(
+    [
+        b"",
+        b"   ",
+        b"\t",
+        b"\xef\xbb\xbf{}",
+        b"{}\r",
+        b"\x00",
+        b"{}",
+        b"[]",
+        b"{",
+        b"}",
+        b'{"a":1}{"b":2}',
+        b'{"content": "\\ud800"}',
+        b"\xff\xfe",
+        b"NaN",
+        b"-Infinity",
+    ]
+)
 
 
 def lines(objects: st.SearchStrategy, clean: int = 3) -> st.SearchStrategy[bytes]:
     """A line: the JSON of an object (`clean` times in clean + 1), else bytes, a JSON non-object, truncated
     JSON, or junk."""
     as_json = st.builds(encode, objects, st.booleans())
-    junk = st.one_of(st.binary(max_size=24), st.builds(encode, VALUES, st.booleans()),
-                     st.builds(lambda b, n: b[:n], as_json, st.integers(0, 30)), JUNK_LINES)
+    junk = st.one_of(
+        st.binary(max_size=24),
+        st.builds(encode, VALUES, st.booleans()),
+        st.builds(lambda b, n: b[:n], as_json, st.integers(0, 30)),
+        JUNK_LINES,
+    )
     return weighted((clean, as_json), (1, junk))
 
 
 def streams(line: st.SearchStrategy[bytes], max_lines: int = 5) -> st.SearchStrategy[bytes]:
-    return st.builds(lambda items, end: b"\n".join(items) + end, st.lists(line, max_size=max_lines),
-                     st.sampled_from([b"", b"\n", b"\r\n"]))
+    return st.builds(
+        lambda items, end: b"\n".join(items) + end,
+        st.lists(line, max_size=max_lines),
+        st.sampled_from([b"", b"\n", b"\r\n"]),
+    )
 
 
 def iso(value: datetime.datetime) -> str:
     return value.isoformat()
 
 
-ZONES = st.sampled_from([None, UTC, datetime.timezone(datetime.timedelta(hours=14)),
-                         datetime.timezone(datetime.timedelta(hours=-12, minutes=-30))])
-ODD_TIMES = st.sampled_from(["0001-01-01T00:00:00+14:00", "0001-01-01T00:00:00", "9999-12-31T23:59:59-14:00",
-                             "2026-02-30", "2026-08-11T09:30:00Z", "2026-08-11", "now", "1e10", "2026-08-11T25:00",
-                             "+002026-01-01", "2026-08-11T09:30:00.123456789Z", "2026-W33-2", "20260811T093000", ""])
-ORDINARY_TIMES = st.datetimes(min_value=datetime.datetime(1970, 1, 1), max_value=datetime.datetime(2100, 1, 1),
-                               timezones=ZONES).map(iso)
+ZONES = st.sampled_from(
+    [
+        None,
+        UTC,
+        datetime.timezone(datetime.timedelta(hours=14)),
+        datetime.timezone(datetime.timedelta(hours=-12, minutes=-30)),
+    ]
+)
+ODD_TIMES = st.sampled_from(
+    [
+        "0001-01-01T00:00:00+14:00",
+        "0001-01-01T00:00:00",
+        "9999-12-31T23:59:59-14:00",
+        "2026-02-30",
+        "2026-08-11T09:30:00Z",
+        "2026-08-11",
+        "now",
+        "1e10",
+        "2026-08-11T25:00",
+        "+002026-01-01",
+        "2026-08-11T09:30:00.123456789Z",
+        "2026-W33-2",
+        "20260811T093000",
+        "",
+    ]
+)
+ORDINARY_TIMES = st.datetimes(
+    min_value=datetime.datetime(1970, 1, 1),
+    max_value=datetime.datetime(2100, 1, 1),
+    timezones=ZONES,
+).map(iso)
 TIMES = weighted((3, ORDINARY_TIMES), (1, st.datetimes(timezones=ZONES).map(iso)), (1, ODD_TIMES))
-CONTENT = st.one_of(st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=60),
-                    st.sampled_from(["deploy failed: disk full", "x" * 5000, "rotate logs on web1"]))
+CONTENT = st.one_of(
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=60),
+    st.sampled_from(["deploy failed: disk full", "x" * 5000, "rotate logs on web1"]),
+)
 KINDS = st.sampled_from(["observation", "conversation", "raw", "summary", "deploy note"])
 AGENTS = st.sampled_from(["default", "agent-1", "ops"])
 SOURCES = st.sampled_from(["cli", "ticket-bot", "inventory"])
-META = st.dictionaries(st.text(max_size=5), st.one_of(st.integers(-5, 5), st.text(max_size=5), st.booleans(),
-                                                      st.none()), max_size=3)
+META = st.dictionaries(
+    st.text(max_size=5),
+    st.one_of(st.integers(-5, 5), st.text(max_size=5), st.booleans(), st.none()),
+    max_size=3,
+)
 
-EPISODE = {"content": CONTENT, "kind": KINDS, "source": SOURCES, "agent": AGENTS, "importance": st.integers(0, 10),
-           "created_at": TIMES, "meta": META}
-FACT = {"key": st.sampled_from(["db.host", "svc.port", "a"]) | st.text(min_size=1, max_size=10),
-        "value": st.text(max_size=20), "namespace": st.sampled_from(["default", "ops"]), "source": SOURCES,
-        "version": st.integers(1, 5), "updated_at": TIMES}
+EPISODE = {
+    "content": CONTENT,
+    "kind": KINDS,
+    "source": SOURCES,
+    "agent": AGENTS,
+    "importance": st.integers(0, 10),
+    "created_at": TIMES,
+    "meta": META,
+}
+FACT = {
+    "key": st.sampled_from(["db.host", "svc.port", "a"]) | st.text(min_size=1, max_size=10),
+    "value": st.text(max_size=20),
+    "namespace": st.sampled_from(["default", "ops"]),
+    "source": SOURCES,
+    "version": st.integers(1, 5),
+    "updated_at": TIMES,
+}
 
-WORDS = st.sampled_from(["deploy", "disk", "full", "nginx", "rotate", "logs", "the", "a", "or", "and", "not", "web1"])
-OPERATORS = st.sampled_from(["&", "|", "!", "<->", "<2>", ":*", "*", "(", ")", "!(", ":", "'", "''", "\\", "--", "-",
-                             '-"', "&&", "||", "-!", "A:B", "a&b", "x|y", "!x", "\x00", "\x07", "\u200b"])
-PIECES = st.one_of(WORDS, WORDS.map("-{}".format), st.lists(WORDS, max_size=3).map(lambda w: '"' + " ".join(w) + '"'),
-                   st.lists(WORDS, max_size=3).map(lambda w: '-"' + " ".join(w) + '"'),
-                   st.lists(WORDS, max_size=3).map(lambda w: '"' + " ".join(w)), OPERATORS, texts(8))
-QUERIES = st.one_of(texts(), st.lists(PIECES, min_size=1, max_size=6).map(" ".join),
-                    st.lists(PIECES, min_size=1, max_size=6).map("".join))
+WORDS = st.sampled_from(
+    ["deploy", "disk", "full", "nginx", "rotate", "logs", "the", "a", "or", "and", "not", "web1"]
+)
+OPERATORS = st.sampled_from(
+    [
+        "&",
+        "|",
+        "!",
+        "<->",
+        "<2>",
+        ":*",
+        "*",
+        "(",
+        ")",
+        "!(",
+        ":",
+        "'",
+        "''",
+        "\\",
+        "--",
+        "-",
+        '-"',
+        "&&",
+        "||",
+        "-!",
+        "A:B",
+        "a&b",
+        "x|y",
+        "!x",
+        "\x00",
+        "\x07",
+        "\u200b",
+    ]
+)
+PIECES = st.one_of(
+    WORDS,
+    WORDS.map("-{}".format),
+    st.lists(WORDS, max_size=3).map(lambda w: '"' + " ".join(w) + '"'),
+    st.lists(WORDS, max_size=3).map(lambda w: '-"' + " ".join(w) + '"'),
+    st.lists(WORDS, max_size=3).map(lambda w: '"' + " ".join(w)),
+    OPERATORS,
+    texts(8),
+)
+QUERIES = st.one_of(
+    texts(),
+    st.lists(PIECES, min_size=1, max_size=6).map(" ".join),
+    st.lists(PIECES, min_size=1, max_size=6).map("".join),
+)
 MODES = st.sampled_from(["hybrid", "text", "vector", "bogus", "", "TEXT"])
 DURATIONS = st.one_of(
-    st.sampled_from(["30d", "1h", "0s", "0.5m", " 7 d ", "7", "d", "1.5w", "2y", "1e3d", "-1d", "99999999999999999999y",
-                     "9" * 400 + "s", "\u0663d", "\uff19d", "1d\n", "1 h", "10000000000d", "0.0000001s"]),
-    st.from_regex(r"\s?\d{1,25}(\.\d{1,5})?\s?[smhdwy]\s?", fullmatch=True), texts(12))
-SEARCH = {"query": QUERIES, "agent": AGENTS, "k": st.integers(1, 20), "kind": KINDS, "source": SOURCES,
-          "since": DURATIONS | TIMES, "mode": MODES}
+    st.sampled_from(
+        [
+            "30d",
+            "1h",
+            "0s",
+            "0.5m",
+            " 7 d ",
+            "7",
+            "d",
+            "1.5w",
+            "2y",
+            "1e3d",
+            "-1d",
+            "99999999999999999999y",
+            "9" * 400 + "s",
+            "\u0663d",
+            "\uff19d",
+            "1d\n",
+            "1 h",
+            "10000000000d",
+            "0.0000001s",
+        ]
+    ),
+    st.from_regex(r"\s?\d{1,25}(\.\d{1,5})?\s?[smhdwy]\s?", fullmatch=True),
+    texts(12),
+)
+SEARCH = {
+    "query": QUERIES,
+    "agent": AGENTS,
+    "k": st.integers(1, 20),
+    "kind": KINDS,
+    "source": SOURCES,
+    "since": DURATIONS | TIMES,
+    "mode": MODES,
+}
 
 # --- in-process parsers ----------------------------------------------------------------------------------
 
@@ -222,13 +430,21 @@ def settings_for(tmp_path) -> config.Settings:
 
 
 @reaches("read")
-@given(data=streams(lines(record(EPISODE, required=("content",))) | texts().map(lambda s: s.encode("utf-8",
-                                                                                                  "surrogatepass"))),
-       shape=st.sampled_from(["any", "fields", "required", "both"]))
+@given(
+    data=streams(
+        lines(record(EPISODE, required=("content",)))
+        | texts().map(lambda s: s.encode("utf-8", "surrogatepass"))
+    ),
+    shape=st.sampled_from(["any", "fields", "required", "both"]),
+)
 def test_jsonl_reader(data, shape):
     ran()
-    options = {"any": {}, "fields": {"fields": episodes.FIELDS}, "required": {"required": ("content",)},
-               "both": {"fields": episodes.FIELDS, "required": ("content",)}}[shape]
+    options = {
+        "any": {},
+        "fields": {"fields": episodes.FIELDS},
+        "required": {"required": ("content",)},
+        "both": {"fields": episodes.FIELDS, "required": ("content",)},
+    }[shape]
     result = only_memctl_errors(lambda: list(jsonl.read(io.BytesIO(data), **options)))
     if not isinstance(result, MemctlError):
         took("read")
@@ -243,11 +459,18 @@ def test_jsonl_reader(data, shape):
 def test_episode_jsonl(tmp_path, data, skip):
     ran()
     result = episodes.ImportResult()
-    parsed = only_memctl_errors(lambda: list(episodes.parse_jsonl(settings_for(tmp_path), io.BytesIO(data),
-                                                                  skip_invalid=skip, result=result)))
+    parsed = only_memctl_errors(
+        lambda: list(
+            episodes.parse_jsonl(
+                settings_for(tmp_path), io.BytesIO(data), skip_invalid=skip, result=result
+            )
+        )
+    )
     if skip:
         took("skip")
-        assert not isinstance(parsed, MemctlError), f"--skip-invalid still refused the input: {parsed}"
+        assert not isinstance(parsed, MemctlError), (
+            f"--skip-invalid still refused the input: {parsed}"
+        )
 
 
 @given(data=streams(lines(record(FACT, required=("key", "value")))))
@@ -260,14 +483,26 @@ def test_fact_jsonl(data):
 def test_search_query_values(query):
     """What episode search --batch makes of a JSONL line: Query(...).check() refuses, never crashes."""
     ran()
-    q = Query(query.get("query"), k=query.get("k", 5), agent=query.get("agent"), kind=query.get("kind"),
-                     source=query.get("source"), since=query.get("since"), mode=query.get("mode", "hybrid"))
+    q = Query(
+        query.get("query"),
+        k=query.get("k", 5),
+        agent=query.get("agent"),
+        kind=query.get("kind"),
+        source=query.get("source"),
+        since=query.get("since"),
+        mode=query.get("mode", "hybrid"),
+    )
     only_memctl_errors(q.check)
 
 
 @reaches("read")
-@given(data=streams(lines(st.one_of(record({"content": CONTENT, "text": CONTENT, "query": CONTENT}), VALUES))
-                    | texts(40).map(lambda s: s.encode("utf-8", "surrogatepass")), max_lines=6))
+@given(
+    data=streams(
+        lines(st.one_of(record({"content": CONTENT, "text": CONTENT, "query": CONTENT}), VALUES))
+        | texts(40).map(lambda s: s.encode("utf-8", "surrogatepass")),
+        max_lines=6,
+    )
+)
 def test_timing_file(tmp_path, data):
     ran()
     path = tmp_path / "texts.jsonl"
@@ -281,42 +516,126 @@ def test_timing_file(tmp_path, data):
 # --- memctl import (export streams) ---
 
 VECTORS = st.fixed_dictionaries(
-    {"embedder": st.just("hash"), "model": st.just("hash-embed"), "dims": st.sampled_from([8, 384, 0, -1, 5000])},
-    optional={"storage": st.sampled_from(["vector", "halfvec", "bogus"]),
-              "request_dims": st.none() | st.integers(-1, 9)})
-HEADER = record({"format": st.sampled_from([1, 1, 1, 0, 2]), "memctl": st.just("0.1.0"), "models": st.just([]),
-                 "vectors": st.none() | VECTORS, "exported_at": TIMES, "agent": st.none() | AGENTS,
-                 "since": st.none() | TIMES}, required=("format",), kind="header")
-HISTORY_ENTRY = record({"version": st.integers(1, 4), "op": st.sampled_from(["set", "delete", "erase", "bogus"]),
-                        "old_value": st.none() | st.text(max_size=8), "new_value": st.none() | st.text(max_size=8),
-                        "source": st.none() | SOURCES, "changed_at": TIMES})
-CHUNK = record({"seq": st.integers(0, 3), "content": CONTENT,
-                "embedding": st.lists(st.floats(-1, 1), min_size=1, max_size=8)})
-EXPORT_RECORDS = st.one_of(
-    record({"source": SOURCES | st.text(max_size=5), "reason": st.none() | st.text(max_size=8), "blocked_at": TIMES},
-           required=("source",), kind="blocked_source"),
-    record({"namespace": st.sampled_from(["default", "ops"]), "key": FACT["key"], "value": st.none() | FACT["value"],
-            "source": st.none() | SOURCES, "version": st.integers(1, 4), "updated_at": TIMES,
-            "history": st.lists(HISTORY_ENTRY, max_size=3)}, required=("namespace", "key", "history"), kind="fact"),
-    record({"id": st.integers(1, 4), "agent": AGENTS, "kind": KINDS, "source": SOURCES,
-            "importance": st.integers(0, 10),
-            "created_at": TIMES, "meta": META, "content": CONTENT, "chunks": st.none() | st.lists(CHUNK, max_size=2),
-            "record_key": st.none() | st.sampled_from(["ab" * 16, "0123456789ABCDEF" * 2]) | st.text(max_size=33)
-            | st.integers()},
-           required=("id", "agent", "content", "created_at"), kind="episode"),
-    record({"agent": AGENTS, "summary_id": st.integers(1, 4), "source_id": st.integers(-3, 4),
-            "source_created_at": TIMES, "source_hash": st.binary(max_size=32).map(bytes.hex)},
-           required=("agent", "summary_id", "source_id", "source_created_at", "source_hash"), kind="summary_source"),
-    record({"agent": AGENTS, "name": st.sampled_from(["deploy", "rotate-logs"]), "commit": st.just("0" * 40),
-            "dirty": st.booleans(), "started_at": TIMES, "finished_at": st.none() | TIMES,
-            "outcome": st.sampled_from(["ok", "failed", "interrupted"]), "steps": st.integers(0, 5),
-            "from_step": st.none() | st.integers(1, 5), "failed_step": st.none() | st.integers(1, 5),
-            "exit_code": st.none() | st.integers(0, 255), "duration_s": st.none() | st.floats(0, 100),
-            "output_tail": st.none() | st.text(max_size=20), "episode_id": st.none() | st.integers(1, 4)},
-           required=("agent", "name", "commit", "started_at", "outcome", "steps"), kind="runbook_run"),
+    {
+        "embedder": st.just("hash"),
+        "model": st.just("hash-embed"),
+        "dims": st.sampled_from([8, 384, 0, -1, 5000]),
+    },
+    optional={
+        "storage": st.sampled_from(["vector", "halfvec", "bogus"]),
+        "request_dims": st.none() | st.integers(-1, 9),
+    },
 )
-WHOLE_EXPORTS = st.builds(lambda head, body, end: b"\n".join([head, *body]) + end, lines(HEADER, clean=8),
-                          st.lists(lines(EXPORT_RECORDS, clean=8), max_size=4), st.sampled_from([b"", b"\n"]))
+HEADER = record(
+    {
+        "format": st.sampled_from([1, 1, 1, 0, 2]),
+        "memctl": st.just("0.1.0"),
+        "models": st.just([]),
+        "vectors": st.none() | VECTORS,
+        "exported_at": TIMES,
+        "agent": st.none() | AGENTS,
+        "since": st.none() | TIMES,
+    },
+    required=("format",),
+    kind="header",
+)
+HISTORY_ENTRY = record(
+    {
+        "version": st.integers(1, 4),
+        "op": st.sampled_from(["set", "delete", "erase", "bogus"]),
+        "old_value": st.none() | st.text(max_size=8),
+        "new_value": st.none() | st.text(max_size=8),
+        "source": st.none() | SOURCES,
+        "changed_at": TIMES,
+    }
+)
+CHUNK = record(
+    {
+        "seq": st.integers(0, 3),
+        "content": CONTENT,
+        "embedding": st.lists(st.floats(-1, 1), min_size=1, max_size=8),
+    }
+)
+EXPORT_RECORDS = st.one_of(
+    record(
+        {
+            "source": SOURCES | st.text(max_size=5),
+            "reason": st.none() | st.text(max_size=8),
+            "blocked_at": TIMES,
+        },
+        required=("source",),
+        kind="blocked_source",
+    ),
+    record(
+        {
+            "namespace": st.sampled_from(["default", "ops"]),
+            "key": FACT["key"],
+            "value": st.none() | FACT["value"],
+            "source": st.none() | SOURCES,
+            "version": st.integers(1, 4),
+            "updated_at": TIMES,
+            "history": st.lists(HISTORY_ENTRY, max_size=3),
+        },
+        required=("namespace", "key", "history"),
+        kind="fact",
+    ),
+    record(
+        {
+            "id": st.integers(1, 4),
+            "agent": AGENTS,
+            "kind": KINDS,
+            "source": SOURCES,
+            "importance": st.integers(0, 10),
+            "created_at": TIMES,
+            "meta": META,
+            "content": CONTENT,
+            "chunks": st.none() | st.lists(CHUNK, max_size=2),
+            "record_key": st.none()
+            | st.sampled_from(["ab" * 16, "0123456789ABCDEF" * 2])
+            | st.text(max_size=33)
+            | st.integers(),
+        },
+        required=("id", "agent", "content", "created_at"),
+        kind="episode",
+    ),
+    record(
+        {
+            "agent": AGENTS,
+            "summary_id": st.integers(1, 4),
+            "source_id": st.integers(-3, 4),
+            "source_created_at": TIMES,
+            "source_hash": st.binary(max_size=32).map(bytes.hex),
+        },
+        required=("agent", "summary_id", "source_id", "source_created_at", "source_hash"),
+        kind="summary_source",
+    ),
+    record(
+        {
+            "agent": AGENTS,
+            "name": st.sampled_from(["deploy", "rotate-logs"]),
+            "commit": st.just("0" * 40),
+            "dirty": st.booleans(),
+            "started_at": TIMES,
+            "finished_at": st.none() | TIMES,
+            "outcome": st.sampled_from(["ok", "failed", "interrupted"]),
+            "steps": st.integers(0, 5),
+            "from_step": st.none() | st.integers(1, 5),
+            "failed_step": st.none() | st.integers(1, 5),
+            "exit_code": st.none() | st.integers(0, 255),
+            "duration_s": st.none() | st.floats(0, 100),
+            "output_tail": st.none() | st.text(max_size=20),
+            "episode_id": st.none() | st.integers(1, 4),
+        },
+        required=("agent", "name", "commit", "started_at", "outcome", "steps"),
+        kind="runbook_run",
+    ),
+)
+WHOLE_EXPORTS = st.builds(
+    lambda head, body, end: b"\n".join([head, *body]) + end,
+    lines(HEADER, clean=8),
+    st.lists(lines(EXPORT_RECORDS, clean=8), max_size=4),
+    st.sampled_from([b"", b"\n"]),
+)
 EXPORTS = weighted((3, WHOLE_EXPORTS), (1, streams(lines(EXPORT_RECORDS))))
 
 
@@ -344,7 +663,9 @@ def toml_literal(value) -> str:
         return "[" + ", ".join(map(toml_literal, value)) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_key(k)} = {toml_literal(v)}" for k, v in value.items()) + "}"
-    return json.dumps(value, ensure_ascii=False)  # a basic string (a lone surrogate: bytes that are not UTF-8)
+    return json.dumps(
+        value, ensure_ascii=False
+    )  # a basic string (a lone surrogate: bytes that are not UTF-8)
 
 
 def _key(name: str) -> str:
@@ -359,24 +680,80 @@ def toml_document(top: dict, tables: dict) -> bytes:
     return "\n".join(out).encode("utf-8", "surrogatepass")
 
 
-CHOICES = sorted({"ollama", "local", "hash", "vector", "halfvec", "created", "accessed", "weighted", "rrf", "redact",
-                  "block", "off", "conversation", "nomic-embed-text", "postgresql://u:secret@127.0.0.1/db"})
+CHOICES = sorted(
+    {
+        "ollama",
+        "local",
+        "hash",
+        "vector",
+        "halfvec",
+        "created",
+        "accessed",
+        "weighted",
+        "rrf",
+        "redact",
+        "block",
+        "off",
+        "conversation",
+        "nomic-embed-text",
+        "postgresql://u:secret@127.0.0.1/db",
+    }
+)
 TABLES = sorted({*(s for s in config.SCHEMA if s), *config.FREE_SECTIONS, "bogus"})
-KEYS = sorted({*(k for keys in config.SCHEMA.values() for k in keys), *config.RETENTION_SPECIAL, "conversation",
-               "raw", "default", "bogus"})
-TOML_SCALARS = st.one_of(st.booleans(), st.integers(-3, 100), HUGE_INTS.filter(lambda n: abs(n) < 2**64), FLOATS,
-                         DURATIONS, st.sampled_from(CHOICES), texts(12), st.datetimes())
-TOML_VALUES = st.recursive(TOML_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.sampled_from(KEYS), inner, max_size=2), max_leaves=4)
-DOCUMENTS = st.builds(toml_document, st.dictionaries(st.sampled_from(["database_url", "runbooks", "bogus"]),
-                                                     TOML_VALUES, max_size=2),
-                      st.dictionaries(st.sampled_from(TABLES), st.dictionaries(st.sampled_from(KEYS), TOML_VALUES,
-                                                                                 max_size=3), max_size=3))
-CONFIG_FILES = st.one_of(DOCUMENTS, DOCUMENTS, DOCUMENTS, st.binary(max_size=40),
-                         st.builds(lambda d, n, junk: d[:n] + junk + d[n:], DOCUMENTS, st.integers(0, 40),
-                                   st.sampled_from([b"\xff", b"\x00", b"\xef\xbb\xbf", b"\r", b"[", b"\xc3"])))
-DURATION_VALUES = st.one_of(st.from_regex(r"\d{1,25}(\.\d{1,5})?[smhdwy]", fullmatch=True),
-                            st.sampled_from(["9" * 400 + "s", "0s", "00.0d", "0.0001s", "1e3d", "30d"]))
+KEYS = sorted(
+    {
+        *(k for keys in config.SCHEMA.values() for k in keys),
+        *config.RETENTION_SPECIAL,
+        "conversation",
+        "raw",
+        "default",
+        "bogus",
+    }
+)
+TOML_SCALARS = st.one_of(
+    st.booleans(),
+    st.integers(-3, 100),
+    HUGE_INTS.filter(lambda n: abs(n) < 2**64),
+    FLOATS,
+    DURATIONS,
+    st.sampled_from(CHOICES),
+    texts(12),
+    st.datetimes(),
+)
+TOML_VALUES = st.recursive(
+    TOML_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=2)
+    ),
+    max_leaves=4,
+)
+DOCUMENTS = st.builds(
+    toml_document,
+    st.dictionaries(
+        st.sampled_from(["database_url", "runbooks", "bogus"]), TOML_VALUES, max_size=2
+    ),
+    st.dictionaries(
+        st.sampled_from(TABLES),
+        st.dictionaries(st.sampled_from(KEYS), TOML_VALUES, max_size=3),
+        max_size=3,
+    ),
+)
+CONFIG_FILES = st.one_of(
+    DOCUMENTS,
+    DOCUMENTS,
+    DOCUMENTS,
+    st.binary(max_size=40),
+    st.builds(
+        lambda d, n, junk: d[:n] + junk + d[n:],
+        DOCUMENTS,
+        st.integers(0, 40),
+        st.sampled_from([b"\xff", b"\x00", b"\xef\xbb\xbf", b"\r", b"[", b"\xc3"]),
+    ),
+)
+DURATION_VALUES = st.one_of(
+    st.from_regex(r"\d{1,25}(\.\d{1,5})?[smhdwy]", fullmatch=True),
+    st.sampled_from(["9" * 400 + "s", "0s", "00.0d", "0.0001s", "1e3d", "30d"]),
+)
 
 
 def mostly(valid: st.SearchStrategy, edge: st.SearchStrategy) -> st.SearchStrategy:
@@ -384,22 +761,30 @@ def mostly(valid: st.SearchStrategy, edge: st.SearchStrategy) -> st.SearchStrate
 
 
 # Values of a setting's type, mostly ordinary, else the edges a check may let through (0, nan, inf, huge).
-TYPED = {"_duration": mostly(st.from_regex(r"[1-9]\d{0,3}[smhdwy]", fullmatch=True), DURATION_VALUES),
-         "_positive_int": mostly(st.integers(1, 5000), st.sampled_from([0, -1, 1001, 2**31, 2**63])),
-         "_non_negative_int": mostly(st.integers(0, 5000), st.sampled_from([-1, 2**31, 2**63])),
-         "_importance": mostly(st.integers(0, 10), st.sampled_from([-1, 11])),
-         "_positive_number": mostly(st.floats(0.001, 1000), st.sampled_from([math.nan, math.inf, 0.0, 1e308, 5e-324])),
-         "_number": mostly(st.floats(-10, 10), st.sampled_from([math.nan, math.inf, -math.inf, 1e308])),
-         "_fraction": mostly(st.floats(0, 1), st.sampled_from([math.nan, -0.0, 1.0000001])),
-         "_string": texts(12), "_bool": st.booleans(),
-         "_kinds": st.lists(st.sampled_from(["raw", "conversation", "", " "]), max_size=2)}
+TYPED = {
+    "_duration": mostly(st.from_regex(r"[1-9]\d{0,3}[smhdwy]", fullmatch=True), DURATION_VALUES),
+    "_positive_int": mostly(st.integers(1, 5000), st.sampled_from([0, -1, 1001, 2**31, 2**63])),
+    "_non_negative_int": mostly(st.integers(0, 5000), st.sampled_from([-1, 2**31, 2**63])),
+    "_importance": mostly(st.integers(0, 10), st.sampled_from([-1, 11])),
+    "_positive_number": mostly(
+        st.floats(0.001, 1000), st.sampled_from([math.nan, math.inf, 0.0, 1e308, 5e-324])
+    ),
+    "_number": mostly(st.floats(-10, 10), st.sampled_from([math.nan, math.inf, -math.inf, 1e308])),
+    "_fraction": mostly(st.floats(0, 1), st.sampled_from([math.nan, -0.0, 1.0000001])),
+    "_string": texts(12),
+    "_bool": st.booleans(),
+    "_kinds": st.lists(st.sampled_from(["raw", "conversation", "", " "]), max_size=2),
+}
 TYPED["_job_log_age"] = TYPED["_duration"]
 
 
 def typed(check) -> st.SearchStrategy:
     """Values of the type a setting's check takes (in range or just out of it), else any TOML value."""
-    options = [c.cell_contents for c in (getattr(check, "__closure__", None) or ()) if
-               isinstance(c.cell_contents, tuple)]
+    options = [
+        c.cell_contents
+        for c in (getattr(check, "__closure__", None) or ())
+        if isinstance(c.cell_contents, tuple)
+    ]
     if options:
         return mostly(st.sampled_from(list(options[0])), texts(8))
     return TYPED.get(getattr(check, "__name__", ""), TOML_SCALARS)
@@ -409,24 +794,47 @@ def typed(check) -> st.SearchStrategy:
 def typed_documents(draw) -> bytes:
     """A file of known keys with values of about the right type: most are accepted, so what they hold is tested."""
     tables: dict = {}
-    for name in draw(st.lists(st.sampled_from(sorted(s for s in config.SCHEMA if s)), max_size=4, unique=True)):
-        keys = draw(st.lists(st.sampled_from(sorted(config.SCHEMA[name])), min_size=1, max_size=4, unique=True))
+    for name in draw(
+        st.lists(st.sampled_from(sorted(s for s in config.SCHEMA if s)), max_size=4, unique=True)
+    ):
+        keys = draw(
+            st.lists(
+                st.sampled_from(sorted(config.SCHEMA[name])), min_size=1, max_size=4, unique=True
+            )
+        )
         tables[name] = {key: draw(typed(config.SCHEMA[name][key].check)) for key in keys}
     if draw(st.booleans()):
-        tables["retention"] = {kind: draw(TYPED["_duration"]) for kind in draw(st.lists(
-            st.sampled_from(["raw", "conversation", "jobs"]), max_size=2, unique=True))}
+        tables["retention"] = {
+            kind: draw(TYPED["_duration"])
+            for kind in draw(
+                st.lists(st.sampled_from(["raw", "conversation", "jobs"]), max_size=2, unique=True)
+            )
+        }
     if draw(st.booleans()):
-        tables["importance"] = {kind: draw(st.integers(-1, 11)) for kind in draw(st.lists(
-            st.sampled_from(["raw", "conversation", "default"]), max_size=2, unique=True))}
+        tables["importance"] = {
+            kind: draw(st.integers(-1, 11))
+            for kind in draw(
+                st.lists(
+                    st.sampled_from(["raw", "conversation", "default"]), max_size=2, unique=True
+                )
+            )
+        }
     return toml_document({}, tables)
 
 
 TYPED_DOCUMENTS = typed_documents()
-ENV_TEXT = st.text(st.one_of(st.characters(exclude_characters="\x00"), st.characters(min_codepoint=0xDC80,
-                                                                                     max_codepoint=0xDCFF)),
-                   max_size=20)  # what an environment can hold: no NUL; undecodable bytes as surrogate escapes
-ENVS = st.dictionaries(st.sampled_from(sorted(config.ENV_OVERRIDES.values())),
-                       st.one_of(ENV_TEXT, st.sampled_from(CHOICES), st.just("")), max_size=3)
+ENV_TEXT = st.text(
+    st.one_of(
+        st.characters(exclude_characters="\x00"),
+        st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF),
+    ),
+    max_size=20,
+)  # what an environment can hold: no NUL; undecodable bytes as surrogate escapes
+ENVS = st.dictionaries(
+    st.sampled_from(sorted(config.ENV_OVERRIDES.values())),
+    st.one_of(ENV_TEXT, st.sampled_from(CHOICES), st.just("")),
+    max_size=3,
+)
 
 
 def _numbers(settings: config.Settings):
@@ -439,7 +847,8 @@ def _durations(settings: config.Settings):
     for section, key, value in settings.items():
         check = config.SCHEMA[section][key].check if section in config.SCHEMA else None
         if (getattr(check, "__name__", "") == "_duration" and value is not None) or (
-                section == "retention" and isinstance(value, str)):
+            section == "retention" and isinstance(value, str)
+        ):
             yield f"{section}.{key}", value
 
 
@@ -469,7 +878,9 @@ def test_config_accepted_values_are_usable(tmp_path, document):
         assert math.isfinite(value), f"{name} = {value!r} accepted from {document!r}"
     for name, value in _durations(loaded):
         seconds = config.parse_duration(value)
-        assert math.isfinite(seconds), f"{name} = {value!r} accepted from {document!r}: {seconds} seconds"
+        assert math.isfinite(seconds), (
+            f"{name} = {value!r} accepted from {document!r}: {seconds} seconds"
+        )
         datetime.timedelta(seconds=seconds)  # retention and --since subtract it from now
 
 
@@ -485,7 +896,10 @@ def test_durations(text):
         assert exc.exit_code in ERROR_CODES
     else:
         took("parsed")
-        assert isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0, (text, seconds)
+        assert isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0, (
+            text,
+            seconds,
+        )
     since = only_memctl_errors(filters.parse_since, text)
     if not isinstance(since, MemctlError):
         assert since.tzinfo is not None
@@ -504,20 +918,31 @@ def test_times(value):
 
 # --- runbooks ---------------------------------------------------------------------------------------------
 
-FENCES = st.sampled_from(["```sh", "```bash", "~~~sh", "````sh", "```", "```sh {.x}", "  ```sh", "```SH", "```console"])
+FENCES = st.sampled_from(
+    ["```sh", "```bash", "~~~sh", "````sh", "```", "```sh {.x}", "  ```sh", "```SH", "```console"]
+)
 CLOSERS = st.sampled_from(["```", "~~~", "````", "", "``", "``` x"])
 LINE_TEXT = texts(20).map(lambda s: s.replace("\n", " ").replace("\r", " "))
 
 
 @st.composite
 def runbook_texts(draw) -> str:
-    out = [draw(st.sampled_from(["# Deploy", "#", "# ", "Deploy", "## Deploy", "# T #", "#\tTab"]) | LINE_TEXT.map(
-        "# {}".format))]
+    out = [
+        draw(
+            st.sampled_from(["# Deploy", "#", "# ", "Deploy", "## Deploy", "# T #", "#\tTab"])
+            | LINE_TEXT.map("# {}".format)
+        )
+    ]
     out += draw(st.lists(LINE_TEXT, max_size=2))
-    heading = draw(st.sampled_from(["## {n}. {t}", "## Step {n}: {t}", "{n}. {t}", "{n}) {t}", "### {n} {t}",
-                                    "## {t}"]))
+    heading = draw(
+        st.sampled_from(
+            ["## {n}. {t}", "## Step {n}: {t}", "{n}. {t}", "{n}) {t}", "### {n} {t}", "## {t}"]
+        )
+    )
     for expected in range(1, draw(st.integers(0, 4)) + 1):
-        number = draw(st.one_of(st.just(expected), st.just(expected), st.integers(0, 5), HUGE_INTS.map(abs)))
+        number = draw(
+            st.one_of(st.just(expected), st.just(expected), st.integers(0, 5), HUGE_INTS.map(abs))
+        )
         out.append(heading.format(n=number, t=draw(LINE_TEXT)))
         out += draw(st.lists(LINE_TEXT, max_size=1))
         for _ in range(draw(st.sampled_from([1, 1, 1, 0, 2]))):
@@ -540,23 +965,36 @@ def test_runbook_format(text, name):
     only_memctl_errors(runbook_format.check_name, name)
 
 
-SAFE_LINE = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789 ._-$/|"), min_size=1, max_size=20).filter(
-    lambda s: s.strip() and s[0].isalnum())
+SAFE_LINE = st.text(
+    st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789 ._-$/|"), min_size=1, max_size=20
+).filter(lambda s: s.strip() and s[0].isalnum())
 
 
-@given(title=SAFE_LINE, steps=st.lists(st.tuples(SAFE_LINE, st.lists(SAFE_LINE, min_size=1, max_size=3)), min_size=1,
-                                       max_size=4), numbered_list=st.booleans())
+@given(
+    title=SAFE_LINE,
+    steps=st.lists(
+        st.tuples(SAFE_LINE, st.lists(SAFE_LINE, min_size=1, max_size=3)), min_size=1, max_size=4
+    ),
+    numbered_list=st.booleans(),
+)
 def test_runbook_format_reads_a_well_formed_runbook(title, steps, numbered_list):
     """The checks above must not pass by refusing everything: a well-formed runbook reads back exactly."""
     ran()
     out = [f"# {title}", "", "What it does.", ""]
     for number, (step_title, commands) in enumerate(steps, 1):
-        out += [f"{number}. {step_title}" if numbered_list else f"## {number}. {step_title}", "", "```sh", *commands,
-                "```", ""]
+        out += [
+            f"{number}. {step_title}" if numbered_list else f"## {number}. {step_title}",
+            "",
+            "```sh",
+            *commands,
+            "```",
+            "",
+        ]
     parsed = runbook_format.parse("\n".join(out), "deploy")
     assert parsed.title == title.strip()
     assert [(s.title, s.command) for s in parsed.steps] == [
-        (t.strip(" \t-:\u2013\u2014"), "\n".join(c).strip("\n") + "\n") for t, c in steps]
+        (t.strip(" \t-:\u2013\u2014"), "\n".join(c).strip("\n") + "\n") for t, c in steps
+    ]
 
 
 # --- the search query syntax ---
@@ -570,15 +1008,47 @@ def test_split_terms(text):
         assert isinstance(piece, str) and piece.strip() and piece in text
 
 
-DATE_PIECES = st.sampled_from(["May", "may", "Feb.", "sept", "December", "of", "in", "during", "on", ",", "-",
-                                "0", "1", "29", "31", "32", "3rd", "2022", "2024", "1899", "2099", "2022-02-29",
-                                "2024-02-29", "2022-00-01", "2022-12", "2022-13", "9999-99-99"])
+DATE_PIECES = st.sampled_from(
+    [
+        "May",
+        "may",
+        "Feb.",
+        "sept",
+        "December",
+        "of",
+        "in",
+        "during",
+        "on",
+        ",",
+        "-",
+        "0",
+        "1",
+        "29",
+        "31",
+        "32",
+        "3rd",
+        "2022",
+        "2024",
+        "1899",
+        "2099",
+        "2022-02-29",
+        "2024-02-29",
+        "2022-00-01",
+        "2022-12",
+        "2022-13",
+        "9999-99-99",
+    ]
+)
 
 
 # Dates written as people write them, most of them real: the branch that checks a period found must be reached.
-DATES = st.builds("{} {} {}, {}".format, st.sampled_from(["in", "on", "during", "what happened", ""]),
-                  st.sampled_from(["May", "sept", "Feb.", "December"]), st.integers(0, 32).map(str) | st.just("3rd"),
-                  st.sampled_from(["2022", "2024", "1899", "2099"]))
+DATES = st.builds(
+    "{} {} {}, {}".format,
+    st.sampled_from(["in", "on", "during", "what happened", ""]),
+    st.sampled_from(["May", "sept", "Feb.", "December"]),
+    st.integers(0, 32).map(str) | st.just("3rd"),
+    st.sampled_from(["2022", "2024", "1899", "2099"]),
+)
 
 
 @reaches("found")
@@ -589,7 +1059,10 @@ def test_the_period_a_query_names_is_a_real_span_or_none(text):
     if found is not None:
         took("found")
         assert found.start < found.end and found.start.tzinfo is not None
-        assert found.closeness(found.start) == 1.0 and found.closeness(found.start - datetime.timedelta(1)) == 0.0
+        assert (
+            found.closeness(found.start) == 1.0
+            and found.closeness(found.start - datetime.timedelta(1)) == 0.0
+        )
 
 
 def test_split_terms_reads_the_documented_syntax():
@@ -601,11 +1074,26 @@ def test_split_terms_reads_the_documented_syntax():
 # --- the CLI against a real database ----------------------------------------------------------------------
 
 LOCATIONS = ("MEMCTL_DATABASE_URL", "MEMCTL_READ_DATABASE_URL", "OLLAMA_HOST")
-NOWHERE = "http://127.0.0.1:9"  # loopback, nothing listening: a fuzzed host never reaches the network
-COUNTED = ("episodes", "chunks", "embed_queue", "facts", "fact_history", "blocked_sources", "summary_sources",
-           "runbook_runs", "embedding_models")
-COUNTS = sql.SQL("SELECT {}").format(sql.SQL(", ").join(
-    sql.SQL("(SELECT count(*) FROM {}) AS {}").format(sql.Identifier(t), sql.Identifier(t)) for t in COUNTED))
+NOWHERE = (
+    "http://127.0.0.1:9"  # loopback, nothing listening: a fuzzed host never reaches the network
+)
+COUNTED = (
+    "episodes",
+    "chunks",
+    "embed_queue",
+    "facts",
+    "fact_history",
+    "blocked_sources",
+    "summary_sources",
+    "runbook_runs",
+    "embedding_models",
+)
+COUNTS = sql.SQL("SELECT {}").format(
+    sql.SQL(", ").join(
+        sql.SQL("(SELECT count(*) FROM {}) AS {}").format(sql.Identifier(t), sql.Identifier(t))
+        for t in COUNTED
+    )
+)
 
 
 @pytest.fixture
@@ -640,7 +1128,9 @@ def run(memctl_env):
 def refused_wrote_nothing(result, before: dict, after: dict, data) -> None:
     if result.exit_code != 0:
         changed = {t: (before[t], after[t]) for t in COUNTED if before[t] != after[t]}
-        assert not changed, f"exit {result.exit_code} ({result.stderr.strip()!r}) but wrote {changed}; input {data!r}"
+        assert not changed, (
+            f"exit {result.exit_code} ({result.stderr.strip()!r}) but wrote {changed}; input {data!r}"
+        )
 
 
 @given(data=streams(lines(record(EPISODE, required=("content",))), max_lines=4), skip=st.booleans())
@@ -670,13 +1160,19 @@ def test_cli_memctl_import(run, counts, data):
     refused_wrote_nothing(result, before, counts(), data)
 
 
-SEED = ["deploy failed on web1: disk full", "rotated nginx logs after the deploy", "dry run of the deploy went fine",
-        "the disk on db2 is full again"]
+SEED = [
+    "deploy failed on web1: disk full",
+    "rotated nginx logs after the deploy",
+    "dry run of the deploy went fine",
+    "the disk on db2 is full again",
+]
 
 
 def seed(env: dict | None = None) -> None:
-    data = "".join(json.dumps({"content": c, "kind": "conversation" if i % 2 else "observation"}) + "\n"
-                   for i, c in enumerate(SEED))
+    data = "".join(
+        json.dumps({"content": c, "kind": "conversation" if i % 2 else "observation"}) + "\n"
+        for i, c in enumerate(SEED)
+    )
     assert invoke("episode", "import", "-", input=data, env=env).exit_code == 0
     assert invoke("embed", env=env).exit_code == 0
 
@@ -712,8 +1208,13 @@ def shared(pg_server, tmp_path_factory):
     config_file = tmp_path_factory.mktemp("fuzz") / "config.toml"
     config_file.touch()
     with fresh_database(pg_server, "memctl_f") as url:
-        env = {"MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": str(config_file), "MEMCTL_EMBEDDER": "hash",
-               "MEMCTL_EMBED_MODEL": "hash-embed", "OLLAMA_HOST": NOWHERE}
+        env = {
+            "MEMCTL_DATABASE_URL": url,
+            "MEMCTL_CONFIG": str(config_file),
+            "MEMCTL_EMBEDDER": "hash",
+            "MEMCTL_EMBED_MODEL": "hash-embed",
+            "OLLAMA_HOST": NOWHERE,
+        }
         seed(env)
         with db.connect(url) as conn:
             yield Shared(env, conn)
@@ -735,17 +1236,31 @@ def test_search_with_accepted_settings(seeded, tmp_path, document, mode):
     conn, _ = seeded
     path = tmp_path / "search.toml"
     path.write_bytes(document)
-    loaded = only_memctl_errors(config.load, path, environ={"MEMCTL_EMBEDDER": "hash", "OLLAMA_HOST": NOWHERE,
-                                                            "MEMCTL_EMBED_MODEL": "hash-embed"})
+    loaded = only_memctl_errors(
+        config.load,
+        path,
+        environ={
+            "MEMCTL_EMBEDDER": "hash",
+            "OLLAMA_HOST": NOWHERE,
+            "MEMCTL_EMBED_MODEL": "hash-embed",
+        },
+    )
     assume(isinstance(loaded, config.Settings))
     only_memctl_errors(search.search, conn.use_settings(loaded), Query("disk full", mode=mode))
 
 
 # Edges the properties reach only now and then, run on every run (each refused, or run without a crash).
-SETTING_EDGES = ['[search]\nrecency_half_life = "0s"\n', '[search]\ncontext_window = "0s"\n',
-                 "[search]\nef_search = 1001\n", "[search]\ncandidates = 9223372036854775808\n",
-                 "[search]\nrecency_weight = nan\n", "[search]\nbm25_k1 = inf\n", "[embedding]\ntimeout = nan\n",
-                 "[embedding]\nsearch_timeout = inf\n", "[recall]\nmin_score = nan\n"]
+SETTING_EDGES = [
+    '[search]\nrecency_half_life = "0s"\n',
+    '[search]\ncontext_window = "0s"\n',
+    "[search]\nef_search = 1001\n",
+    "[search]\ncandidates = 9223372036854775808\n",
+    "[search]\nrecency_weight = nan\n",
+    "[search]\nbm25_k1 = inf\n",
+    "[embedding]\ntimeout = nan\n",
+    "[embedding]\nsearch_timeout = inf\n",
+    "[recall]\nmin_score = nan\n",
+]
 
 
 @pytest.mark.parametrize("document", SETTING_EDGES)
@@ -753,8 +1268,15 @@ def test_setting_edges_refused_or_usable(shared, tmp_path, document):
     conn = shared.conn
     path = tmp_path / "edge.toml"
     path.write_text(document)
-    loaded = only_memctl_errors(config.load, path, environ={"MEMCTL_EMBEDDER": "hash", "OLLAMA_HOST": NOWHERE,
-                                                            "MEMCTL_EMBED_MODEL": "hash-embed"})
+    loaded = only_memctl_errors(
+        config.load,
+        path,
+        environ={
+            "MEMCTL_EMBEDDER": "hash",
+            "OLLAMA_HOST": NOWHERE,
+            "MEMCTL_EMBED_MODEL": "hash-embed",
+        },
+    )
     if isinstance(loaded, MemctlError):
         return  # refused, with a message and an exit code
     for name, value in _numbers(loaded):
@@ -775,14 +1297,29 @@ def test_search_query_syntax(seeded, text, mode):
         assert all(isinstance(h.id, int) for h in outcome.hits)
 
 
-@given(text=QUERIES, mode=MODES, k=st.one_of(st.integers(-2, 1001), HUGE_INTS).map(str) | st.just("x"),
-       since=st.none() | DURATIONS)
+@given(
+    text=QUERIES,
+    mode=MODES,
+    k=st.one_of(st.integers(-2, 1001), HUGE_INTS).map(str) | st.just("x"),
+    since=st.none() | DURATIONS,
+)
 @share(0.15)
 def test_cli_episode_search(seeded, run, counts, text, mode, k, since):
     ran()
     assume(not text.startswith("-"))  # an option to click, not a query
     before = counts()
-    args = ["episode", "search", text, "-k", k, "--mode", mode, "-f", "json", *(["--since", since] if since else [])]
+    args = [
+        "episode",
+        "search",
+        text,
+        "-k",
+        k,
+        "--mode",
+        mode,
+        "-f",
+        "json",
+        *(["--since", since] if since else []),
+    ]
     run(*args)
     assert counts() == before
 
@@ -796,8 +1333,13 @@ def test_cli_episode_search_batch(seeded, run, counts, data):
     assert counts() == before
 
 
-@given(data=streams(lines(st.one_of(record({"content": CONTENT, "text": CONTENT, "query": CONTENT}), VALUES))
-                    | texts(40).map(lambda s: s.encode("utf-8", "surrogatepass")), max_lines=5))
+@given(
+    data=streams(
+        lines(st.one_of(record({"content": CONTENT, "text": CONTENT, "query": CONTENT}), VALUES))
+        | texts(40).map(lambda s: s.encode("utf-8", "surrogatepass")),
+        max_lines=5,
+    )
+)
 @share(0.1)
 def test_cli_timing_file(run, counts, tmp_path, data):
     ran()
@@ -816,7 +1358,10 @@ def test_cli_since_option(run, since):
     run("episode", "list", "--since", since, "-f", "json")
 
 
-@given(document=st.booleans().flatmap(lambda typed: TYPED_DOCUMENTS if typed else CONFIG_FILES), env=ENVS)
+@given(
+    document=st.booleans().flatmap(lambda typed: TYPED_DOCUMENTS if typed else CONFIG_FILES),
+    env=ENVS,
+)
 @share(0.12)
 def test_cli_config(run, counts, memctl_env, document, env):
     """The configuration reaches every command: config show, a search and an import refuse it, or run."""
@@ -825,12 +1370,17 @@ def test_cli_config(run, counts, memctl_env, document, env):
         handle.write(document)
     # Only loopback: the environment (which wins over the file) names the test database as the replica
     # and an Ollama address where nothing listens, whatever hosts the fuzzed file names.
-    env = {**{k: v for k, v in env.items() if k not in LOCATIONS},
-           "MEMCTL_READ_DATABASE_URL": memctl_env["MEMCTL_DATABASE_URL"], "OLLAMA_HOST": NOWHERE}
+    env = {
+        **{k: v for k, v in env.items() if k not in LOCATIONS},
+        "MEMCTL_READ_DATABASE_URL": memctl_env["MEMCTL_DATABASE_URL"],
+        "OLLAMA_HOST": NOWHERE,
+    }
     run("config", "show", "-f", "json", env=env)
     run("episode", "search", "deploy went fine", "-f", "json", env=env)
     before = counts()
-    result = run("episode", "import", "-", input=json.dumps({"content": "deploy went fine"}) + "\n", env=env)
+    result = run(
+        "episode", "import", "-", input=json.dumps({"content": "deploy went fine"}) + "\n", env=env
+    )
     refused_wrote_nothing(result, before, counts(), document)
 
 
@@ -858,31 +1408,66 @@ INPUT_EDGES = [
     ("import", "-", HEADER_LINE[:-2] + b', "vectors": {}}'),
     ("import", "-", HEADER_LINE[:-2] + b', "vectors": "yes"}'),
     ("import", "-", HEADER_LINE[:-2] + b', "vectors": {"embedder": "hash"}}'),
-    ("import", "-", HEADER_LINE[:-2] + b', "vectors": {"embedder": "hash", "model": "m", "dims": -1}}'),
+    (
+        "import",
+        "-",
+        HEADER_LINE[:-2] + b', "vectors": {"embedder": "hash", "model": "m", "dims": -1}}',
+    ),
     ("import", "-", HEADER_LINE[:-2] + b', "format": 1e400}'),
     ("import", "-", HEADER_LINE + b'{"type": "blocked_source", "source": "s", "reason": {}}'),
-    ("import", "-", HEADER_LINE + b'{"type": "episode", "id": 1, "agent": "a", "content": "\\ud800", '
-                                  b'"created_at": "2026-08-11T09:30:00Z"}'),
-    ("import", "-", HEADER_LINE + b'{"type": "episode", "id": 1, "agent": "a", "content": "c", '
-                                  b'"created_at": "2026-08-11T09:30:00Z", "chunks": [{"seq": "x", "content": "c"}]}'),
-    ("import", "-", HEADER_LINE + b'{"type": "fact", "namespace": "n", "key": "k", "history": [{"version": 1, '
-                                  b'"op": "set", "new_value": "v", "changed_at": "2026-08-11"}, 5]}'),
-    ("import", "-", HEADER_LINE + b'{"type": "runbook_run", "agent": "a", "name": "n", "commit": "c", '
-                                  b'"started_at": "2026-08-11T09:30:00Z", "outcome": "ok", "steps": 1, '
-                                  b'"output_tail": 5}'),
-    ("import", "-", HEADER_LINE + b'{"type": "runbook_run", "agent": "a", "name": "n", "commit": "c", '
-                                  b'"started_at": "2026-08-11T09:30:00Z", "outcome": "ok", "steps": 1e400}'),
-    ("import", "-", HEADER_LINE + b'{"type": "summary_source", "agent": "a", "summary_id": 1, "source_id": 2, '
-                                  b'"source_created_at": "2026-08-11", "source_hash": 5}'),
+    (
+        "import",
+        "-",
+        HEADER_LINE + b'{"type": "episode", "id": 1, "agent": "a", "content": "\\ud800", '
+        b'"created_at": "2026-08-11T09:30:00Z"}',
+    ),
+    (
+        "import",
+        "-",
+        HEADER_LINE + b'{"type": "episode", "id": 1, "agent": "a", "content": "c", '
+        b'"created_at": "2026-08-11T09:30:00Z", "chunks": [{"seq": "x", "content": "c"}]}',
+    ),
+    (
+        "import",
+        "-",
+        HEADER_LINE + b'{"type": "fact", "namespace": "n", "key": "k", "history": [{"version": 1, '
+        b'"op": "set", "new_value": "v", "changed_at": "2026-08-11"}, 5]}',
+    ),
+    (
+        "import",
+        "-",
+        HEADER_LINE + b'{"type": "runbook_run", "agent": "a", "name": "n", "commit": "c", '
+        b'"started_at": "2026-08-11T09:30:00Z", "outcome": "ok", "steps": 1, '
+        b'"output_tail": 5}',
+    ),
+    (
+        "import",
+        "-",
+        HEADER_LINE + b'{"type": "runbook_run", "agent": "a", "name": "n", "commit": "c", '
+        b'"started_at": "2026-08-11T09:30:00Z", "outcome": "ok", "steps": 1e400}',
+    ),
+    (
+        "import",
+        "-",
+        HEADER_LINE + b'{"type": "summary_source", "agent": "a", "summary_id": 1, "source_id": 2, '
+        b'"source_created_at": "2026-08-11", "source_hash": 5}',
+    ),
     ("timing", "--file", b'{"content": "\\ud800"}'),
-    ("timing", "--file", b'\xff\xfe'),
+    ("timing", "--file", b"\xff\xfe"),
 ]
-COMMANDS = {"episode": ["episode", "import", "-"], "fact": ["fact", "import", "-"],
-            "search": ["episode", "search", "--batch", "-"], "import": ["import", "-"]}
+COMMANDS = {
+    "episode": ["episode", "import", "-"],
+    "fact": ["fact", "import", "-"],
+    "search": ["episode", "search", "--batch", "-"],
+    "import": ["import", "-"],
+}
 
 
-@pytest.mark.parametrize("command,option,data", INPUT_EDGES, ids=lambda v: v.decode("utf-8", "replace")[:60]
-                         if isinstance(v, bytes) else None)
+@pytest.mark.parametrize(
+    "command,option,data",
+    INPUT_EDGES,
+    ids=lambda v: v.decode("utf-8", "replace")[:60] if isinstance(v, bytes) else None,
+)
 def test_input_edges(shared, tmp_path, command, option, data):
     """Inputs the properties reach only now and then, run on every run: refused or run, never a crash."""
     before = shared.counts()
@@ -898,13 +1483,20 @@ def test_input_edges(shared, tmp_path, command, option, data):
 
 
 ARGUMENT_EDGES = [  # undecodable bytes on a command line reach Python as surrogate escapes
-    ("episode", "search", "disk \udcff"), ("episode", "search", "\x00"), ("episode", "search", '-"unbalanced'),
-    ("episode", "add", "\udcff"), ("fact", "set", "k", "\udcff"), ("fact", "set", "\udcff", "v"),
-    ("episode", "list", "--since", "\udcff"), ("episode", "list", "--agent", "\udcff"),
+    ("episode", "search", "disk \udcff"),
+    ("episode", "search", "\x00"),
+    ("episode", "search", '-"unbalanced'),
+    ("episode", "add", "\udcff"),
+    ("fact", "set", "k", "\udcff"),
+    ("fact", "set", "\udcff", "v"),
+    ("episode", "list", "--since", "\udcff"),
+    ("episode", "list", "--agent", "\udcff"),
 ]
 
 
-@pytest.mark.parametrize("args", ARGUMENT_EDGES, ids=lambda a: " ".join(a).encode("ascii", "backslashreplace").decode())
+@pytest.mark.parametrize(
+    "args", ARGUMENT_EDGES, ids=lambda a: " ".join(a).encode("ascii", "backslashreplace").decode()
+)
 def test_argument_edges(shared, args):
     before = shared.counts()
     refused_wrote_nothing(shared.run(*args), before, shared.counts(), args)
@@ -912,42 +1504,90 @@ def test_argument_edges(shared, args):
 
 # --- round trip: an accepted export, imported and exported again, gives the same records ---
 
-SAFE_TEXT = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789 .,:;-_/\n'\"éßж日ü"), min_size=1,
-                    max_size=80).filter(str.strip)
-SAFE_META = st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4),
-                            st.one_of(st.integers(-1000, 1000), SAFE_TEXT, st.booleans(), st.none(),
-                                      st.sampled_from([0.5, -2.25, 1e-3]), st.lists(st.integers(0, 9), max_size=3)),
-                            max_size=3)
-ROUND_EPISODES = st.lists(st.tuples(SAFE_TEXT, st.sampled_from(["observation", "conversation", "raw"]),
-                                    st.none() | SOURCES, st.integers(1, 10),
-                                    st.datetimes(min_value=datetime.datetime(1990, 1, 1),  # no later than now:
-                                                 max_value=datetime.datetime(2025, 12, 31),  # [limits] clock_skew
-                                                 timezones=ZONES.filter(bool)),
-                                    SAFE_META, st.booleans()), max_size=5)
-ROUND_FACTS = st.lists(st.tuples(st.integers(0, 50), st.lists(st.none() | SAFE_TEXT, min_size=1, max_size=4),
-                                 st.none() | SOURCES), max_size=4, unique_by=lambda f: f[0])
+SAFE_TEXT = st.text(
+    st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789 .,:;-_/\n'\"éßж日ü"),
+    min_size=1,
+    max_size=80,
+).filter(str.strip)
+SAFE_META = st.dictionaries(
+    st.text("abcdefgh", min_size=1, max_size=4),
+    st.one_of(
+        st.integers(-1000, 1000),
+        SAFE_TEXT,
+        st.booleans(),
+        st.none(),
+        st.sampled_from([0.5, -2.25, 1e-3]),
+        st.lists(st.integers(0, 9), max_size=3),
+    ),
+    max_size=3,
+)
+ROUND_EPISODES = st.lists(
+    st.tuples(
+        SAFE_TEXT,
+        st.sampled_from(["observation", "conversation", "raw"]),
+        st.none() | SOURCES,
+        st.integers(1, 10),
+        st.datetimes(
+            min_value=datetime.datetime(1990, 1, 1),  # no later than now:
+            max_value=datetime.datetime(2025, 12, 31),  # [limits] clock_skew
+            timezones=ZONES.filter(bool),
+        ),
+        SAFE_META,
+        st.booleans(),
+    ),
+    max_size=5,
+)
+ROUND_FACTS = st.lists(
+    st.tuples(
+        st.integers(0, 50),
+        st.lists(st.none() | SAFE_TEXT, min_size=1, max_size=4),
+        st.none() | SOURCES,
+    ),
+    max_size=4,
+    unique_by=lambda f: f[0],
+)
 
 
-def _fact_record(namespace: str, key: str, values: list, source, start: datetime.datetime) -> dict | None:
+def _fact_record(
+    namespace: str, key: str, values: list, source, start: datetime.datetime
+) -> dict | None:
     history, current = [], None
     for value in values:
         if value is None and current is None:
             continue
         op = "set" if value is not None else "delete"
-        history.append({"version": len(history) + 1, "op": op, "old_value": current, "new_value": value,
-                        "source": source if op == "set" else None,
-                        "changed_at": (start + datetime.timedelta(seconds=len(history) + 1)).isoformat()})
+        history.append(
+            {
+                "version": len(history) + 1,
+                "op": op,
+                "old_value": current,
+                "new_value": value,
+                "source": source if op == "set" else None,
+                "changed_at": (start + datetime.timedelta(seconds=len(history) + 1)).isoformat(),
+            }
+        )
         current = value
     if not history:
         return None
     live = current is not None
-    return {"type": "fact", "namespace": namespace, "key": key, "value": current, "source": source if live else None,
-            "version": len(history) if live else None, "updated_at": history[-1]["changed_at"] if live else None,
-            "history": history}
+    return {
+        "type": "fact",
+        "namespace": namespace,
+        "key": key,
+        "value": current,
+        "source": source if live else None,
+        "version": len(history) if live else None,
+        "updated_at": history[-1]["changed_at"] if live else None,
+        "history": history,
+    }
 
 
 def _time(text: str | None):
-    return None if text is None else datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    return (
+        None
+        if text is None
+        else datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    )
 
 
 def comparable(text: str, tag: str) -> dict:
@@ -958,12 +1598,27 @@ def comparable(text: str, tag: str) -> dict:
         if item["type"] == "episode" and item["agent"].startswith(tag):
             # repeat_of null (a first) and record_key null (no key) are what a file without the field imports
             # as: every content here is unique
-            found["episode"].append({**{k: v for k, v in item.items() if k not in ("id", "chunks")
-                                        and not (k in ("repeat_of", "record_key") and v is None)},
-                                     "created_at": _time(item["created_at"])})
+            found["episode"].append(
+                {
+                    **{
+                        k: v
+                        for k, v in item.items()
+                        if k not in ("id", "chunks")
+                        and not (k in ("repeat_of", "record_key") and v is None)
+                    },
+                    "created_at": _time(item["created_at"]),
+                }
+            )
         elif item["type"] == "fact" and item["namespace"] == tag:
-            found["fact"].append({**item, "updated_at": _time(item["updated_at"]),
-                                  "history": [{**h, "changed_at": _time(h["changed_at"])} for h in item["history"]]})
+            found["fact"].append(
+                {
+                    **item,
+                    "updated_at": _time(item["updated_at"]),
+                    "history": [
+                        {**h, "changed_at": _time(h["changed_at"])} for h in item["history"]
+                    ],
+                }
+            )
     key = lambda r: json.dumps(r, sort_keys=True, default=str)  # noqa: E731
     return {kind: sorted(items, key=key) for kind, items in found.items()}
 
@@ -979,22 +1634,39 @@ def second_db(pg_server):
 def test_round_trip(run, memctl_env, db_url, second_db, episode_specs, fact_specs):
     ran()
     with open(memctl_env["MEMCTL_CONFIG"], "w") as handle:
-        handle.write('[redaction]\nmode = "off"\n')  # the round trip, not the redaction, is under test here
+        handle.write(
+            '[redaction]\nmode = "off"\n'
+        )  # the round trip, not the redaction, is under test here
     tag = f"rt{uuid.uuid4().hex[:10]}"
     start = datetime.datetime(2026, 8, 1, tzinfo=UTC)
     out = [{"type": "header", "format": 1}]
     for number, (key, values, source) in enumerate(fact_specs):
-        fact = _fact_record(tag, f"svc{key}.host", values, source, start + datetime.timedelta(hours=number))
+        fact = _fact_record(
+            tag, f"svc{key}.host", values, source, start + datetime.timedelta(hours=number)
+        )
         if fact is not None:
             out.append(fact)
-    for number, (content, kind, source, importance, when, meta, second) in enumerate(episode_specs, 1):
-        out.append({"type": "episode", "id": number, "agent": f"{tag}-{'b' if second else 'a'}", "kind": kind,
-                    "source": source, "importance": importance, "created_at": when.isoformat(), "meta": meta,
-                    "content": f"{content} #{number}"})
+    for number, (content, kind, source, importance, when, meta, second) in enumerate(
+        episode_specs, 1
+    ):
+        out.append(
+            {
+                "type": "episode",
+                "id": number,
+                "agent": f"{tag}-{'b' if second else 'a'}",
+                "kind": kind,
+                "source": source,
+                "importance": importance,
+                "created_at": when.isoformat(),
+                "meta": meta,
+                "content": f"{content} #{number}",
+            }
+        )
     given_export = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out)
     expected = comparable(given_export, tag)
-    assert len(expected["episode"]) == len(episode_specs) and len(expected["fact"]) == len(out) - 1 - len(
-        episode_specs)  # the comparison sees every record of this example
+    assert len(expected["episode"]) == len(episode_specs) and len(expected["fact"]) == len(
+        out
+    ) - 1 - len(episode_specs)  # the comparison sees every record of this example
     imported = run("import", "-", input=given_export.encode())
     assert imported.exit_code == 0, (imported.stderr, given_export)
     first = run("export")

@@ -19,9 +19,11 @@ import pytest
 from memctl.embedding import models
 from memctl.model_catalogue import INSTRUCTIONS, instructions
 
-EPISODES = ["Deploy of api v2.3 failed at 03:10. The /var volume was full; rotating nginx logs freed 4 GB.",
-            "Redis evicted keys under memory pressure. Raising maxmemory to 2 GB stopped it.",
-            "The TLS certificate of the load balancer expired on Sunday. Renewal now runs from a timer."]
+EPISODES = [
+    "Deploy of api v2.3 failed at 03:10. The /var volume was full; rotating nginx logs freed 4 GB.",
+    "Redis evicted keys under memory pressure. Raising maxmemory to 2 GB stopped it.",
+    "The TLS certificate of the load balancer expired on Sunday. Renewal now runs from a timer.",
+]
 QUERIES = ["why did the release break last night?", "cache lost keys", "certificate expiry"]
 RECALLED = "the api deploy is failing again with a full disk"
 STALE_VALUES = ("10.8.0.4", "10.8.0.9")
@@ -32,6 +34,7 @@ def use_model(ollama_env, monkeypatch):
     def use(name: str) -> None:
         monkeypatch.setenv("MEMCTL_EMBED_MODEL", name)
         ollama_env["MEMCTL_EMBED_MODEL"] = name
+
     return use
 
 
@@ -66,7 +69,9 @@ def test_nomic_embed_text_gets_search_document_and_search_query(cli, conn, ollam
     queries = exercise(cli)
     received = [text for model, text in ollama.inputs if model == "nomic-embed-text"]
     assert received and all(model == "nomic-embed-text" for model, _ in ollama.inputs)
-    documents = {t.removeprefix("search_document: ") for t in received if t.startswith("search_document: ")}
+    documents = {
+        t.removeprefix("search_document: ") for t in received if t.startswith("search_document: ")
+    }
     asked = {t.removeprefix("search_query: ") for t in received if t.startswith("search_query: ")}
     assert len(documents) + len(asked) == len(set(received)), "a text went without its instruction"
     assert documents == chunk_texts(conn)  # every stored text, and only stored texts, as documents
@@ -87,7 +92,10 @@ def test_all_minilm_gets_text_as_it_is(cli, conn, ollama, use_model):
     assert chunk_texts(conn) <= received and received <= chunk_texts(conn) | set(queries)
     assert set(queries) <= received
     active = models.active(conn)
-    assert (active.query_prefix, active.document_prefix) == ("", "") and "instructions" not in active.label
+    assert (active.query_prefix, active.document_prefix) == (
+        "",
+        "",
+    ) and "instructions" not in active.label
 
 
 def test_the_catalogue_cites_the_model_cards():
@@ -99,13 +107,18 @@ def test_the_catalogue_cites_the_model_cards():
     assert instructions("multilingual-e5-small") == ("query: ", "passage: ")
     assert instructions("mxbai-embed-large")[1] == "" and instructions("mxbai-embed-large")[0]
     assert instructions("qwen3-embedding:0.6b")[0].startswith("Instruct: ")
-    assert instructions("embeddinggemma") == ("task: search result | query: ", "title: none | text: ")
+    assert instructions("embeddinggemma") == (
+        "task: search result | query: ",
+        "title: none | text: ",
+    )
     assert instructions("all-minilm") == instructions("bge-m3") == ("", "")
 
 
 def test_configured_prefixes_override_the_catalogue(cli, conn, ollama, use_model, memctl_env):
     use_model("nomic-embed-text")
-    Path(memctl_env["MEMCTL_CONFIG"]).write_text('[embedding]\nquery_prefix = "Q: "\ndocument_prefix = ""\n')
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(
+        '[embedding]\nquery_prefix = "Q: "\ndocument_prefix = ""\n'
+    )
     assert cli("episode", "add", EPISODES[0]).exit_code == 0
     assert cli("embed").exit_code == 0
     assert cli("episode", "search", QUERIES[0], "--mode", "vector").exit_code == 0
@@ -117,7 +130,8 @@ def test_configured_prefixes_override_the_catalogue(cli, conn, ollama, use_model
 
 
 def test_a_database_embedded_without_the_instructions_is_flagged_and_one_reembed_fixes_it(
-        cli, conn, ollama, use_model):
+    cli, conn, ollama, use_model
+):
     use_model("nomic-embed-text")
     assert cli("episode", "add", EPISODES[0]).exit_code == 0
     assert cli("embed").exit_code == 0
@@ -136,7 +150,10 @@ def test_a_database_embedded_without_the_instructions_is_flagged_and_one_reembed
     checked = cli("status", "--check", "-f", "json")
     assert checked.exit_code == 1
     [warning] = [w for w in checked.json()["warnings"] if "instruction" in w]
-    assert "'search_document: '" in warning and "memctl reembed start --model nomic-embed-text" in warning
+    assert (
+        "'search_document: '" in warning
+        and "memctl reembed start --model nomic-embed-text" in warning
+    )
 
     started = cli("reembed", "start", "--model", "nomic-embed-text", "-f", "json")
     assert started.exit_code == 0, started.stderr
@@ -155,22 +172,27 @@ def test_a_database_embedded_without_the_instructions_is_flagged_and_one_reembed
     assert again.exit_code == 2 and "already the active model" in again.stderr
 
 
-def test_imported_vectors_made_with_other_instructions_are_embedded_again(cli, conn, ollama, use_model, pg_server,
-                                                                          tmp_path):
+def test_imported_vectors_made_with_other_instructions_are_embedded_again(
+    cli, conn, ollama, use_model, pg_server, tmp_path
+):
     from tests.conftest import fresh_database
 
     use_model("nomic-embed-text")
     for text in EPISODES:
         assert cli("episode", "add", text).exit_code == 0
     assert cli("embed").exit_code == 0
-    conn.execute("UPDATE embedding_models SET query_prefix = '', document_prefix = ''")  # made before 0018
+    conn.execute(
+        "UPDATE embedding_models SET query_prefix = '', document_prefix = ''"
+    )  # made before 0018
     path = tmp_path / "export.jsonl"
     assert cli("export", "--vectors", "--out", str(path)).exit_code == 0
     header = json.loads(path.read_text().splitlines()[0])
     assert header["vectors"]["document_prefix"] == ""
     with fresh_database(pg_server, "memctl_t2") as url:
         env = {"MEMCTL_DATABASE_URL": url}
-        assert cli("embed", env=env).exit_code == 0  # registers nomic-embed-text with its instructions
+        assert (
+            cli("embed", env=env).exit_code == 0
+        )  # registers nomic-embed-text with its instructions
         loaded = cli("import", str(path), "-f", "json", env=env)
         assert loaded.exit_code == 0, loaded.stderr
         assert loaded.json()[0]["vectors"] == 0 and loaded.json()[0]["queued"] == len(EPISODES)

@@ -67,11 +67,20 @@ class Run:
         return self.count(WAITING.format(also=also)) > 0
 
 
-def import_lines(run: Run, n: int, *, source: str = "app", days_old: int = 0, kind: str = "raw") -> None:
-    rows = [json.dumps({"content": f"event {i} of {source}: worker {i % 7} restarted after error E{i}",
-                        "source": source, "kind": kind,
-                        "created_at": (NOW - datetime.timedelta(days=days_old, minutes=n - i)).isoformat()})
-            for i in range(n)]
+def import_lines(
+    run: Run, n: int, *, source: str = "app", days_old: int = 0, kind: str = "raw"
+) -> None:
+    rows = [
+        json.dumps(
+            {
+                "content": f"event {i} of {source}: worker {i % 7} restarted after error E{i}",
+                "source": source,
+                "kind": kind,
+                "created_at": (NOW - datetime.timedelta(days=days_old, minutes=n - i)).isoformat(),
+            }
+        )
+        for i in range(n)
+    ]
     out = run.cli("episode", "import", "-", input="\n".join(rows) + "\n")
     assert out.exit_code == 0, out.stderr
 
@@ -87,9 +96,15 @@ def episodes(run: Run, source: str | None = None) -> int:
 
 def _episode_import(run: Run) -> list[str]:
     path = run.tmp / "in.jsonl"
-    path.write_text("".join(json.dumps({"content": f"imported line {i}", "source": "file"}) + "\n"
-                            for i in range(2000)))
-    run.hold("LOCK TABLE chunks IN SHARE MODE")  # the episodes of the first batch are copied, its chunks wait
+    path.write_text(
+        "".join(
+            json.dumps({"content": f"imported line {i}", "source": "file"}) + "\n"
+            for i in range(2000)
+        )
+    )
+    run.hold(
+        "LOCK TABLE chunks IN SHARE MODE"
+    )  # the episodes of the first batch are copied, its chunks wait
     return ["episode", "import", str(path)]
 
 
@@ -105,9 +120,17 @@ def _transfer_import(run: Run) -> list[str]:
     path = run.tmp / "export.jsonl"
     with fresh_database(run.pg_server) as other:
         env = {**run.env, "MEMCTL_DATABASE_URL": other}
-        rows = "".join(json.dumps({"content": f"exported episode {i}", "source": "file"}) + "\n" for i in range(2000))
-        for argv, data in ((["episode", "import", "-"], rows.encode()), (["export", "--out", str(path)], None)):
-            done = subprocess.run([_memctl(), *argv], env=env, input=data, capture_output=True, timeout=120)
+        rows = "".join(
+            json.dumps({"content": f"exported episode {i}", "source": "file"}) + "\n"
+            for i in range(2000)
+        )
+        for argv, data in (
+            (["episode", "import", "-"], rows.encode()),
+            (["export", "--out", str(path)], None),
+        ):
+            done = subprocess.run(
+                [_memctl(), *argv], env=env, input=data, capture_output=True, timeout=120
+            )
             assert done.returncode == 0, done.stderr
     run.hold("LOCK TABLE chunks IN SHARE MODE")
     return ["import", str(path)]
@@ -129,7 +152,9 @@ def _unchanged(run: Run) -> None:
 def _backup(run: Run) -> list[str]:
     run.cli("fact", "set", "db.host", "10.8.0.4")
     run.before["dir"] = run.tmp / "backups"
-    run.hold("LOCK TABLE facts IN ACCESS EXCLUSIVE MODE")  # the snapshot's checksums and pg_dump wait for it
+    run.hold(
+        "LOCK TABLE facts IN ACCESS EXCLUSIVE MODE"
+    )  # the snapshot's checksums and pg_dump wait for it
     return ["backup", "--to", str(run.before["dir"])]
 
 
@@ -142,7 +167,9 @@ def _no_backup_left(run: Run) -> None:
 def _gone(run: Run, program: str) -> bool:
     """No session of PROGRAM left (a killed client's backend ends once the lock it waited for is released)."""
     deadline = time.monotonic() + 30
-    while run.count("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (program,)):
+    while run.count(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (program,)
+    ):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -154,7 +181,9 @@ def _restore(run: Run) -> list[str]:
     made = run.cli("backup", "--to", str(run.tmp / "backups"), "-f", "json")
     assert made.exit_code == 0, made.stderr
     run.cli("fact", "set", "db.host", "10.8.0.9")  # after the backup: a restore would take it back
-    run.hold("LOCK TABLE facts IN ACCESS SHARE MODE")  # pg_dump (the safety backup) reads; psql's DROP waits
+    run.hold(
+        "LOCK TABLE facts IN ACCESS SHARE MODE"
+    )  # pg_dump (the safety backup) reads; psql's DROP waits
     return ["restore", made.json()["file"], "--yes"]
 
 
@@ -167,10 +196,18 @@ def _not_restored(run: Run) -> None:
 
 
 def _slow_embedder(run: Run, n: int = 40) -> None:
-    run.env.update({"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": run.ollama.url})
+    run.env.update(
+        {
+            "MEMCTL_EMBEDDER": "ollama",
+            "MEMCTL_EMBED_MODEL": "all-minilm",
+            "OLLAMA_HOST": run.ollama.url,
+        }
+    )
     import_lines(run, n)
     run.before["chunks"] = run.count("SELECT count(*) FROM chunks")
-    run.ollama.inject("slow", delay_s=0.3)  # every request takes a while: the signal lands inside a batch
+    run.ollama.inject(
+        "slow", delay_s=0.3
+    )  # every request takes a while: the signal lands inside a batch
 
 
 def _embed(run: Run) -> list[str]:
@@ -181,7 +218,9 @@ def _embed(run: Run) -> list[str]:
 def _vectors(run: Run) -> int:
     from memctl.embedding import models
 
-    return sum(run.count("SELECT count(*) FROM " + m.table_name) for m in models.all_models(run.conn))
+    return sum(
+        run.count("SELECT count(*) FROM " + m.table_name) for m in models.all_models(run.conn)
+    )
 
 
 def _embedding(run: Run) -> bool:
@@ -196,12 +235,22 @@ def _whole_batches(run: Run) -> None:
 
 
 def _reembed(run: Run) -> list[str]:
-    run.env.update({"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": run.ollama.url})
+    run.env.update(
+        {
+            "MEMCTL_EMBEDDER": "ollama",
+            "MEMCTL_EMBED_MODEL": "all-minilm",
+            "OLLAMA_HOST": run.ollama.url,
+        }
+    )
     import_lines(run, 40)
     done = subprocess.run([_memctl(), "embed"], env=run.env, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    started = subprocess.run([_memctl(), "reembed", "start", "--model", "nomic-embed-text"], env=run.env,
-                             capture_output=True, timeout=120)
+    started = subprocess.run(
+        [_memctl(), "reembed", "start", "--model", "nomic-embed-text"],
+        env=run.env,
+        capture_output=True,
+        timeout=120,
+    )
     assert started.returncode == 0, started.stderr
     run.before.update(chunks=run.count("SELECT count(*) FROM chunks"), vectors=_vectors(run))
     run.ollama.inject("slow", delay_s=0.3)
@@ -216,7 +265,9 @@ def _old_episodes(run: Run, source: str) -> None:
     """100 episodes 40 days old in time order; the 55th locked: deleting in batches of 10, five batches commit
     and the sixth waits for it."""
     import_lines(run, 100, source=source, days_old=40)
-    middle = run.conn.execute("SELECT id FROM episodes ORDER BY created_at, id OFFSET 54 LIMIT 1").fetchone()["id"]
+    middle = run.conn.execute(
+        "SELECT id FROM episodes ORDER BY created_at, id OFFSET 54 LIMIT 1"
+    ).fetchone()["id"]
     run.hold(f"SELECT 1 FROM episodes WHERE id = {int(middle)} FOR UPDATE")
 
 
@@ -240,12 +291,22 @@ def _fifty_deleted(run: Run) -> None:
 
 
 def _summarize(run: Run) -> list[str]:
-    run.env.update({"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": run.ollama.url})
-    Path(run.env["MEMCTL_CONFIG"]).write_text('[retention]\nraw = "30d"\n\n[summarize]\nmodel = "llama3.2:3b"\n')
+    run.env.update(
+        {
+            "MEMCTL_EMBEDDER": "ollama",
+            "MEMCTL_EMBED_MODEL": "all-minilm",
+            "OLLAMA_HOST": run.ollama.url,
+        }
+    )
+    Path(run.env["MEMCTL_CONFIG"]).write_text(
+        '[retention]\nraw = "30d"\n\n[summarize]\nmodel = "llama3.2:3b"\n'
+    )
     for days in (40, 45, 50):  # three windows: one UTC day each
         import_lines(run, 5, source=f"day{days}", days_old=days)
     run.ollama.delay_s = 120
-    run.ollama.inject_answer("hang", after=1)  # the first window's answer comes, the second's is held
+    run.ollama.inject_answer(
+        "hang", after=1
+    )  # the first window's answer comes, the second's is held
     return ["summarize"]
 
 
@@ -311,19 +372,27 @@ SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
 
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("command", LONG)
-def test_a_signal_mid_run_stops_the_command_and_keeps_memory_whole(command, sig, cli, conn, memctl_env, db_url,
-                                                                   pg_server, ollama, tmp_path):
+def test_a_signal_mid_run_stops_the_command_and_keeps_memory_whole(
+    command, sig, cli, conn, memctl_env, db_url, pg_server, ollama, tmp_path
+):
     case, (signum, code) = LONG[command], SIGNALS[sig]
     run = Run(cli, conn, dict(os.environ, **memctl_env), tmp_path, ollama, db_url, pg_server)
     try:
         argv = case.start(run)
         run.before.setdefault("episodes", episodes(run))
-        run.proc = subprocess.Popen([_memctl(), *argv], env=run.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    stdin=subprocess.PIPE if case.stdin else subprocess.DEVNULL,
-                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        run.proc = subprocess.Popen(
+            [_memctl(), *argv],
+            env=run.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE if case.stdin else subprocess.DEVNULL,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
         deadline = time.monotonic() + 60
         while not case.midway(run):
-            assert run.proc.poll() is None, f"{command} ended before it was seen mid-run: {run.proc.stderr.read()!r}"
+            assert run.proc.poll() is None, (
+                f"{command} ended before it was seen mid-run: {run.proc.stderr.read()!r}"
+            )
             assert time.monotonic() < deadline, f"{command} was never seen mid-run"
             time.sleep(0.05)
         run.proc.send_signal(signum)
@@ -339,6 +408,7 @@ def test_a_signal_mid_run_stops_the_command_and_keeps_memory_whole(command, sig,
     assert "Traceback" not in stderr and f"stopped by {sig}" in stderr, stderr
     case.after(run)
     if case.job is not None:
-        last = conn.execute("SELECT outcome, error FROM jobs WHERE job = %s ORDER BY id DESC LIMIT 1",
-                            (case.job,)).fetchone()
+        last = conn.execute(
+            "SELECT outcome, error FROM jobs WHERE job = %s ORDER BY id DESC LIMIT 1", (case.job,)
+        ).fetchone()
         assert last is not None and last["outcome"] == "interrupted" and sig in last["error"], last

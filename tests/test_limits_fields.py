@@ -33,15 +33,26 @@ def count(conn, table: str) -> int:
 # ------------------------------------------------------------ one size limit
 
 
-def test_an_episode_over_the_limit_is_refused_on_every_cli_path_naming_it(cli, conn, memctl_env, tmp_path):
+def test_an_episode_over_the_limit_is_refused_on_every_cli_path_naming_it(
+    cli, conn, memctl_env, tmp_path
+):
     limits(memctl_env, episode_bytes=SMALL)
     big = "x" * (SMALL + 1)
-    for args, data in ((("episode", "add", big), None), (("episode", "add", "-"), big),
-                       (("episode", "import", "-"), json.dumps({"content": big}) + "\n")):
+    for args, data in (
+        (("episode", "add", big), None),
+        (("episode", "add", "-"), big),
+        (("episode", "import", "-"), json.dumps({"content": big}) + "\n"),
+    ):
         out = cli(*args, input=data)
         assert out.exit_code == 2 and "[limits] episode_bytes" in out.stderr, (args, out.stderr)
     exported = cli("export").stdout.splitlines()[0]
-    record = {"type": "episode", "id": 1, "agent": "a", "content": big, "created_at": "2026-08-01T00:00:00Z"}
+    record = {
+        "type": "episode",
+        "id": 1,
+        "agent": "a",
+        "content": big,
+        "created_at": "2026-08-01T00:00:00Z",
+    }
     out = cli("import", "-", input=exported + "\n" + json.dumps(record) + "\n")
     assert out.exit_code == 2 and "line 2" in out.stderr and "episode_bytes" in out.stderr
     meta = cli("episode", "add", "small", "--meta", json.dumps({"blob": "y" * 70_000}))
@@ -53,8 +64,11 @@ def test_an_episode_over_the_limit_is_refused_on_every_cli_path_naming_it(cli, c
 
 def test_a_fact_value_over_the_limit_is_refused_by_set_and_import(cli, conn, memctl_env):
     limits(memctl_env, value_bytes=1000)
-    for args, data in ((("fact", "set", "k", "v" * 1001), None), (("fact", "set", "k", "-"), "v" * 1001),
-                       (("fact", "import", "-"), json.dumps({"key": "k", "value": "v" * 1001}) + "\n")):
+    for args, data in (
+        (("fact", "set", "k", "v" * 1001), None),
+        (("fact", "set", "k", "-"), "v" * 1001),
+        (("fact", "import", "-"), json.dumps({"key": "k", "value": "v" * 1001}) + "\n"),
+    ):
         out = cli(*args, input=data)
         assert out.exit_code == 2 and "[limits] value_bytes" in out.stderr, (args, out.stderr)
         assert len(out.stdout) < 1000  # nothing echoed back
@@ -77,18 +91,27 @@ def read_from_file(run, data: bytes, tmp_path: Path):
 READ_AHEAD = 64 * 1024  # what a buffered reader may take past the bytes it was asked for
 
 
-def test_stdin_past_the_limit_is_refused_without_reading_it_all(memctl_bin, memctl_env, conn, tmp_path):
+def test_stdin_past_the_limit_is_refused_without_reading_it_all(
+    memctl_bin, memctl_env, conn, tmp_path
+):
     """10 MB on stdin: refused at the default 1 MiB with exit 2, nothing queued (it queued 15,763 chunks), and the
     process read no more than the limit allows (plus a read-ahead): the rest of the 10 MB stayed unread."""
     data = b"token: " * (10 * 1024 * 1024 // 7)
     out, read = read_from_file(lambda **k: memctl_bin("episode", "add", "-", **k), data, tmp_path)
     assert out.exit_code == 2 and "1,048,576" in out.stderr and "episode_bytes" in out.stderr
-    assert 1024 * 1024 < read <= 1024 * 1024 + 3 + READ_AHEAD, f"read {read:,} of {len(data):,} bytes"
-    out, read = read_from_file(lambda **k: memctl_bin("fact", "set", "k", "-", **k), b"v" * (10 * 1024 * 1024),
-                               tmp_path)
+    assert 1024 * 1024 < read <= 1024 * 1024 + 3 + READ_AHEAD, (
+        f"read {read:,} of {len(data):,} bytes"
+    )
+    out, read = read_from_file(
+        lambda **k: memctl_bin("fact", "set", "k", "-", **k), b"v" * (10 * 1024 * 1024), tmp_path
+    )
     assert out.exit_code == 2 and "value_bytes" in out.stderr and len(out.stdout) == 0
     assert 64 * 1024 < read <= 64 * 1024 + 3 + READ_AHEAD, f"read {read:,} bytes"
-    assert count(conn, "episodes") == 0 and count(conn, "embed_queue") == 0 and count(conn, "facts") == 0
+    assert (
+        count(conn, "episodes") == 0
+        and count(conn, "embed_queue") == 0
+        and count(conn, "facts") == 0
+    )
 
 
 def test_an_endless_jsonl_line_is_refused_at_its_bound(memctl_bin, conn, memctl_env, tmp_path):
@@ -97,7 +120,9 @@ def test_an_endless_jsonl_line_is_refused_at_its_bound(memctl_bin, conn, memctl_
     limits(memctl_env, episode_bytes=SMALL, meta_bytes=1024, value_bytes=1024)
     bound = 6 * (SMALL + 1024) + 70_000  # over line_bytes (LINE_SLACK is less than 70,000)
     line = b'{"content": "' + b"x" * (4 * bound) + b'"}\n'
-    out, read = read_from_file(lambda **k: memctl_bin("episode", "import", "-", **k), line, tmp_path)
+    out, read = read_from_file(
+        lambda **k: memctl_bin("episode", "import", "-", **k), line, tmp_path
+    )
     assert out.exit_code == 2 and "line 1: longer than" in out.stderr
     assert bound - 70_000 < read <= bound + READ_AHEAD, f"read {read:,} of {len(line):,} bytes"
     assert count(conn, "episodes") == 0
@@ -123,13 +148,16 @@ def test_a_future_or_ancient_created_at_is_refused_on_every_path(cli, conn, memc
     assert cli("episode", "add", "x", "--created-at", "2030-01-01T00:00:00Z").exit_code == 0
 
 
-def test_the_installed_binary_refuses_a_far_future_created_at_and_an_export_onto_a_fifo(memctl_bin, memctl_env,
-                                                                                         conn, tmp_path):
+def test_the_installed_binary_refuses_a_far_future_created_at_and_an_export_onto_a_fifo(
+    memctl_bin, memctl_env, conn, tmp_path
+):
     out = memctl_bin("episode", "add", "from the future", "--created-at", "2030-06-01T00:00:00Z")
     assert out.exit_code == 2 and "clock_skew" in out.stderr and out.stdout == ""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    out = memctl_bin("export", "--out", str(fifo), timeout=60)  # the old code blocked here or replaced it
+    out = memctl_bin(
+        "export", "--out", str(fifo), timeout=60
+    )  # the old code blocked here or replaced it
     assert out.exit_code == 2 and "FIFO" in out.stderr and stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert count(conn, "episodes") == 0
 
@@ -149,7 +177,9 @@ def test_export_out_writes_only_a_regular_file(cli, memctl_env, tmp_path):
     folder.mkdir()
     for path in (link, fifo, folder):
         out = cli("export", "--out", str(path))
-        assert out.exit_code == 2 and "--out" in out.stderr and "untouched" in out.stderr, out.stderr
+        assert out.exit_code == 2 and "--out" in out.stderr and "untouched" in out.stderr, (
+            out.stderr
+        )
     assert link.is_symlink() and target.read_text() == "keep me"
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and folder.is_dir()
     # A device: /dev/null is checked by the library first, so a regression cannot reach the real one.
@@ -159,11 +189,17 @@ def test_export_out_writes_only_a_regular_file(cli, memctl_env, tmp_path):
     out = cli("export", "--out", "/dev/null")
     assert out.exit_code == 2 and "character device" in out.stderr
     after = os.lstat("/dev/null")
-    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (
+        before.st_ino,
+        before.st_rdev,
+    )
     regular = tmp_path / "export.jsonl"
     regular.write_text("old")
     assert cli("export", "--out", str(regular)).exit_code == 0
-    assert "something to export" in regular.read_text() and stat.S_IMODE(regular.stat().st_mode) == 0o600
+    assert (
+        "something to export" in regular.read_text()
+        and stat.S_IMODE(regular.stat().st_mode) == 0o600
+    )
 
 
 def test_metrics_textfile_refuses_a_symlink(cli, tmp_path):
@@ -200,34 +236,54 @@ def test_a_fact_value_is_judged_by_its_stored_key_and_counted_once(cli, conn):
     assert out.exit_code == 0
     fact = conn.execute("SELECT key, value FROM facts").fetchone()
     history = conn.execute("SELECT new_value FROM fact_history").fetchone()
-    assert "Hunter2xyz" not in fact["key"] and fact["value"] == history["new_value"]  # one rule: facts = history
+    assert (
+        "Hunter2xyz" not in fact["key"] and fact["value"] == history["new_value"]
+    )  # one rule: facts = history
     assert out.json()[0]["new_value"] == fact["value"]
     token = cli("fact", "set", f"token={GITHUB}", "v")
-    assert "redacted 2 secret(s)" in token.stderr  # the key's token and the value under a token key, each stored
-    stored = conn.execute("SELECT f.value, h.new_value FROM facts f JOIN fact_history h USING (namespace, key) "
-                          "WHERE f.key LIKE 'token=%'").fetchone()
+    assert (
+        "redacted 2 secret(s)" in token.stderr
+    )  # the key's token and the value under a token key, each stored
+    stored = conn.execute(
+        "SELECT f.value, h.new_value FROM facts f JOIN fact_history h USING (namespace, key) "
+        "WHERE f.key LIKE 'token=%'"
+    ).fetchone()
     assert stored["value"] == stored["new_value"] == "[REDACTED:secret-named]"
     scan = cli("redact", "scan", "-f", "json")
-    assert scan.exit_code == 0 and not [h for h in scan.json() if h["column"] in ("value", "new_value")]
+    assert scan.exit_code == 0 and not [
+        h for h in scan.json() if h["column"] in ("value", "new_value")
+    ]
 
 
 def test_an_imported_run_record_is_redacted_in_every_field(cli, conn):
     header = cli("export").stdout.splitlines()[0]
-    run = {"type": "runbook_run", "agent": "default", "name": f"deploy-{GITHUB}", "commit": f"token={GITHUB}",
-           "started_at": "2026-08-01T00:00:00Z", "outcome": "ok", "steps": 1,
-           "output_tail": f"pushed with {GITHUB}"}
+    run = {
+        "type": "runbook_run",
+        "agent": "default",
+        "name": f"deploy-{GITHUB}",
+        "commit": f"token={GITHUB}",
+        "started_at": "2026-08-01T00:00:00Z",
+        "outcome": "ok",
+        "steps": 1,
+        "output_tail": f"pushed with {GITHUB}",
+    }
     out = cli("import", "-", input=header + "\n" + json.dumps(run) + "\n")
     assert out.exit_code == 0, out.stderr
     row = conn.execute("SELECT name, commit, outcome, output_tail FROM runbook_runs").fetchone()
-    assert GITHUB not in json.dumps(row) and all("[REDACTED:" in row[c] for c in ("name", "commit", "output_tail"))
+    assert GITHUB not in json.dumps(row) and all(
+        "[REDACTED:" in row[c] for c in ("name", "commit", "output_tail")
+    )
     bad = dict(run, outcome=f"ok {GITHUB}")
     out = cli("import", "-", input=header + "\n" + json.dumps(bad) + "\n")
     assert out.exit_code == 2 and "outcome" in out.stderr and GITHUB not in out.stderr
 
 
 def test_redact_scan_finds_and_fixes_a_run_commit_stored_raw(cli, conn):
-    conn.execute(WRITER + "INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
-                 "VALUES ('default', 'rotate', %s, 1, 'ok', 'done')", (f"token={GITHUB}",))  # planted raw
+    conn.execute(
+        WRITER + "INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
+        "VALUES ('default', 'rotate', %s, 1, 'ok', 'done')",
+        (f"token={GITHUB}",),
+    )  # planted raw
     scan = cli("redact", "scan", "-f", "json")
     assert [h["column"] for h in scan.json() if h["table"] == "runbook_runs"] == ["commit"]
     assert cli("redact", "scan", "--fix", "--yes").exit_code == 0
@@ -242,13 +298,30 @@ def test_run_output_follows_the_mode_of_the_gate():
 
 
 def test_export_import_of_a_redacted_database_is_the_identity(cli, conn, other_db):
-    assert cli("episode", "add", f"deployed with {GITHUB} and {FEED}", "--source", FEED,
-               "--meta", json.dumps({"token": GITHUB, "host": "web-1"})).exit_code == 0
+    assert (
+        cli(
+            "episode",
+            "add",
+            f"deployed with {GITHUB} and {FEED}",
+            "--source",
+            FEED,
+            "--meta",
+            json.dumps({"token": GITHUB, "host": "web-1"}),
+        ).exit_code
+        == 0
+    )
     assert cli("fact", "set", "password=Hunter2xyz", "v1").exit_code == 0
     assert cli("fact", "set", "db.password", "Hunter2xyz", "--source", FEED).exit_code == 0
-    assert cli("source", "block", f"https://bot:{URL_PW}@spam.example.com", "--reason", f"key {GITHUB}").exit_code == 0
-    conn.execute(WRITER + "INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
-                 "VALUES ('default', 'rotate [REDACTED:github-token]', '[REDACTED:github-token]', 1, 'ok', 'done')")
+    assert (
+        cli(
+            "source", "block", f"https://bot:{URL_PW}@spam.example.com", "--reason", f"key {GITHUB}"
+        ).exit_code
+        == 0
+    )
+    conn.execute(
+        WRITER + "INSERT INTO runbook_runs (agent, name, commit, steps, outcome, output_tail) "
+        "VALUES ('default', 'rotate [REDACTED:github-token]', '[REDACTED:github-token]', 1, 'ok', 'done')"
+    )
     first = cli("export").stdout
     assert GITHUB not in first and URL_PW not in first and "Hunter2xyz" not in first
     into = cli("import", "-", "-f", "json", input=first, env={"MEMCTL_DATABASE_URL": other_db})
@@ -270,7 +343,9 @@ def test_export_import_of_a_redacted_database_is_the_identity(cli, conn, other_d
 # ------------------------------------------------------------ MCP
 
 
-def test_mcp_remember_refuses_at_the_one_limit_and_echoes_the_stored_kind(conn, memctl_env, tmp_path):
+def test_mcp_remember_refuses_at_the_one_limit_and_echoes_the_stored_kind(
+    conn, memctl_env, tmp_path
+):
     from tests.fix_mcp import run, serving, stderr_of
 
     log = tmp_path / "mcp.log"
@@ -280,7 +355,9 @@ def test_mcp_remember_refuses_at_the_one_limit_and_echoes_the_stored_kind(conn, 
         async with serving(log, "--agent", "a") as s:
             refused = await s.error("remember", content="x" * (SMALL + 1))
             assert "[limits] episode_bytes" in refused
-            assert (await s.ok("remember", content="x" * SMALL))["stored"]  # 128 KiB: past the old 100,000
+            assert (await s.ok("remember", content="x" * SMALL))[
+                "stored"
+            ]  # 128 KiB: past the old 100,000
             stored = await s.call("remember", content="the feed moved", kind=f"feed {GITHUB}")
             assert not stored.is_error
             assert GITHUB not in json.dumps(stored.model_dump(mode="json"))

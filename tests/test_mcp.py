@@ -50,8 +50,16 @@ def test_lists_the_tools_and_calls_each(conn, memctl_bin, ollama_env, log, tmp_p
     from tests.runbook_repos import make_repo, md
 
     books = tmp_path / "books"
-    make_repo(books, {"rotate-logs.md": md("Rotate nginx logs", [("Rotate", "logrotate -f /etc/logrotate.conf")],
-                                           "Frees disk when /var fills up.")})
+    make_repo(
+        books,
+        {
+            "rotate-logs.md": md(
+                "Rotate nginx logs",
+                [("Rotate", "logrotate -f /etc/logrotate.conf")],
+                "Frees disk when /var fills up.",
+            )
+        },
+    )
 
     async def scenario():
         async with serving(log, "--agent", "deploy-bot", env={"MEMCTL_RUNBOOKS": str(books)}) as s:
@@ -64,10 +72,20 @@ def test_lists_the_tools_and_calls_each(conn, memctl_bin, ollama_env, log, tmp_p
             assert by_name["search"].annotations.read_only_hint is True
             assert by_name["remember"].annotations.read_only_hint is False
 
-            stored = await s.ok("remember", content="Deploy of api v2.3 failed at 03:10: /var was full; rotating "
-                                                     "nginx logs freed 4 GB", kind="conversation")
-            assert stored["stored"] is True and stored["agent"] == "deploy-bot" and stored["importance"] == 8
-            found = await s.ok("search", query="nginx logs disk")  # by words at once, before any embedding
+            stored = await s.ok(
+                "remember",
+                content="Deploy of api v2.3 failed at 03:10: /var was full; rotating "
+                "nginx logs freed 4 GB",
+                kind="conversation",
+            )
+            assert (
+                stored["stored"] is True
+                and stored["agent"] == "deploy-bot"
+                and stored["importance"] == 8
+            )
+            found = await s.ok(
+                "search", query="nginx logs disk"
+            )  # by words at once, before any embedding
             assert [r["id"] for r in found["results"]] == [stored["id"]]
             assert found["results"][0]["source"] == "mcp:deploy-bot"
 
@@ -87,7 +105,9 @@ def test_lists_the_tools_and_calls_each(conn, memctl_bin, ollama_env, log, tmp_p
             history = await s.ok("fact_history", key="db.host")
             assert [h["new_value"] for h in history["history"]] == ["10.8.0.4", "10.8.0.9"]
 
-            recalled = await s.call("recall", observation="nginx logs filled the disk again, db.host ok?")
+            recalled = await s.call(
+                "recall", observation="nginx logs filled the disk again, db.host ok?"
+            )
             block = text(recalled)
             assert block.startswith("Relevant memory") and "db.host = 10.8.0.9" in block
             assert "rotating nginx logs" in block and "rotate-logs" in block
@@ -118,19 +138,28 @@ def test_the_tool_list_is_stated_once():
     from memctl.mcp import protocol
 
     assert [d.__name__ for d in protocol.DECLARED] == list(catalogue.TOOLS)
-    assert WRITE_TOOLS == {"remember", "fact_set"}  # the tools --read-only leaves out, as its help says
+    assert WRITE_TOOLS == {
+        "remember",
+        "fact_set",
+    }  # the tools --read-only leaves out, as its help says
     listed = re.search(r"Tools: (.*?)\. ", " ".join(cli_mcp.mcp.__doc__.split())).group(1)
     assert listed.split(", ") == list(catalogue.TOOLS)
     page = (Path(__file__).resolve().parents[1] / "docs" / "mcp.md").read_text()
     rows = [line.split("|")[1] for line in page.splitlines() if line.startswith("| `")]
-    assert sorted(name for row in rows for name in re.findall(r"`(\w+)`", row)) == sorted(catalogue.TOOLS)
+    assert sorted(name for row in rows for name in re.findall(r"`(\w+)`", row)) == sorted(
+        catalogue.TOOLS
+    )
 
 
 def test_importance_zero_is_not_stored_and_says_so(conn, memctl_env, log):
     async def scenario():
         async with serving(log, "--agent", "a") as s:
             dropped = await s.ok("remember", content="sat idle for an hour", kind="stay")
-            assert dropped["stored"] is False and dropped["id"] is None and "importance 0" in dropped["reason"]
+            assert (
+                dropped["stored"] is False
+                and dropped["id"] is None
+                and "importance 0" in dropped["reason"]
+            )
 
     run(scenario)
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 0
@@ -140,7 +169,9 @@ def test_importance_zero_is_not_stored_and_says_so(conn, memctl_env, log):
 
 
 def test_an_agent_cannot_see_another_agents_memory_by_any_tool(conn, memctl_bin, ollama_env, log):
-    theirs = seed(conn, "zebrafish pipeline for agent b: the quokka cluster password rotation", agent="b")
+    theirs = seed(
+        conn, "zebrafish pipeline for agent b: the quokka cluster password rotation", agent="b"
+    )
     facts.set_fact(conn, "quokka.host", "10.9.9.9", namespace="b")
     facts.set_fact(conn, "shared.dns", "10.0.0.53", namespace="infra")
     mine = seed(conn, "agent a watched the llama cluster", agent="a")
@@ -149,29 +180,44 @@ def test_an_agent_cannot_see_another_agents_memory_by_any_tool(conn, memctl_bin,
     async def scenario():
         async with serving(log, "--agent", "a", "--shared-namespace", "infra") as s:
             for mode in ("hybrid", "text", "vector"):
-                found = await s.ok("search", query="zebrafish quokka cluster password rotation", k=20, mode=mode)
+                found = await s.ok(
+                    "search", query="zebrafish quokka cluster password rotation", k=20, mode=mode
+                )
                 assert theirs not in [r["id"] for r in found["results"]], mode
                 assert {r["agent"] for r in found["results"]} <= {"a"}, mode
-            recalled = await s.ok("recall", observation="zebrafish quokka cluster password rotation quokka.host")
+            recalled = await s.ok(
+                "recall", observation="zebrafish quokka cluster password rotation quokka.host"
+            )
             assert "zebrafish" not in recalled["text"] and "10.9.9.9" not in recalled["text"]
             assert all(i.get("agent", "a") == "a" for i in recalled["items"])
 
             missing = await s.error("episode_get", id=theirs)
-            assert missing == f"no episode {theirs}"  # the same answer as for an id that does not exist
+            assert (
+                missing == f"no episode {theirs}"
+            )  # the same answer as for an id that does not exist
             assert await s.error("episode_get", id=theirs + 1000) == f"no episode {theirs + 1000}"
-            assert (await s.ok("episode_get", id=mine))["content"] == "agent a watched the llama cluster"
+            assert (await s.ok("episode_get", id=mine))[
+                "content"
+            ] == "agent a watched the llama cluster"
 
-            assert "no fact 'quokka.host' in namespace 'a'" in await s.error("fact_get", key="quokka.host")
+            assert "no fact 'quokka.host' in namespace 'a'" in await s.error(
+                "fact_get", key="quokka.host"
+            )
             for tool in ("fact_get", "fact_history"):
                 assert "not readable" in await s.error(tool, key="quokka.host", namespace="b")
             assert "not readable" in await s.error("fact_list", namespace="b")
-            assert "not writable" in await s.error("fact_set", key="quokka.host", value="x", namespace="b")
+            assert "not writable" in await s.error(
+                "fact_set", key="quokka.host", value="x", namespace="b"
+            )
             assert "does not take agent" in await s.error("search", query="zebrafish", agent="b")
             assert "does not take agent" in await s.error("remember", content="x", agent="b")
 
-            assert (await s.call("fact_get", key="shared.dns", namespace="infra")).structured_content["value"] \
-                == "10.0.0.53"
-            assert "not writable" in await s.error("fact_set", key="shared.dns", value="evil", namespace="infra")
+            assert (
+                await s.call("fact_get", key="shared.dns", namespace="infra")
+            ).structured_content["value"] == "10.0.0.53"
+            assert "not writable" in await s.error(
+                "fact_set", key="shared.dns", value="evil", namespace="infra"
+            )
             await s.ok("fact_set", key="own.key", value="mine")
 
     run(scenario)
@@ -180,7 +226,10 @@ def test_an_agent_cannot_see_another_agents_memory_by_any_tool(conn, memctl_bin,
     assert facts.get_fact(conn, "shared.dns", namespace="infra").value == "10.0.0.53"
     assert facts.get_fact(conn, "own.key", namespace="a").value == "mine"
     # nothing the server did touched b's episode, not even its access count
-    assert conn.execute("SELECT count(*) AS n FROM episode_access WHERE agent = 'b'").fetchone()["n"] == 0
+    assert (
+        conn.execute("SELECT count(*) AS n FROM episode_access WHERE agent = 'b'").fetchone()["n"]
+        == 0
+    )
 
 
 def test_without_agent_the_operators_view_is_said_at_start(conn, memctl_env, log):
@@ -225,8 +274,12 @@ def test_bad_arguments_are_tool_errors_and_the_server_goes_on(conn, memctl_env, 
             assert "valid integer" in await s.error("search", query="x", k="many")
             assert "less than or equal to 50" in await s.error("search", query="x", k=51)
             assert "valid string" in await s.error("remember", content=123)
-            assert "less than or equal to 10" in await s.error("remember", content="x", importance=11)
-            assert "'hybrid', 'vector' or 'text'" in await s.error("search", query="x", mode="fuzzy")
+            assert "less than or equal to 10" in await s.error(
+                "remember", content="x", importance=11
+            )
+            assert "'hybrid', 'vector' or 'text'" in await s.error(
+                "search", query="x", mode="fuzzy"
+            )
             assert "[limits] episode_bytes" in await s.error("remember", content="x" * 2_000_000)
             assert "NUL" in await s.error("remember", content="before\x00after")
             assert "NUL" in await s.error("search", query="a\x00b")
@@ -244,16 +297,24 @@ def test_bad_arguments_are_tool_errors_and_the_server_goes_on(conn, memctl_env, 
     assert [r["content"] for r in rows] == ["still serving after all that"]
 
 
-def test_an_argument_of_the_wrong_type_is_one_line_naming_it_without_pydantics_report(conn, memctl_env, log):
+def test_an_argument_of_the_wrong_type_is_one_line_naming_it_without_pydantics_report(
+    conn, memctl_env, log
+):
     async def scenario():
         async with serving(log, "--agent", "a") as s:
-            for tool, arguments, named in (("fact_get", {"key": 5}, "key"), ("search", {"query": ["x"], "k": "many"},
-                                                                             "k"),
-                                           ("remember", {"content": {"secret": GITHUB_TOKEN}}, "content")):
+            for tool, arguments, named in (
+                ("fact_get", {"key": 5}, "key"),
+                ("search", {"query": ["x"], "k": "many"}, "k"),
+                ("remember", {"content": {"secret": GITHUB_TOKEN}}, "content"),
+            ):
                 said = await s.error(tool, **arguments)
-                assert said.startswith(f"{tool}: invalid arguments: ") and f"{named}: " in said, said
+                assert said.startswith(f"{tool}: invalid arguments: ") and f"{named}: " in said, (
+                    said
+                )
                 assert "pydantic" not in said and "http" not in said and "\n" not in said, said
-                assert GITHUB_TOKEN not in said and "many" not in said  # the value sent is not sent back
+                assert (
+                    GITHUB_TOKEN not in said and "many" not in said
+                )  # the value sent is not sent back
 
     run(scenario)
     stderr_of(log, GITHUB_TOKEN)
@@ -261,11 +322,21 @@ def test_an_argument_of_the_wrong_type_is_one_line_naming_it_without_pydantics_r
 
 def test_a_line_that_is_not_a_json_rpc_message_is_answered_with_an_error(memctl_env):
     lines = ["this is not json", json.dumps({"jsonrpc": "2.0", "id": 7, "method": 5}), "[1, 2]"]
-    proc = subprocess.run([memctl_exe(), "mcp", "--agent", "a"], input="".join(line + "\n" for line in lines),
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    proc = subprocess.run(
+        [memctl_exe(), "mcp", "--agent", "a"],
+        input="".join(line + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [(a["id"], a["error"]["code"]) for a in answers] == [(None, -32700), (7, -32600), (None, -32600)]
+    assert [(a["id"], a["error"]["code"]) for a in answers] == [
+        (None, -32700),
+        (7, -32600),
+        (None, -32600),
+    ]
     assert "Traceback" not in proc.stderr
 
 
@@ -284,9 +355,20 @@ def test_names_are_as_long_as_a_write_stores_them(conn, memctl_env, log):
             assert stored["stored"]
 
     run(scenario)
-    assert conn.execute("SELECT count(*) AS n FROM episodes WHERE kind = %s", (longest,)).fetchone()["n"] == 2
-    proc = subprocess.run([memctl_exe(), "mcp", "--agent", "a" * (values.MAX_NAME + 1)], capture_output=True, text=True,
-                          timeout=60, input="", env=dict(os.environ))
+    assert (
+        conn.execute("SELECT count(*) AS n FROM episodes WHERE kind = %s", (longest,)).fetchone()[
+            "n"
+        ]
+        == 2
+    )
+    proc = subprocess.run(
+        [memctl_exe(), "mcp", "--agent", "a" * (values.MAX_NAME + 1)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input="",
+        env=dict(os.environ),
+    )
     assert proc.returncode == 2 and "--agent" in proc.stderr and str(values.MAX_NAME) in proc.stderr
     assert proc.stdout == ""
 
@@ -302,14 +384,23 @@ def test_search_since_and_until(conn, memctl_env, log):
             assert [r["id"] for r in until["results"]] == [old]
             assert [r["id"] for r in since["results"]] == [new]
             # until is exclusive (memctl.records.filters.UNTIL), since inclusive
-            at = await s.ok("search", query="ibis backup", since="2026-01-10T00:00:00Z",
-                            until="2026-03-10T00:00:00Z")
+            at = await s.ok(
+                "search",
+                query="ibis backup",
+                since="2026-01-10T00:00:00Z",
+                until="2026-03-10T00:00:00Z",
+            )
             assert [r["id"] for r in at["results"]] == [old]
 
     run(scenario)
     # every hit returned counts as accessed, once per call that returned it
-    counts = conn.execute("SELECT episode_id, access_count FROM episode_access ORDER BY episode_id").fetchall()
-    assert counts == [{"episode_id": old, "access_count": 2}, {"episode_id": new, "access_count": 1}]
+    counts = conn.execute(
+        "SELECT episode_id, access_count FROM episode_access ORDER BY episode_id"
+    ).fetchall()
+    assert counts == [
+        {"episode_id": old, "access_count": 2},
+        {"episode_id": new, "access_count": 1},
+    ]
 
 
 def test_a_query_with_no_word_and_a_repeat_say_so(conn, memctl_env, log):
@@ -331,8 +422,10 @@ def test_a_query_with_no_word_and_a_repeat_say_so(conn, memctl_env, log):
 
 
 def test_a_secret_sent_to_remember_never_reaches_the_database(conn, memctl_env, log):
-    secret_text = (f"deployed with token {GITHUB_TOKEN} against "
-                   f"postgresql://deploy:{URL_PASSWORD}@db.example/app")
+    secret_text = (
+        f"deployed with token {GITHUB_TOKEN} against "
+        f"postgresql://deploy:{URL_PASSWORD}@db.example/app"
+    )
 
     async def scenario():
         async with serving(log, "--agent", "a") as s:
@@ -342,8 +435,12 @@ def test_a_secret_sent_to_remember_never_reaches_the_database(conn, memctl_env, 
             assert stored["stored"] and stored["redacted"] >= 2 and "redacted" in text(result)
             changed = await s.call("fact_set", key="ci.token", value=GITHUB_TOKEN)
             assert changed.structured_content["redacted"] == 1
-            for shown in (result, changed, await s.call("episode_get", id=stored["id"]),
-                          await s.call("search", query="deployed token")):
+            for shown in (
+                result,
+                changed,
+                await s.call("episode_get", id=stored["id"]),
+                await s.call("search", query="deployed token"),
+            ):
                 assert GITHUB_TOKEN not in json.dumps(shown.model_dump(mode="json"))
                 assert URL_PASSWORD not in json.dumps(shown.model_dump(mode="json"))
 
@@ -351,8 +448,10 @@ def test_a_secret_sent_to_remember_never_reaches_the_database(conn, memctl_env, 
     stderr_of(log, GITHUB_TOKEN, URL_PASSWORD)
     for table in ("episodes", "chunks", "facts", "fact_history", "embed_queue"):
         for secret in (GITHUB_TOKEN, URL_PASSWORD):
-            row = conn.execute(f"SELECT count(*) AS n FROM {table} t WHERE strpos(t::text, %s) > 0",  # noqa: S608
-                               (secret,)).fetchone()
+            row = conn.execute(
+                f"SELECT count(*) AS n FROM {table} t WHERE strpos(t::text, %s) > 0",  # noqa: S608
+                (secret,),
+            ).fetchone()
             assert row["n"] == 0, table
     assert "[REDACTED:" in conn.execute("SELECT content FROM episodes").fetchone()["content"]
 
@@ -390,7 +489,9 @@ def test_a_blocked_source_is_refused(conn, memctl_env, log):
 # ------------------------------------------------------------ faults
 
 
-def test_embedder_down_or_slow_search_and_recall_answer_from_text(conn, memctl_bin, ollama, ollama_env, log):
+def test_embedder_down_or_slow_search_and_recall_answer_from_text(
+    conn, memctl_bin, ollama, ollama_env, log
+):
     Path(ollama_env["MEMCTL_CONFIG"]).write_text("[embedding]\nsearch_timeout = 0.5\n")
     seed(conn, "the kestrel job ran out of memory on worker 4", agent="a")
     embed(memctl_bin)
@@ -487,28 +588,42 @@ class Proxy:
         passfile = conninfo_to_dict(db_url).get("passfile") or os.environ.get("PGPASSFILE")
         if passfile and Path(passfile).exists():  # the same entries, for the proxy's port
             copy = tmp_path / "pgpass"
-            lines = [line.split(":") for line in Path(passfile).read_text().splitlines() if line.count(":") >= 4]
+            lines = [
+                line.split(":")
+                for line in Path(passfile).read_text().splitlines()
+                if line.count(":") >= 4
+            ]
             copy.write_text("".join(f"*:*:{':'.join(parts[2:])}\n" for parts in lines))
             copy.chmod(0o600)
             fields["passfile"] = str(copy)
         return make_conninfo(db_url, **fields)
 
 
-def test_database_down_mid_session_is_a_tool_error_and_the_session_survives(conn, db_url, memctl_env, log, tmp_path):
+def test_database_down_mid_session_is_a_tool_error_and_the_session_survives(
+    conn, db_url, memctl_env, log, tmp_path
+):
     proxy = Proxy(db_url)
     proxy.start()
     seed(conn, "the osprey cache was cold", agent="a")
 
     async def scenario():
-        async with serving(log, "--agent", "a", env={"MEMCTL_DATABASE_URL": proxy.url(db_url, tmp_path)}) as s:
+        async with serving(
+            log, "--agent", "a", env={"MEMCTL_DATABASE_URL": proxy.url(db_url, tmp_path)}
+        ) as s:
             assert len((await s.ok("search", query="osprey cache"))["results"]) == 1
             # the held connection cut from the server's side: reopened at the next call, unseen
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
             assert len((await s.ok("search", query="osprey cache"))["results"]) == 1
             proxy.stop()
-            for tool, arguments in (("search", {"query": "osprey"}), ("remember", {"content": "lost?"}),
-                                    ("fact_get", {"key": "k"}), ("recall", {"observation": "osprey cache"})):
+            for tool, arguments in (
+                ("search", {"query": "osprey"}),
+                ("remember", {"content": "lost?"}),
+                ("fact_get", {"key": "k"}),
+                ("recall", {"observation": "osprey cache"}),
+            ):
                 message = await s.error(tool, **arguments)
                 assert message.startswith("database unavailable"), (tool, message)
             assert await s.tool_names() == TOOLS  # the session is alive
@@ -547,18 +662,30 @@ def test_the_embedded_server_is_started_on_demand_and_again_after_a_stop(log, tm
     home = Path(tempfile.mkdtemp(prefix="memctl-test-mcp-"))  # under /tmp, never a home directory
     config_file = tmp_path / "empty.toml"
     config_file.write_text("")
-    env = {"MEMCTL_HOME": str(home), "MEMCTL_CONFIG": str(config_file), "MEMCTL_DATABASE_URL": "",
-           "MEMCTL_EMBEDDER": "hash", "MEMCTL_EMBED_MODEL": "hash-embed"}
+    env = {
+        "MEMCTL_HOME": str(home),
+        "MEMCTL_CONFIG": str(config_file),
+        "MEMCTL_DATABASE_URL": "",
+        "MEMCTL_EMBEDDER": "hash",
+        "MEMCTL_EMBED_MODEL": "hash-embed",
+    }
 
     def memctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([memctl_exe(), *args], env={**os.environ, **env}, capture_output=True, text=True,
-                              timeout=180)
+        return subprocess.run(
+            [memctl_exe(), *args],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
 
     async def scenario():
         async with serving(log, "--agent", "a", env=env) as s:
             first = await s.ok("remember", content="the embedded server came up for this")
             assert memctl("db", "stop").returncode == 0
-            assert json.loads(memctl("db", "status", "-f", "json").stdout)["embedded_running"] is False
+            assert (
+                json.loads(memctl("db", "status", "-f", "json").stdout)["embedded_running"] is False
+            )
             found = await s.ok("search", query="embedded server came up")
             assert [r["id"] for r in found["results"]] == [first["id"]]
 
@@ -595,8 +722,12 @@ def test_twenty_concurrent_calls_in_one_session(conn, memctl_env, log):
 
     run(scenario)
     stderr_of(log)
-    assert conn.execute("SELECT count(*) AS n FROM episodes WHERE agent = 'a'").fetchone()["n"] == 11
-    assert conn.execute("SELECT count(*) AS n FROM facts WHERE namespace = 'a'").fetchone()["n"] == 5
+    assert (
+        conn.execute("SELECT count(*) AS n FROM episodes WHERE agent = 'a'").fetchone()["n"] == 11
+    )
+    assert (
+        conn.execute("SELECT count(*) AS n FROM facts WHERE namespace = 'a'").fetchone()["n"] == 5
+    )
 
 
 # ------------------------------------------------------------ the process
@@ -604,22 +735,55 @@ def test_twenty_concurrent_calls_in_one_session(conn, memctl_env, log):
 
 def test_stdout_carries_only_the_protocol(memctl_env):
     messages = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        },
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "remember",
-                                                                          "arguments": {"content": "raw wire"}}},
-        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "search",
-                                                                          "arguments": {"query": "raw", "k": "x"}}},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "remember", "arguments": {"content": "raw wire"}},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "search", "arguments": {"query": "raw", "k": "x"}},
+        },
         # a lone surrogate: valid JSON (json.dumps writes the escape), not valid Unicode text; the SDK's
         # transport drops it or answers an error, and the server goes on either way
-        {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "remember",
-                                                                          "arguments": {"content": "a \ud800 b"}}},
-        {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "fact_list", "arguments": {}}},
+        {
+            "jsonrpc": "2.0",
+            "id": 4,
+            "method": "tools/call",
+            "params": {"name": "remember", "arguments": {"content": "a \ud800 b"}},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 5,
+            "method": "tools/call",
+            "params": {"name": "fact_list", "arguments": {}},
+        },
     ]
-    proc = subprocess.Popen([memctl_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    timer = threading.Timer(120, proc.kill)  # a server that never answers fails the test, never hangs it
+    proc = subprocess.Popen(
+        [memctl_exe(), "mcp", "--agent", "a"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    timer = threading.Timer(
+        120, proc.kill
+    )  # a server that never answers fails the test, never hangs it
     timer.start()
     try:
         proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
@@ -633,9 +797,13 @@ def test_stdout_carries_only_the_protocol(memctl_env):
         assert proc.wait() == 0, err
     finally:
         timer.cancel()
-    replies += [json.loads(line) for line in rest.splitlines()]  # a late answer to 4: still only the protocol
+    replies += [
+        json.loads(line) for line in rest.splitlines()
+    ]  # a late answer to 4: still only the protocol
     by_id = {r["id"]: r for r in replies}
-    assert {1, 2, 3, 5} <= set(by_id) <= {1, 2, 3, 4, 5} and all(r["jsonrpc"] == "2.0" for r in replies)
+    assert {1, 2, 3, 5} <= set(by_id) <= {1, 2, 3, 4, 5} and all(
+        r["jsonrpc"] == "2.0" for r in replies
+    )
     assert by_id[2]["result"]["structuredContent"]["stored"] is True
     assert by_id[3]["result"]["isError"] is True
     assert 4 not in by_id or "error" in by_id[4] or by_id[4]["result"]["isError"]
@@ -650,13 +818,34 @@ def test_a_client_that_closes_its_input_at_once_still_gets_every_answer(conn, me
     The SDK cancels the requests still running at the end of input; memctl.mcp.transport holds that end
     back until each is answered, so every write made is also reported (it was made but never reported)."""
     messages = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        },
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
-    ] + [{"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
-          "params": {"name": "remember", "arguments": {"content": f"disk note {i} on web-{i}"}}} for i in range(20)]
-    proc = subprocess.Popen([memctl_exe(), "mcp", "--agent", "a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    ] + [
+        {
+            "jsonrpc": "2.0",
+            "id": 10 + i,
+            "method": "tools/call",
+            "params": {"name": "remember", "arguments": {"content": f"disk note {i} on web-{i}"}},
+        }
+        for i in range(20)
+    ]
+    proc = subprocess.Popen(
+        [memctl_exe(), "mcp", "--agent", "a"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
     timer = threading.Timer(120, proc.kill)
     timer.start()
     try:
@@ -688,13 +877,22 @@ def test_what_is_owed_is_each_request_read_until_answered_or_cancelled():
     owed.written(JSONRPCResponse(jsonrpc="2.0", id=1, result={}))
     owed.written(JSONRPCError(jsonrpc="2.0", id="two", error={"code": -32602, "message": "bad"}))
     assert owed.ids == {3}
-    owed.read(JSONRPCNotification(jsonrpc="2.0", method="notifications/cancelled", params={"requestId": 3}))
+    owed.read(
+        JSONRPCNotification(
+            jsonrpc="2.0", method="notifications/cancelled", params={"requestId": 3}
+        )
+    )
     assert owed.ids == set()
 
 
 def test_other_commands_do_not_import_the_sdk(memctl_env):
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "memctl", "fact", "list"], capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "memctl", "fact", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
     assert "memctl.records.facts" in imported
@@ -703,6 +901,12 @@ def test_other_commands_do_not_import_the_sdk(memctl_env):
 
 
 def test_bad_options_exit_2_before_serving(memctl_env):
-    proc = subprocess.run([memctl_exe(), "mcp", "--shared-namespace", "x"], capture_output=True, text=True, timeout=60,
-                          input="", env=dict(os.environ))
+    proc = subprocess.run(
+        [memctl_exe(), "mcp", "--shared-namespace", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input="",
+        env=dict(os.environ),
+    )
     assert proc.returncode == 2 and "needs --agent" in proc.stderr and proc.stdout == ""

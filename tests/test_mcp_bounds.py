@@ -17,7 +17,6 @@ import uuid
 import pytest
 
 
-
 HEADER_TIMEOUT, IDLE_TIMEOUT, TOTAL, PER_CLIENT = 3, 2, 30, 10
 PARTIAL = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # headers that never end
 
@@ -27,8 +26,10 @@ def bounded_server(agents_db_url, memctl_env, tmp_path, memctl_bin, http_server)
     """`memctl mcp --http` with small [http] bounds, and a registered agent's token: (port, token)."""
     memctl_env["MEMCTL_DATABASE_URL"] = agents_db_url
     with open(memctl_env["MEMCTL_CONFIG"], "a") as config:
-        config.write(f'[http]\nheader_timeout = "{HEADER_TIMEOUT}s"\nidle_timeout = "{IDLE_TIMEOUT}s"\n'
-                     f"max_connections = {TOTAL}\nmax_connections_per_client = {PER_CLIENT}\n")
+        config.write(
+            f'[http]\nheader_timeout = "{HEADER_TIMEOUT}s"\nidle_timeout = "{IDLE_TIMEOUT}s"\n'
+            f"max_connections = {TOTAL}\nmax_connections_per_client = {PER_CLIENT}\n"
+        )
     name = f"bounds_{uuid.uuid4().hex[:8]}"
     assert memctl_bin("agent", "add", name, env=memctl_env).exit_code == 0
     token = memctl_bin("agent", "token", name, env=memctl_env).stdout.strip()
@@ -51,8 +52,10 @@ def _open(port: int, source: str, data: bytes = PARTIAL) -> socket.socket:
 
 def _request(port: int, token: str, method: str = "POST") -> bytes:
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}).encode()
-    head = (f"{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
-            "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n")
+    head = (
+        f"{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+    )
     if method == "POST":
         head += f"Content-Length: {len(body)}\r\n"
     return (head + "\r\n").encode() + (body if method == "POST" else b"")
@@ -91,7 +94,9 @@ def _ask(port: int, token: str, source: str, method: str = "POST") -> int | None
         return _status(sock)
 
 
-def test_slow_idle_and_surplus_connections_are_closed_while_a_good_client_is_answered(bounded_server):
+def test_slow_idle_and_surplus_connections_are_closed_while_a_good_client_is_answered(
+    bounded_server,
+):
     port, token = bounded_server
     # 40 connections that never finish their headers, from one client: PER_CLIENT held, the rest refused at once
     slow = [_open(port, "127.0.0.1") for _ in range(40)]
@@ -100,7 +105,9 @@ def test_slow_idle_and_surplus_connections_are_closed_while_a_good_client_is_ans
     refused = [s for s in slow if _status(s, wait=0.5) == 503]
     assert len(refused) == 40 - PER_CLIENT
     held = [s for s in slow if s not in refused]
-    assert all(_closed(s, wait=HEADER_TIMEOUT + 20) for s in held), "a connection without headers stayed open"
+    assert all(_closed(s, wait=HEADER_TIMEOUT + 20) for s in held), (
+        "a connection without headers stayed open"
+    )
     for sock in slow:
         sock.close()
 

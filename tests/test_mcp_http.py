@@ -40,7 +40,11 @@ def agents_served(memctl_env, tmp_path, can_create_roles, memctl_bin, http_serve
 
 
 def _post(url: str, token: str | None, **headers) -> int:
-    sent = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream", **headers}
+    sent = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        **headers,
+    }
     if token is not None:
         sent["Authorization"] = f"Bearer {token}"
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
@@ -52,7 +56,9 @@ def test_each_token_is_its_agents_memory_and_bad_tokens_get_401(agents_served, c
 
     async def scenario():
         async with as_agent(url, tokens["alice"]) as alice:
-            stored = await alice.ok("remember", content="the osprey backup job failed on disk space")
+            stored = await alice.ok(
+                "remember", content="the osprey backup job failed on disk space"
+            )
             assert stored["agent"] == "alice"
             found = await alice.ok("search", query="osprey backup", mode="text")
             assert [r["id"] for r in found["results"]] == [stored["id"]]
@@ -77,14 +83,24 @@ def test_each_token_is_its_agents_memory_and_bad_tokens_get_401(agents_served, c
 
 
 def test_bad_addresses_and_options_exit_2(memctl_env):
-    for args in (["--http", "notaport"], ["--http", "8080", "--agent", "a"], ["--allow-origin", "http://x"]):
-        proc = subprocess.run([memctl_exe(), "mcp", *args], capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
+    for args in (
+        ["--http", "notaport"],
+        ["--http", "8080", "--agent", "a"],
+        ["--allow-origin", "http://x"],
+    ):
+        proc = subprocess.run(
+            [memctl_exe(), "mcp", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert proc.returncode == 2, (args, proc.stderr)
 
 
-def test_a_read_only_agent_is_offered_no_write_tool_over_http_and_stdio(agents_served, memctl_bin, memctl_env,
-                                                                        tmp_path):
+def test_a_read_only_agent_is_offered_no_write_tool_over_http_and_stdio(
+    agents_served, memctl_bin, memctl_env, tmp_path
+):
     url, tokens, _ = agents_served
     assert memctl_bin("agent", "add", "reader", "--read-only").exit_code == 0
     token = memctl_bin("agent", "token", "reader").stdout.strip()
@@ -94,7 +110,9 @@ def test_a_read_only_agent_is_offered_no_write_tool_over_http_and_stdio(agents_s
             names = await reader.tool_names()
             assert names and not names & {"remember", "fact_set"}, names
             assert "read-only" in await reader.error("remember", content="should not be stored")
-        async with as_agent(url, tokens["alice"]) as alice:  # a writer on the same server still writes
+        async with as_agent(
+            url, tokens["alice"]
+        ) as alice:  # a writer on the same server still writes
             assert {"remember", "fact_set"} <= await alice.tool_names()
         async with serving(tmp_path / "stdio.log", "--agent", "reader", env=memctl_env) as stdio:
             listed = await stdio.tool_names()
@@ -108,7 +126,13 @@ def test_a_port_in_use_fails_before_announcing_a_server(memctl_env):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        proc = subprocess.run([memctl_exe(), "mcp", "--http", f"127.0.0.1:{port}"], capture_output=True, text=True,
-                              timeout=60, stdin=subprocess.DEVNULL, env={**os.environ, **memctl_env})
+        proc = subprocess.run(
+            [memctl_exe(), "mcp", "--http", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **memctl_env},
+        )
     assert proc.returncode == 1 and "cannot listen on 127.0.0.1" in proc.stderr, proc.stderr
     assert "streamable HTTP at" not in proc.stderr and "Traceback" not in proc.stderr

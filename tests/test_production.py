@@ -58,7 +58,9 @@ def test_memctl_is_the_installed_package_not_the_checkout():
     assert not json.loads(direct_url).get("dir_info", {}).get("editable", False)
     # A Python the tests start from the checkout (`python -c`) must not find the checkout either.
     code = "import memctl; print(memctl.__file__)"
-    child = subprocess.run([sys.executable, "-c", code], cwd=CHECKOUT, capture_output=True, text=True, check=True)
+    child = subprocess.run(
+        [sys.executable, "-c", code], cwd=CHECKOUT, capture_output=True, text=True, check=True
+    )
     assert Path(child.stdout.strip()).resolve().is_relative_to(site), child.stdout
 
 
@@ -67,8 +69,13 @@ def _test_extra() -> list[str]:
     import re
     import tomllib
 
-    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
-    return [re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0] for spec in project["optional-dependencies"]["test"]]
+    project = tomllib.loads(
+        (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    )["project"]
+    return [
+        re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0]
+        for spec in project["optional-dependencies"]["test"]
+    ]
 
 
 def _requirement_closure(roots: list[str]) -> set[str]:
@@ -98,12 +105,16 @@ def _requirement_closure(roots: list[str]) -> set[str]:
 @production_only
 def test_the_production_venv_has_the_base_install_and_the_test_tools_only():
     for module in HEAVY:
-        assert importlib.util.find_spec(module) is None, f"{module} is importable in the production venv"
+        assert importlib.util.find_spec(module) is None, (
+            f"{module} is importable in the production venv"
+        )
     from packaging.utils import canonicalize_name
 
     installed = {canonicalize_name(d.metadata["Name"]) for d in importlib.metadata.distributions()}
     allowed = _requirement_closure(["memctl", *_test_extra()]) | {"pip", "setuptools", "wheel"}
-    assert installed - allowed == set(), "installed beyond memctl's base dependencies and the test tools'"
+    assert installed - allowed == set(), (
+        "installed beyond memctl's base dependencies and the test tools'"
+    )
 
 
 @production_only
@@ -112,9 +123,17 @@ def test_ci_computes_real_all_minilm_in_a_helper_process(ollama):
     assert ollama.minilm_source == "worker" and ollama.real_minilm
     from memctl.embedding.ollama import OllamaEmbedder
 
-    query, paraphrase, unrelated = OllamaEmbedder("all-minilm", host=ollama.url).embed(
-        ["The database server ran out of disk space.", "The DB host's disk filled up completely.",
-         "My cat enjoys sleeping in the afternoon sun."]).vectors
+    query, paraphrase, unrelated = (
+        OllamaEmbedder("all-minilm", host=ollama.url)
+        .embed(
+            [
+                "The database server ran out of disk space.",
+                "The DB host's disk filled up completely.",
+                "My cat enjoys sleeping in the afternoon sun.",
+            ]
+        )
+        .vectors
+    )
     assert dot(query, paraphrase) > dot(query, unrelated) + 0.2
 
 
@@ -127,10 +146,18 @@ def test_the_local_embedder_without_its_extra_is_one_clear_line(memctl_bin, memc
     assert memctl(memctl_bin, "episode", "add", "the disk filled up").exit_code == 0
     local = {"MEMCTL_EMBEDDER": "local", "MEMCTL_EMBED_MODEL": "all-minilm"}
     outcome = memctl(memctl_bin, "embed", env=local)
-    assert outcome.exit_code == 3  # an embedder that cannot load is unavailable, like one that is down
-    assert len(outcome.stderr.splitlines()) == 1 and "memctl[local]" in outcome.stderr, outcome.stderr
-    found = memctl(memctl_bin, "episode", "search", "disk filled", "-f", "json", "--no-track", env=local)
-    assert found.exit_code == 0 and "disk filled" in found.stdout  # search degrades to words, as promised
+    assert (
+        outcome.exit_code == 3
+    )  # an embedder that cannot load is unavailable, like one that is down
+    assert len(outcome.stderr.splitlines()) == 1 and "memctl[local]" in outcome.stderr, (
+        outcome.stderr
+    )
+    found = memctl(
+        memctl_bin, "episode", "search", "disk filled", "-f", "json", "--no-track", env=local
+    )
+    assert (
+        found.exit_code == 0 and "disk filled" in found.stdout
+    )  # search degrades to words, as promised
 
 
 # ------------------------------------------------------------ the fault matrix
@@ -149,13 +176,13 @@ COMMANDS = {
 # and recall answer from words (0), what needs vectors exits 3.
 MATRIX = {
     #                       add embed search vector recall status
-    "ollama-down":          (0, 3, 0, 3, 0, 0),
-    "ollama-slow":          (0, 3, 0, 3, 0, 0),
-    "ollama-500":           (0, 3, 0, 3, 0, 0),
-    "ollama-404":           (0, 1, 0, 3, 0, 0),
+    "ollama-down": (0, 3, 0, 3, 0, 0),
+    "ollama-slow": (0, 3, 0, 3, 0, 0),
+    "ollama-500": (0, 3, 0, 3, 0, 0),
+    "ollama-404": (0, 1, 0, 3, 0, 0),
     "database-unreachable": (3, 3, 3, 3, 3, 3),
-    "config-broken":        (1, 1, 1, 1, 1, 1),
-    "extra-missing":        (0, 3, 0, 3, 0, 0),
+    "config-broken": (1, 1, 1, 1, 1, 1),
+    "extra-missing": (0, 3, 0, 3, 0, 0),
 }
 SECRET = "matrix-pw-6f1c"
 
@@ -177,7 +204,9 @@ def _apply(case: str, ollama, memctl_env) -> dict:
     elif case in ("ollama-500", "ollama-404"):
         ollama.inject(case.removeprefix("ollama-"))
     elif case == "database-unreachable":
-        return {"MEMCTL_DATABASE_URL": f"postgresql://memctl:{SECRET}@127.0.0.1:{closed_port()}/memctl"}
+        return {
+            "MEMCTL_DATABASE_URL": f"postgresql://memctl:{SECRET}@127.0.0.1:{closed_port()}/memctl"
+        }
     elif case == "config-broken":
         config.write_text("[embedding\nmodel = \n")
     elif case == "extra-missing":
@@ -188,7 +217,9 @@ def _apply(case: str, ollama, memctl_env) -> dict:
 @pytest.mark.parametrize("case", list(MATRIX))
 def test_fault_matrix_exit_codes_and_never_a_traceback(case, cli, memctl_bin, ollama, ollama_env):
     if case == "extra-missing" and importlib.util.find_spec("tokenizers") is not None:
-        pytest.skip("the local extra is installed here: the missing-extra case runs in the production venv")
+        pytest.skip(
+            "the local extra is installed here: the missing-extra case runs in the production venv"
+        )
     for text in ("web1 disk full: rotated nginx logs", "the redis replica lagged behind"):
         assert cli("episode", "add", text).exit_code == 0
     if case != "extra-missing":  # with a model registered, embed would follow the database's model
@@ -202,25 +233,27 @@ def test_fault_matrix_exit_codes_and_never_a_traceback(case, cli, memctl_bin, ol
         if outcome.exit_code != 0:
             assert outcome.stderr.strip(), f"{name}: exit {outcome.exit_code} without a message"
         elif name in ("search", "recall") and case.startswith("ollama-"):
-            assert "text search" in outcome.stderr, f"{name}: degraded without saying so: {outcome.stderr!r}"
+            assert "text search" in outcome.stderr, (
+                f"{name}: degraded without saying so: {outcome.stderr!r}"
+            )
         if case == "extra-missing" and outcome.exit_code == 1:
-            assert "memctl[local]" in outcome.stderr and len(outcome.stderr.splitlines()) == 1, outcome.stderr
+            assert "memctl[local]" in outcome.stderr and len(outcome.stderr.splitlines()) == 1, (
+                outcome.stderr
+            )
         if case == "config-broken":
-            assert ollama_env["MEMCTL_CONFIG"] in outcome.stderr, f"{name}: the broken file is not named"
+            assert ollama_env["MEMCTL_CONFIG"] in outcome.stderr, (
+                f"{name}: the broken file is not named"
+            )
     assert got == dict(zip(COMMANDS, MATRIX[case]))
 
 
 # ------------------------------------------------------------ search as production runs it
 
 PARAPHRASES = {
-    "The primary database ran out of storage because old logs were never rotated.":
-        "Why did the main DB fill its volume?",
-    "Customers could not sign in after the TLS certificate expired on the load balancer.":
-        "Why were clients unable to authenticate?",
-    "The nightly backup job was moved to 3am so it no longer slows the morning traffic.":
-        "At what time does the archive task start?",
-    "Our cloud bill doubled when someone left forty GPU machines running over the weekend.":
-        "Why did we pay so much for compute?",
+    "The primary database ran out of storage because old logs were never rotated.": "Why did the main DB fill its volume?",
+    "Customers could not sign in after the TLS certificate expired on the load balancer.": "Why were clients unable to authenticate?",
+    "The nightly backup job was moved to 3am so it no longer slows the morning traffic.": "At what time does the archive task start?",
+    "Our cloud bill doubled when someone left forty GPU machines running over the weekend.": "Why did we pay so much for compute?",
 }
 
 
@@ -239,16 +272,44 @@ def test_import_embed_and_vector_search_find_paraphrases(memctl_bin, ollama, oll
     assert status["pending"] == 0
     contents = list(PARAPHRASES)
     for answer, question in PARAPHRASES.items():
-        found = memctl(memctl_bin, "episode", "search", question, "--mode", "vector", "-k", "1", "--no-track",
-                       "-f", "json")
+        found = memctl(
+            memctl_bin,
+            "episode",
+            "search",
+            question,
+            "--mode",
+            "vector",
+            "-k",
+            "1",
+            "--no-track",
+            "-f",
+            "json",
+        )
         assert (found.exit_code, found.stderr) == (0, "")
         [hit] = json.loads(found.stdout)
         assert hit["vector_rank"] == 1 and contents.index(hit["content"]) == contents.index(answer)
 
 
-SERVICES = ["postgres", "nginx", "redis", "kafka", "the api", "the backup job", "dns", "the load balancer"]
-SYMPTOMS = ["ran out of disk", "restarted in a loop", "answered slowly", "refused connections",
-            "lost its replica", "filled the logs", "used all memory", "expired its certificate"]
+SERVICES = [
+    "postgres",
+    "nginx",
+    "redis",
+    "kafka",
+    "the api",
+    "the backup job",
+    "dns",
+    "the load balancer",
+]
+SYMPTOMS = [
+    "ran out of disk",
+    "restarted in a loop",
+    "answered slowly",
+    "refused connections",
+    "lost its replica",
+    "filled the logs",
+    "used all memory",
+    "expired its certificate",
+]
 
 
 @pytest.mark.real_minilm
@@ -259,21 +320,42 @@ def test_a_1000_query_batch_runs_its_vector_half(memctl_bin, ollama, ollama_env)
     checked too (all 1,000 in one request is about 6 s of MiniLM on 2 cores).
     """
     Path(ollama_env["MEMCTL_CONFIG"]).write_text("[embedding]\nsearch_timeout = 6.0\n")
-    _import(memctl_bin, [f"{s} on host{i} {y}; the on-call fixed it" for i, (s, y) in
-                         enumerate((s, y) for s in SERVICES for y in SYMPTOMS)])
+    _import(
+        memctl_bin,
+        [
+            f"{s} on host{i} {y}; the on-call fixed it"
+            for i, (s, y) in enumerate((s, y) for s in SERVICES for y in SYMPTOMS)
+        ],
+    )
     assert memctl(memctl_bin, "embed").exit_code == 0
-    queries = [{"query": f"why {SERVICES[i % 8]} {SYMPTOMS[(i // 8) % 8]} on host{i % 97}, case {i}", "k": 3}
-               for i in range(1000)]
+    queries = [
+        {
+            "query": f"why {SERVICES[i % 8]} {SYMPTOMS[(i // 8) % 8]} on host{i % 97}, case {i}",
+            "k": 3,
+        }
+        for i in range(1000)
+    ]
     ollama.requests.clear()
-    outcome = memctl(memctl_bin, "episode", "search", "--batch", "-", "--no-track",
-                     input="".join(json.dumps(q) + "\n" for q in queries))
+    outcome = memctl(
+        memctl_bin,
+        "episode",
+        "search",
+        "--batch",
+        "-",
+        "--no-track",
+        input="".join(json.dumps(q) + "\n" for q in queries),
+    )
     assert outcome.exit_code == 0, outcome.stderr
     lines = [json.loads(line) for line in outcome.stdout.splitlines()]
     assert [line["query"] for line in lines] == [q["query"] for q in queries]
     with_vectors = sum(any(r["vector_rank"] is not None for r in line["results"]) for line in lines)
-    assert with_vectors >= 966, f"{with_vectors} of 1000 queries got vector hits; stderr: {outcome.stderr}"
+    assert with_vectors >= 966, (
+        f"{with_vectors} of 1000 queries got vector hits; stderr: {outcome.stderr}"
+    )
     sizes = [n for _, _, n in ollama.embed_requests()]
-    assert sum(sizes) >= 1000 and max(sizes) <= 64, sizes  # sub-batches, not one request for all 1,000
+    assert sum(sizes) >= 1000 and max(sizes) <= 64, (
+        sizes
+    )  # sub-batches, not one request for all 1,000
 
 
 # ------------------------------------------------------------ the test server's helper process
@@ -293,8 +375,14 @@ def test_the_helper_process_gives_the_in_process_vectors(monkeypatch):
         client = OllamaEmbedder("all-minilm", host=server.url)
         served = client.embed(texts).vectors
         pid = worker.pid
-        again = client.embed(texts[:1]).vectors[0]  # alone, not in a batch: equal up to float rounding
-        assert pid is not None and worker.pid == pid and dot(again, served[0]) == pytest.approx(1.0, abs=1e-6)
+        again = client.embed(texts[:1]).vectors[
+            0
+        ]  # alone, not in a batch: equal up to float rounding
+        assert (
+            pid is not None
+            and worker.pid == pid
+            and dot(again, served[0]) == pytest.approx(1.0, abs=1e-6)
+        )
         assert server.errors == []
     assert worker.pid is None
     with pytest.raises(ProcessLookupError):
@@ -322,7 +410,9 @@ class _Marked:
         return self._role
 
 
-def test_the_superuser_marker_skips_exactly_the_roles_the_server_says_are_no_superuser(pg_server, pg_role):
+def test_the_superuser_marker_skips_exactly_the_roles_the_server_says_are_no_superuser(
+    pg_server, pg_role
+):
     """conftest's own marker check and pg_roles reading, for the tests' role and (as a superuser) a plain one."""
     import uuid
 
@@ -350,10 +440,14 @@ def test_the_superuser_marker_skips_exactly_the_roles_the_server_says_are_no_sup
                     except pytest.skip.Exception as exc:
                         pytest.fail(f"the marker skipped a superuser: {exc}")
                 else:
-                    with pytest.raises(pytest.skip.Exception, match=f"the test role {role.name!r} is not one"):
+                    with pytest.raises(
+                        pytest.skip.Exception, match=f"the test role {role.name!r} is not one"
+                    ):
                         requirements(_Marked(marker, role))
         finally:
-            if pg_role.superuser:  # made only then; a role without CREATEROLE may not even DROP ... IF EXISTS
+            if (
+                pg_role.superuser
+            ):  # made only then; a role without CREATEROLE may not even DROP ... IF EXISTS
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(plain)))
 
 
@@ -364,5 +458,7 @@ def test_an_unprivileged_test_role_has_what_the_suite_needs(pg_role, pg_server):
     import psycopg
 
     with psycopg.connect(pg_server) as conn:
-        createdb = conn.execute("SELECT rolcreatedb FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+        createdb = conn.execute(
+            "SELECT rolcreatedb FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()[0]
     assert createdb and pg_role.vector_in_template1 and not pg_role.embedded

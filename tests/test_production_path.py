@@ -27,7 +27,9 @@ from memctl.write import gate
 
 def vectors(conn) -> int:
     model = models.active(conn)
-    return conn.execute(f'SELECT count(*) AS n FROM "{model.table_name}"').fetchone()["n"]  # name from our registry
+    return conn.execute(f'SELECT count(*) AS n FROM "{model.table_name}"').fetchone()[
+        "n"
+    ]  # name from our registry
 
 
 def chunks(conn) -> int:
@@ -42,8 +44,9 @@ def import_jsonl(cli, texts, **fields) -> None:
 # --------------------------------------------------------------- orphaned chunks
 
 
-def test_the_first_embed_waits_for_an_import_in_flight_and_queues_its_chunks(cli, conn, db_url, memctl_env,
-                                                                             monkeypatch):
+def test_the_first_embed_waits_for_an_import_in_flight_and_queues_its_chunks(
+    cli, conn, db_url, memctl_env, monkeypatch
+):
     """An import whose transaction is open while the first `memctl embed` registers the model.
 
     Its first batch is copied before the registration, its last after. The
@@ -64,15 +67,21 @@ def test_the_first_embed_waits_for_an_import_in_flight_and_queues_its_chunks(cli
     def importer():
         try:
             with db.connect(db_url) as c:
-                episodes.import_episodes(c.use_settings(settings), slow_source(), result=episodes.ImportResult())
+                episodes.import_episodes(
+                    c.use_settings(settings), slow_source(), result=episodes.ImportResult()
+                )
         except Exception as exc:  # reported by the assertion below
             errors.append(exc)
 
     thread = threading.Thread(target=importer)
     thread.start()
     assert first_batch_copied.wait(60)
-    worker = subprocess.Popen([_memctl(), "embed", "-f", "json"], env={**os.environ, **memctl_env},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    worker = subprocess.Popen(
+        [_memctl(), "embed", "-f", "json"],
+        env={**os.environ, **memctl_env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert _waits_for_a_lock(conn), "the first embed did not wait for the import in flight"
         release.set()
@@ -90,15 +99,19 @@ def test_the_first_embed_waits_for_an_import_in_flight_and_queues_its_chunks(cli
 def _waits_for_a_lock(conn, seconds: float = 30) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        row = conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'memctl' "
-                           "AND wait_event_type = 'Lock' AND datname = current_database()").fetchone()
+        row = conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'memctl' "
+            "AND wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchone()
         if row["n"]:
             return True
         time.sleep(0.05)
     return False
 
 
-def test_orphaned_chunks_from_an_earlier_memctl_are_reported_and_queued_by_embed(cli, conn, memctl_env):
+def test_orphaned_chunks_from_an_earlier_memctl_are_reported_and_queued_by_embed(
+    cli, conn, memctl_env
+):
     import_jsonl(cli, [f"episode {i} about the payment queue" for i in range(5)])
     assert cli("embed").exit_code == 0
     import_jsonl(cli, ["written by a memctl that lost its queue rows", "and this one"])
@@ -114,7 +127,9 @@ def test_orphaned_chunks_from_an_earlier_memctl_are_reported_and_queued_by_embed
     assert cli("status", "-f", "json").json()["orphaned"] == 0
 
 
-def test_two_workers_configured_differently_on_an_empty_database_register_one_model(cli, conn, db_url):
+def test_two_workers_configured_differently_on_an_empty_database_register_one_model(
+    cli, conn, db_url
+):
     import_jsonl(cli, [f"episode {i}" for i in range(6)])
     settings = config.load()
     start = threading.Barrier(2)
@@ -124,8 +139,11 @@ def test_two_workers_configured_differently_on_an_empty_database_register_one_mo
         try:
             with db.connect(db_url, vector=True) as c:
                 start.wait(10)
-                results[name] = embed_worker.work(c.use_settings(settings), make_embedder(settings, embedder="hash", model=name),
-                                           batch_size=5)
+                results[name] = embed_worker.work(
+                    c.use_settings(settings),
+                    make_embedder(settings, embedder="hash", model=name),
+                    batch_size=5,
+                )
         except Exception as exc:
             errors.append(exc)
 
@@ -149,26 +167,38 @@ def test_a_chunk_the_model_refuses_is_failed_counted_and_retried(cli, conn, olla
     import_jsonl(cli, ["an episode embedded while the model was healthy"])
     assert cli("embed").exit_code == 0
     import_jsonl(cli, ["the model will refuse this text", "and this one too"])
-    ollama.inject("400")  # every request: the input exceeds the context length, even split in halves
+    ollama.inject(
+        "400"
+    )  # every request: the input exceeds the context length, even split in halves
     refused = cli("embed", "-f", "json")
     assert refused.exit_code == 0, refused.stderr
     assert refused.json()[0]["failed"] == 2 and vectors(conn) == 1
     status = cli("status", "-f", "json")
-    assert status.json()["failed"] == 2 and any("retry-failed" in w for w in status.json()["warnings"])
+    assert status.json()["failed"] == 2 and any(
+        "retry-failed" in w for w in status.json()["warnings"]
+    )
     assert cli("jobs", "--job", "embed", "-f", "json").json()[0]["outcome"] == "partial"
 
     ollama.clear()
-    assert cli("embed", "-f", "json").json() == []  # an idle pass: failed chunks are not retried on their own
+    assert (
+        cli("embed", "-f", "json").json() == []
+    )  # an idle pass: failed chunks are not retried on their own
     retried = cli("embed", "--retry-failed", "-f", "json")
     assert retried.exit_code == 0 and retried.json()[0]["chunks"] == 2
     assert vectors(conn) == 3 and cli("status", "-f", "json").json()["failed"] == 0
 
 
-def test_embed_loop_stops_on_sigterm_after_the_batch_in_flight(conn, memctl_bin, ollama, ollama_env, cli):
+def test_embed_loop_stops_on_sigterm_after_the_batch_in_flight(
+    conn, memctl_bin, ollama, ollama_env, cli
+):
     import_jsonl(cli, [f"episode {i} of a long backlog about disk pressure" for i in range(40)])
     ollama.inject("slow", delay_s=0.4)  # every request takes a while: SIGTERM lands mid-batch
-    proc = subprocess.Popen([_memctl(), "embed", "--loop", "--interval", "30", "--batch-size", "4"],
-                            env={**os.environ, **ollama_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [_memctl(), "embed", "--loop", "--interval", "30", "--batch-size", "4"],
+        env={**os.environ, **ollama_env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not _has_vectors(conn):
@@ -209,7 +239,9 @@ def _batch(queries) -> str:
     return "".join(json.dumps(q) + "\n" for q in queries)
 
 
-def test_batch_search_embeds_in_sub_batches_and_only_a_failed_one_degrades(cli, conn, ollama, ollama_env):
+def test_batch_search_embeds_in_sub_batches_and_only_a_failed_one_degrades(
+    cli, conn, ollama, ollama_env
+):
     import_jsonl(cli, [f"host{i} ran out of inodes on /var/log{i}" for i in range(20)])
     assert cli("embed").exit_code == 0
     queries = [{"query": f"inode exhaustion on host{i % 20}", "k": 3} for i in range(100)]
@@ -218,12 +250,18 @@ def test_batch_search_embeds_in_sub_batches_and_only_a_failed_one_degrades(cli, 
     assert healthy.exit_code == 0 and healthy.stderr == ""
     sizes = [n for path, _, n in ollama.embed_requests()]
     assert sizes == [32, 32, 32, 4]  # [embedding] batch_size, each its own request and timeout
-    assert all(line["results"][0]["vector_rank"] is not None for line in map(json.loads, healthy.stdout.splitlines()))
+    assert all(
+        line["results"][0]["vector_rank"] is not None
+        for line in map(json.loads, healthy.stdout.splitlines())
+    )
 
     ollama.inject("500", times=1)  # the first sub-batch fails, the rest answer
     partial = cli("episode", "search", "--batch", "-", "--no-track", input=_batch(queries))
     assert partial.exit_code == 0
-    assert partial.stderr.count("memctl:") == 1 and "32 of 100 queries fell back to text search" in partial.stderr
+    assert (
+        partial.stderr.count("memctl:") == 1
+        and "32 of 100 queries fell back to text search" in partial.stderr
+    )
     answers = [json.loads(line) for line in partial.stdout.splitlines()]
     with_vectors = [a for a in answers if any(h["vector_rank"] is not None for h in a["results"])]
     assert len(answers) == 100 and len(with_vectors) == 68
@@ -251,8 +289,15 @@ def test_batch_query_with_mode_vector_is_never_answered_by_words(cli, ollama, ol
 
 @pytest.mark.parametrize("mode", ["text", "hybrid"])
 def test_negation_excludes_words_and_phrases(cli, mode):
-    import_jsonl(cli, ["deploy of the api behind nginx failed", "deploy of the worker finished",
-                       "deploy paused: the disk was full", "nginx config reload"])
+    import_jsonl(
+        cli,
+        [
+            "deploy of the api behind nginx failed",
+            "deploy of the worker finished",
+            "deploy paused: the disk was full",
+            "nginx config reload",
+        ],
+    )
     cli("embed")
 
     def found(query):

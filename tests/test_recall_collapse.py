@@ -42,8 +42,10 @@ def plain_collapse(hits: list[Hit], threshold: float) -> list[tuple[Hit, list[in
 
 def hits_of(texts: list[str], scores: list[float] | None = None) -> list[Hit]:
     scores = scores or [1.0 - i / 1000 for i in range(len(texts))]
-    return [Hit(i + 1, s, "ops", "observation", None, 0, NOW, t, s, 0.0, 0.0) for i, (t, s) in
-            enumerate(zip(texts, scores))]
+    return [
+        Hit(i + 1, s, "ops", "observation", None, 0, NOW, t, s, 0.0, 0.0)
+        for i, (t, s) in enumerate(zip(texts, scores))
+    ]
 
 
 def same(hits: list[Hit], threshold: float) -> None:
@@ -65,7 +67,13 @@ def near_copies(texts: list[str], seed: int) -> list[str]:
     out = []
     for t in texts:
         words = t.split()
-        out += [t, " ".join(words[:-1]), t + " again", t.upper() + "!", " ".join(rng.sample(words, len(words)))]
+        out += [
+            t,
+            " ".join(words[:-1]),
+            t + " again",
+            t.upper() + "!",
+            " ".join(rng.sample(words, len(words))),
+        ]
     return out
 
 
@@ -74,21 +82,45 @@ def test_the_operations_sets_and_their_near_copies_collapse_as_the_plain_walk_do
     rng = random.Random(3)
     for threshold in THRESHOLDS:
         same(hits_of(texts), threshold)
-        same(hits_of(texts, [rng.choice((0.5, 0.6, 0.7)) for _ in texts]), threshold)  # ties: the newer id first
+        same(
+            hits_of(texts, [rng.choice((0.5, 0.6, 0.7)) for _ in texts]), threshold
+        )  # ties: the newer id first
     folded = recall_episodes.collapse(hits_of(texts), 0.9)
-    assert len(texts) // 5 <= len(folded) < len(texts) * 3 // 5  # copies do fold, not everything into one
+    assert (
+        len(texts) // 5 <= len(folded) < len(texts) * 3 // 5
+    )  # copies do fold, not everything into one
 
 
-VOCABULARY = ["disk", "full", "web1", "web2", "nginx", "logs", "rotated", "deploy", "failed", "the", "a", "on",
-              "Disk", "FULL!", "web-1", "", "?", "again"]
+VOCABULARY = [
+    "disk",
+    "full",
+    "web1",
+    "web2",
+    "nginx",
+    "logs",
+    "rotated",
+    "deploy",
+    "failed",
+    "the",
+    "a",
+    "on",
+    "Disk",
+    "FULL!",
+    "web-1",
+    "",
+    "?",
+    "again",
+]
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(VOCABULARY), max_size=9), max_size=40),
-       st.lists(st.sampled_from((0.1, 0.2, 0.3)), min_size=40, max_size=40),
-       st.one_of(st.sampled_from(THRESHOLDS), st.floats(0.0, 1.0)))
+@given(
+    st.lists(st.lists(st.sampled_from(VOCABULARY), max_size=9), max_size=40),
+    st.lists(st.sampled_from((0.1, 0.2, 0.3)), min_size=40, max_size=40),
+    st.one_of(st.sampled_from(THRESHOLDS), st.floats(0.0, 1.0)),
+)
 def test_any_hits_collapse_as_the_plain_walk_does(word_lists, scores, threshold):
-    same(hits_of([" ".join(w) for w in word_lists], scores[:len(word_lists)]), threshold)
+    same(hits_of([" ".join(w) for w in word_lists], scores[: len(word_lists)]), threshold)
 
 
 def test_a_recall_compares_a_hit_with_few_kept_sets(monkeypatch):

@@ -14,17 +14,23 @@ from memctl.records import jobs
 from memctl.runbooks import runbooks
 from memctl.redact import detect
 
-LABELLED = [json.loads(line) for line in (Path(__file__).parent / "data" / "secrets_labelled.jsonl").open()]
+LABELLED = [
+    json.loads(line) for line in (Path(__file__).parent / "data" / "secrets_labelled.jsonl").open()
+]
 SECRETS = [r for r in LABELLED if r["kinds"]]
 GITHUB = "ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"
 AWS = "AKIAIOSFODNN7EXAMPLE"
 DB_PASSWORD = "s3cr3tPass"
 COMMIT = "3f2c1a9e8b7d6c5f4e3a2b1c0d9e8f7a6b5c4d3e"
 KEY_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"
-PRIVATE_KEY = (f"-----BEGIN OPENSSH PRIVATE KEY-----\n{KEY_BODY}\nQyNTUxOQAAACBFeGFtcGxl\n"
-               "-----END OPENSSH PRIVATE KEY-----")
-EPISODE = (f"deploy of {COMMIT} failed: pushed with {GITHUB}, aws key {AWS}, "
-           f"db postgresql://app:{DB_PASSWORD}@db.internal:5432/app")
+PRIVATE_KEY = (
+    f"-----BEGIN OPENSSH PRIVATE KEY-----\n{KEY_BODY}\nQyNTUxOQAAACBFeGFtcGxl\n"
+    "-----END OPENSSH PRIVATE KEY-----"
+)
+EPISODE = (
+    f"deploy of {COMMIT} failed: pushed with {GITHUB}, aws key {AWS}, "
+    f"db postgresql://app:{DB_PASSWORD}@db.internal:5432/app"
+)
 ALL_VALUES = [GITHUB, AWS, DB_PASSWORD, KEY_BODY, "QyNTUxOQAAACBFeGFtcGxl"]
 
 
@@ -32,12 +38,15 @@ def all_text(conn) -> str:
     """Every text and jsonb value of every table in the database's public schema, joined."""
     from psycopg import sql
 
-    columns = conn.execute("SELECT table_name, column_name FROM information_schema.columns "
-                           "WHERE table_schema = 'public' AND data_type IN ('text', 'jsonb')").fetchall()
+    columns = conn.execute(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = 'public' AND data_type IN ('text', 'jsonb')"
+    ).fetchall()
     parts = []
     for col in columns:
         query = sql.SQL("SELECT string_agg({}::text, E'\\n') AS t FROM {}").format(
-            sql.Identifier(col["column_name"]), sql.Identifier(col["table_name"]))
+            sql.Identifier(col["column_name"]), sql.Identifier(col["table_name"])
+        )
         parts.append(conn.execute(query).fetchone()["t"] or "")
     return "\n".join(parts)
 
@@ -77,12 +86,21 @@ def test_redaction_is_idempotent():
 # The five shapes of issue 19, finding 10, and where the secret is in each.
 FINDING_10 = [
     ("db password: hunter2", "hunter2", "password"),
-    ("export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-     "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "secret-keyword"),
-    ("Authorization: Bearer sk-proj-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56", "sk-proj-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56",
-     "openai-token"),
-    ("OPENAI_API_KEY=sk-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78", "sk-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78",
-     "openai-token"),
+    (
+        "export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "secret-keyword",
+    ),
+    (
+        "Authorization: Bearer sk-proj-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56",
+        "sk-proj-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56",
+        "openai-token",
+    ),
+    (
+        "OPENAI_API_KEY=sk-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78",
+        "sk-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78",
+        "openai-token",
+    ),
     ("mysql -phunter2 -u root shop", "hunter2", "password"),
 ]
 
@@ -91,40 +109,99 @@ FINDING_10 = [
 def test_the_shapes_of_finding_10_keep_their_name_and_lose_their_value(text, secret, kind):
     out = redact.redact_text(text)
     assert secret not in out and f"[REDACTED:{kind}]" in out
-    assert out.split("[REDACTED:")[0] == text.split(secret)[0]  # the name stays, only the value goes
+    assert (
+        out.split("[REDACTED:")[0] == text.split(secret)[0]
+    )  # the name stays, only the value goes
 
 
 def test_block_mode_refuses_each_shape_of_finding_10_and_a_secret_named_fact(cli, conn, tmp_path):
     mode(tmp_path, "block")
     for text, secret, kind in FINDING_10:
         result = cli("episode", "add", text)
-        assert result.exit_code == 1 and kind in result.stderr and "block" in result.stderr, (text, result.stderr)
+        assert result.exit_code == 1 and kind in result.stderr and "block" in result.stderr, (
+            text,
+            result.stderr,
+        )
         assert secret not in result.stderr + result.stdout
     fact = cli("fact", "set", "db.password", "hunter2")
-    assert fact.exit_code == 1 and "secret-named" in fact.stderr and "hunter2" not in fact.stderr + fact.stdout
-    counts = conn.execute("SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM facts) AS f").fetchone()
+    assert (
+        fact.exit_code == 1
+        and "secret-named" in fact.stderr
+        and "hunter2" not in fact.stderr + fact.stdout
+    )
+    counts = conn.execute(
+        "SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM facts) AS f"
+    ).fetchone()
     assert counts == {"e": 0, "f": 0}
     assert cli("fact", "set", "db.host", "10.8.0.4").exit_code == 0
-    assert cli("episode", "add", "ssh -p 2222 deploy@web1; token count: 512; primary key: id").exit_code == 0
+    assert (
+        cli(
+            "episode", "add", "ssh -p 2222 deploy@web1; token count: 512; primary key: id"
+        ).exit_code
+        == 0
+    )
 
 
 def test_a_fact_whose_key_names_a_secret_is_stored_redacted(cli, conn):
     done = cli("fact", "set", "db.password", "hunter2")
-    assert done.exit_code == 0 and "secret-named" in done.stderr and "hunter2" not in done.stderr + done.stdout
+    assert (
+        done.exit_code == 0
+        and "secret-named" in done.stderr
+        and "hunter2" not in done.stderr + done.stdout
+    )
     cli("fact", "set", "db.password_policy.min_length", "12")
     cli("fact", "set", "db.password_file", "/run/secrets/db")
     values = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM facts").fetchall()}
-    assert values == {"db.password": "[REDACTED:secret-named]", "db.password_policy.min_length": "12",
-                      "db.password_file": "/run/secrets/db"}
+    assert values == {
+        "db.password": "[REDACTED:secret-named]",
+        "db.password_policy.min_length": "12",
+        "db.password_file": "/run/secrets/db",
+    }
     assert "hunter2" not in all_text(conn)
 
 
-SECRET_NAMES = ["db.password", "api_token", "aws.secret_access_key", "openai_api_key", "PGPASSWORD", "clientSecret",
-                "smtp.pass", "GITHUB_TOKEN", "x-api-key", "deploy.token", "db.passwd", "wifi.passphrase",
-                "ldap.credentials", "jwt_secret", "stripe.secret_key", "http_auth", "private_key", "password2"]
-OTHER_NAMES = ["db.host", "token_count", "max_tokens", "primary_key", "ssh_key", "public_key", "sort_key",
-               "password_policy.min_length", "password_file", "access_key_id", "secret_name", "auth", "keys",
-               "passwords", "page_token", "eos_token", "token_type", "credentials_file", "cache.key", "bypass"]
+SECRET_NAMES = [
+    "db.password",
+    "api_token",
+    "aws.secret_access_key",
+    "openai_api_key",
+    "PGPASSWORD",
+    "clientSecret",
+    "smtp.pass",
+    "GITHUB_TOKEN",
+    "x-api-key",
+    "deploy.token",
+    "db.passwd",
+    "wifi.passphrase",
+    "ldap.credentials",
+    "jwt_secret",
+    "stripe.secret_key",
+    "http_auth",
+    "private_key",
+    "password2",
+]
+OTHER_NAMES = [
+    "db.host",
+    "token_count",
+    "max_tokens",
+    "primary_key",
+    "ssh_key",
+    "public_key",
+    "sort_key",
+    "password_policy.min_length",
+    "password_file",
+    "access_key_id",
+    "secret_name",
+    "auth",
+    "keys",
+    "passwords",
+    "page_token",
+    "eos_token",
+    "token_type",
+    "credentials_file",
+    "cache.key",
+    "bypass",
+]
 
 
 @pytest.mark.parametrize("name", SECRET_NAMES)
@@ -139,11 +216,24 @@ def test_secret_name_false(name):
 
 def test_named_replaces_a_secret_named_value_whole_else_scans_it():
     r = redact.Redactor()
-    assert r.named("db.password", "hunter2", "value of fact 'db.password'") == "[REDACTED:secret-named]"
-    assert r.named("deploy.token", GITHUB) == "[REDACTED:github-token]"  # one known secret keeps its kind
+    assert (
+        r.named("db.password", "hunter2", "value of fact 'db.password'")
+        == "[REDACTED:secret-named]"
+    )
+    assert (
+        r.named("deploy.token", GITHUB) == "[REDACTED:github-token]"
+    )  # one known secret keeps its kind
     assert r.named("wifi.passphrase", "correct horse battery staple") == "[REDACTED:secret-named]"
-    for placeholder in ("${DB_PASSWORD}", "<password>", "***", "xxx", "op://infra/db/password", "/run/secrets/db",
-                        "rotated, see the vault", "stored in the vault under db/prod"):
+    for placeholder in (
+        "${DB_PASSWORD}",
+        "<password>",
+        "***",
+        "xxx",
+        "op://infra/db/password",
+        "/run/secrets/db",
+        "rotated, see the vault",
+        "stored in the vault under db/prod",
+    ):
         assert r.named("db.password", placeholder) == placeholder
     assert r.named("db.host", "10.8.0.4") == "10.8.0.4"
     url = r.named("db.url", f"postgresql://app:{DB_PASSWORD}@db/app")
@@ -158,17 +248,32 @@ def test_named_replaces_a_secret_named_value_whole_else_scans_it():
 
 
 def test_one_walk_for_values_by_name_and_text():
-    meta = {"password": "hunter2", "hosts": ["web1", f"pushed with {GITHUB}"], "port": 5432, "ok": True,
-            "nested": {"api_key": "abc123def456", "note": "ssh -p 2222 web1"}, "pair": ("x", None),
-            "token_count": "512"}
-    expected = {"password": "[REDACTED:secret-named]", "hosts": ["web1", "pushed with [REDACTED:github-token]"],
-                "port": 5432, "ok": True, "nested": {"api_key": "[REDACTED:secret-named]", "note": "ssh -p 2222 web1"},
-                "pair": ["x", None], "token_count": "512"}
+    meta = {
+        "password": "hunter2",
+        "hosts": ["web1", f"pushed with {GITHUB}"],
+        "port": 5432,
+        "ok": True,
+        "nested": {"api_key": "abc123def456", "note": "ssh -p 2222 web1"},
+        "pair": ("x", None),
+        "token_count": "512",
+    }
+    expected = {
+        "password": "[REDACTED:secret-named]",
+        "hosts": ["web1", "pushed with [REDACTED:github-token]"],
+        "port": 5432,
+        "ok": True,
+        "nested": {"api_key": "[REDACTED:secret-named]", "note": "ssh -p 2222 web1"},
+        "pair": ["x", None],
+        "token_count": "512",
+    }
     assert redact.redact_value(meta) == expected
     redactor = redact.Redactor()
     assert redactor.value(meta, "episode meta") == expected
     assert redactor.kinds == {"secret-named": 2, "github-token": 1}
-    assert redact.redact_value([f"a {GITHUB}", {"k": "v"}], str.upper) == [f"A {GITHUB}".upper(), {"k": "V"}]
+    assert redact.redact_value([f"a {GITHUB}", {"k": "v"}], str.upper) == [
+        f"A {GITHUB}".upper(),
+        {"k": "V"},
+    ]
     with pytest.raises(redact.SecretRefused):
         redact.Redactor("block").value({"nested": [{"db_password": "hunter2"}]})
 
@@ -182,7 +287,9 @@ def test_a_redactor_searches_a_short_clean_text_once_and_every_secret_each_time(
     r = redact.Redactor()
     assert all(r.text("web-3", "episode agent") == "web-3" for _ in range(100))
     assert calls.count("web-3") == 1
-    assert [r.text(f"pushed with {GITHUB}") for _ in range(3)] == ["pushed with [REDACTED:github-token]"] * 3
+    assert [r.text(f"pushed with {GITHUB}") for _ in range(3)] == [
+        "pushed with [REDACTED:github-token]"
+    ] * 3
     assert calls.count(f"pushed with {GITHUB}") == 3 and r.kinds == {"github-token": 3}
     long = "a log line without a secret " * 10
     assert [r.text(long) for _ in range(2)] == [long] * 2 and calls.count(long) == 2
@@ -198,23 +305,43 @@ def test_a_redactor_searches_a_short_clean_text_once_and_every_secret_each_time(
 
 def test_ordinary_prose_skips_every_detector():
     """The cheap gate keeps find() fast on what most writes are: prose and log lines with no secret shape."""
-    prose = [e if isinstance(e, str) else e[1] for name in ("retrieval.json", "retrieval_log.json")
-             for e in json.loads((Path(__file__).parent / "data" / name).read_text())["episodes"]]
+    prose = [
+        e if isinstance(e, str) else e[1]
+        for name in ("retrieval.json", "retrieval_log.json")
+        for e in json.loads((Path(__file__).parent / "data" / name).read_text())["episodes"]
+    ]
     skipped = [text for text in prose if not detect.candidate(text, text.lower())]
     assert len(prose) >= 50 and len(skipped) >= 0.8 * len(prose)
 
 
 def test_every_write_path_redacts_before_the_database_and_the_embedder(cli, conn, ollama_env):
-    added = cli("episode", "add", EPISODE, "--meta", json.dumps({"url": f"redis://:{DB_PASSWORD}@10.0.0.5:6379"}))
+    added = cli(
+        "episode",
+        "add",
+        EPISODE,
+        "--meta",
+        json.dumps({"url": f"redis://:{DB_PASSWORD}@10.0.0.5:6379"}),
+    )
     assert added.exit_code == 0, added.stderr
     assert "redacted 4 secret(s)" in added.stderr
-    assert "github-token" in added.stderr and "url-password x2" in added.stderr and "aws-access-key" in added.stderr
+    assert (
+        "github-token" in added.stderr
+        and "url-password x2" in added.stderr
+        and "aws-access-key" in added.stderr
+    )
     assert not any(value in added.stderr + added.stdout for value in ALL_VALUES)
-    piped = cli("episode", "add", "-", input=f"key pasted in the ticket:\n{PRIVATE_KEY}\nplease rotate".encode())
+    piped = cli(
+        "episode",
+        "add",
+        "-",
+        input=f"key pasted in the ticket:\n{PRIVATE_KEY}\nplease rotate".encode(),
+    )
     assert piped.exit_code == 0 and "private-key" in piped.stderr
     fact = cli("fact", "set", "deploy.token", GITHUB)
     assert fact.exit_code == 0 and GITHUB not in fact.stdout
-    imported = cli("episode", "import", "-", input=json.dumps({"content": f"token {GITHUB} again"}) + "\n")
+    imported = cli(
+        "episode", "import", "-", input=json.dumps({"content": f"token {GITHUB} again"}) + "\n"
+    )
     assert imported.exit_code == 0 and "redacted 1 secret(s)" in imported.stderr
     embedded = cli("embed")
     assert embedded.exit_code == 0, embedded.stderr
@@ -240,7 +367,9 @@ def test_block_mode_refuses_the_write_and_names_the_kind(cli, conn, tmp_path):
     data = json.dumps({"content": "fine"}) + "\n" + json.dumps({"content": f"aws {AWS}"}) + "\n"
     imported = cli("episode", "import", "-", input=data)
     assert imported.exit_code == 1 and "aws-access-key" in imported.stderr
-    counts = conn.execute("SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM facts) AS f").fetchone()
+    counts = conn.execute(
+        "SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM facts) AS f"
+    ).fetchone()
     assert counts == {"e": 0, "f": 0}
     assert cli("episode", "add", f"clean line about {COMMIT}").exit_code == 0
 
@@ -254,17 +383,26 @@ def test_written_with_mode_off_is_found_by_scan_and_gone_after_fix(cli, conn, tm
     cli("fact", "set", "deploy.token", "rotated, see the vault")
     with jobs.record(conn, "test") as job:
         job.detail = {"note": "ok"}
-    conn.execute("UPDATE jobs SET error = %s", (f"failed with {GITHUB}",))  # as a job before this change wrote it
+    conn.execute(
+        "UPDATE jobs SET error = %s", (f"failed with {GITHUB}",)
+    )  # as a job before this change wrote it
     assert GITHUB in all_text(conn)
     mode(tmp_path, "redact")
     report = cli("redact", "scan", "-f", "json")
     assert report.exit_code == 0
     hits = report.json()
     assert {h["table"] for h in hits} == {"episodes", "chunks", "fact_history", "jobs"}
-    assert {(h["table"], h["column"]) for h in hits} >= {("episodes", "content"), ("chunks", "content"),
-                                                         ("fact_history", "new_value"), ("fact_history", "old_value"),
-                                                         ("jobs", "error")}
-    assert any(h["table"] == "episodes" and h["id"] == str(episode_id) and "github-token" in h["kinds"] for h in hits)
+    assert {(h["table"], h["column"]) for h in hits} >= {
+        ("episodes", "content"),
+        ("chunks", "content"),
+        ("fact_history", "new_value"),
+        ("fact_history", "old_value"),
+        ("jobs", "error"),
+    }
+    assert any(
+        h["table"] == "episodes" and h["id"] == str(episode_id) and "github-token" in h["kinds"]
+        for h in hits
+    )
     assert not any(value in report.stdout + report.stderr for value in ALL_VALUES)
     dry = cli("redact", "scan", "--fix")
     assert dry.exit_code == 0 and "--yes" in dry.stderr and GITHUB in all_text(conn)
@@ -274,7 +412,9 @@ def test_written_with_mode_off_is_found_by_scan_and_gone_after_fix(cli, conn, tm
     assert not [value for value in ALL_VALUES if value in stored] and COMMIT in stored
     assert cli("redact", "scan", "-f", "json").json() == []
     row = cli("episode", "show", str(episode_id), "-f", "json").json()
-    assert "[REDACTED:github-token]" in row["content"] and all(c["pending"] == 1 for c in row["chunks"])
+    assert "[REDACTED:github-token]" in row["content"] and all(
+        c["pending"] == 1 for c in row["chunks"]
+    )
     history = cli("fact", "history", "deploy.token", "-f", "json").json()
     assert [h["new_value"] for h in history] == [None, "rotated, see the vault"]
     assert cli("embed").exit_code == 0 and cli("status", "-f", "json").json()["pending"] == 0
@@ -283,14 +423,22 @@ def test_written_with_mode_off_is_found_by_scan_and_gone_after_fix(cli, conn, tm
 def test_job_errors_and_run_records_are_redacted(conn):
     with pytest.raises(MemctlError):
         with jobs.record(conn, "test") as job:
-            job.detail = {"cmd": f"git push https://x:{GITHUB}@github.com/acme/infra", "token": GITHUB}
+            job.detail = {
+                "cmd": f"git push https://x:{GITHUB}@github.com/acme/infra",
+                "token": GITHUB,
+            }
             raise MemctlError(f"push with {GITHUB} refused")
     row = conn.execute("SELECT error, detail::text AS detail FROM jobs").fetchone()
     assert GITHUB not in row["error"] + row["detail"] and "[REDACTED:github-token]" in row["error"]
     tail = runbooks._Tail()
     tail.add(f"exported AWS_ACCESS_KEY_ID={AWS}\n{PRIVATE_KEY}\ndone\n".encode())
     text = tail.text(gate.Gate(None, None, redact.Redactor()).run_output)
-    assert AWS not in text and KEY_BODY not in text and "[REDACTED:private-key]" in text and "done" in text
+    assert (
+        AWS not in text
+        and KEY_BODY not in text
+        and "[REDACTED:private-key]" in text
+        and "done" in text
+    )
 
 
 def test_bad_mode_is_a_configuration_error(cli, tmp_path):
@@ -305,7 +453,12 @@ def test_fact_set_and_import_say_what_they_redacted_never_the_value(cli):
     assert done.exit_code == 0, done.stderr
     assert "redacted 1 secret" in done.stderr or "1 secret" in done.stderr
     assert "github" in done.stderr and token not in done.stderr + done.stdout
-    imported = cli("fact", "import", "-", input=json.dumps({"key": "ci.token", "value": f"token {token}"}) + "\n")
+    imported = cli(
+        "fact",
+        "import",
+        "-",
+        input=json.dumps({"key": "ci.token", "value": f"token {token}"}) + "\n",
+    )
     assert imported.exit_code == 0 and "github" in imported.stderr and token not in imported.stderr
     assert token not in cli("fact", "get", "ci.token").stdout
 
@@ -316,9 +469,37 @@ def test_the_pair_prefilter_never_hides_a_pair_the_full_match_reports():
 
     from memctl.redact import shapes
 
-    pieces = st.sampled_from(["DB_PASSWORD", "api_key", "token", "Auth", "secret.value", "key", "monkey", "12", "30",
-                              "=", ":", ":=", "=>", " ", "\t", '"', "'", "hunter2value", "x", ".", "-", "/", "\n",
-                              "export ", "pwd", "credentials", "note"])
+    pieces = st.sampled_from(
+        [
+            "DB_PASSWORD",
+            "api_key",
+            "token",
+            "Auth",
+            "secret.value",
+            "key",
+            "monkey",
+            "12",
+            "30",
+            "=",
+            ":",
+            ":=",
+            "=>",
+            " ",
+            "\t",
+            '"',
+            "'",
+            "hunter2value",
+            "x",
+            ".",
+            "-",
+            "/",
+            "\n",
+            "export ",
+            "pwd",
+            "credentials",
+            "note",
+        ]
+    )
 
     reported = []  # texts with a pair the full match reports: the property holds on them
 
@@ -330,4 +511,6 @@ def test_the_pair_prefilter_never_hides_a_pair_the_full_match_reports():
             assert shapes.named_pair(text, text.lower()), text
 
     check()
-    assert len(reported) >= 100, f"the full match reported a pair in {len(reported)} of the texts: the property is idle"
+    assert len(reported) >= 100, (
+        f"the full match reported a pair in {len(reported)} of the texts: the property is idle"
+    )

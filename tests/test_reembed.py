@@ -37,14 +37,24 @@ def server():
 
 
 def load(cli, n: int = 80) -> None:
-    lines = [json.dumps({"content": f"incident {i}: the {TOPICS[i % len(TOPICS)]} alarm on host{i} was resolved "
-                                    f"by the on-call engineer after step {i % 5}"}) for i in range(n)]
+    lines = [
+        json.dumps(
+            {
+                "content": f"incident {i}: the {TOPICS[i % len(TOPICS)]} alarm on host{i} was resolved "
+                f"by the on-call engineer after step {i % 5}"
+            }
+        )
+        for i in range(n)
+    ]
     assert cli("episode", "import", "-", input="\n".join(lines) + "\n").exit_code == 0
 
 
 def counts(conn, model_id: int) -> dict:
-    return conn.execute("""SELECT (SELECT count(*) FROM embed_queue WHERE model_id = %s) AS pending,
-                                  (SELECT count(*) FROM chunks) AS chunks""", (model_id,)).fetchone()
+    return conn.execute(
+        """SELECT (SELECT count(*) FROM embed_queue WHERE model_id = %s) AS pending,
+                                  (SELECT count(*) FROM chunks) AS chunks""",
+        (model_id,),
+    ).fetchone()
 
 
 def episodes_heap(conn) -> dict:
@@ -69,20 +79,36 @@ def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, server_env, serve
     assert partial.exit_code == 0, partial.stderr
     assert partial.json()["pending"] == 50 and partial.json()["index"] == "missing"
     status = cli("reembed", "status", "-f", "json").json()
-    assert (status["state"], status["done"], status["total"], status["pending"]) == ("backfilling", 30, 80, 50)
+    assert (status["state"], status["done"], status["total"], status["pending"]) == (
+        "backfilling",
+        30,
+        80,
+        50,
+    )
     assert status["rate"] > 0 and status["eta_s"] > 0
-    hits = cli("episode", "search", "kafka alarm on host14", "--mode", "vector", "-f", "json").json()
-    assert hits and hits[0]["id"] == 15  # episode ids start at 1; incident 14 is about kafka on host14
+    hits = cli(
+        "episode", "search", "kafka alarm on host14", "--mode", "vector", "-f", "json"
+    ).json()
+    assert (
+        hits and hits[0]["id"] == 15
+    )  # episode ids start at 1; incident 14 is about kafka on host14
 
     # A write during the backfill is queued for both models.
     new_id = int(cli("episode", "add", "the kafka consumer lag alarm was a false positive").stdout)
-    queued = conn.execute("""SELECT array_agg(q.model_id ORDER BY q.model_id) AS m FROM embed_queue q
-        JOIN chunks c ON c.agent = q.agent AND c.id = q.chunk_id WHERE c.episode_id = %s""", (new_id,)).fetchone()
+    queued = conn.execute(
+        """SELECT array_agg(q.model_id ORDER BY q.model_id) AS m FROM embed_queue q
+        JOIN chunks c ON c.agent = q.agent AND c.id = q.chunk_id WHERE c.episode_id = %s""",
+        (new_id,),
+    ).fetchone()
     assert queued["m"] == sorted([models.active(conn).id, new.id])
     before = episodes_heap(conn)
 
     refused = cli("reembed", "switch")
-    assert refused.exit_code == 1 and "still queued" in refused.stderr and "index is missing" in refused.stderr
+    assert (
+        refused.exit_code == 1
+        and "still queued" in refused.stderr
+        and "index is missing" in refused.stderr
+    )
 
     finished = cli("reembed", "run", "--batch-size", "16", "--progress", "-f", "json")
     assert finished.exit_code == 0, finished.stderr
@@ -90,21 +116,35 @@ def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, server_env, serve
     assert finished.json()["pending"] == 0 and finished.json()["index"] == "built"
     assert cli("embed").exit_code == 0  # the active model's share of the write
     status = cli("reembed", "status", "-f", "json").json()
-    assert (status["state"], status["done"], status["total"], status["index"]) == ("ready", 81, 81, "valid")
+    assert (status["state"], status["done"], status["total"], status["index"]) == (
+        "ready",
+        81,
+        81,
+        "valid",
+    )
 
     compared = cli("reembed", "compare", "--sample", "5", "-k", "5", "-f", "json")
     assert compared.exit_code == 0, compared.stderr
     result = compared.json()
     assert result["queries"] == 5 and len(result["rows"]) == 5
     assert all(0.0 <= r["overlap"] <= 1.0 and len(r["new_top"]) == 5 for r in result["rows"])
-    assert result["mean_overlap"] == pytest.approx(sum(r["overlap"] for r in result["rows"]) / 5, abs=0.001)
+    assert result["mean_overlap"] == pytest.approx(
+        sum(r["overlap"] for r in result["rows"]) / 5, abs=0.001
+    )
 
     # Templated incidents: known items built from them cannot judge a switch (reembed.quality.JUDGE_FLOOR); the
     # operator's own do.
     assert "cannot judge" in cli("reembed", "switch").stderr
     known = tmp_path / "known.jsonl"
-    known.write_text("".join(json.dumps({"query": f"{TOPICS[i % len(TOPICS)]} alarm on host{i}", "episodes": [i + 1]})
-                             + "\n" for i in range(0, 80, 8)))
+    known.write_text(
+        "".join(
+            json.dumps(
+                {"query": f"{TOPICS[i % len(TOPICS)]} alarm on host{i}", "episodes": [i + 1]}
+            )
+            + "\n"
+            for i in range(0, 80, 8)
+        )
+    )
     switched = cli("reembed", "switch", "--queries", str(known), "-f", "json")
     assert switched.exit_code == 0, switched.stderr
     assert "MEMCTL_EMBEDDER=ollama MEMCTL_EMBED_MODEL=nomic-embed-text" in switched.stderr
@@ -114,21 +154,35 @@ def test_change_from_all_minilm_to_nomic_embed_text(cli, conn, server_env, serve
     # A process still configured with the old model follows the database, with one warning line.
     stale = cli("episode", "search", "kafka alarm on host14", "--mode", "vector", "-f", "json")
     assert stale.exit_code == 0, stale.stderr
-    assert stale.stderr.count("memctl:") == 1 and "MEMCTL_EMBED_MODEL=nomic-embed-text" in stale.stderr
+    assert (
+        stale.stderr.count("memctl:") == 1 and "MEMCTL_EMBED_MODEL=nomic-embed-text" in stale.stderr
+    )
     assert stale.json()[0]["id"] == 15
     assert server.embed_requests()[-1][1] == "nomic-embed-text"  # embedded by the database's model
     after_env = {"MEMCTL_EMBED_MODEL": "nomic-embed-text"}
-    found = cli("episode", "search", "kafka alarm on host14", "--mode", "vector", "-f", "json", env=after_env)
+    found = cli(
+        "episode",
+        "search",
+        "kafka alarm on host14",
+        "--mode",
+        "vector",
+        "-f",
+        "json",
+        env=after_env,
+    )
     assert found.exit_code == 0, found.stderr
     assert found.json()[0]["id"] == 15 and found.stderr == ""
-    assert server.embed_requests()[-1][1] == "nomic-embed-text"  # the query was embedded by the new model
+    assert (
+        server.embed_requests()[-1][1] == "nomic-embed-text"
+    )  # the query was embedded by the new model
 
     old = models.by_state(conn, "retired")
     size = conn.execute("SELECT pg_total_relation_size(%s) AS n", (old.table_name,)).fetchone()["n"]
     dropped = cli("reembed", "drop-old", "-f", "json")
     assert dropped.exit_code == 0
-    assert dropped.json() == [{"model": old.label, "state": "retired", "relation": old.table_name,
-                               "bytes_returned": size}]
+    assert dropped.json() == [
+        {"model": old.label, "state": "retired", "relation": old.table_name, "bytes_returned": size}
+    ]
     assert conn.execute("SELECT to_regclass(%s) AS t", (old.table_name,)).fetchone()["t"] is None
     assert cli("reembed", "status", "-f", "json").json()["state"] == "idle"
 
@@ -149,7 +203,11 @@ def test_dimensions_hnsw_cannot_index_are_refused(cli, conn, server_env):
     assert cli("embed").exit_code == 0
     huge = cli("reembed", "start", "--model", "huge-embed")
     assert huge.exit_code == 2
-    assert "5000 dimensions" in huge.stderr and "not even as halfvec" in huge.stderr and "--dims" in huge.stderr
+    assert (
+        "5000 dimensions" in huge.stderr
+        and "not even as halfvec" in huge.stderr
+        and "--dims" in huge.stderr
+    )
     huge_half = cli("reembed", "start", "--model", "huge-embed", "--halfvec")
     assert huge_half.exit_code == 2 and "even as halfvec" in huge_half.stderr
     wide = cli("reembed", "start", "--model", "wide-embed")
@@ -191,15 +249,22 @@ def test_switch_needs_a_valid_index_and_run_rebuilds_an_invalid_one(cli, conn, s
     # What a build killed half-way leaves: an invalid index under the expected name.
     conn.execute(f"DROP INDEX {new.index_name}")
     with pytest.raises(Exception):
-        conn.execute(f"CREATE UNIQUE INDEX CONCURRENTLY {new.index_name} ON {new.table_name} (agent)")
+        conn.execute(
+            f"CREATE UNIQUE INDEX CONCURRENTLY {new.index_name} ON {new.table_name} (agent)"
+        )
     assert reembed.index_state(conn, new) == "invalid"
     refused = cli("reembed", "switch")
     assert refused.exit_code == 1 and "index is invalid" in refused.stderr
     assert cli("reembed", "status", "-f", "json").json()["state"] == "needs-index"
     rebuilt = cli("reembed", "run", "-f", "json")
     assert rebuilt.json()["index"] == "built" and reembed.index_state(conn, new) == "valid"
-    assert conn.execute("SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE relname = %s",
-                        (new.index_name,)).fetchone()["amname"] == "hnsw"
+    assert (
+        conn.execute(
+            "SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE relname = %s",
+            (new.index_name,),
+        ).fetchone()["amname"]
+        == "hnsw"
+    )
     assert cli("reembed", "switch").exit_code == 0
 
 
@@ -208,10 +273,13 @@ def test_switch_refuses_while_chunks_failed(cli, conn, server_env):
     assert cli("embed").exit_code == 0
     assert cli("reembed", "start", "--model", "nomic-embed-text").exit_code == 0
     new = models.by_state(conn, "backfill")
-    conn.execute("""WITH moved AS (DELETE FROM embed_queue WHERE model_id = %s AND chunk_id =
+    conn.execute(
+        """WITH moved AS (DELETE FROM embed_queue WHERE model_id = %s AND chunk_id =
                         (SELECT min(chunk_id) FROM embed_queue WHERE model_id = %s) RETURNING agent, chunk_id)
                     INSERT INTO embed_failures (model_id, agent, chunk_id, error) SELECT %s, agent, chunk_id, 'x'
-                    FROM moved""", (new.id, new.id, new.id))
+                    FROM moved""",
+        (new.id, new.id, new.id),
+    )
     assert cli("reembed", "run").exit_code == 0
     refused = cli("reembed", "switch")
     assert refused.exit_code == 1 and "1 chunk(s) refused" in refused.stderr
@@ -230,10 +298,15 @@ def test_index_build_warns_and_passes_on_the_maintenance_work_mem_notice(cli, co
     warnings = []
     with db.connect(memctl_env["MEMCTL_DATABASE_URL"], vector=True) as own:
         own.execute("SET maintenance_work_mem = '1MB'")
-        result = reembed.run(own.use_settings(load_settings()), batch_size=200, on_warning=warnings.append)
+        result = reembed.run(
+            own.use_settings(load_settings()), batch_size=200, on_warning=warnings.append
+        )
     assert result["index"] == "built" and result["warnings"] == warnings
     assert any("more than maintenance_work_mem (1 MiB)" in w for w in warnings)
-    assert any(w.startswith("PostgreSQL: hnsw graph no longer fits into maintenance_work_mem") for w in warnings)
+    assert any(
+        w.startswith("PostgreSQL: hnsw graph no longer fits into maintenance_work_mem")
+        for w in warnings
+    )
 
 
 def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, server_env, server):
@@ -243,8 +316,12 @@ def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, server_e
     assert cli("reembed", "start", "--model", "nomic-embed-text").exit_code == 0
     new = models.by_state(conn, "backfill")
     server.inject("slow", delay_s=0.05)
-    proc = subprocess.Popen([sys.executable, "-m", "memctl", "reembed", "run", "--batch-size", "5"],
-                            env={**os.environ, **server_env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memctl", "reembed", "run", "--batch-size", "5"],
+        env={**os.environ, **server_env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(600):
             done = reembed._vectors(conn, new)
@@ -262,13 +339,17 @@ def test_run_survives_kill_9_and_resumes_without_double_work(cli, conn, server_e
     resumed = cli("reembed", "run", "--batch-size", "5", "-f", "json")
     assert resumed.exit_code == 0, resumed.stderr
     assert resumed.json()["chunks"] == n - done and resumed.json()["index"] == "built"
-    sent = sum(count for _, model, count in server.embed_requests()[before:] if model == "nomic-embed-text")
+    sent = sum(
+        count for _, model, count in server.embed_requests()[before:] if model == "nomic-embed-text"
+    )
     assert sent == n - done  # every remaining chunk once; none embedded twice
     assert reembed._vectors(conn, new) == n and counts(conn, new.id)["pending"] == 0
 
 
 @pytest.mark.local
-@pytest.mark.skipif(not local_embedder_installed(), reason="needs the real all-MiniLM-L6-v2 (memctl[local])")
+@pytest.mark.skipif(
+    not local_embedder_installed(), reason="needs the real all-MiniLM-L6-v2 (memctl[local])"
+)
 def test_paraphrases_are_found_after_the_switch(cli, conn, server_env, server):
     """Questions that share no key words with their answers, found by meaning after the switch.
 
@@ -286,24 +367,55 @@ def test_paraphrases_are_found_after_the_switch(cli, conn, server_env, server):
 
     local = LocalEmbedder()
     task = re.compile(r"^search_(query|document): ")
-    server.add_model("nomic-embed-text", 768, 2048,
-                     lambda texts: [v + [0.0] * 384 for v in local.embed([task.sub("", t) for t in texts]).vectors],
-                     family="nomic-bert")
-    facts = ["The primary database ran out of storage because old logs were never rotated.",
-             "Customers could not sign in after the TLS certificate expired on the load balancer.",
-             "The nightly backup job was moved to 3am so it no longer slows the morning traffic.",
-             "Our cloud bill doubled when someone left forty GPU machines running over the weekend."]
-    questions = {"Why did the main DB fill its volume?": 1,
-                 "Why were clients unable to authenticate?": 2,
-                 "At what time does the archive task start?": 3,
-                 "Why did we pay so much for compute?": 4}
-    assert cli("episode", "import", "-", input="\n".join(json.dumps({"content": f}) for f in facts) + "\n"
-               ).exit_code == 0
+    server.add_model(
+        "nomic-embed-text",
+        768,
+        2048,
+        lambda texts: [
+            v + [0.0] * 384 for v in local.embed([task.sub("", t) for t in texts]).vectors
+        ],
+        family="nomic-bert",
+    )
+    facts = [
+        "The primary database ran out of storage because old logs were never rotated.",
+        "Customers could not sign in after the TLS certificate expired on the load balancer.",
+        "The nightly backup job was moved to 3am so it no longer slows the morning traffic.",
+        "Our cloud bill doubled when someone left forty GPU machines running over the weekend.",
+    ]
+    questions = {
+        "Why did the main DB fill its volume?": 1,
+        "Why were clients unable to authenticate?": 2,
+        "At what time does the archive task start?": 3,
+        "Why did we pay so much for compute?": 4,
+    }
+    assert (
+        cli(
+            "episode",
+            "import",
+            "-",
+            input="\n".join(json.dumps({"content": f}) for f in facts) + "\n",
+        ).exit_code
+        == 0
+    )
     assert cli("embed").exit_code == 0
 
     def top(env=None) -> list[int]:
-        return [cli("episode", "search", q, "--mode", "vector", "-k", "1", "--no-track", "-f", "json",
-                    env=env).json()[0]["id"] for q in questions]
+        return [
+            cli(
+                "episode",
+                "search",
+                q,
+                "--mode",
+                "vector",
+                "-k",
+                "1",
+                "--no-track",
+                "-f",
+                "json",
+                env=env,
+            ).json()[0]["id"]
+            for q in questions
+        ]
 
     assert top() != list(questions.values())  # the word-hash model misses some
     assert cli("reembed", "start", "--model", "nomic-embed-text").exit_code == 0

@@ -18,10 +18,25 @@ from memctl.embedding import models
 from memctl.reembed import quality
 from tests.ollama_server import OllamaTestServer, _hash_fn, meaningless_fn
 
-VOCABULARY = [f"{a}{b}" for a in ("bra", "clo", "dri", "fen", "gul", "hom", "jas", "kri", "lum", "mor")
-              for b in ("tap", "vex", "wix", "zul", "quo", "nip", "rak", "sog", "tev", "yum")]
-TOPICS = ["kafka", "nginx", "redis", "postgres", "certificate", "dns", "backup", "cron", "ldap", "haproxy",
-          "grafana", "vault"]
+VOCABULARY = [
+    f"{a}{b}"
+    for a in ("bra", "clo", "dri", "fen", "gul", "hom", "jas", "kri", "lum", "mor")
+    for b in ("tap", "vex", "wix", "zul", "quo", "nip", "rak", "sog", "tev", "yum")
+]
+TOPICS = [
+    "kafka",
+    "nginx",
+    "redis",
+    "postgres",
+    "certificate",
+    "dns",
+    "backup",
+    "cron",
+    "ldap",
+    "haproxy",
+    "grafana",
+    "vault",
+]
 
 
 @pytest.fixture
@@ -36,7 +51,12 @@ def episode(i: int) -> str:
     """Two sentences that share two words of their own and nothing else with other episodes."""
     words = random.Random(i).sample(VOCABULARY, 12)
     key = [f"{TOPICS[i % len(TOPICS)]}", f"host{i}"]
-    return " ".join(key[:1] + words[:6] + key[1:]) + ". " + " ".join(words[6:9] + key + words[9:]) + "."
+    return (
+        " ".join(key[:1] + words[:6] + key[1:])
+        + ". "
+        + " ".join(words[6:9] + key + words[9:])
+        + "."
+    )
 
 
 def load(cli, n: int = 48) -> None:
@@ -52,14 +72,20 @@ def backfill(cli, model: str = "noise-embed") -> None:
 
 
 def test_the_known_items_leave_the_asked_part_out():
-    text = "Short one. The kafka broker on host3 ran out of disk at night. Rotating the logs freed it."
-    assert quality.split(text) == ("The kafka broker on host3 ran out of disk at night.",
-                                   "Short one. Rotating the logs freed it.")
+    text = (
+        "Short one. The kafka broker on host3 ran out of disk at night. Rotating the logs freed it."
+    )
+    assert quality.split(text) == (
+        "The kafka broker on host3 ran out of disk at night.",
+        "Short one. Rotating the logs freed it.",
+    )
     assert quality.split("disk full on host3 again today") == ("disk full on", "host3 again today")
     assert quality.split("too short here") is None
 
 
-def test_a_switch_to_a_model_that_finds_less_is_refused_unless_accepted(cli, conn, server_env, server):
+def test_a_switch_to_a_model_that_finds_less_is_refused_unless_accepted(
+    cli, conn, server_env, server
+):
     load(cli)
     backfill(cli)
     compared = cli("reembed", "compare", "-f", "json")
@@ -70,14 +96,21 @@ def test_a_switch_to_a_model_that_finds_less_is_refused_unless_accepted(cli, con
     assert measured["active"]["recall@10"] >= 0.9 and measured["new"]["recall@10"] <= 0.5
     assert measured["active"]["mrr"] > measured["new"]["mrr"] and measured["worse"] is True
     table = cli("reembed", "compare")
-    assert table.exit_code == 0 and "recall@10" in table.stdout and "switch` will refuse it" in table.stdout
+    assert (
+        table.exit_code == 0
+        and "recall@10" in table.stdout
+        and "switch` will refuse it" in table.stdout
+    )
 
     refused = cli("reembed", "switch")
     assert refused.exit_code == 1
     old, new = measured["active"]["recall@10"], measured["new"]["recall@10"]
     assert f"recall@10 {old}" in refused.stderr and f"recall@10 {new}" in refused.stderr
     assert "--accept-worse" in refused.stderr
-    assert models.active(conn).model == "all-minilm" and models.by_state(conn, "backfill").model == "noise-embed"
+    assert (
+        models.active(conn).model == "all-minilm"
+        and models.by_state(conn, "backfill").model == "noise-embed"
+    )
     assert cli("jobs", "--job", "reembed-switch", "-f", "json").json() == []
 
     accepted = cli("reembed", "switch", "--accept-worse", "-f", "json")
@@ -92,28 +125,40 @@ def test_a_switch_to_a_model_that_finds_less_is_refused_unless_accepted(cli, con
 
 
 def test_a_model_no_worse_switches_and_the_job_log_keeps_its_figures(cli, conn, server_env, server):
-    server.add_model("other-hash", 384, 512, _hash_fn("other-hash", 384))  # words, as the active model
+    server.add_model(
+        "other-hash", 384, 512, _hash_fn("other-hash", 384)
+    )  # words, as the active model
     load(cli, 24)
     backfill(cli, "other-hash")
     switched = cli("reembed", "switch")
     assert switched.exit_code == 0, switched.stderr
     [job] = cli("jobs", "--job", "reembed-switch", "-f", "json").json()
     assert job["detail"]["accepted_worse"] is False and job["detail"]["figures"]["queries"] == 24
-    assert job["detail"]["figures"]["new"]["recall@10"] >= job["detail"]["figures"]["active"]["recall@10"] - 0.02
+    assert (
+        job["detail"]["figures"]["new"]["recall@10"]
+        >= job["detail"]["figures"]["active"]["recall@10"] - 0.02
+    )
 
 
 def test_known_items_from_a_file(cli, conn, server_env, server, tmp_path):
     load(cli, 24)
     backfill(cli)
     items = tmp_path / "known.jsonl"
-    items.write_text(json.dumps({"query": episode(0).split(". ")[0], "episodes": [1]}) + "\n"
-                     + json.dumps({"query": "redis host2", "texts": ["redis host2"]}) + "\n"
-                     + "a plain query, for the overlap only\n")
+    items.write_text(
+        json.dumps({"query": episode(0).split(". ")[0], "episodes": [1]})
+        + "\n"
+        + json.dumps({"query": "redis host2", "texts": ["redis host2"]})
+        + "\n"
+        + "a plain query, for the overlap only\n"
+    )
     compared = cli("reembed", "compare", "--queries", str(items), "-f", "json")
     assert compared.exit_code == 0, compared.stderr
     result = compared.json()
     assert result["quality"]["source"] == str(items) and result["quality"]["queries"] == 2
-    assert result["quality"]["active"]["recall@10"] == 1.0 and result["quality"]["active"]["mrr"] == 1.0
+    assert (
+        result["quality"]["active"]["recall@10"] == 1.0
+        and result["quality"]["active"]["mrr"] == 1.0
+    )
     assert [r["query"] for r in result["rows"]] == ["a plain query, for the overlap only"]
     refused = cli("reembed", "switch", "--queries", str(items), "-k", "1")
     assert refused.exit_code == 1 and f"{items}" in refused.stderr
@@ -139,12 +184,15 @@ def test_an_empty_memory_switches_saying_there_is_nothing_to_measure(cli, conn, 
 
 def log_line(i: int) -> str:
     """A templated log line: the same words in every line but a number, a host and a code."""
-    return (f"worker {i % 7} on host{i % 5} restarted after error E{100 + i} at 03:{i % 60:02d}: the job queue "
-            f"was drained and the connection pool reset, retry {i % 3} of 3 scheduled by the supervisor")
+    return (
+        f"worker {i % 7} on host{i % 5} restarted after error E{100 + i} at 03:{i % 60:02d}: the job queue "
+        f"was drained and the connection pool reset, retry {i % 3} of 3 scheduled by the supervisor"
+    )
 
 
-def test_on_log_like_memory_the_gate_cannot_judge_and_refuses_unless_given_queries(cli, conn, server_env, server,
-                                                                                 tmp_path):
+def test_on_log_like_memory_the_gate_cannot_judge_and_refuses_unless_given_queries(
+    cli, conn, server_env, server, tmp_path
+):
     """The known items built from a memory of templated lines are found by nothing, the active model included:
     the gate says it cannot judge and refuses, unless --queries (known items the operator vouches for) or
     --accept-worse; compare says so too."""
@@ -155,16 +203,31 @@ def test_on_log_like_memory_the_gate_cannot_judge_and_refuses_unless_given_queri
     compared = cli("reembed", "compare", "-f", "json")
     assert compared.exit_code == 0, compared.stderr
     measured = compared.json()["quality"]
-    assert measured["active"]["recall@10"] < quality.JUDGE_FLOOR and measured["judged"] is False, measured
+    assert measured["active"]["recall@10"] < quality.JUDGE_FLOOR and measured["judged"] is False, (
+        measured
+    )
     assert "cannot judge" in compared.stderr
     refused = cli("reembed", "switch")
-    assert refused.exit_code == 1 and "cannot judge" in refused.stderr and "--queries" in refused.stderr
+    assert (
+        refused.exit_code == 1
+        and "cannot judge" in refused.stderr
+        and "--queries" in refused.stderr
+    )
     assert models.active(conn).model == "all-minilm"
     items = tmp_path / "known.jsonl"
-    items.write_text("".join(json.dumps({"query": f"the error E{100 + i} restarted worker {i % 7}",
-                                         "episodes": [i + 1]}) + "\n" for i in range(12)))
+    items.write_text(
+        "".join(
+            json.dumps(
+                {"query": f"the error E{100 + i} restarted worker {i % 7}", "episodes": [i + 1]}
+            )
+            + "\n"
+            for i in range(12)
+        )
+    )
     by_file = cli("reembed", "switch", "--queries", str(items), "-k", "3")
-    assert by_file.exit_code == 1 and "finds less" in by_file.stderr, by_file.stderr  # judged on the operator's items
+    assert by_file.exit_code == 1 and "finds less" in by_file.stderr, (
+        by_file.stderr
+    )  # judged on the operator's items
     accepted = cli("reembed", "switch", "--accept-worse")
     assert accepted.exit_code == 0, accepted.stderr
     assert models.active(conn).model == "noise-embed"

@@ -15,13 +15,25 @@ from memctl import config
 from memctl.reading import query as query_mod, search as search_mod
 from memctl.recall import recall
 
-START = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) - datetime.timedelta(days=3)
+START = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) - datetime.timedelta(
+    days=3
+)
 ALERT = "alert: disk 91% on web-3"
-DISTINCT = [f"alert: {what}" for what in (
-    "nginx upstream timeouts after the deploy", "replica lag 40s on db-2", "certificate for api.example.com expires",
-    "redis evicting keys on cache-1", "oom killer hit the search worker", "dns resolver answering SERVFAIL",
-    "backup of the billing database failed", "queue backlog after the consumer crashed",
-    "vpn tunnel flapping, mtu mismatch", "release 4.2 rolled back")]
+DISTINCT = [
+    f"alert: {what}"
+    for what in (
+        "nginx upstream timeouts after the deploy",
+        "replica lag 40s on db-2",
+        "certificate for api.example.com expires",
+        "redis evicting keys on cache-1",
+        "oom killer hit the search worker",
+        "dns resolver answering SERVFAIL",
+        "backup of the billing database failed",
+        "queue backlog after the consumer crashed",
+        "vpn tunnel flapping, mtu mismatch",
+        "release 4.2 rolled back",
+    )
+]
 
 
 def at(i: int) -> str:
@@ -34,7 +46,9 @@ def loaded(cli) -> dict:
     rows += [{"content": text, "created_at": at(501 + i)} for i, text in enumerate(DISTINCT)]
     for row in rows:
         row.update(agent="ops", kind="alert", source="nagios")
-    out = cli("episode", "import", "-", "-f", "json", input="".join(json.dumps(r) + "\n" for r in rows))
+    out = cli(
+        "episode", "import", "-", "-f", "json", input="".join(json.dumps(r) + "\n" for r in rows)
+    )
     assert out.exit_code == 0, out.stderr
     embedded = cli("embed", "-f", "json")
     assert embedded.exit_code == 0, embedded.stderr
@@ -55,7 +69,11 @@ def test_search_returns_a_repeated_alert_once_with_its_count_and_all_lists_every
     found = search(cli, "disk 91% on web-3", "-k", "5")
     alert = [r for r in found if r["content"] == ALERT]
     assert len(alert) == 1
-    assert (alert[0]["repeats"], alert[0]["first_seen"], alert[0]["last_seen"]) == (500, at(0), at(500))
+    assert (alert[0]["repeats"], alert[0]["first_seen"], alert[0]["last_seen"]) == (
+        500,
+        at(0),
+        at(500),
+    )
     assert found[0]["content"] == ALERT
 
     every = search(cli, "alert", "-k", "20")  # the word every episode has
@@ -65,7 +83,9 @@ def test_search_returns_a_repeated_alert_once_with_its_count_and_all_lists_every
     assert all(r["first_seen"] is None for r in every if r["content"] != ALERT)
 
     for mode in ("text", "vector"):  # each half alone leaves the repeat rows out too
-        assert [r["content"] for r in search(cli, "disk 91% on web-3", "-k", "20", "-m", mode)].count(ALERT) == 1
+        assert [
+            r["content"] for r in search(cli, "disk 91% on web-3", "-k", "20", "-m", mode)
+        ].count(ALERT) == 1
 
     listed = search(cli, "disk 91% on web-3", "-k", "1", "--all")
     first = listed[0]["id"]
@@ -99,7 +119,9 @@ def test_recall_and_the_mcp_search_show_the_alert_once_with_its_count(cli, conn)
 
     from memctl.mcp import tools
 
-    hits = search_mod.search(conn.use_settings(config.load()), query_mod.Query("disk 91% on web-3", k=3, agent="ops")).hits
+    hits = search_mod.search(
+        conn.use_settings(config.load()), query_mod.Query("disk 91% on web-3", k=3, agent="ops")
+    ).hits
     shown = [tools._hit(h) for h in hits]
     assert [s["repeats"] for s in shown if s["text"] == ALERT] == [500]
     assert all("repeats" not in s for s in shown if s["text"] != ALERT)
@@ -109,7 +131,9 @@ def test_recall_as_of_counts_only_the_sightings_before_then(cli, conn):
     loaded(cli)
     settings = config.load()
     conn.use_settings(settings)
-    then = START + datetime.timedelta(minutes=5 * 100, seconds=1)  # the first and 100 repeats before it
+    then = START + datetime.timedelta(
+        minutes=5 * 100, seconds=1
+    )  # the first and 100 repeats before it
     past = recall.recall(conn, recall.Request("disk 91% on web-3", agent="ops", as_of=then))
     alert = [i for i in past.items if i.kind == "episode" and i.data["content"] == ALERT]
     assert len(alert) == 1 and alert[0].data["repeats"] == 100

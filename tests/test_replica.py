@@ -66,9 +66,11 @@ def _until(check, what: str):
 def standby(pg_server):
     """A hot standby of the tests' embedded server, streaming from it; stopped at the end of the module."""
     if os.environ.get("MEMCTL_TEST_DATABASE_URL"):
-        pytest.skip("a standby is made with pg_basebackup of the tests' embedded server; with "
-                    "MEMCTL_TEST_DATABASE_URL set the server is another one, and a base backup needs the "
-                    "replication privilege and the server's files")
+        pytest.skip(
+            "a standby is made with pg_basebackup of the tests' embedded server; with "
+            "MEMCTL_TEST_DATABASE_URL set the server is another one, and a base backup needs the "
+            "replication privilege and the server's files"
+        )
     from memctl.db import embedded
 
     user = embedded.SYSTEM_USER if embedded.is_root() else None
@@ -82,26 +84,68 @@ def standby(pg_server):
         for path in (base, data, sock):
             shutil.chown(path, user, user)
     port = _free_port()
-    _run([str(bin_dir / "pg_basebackup"), "-D", str(data), "-R", "-X", "stream", "-c", "fast", "-w",
-          "-h", primary["host"], "-p", str(primary.get("port", 5432)), "-U", primary.get("user", "postgres")], user)
-    _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(base / "log"), "-w", "-t", "60",
-          "-o", f"-p {port} -k {sock} -h ''", "start"], user)
+    _run(
+        [
+            str(bin_dir / "pg_basebackup"),
+            "-D",
+            str(data),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "-w",
+            "-h",
+            primary["host"],
+            "-p",
+            str(primary.get("port", 5432)),
+            "-U",
+            primary.get("user", "postgres"),
+        ],
+        user,
+    )
+    _run(
+        [
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(base / "log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {port} -k {sock} -h ''",
+            "start",
+        ],
+        user,
+    )
     node = Standby(sock, port)
     try:
         admin = node.url(pg_server)
         with psycopg.connect(admin, autocommit=True) as conn:
-            assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0], "the copy is not a standby"
+            assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0], (
+                "the copy is not a standby"
+            )
         _until(lambda: _streaming(pg_server), "the standby to stream from the primary")
         yield node
     finally:
-        subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                       capture_output=True, user=user, timeout=60)
+        subprocess.run(
+            [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            user=user,
+            timeout=60,
+        )
         shutil.rmtree(base, ignore_errors=True)
 
 
 def _streaming(primary_url: str) -> bool:
     with psycopg.connect(primary_url, autocommit=True) as conn:
-        return bool(conn.execute("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'").fetchone()[0])
+        return bool(
+            conn.execute(
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+            ).fetchone()[0]
+        )
 
 
 def _replayed(primary_url: str, node: Standby) -> None:
@@ -112,17 +156,25 @@ def _replayed(primary_url: str, node: Standby) -> None:
 
     def done():
         with psycopg.connect(admin, autocommit=True) as conn:
-            return conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[0]
+            return conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[
+                0
+            ]
 
     _until(done, f"the standby to replay up to {lsn}")
 
 
 def _pause(node: Standby, primary_url: str, paused: bool) -> None:
-    with psycopg.connect(make_conninfo(node.url(primary_url), dbname="postgres"), autocommit=True) as conn:
+    with psycopg.connect(
+        make_conninfo(node.url(primary_url), dbname="postgres"), autocommit=True
+    ) as conn:
         conn.execute("SELECT pg_wal_replay_pause()" if paused else "SELECT pg_wal_replay_resume()")
         if paused:
-            _until(lambda: conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()[0] == "paused",
-                   "replay to pause")
+            _until(
+                lambda: (
+                    conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()[0] == "paused"
+                ),
+                "replay to pause",
+            )
 
 
 def _ids(outcome) -> set[int]:
@@ -131,13 +183,18 @@ def _ids(outcome) -> set[int]:
 
 
 def _access(conn, episode_id: int) -> int:
-    row = conn.execute("SELECT access_count FROM episode_access WHERE episode_id = %s", (episode_id,)).fetchone()
+    row = conn.execute(
+        "SELECT access_count FROM episode_access WHERE episode_id = %s", (episode_id,)
+    ).fetchone()
     return row["access_count"] if row else 0
 
 
 def test_reads_come_from_the_standby_and_writes_and_access_counts_go_to_the_primary(
-        cli, db_url, conn, pg_server, standby):
-    older = int(cli("episode", "add", "disk full on db01, rotated the logs", "--agent", "ops").stdout)
+    cli, db_url, conn, pg_server, standby
+):
+    older = int(
+        cli("episode", "add", "disk full on db01, rotated the logs", "--agent", "ops").stdout
+    )
     assert cli("fact", "set", "db.port", "5432").exit_code == 0
     embedded = cli("embed")
     assert embedded.exit_code == 0, embedded.stderr
@@ -146,23 +203,39 @@ def test_reads_come_from_the_standby_and_writes_and_access_counts_go_to_the_prim
     _pause(standby, pg_server, True)
     try:
         # writes with read_url set still go to the primary
-        added = cli("episode", "add", "disk full on db02, rotated the logs too", "--agent", "ops", env=read)
+        added = cli(
+            "episode", "add", "disk full on db02, rotated the logs too", "--agent", "ops", env=read
+        )
         assert added.exit_code == 0, added.stderr
         newer = int(added.stdout)
         assert cli("fact", "set", "db.host", "10.8.0.4", env=read).exit_code == 0
-        assert conn.execute("SELECT count(*) AS n FROM episodes WHERE id = %s", (newer,)).fetchone()["n"] == 1
-        assert conn.execute("SELECT value FROM facts WHERE key = 'db.host'").fetchone()["value"] == "10.8.0.4"
+        assert (
+            conn.execute("SELECT count(*) AS n FROM episodes WHERE id = %s", (newer,)).fetchone()[
+                "n"
+            ]
+            == 1
+        )
+        assert (
+            conn.execute("SELECT value FROM facts WHERE key = 'db.host'").fetchone()["value"]
+            == "10.8.0.4"
+        )
 
         # reads with read_url set answer from the paused standby: the newer rows are not there yet
         replica = cli("episode", "search", "disk full rotated logs", "-f", "json", env=read)
         assert _ids(replica) == {older}
         assert "text search only" not in replica.stderr  # the standby has the model and vectors too
-        assert _ids(cli("episode", "search", "disk full rotated logs", "-f", "json")) == {older, newer}
+        assert _ids(cli("episode", "search", "disk full rotated logs", "-f", "json")) == {
+            older,
+            newer,
+        }
         assert cli("fact", "get", "db.port", env=read).stdout == "5432\n"
         missing = cli("fact", "get", "db.host", env=read)
         assert missing.exit_code == 4, missing.stdout
         assert [r["key"] for r in cli("fact", "list", "-f", "json", env=read).json()] == ["db.port"]
-        assert [r["key"] for r in cli("fact", "list", "-f", "json").json()] == ["db.host", "db.port"]
+        assert [r["key"] for r in cli("fact", "list", "-f", "json").json()] == [
+            "db.host",
+            "db.port",
+        ]
         recalled = cli("recall", "disk full rotated logs", "-f", "json", env=read)
         assert recalled.exit_code == 0, recalled.stderr
         episodes = [i["id"] for i in recalled.json()["items"] if i["kind"] == "episode"]
@@ -174,21 +247,30 @@ def test_reads_come_from_the_standby_and_writes_and_access_counts_go_to_the_prim
     finally:
         _pause(standby, pg_server, False)
     _replayed(pg_server, standby)
-    assert _ids(cli("episode", "search", "disk full rotated logs", "-f", "json", "--no-track", env=read)) == {
-        older, newer}
+    assert _ids(
+        cli("episode", "search", "disk full rotated logs", "-f", "json", "--no-track", env=read)
+    ) == {older, newer}
     assert _access(conn, older) == 3
 
 
-def test_an_unreachable_primary_costs_the_access_counts_and_one_note(cli, db_url, conn, pg_server, standby):
+def test_an_unreachable_primary_costs_the_access_counts_and_one_note(
+    cli, db_url, conn, pg_server, standby
+):
     first = int(cli("episode", "add", "certificate expired on the load balancer").stdout)
     assert cli("fact", "set", "lb.cert", "renewed").exit_code == 0
     _replayed(pg_server, standby)
-    env = {"MEMCTL_READ_DATABASE_URL": standby.url(db_url),
-           "MEMCTL_DATABASE_URL": make_conninfo(db_url, host=str(standby.socket_dir.parent / "nowhere"))}
+    env = {
+        "MEMCTL_READ_DATABASE_URL": standby.url(db_url),
+        "MEMCTL_DATABASE_URL": make_conninfo(
+            db_url, host=str(standby.socket_dir.parent / "nowhere")
+        ),
+    }
     found = cli("episode", "search", "certificate expired", "-f", "json", env=env)
     assert found.exit_code == 0, found.stderr
     assert [h["id"] for h in found.json()] == [first]
-    assert "access counts not recorded: cannot open the primary (database unavailable" in found.stderr
+    assert (
+        "access counts not recorded: cannot open the primary (database unavailable" in found.stderr
+    )
     assert sum("access counts" in line for line in found.stderr.splitlines()) == 1, found.stderr
     # nothing to record, so the primary is never asked for: no note
     quiet = cli("episode", "search", "certificate expired", "-f", "json", "--no-track", env=env)
@@ -199,23 +281,38 @@ def test_an_unreachable_primary_costs_the_access_counts_and_one_note(cli, db_url
     assert _access(conn, first) == 0
 
 
-def test_a_standby_as_the_only_database_reads_and_leaves_the_counts_alone(cli, db_url, conn, pg_server, standby):
+def test_a_standby_as_the_only_database_reads_and_leaves_the_counts_alone(
+    cli, db_url, conn, pg_server, standby
+):
     from memctl import db
     from memctl.records import access
 
     first = int(cli("episode", "add", "backup job ran out of disk").stdout)
     _replayed(pg_server, standby)
     with db.connect(standby.url(db_url)) as replica:
-        assert access.record(replica, [("default", first)]) == 0  # ReadOnlySqlTransaction, swallowed
-    found = cli("episode", "search", "backup disk", "-f", "json", env={"MEMCTL_DATABASE_URL": standby.url(db_url)})
+        assert (
+            access.record(replica, [("default", first)]) == 0
+        )  # ReadOnlySqlTransaction, swallowed
+    found = cli(
+        "episode",
+        "search",
+        "backup disk",
+        "-f",
+        "json",
+        env={"MEMCTL_DATABASE_URL": standby.url(db_url)},
+    )
     assert [h["id"] for h in found.json()] == [first]
     assert _access(conn, first) == 0
 
 
-def test_a_replica_that_is_down_or_behind_is_reported_and_the_primary_answers(cli, db_url, empty_db_url):
+def test_a_replica_that_is_down_or_behind_is_reported_and_the_primary_answers(
+    cli, db_url, empty_db_url
+):
     first = int(cli("episode", "add", "queue backed up after the deploy").stdout)
     down = make_conninfo(db_url, host=tempfile.gettempdir() + "/memctl-no-such-replica")
-    found = cli("episode", "search", "queue deploy", "-f", "json", env={"MEMCTL_READ_DATABASE_URL": down})
+    found = cli(
+        "episode", "search", "queue deploy", "-f", "json", env={"MEMCTL_READ_DATABASE_URL": down}
+    )
     assert [h["id"] for h in found.json()] == [first]
     assert "read replica (env MEMCTL_READ_DATABASE_URL): database unavailable" in found.stderr
     assert "reading from the primary" in found.stderr
@@ -229,21 +326,33 @@ def test_a_replica_that_is_down_or_behind_is_reported_and_the_primary_answers(cl
 
 def test_read_url_is_a_setting_masked_in_config_show(cli, tmp_path):
     config = tmp_path / "config.toml"
-    config.write_text('[database]\nread_url = "postgresql://memctl:s3cret-pw@replica.example/memctl"\n')
-    shown = {r["setting"]: r for r in cli("config", "show", "-f", "json", env={"MEMCTL_CONFIG": str(config)}).json()}
+    config.write_text(
+        '[database]\nread_url = "postgresql://memctl:s3cret-pw@replica.example/memctl"\n'
+    )
+    shown = {
+        r["setting"]: r
+        for r in cli("config", "show", "-f", "json", env={"MEMCTL_CONFIG": str(config)}).json()
+    }
     assert shown["database.read_url"]["value"] == "postgresql://memctl:****@replica.example/memctl"
     assert shown["database.read_url"]["origin"] == "file"
-    env = {"MEMCTL_CONFIG": str(config), "MEMCTL_READ_DATABASE_URL": "postgresql://other:pw2@replica2/memctl"}
+    env = {
+        "MEMCTL_CONFIG": str(config),
+        "MEMCTL_READ_DATABASE_URL": "postgresql://other:pw2@replica2/memctl",
+    }
     shown = cli("config", "show", "-f", "json", env=env)
     assert "pw2" not in shown.stdout and "s3cret" not in shown.stdout
-    assert {r["setting"]: r["origin"] for r in shown.json()}["database.read_url"] == "env MEMCTL_READ_DATABASE_URL"
-
+    assert {r["setting"]: r["origin"] for r in shown.json()}[
+        "database.read_url"
+    ] == "env MEMCTL_READ_DATABASE_URL"
 
 
 def _episode_rows(outcome) -> int:
     assert outcome.exit_code == 0, outcome.stderr
-    return next(r["rows"] for r in outcome.json()
-                if r["kind"] == "table" and r["relation"].split(".")[-1] == "episodes")
+    return next(
+        r["rows"]
+        for r in outcome.json()
+        if r["kind"] == "table" and r["relation"].split(".")[-1] == "episodes"
+    )
 
 
 def test_size_reads_the_standby(cli, db_url, pg_server, standby):

@@ -37,11 +37,31 @@ def test_fresh_episode_is_found_by_words_before_any_embedding(cli):
 
 
 def test_json_rows_carry_score_components(cli):
-    add(cli, "the deploy failed because the disk was full", "--kind", "conversation", "--source", "ticket:1")
+    add(
+        cli,
+        "the deploy failed because the disk was full",
+        "--kind",
+        "conversation",
+        "--source",
+        "ticket:1",
+    )
     cli("embed")
     row = cli("episode", "search", "deploy disk", "-f", "json").json()[0]
-    for field in ("id", "score", "agent", "kind", "source", "importance", "created_at", "content",
-                  "relevance", "recency", "importance_term", "vector_rank", "text_rank"):
+    for field in (
+        "id",
+        "score",
+        "agent",
+        "kind",
+        "source",
+        "importance",
+        "created_at",
+        "content",
+        "relevance",
+        "recency",
+        "importance_term",
+        "vector_rank",
+        "text_rank",
+    ):
         assert field in row
     assert row["vector_rank"] == 1 and row["text_rank"] == 1
     assert row["relevance"] == pytest.approx(1.0)
@@ -51,19 +71,44 @@ def test_text_half_uses_or_semantics(cli):
     answer = add(cli, "rotating nginx logs freed four gigabytes")
     add(cli, "unrelated note about lunch")
     # a question shares only one word with its answer: AND semantics would find nothing
-    found = cli("episode", "search", "why were the nginx servers failing yesterday", "--mode", "text", "-f", "json")
+    found = cli(
+        "episode",
+        "search",
+        "why were the nginx servers failing yesterday",
+        "--mode",
+        "text",
+        "-f",
+        "json",
+    )
     assert [r["id"] for r in found.json()] == [answer]
 
 
 def test_filters_agent_kind_source_since(cli):
     a = add(cli, "backup finished", "--agent", "a1", "--kind", "raw", "--source", "cron")
     b = add(cli, "backup failed", "--agent", "a2", "--kind", "summary", "--source", "cron")
-    c = add(cli, "backup skipped", "--agent", "a1", "--kind", "summary", "--source", "human",
-            "--created-at", "2020-01-01T00:00:00Z")
+    c = add(
+        cli,
+        "backup skipped",
+        "--agent",
+        "a1",
+        "--kind",
+        "summary",
+        "--source",
+        "human",
+        "--created-at",
+        "2020-01-01T00:00:00Z",
+    )
     cli("embed")
     for mode in ("hybrid", "vector", "text"):
+
         def ids(*args):
-            return {r["id"] for r in cli("episode", "search", "backup", "--mode", mode, *args, "-f", "json").json()}
+            return {
+                r["id"]
+                for r in cli(
+                    "episode", "search", "backup", "--mode", mode, *args, "-f", "json"
+                ).json()
+            }
+
         assert ids("--agent", "a1") == {a, c}
         assert ids("--kind", "summary") == {b, c}
         assert ids("--source", "cron") == {a, b}
@@ -72,18 +117,43 @@ def test_filters_agent_kind_source_since(cli):
 
 
 def test_agent_filter_never_starves_the_vector_half(cli):
-    lines = "".join(json.dumps({"content": f"routine heartbeat number {i} all systems nominal", "agent": "busy"})
-                    + "\n" for i in range(400))
+    lines = "".join(
+        json.dumps(
+            {"content": f"routine heartbeat number {i} all systems nominal", "agent": "busy"}
+        )
+        + "\n"
+        for i in range(400)
+    )
     assert cli("episode", "import", "-", input=lines).exit_code == 0
-    rare = {add(cli, f"rare agent memory {i} about something else", "--agent", "rare") for i in range(5)}
+    rare = {
+        add(cli, f"rare agent memory {i} about something else", "--agent", "rare") for i in range(5)
+    }
     cli("embed", "--batch-size", "200")
-    found = cli("episode", "search", "routine heartbeat nominal", "--mode", "vector", "--agent", "rare", "-k", "5",
-                "-f", "json").json()
+    found = cli(
+        "episode",
+        "search",
+        "routine heartbeat nominal",
+        "--mode",
+        "vector",
+        "--agent",
+        "rare",
+        "-k",
+        "5",
+        "-f",
+        "json",
+    ).json()
     assert {r["id"] for r in found} == rare
 
 
 def test_recency_and_importance_weighting(cli):
-    old = add(cli, "certificate renewal for the shop", "--created-at", "2024-01-01T00:00:00Z", "--importance", "5")
+    old = add(
+        cli,
+        "certificate renewal for the shop",
+        "--created-at",
+        "2024-01-01T00:00:00Z",
+        "--importance",
+        "5",
+    )
     new = add(cli, "certificate renewal for the shop!", "--importance", "5")
     cli("embed")
     order = [r["id"] for r in cli("episode", "search", "certificate renewal", "-f", "json").json()]
@@ -112,7 +182,9 @@ def test_ollama_down_or_slow_degrades_to_text_with_one_warning(cli, ollama, olla
     assert slow.exit_code == 0 and [r["id"] for r in slow.json()] == [episode]
     assert "did not answer" in slow.stderr
     ollama.clear()
-    Path(memctl_env["MEMCTL_CONFIG"]).write_text("[embedding]\nsearch_timeout = 30\n")  # a loaded CI machine
+    Path(memctl_env["MEMCTL_CONFIG"]).write_text(
+        "[embedding]\nsearch_timeout = 30\n"
+    )  # a loaded CI machine
     healthy = cli("episode", "search", "queue consumers", "-f", "json")
     assert healthy.stderr == "" and healthy.json()[0]["vector_rank"] == 1
 
@@ -122,8 +194,14 @@ def test_batch_search_one_line_per_query_in_order_one_embed_call(cli, ollama, ol
     second = add(cli, "redis evicted keys under memory pressure")
     cli("embed")
     ollama.requests.clear()
-    queries = [{"query": "redis evictions"}, {"query": "replica lag", "k": 1}, {"query": "redis", "agent": "nobody"}]
-    result = cli("episode", "search", "--batch", "-", input="".join(json.dumps(q) + "\n" for q in queries))
+    queries = [
+        {"query": "redis evictions"},
+        {"query": "replica lag", "k": 1},
+        {"query": "redis", "agent": "nobody"},
+    ]
+    result = cli(
+        "episode", "search", "--batch", "-", input="".join(json.dumps(q) + "\n" for q in queries)
+    )
     assert result.exit_code == 0, result.stderr
     lines = result.jsonl()
     assert [line["query"] for line in lines] == ["redis evictions", "replica lag", "redis"]
@@ -132,7 +210,9 @@ def test_batch_search_one_line_per_query_in_order_one_embed_call(cli, ollama, ol
     assert lines[2]["results"] == []
     assert [n for _, _, n in ollama.embed_requests()] == [3]
     bad = cli("episode", "search", "--batch", "-", input='{"query": "ok"}\n{"nope": 1}\n')
-    assert bad.exit_code == 2 and "1 of 2 line(s) failed" in bad.stderr  # README: one rule for batches
+    assert (
+        bad.exit_code == 2 and "1 of 2 line(s) failed" in bad.stderr
+    )  # README: one rule for batches
     assert bad.jsonl()[0]["query"] == "ok" and bad.jsonl()[1]["error"].startswith("line 2: ")
 
 
@@ -151,8 +231,9 @@ def test_fact_stale_finds_copies_of_an_old_value(cli):
     stale = cli("fact", "stale", "db.host", "-f", "json")
     assert stale.exit_code == 0, stale.stderr
     rows = stale.json()
-    assert [(r["id"], r["old_value"], r["found_by"]) for r in rows if r["found_by"] == "text"] == \
-        [(copy, "10.8.0.4", "text")]
+    assert [(r["id"], r["old_value"], r["found_by"]) for r in rows if r["found_by"] == "text"] == [
+        (copy, "10.8.0.4", "text")
+    ]
     assert cli("fact", "stale", "never.set").exit_code == 4
 
 
@@ -211,10 +292,16 @@ def _import(cli, rows):
     assert result.exit_code == 0, result.stderr
 
 
-def test_only_the_rarest_words_find_within_match_rows_and_the_others_still_score(cli, conn, memctl_env):
+def test_only_the_rarest_words_find_within_match_rows_and_the_others_still_score(
+    cli, conn, memctl_env
+):
     # "widget" is in 40 episodes, "sprocket" in 3; with match_rows = 10 only sprocket finds
-    _import(cli, [{"content": f"widget inventory note {i}"} for i in range(40)]
-            + [{"content": f"sprocket order {i}"} for i in range(2)] + [{"content": "sprocket and widget order"}])
+    _import(
+        cli,
+        [{"content": f"widget inventory note {i}"} for i in range(40)]
+        + [{"content": f"sprocket order {i}"} for i in range(2)]
+        + [{"content": "sprocket and widget order"}],
+    )
     assert cli("embed").exit_code == 0
     conn.execute("ANALYZE episodes")
     Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nmatch_rows = 10\ncandidates = 50\n")
@@ -246,14 +333,19 @@ def test_the_match_bound_grows_with_the_memory(cli, conn, memctl_env):
     assert bm25.match_bound(bm25.TermStats(n=50_000, avgdl=10, common={}), 1000, 0.01) == 1000
     # through search: "widget" is in 41 of 43 episodes; match_rows = 10 alone keeps it from finding,
     # a share of 1.0 (43 episodes) lets it find every one
-    _import(cli, [{"content": f"widget inventory note {i}"} for i in range(40)]
-            + [{"content": f"sprocket order {i}"} for i in range(2)] + [{"content": "sprocket and widget order"}])
+    _import(
+        cli,
+        [{"content": f"widget inventory note {i}"} for i in range(40)]
+        + [{"content": f"sprocket order {i}"} for i in range(2)]
+        + [{"content": "sprocket and widget order"}],
+    )
     assert cli("embed").exit_code == 0
     conn.execute("ANALYZE episodes")
     found = {}
     for share in (0, 1.0):
-        Path(memctl_env["MEMCTL_CONFIG"]).write_text(f"[search]\nmatch_rows = 10\nmatch_share = {share}\n"
-                                                     "candidates = 50\n")
+        Path(memctl_env["MEMCTL_CONFIG"]).write_text(
+            f"[search]\nmatch_rows = 10\nmatch_share = {share}\ncandidates = 50\n"
+        )
         bm25._CACHE.clear()  # the statistics after this test's ANALYZE
         hits = search.search(conn.use_settings(config.load()), Query("widget", k=50)).hits
         found[share] = {h.id for h in hits if h.text_rank is not None}
@@ -262,7 +354,15 @@ def test_the_match_bound_grows_with_the_memory(cli, conn, memctl_env):
 
 def test_the_common_lexemes_literal_reads_back_as_the_list(conn):
     # sent as one text[] literal, made once per statistics: quotes, backslashes, commas and braces survive
-    awkward = {"plain": 1.0, 'dou"ble': 1.0, "back\\slash": 1.0, "it's": 1.0, "a,b": 1.0, "{x}": 1.0, "": 1.0}
+    awkward = {
+        "plain": 1.0,
+        'dou"ble': 1.0,
+        "back\\slash": 1.0,
+        "it's": 1.0,
+        "a,b": 1.0,
+        "{x}": 1.0,
+        "": 1.0,
+    }
     stats = bm25.TermStats(n=10, avgdl=1, common=awkward)
     back = conn.execute("SELECT %s::text[] AS a", (stats.common_array,)).fetchone()["a"]
     assert back == stats.common_queries and len(back) == len(awkward)
@@ -272,7 +372,9 @@ def test_the_common_lexemes_literal_reads_back_as_the_list(conn):
 def test_words_all_find_when_the_vector_half_finds_nothing(cli, conn, memctl_env):
     _import(cli, [{"content": f"widget inventory note {i}", "agent": "old"} for i in range(30)])
     assert cli("embed").exit_code == 0  # a model is registered and these are embedded
-    fresh = [add(cli, f"widget shipped {i}", "--agent", "new") for i in range(3)]  # not embedded yet
+    fresh = [
+        add(cli, f"widget shipped {i}", "--agent", "new") for i in range(3)
+    ]  # not embedded yet
     conn.execute("ANALYZE episodes")
     Path(memctl_env["MEMCTL_CONFIG"]).write_text("[search]\nmatch_rows = 5\n")
     found = cli("episode", "search", "widget", "--agent", "new", "-f", "json")
@@ -303,13 +405,18 @@ def test_one_statement_serves_every_mode_with_negation_and_context(cli, conn):
         ids = [h.id for h in hits]
         assert noise not in ids, mode
         if mode != "vector":
-            assert before in ids and answer in ids, mode  # the answer came in as the neighbour's context
+            assert before in ids and answer in ids, (
+                mode
+            )  # the answer came in as the neighbour's context
 
 
 def test_rare_words_counted_in_one_agent_are_scaled_to_the_whole_table(cli, conn):
     # scoped counting is what a Citus coordinator uses, so that a query for one agent stays on its shard
-    _import(cli, [{"content": f"sprocket {i}" if i < 3 else f"gear {i}", "agent": "a"} for i in range(10)]
-            + [{"content": "sprocket b" if i < 1 else f"gear b{i}", "agent": "b"} for i in range(30)])
+    _import(
+        cli,
+        [{"content": f"sprocket {i}" if i < 3 else f"gear {i}", "agent": "a"} for i in range(10)]
+        + [{"content": "sprocket b" if i < 1 else f"gear b{i}", "agent": "b"} for i in range(30)],
+    )
     conn.execute("ANALYZE episodes")
     stats = bm25.term_stats(conn)
     assert stats.citus is False and stats.agents == pytest.approx({"b": 0.75, "a": 0.25})
@@ -319,8 +426,9 @@ def test_rare_words_counted_in_one_agent_are_scaled_to_the_whole_table(cli, conn
     whole = bm25.TermStats(n=stats.n, avgdl=stats.avgdl, common={})
     pieces(conn, "sprocket", whole)
     assert whole.counted == {"'sprocket'": 4}
-    assert bm25.agent_share(conn, whole, "b") == pytest.approx(0.75)  # counted: not in its statistics
-
+    assert bm25.agent_share(conn, whole, "b") == pytest.approx(
+        0.75
+    )  # counted: not in its statistics
 
 
 TOKENS = json.loads((Path(__file__).parent / "data" / "retrieval_tokens.json").read_text())
@@ -353,9 +461,14 @@ def test_exact_tokens_set_is_answered_by_the_text_half(cli, conn, memctl_env, mo
     monkeypatch.setenv("MEMCTL_EMBED_MODEL", "all-minilm")
     ids = [add(cli, text, "--created-at", when) for when, text in TOKENS["episodes"]]
     assert cli("embed").exit_code == 0
-    conn.execute("ANALYZE episodes")  # the term statistics (common words) as a served database has them
+    conn.execute(
+        "ANALYZE episodes"
+    )  # the term statistics (common words) as a served database has them
     settings = config.load()
-    scores = {mode: _recall_at(conn, settings, TOKENS, ids, mode, 1) for mode in ("hybrid", "vector", "text")}
+    scores = {
+        mode: _recall_at(conn, settings, TOKENS, ids, mode, 1)
+        for mode in ("hybrid", "vector", "text")
+    }
     Path(memctl_env["MEMCTL_CONFIG"]).write_text(TEXT_HALF_OFF)
     scores["hybrid, text half off"] = _recall_at(conn, config.load(), TOKENS, ids, "hybrid", 1)
     print("recall@1", scores)
@@ -372,7 +485,10 @@ def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn
     settings = config.load()
     conn.use_settings(settings)
     seen = scan_witness(conn)
-    for mode in ("hybrid", "vector"):  # one statement each, in a transaction of scan.ScanTransactions
+    for mode in (
+        "hybrid",
+        "vector",
+    ):  # one statement each, in a transaction of scan.ScanTransactions
         assert search.search(conn, Query("backup", mode=mode, agent="ops")).hits
     model = models.active(conn)
     vectors, _ = search.embed_queries(settings, model, ["backup"])
@@ -384,10 +500,14 @@ def test_every_vector_statement_of_search_runs_under_the_scan_settings(cli, conn
 
 def test_search_defaults_are_the_config_schema_s(memctl_env):
     loaded = config.load().search  # an empty configuration file: every [search] key at its default
-    assert loaded == config.Settings().search == config.Search()  # settings made in code: the same, no second copy
+    assert (
+        loaded == config.Settings().search == config.Search()
+    )  # settings made in code: the same, no second copy
 
 
-def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, memctl_env, monkeypatch):
+def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(
+    cli, conn, memctl_env, monkeypatch
+):
     for text in ("backup finished", "backup failed on db-2", "lunch at noon", "disk full on web-3"):
         add(cli, text)
     assert cli("embed").exit_code == 0
@@ -395,7 +515,9 @@ def test_a_batch_shares_its_transactions_each_at_most_scans_seconds(cli, conn, m
     conn.use_settings(settings)
     queries = ["backup", "lunch", "disk full", "backup failed", "noon"]
     # each vector statement's transaction start (now()) and the scan it ran under
-    seen = scan_witness(conn, "SELECT now() AS began, current_setting('hnsw.iterative_scan') AS scan")
+    seen = scan_witness(
+        conn, "SELECT now() AS began, current_setting('hnsw.iterative_scan') AS scan"
+    )
     outcomes = search.search_batch(conn, [Query(q) for q in queries])
     assert all(o.hits and o.mode == "hybrid" for o in outcomes)
     assert len(seen) == len(queries) and {r[0]["scan"] for r in seen} == {"relaxed_order"}
@@ -414,23 +536,47 @@ def test_a_pipelined_batch_answers_as_its_queries_one_at_a_time(cli, conn, memct
     """A batch's statements go through one pipeline, a window of queries ahead of the scoring (search._run_steps):
     every query gets the answer it gets alone, over several windows, with words, phrases, exclusions,
     filters and a query that runs nothing among them."""
-    lines = "".join(json.dumps({"content": f"{w} incident {i} on web-{i % 7}: {v}", "agent": f"a{i % 3}",
-                                "kind": "conversation" if i % 2 else "observation"}) + "\n"
-                    for i, (w, v) in enumerate((w, v) for w in ("disk", "nginx", "redis", "backup", "deploy")
-                                               for v in ("fixed", "paged the on-call", "rolled back", "ignored")))
+    lines = "".join(
+        json.dumps(
+            {
+                "content": f"{w} incident {i} on web-{i % 7}: {v}",
+                "agent": f"a{i % 3}",
+                "kind": "conversation" if i % 2 else "observation",
+            }
+        )
+        + "\n"
+        for i, (w, v) in enumerate(
+            (w, v)
+            for w in ("disk", "nginx", "redis", "backup", "deploy")
+            for v in ("fixed", "paged the on-call", "rolled back", "ignored")
+        )
+    )
     assert cli("episode", "import", "-", input=lines).exit_code == 0
     assert cli("embed").exit_code == 0
     settings = config.load()
     conn.use_settings(settings)
-    texts = ["disk incident", "nginx -web-3", '"rolled back" deploy', "redis paged", "!!!", "backup fixed",
-             "incident on web-2", "deploy ignored -redis", "what broke on web-5?"]
-    queries = [Query(t, k=5, agent=(None, "a1")[i % 2], kind=(None, "conversation", None)[i % 3])
-               for i, t in enumerate(texts * 5)]  # 45 queries: three windows
+    texts = [
+        "disk incident",
+        "nginx -web-3",
+        '"rolled back" deploy',
+        "redis paged",
+        "!!!",
+        "backup fixed",
+        "incident on web-2",
+        "deploy ignored -redis",
+        "what broke on web-5?",
+    ]
+    queries = [
+        Query(t, k=5, agent=(None, "a1")[i % 2], kind=(None, "conversation", None)[i % 3])
+        for i, t in enumerate(texts * 5)
+    ]  # 45 queries: three windows
     assert len(queries) > 2 * search.WINDOW
     batch = search.search_batch(conn, queries)
     alone = [search.search(conn, q) for q in queries]
     assert [[h.id for h in o.hits] for o in batch] == [[h.id for h in o.hits] for o in alone]
-    assert [o.note for o in batch] == [o.note for o in alone] and batch[4].note and not batch[4].hits
+    assert (
+        [o.note for o in batch] == [o.note for o in alone] and batch[4].note and not batch[4].hits
+    )
     assert sum(bool(o.hits) for o in batch) >= 35
 
 
@@ -442,19 +588,44 @@ def test_a_statement_reused_by_shape_is_the_one_composed_for_it(memctl_env):
     from memctl.reading import statement as st
 
     settings = config.load()
-    model = models.Model(id=1, embedder="hash", model="m", dims=3, storage="vector", request_dims=None,
-                         table_name="vectors_1_m_3", state="active")
+    model = models.Model(
+        id=1,
+        embedder="hash",
+        model="m",
+        dims=3,
+        storage="vector",
+        request_dims=None,
+        table_name="vectors_1_m_3",
+        state="active",
+    )
     stats = bm25.TermStats(n=10.0, avgdl=5.0, common={})
     st._TEXTS.clear()
     for vector, filters, terms, matched, context, excluded in itertools.product(
-            (False, True), itertools.product((None, "x"), repeat=5), (0, 1, 3), (False, True), (False, True),
-            (False, True)):
+        (False, True),
+        itertools.product((None, "x"), repeat=5),
+        (0, 1, 3),
+        (False, True),
+        (False, True),
+        (False, True),
+    ):
         agent, kind, source, since, until = filters
-        query = Query("q", agent=agent, kind=kind, source=source, since=since and "1d", until=until and "1h")
+        query = Query(
+            "q", agent=agent, kind=kind, source=source, since=since and "1d", until=until and "1h"
+        )
         words = [f"'w{i}'" for i in range(terms)]
-        plan = bm25.Plan(words, [1.0] * terms, [], words[:1] if matched else [], float(terms)) if terms else None
-        halves = st.StatementParts(model=model if vector else None, vector=[1.0, 0, 0] if vector else None, plan=plan,
-                           stats=stats, excluded=["'z'"] if excluded else [], context=context)
+        plan = (
+            bm25.Plan(words, [1.0] * terms, [], words[:1] if matched else [], float(terms))
+            if terms
+            else None
+        )
+        halves = st.StatementParts(
+            model=model if vector else None,
+            vector=[1.0, 0, 0] if vector else None,
+            plan=plan,
+            stats=stats,
+            excluded=["'z'"] if excluded else [],
+            context=context,
+        )
         text, params = st.statement(query, halves, settings, 50)
         if text is None:
             assert not vector and not (terms and matched)
@@ -483,21 +654,42 @@ def test_the_composed_statements_kept_are_bounded(memctl_env, monkeypatch):
     st._TEXTS.clear()
 
 
-def test_the_hybrid_statement_prepared_and_planned_once_answers_as_planned_each_time(cli, conn, db_url, memctl_env):
+def test_the_hybrid_statement_prepared_and_planned_once_answers_as_planned_each_time(
+    cli, conn, db_url, memctl_env
+):
     """Used a few times, the hybrid statement is prepared and PostgreSQL may plan it once (a generic plan):
     every query then gets the answer a fresh connection, planning it for its own values, gives."""
     from memctl import db
 
-    lines = "".join(json.dumps({"content": f"{w} {v} on web-{i % 9} at {i}", "agent": f"a{i % 2}"}) + "\n"
-                    for i, (w, v) in enumerate((w, v) for w in ("disk full", "nginx reload", "redis evicted",
-                                                               "backup failed", "deploy rolled back", "cert expired")
-                                               for v in ("paged", "fixed", "ignored", "escalated", "retried")))
+    lines = "".join(
+        json.dumps({"content": f"{w} {v} on web-{i % 9} at {i}", "agent": f"a{i % 2}"}) + "\n"
+        for i, (w, v) in enumerate(
+            (w, v)
+            for w in (
+                "disk full",
+                "nginx reload",
+                "redis evicted",
+                "backup failed",
+                "deploy rolled back",
+                "cert expired",
+            )
+            for v in ("paged", "fixed", "ignored", "escalated", "retried")
+        )
+    )
     assert cli("episode", "import", "-", input=lines).exit_code == 0
     assert cli("embed").exit_code == 0
     settings = config.load()
     conn.use_settings(settings)
-    texts = ["disk paged", "nginx fixed", "redis retried", "backup escalated", "deploy ignored", "cert paged",
-             "disk retried", "nginx escalated"]
+    texts = [
+        "disk paged",
+        "nginx fixed",
+        "redis retried",
+        "backup escalated",
+        "deploy ignored",
+        "cert paged",
+        "disk retried",
+        "nginx escalated",
+    ]
     queries = [Query(t, k=5, agent=("a0", None)[i % 2]) for i, t in enumerate(texts * 4)]
     batch = search.search_batch(conn, queries)
     alone = []
@@ -505,7 +697,9 @@ def test_the_hybrid_statement_prepared_and_planned_once_answers_as_planned_each_
         with db.connect(db_url, vector=True) as fresh:  # never prepared: planned for its own values
             alone.append(search.search(fresh.use_settings(settings), q))
     assert [[h.id for h in o.hits] for o in batch] == [[h.id for h in o.hits] for o in alone]
-    prepared = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                            "WHERE statement LIKE '%vec AS MATERIALIZED%'").fetchall()
+    prepared = conn.execute(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+        "WHERE statement LIKE '%vec AS MATERIALIZED%'"
+    ).fetchall()
     # planned once (generic) after five custom plans: the answers above include the generic plan's
     assert prepared and sum(r["generic_plans"] for r in prepared) > 0

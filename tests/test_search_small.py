@@ -22,8 +22,18 @@ QUESTION = "why did the release break last night?"
 # Filler: what an agent's operations log holds besides, short status lines and longer notes. None of it is
 # the answer (no release broke), and none of it was chosen to lose: it shares the question's words
 # ("last ok", "Paged at night", releases that went fine) as a real log does.
-SHORT = ["last ok", "ok", "backup ok", "all checks green", "nothing to report", "restarted the worker",
-         "done for tonight", "disk usage 61% on db-1", "cert renewed", "queue empty again"]
+SHORT = [
+    "last ok",
+    "ok",
+    "backup ok",
+    "all checks green",
+    "nothing to report",
+    "restarted the worker",
+    "done for tonight",
+    "disk usage 61% on db-1",
+    "cert renewed",
+    "queue empty again",
+]
 NOTES = [
     "Nightly backup of the billing database finished in 14 minutes; 38 GB uploaded to the object store.",
     "Rotated the API key of the analytics vendor; the old key stops working on Friday.",
@@ -67,35 +77,71 @@ NOTES = [
     "Office network switch firmware update on Saturday 07:00, about 15 minutes without wifi.",
 ]
 # The routine lines such a log repeats, with their services, hosts and numbers varying.
-SERVICES = ["orders-api", "billing", "checkout", "auth", "search", "image-resizer", "gateway", "reports",
-            "notifications", "inventory", "payments", "etl-orders", "cdn-origin", "ledger", "scheduler"]
-HOSTS = ["web1", "web2", "db-1", "db-replica-3", "worker-7", "edge-fra-2", "k8s-node-4", "cache-2", "es-4", "bastion"]
+SERVICES = [
+    "orders-api",
+    "billing",
+    "checkout",
+    "auth",
+    "search",
+    "image-resizer",
+    "gateway",
+    "reports",
+    "notifications",
+    "inventory",
+    "payments",
+    "etl-orders",
+    "cdn-origin",
+    "ledger",
+    "scheduler",
+]
+HOSTS = [
+    "web1",
+    "web2",
+    "db-1",
+    "db-replica-3",
+    "worker-7",
+    "edge-fra-2",
+    "k8s-node-4",
+    "cache-2",
+    "es-4",
+    "bastion",
+]
 ROUTINE = [
-    "{svc}: health check ok", "{svc} scaled from {a} to {b} replicas for the evening peak",
+    "{svc}: health check ok",
+    "{svc} scaled from {a} to {b} replicas for the evening peak",
     "{host}: disk usage at {p}%",
-    "cron job {svc}-cleanup finished in {a} s", "{svc} p99 latency {a} ms, within the objective",
+    "cron job {svc}-cleanup finished in {a} s",
+    "{svc} p99 latency {a} ms, within the objective",
     "Rotated the database password of {svc}; the vault agent rendered the new file",
     "{host} rebooted for a kernel update; back in {b} minutes",
     "Certificate of {svc}.example.com renewed, valid 90 days",
     "{svc} error rate {p}% for ten minutes after a dependency timeout; recovered by itself",
-    "Backup of {svc} finished, {a} GB", "{host}: memory at {p}%, no swapping",
+    "Backup of {svc} finished, {a} GB",
+    "{host}: memory at {p}%, no swapping",
     "{svc} consumer lag {a}k messages, draining",
-    "Updated the {svc} dashboard with the new latency panels", "{svc} config reloaded on {host}",
+    "Updated the {svc} dashboard with the new latency panels",
+    "{svc} config reloaded on {host}",
     "Alert silenced for {host} during the provider's maintenance window",
     "{svc} release {b}.{a} deployed to canary; metrics look normal",
     "Ticket for {svc}: flaky integration test retried {b} times in CI",
     "{host} ping check flapped {b} times this morning",
-    "{svc} cache hit rate {p}% after the warm-up", "Opened the firewall for {svc} to reach {host} on port {a}",
+    "{svc} cache hit rate {p}% after the warm-up",
+    "Opened the firewall for {svc} to reach {host} on port {a}",
 ]
 
 
 def filler(n: int) -> list[str]:
     """n filler episodes: short lines and notes alternating, then routine lines (seeded)."""
-    mixed = [t for pair in zip(SHORT, NOTES) for t in pair] + NOTES[len(SHORT):]
+    mixed = [t for pair in zip(SHORT, NOTES) for t in pair] + NOTES[len(SHORT) :]
     out, rng = mixed[:n], random.Random(24)
     while len(out) < n:
-        line = rng.choice(ROUTINE).format(svc=rng.choice(SERVICES), host=rng.choice(HOSTS), a=rng.randint(2, 900),
-                                          b=rng.randint(2, 40), p=rng.randint(1, 99))
+        line = rng.choice(ROUTINE).format(
+            svc=rng.choice(SERVICES),
+            host=rng.choice(HOSTS),
+            a=rng.randint(2, 900),
+            b=rng.randint(2, 40),
+            p=rng.randint(1, 99),
+        )
         if line not in out:
             out.append(line)
     return out
@@ -115,7 +161,9 @@ def _import(cli, texts):
 
 @pytest.mark.local
 @pytest.mark.parametrize("size", [10, 30, 300])
-def test_quickstart_question_finds_its_episode_first_among_small_and_large_logs(cli, memctl_env, monkeypatch, size):
+def test_quickstart_question_finds_its_episode_first_among_small_and_large_logs(
+    cli, memctl_env, monkeypatch, size
+):
     """MiniLM alone ranks the deploy failure 2nd of 10, 7th of 30 and 32nd of 300 for this question (cosine
     0.17 to it, 0.20-0.30 to filler that shares no meaning): the words have to carry it. The question shares
     none of its words, but release/deploy and break/fail are synonyms (query.SYNONYMS); 'last ok' holds one
@@ -133,23 +181,34 @@ def test_quickstart_question_finds_its_episode_first_among_small_and_large_logs(
     assert rows[0]["id"] == deploy, [r["content"] for r in rows]
     assert rows[0]["vector_rank"] is not None and rows[0]["text_rank"] == 1
     # first by relevance too: the words decide it, not the conversation kind's default importance (8, not 4)
-    assert rows[0]["relevance"] == pytest.approx(1.0) and max(r["relevance"] for r in rows[1:]) < 0.99
+    assert (
+        rows[0]["relevance"] == pytest.approx(1.0) and max(r["relevance"] for r in rows[1:]) < 0.99
+    )
 
 
-@pytest.mark.parametrize("text", ["!!!", '"', '""', "?!", "-- ...", '"!!!', "…", "-nginx", '-"dry run"'])
+@pytest.mark.parametrize(
+    "text", ["!!!", '"', '""', "?!", "-- ...", '"!!!', "…", "-nginx", '-"dry run"']
+)
 def test_a_query_without_a_word_finds_nothing_and_says_so(cli, text):
     add(cli, "rotating nginx logs freed the disk")
     add(cli, "a dry run of the restore")
     assert cli("embed").exit_code == 0
     why = unsearchable(text)
-    assert why == (ONLY_EXCLUDED if text.startswith("-") and any(c.isalnum() for c in text) else NO_WORD)
+    assert why == (
+        ONLY_EXCLUDED if text.startswith("-") and any(c.isalnum() for c in text) else NO_WORD
+    )
     for mode in ("hybrid", "vector", "text"):
         result = cli("episode", "search", "--mode", mode, "-f", "json", "--", text)
         assert result.exit_code == 0, result.stderr
         assert result.json() == []
         assert why in result.stderr
-    batch = cli("episode", "search", "--batch", "-",
-                input=json.dumps({"query": text}) + "\n" + json.dumps({"query": "nginx"}) + "\n")
+    batch = cli(
+        "episode",
+        "search",
+        "--batch",
+        "-",
+        input=json.dumps({"query": text}) + "\n" + json.dumps({"query": "nginx"}) + "\n",
+    )
     assert batch.exit_code == 0, batch.stderr
     first, second = batch.jsonl()
     assert first["results"] == [] and first["note"] == why
@@ -203,15 +262,25 @@ def test_words_inside_paths_urls_and_dotted_names_are_found(cli, path_episodes, 
 @pytest.mark.parametrize("mode", ["text", "hybrid", "vector"])
 def test_words_inside_paths_are_excluded_like_any_other_word(cli, path_episodes, mode):
     ids = path_episodes
-    every = cli("episode", "search", "disk grew host primary", "--mode", mode, "-k", "20", "-f", "json").json()
+    every = cli(
+        "episode", "search", "disk grew host primary", "--mode", mode, "-k", "20", "-f", "json"
+    ).json()
     assert ids["path"] in {r["id"] for r in every}
-    for query, gone in (("disk grew -nginx", "path"), ("primary -host", "host"), ("check -example", "url"),
-                        ("primary -10.8.0.4", "ip")):
+    for query, gone in (
+        ("disk grew -nginx", "path"),
+        ("primary -host", "host"),
+        ("check -example", "url"),
+        ("primary -10.8.0.4", "ip"),
+    ):
         result = cli("episode", "search", query, "--mode", mode, "-k", "20", "-f", "json")
         assert result.exit_code == 0, result.stderr
         assert ids[gone] not in {r["id"] for r in result.json()}, (query, mode)
-    kept = {r["id"] for r in cli("episode", "search", "primary -10.8.0.4", "--mode", mode, "-k", "20",
-                                   "-f", "json").json()}
+    kept = {
+        r["id"]
+        for r in cli(
+            "episode", "search", "primary -10.8.0.4", "--mode", mode, "-k", "20", "-f", "json"
+        ).json()
+    }
     assert ids["other_ip"] in kept
 
 
@@ -227,12 +296,16 @@ def test_synonyms_widen_the_text_half_but_not_quotes_or_exclusions(cli, conn):
 
     assert text("release break") == [failed, shipped]  # both groups beat one
     assert text('"release"') == [shipped]  # quoted: the word itself
-    assert text("crash -deploy") == []  # exclusions stay literal: crash finds the failure, -deploy drops it
+    assert (
+        text("crash -deploy") == []
+    )  # exclusions stay literal: crash finds the failure, -deploy drops it
     assert text("crash") == [failed]
     assert "deploy" in synonyms("Release?") and synonyms("lunch") == []
     stats = bm25.term_stats(conn)
     wanted = pieces(conn, "release", stats).wanted
-    assert wanted == ["'releas' | 'deploy' | 'rollout'"]  # the forms of a word are one lexeme already
+    assert wanted == [
+        "'releas' | 'deploy' | 'rollout'"
+    ]  # the forms of a word are one lexeme already
     assert stats.counted[wanted[0]] == 2  # the group's document frequency: the sum of its words'
 
 
@@ -249,9 +322,13 @@ def test_text_score_is_scaled_by_the_query_not_by_the_best_candidate(memctl_env)
 
 def test_short_episodes_get_no_length_bonus(cli, conn):
     short = add(cli, "nginx ok")
-    longer = add(cli, "nginx logs rotated on web2 after the disk alert, freeing four gigabytes for the queue")
+    longer = add(
+        cli, "nginx logs rotated on web2 after the disk alert, freeing four gigabytes for the queue"
+    )
     add(cli, "lunch at noon")
     hits = search.search(conn.use_settings(config.load()), Query("nginx", mode="text", k=5)).hits
     by_id = {h.id: h.text_score for h in hits}
     assert by_id[short] >= by_id[longer]  # shorter than average: no bonus over an average one ...
-    assert by_id[short] == pytest.approx(bm25.idf(3, 2))  # ... the term's idf exactly, times (k1+1)/(1+k1)=1
+    assert by_id[short] == pytest.approx(
+        bm25.idf(3, 2)
+    )  # ... the term's idf exactly, times (k1+1)/(1+k1)=1

@@ -41,8 +41,11 @@ def test_settings_made_in_code_hold_every_default():
     """No fallback helpers: a Settings() is the schema's defaults, as a load of an empty file is."""
     bare, loaded = config.Settings(), config.load(Path("/dev/null"), environ={})
     for section, name, value in bare.items():
-        assert value == (config.SCHEMA[section][name].default if section in config.SCHEMA
-                         else config.DEFAULT_IMPORTANCE[name])
+        assert value == (
+            config.SCHEMA[section][name].default
+            if section in config.SCHEMA
+            else config.DEFAULT_IMPORTANCE[name]
+        )
     assert list(bare.items()) == list(loaded.items())
 
 
@@ -52,7 +55,9 @@ def test_each_default_passes_its_own_check_and_type():
             assert (spec.section, spec.name) == (section, name)
             assert spec.doc, f"{section}.{name}: no doc"
             if spec.default is None:
-                assert "None" in spec.type and spec.example, f"{section}.{name}: unset without an example"
+                assert "None" in spec.type and spec.example, (
+                    f"{section}.{name}: unset without an example"
+                )
             else:
                 assert "None" not in spec.type, f"{section}.{name}: a default, yet typed optional"
                 assert spec.check(spec.default) == spec.default, f"{section}.{name}"
@@ -73,7 +78,13 @@ def test_config_show_lists_exactly_the_schema():
 
 
 def _name(node: ast.expr) -> str | None:
-    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return (
+        node.id
+        if isinstance(node, ast.Name)
+        else node.attr
+        if isinstance(node, ast.Attribute)
+        else None
+    )
 
 
 TOP = set(dir(config.Settings)) | set(config.Settings.__annotations__)
@@ -83,26 +94,39 @@ def unknown_settings(source: str, where: str = "<source>") -> list[str]:
     """`settings.<section>.<name>` and `settings.<name>` chains whose names the schema does not define."""
     found = []
     tree = ast.parse(source)
-    hypothesis = any(isinstance(n, ast.ImportFrom) and n.module == "hypothesis" and any(
-        a.name == "settings" for a in n.names) for n in ast.walk(tree))  # its settings are not memctl's
+    hypothesis = any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "hypothesis"
+        and any(a.name == "settings" for a in n.names)
+        for n in ast.walk(tree)
+    )  # its settings are not memctl's
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue
         owner, base = _name(node.value), node.value
         if owner == "settings" and not hypothesis and node.attr not in TOP:
             found.append(f"{where}:{node.lineno}: {owner}.{node.attr}")
-        elif (owner in config.SECTIONS and isinstance(base, ast.Attribute) and _name(base.value) in SETTINGS_NAMES
-              and node.attr not in dir(config.SECTIONS[owner]) + list(config.SECTIONS[owner].schema)):
+        elif (
+            owner in config.SECTIONS
+            and isinstance(base, ast.Attribute)
+            and _name(base.value) in SETTINGS_NAMES
+            and node.attr not in dir(config.SECTIONS[owner]) + list(config.SECTIONS[owner].schema)
+        ):
             found.append(f"{where}:{node.lineno}: {_name(base.value)}.{owner}.{node.attr}")
     return found
 
 
 def test_every_setting_the_source_reads_is_in_the_schema():
-    planted = unknown_settings("settings.embedding.batch_sise\nst.search.fusoin\nself.settings.recall.window_gapp\n"
-                               "settings.databse_url\nsettings.search.fusion\n")
+    planted = unknown_settings(
+        "settings.embedding.batch_sise\nst.search.fusoin\nself.settings.recall.window_gapp\n"
+        "settings.databse_url\nsettings.search.fusion\n"
+    )
     assert len(planted) == 4, planted  # the check finds a misspelling where no test runs the line
     files = [*sorted((ROOT / "memctl").rglob("*.py")), *sorted((ROOT / "tests").rglob("*.py"))]
     files.remove(Path(__file__).resolve())  # its misspellings are on purpose
-    found = [f for path in files
-             for f in unknown_settings(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    found = [
+        f
+        for path in files
+        for f in unknown_settings(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    ]
     assert not found, "settings the schema does not define:\n" + "\n".join(found)

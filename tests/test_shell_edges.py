@@ -21,7 +21,9 @@ def test_a_source_with_a_newline_exits_2(cli, conn):
 
 
 @pytest.mark.local
-def test_a_missing_or_corrupt_local_model_falls_back_to_text_like_ollama_down(memctl_bin, memctl_env, tmp_path):
+def test_a_missing_or_corrupt_local_model_falls_back_to_text_like_ollama_down(
+    memctl_bin, memctl_env, tmp_path
+):
     """The Quickstart's local model gone or damaged: search and recall answer by words with a warning (exit 0),
     and embed leaves rows pending with exit 3, as when Ollama is down (not exit 1)."""
     from tests.conftest import needs_local_embedder
@@ -35,14 +37,21 @@ def test_a_missing_or_corrupt_local_model_falls_back_to_text_like_ollama_down(me
         (target / "tokenizer.json").symlink_to(bundled_model_dir() / "tokenizer.json")
     (good / "model.safetensors").symlink_to(bundled_model_dir() / "model.safetensors")
     (wrong / "model.safetensors").write_bytes(b"\0" * 64)
-    env = {**memctl_env, "MEMCTL_EMBEDDER": "local", "MEMCTL_EMBED_MODEL": "all-minilm",
-           "XDG_CACHE_HOME": str(tmp_path / "cache"), "MEMCTL_LOCAL_MODEL": str(good)}
+    env = {
+        **memctl_env,
+        "MEMCTL_EMBEDDER": "local",
+        "MEMCTL_EMBED_MODEL": "all-minilm",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "MEMCTL_LOCAL_MODEL": str(good),
+    }
     assert memctl_bin("episode", "add", "the disk on web-3 filled up", env=env).exit_code == 0
     assert memctl_bin("embed", env=env).exit_code == 0
     for broken in (wrong, tmp_path / "absent"):
         env["MEMCTL_LOCAL_MODEL"] = str(broken)
         found = memctl_bin("episode", "search", "disk web-3", env=env)
-        assert found.exit_code == 0 and "web-3" in found.stdout and "text" in found.stderr, found.stderr
+        assert found.exit_code == 0 and "web-3" in found.stdout and "text" in found.stderr, (
+            found.stderr
+        )
         recalled = memctl_bin("recall", "disk web-3", env=env)
         assert recalled.exit_code == 0 and "web-3" in recalled.stdout, recalled.stderr
         assert memctl_bin("episode", "add", "another disk alert", env=env).exit_code == 0
@@ -66,11 +75,23 @@ def test_bad_input_is_exit_2_wherever_it_comes_from(cli, memctl_bin):
     exit 2 in an argument, on stdin, in a field and in a JSONL line alike (were 1 in some places, 2 in others)."""
     pairs = {
         "empty": (cli("episode", "add", "  "), cli("episode", "search", "  ")),
-        "NUL": (cli("episode", "add", "a\x00b"), cli("episode", "add", "ab", "--meta", '{"a": "x\\u0000y"}')),
-        "UTF-8": (memctl_bin("episode", "add", "-", input=b"ab\xff\xfe cd"),
-                  memctl_bin("episode", "add", b"ab\xff".decode("utf-8", "surrogateescape"))),
-        "line": (cli("episode", "import", "-", input='{"content": "ok"}\n{nope\n'),
-                 cli("episode", "import", "-", input='{"content": "ok"}\n{"content": "x", "importance": 42}\n')),
+        "NUL": (
+            cli("episode", "add", "a\x00b"),
+            cli("episode", "add", "ab", "--meta", '{"a": "x\\u0000y"}'),
+        ),
+        "UTF-8": (
+            memctl_bin("episode", "add", "-", input=b"ab\xff\xfe cd"),
+            memctl_bin("episode", "add", b"ab\xff".decode("utf-8", "surrogateescape")),
+        ),
+        "line": (
+            cli("episode", "import", "-", input='{"content": "ok"}\n{nope\n'),
+            cli(
+                "episode",
+                "import",
+                "-",
+                input='{"content": "ok"}\n{"content": "x", "importance": 42}\n',
+            ),
+        ),
     }
     for what, outcomes in pairs.items():
         assert [o.exit_code for o in outcomes] == [2, 2], (what, [o.stderr for o in outcomes])

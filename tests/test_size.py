@@ -28,22 +28,37 @@ def episodes_jsonl(n: int = 300) -> str:
     lines = []
     for i in range(n):
         age = datetime.timedelta(hours=i * 4.8)  # 300 episodes over 60 days
-        lines.append({"content": f"episode {i}: host db{i % 7} reported {rng.choice(['disk', 'cpu', 'net'])} "
-                                 f"trouble number {i} and it was handled",
-                      "kind": KINDS[i % 3], "agent": AGENTS[i % 2], "importance": 5,
-                      "created_at": (now - age).isoformat()})
+        lines.append(
+            {
+                "content": f"episode {i}: host db{i % 7} reported {rng.choice(['disk', 'cpu', 'net'])} "
+                f"trouble number {i} and it was handled",
+                "kind": KINDS[i % 3],
+                "agent": AGENTS[i % 2],
+                "importance": 5,
+                "created_at": (now - age).isoformat(),
+            }
+        )
     for i in range(2):
         text = "".join(rng.choice(string.ascii_letters + " ") for _ in range(6000))
-        lines.append({"content": text, "kind": "summary", "agent": "default", "importance": 5,
-                      "created_at": now.isoformat()})
+        lines.append(
+            {
+                "content": text,
+                "kind": "summary",
+                "agent": "default",
+                "importance": 5,
+                "created_at": now.isoformat(),
+            }
+        )
     return "\n".join(json.dumps(line) for line in lines) + "\n"
 
 
 def quiesce(conn) -> None:
     """Wait until no other backend is connected to this database: their statistics are flushed on exit."""
     for _ in range(200):
-        others = conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-                              "AND pid <> pg_backend_pid()").fetchone()["n"]
+        others = conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        ).fetchone()["n"]
         if others == 0:
             return
         time.sleep(0.05)
@@ -56,13 +71,24 @@ def loaded(cli, conn, memctl_env, tmp_path):
     (tmp_path / "config.toml").write_text("[embedding]\ndimensions = 768\n")
     assert cli("episode", "import", "-", input=episodes_jsonl()).exit_code == 0
     assert cli("embed").exit_code == 0
-    tables = [r["relname"] for r in conn.execute(
-        "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'").fetchall()]
+    tables = [
+        r["relname"]
+        for r in conn.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'"
+        ).fetchall()
+    ]
     for table in tables:
-        conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
-                     .format(sql.Identifier(table)))
-    with db.connect(memctl_env["MEMCTL_DATABASE_URL"]) as other:  # dead tuples, flushed when it disconnects
-        other.execute("DELETE FROM episodes WHERE id IN (SELECT id FROM episodes ORDER BY id LIMIT 12)")
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE {} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+            ).format(sql.Identifier(table))
+        )
+    with db.connect(
+        memctl_env["MEMCTL_DATABASE_URL"]
+    ) as other:  # dead tuples, flushed when it disconnects
+        other.execute(
+            "DELETE FROM episodes WHERE id IN (SELECT id FROM episodes ORDER BY id LIMIT 12)"
+        )
     return conn
 
 
@@ -93,51 +119,74 @@ def test_every_relation_figure_equals_psql(cli, loaded, db_url):
     rels = report["relations"]
     toast_rows = {}
     with psycopg.connect(db_url, autocommit=True, row_factory=psycopg.rows.dict_row) as fresh:
-        superuser = fresh.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]
+        superuser = fresh.execute(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()["rolsuper"]
         for rel in rels:
             name = rel["relation"]
             oid = fresh.execute(OID, (name,)).fetchone()["oid"]
             if rel["kind"] == "index":
-                sizes = fresh.execute("SELECT pg_relation_size(%s) AS i, pg_total_relation_size(%s) AS t",
-                                      (oid, oid)).fetchone()
+                sizes = fresh.execute(
+                    "SELECT pg_relation_size(%s) AS i, pg_total_relation_size(%s) AS t", (oid, oid)
+                ).fetchone()
                 assert (rel["index_bytes"], rel["total_bytes"]) == (sizes["i"], sizes["t"]), name
                 continue
             expected = fresh.execute(FIGURES, (oid,)).fetchone()
-            if rel["kind"] == "toast":  # only a superuser may count(*) a TOAST table: memctl reports the statistics
+            if (
+                rel["kind"] == "toast"
+            ):  # only a superuser may count(*) a TOAST table: memctl reports the statistics
                 assert (rel["rows_source"], rel["note"]) == ("estimate", size.NOTE_TOAST), name
-                expected["rows"] = fresh.execute("SELECT n_live_tup AS n FROM pg_stat_all_tables WHERE relid = %s",
-                                                 (oid,)).fetchone()["n"]
+                expected["rows"] = fresh.execute(
+                    "SELECT n_live_tup AS n FROM pg_stat_all_tables WHERE relid = %s", (oid,)
+                ).fetchone()["n"]
                 if superuser:
-                    toast_rows[name] = (rel["rows"], fresh.execute(
-                        sql.SQL("SELECT count(*) AS n FROM " + name)).fetchone()["n"])
+                    toast_rows[name] = (
+                        rel["rows"],
+                        fresh.execute(sql.SQL("SELECT count(*) AS n FROM " + name)).fetchone()["n"],
+                    )
             else:
                 assert (rel["rows_source"], rel["note"]) == ("exact", None), name
-                expected["rows"] = fresh.execute(sql.SQL("SELECT count(*) AS n FROM " + name)).fetchone()["n"]
+                expected["rows"] = fresh.execute(
+                    sql.SQL("SELECT count(*) AS n FROM " + name)
+                ).fetchone()["n"]
             for key, value in expected.items():
                 assert rel[key] == value, (name, key, rel[key], value)
-            assert rel["heap_bytes"] + rel["toast_bytes"] + rel["index_bytes"] + rel["map_bytes"] == rel["total_bytes"]
+            assert (
+                rel["heap_bytes"] + rel["toast_bytes"] + rel["index_bytes"] + rel["map_bytes"]
+                == rel["total_bytes"]
+            )
         # Every table of the schema, its TOAST table and every index of both: nothing missing, nothing extra.
-        expected_names = {r["n"] for r in fresh.execute("""
+        expected_names = {
+            r["n"]
+            for r in fresh.execute("""
             WITH t AS (SELECT oid, reltoastrelid FROM pg_class
                        WHERE relnamespace = 'public'::regnamespace AND relkind = 'r')
             SELECT oid::regclass::text AS n FROM t
             UNION ALL SELECT reltoastrelid::regclass::text FROM t WHERE reltoastrelid <> 0
             UNION ALL SELECT indexrelid::regclass::text FROM pg_index
-                      WHERE indrelid IN (SELECT oid FROM t UNION SELECT reltoastrelid FROM t)""").fetchall()}
+                      WHERE indrelid IN (SELECT oid FROM t UNION SELECT reltoastrelid FROM t)""").fetchall()
+        }
     names = {r["relation"].removeprefix("public.") for r in rels}
     assert names == expected_names
     kinds = {r["relation"]: r["kind"] for r in rels}
     vectors = [name for name, kind in kinds.items() if kind == "vectors"]
     assert len(vectors) == 1 and vectors[0].startswith("public.vectors_")
     assert kinds["public.episodes"] == "table"
-    assert any(name.startswith("pg_toast.pg_toast_") and kind == "toast" for name, kind in kinds.items())
+    assert any(
+        name.startswith("pg_toast.pg_toast_") and kind == "toast" for name, kind in kinds.items()
+    )
     episodes = next(r for r in rels if r["relation"] == "public.episodes")
     assert episodes["dead_tuples"] > 0 and episodes["toast_bytes"] > 0
     vector_table = next(r for r in rels if r["relation"] == vectors[0])
     assert vector_table["toast_bytes"] > vector_table["heap_bytes"]  # 768-dim vectors live in TOAST
     vector_toast = next(r for r in rels if r["kind"] == "toast" and r["parent"] == vectors[0])
-    assert vector_toast["rows"] >= 2 * vector_table["rows"]  # 3,080-byte vectors: two 1,996-byte chunks each
-    for name, (reported, counted) in toast_rows.items():  # the statistics against count(*), as a superuser
+    assert (
+        vector_toast["rows"] >= 2 * vector_table["rows"]
+    )  # 3,080-byte vectors: two 1,996-byte chunks each
+    for name, (
+        reported,
+        counted,
+    ) in toast_rows.items():  # the statistics against count(*), as a superuser
         assert reported == counted, (name, reported, counted)
 
 
@@ -146,11 +195,17 @@ def test_large_tables_are_estimated_and_labelled_unless_exact(cli, loaded, monke
     monkeypatch.setattr(size, "EXACT_MAX_BYTES", 0)
     monkeypatch.setattr(size, "GROUP_SAMPLE_ROWS", 150)
     report = size_json(cli, loaded)
-    live = {r["n"]: r["live"] for r in loaded.execute(
-        "SELECT relid::regclass::text AS n, n_live_tup AS live FROM pg_stat_all_tables").fetchall()}
+    live = {
+        r["n"]: r["live"]
+        for r in loaded.execute(
+            "SELECT relid::regclass::text AS n, n_live_tup AS live FROM pg_stat_all_tables"
+        ).fetchall()
+    }
     tables = [r for r in report["relations"] if r["kind"] in ("table", "vectors")]
     nonempty = [r for r in tables if r["heap_bytes"] > 0]
-    assert nonempty and all(r["rows_source"] == "estimate" and "--exact" in r["note"] for r in nonempty)
+    assert nonempty and all(
+        r["rows_source"] == "estimate" and "--exact" in r["note"] for r in nonempty
+    )
     episodes = next(r for r in tables if r["relation"] == "public.episodes")
     assert episodes["rows"] == live["episodes"] == 290  # 302 imported, 12 deleted
     assert (report["growth"]["episodes"], report["growth"]["episodes_source"]) == (290, "estimate")
@@ -161,10 +216,16 @@ def test_large_tables_are_estimated_and_labelled_unless_exact(cli, loaded, monke
     assert {r["rows_source"] for r in exact["kinds"] + exact["agents"]} == {"exact"}
     for section in ("kinds", "agents"):
         rows = report[section]
-        assert {(r["rows_source"], r["sample_percent"]) for r in rows} == {("estimate", round(100 * 150 / 290, 4))}
+        assert {(r["rows_source"], r["sample_percent"]) for r in rows} == {
+            ("estimate", round(100 * 150 / 290, 4))
+        }
         assert sum(r["episodes"] for r in rows) == pytest.approx(290, rel=0.2)
-        assert sum(r["chunks"] for r in rows) == pytest.approx(sum(r["chunks"] for r in exact[section]), rel=0.2)
-        assert sum(r["bytes"] for r in rows) == pytest.approx(sum(r["bytes"] for r in exact[section]), rel=0.25)
+        assert sum(r["chunks"] for r in rows) == pytest.approx(
+            sum(r["chunks"] for r in exact[section]), rel=0.2
+        )
+        assert sum(r["bytes"] for r in rows) == pytest.approx(
+            sum(r["bytes"] for r in exact[section]), rel=0.25
+        )
     counted = [r for r in exact["relations"] if r["kind"] in ("table", "vectors")]
     assert all(r["rows_source"] == "exact" and r["note"] is None for r in counted)
     assert next(r for r in counted if r["relation"] == "public.episodes")["rows"] == 290
@@ -189,7 +250,9 @@ def test_group_sample_share():
     assert size.sample_percent({"rows": 1_000_000, "rows_source": "estimate"}, exact=False) == 2.0
     assert size.sample_percent({"rows": 1_000_000, "rows_source": "estimate"}, exact=True) is None
     assert size.sample_percent({"rows": 1_000_000, "rows_source": "exact"}, exact=False) is None
-    assert size.sample_percent({"rows": 15_000, "rows_source": "estimate"}, exact=False) is None  # all of them
+    assert (
+        size.sample_percent({"rows": 15_000, "rows_source": "estimate"}, exact=False) is None
+    )  # all of them
     assert size.sample_percent({"rows": None, "rows_source": "unknown"}, exact=False) is None
 
 
@@ -200,33 +263,62 @@ def test_models_kinds_agents_and_growth(cli, loaded):
     assert model["bytes_per_vector"] == 3080 and model["measured_bytes_per_vector"] == 3080.0
     chunks = loaded.execute("SELECT count(*) AS n FROM chunks").fetchone()["n"]
     assert model["rows"] == chunks
-    assert model["index_bytes"] == loaded.execute(
-        "SELECT pg_total_relation_size(to_regclass(%s)) AS n", (model["relation"] + "_hnsw",)).fetchone()["n"]
+    assert (
+        model["index_bytes"]
+        == loaded.execute(
+            "SELECT pg_total_relation_size(to_regclass(%s)) AS n", (model["relation"] + "_hnsw",)
+        ).fetchone()["n"]
+    )
 
     by_kind = {r["kind"]: r for r in report["kinds"]}
-    counted = {r["kind"]: r["n"] for r in loaded.execute("SELECT kind, count(*) AS n FROM episodes GROUP BY kind")}
+    counted = {
+        r["kind"]: r["n"]
+        for r in loaded.execute("SELECT kind, count(*) AS n FROM episodes GROUP BY kind")
+    }
     assert {k: r["episodes"] for k, r in by_kind.items()} == counted
     by_agent = {r["agent"]: r["episodes"] for r in report["agents"]}
-    assert by_agent == {r["agent"]: r["n"] for r in loaded.execute(
-        "SELECT agent, count(*) AS n FROM episodes GROUP BY agent")}
-    data = loaded.execute("""
+    assert by_agent == {
+        r["agent"]: r["n"]
+        for r in loaded.execute("SELECT agent, count(*) AS n FROM episodes GROUP BY agent")
+    }
+    data = loaded.execute(
+        """
         SELECT (SELECT sum(pg_column_size(e.*)) FROM episodes e) + (SELECT sum(pg_column_size(c.*)) FROM chunks c)
-             + (SELECT sum(pg_column_size(v.*)) FROM {} v) AS n""".replace("{}", model["relation"])).fetchone()["n"]
-    assert sum(r["bytes"] for r in report["kinds"]) == sum(r["bytes"] for r in report["agents"]) == data
-    assert {(r["rows_source"], r["sample_percent"]) for r in report["kinds"] + report["agents"]} == {("exact", None)}
+             + (SELECT sum(pg_column_size(v.*)) FROM {} v) AS n""".replace("{}", model["relation"])
+    ).fetchone()["n"]
+    assert (
+        sum(r["bytes"] for r in report["kinds"])
+        == sum(r["bytes"] for r in report["agents"])
+        == data
+    )
+    assert {
+        (r["rows_source"], r["sample_percent"]) for r in report["kinds"] + report["agents"]
+    } == {("exact", None)}
     assert by_kind["summary"]["bytes"] > by_kind["observation"]["bytes"]  # the two long texts
 
     growth = report["growth"]
-    week, month = loaded.execute("""SELECT count(*) FILTER (WHERE created_at >= now() - interval '7 days') AS w,
-        count(*) FILTER (WHERE created_at >= now() - interval '30 days') AS m FROM episodes""").fetchone().values()
+    week, month = (
+        loaded.execute("""SELECT count(*) FILTER (WHERE created_at >= now() - interval '7 days') AS w,
+        count(*) FILTER (WHERE created_at >= now() - interval '30 days') AS m FROM episodes""")
+        .fetchone()
+        .values()
+    )
     assert (growth["last_7d"], growth["last_30d"]) == (week, month)
-    assert growth["rows_per_day_7d"] == round(week / 7, 2) and growth["rows_per_day_30d"] == round(month / 30, 2)
+    assert growth["rows_per_day_7d"] == round(week / 7, 2) and growth["rows_per_day_30d"] == round(
+        month / 30, 2
+    )
     tables = [r for r in report["relations"] if r["kind"] in ("table", "vectors")]
     assert growth["total_bytes"] == sum(r["total_bytes"] for r in tables)
     per_day = month / 30 * growth["bytes_per_episode"]
     for days in (30, 90, 365):
-        assert growth[f"projected_bytes_{days}d"] == pytest.approx(growth["total_bytes"] + per_day * days, abs=days)
-    assert growth["projected_bytes_30d"] < growth["projected_bytes_90d"] < growth["projected_bytes_365d"]
+        assert growth[f"projected_bytes_{days}d"] == pytest.approx(
+            growth["total_bytes"] + per_day * days, abs=days
+        )
+    assert (
+        growth["projected_bytes_30d"]
+        < growth["projected_bytes_90d"]
+        < growth["projected_bytes_365d"]
+    )
 
 
 def test_table_format_and_sections(cli, loaded):
@@ -242,7 +334,9 @@ def test_table_format_and_sections(cli, loaded):
 
 def test_warns_when_an_index_build_would_outgrow_maintenance_work_mem(cli, loaded):
     name = loaded.info.dbname
-    loaded.execute(sql.SQL("ALTER DATABASE {} SET maintenance_work_mem = '1MB'").format(sql.Identifier(name)))
+    loaded.execute(
+        sql.SQL("ALTER DATABASE {} SET maintenance_work_mem = '1MB'").format(sql.Identifier(name))
+    )
     outcome = cli("size", "--section", "models", "-f", "json")
     assert outcome.exit_code == 0
     assert "maintenance_work_mem" in outcome.stderr and "more than" in outcome.stderr
@@ -258,9 +352,13 @@ def test_estimate_bytes_per_vector(cli):
     [row] = one.json()
     assert row["bytes_per_vector"] == 1544 and row["indexable"] is True
     assert row["vectors_mib"] == round(1000 * 1544 / 2**20, 2)
-    [half] = cli("size", "estimate", "--rows", "1000", "--dims", "384", "--halfvec", "-f", "json").json()
+    [half] = cli(
+        "size", "estimate", "--rows", "1000", "--dims", "384", "--halfvec", "-f", "json"
+    ).json()
     assert half["bytes_per_vector"] == 776 and half["storage"] == "halfvec"
-    [named] = cli("size", "estimate", "--rows", "10", "--model", "nomic-embed-text", "-f", "json").json()
+    [named] = cli(
+        "size", "estimate", "--rows", "10", "--model", "nomic-embed-text", "-f", "json"
+    ).json()
     assert (named["dims"], named["bytes_per_vector"]) == (768, 3080)
 
 
@@ -271,9 +369,14 @@ def test_estimate_common_models_and_index_limits(cli):
     assert {"all-minilm", "bge-small", "nomic-embed-text", "mxbai-embed-large"} <= set(rows)
     assert rows["all-minilm"]["bytes_per_vector"] == 1544
     big = rows["text-embedding-3-large"]
-    assert big["indexable"] is False and big["index_mib"] is None and "fits as halfvec" in big["note"]
+    assert (
+        big["indexable"] is False and big["index_mib"] is None and "fits as halfvec" in big["note"]
+    )
     assert "text-embedding-3-large" in outcome.stderr
-    halved = {r["model"]: r for r in cli("size", "estimate", "--rows", "100000", "--halfvec", "-f", "json").json()}
+    halved = {
+        r["model"]: r
+        for r in cli("size", "estimate", "--rows", "100000", "--halfvec", "-f", "json").json()
+    }
     assert halved["text-embedding-3-large"]["indexable"] is True
     huge = cli("size", "estimate", "--rows", "10", "--dims", "5000", "--halfvec", "-f", "json")
     assert huge.json()[0]["indexable"] is False and "cannot be indexed" in huge.stderr
@@ -290,19 +393,33 @@ def test_estimate_matches_a_measured_vector_table_and_index(conn, dims, kind):
     from memctl.embedding.embedders import HashEmbedder
 
     rows = 1500
-    conn.execute(WRITER + """INSERT INTO episodes (id, agent, content, content_hash, importance)
-        SELECT g, 'default', 'episode ' || g, sha256(('e' || g)::bytea), 5 FROM generate_series(1, %s) g""", (rows,))
-    conn.execute(WRITER + """INSERT INTO chunks (agent, episode_id, seq, content, content_hash)
+    conn.execute(
+        WRITER
+        + """INSERT INTO episodes (id, agent, content, content_hash, importance)
+        SELECT g, 'default', 'episode ' || g, sha256(('e' || g)::bytea), 5 FROM generate_series(1, %s) g""",
+        (rows,),
+    )
+    conn.execute(
+        WRITER
+        + """INSERT INTO chunks (agent, episode_id, seq, content, content_hash)
         SELECT 'default', g, 0, 'episode ' || g, sha256(('episode ' || g)::bytea) FROM generate_series(1, %s) g""",
-                 (rows,))
-    model = models.register(conn, HashEmbedder("h", dims=dims), state="active", storage=kind, build_index=False)
-    conn.execute(sql.SQL("""INSERT INTO {table} (agent, chunk_id, content_hash, embedding)
+        (rows,),
+    )
+    model = models.register(
+        conn, HashEmbedder("h", dims=dims), state="active", storage=kind, build_index=False
+    )
+    conn.execute(
+        sql.SQL("""INSERT INTO {table} (agent, chunk_id, content_hash, embedding)
         SELECT agent, id, content_hash, array(SELECT random()::real + id * 0 FROM generate_series(1, {dims}))::{kind}
-        FROM chunks ORDER BY id""").format(table=sql.Identifier(model.table_name), dims=sql.Literal(dims),
-                                           kind=sql.SQL(kind)))
+        FROM chunks ORDER BY id""").format(
+            table=sql.Identifier(model.table_name), dims=sql.Literal(dims), kind=sql.SQL(kind)
+        )
+    )
     conn.execute(models.index_statement(model, concurrently=False))
-    measured = conn.execute("SELECT pg_total_relation_size(%s) - pg_relation_size(%s) AS t, pg_relation_size(%s) AS i",
-                            (model.table_name, model.index_name, model.index_name)).fetchone()
+    measured = conn.execute(
+        "SELECT pg_total_relation_size(%s) - pg_relation_size(%s) AS t, pg_relation_size(%s) AS i",
+        (model.table_name, model.index_name, model.index_name),
+    ).fetchone()
     assert footprint.table_bytes(rows, dims, kind) == pytest.approx(measured["t"], rel=0.05)
     assert footprint.index_bytes(rows, dims, kind) == pytest.approx(measured["i"], rel=0.05)
 
@@ -332,15 +449,25 @@ def test_size_starts_with_a_total_in_human_units_then_groups(cli, loaded):
     report = size_json(cli, loaded)
     tables = [r for r in report["relations"] if r["kind"] in ("table", "vectors")]
     total = report["total"]
-    assert total["total_bytes"] == sum(r["total_bytes"] for r in tables) == report["growth"]["total_bytes"]
+    assert (
+        total["total_bytes"]
+        == sum(r["total_bytes"] for r in tables)
+        == report["growth"]["total_bytes"]
+    )
     assert sum(g["total_bytes"] for g in total["groups"]) == total["total_bytes"]
     assert {g["group"] for g in total["groups"]} >= {"episodes", "chunks", "facts", "other"}
     table = cli("size")
     first = table.stdout.splitlines()[0]
-    assert table.exit_code == 0 and first.startswith("total: ") and f"({total['total_bytes']:,} bytes)" in first
+    assert (
+        table.exit_code == 0
+        and first.startswith("total: ")
+        and f"({total['total_bytes']:,} bytes)" in first
+    )
     assert first.split()[2] in ("KiB", "MiB", "GiB")
     relations = table.stdout.split("relations:", 1)[1].split("models:", 1)[0]
-    assert "pg_toast." not in relations and "_pkey" not in relations and "public.episodes" in relations
+    assert (
+        "pg_toast." not in relations and "_pkey" not in relations and "public.episodes" in relations
+    )
     every = cli("size", "--all").stdout.split("relations:", 1)[1].split("models:", 1)[0]
     assert "pg_toast." in every and "_pkey" in every
     groups = cli("size", "--section", "total", "-f", "csv").stdout.splitlines()
@@ -350,5 +477,10 @@ def test_size_starts_with_a_total_in_human_units_then_groups(cli, loaded):
 def test_human_bytes():
     from memctl.observe.size import human_bytes
 
-    assert [human_bytes(n) for n in (0, 1023, 1536, 10 * 2**20, 3 * 2**30 + 2**29)] == \
-        ["0 bytes", "1,023 bytes", "1.5 KiB", "10 MiB", "3.5 GiB"]
+    assert [human_bytes(n) for n in (0, 1023, 1536, 10 * 2**20, 3 * 2**30 + 2**29)] == [
+        "0 bytes",
+        "1,023 bytes",
+        "1.5 KiB",
+        "10 MiB",
+        "3.5 GiB",
+    ]

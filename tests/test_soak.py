@@ -17,8 +17,16 @@ from pathlib import Path
 import pytest
 
 SOAK = Path(__file__).with_name("bench") / "soak.py"
-FAULT_KINDS = {"standard": {"kill_embed_worker", "kill_import", "ollama_restart", "kill_postmaster", "disk_full"},
-               "managed": {"kill_embed_worker", "kill_import", "ollama_restart", "kill_serve", "disk_full"}}
+FAULT_KINDS = {
+    "standard": {
+        "kill_embed_worker",
+        "kill_import",
+        "ollama_restart",
+        "kill_postmaster",
+        "disk_full",
+    },
+    "managed": {"kill_embed_worker", "kill_import", "ollama_restart", "kill_serve", "disk_full"},
+}
 WRITES = {"episode", "import", "fact"}
 # A minute with the five faults 9 s apart (the first at 5 s, none in the last 10 s), a full disk or Ollama down 4 s.
 SHORT = ["--minutes", "1", "--warmup", "5", "--margin", "10", "--fault-every", "9", "--hold", "4"]
@@ -32,7 +40,11 @@ def _can_mount() -> str | None:
 
     probe = tempfile.mkdtemp(prefix="memctl-soak-probe-", dir="/var/tmp")
     try:
-        made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", probe], capture_output=True, text=True)
+        made = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", probe],
+            capture_output=True,
+            text=True,
+        )
         if made.returncode != 0:
             return f"cannot mount a tmpfs here ({made.stderr.strip()}): needs CAP_SYS_ADMIN"
         subprocess.run(["umount", probe], check=False)
@@ -44,23 +56,33 @@ def _can_mount() -> str | None:
 @pytest.mark.parametrize("topology", ["standard", "managed"])
 def test_a_minute_of_faults_loses_no_acknowledged_write(tmp_path, topology):
     if os.environ.get("MEMCTL_TEST_DATABASE_URL"):
-        pytest.skip("the soak kills, fills and restarts the embedded server; with MEMCTL_TEST_DATABASE_URL "
-                    "the suite is about that server, which the soak does not use")
+        pytest.skip(
+            "the soak kills, fills and restarts the embedded server; with MEMCTL_TEST_DATABASE_URL "
+            "the suite is about that server, which the soak does not use"
+        )
     why = _can_mount()
     if why:
         pytest.skip(why)
     figures = tmp_path / "soak.json"
-    run = subprocess.run([sys.executable, str(SOAK), "--topology", topology, *SHORT, "--json", str(figures)],
-                         capture_output=True, text=True, timeout=1200)
+    run = subprocess.run(
+        [sys.executable, str(SOAK), "--topology", topology, *SHORT, "--json", str(figures)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert figures.exists(), run.stdout + run.stderr
     result = json.loads(figures.read_text())
     report = run.stdout[-4000:]
     assert result["topology"] == topology, report
     acked = result["acknowledged_by_kind"]
-    assert set(acked) == WRITES and all(acked[kind] > 0 for kind in WRITES), report  # every kind of write, each
+    assert set(acked) == WRITES and all(acked[kind] > 0 for kind in WRITES), (
+        report
+    )  # every kind of write, each
     assert result["unexpected_exits"] == [] and result["unexpected_exit_count"] == 0, report
     assert result["writes_lost"] == 0 and result["duplicated"] == 0, report
-    assert {k for k, n in result["faults_by_kind"].items() if n > 0} == FAULT_KINDS[topology], report
+    assert {k for k, n in result["faults_by_kind"].items() if n > 0} == FAULT_KINDS[topology], (
+        report
+    )
     if topology == "managed":
         assert result["serve_starts"] >= 3, report  # the first, after kill -9, after the clean stop
     assert result["half_written_imports"] == 0 and result["tracebacks"] == 0, report

@@ -9,13 +9,32 @@ import pytest
 from memctl.embedding import footprint, timing
 from tests.ollama_server import OllamaTestServer
 
-FIELDS = {"p50_ms", "p95_ms", "per_s", "projected_s", "backlog", "backlog_projected_s", "tokens", "sample_tokens",
-          "second_model_bytes", "chunks", "sample", "batch_size", "dims", "model", "embedder"}
+FIELDS = {
+    "p50_ms",
+    "p95_ms",
+    "per_s",
+    "projected_s",
+    "backlog",
+    "backlog_projected_s",
+    "tokens",
+    "sample_tokens",
+    "second_model_bytes",
+    "chunks",
+    "sample",
+    "batch_size",
+    "dims",
+    "model",
+    "embedder",
+}
 
 
 def load(cli, n: int = 30) -> None:
-    lines = "\n".join(json.dumps({"content": f"chunk {i}: the nightly backup of db{i % 4} finished in {i} minutes"})
-                      for i in range(n))
+    lines = "\n".join(
+        json.dumps(
+            {"content": f"chunk {i}: the nightly backup of db{i % 4} finished in {i} minutes"}
+        )
+        for i in range(n)
+    )
     assert cli("episode", "import", "-", input=lines + "\n").exit_code == 0
 
 
@@ -33,19 +52,31 @@ def test_timing_fields_and_projections(cli):
     assert (report["backlog"], report["backlog_of"]) == (30, "new model")
     assert report["sample_tokens"] > 0
     assert report["tokens"] == round(report["sample_tokens"] / 10 * 30)
-    assert report["second_model_bytes"] == footprint.table_bytes(30, 384) + footprint.index_bytes(30, 384)
+    assert report["second_model_bytes"] == footprint.table_bytes(30, 384) + footprint.index_bytes(
+        30, 384
+    )
 
     assert cli("embed").exit_code == 0
     after = cli("embed", "timing", "--sample", "5", "-f", "json").json()
-    assert (after["backlog"], after["backlog_of"], after["backlog_projected_s"]) == (0, "active", 0.0)
+    assert (after["backlog"], after["backlog_of"], after["backlog_projected_s"]) == (
+        0,
+        "active",
+        0.0,
+    )
 
 
 def test_one_chunk_at_a_time_then_batched_against_ollama(cli):
     """The embedder really sees single-text requests for latency and full batches for throughput."""
     load(cli, 12)
     with OllamaTestServer() as server:
-        env = {"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "nomic-embed-text", "OLLAMA_HOST": server.url}
-        outcome = cli("embed", "timing", "--sample", "10", "--batch-size", "4", "-f", "json", env=env)
+        env = {
+            "MEMCTL_EMBEDDER": "ollama",
+            "MEMCTL_EMBED_MODEL": "nomic-embed-text",
+            "OLLAMA_HOST": server.url,
+        }
+        outcome = cli(
+            "embed", "timing", "--sample", "10", "--batch-size", "4", "-f", "json", env=env
+        )
         assert outcome.exit_code == 0, outcome.stderr
         sizes = [n for _, model, n in server.embed_requests()]
     report = outcome.json()
@@ -57,8 +88,12 @@ def test_one_chunk_at_a_time_then_batched_against_ollama(cli):
 def test_timing_a_file_and_small_samples(cli, tmp_path):
     load(cli, 3)
     texts = tmp_path / "texts.jsonl"
-    texts.write_text("\n".join(json.dumps({"content": f"text number {i}"}) for i in range(5)) + "\n")
-    report = cli("embed", "timing", "--file", str(texts), "--sample", "50", "--batch-size", "8", "-f", "json").json()
+    texts.write_text(
+        "\n".join(json.dumps({"content": f"text number {i}"}) for i in range(5)) + "\n"
+    )
+    report = cli(
+        "embed", "timing", "--file", str(texts), "--sample", "50", "--batch-size", "8", "-f", "json"
+    ).json()
     assert report["sample"] == 5 and report["chunks"] == 3
     plain = tmp_path / "texts.txt"
     plain.write_text("first line\n\nsecond line\n")

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-ESC = ("\x1b]0;pwned\x07", "\x1b[2J", "\x9b31m", "\x7f", "\r")  # a title, a clear, a C1 CSI, DEL, a carriage return
+ESC = (
+    "\x1b]0;pwned\x07",
+    "\x1b[2J",
+    "\x9b31m",
+    "\x7f",
+    "\r",
+)  # a title, a clear, a C1 CSI, DEL, a carriage return
 RAW = {"\x1b", "\x07", "\x9b", "\x7f", "\r"}
 
 
@@ -27,10 +33,16 @@ def count(conn, query="SELECT count(*) AS n FROM episodes", params=None) -> int:
 # --- ingest goes on ------------------------------------------------------------------------------------------
 
 
-def test_ingest_skips_a_record_from_a_blocked_source_and_stores_the_rest_of_its_batch(cli, conn, tmp_path):
+def test_ingest_skips_a_record_from_a_blocked_source_and_stores_the_rest_of_its_batch(
+    cli, conn, tmp_path
+):
     assert cli("source", "block", "spam", "--reason", "scraper").exit_code == 0
-    lines = [{"content": "before", "source": "app"}, {"content": "refused", "source": "spam"},
-             {"content": "same batch", "source": "app"}, {"content": "after", "source": "app"}]
+    lines = [
+        {"content": "before", "source": "app"},
+        {"content": "refused", "source": "spam"},
+        {"content": "same batch", "source": "app"},
+        {"content": "after", "source": "app"},
+    ]
     data = "".join(json.dumps(x) + "\n" for x in lines)
     cursor = tmp_path / "app.cursor"
     out = cli("ingest", "-f", "jsonl", "--cursor-file", str(cursor), str(_file(tmp_path, data)))
@@ -39,7 +51,9 @@ def test_ingest_skips_a_record_from_a_blocked_source_and_stores_the_rest_of_its_
     stored = [r["content"] for r in conn.execute("SELECT content FROM episodes ORDER BY id")]
     assert stored == ["before", "same batch", "after"]
     again = cli("ingest", "-f", "jsonl", "--cursor-file", str(cursor), str(tmp_path / "log.jsonl"))
-    assert again.exit_code == 0, again.stderr  # a rerun resumes after it: no crash loop under Restart=
+    assert again.exit_code == 0, (
+        again.stderr
+    )  # a rerun resumes after it: no crash loop under Restart=
     assert count(conn) == 3
 
 
@@ -49,7 +63,9 @@ def _file(tmp_path, data: str) -> Path:
     return path
 
 
-def test_ingest_a_source_blocked_while_its_batch_is_written_refuses_that_source_alone(conn, memctl_env, monkeypatch):
+def test_ingest_a_source_blocked_while_its_batch_is_written_refuses_that_source_alone(
+    conn, memctl_env, monkeypatch
+):
     """The gate's late check refuses a batch whole when a source is blocked as it commits: ingest runs the batch
     again, and the gate then refuses that source's records alone."""
     from memctl import config
@@ -61,9 +77,18 @@ def test_ingest_a_source_blocked_while_its_batch_is_written_refuses_that_source_
     conn.use_settings(settings)
     reader = ingest.LineReader(os.open(os.devnull, os.O_RDONLY))
     skipped: list = []
-    run = ingest.Ingest(conn, reader, ingest.Options("jsonl"), report=lambda n, why: skipped.append(n))
-    records = [gate.validate(settings, f"line {i}", source="late" if i == 2 else "app",
-                             created_at="2026-08-11T09:30:00Z") for i in range(1, 4)]
+    run = ingest.Ingest(
+        conn, reader, ingest.Options("jsonl"), report=lambda n, why: skipped.append(n)
+    )
+    records = [
+        gate.validate(
+            settings,
+            f"line {i}",
+            source="late" if i == 2 else "app",
+            created_at="2026-08-11T09:30:00Z",
+        )
+        for i in range(1, 4)
+    ]
     for number, record in enumerate(records, start=1):
         record.line = number
     confirm, blocked = gate.Gate.confirm, []
@@ -79,19 +104,27 @@ def test_ingest_a_source_blocked_while_its_batch_is_written_refuses_that_source_
     run.pending.records = records
     run.flush()
     assert skipped == [2] and run.counts.stored == 2
-    assert [r["content"] for r in conn.execute("SELECT content FROM episodes ORDER BY id")] == ["line 1", "line 3"]
+    assert [r["content"] for r in conn.execute("SELECT content FROM episodes ORDER BY id")] == [
+        "line 1",
+        "line 3",
+    ]
 
 
 def psycopg_connect(env):
     from memctl import db
 
-    return db.connect(env["MEMCTL_DATABASE_URL"])  # declares the schema (sql/0025), as any memctl session does
+    return db.connect(
+        env["MEMCTL_DATABASE_URL"]
+    )  # declares the schema (sql/0025), as any memctl session does
 
 
-@pytest.mark.parametrize("data,code", [
-    ('{"content": "a", "source": "spam"}\n', 1),  # every record refused by the gate: its code
-    ("not json\n{broken\n", 2),  # every line unreadable: a wrong --format, say
-])
+@pytest.mark.parametrize(
+    "data,code",
+    [
+        ('{"content": "a", "source": "spam"}\n', 1),  # every record refused by the gate: its code
+        ("not json\n{broken\n", 2),  # every line unreadable: a wrong --format, say
+    ],
+)
 def test_ingest_exits_non_zero_only_when_every_record_was_skipped(cli, conn, tmp_path, data, code):
     cli("source", "block", "spam")
     out = cli("ingest", "-f", "jsonl", str(_file(tmp_path, data)))
@@ -100,9 +133,20 @@ def test_ingest_exits_non_zero_only_when_every_record_was_skipped(cli, conn, tmp
     assert mixed.exit_code == 0, mixed.stderr
 
 
-@pytest.mark.parametrize("argv", [["ingest"], ["episode", "import"], ["fact", "import"], ["import"],
-                                  ["episode", "search", "--batch"]], ids=" ".join)
-def test_a_directory_given_to_read_exits_2_without_a_traceback(memctl_bin, memctl_env, tmp_path, argv):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ingest"],
+        ["episode", "import"],
+        ["fact", "import"],
+        ["import"],
+        ["episode", "search", "--batch"],
+    ],
+    ids=" ".join,
+)
+def test_a_directory_given_to_read_exits_2_without_a_traceback(
+    memctl_bin, memctl_env, tmp_path, argv
+):
     out = memctl_bin(*argv, str(tmp_path), env=memctl_env)
     assert out.exit_code == 2 and "is a directory" in out.stderr and "Traceback" not in out.stderr
 
@@ -111,12 +155,24 @@ def test_a_directory_given_to_read_exits_2_without_a_traceback(memctl_bin, memct
 
 
 def test_a_reader_that_stops_early_is_no_failed_job(cli, conn, memctl_env):
-    cli("episode", "import", "-", input="".join(json.dumps({"content": f"episode {i} " + "x" * 200}) + "\n"
-                                                for i in range(2000)))
+    cli(
+        "episode",
+        "import",
+        "-",
+        input="".join(
+            json.dumps({"content": f"episode {i} " + "x" * 200}) + "\n" for i in range(2000)
+        ),
+    )
     env = dict(os.environ, **memctl_env)
     for _ in range(3):  # the shipped alert's threshold: three failures in a row
-        done = subprocess.run(f"'{_memctl()}' export | head -1", shell=True, env=env, capture_output=True, timeout=120)
-        assert done.returncode == 0 and done.stdout.startswith(b'{"type":"header"') and b"Traceback" not in done.stderr
+        done = subprocess.run(
+            f"'{_memctl()}' export | head -1", shell=True, env=env, capture_output=True, timeout=120
+        )
+        assert (
+            done.returncode == 0
+            and done.stdout.startswith(b'{"type":"header"')
+            and b"Traceback" not in done.stderr
+        )
     outcomes = [r["outcome"] for r in conn.execute("SELECT outcome FROM jobs WHERE job = 'export'")]
     assert outcomes == ["interrupted"] * 3
     metrics = cli("metrics").stdout
@@ -157,8 +213,12 @@ def _strings(value) -> set:
 
 def test_error_messages_escape_control_characters_and_redact_what_they_quote(cli):
     key = "-----BEGIN OPENSSH PRIVATE KEY-----"
-    for args in (["episode", "add", f"{key} b3BlbnNzaC1rZXktdjEAAAAABG5vbmU"], ["--bogus", f"{key} x"],
-                 ["episode", "add", "x", "--importance", f"{key} x"], ["episode", "add", "x", f"{key} extra"]):
+    for args in (
+        ["episode", "add", f"{key} b3BlbnNzaC1rZXktdjEAAAAABG5vbmU"],
+        ["--bogus", f"{key} x"],
+        ["episode", "add", "x", "--importance", f"{key} x"],
+        ["episode", "add", "x", f"{key} extra"],
+    ):
         out = cli(*args)
         assert out.exit_code == 2, (args, out.stderr)
         assert "PRIVATE KEY" not in out.stdout + out.stderr, out.stderr
@@ -172,10 +232,23 @@ STDIN_TEXT = {  # a command reading a text from stdin, and how to read back what
     "fact set": (["fact", "set", "db.host", "-"], ["fact", "get", "db.host"]),
     "episode add": (["episode", "add", "-"], ["episode", "list", "-f", "jsonl"]),
 }
-STDIN_TEXTS = [["fact", "set", "k", "-"], ["episode", "add", "-"], ["episode", "search", "-"], ["recall", "-"]]
-STDIN_STREAMS = [["episode", "import", "-"], ["fact", "import", "-"], ["import", "-"], ["ingest"],
-                 ["episode", "search", "--batch", "-"], ["recall", "--batch", "-", "-f", "jsonl"]]
-EMPTY = [(argv, "") for argv in STDIN_TEXTS + STDIN_STREAMS] + [(argv, "\n") for argv in STDIN_TEXTS]
+STDIN_TEXTS = [
+    ["fact", "set", "k", "-"],
+    ["episode", "add", "-"],
+    ["episode", "search", "-"],
+    ["recall", "-"],
+]
+STDIN_STREAMS = [
+    ["episode", "import", "-"],
+    ["fact", "import", "-"],
+    ["import", "-"],
+    ["ingest"],
+    ["episode", "search", "--batch", "-"],
+    ["recall", "--batch", "-", "-f", "jsonl"],
+]
+EMPTY = [(argv, "") for argv in STDIN_TEXTS + STDIN_STREAMS] + [
+    (argv, "\n") for argv in STDIN_TEXTS
+]
 
 
 @pytest.mark.parametrize("name", STDIN_TEXT)
@@ -184,12 +257,16 @@ def test_a_single_trailing_newline_from_stdin_is_no_part_of_the_value(cli, name)
     assert cli(*write, input="10.0.0.1\n").exit_code == 0
     out = cli(*read).stdout
     assert "10.0.0.1\n" == out if name == "fact set" else '"content": "10.0.0.1"' in out
-    assert cli(*write, input="two\nlines\n\n").exit_code == 0  # only the one newline that ends it goes
+    assert (
+        cli(*write, input="two\nlines\n\n").exit_code == 0
+    )  # only the one newline that ends it goes
     shown = cli(*read, *(["-f", "json"] if name == "fact set" else [])).stdout
     assert "two\\nlines\\n" in shown
 
 
-@pytest.mark.parametrize("argv,data", EMPTY, ids=lambda v: " ".join(v) if isinstance(v, list) else repr(v))
+@pytest.mark.parametrize(
+    "argv,data", EMPTY, ids=lambda v: " ".join(v) if isinstance(v, list) else repr(v)
+)
 def test_an_empty_stdin_is_refused_everywhere_and_writes_nothing(cli, conn, argv, data):
     """Nothing at all on stdin (a text: or its one newline) is refused, exit 2: a pipeline whose writer failed."""
     cli("fact", "set", "k", "kept")
@@ -201,11 +278,17 @@ def test_an_empty_stdin_is_refused_everywhere_and_writes_nothing(cli, conn, argv
 # --- one rule for times ---------------------------------------------------------------------------------------
 
 FUTURE = "2099-01-01"
-TIME_OPTIONS = [["recall", "x", "--as-of", FUTURE], ["fact", "get", "k", "--as-of", FUTURE],
-                ["fact", "list", "--as-of", FUTURE], ["episode", "search", "x", "--since", FUTURE],
-                ["episode", "search", "x", "--until", FUTURE], ["episode", "list", "--since", FUTURE],
-                ["fact", "set", "k", "v", "--valid-from", FUTURE], ["episode", "add", "x", "--created-at", FUTURE],
-                ["purge", "--source", "s", "--since", FUTURE]]
+TIME_OPTIONS = [
+    ["recall", "x", "--as-of", FUTURE],
+    ["fact", "get", "k", "--as-of", FUTURE],
+    ["fact", "list", "--as-of", FUTURE],
+    ["episode", "search", "x", "--since", FUTURE],
+    ["episode", "search", "x", "--until", FUTURE],
+    ["episode", "list", "--since", FUTURE],
+    ["fact", "set", "k", "v", "--valid-from", FUTURE],
+    ["episode", "add", "x", "--created-at", FUTURE],
+    ["purge", "--source", "s", "--since", FUTURE],
+]
 
 
 @pytest.mark.parametrize("argv", TIME_OPTIONS, ids=" ".join)
@@ -217,18 +300,29 @@ def test_every_time_option_refuses_the_future_past_the_clock_skew(cli, argv):
 
 
 def test_batch_lines_refuse_the_future_too(cli):
-    out = cli("episode", "search", "--batch", "-", input=json.dumps({"query": "x", "since": FUTURE}) + "\n")
+    out = cli(
+        "episode",
+        "search",
+        "--batch",
+        "-",
+        input=json.dumps({"query": "x", "since": FUTURE}) + "\n",
+    )
     assert out.exit_code == 2 and "future" in out.jsonl()[0]["error"]
 
 
 # --- one rule for batches and exit codes -----------------------------------------------------------------------
 
-BATCHES = {"episode search": ["episode", "search", "--batch", "-"], "recall": ["recall", "--batch", "-", "-f", "jsonl"]}
+BATCHES = {
+    "episode search": ["episode", "search", "--batch", "-"],
+    "recall": ["recall", "--batch", "-", "-f", "jsonl"],
+}
 FIELD = {"episode search": "query", "recall": "observation"}
 
 
 @pytest.mark.parametrize("name", BATCHES)
-def test_every_batch_mode_answers_each_line_with_errors_in_place_and_exits_non_zero_on_any(cli, name):
+def test_every_batch_mode_answers_each_line_with_errors_in_place_and_exits_non_zero_on_any(
+    cli, name
+):
     good = json.dumps({FIELD[name]: "disk alert"})
     lines = [good, "{not json", json.dumps({FIELD[name]: "disk", "k": 0}), good]
     out = cli(*BATCHES[name], input="\n".join(lines) + "\n")
@@ -251,7 +345,9 @@ def test_nothing_matched_and_nothing_to_do_exit_0_and_say_so(cli):
     cli("episode", "add", "x", "--source", "backups")
     for args in (["purge", "--source", "bakups"], ["purge", "--source", "bakups", "--yes"]):
         out = cli(*args)
-        assert out.exit_code == 0 and "nothing matched" in out.stderr and "'backups'" in out.stderr, out.stderr
+        assert (
+            out.exit_code == 0 and "nothing matched" in out.stderr and "'backups'" in out.stderr
+        ), out.stderr
     dry = cli("summarize", "--dry-run")
     assert dry.exit_code == 0 and "nothing to summarize" in dry.stderr
 

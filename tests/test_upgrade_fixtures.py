@@ -44,8 +44,16 @@ def _keyed() -> dict:
     from psycopg import sql
 
     ipad, opad = places.pads(erased.load_key())
-    keyed = places.lineage_sql("source_hash").replace("%(opad)s", "{opad}").replace("%(ipad)s", "{ipad}")
-    return {("summary_sources", "source_hash"): sql.SQL(keyed).format(ipad=sql.Literal(ipad), opad=sql.Literal(opad))}
+    keyed = (
+        places.lineage_sql("source_hash")
+        .replace("%(opad)s", "{opad}")
+        .replace("%(ipad)s", "{ipad}")
+    )
+    return {
+        ("summary_sources", "source_hash"): sql.SQL(keyed).format(
+            ipad=sql.Literal(ipad), opad=sql.Literal(opad)
+        )
+    }
 
 
 def _columns(conn) -> dict[str, list[str]]:
@@ -66,7 +74,9 @@ def _fresh_with_models(pg_server, models: list[dict]):
     url = context.__enter__()
     with db.connect(url) as conn:
         for m in models:
-            models_mod.register(conn, HashEmbedder(m["model"], m["dims"]), state=m["state"], storage=m["storage"])
+            models_mod.register(
+                conn, HashEmbedder(m["model"], m["dims"]), state=m["state"], storage=m["storage"]
+            )
     return context, url
 
 
@@ -80,12 +90,21 @@ def test_an_earlier_memory_migrates_whole(record, restored, pg_server):
             assert after[table] >= rows, f"{record['name']}: a migration's record changed"
         else:
             assert after[table] == rows, f"{record['name']}: {table} differs after the migration"
-    assert sum(len(r) for r in before.values()) >= sum(record["rows"].values()) - record["rows"].get("memctl_migrations", 0)
+    assert sum(len(r) for r in before.values()) >= sum(record["rows"].values()) - record[
+        "rows"
+    ].get("memctl_migrations", 0)
     with db.connect(url) as conn:
-        assert conn.execute("SELECT count(*) AS n FROM embed_queue").fetchone()["n"] == 0, "queued again for embedding"
-        models = conn.execute("SELECT model, dims, storage, state FROM embedding_models ORDER BY id").fetchall()
+        assert conn.execute("SELECT count(*) AS n FROM embed_queue").fetchone()["n"] == 0, (
+            "queued again for embedding"
+        )
+        models = conn.execute(
+            "SELECT model, dims, storage, state FROM embedding_models ORDER BY id"
+        ).fetchall()
         shape = schema_shape(conn)
-        fixed = {r["name"] for r in conn.execute("SELECT name FROM memctl_migrations WHERE fixed_from IS NOT NULL")}
+        fixed = {
+            r["name"]
+            for r in conn.execute("SELECT name FROM memctl_migrations WHERE fixed_from IS NOT NULL")
+        }
         assert migrate.apply(conn) == [], "a second migrate ran something"
         again = table_rows(conn)
     with db.connect(url) as conn:
@@ -97,13 +116,17 @@ def test_an_earlier_memory_migrates_whole(record, restored, pg_server):
     finally:
         context.__exit__(None, None, None)
     for kind in expected:
-        assert shape[kind] == expected[kind], (f"{record['name']}: {kind}s differ from a fresh database's: "
-                                               f"only migrated {shape[kind] - expected[kind]}, "
-                                               f"only fresh {expected[kind] - shape[kind]}")
+        assert shape[kind] == expected[kind], (
+            f"{record['name']}: {kind}s differ from a fresh database's: "
+            f"only migrated {shape[kind] - expected[kind]}, "
+            f"only fresh {expected[kind] - shape[kind]}"
+        )
     assert fixed <= EDITED
 
 
-@pytest.mark.parametrize("record", [r for r in RECORDS if r.get("searches")], ids=lambda r: r["name"])
+@pytest.mark.parametrize(
+    "record", [r for r in RECORDS if r.get("searches")], ids=lambda r: r["name"]
+)
 def test_what_an_earlier_memctl_found_is_found(record, restored):
     """Each search its memctl ran (vector, text and hybrid where it had modes) finds today every episode it found,
     in that mode (a vector or a text index lost in the migration would hide them), without falling back to words,
@@ -117,10 +140,14 @@ def test_what_an_earlier_memctl_found_is_found(record, restored):
     with db.connect(url) as conn:
         migrating.apply(conn)
         db.register_vector(conn)
-        active = conn.execute("SELECT model, dims FROM embedding_models WHERE state = 'active'").fetchone()
+        active = conn.execute(
+            "SELECT model, dims FROM embedding_models WHERE state = 'active'"
+        ).fetchone()
         embedder = HashEmbedder(active["model"], active["dims"]) if active else None
         for search in record["searches"]:
             q = query_mod.Query(search["query"], k=10, mode=search["mode"])
             outcome = search_mod.search(conn.use_settings(settings), q, embedder=embedder)
             found = [hit.id for hit in outcome.hits]
-            assert outcome.warning is None and set(search["ids"]) <= set(found), f"{search}: today {found}"
+            assert outcome.warning is None and set(search["ids"]) <= set(found), (
+                f"{search}: today {found}"
+            )

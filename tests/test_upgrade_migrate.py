@@ -14,11 +14,25 @@ from memctl.errors import SchemaBehind
 from tests.fix_upgrade import fixture_records, table_rows
 
 BY_NAME = {r["name"]: r for r in fixture_records()}
-TWO = ["8bac5e3", "3ef5ae8"]  # two earlier commits of main: before repeats and agents, and main just before 0.2.0
+TWO = [
+    "8bac5e3",
+    "3ef5ae8",
+]  # two earlier commits of main: before repeats and agents, and main just before 0.2.0
 PARAPHRASE = ("nginx logs filled /var and broke the deploy", 2)  # (query, the episode it means)
-READ = {"facts": ["namespace", "key", "value", "version", "updated_at", "source"],  # as SQL reads them
-        "fact_history": ["id", "namespace", "key", "version", "op", "old_value", "new_value", "changed_at"],
-        "episodes": ["id", "agent", "kind", "content", "source", "importance", "created_at", "meta"]}
+READ = {
+    "facts": ["namespace", "key", "value", "version", "updated_at", "source"],  # as SQL reads them
+    "fact_history": [
+        "id",
+        "namespace",
+        "key",
+        "version",
+        "op",
+        "old_value",
+        "new_value",
+        "changed_at",
+    ],
+    "episodes": ["id", "agent", "kind", "content", "source", "importance", "created_at", "meta"],
+}
 
 
 @pytest.fixture
@@ -33,13 +47,19 @@ def fixture_models(ollama):
 
 
 def _env(url, tmp_path, ollama) -> dict:
-    return {"MEMCTL_DATABASE_URL": url, "MEMCTL_HOME": str(tmp_path / "home"), "MEMCTL_EMBEDDER": "ollama",
-            "MEMCTL_EMBED_MODEL": "fixture-a", "OLLAMA_HOST": ollama.url}
+    return {
+        "MEMCTL_DATABASE_URL": url,
+        "MEMCTL_HOME": str(tmp_path / "home"),
+        "MEMCTL_EMBEDDER": "ollama",
+        "MEMCTL_EMBED_MODEL": "fixture-a",
+        "OLLAMA_HOST": ollama.url,
+    }
 
 
 @pytest.mark.parametrize("name", TWO)
-def test_db_migrate_backs_up_first_and_keeps_every_memory(name, restored, memctl_bin, memctl_env, fixture_models,
-                                                          tmp_path):
+def test_db_migrate_backs_up_first_and_keeps_every_memory(
+    name, restored, memctl_bin, memctl_env, fixture_models, tmp_path
+):
     record = BY_NAME[name]
     url = restored(record)
     env = {**memctl_env, **_env(url, tmp_path, fixture_models)}
@@ -55,13 +75,22 @@ def test_db_migrate_backs_up_first_and_keeps_every_memory(name, restored, memctl
     assert manifest["migration"] == record["sql"][-1]  # taken before the first migration ran
     with db.connect(url) as conn:
         assert table_rows(conn, READ) == before
-        assert conn.execute("SELECT count(*) AS n FROM embed_queue").fetchone()["n"] == 0  # nothing waits for vectors
+        assert (
+            conn.execute("SELECT count(*) AS n FROM embed_queue").fetchone()["n"] == 0
+        )  # nothing waits for vectors
     for mode in ("vector", "text", "hybrid"):
-        found = memctl_bin("episode", "search", PARAPHRASE[0], "--mode", mode, "-k", "3", "-f", "json", env=env)
-        assert found.exit_code == 0 and PARAPHRASE[1] in [r["id"] for r in found.json()], (mode, found.stdout)
+        found = memctl_bin(
+            "episode", "search", PARAPHRASE[0], "--mode", mode, "-k", "3", "-f", "json", env=env
+        )
+        assert found.exit_code == 0 and PARAPHRASE[1] in [r["id"] for r in found.json()], (
+            mode,
+            found.stdout,
+        )
     again = memctl_bin("db", "migrate", env=env)
     assert again.exit_code == 0 and "up to date" in again.stderr
-    assert len(list((tmp_path / "home" / "backups").glob("*.tar"))) == 1  # nothing to migrate, no backup
+    assert (
+        len(list((tmp_path / "home" / "backups").glob("*.tar"))) == 1
+    )  # nothing to migrate, no backup
 
 
 def test_no_backup_no_migration(restored, cli, tmp_path):
@@ -71,7 +100,11 @@ def test_no_backup_no_migration(restored, cli, tmp_path):
     (home / "backups").write_text("a file where the backup directory should be")
     env = {"MEMCTL_DATABASE_URL": url, "MEMCTL_HOME": str(home)}
     stopped = cli("db", "migrate", env=env)
-    assert stopped.exit_code == 1 and "nothing was migrated" in stopped.stderr and "--no-backup" in stopped.stderr
+    assert (
+        stopped.exit_code == 1
+        and "nothing was migrated" in stopped.stderr
+        and "--no-backup" in stopped.stderr
+    )
     with db.connect(url) as conn:
         assert migrate.pending(conn)
     done = cli("db", "migrate", "--no-backup", env=env)
@@ -102,8 +135,12 @@ def test_an_edited_migration_without_its_fix_up_is_refused_as_before(restored, t
             migrate.apply(conn, bare)
         applied = migrating.apply(conn)  # with the erasure key sql/0024 rekeys lineage under
         assert [m.name for m in applied if m.fixup] == ["0019_agents.sql"]
-        row = conn.execute("SELECT checksum, fixed_from FROM memctl_migrations WHERE name = '0019_agents.sql'").fetchone()
-        assert row["checksum"] == next(m.checksum for m in migrate.read_files() if m.name == "0019_agents.sql")
+        row = conn.execute(
+            "SELECT checksum, fixed_from FROM memctl_migrations WHERE name = '0019_agents.sql'"
+        ).fetchone()
+        assert row["checksum"] == next(
+            m.checksum for m in migrate.read_files() if m.name == "0019_agents.sql"
+        )
         assert row["fixed_from"].startswith("86396aea")
 
 
@@ -118,7 +155,10 @@ def test_a_pgvector_older_than_the_servers_is_named_and_updated_by_migrate(db_ur
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE pg_extension SET extversion = '0.8.5' WHERE extname = 'vector'")
     status = cli("status", "-f", "json")
-    assert "pgvector 0.8.5 is created in this database, and the server has " + available in status.stdout + status.stderr
+    assert (
+        "pgvector 0.8.5 is created in this database, and the server has " + available
+        in status.stdout + status.stderr
+    )
     done = cli("db", "migrate")
     assert done.exit_code == 0 and f"0.8.5 -> {available}" in done.stderr
     with db.connect(db_url) as conn:

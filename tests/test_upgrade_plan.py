@@ -60,8 +60,10 @@ def _held_against_claims(conn, migration: migrate.Migration) -> list[str]:
         claimed = [c for c in (claims.get(row["name"]), every) if c is not None]
         best = max((WAITS.index(c.blocks) for c in claimed), default=-1)
         if WAITS.index(actual.blocks) > best:
-            wrong.append(f"{migration.name}: {row['mode']} on {row['name']} ({actual.blocks} wait), the plan says "
-                         f"{[f'{c.mode} on {c.table}' for c in claimed] or 'nothing'}")
+            wrong.append(
+                f"{migration.name}: {row['mode']} on {row['name']} ({actual.blocks} wait), the plan says "
+                f"{[f'{c.mode} on {c.table}' for c in claimed] or 'nothing'}"
+            )
     return wrong
 
 
@@ -70,13 +72,18 @@ def test_each_migrations_plan_claims_at_least_the_locks_it_takes(empty_db_url):
     with db.connect(empty_db_url) as conn:
         conn.execute(migrate.CREATE_TABLE)
         for migration in migrate.read_files():
-            assert not migration.sql.lstrip().startswith(migrate.NO_TRANSACTION), "held locks are read in a transaction"
+            assert not migration.sql.lstrip().startswith(migrate.NO_TRANSACTION), (
+                "held locks are read in a transaction"
+            )
             wrong += _held_against_claims(conn, migration)
     assert wrong == []
 
 
-@pytest.mark.parametrize("record", [r for r in fixture_records() if r["name"] in ("17705b6", "df4f8cc", "b86766e")],
-                         ids=lambda r: r["name"])
+@pytest.mark.parametrize(
+    "record",
+    [r for r in fixture_records() if r["name"] in ("17705b6", "df4f8cc", "b86766e")],
+    ids=lambda r: r["name"],
+)
 def test_each_fix_ups_plan_claims_at_least_the_locks_it_takes(record, restored):
     with db.connect(restored(record)) as conn:
         conn.execute(migrate.CREATE_TABLE)
@@ -95,11 +102,19 @@ def test_the_plan_of_a_memory_names_its_rows_and_what_waits(restored, cli, memct
     steps = cli("db", "migrate", "--dry-run", "-f", "json", env=env)
     assert steps.exit_code == 0 and "a backup would be taken first" in steps.stderr
     rows = steps.json()
-    assert {r["migration"] for r in rows} == {m for m in (f.name for f in migrate.read_files())
-                                               if m not in record["sql"]}
-    rewrite = next(r for r in rows if r["migration"] == "0013_episode_path_words.sql" and r["table"] == "episodes"
-                   and "ADD COLUMN" in r["statement"])
+    assert {r["migration"] for r in rows} == {
+        m for m in (f.name for f in migrate.read_files()) if m not in record["sql"]
+    }
+    rewrite = next(
+        r
+        for r in rows
+        if r["migration"] == "0013_episode_path_words.sql"
+        and r["table"] == "episodes"
+        and "ADD COLUMN" in r["statement"]
+    )
     assert rewrite["lock"] == "ACCESS EXCLUSIVE" and rewrite["blocks"] == "reads and writes"
     assert rewrite["rows"] >= 10
     with db.connect(url) as conn:
-        assert {r["name"] for r in conn.execute("SELECT name FROM memctl_migrations")} == set(record["sql"])
+        assert {r["name"] for r in conn.execute("SELECT name FROM memctl_migrations")} == set(
+            record["sql"]
+        )

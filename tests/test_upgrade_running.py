@@ -71,8 +71,13 @@ def _count(url: str, query: str, params=()) -> int:
 
 def _start(args: list[str], env: dict, log: Path) -> subprocess.Popen:
     with open(log, "w") as err:
-        return subprocess.Popen([_exe(), *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, **env})
+        return subprocess.Popen(
+            [_exe(), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, **env},
+        )
 
 
 def _stopped(proc: subprocess.Popen, log: Path) -> str:
@@ -86,11 +91,24 @@ def _stopped(proc: subprocess.Popen, log: Path) -> str:
 LOGGED = "SELECT count(*) AS n FROM episodes WHERE source = 'app-log'"
 
 
-def test_ingest_follow_stops_at_a_migration_and_resumes_losing_nothing(memctl_env, db_url, tmp_path):
+def test_ingest_follow_stops_at_a_migration_and_resumes_losing_nothing(
+    memctl_env, db_url, tmp_path
+):
     log, cursor, err = tmp_path / "app.log", tmp_path / "app.cursor", tmp_path / "ingest.err"
     log.write_text("".join(f"request {n} served\n" for n in range(3)))
-    args = ["ingest", str(log), "--follow", "--group", "none", "--source", "app-log", "--cursor-file", str(cursor),
-            "--flush", "0.2"]
+    args = [
+        "ingest",
+        str(log),
+        "--follow",
+        "--group",
+        "none",
+        "--source",
+        "app-log",
+        "--cursor-file",
+        str(cursor),
+        "--flush",
+        "0.2",
+    ]
     proc = _start(args, memctl_env, err)
     try:
         _wait(lambda: _count(db_url, LOGGED) == 3, what="the first lines stored")
@@ -101,7 +119,9 @@ def test_ingest_follow_stops_at_a_migration_and_resumes_losing_nothing(memctl_en
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert _count(db_url, LOGGED) == 3  # the refused batch was not acknowledged: nothing of it stored
+    assert (
+        _count(db_url, LOGGED) == 3
+    )  # the refused batch was not acknowledged: nothing of it stored
     _back_to_today(newer)
     again = _start(args, memctl_env, err)
     try:
@@ -110,14 +130,21 @@ def test_ingest_follow_stops_at_a_migration_and_resumes_losing_nothing(memctl_en
         again.terminate()
         assert again.wait(timeout=30) == 143  # SIGTERM: a clean stop (README, exit codes)
     with db.connect(db_url) as conn:
-        texts = [r["content"] for r in conn.execute("SELECT content FROM episodes WHERE source = 'app-log' ORDER BY id")]
+        texts = [
+            r["content"]
+            for r in conn.execute(
+                "SELECT content FROM episodes WHERE source = 'app-log' ORDER BY id"
+            )
+        ]
     assert texts == [f"request {n} served" for n in range(6)]  # each once, in order
 
 
 QUEUED = "SELECT count(*) AS n FROM embed_queue"
 
 
-def test_embed_loop_stops_at_a_migration_and_the_queue_waits_for_the_next(memctl_env, db_url, tmp_path):
+def test_embed_loop_stops_at_a_migration_and_the_queue_waits_for_the_next(
+    memctl_env, db_url, tmp_path
+):
     settings = config.load()
     with db.connect(db_url) as conn:
         for n in range(2):
@@ -125,8 +152,13 @@ def test_embed_loop_stops_at_a_migration_and_the_queue_waits_for_the_next(memctl
     err = tmp_path / "embed.err"
     proc = _start(["embed", "--loop", "--interval", "1"], memctl_env, err)
     try:
-        _wait(lambda: _count(db_url, "SELECT count(*) AS n FROM embedding_models") == 1
-              and _count(db_url, QUEUED) == 0, what="the first pass")
+        _wait(
+            lambda: (
+                _count(db_url, "SELECT count(*) AS n FROM embedding_models") == 1
+                and _count(db_url, QUEUED) == 0
+            ),
+            what="the first pass",
+        )
         newer = _migrate_to_the_future(db_url, tmp_path)
         for n in range(2):
             episodes.add(newer.use_settings(settings), f"after the upgrade {n}")
@@ -151,14 +183,23 @@ def _port() -> int:
 
 
 def _remember(url: str, token: str, text: str) -> dict:
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "remember",
-                                                                          "arguments": {"content": text}}}
-    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-               "Authorization": f"Bearer {token}"}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "remember", "arguments": {"content": text}},
+    }
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {token}",
+    }
     return httpx2.post(url, json=body, headers=headers, timeout=30).json()["result"]
 
 
-def test_mcp_http_stops_at_a_migration_and_acknowledges_only_what_it_stored(memctl_env, db_url, tmp_path, memctl_bin):
+def test_mcp_http_stops_at_a_migration_and_acknowledges_only_what_it_stored(
+    memctl_env, db_url, tmp_path, memctl_bin
+):
     name = f"upgrade_{os.getpid()}"
     added = memctl_bin("agent", "add", name, env=memctl_env)
     if added.exit_code != 0 and "may not create roles" in added.stderr:
@@ -169,14 +210,20 @@ def test_mcp_http_stops_at_a_migration_and_acknowledges_only_what_it_stored(memc
     proc = _start(["mcp", "--http", f"127.0.0.1:{port}"], memctl_env, err)
     url, newer = f"http://127.0.0.1:{port}/mcp", None
     try:
-        _wait(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, what="the server listening")
+        _wait(
+            lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0,
+            what="the server listening",
+        )
         stored = _remember(url, token, "remembered before the upgrade")
         assert not stored.get("isError"), stored
         newer = _migrate_to_the_future(db_url, tmp_path)
         refused = _remember(url, token, "sent after the upgrade")
         assert refused.get("isError") and "schema" in refused["content"][0]["text"], refused
         _stopped(proc, err)
-        remembered = [r["content"] for r in newer.execute("SELECT content FROM episodes WHERE agent = %s", (name,))]
+        remembered = [
+            r["content"]
+            for r in newer.execute("SELECT content FROM episodes WHERE agent = %s", (name,))
+        ]
         assert remembered == ["remembered before the upgrade"]
     finally:
         if proc.poll() is None:

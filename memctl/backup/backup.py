@@ -82,13 +82,26 @@ WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p'
 GROUP BY c.relname ORDER BY c.relname
 """
 MIGRATION = "SELECT max(name) AS name FROM memctl_migrations"
-SNAPSHOT = "SELECT pg_export_snapshot() AS id, pg_current_snapshot()::text AS snapshot, now() AS started"
+SNAPSHOT = (
+    "SELECT pg_export_snapshot() AS id, pg_current_snapshot()::text AS snapshot, now() AS started"
+)
 # The session settings a row's text depends on, fixed for the checksum wherever it is computed.
-SETTINGS = (("TimeZone", "UTC"), ("DateStyle", "ISO, YMD"), ("IntervalStyle", "postgres"),
-            ("extra_float_digits", "1"), ("bytea_output", "hex"))
-CANONICAL = sql.SQL("SELECT {}").format(sql.SQL(", ").join(
-    sql.SQL("set_config({}, {}, true)").format(sql.Literal(k), sql.Literal(v)) for k, v in SETTINGS))
-ROW_SUM = "coalesce(sum(('x' || left(md5(ROW({row})::text), 16))::bit(64)::bigint::numeric), 0)::text"
+SETTINGS = (
+    ("TimeZone", "UTC"),
+    ("DateStyle", "ISO, YMD"),
+    ("IntervalStyle", "postgres"),
+    ("extra_float_digits", "1"),
+    ("bytea_output", "hex"),
+)
+CANONICAL = sql.SQL("SELECT {}").format(
+    sql.SQL(", ").join(
+        sql.SQL("set_config({}, {}, true)").format(sql.Literal(k), sql.Literal(v))
+        for k, v in SETTINGS
+    )
+)
+ROW_SUM = (
+    "coalesce(sum(('x' || left(md5(ROW({row})::text), 16))::bit(64)::bigint::numeric), 0)::text"
+)
 CHECKSUM = sql.SQL("SELECT count(*) AS rows, " + ROW_SUM + " AS checksum FROM {table} AS t")
 
 
@@ -105,8 +118,14 @@ class Backup:
         return counts.get("facts", 0) + counts.get("episodes", 0)
 
     def to_dict(self) -> dict:
-        return {"file": str(self.path), "bytes": self.bytes, "created_at": self.manifest["created_at"],
-                **self.manifest["records"], "sha256": self.manifest["dump"]["sha256"], "removed": len(self.removed)}
+        return {
+            "file": str(self.path),
+            "bytes": self.bytes,
+            "created_at": self.manifest["created_at"],
+            **self.manifest["records"],
+            "sha256": self.manifest["dump"]["sha256"],
+            "removed": len(self.removed),
+        }
 
 
 def default_dir(settings) -> Path:
@@ -146,12 +165,22 @@ def refuse_cluster(conn: Memory, what: str) -> None:
     from memctl.db import cluster
 
     if cluster.citus_version(conn) is not None:
-        raise MemctlError(f"{what} of a Citus cluster is not supported: pg_dump reads the coordinator only. "
-                          "Back up every node with Citus's own procedure (see Citus's documentation on backups)")
+        raise MemctlError(
+            f"{what} of a Citus cluster is not supported: pg_dump reads the coordinator only. "
+            "Back up every node with Citus's own procedure (see Citus's documentation on backups)"
+        )
 
 
-def take(conn: Memory, url: str, directory: Path, *, keep_daily: int = 0, keep_weekly: int = 0,
-         prefix: str = PREFIX, record: bool = True) -> Backup:
+def take(
+    conn: Memory,
+    url: str,
+    directory: Path,
+    *,
+    keep_daily: int = 0,
+    keep_weekly: int = 0,
+    prefix: str = PREFIX,
+    record: bool = True,
+) -> Backup:
     """Write a backup of the database `conn` is connected to (at `url`) into `directory`, then rotate.
 
     `record` writes the run into the job log (outcome, rows = facts + episodes, detail = file and size);
@@ -189,7 +218,9 @@ def _make_dir(directory: Path) -> None:
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise MemctlError(f"cannot create the backup directory {directory}: {exc.strerror or exc}") from None
+        raise MemctlError(
+            f"cannot create the backup directory {directory}: {exc.strerror or exc}"
+        ) from None
     if not os.access(directory, os.W_OK | os.X_OK):
         raise MemctlError(f"cannot write to the backup directory {directory}")
 
@@ -220,14 +251,24 @@ def _write(snap, taken: dict, tools, env: dict, info: dict, directory: Path, pre
     work = Path(tempfile.mkdtemp(prefix=f".{prefix}", suffix=".tmp", dir=directory))
     try:
         dump = work / backup_file.DUMP
-        argv = [tools["pg_dump"], "-Fc", f"--snapshot={taken['id']}", "-n", sql.Identifier(schema).as_string(snap),
-                f"--lock-wait-timeout={LOCK_WAIT}", "-f", str(dump)]
+        argv = [
+            tools["pg_dump"],
+            "-Fc",
+            f"--snapshot={taken['id']}",
+            "-n",
+            sql.Identifier(schema).as_string(snap),
+            f"--lock-wait-timeout={LOCK_WAIT}",
+            "-f",
+            str(dump),
+        ]
         proc = _start(argv, env)
         try:  # while pg_dump reads the same snapshot
             sums = checksums(snap, schema, tables(snap))
             migration = _migration(snap, sums)
             _, stderr = proc.communicate()
-        except BaseException:  # an error, or SIGINT/SIGTERM (memctl.interrupts): no pg_dump left running
+        except (
+            BaseException
+        ):  # an error, or SIGINT/SIGTERM (memctl.interrupts): no pg_dump left running
             proc.kill()
             proc.wait()
             raise
@@ -252,31 +293,44 @@ def _write(snap, taken: dict, tools, env: dict, info: dict, directory: Path, pre
 def _start(argv: list[str], env: dict):
     import subprocess
 
-    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
 
 
 def _migration(snap, sums: dict) -> str | None:
     return snap.execute(MIGRATION).fetchone()["name"] if "memctl_migrations" in sums else None
 
 
-def _manifest(taken: dict, info: dict, tools, sums: dict, migration: str | None, dump: Path) -> dict:
+def _manifest(
+    taken: dict, info: dict, tools, sums: dict, migration: str | None, dump: Path
+) -> dict:
     digest = hashlib.sha256()
     with open(dump, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return {
-        "format": backup_file.FORMAT, "version": backup_file.VERSION,
+        "format": backup_file.FORMAT,
+        "version": backup_file.VERSION,
         "created_at": taken["started"].astimezone(datetime.timezone.utc).isoformat(),
         "snapshot": taken["snapshot"],
         "memctl_version": __version__,
-        "server": {"version": info["version"], "version_num": info["num"], "database": info["database"],
-                   "schema": info["schema"]},
+        "server": {
+            "version": info["version"],
+            "version_num": info["num"],
+            "database": info["database"],
+            "schema": info["schema"],
+        },
         "pg_dump": {"version": tools.version, "major": tools.major},
         "migration": migration,
         "records": {name: sums[name]["rows"] for name in places.MEMORY_TABLES if name in sums},
         "tables": sums,
-        "dump": {"name": backup_file.DUMP, "format": "custom", "bytes": dump.stat().st_size, "sha256": digest.hexdigest()},
+        "dump": {
+            "name": backup_file.DUMP,
+            "format": "custom",
+            "bytes": dump.stat().st_size,
+            "sha256": digest.hexdigest(),
+        },
     }
 
 
@@ -300,16 +354,22 @@ def backups(directory: Path) -> list[tuple[Path, datetime.datetime]]:
             match = NAME.match(entry.name)
             if match and entry.is_file(follow_symlinks=False):
                 when = datetime.datetime.strptime(match.group(1), "%Y%m%dT%H%M%S").replace(
-                    tzinfo=datetime.timezone.utc)
+                    tzinfo=datetime.timezone.utc
+                )
                 found.append((Path(entry.path), when, int(match.group(2) or 0)))
     return [(p, w) for p, w, _ in sorted(found, key=lambda b: (b[1], b[2]), reverse=True)]
 
 
-def kept(found: list[tuple[Path, datetime.datetime]], keep_daily: int, keep_weekly: int) -> set[Path]:
+def kept(
+    found: list[tuple[Path, datetime.datetime]], keep_daily: int, keep_weekly: int
+) -> set[Path]:
     """restic's forget --keep-daily/--keep-weekly over backups newest first: the newest of each of the last
     `keep_daily` days that have one, and of each of the last `keep_weekly` ISO weeks that have one."""
     keep: set[Path] = set()
-    for count, bucket in ((keep_daily, lambda t: t.date()), (keep_weekly, lambda t: t.isocalendar()[:2])):
+    for count, bucket in (
+        (keep_daily, lambda t: t.date()),
+        (keep_weekly, lambda t: t.isocalendar()[:2]),
+    ):
         last, n = None, 0
         for path, when in found:
             if n >= count:
@@ -345,7 +405,10 @@ def _clean_leftovers(directory: Path) -> None:
     limit = time.time() - STALE_S
     for entry in os.scandir(directory):
         name = entry.name
-        if not (name.startswith((f".{PREFIX}", f".{SAFETY_PREFIX}", f".{MIGRATE_PREFIX}")) and name.endswith(".tmp")):
+        if not (
+            name.startswith((f".{PREFIX}", f".{SAFETY_PREFIX}", f".{MIGRATE_PREFIX}"))
+            and name.endswith(".tmp")
+        ):
             continue
         with contextlib.suppress(OSError):
             if entry.stat(follow_symlinks=False).st_mtime < limit:

@@ -43,8 +43,11 @@ def write(handle: IO[bytes], manifest: dict, dump: Path) -> None:
     sums = f"{hashlib.sha256(data).hexdigest()}  {MANIFEST}\n{manifest['dump']['sha256']}  {DUMP}\n".encode()
     now = int(time.time())
     with tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, size, source in ((MANIFEST, len(data), io.BytesIO(data)), (DUMP, dump.stat().st_size, None),
-                                   (SUMS, len(sums), io.BytesIO(sums))):
+        for name, size, source in (
+            (MANIFEST, len(data), io.BytesIO(data)),
+            (DUMP, dump.stat().st_size, None),
+            (SUMS, len(sums), io.BytesIO(sums)),
+        ):
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = size, 0o600, now
             if source is None:
@@ -72,11 +75,16 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         with tarfile.open(path, "r:") as tar:
             first = tar.next()
             if first is None or first.name != MANIFEST:
-                raise InvalidInput(f"{path}: not a memctl backup (its first member is not {MANIFEST})")
+                raise InvalidInput(
+                    f"{path}: not a memctl backup (its first member is not {MANIFEST})"
+                )
             members = tar.getmembers()  # headers only: the dump's data is skipped
             names = [m.name for m in members]
             if names != MEMBERS or not all(m.isfile() for m in members):
-                raise damaged(path, f"it holds {', '.join(names)} instead of {', '.join(MEMBERS)} (cut short?)")
+                raise damaged(
+                    path,
+                    f"it holds {', '.join(names)} instead of {', '.join(MEMBERS)} (cut short?)",
+                )
             if members[0].size > MAX_SMALL or members[2].size > MAX_SMALL:
                 raise damaged(path, f"{MANIFEST} or {SUMS} is too large")
             data, sums = (_contents(tar, m).read() for m in (members[0], members[2]))
@@ -136,21 +144,37 @@ def _check_manifest(path: Path, manifest: Any) -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise bad("format")
     if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
-        raise InvalidInput(f"{path}: backup format version {manifest.get('version')!r}; this memctl "
-                           f"({__version__}) reads up to {VERSION}: restore it with a newer memctl")
+        raise InvalidInput(
+            f"{path}: backup format version {manifest.get('version')!r}; this memctl "
+            f"({__version__}) reads up to {VERSION}: restore it with a newer memctl"
+        )
     dump, tables, server = manifest.get("dump"), manifest.get("tables"), manifest.get("server")
-    if not (isinstance(dump, dict) and isinstance(dump.get("bytes"), int)
-            and re.fullmatch(r"[0-9a-f]{64}", str(dump.get("sha256")))):
+    if not (
+        isinstance(dump, dict)
+        and isinstance(dump.get("bytes"), int)
+        and re.fullmatch(r"[0-9a-f]{64}", str(dump.get("sha256")))
+    ):
         raise bad("dump")
-    if not (isinstance(server, dict) and isinstance(server.get("schema"), str)
-            and isinstance(manifest.get("pg_dump"), dict) and isinstance(manifest["pg_dump"].get("major"), int)):
+    if not (
+        isinstance(server, dict)
+        and isinstance(server.get("schema"), str)
+        and isinstance(manifest.get("pg_dump"), dict)
+        and isinstance(manifest["pg_dump"].get("major"), int)
+    ):
         raise bad("server")
     if not isinstance(tables, dict) or not all(
-            isinstance(t, dict) and isinstance(t.get("rows"), int) and isinstance(t.get("checksum"), str)
-            and isinstance(t.get("columns"), list) and t["columns"] and all(isinstance(c, str) for c in t["columns"])
-            for t in tables.values()):
+        isinstance(t, dict)
+        and isinstance(t.get("rows"), int)
+        and isinstance(t.get("checksum"), str)
+        and isinstance(t.get("columns"), list)
+        and t["columns"]
+        and all(isinstance(c, str) for c in t["columns"])
+        for t in tables.values()
+    ):
         raise bad("tables")
-    if not isinstance(manifest.get("records"), dict) or not isinstance(manifest.get("created_at"), str):
+    if not isinstance(manifest.get("records"), dict) or not isinstance(
+        manifest.get("created_at"), str
+    ):
         raise bad("records")
 
 
@@ -173,6 +197,9 @@ def extract_dump(path: str | Path, manifest: dict, directory: Path) -> Path:
         raise damaged(path, str(exc)) from None
     expected = manifest["dump"]
     if size != expected["bytes"] or digest.hexdigest() != expected["sha256"]:
-        raise damaged(path, f"{DUMP} has {size} bytes, sha256 {digest.hexdigest()[:16]}..., the manifest says "
-                            f"{expected['bytes']} bytes, sha256 {expected['sha256'][:16]}...")
+        raise damaged(
+            path,
+            f"{DUMP} has {size} bytes, sha256 {digest.hexdigest()[:16]}..., the manifest says "
+            f"{expected['bytes']} bytes, sha256 {expected['sha256'][:16]}...",
+        )
     return target

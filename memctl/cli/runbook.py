@@ -22,12 +22,29 @@ app = typer.Typer(
 
 RepoOption = Annotated[
     Optional[str],
-    typer.Option("--repo", help="Runbook directory in a git work tree (else MEMCTL_RUNBOOKS, else `runbooks` "
-                 "in the config file).", show_default=False),
+    typer.Option(
+        "--repo",
+        help="Runbook directory in a git work tree (else MEMCTL_RUNBOOKS, else `runbooks` "
+        "in the config file).",
+        show_default=False,
+    ),
 ]
-NameArg = Annotated[str, typer.Argument(help="Runbook name: NAME or NAME.md, a file in the runbook directory.")]
-RUN_COLUMNS = ["id", "name", "commit", "dirty", "started_at", "outcome", "from_step", "failed_step", "exit_code",
-               "duration_s", "episode_id"]
+NameArg = Annotated[
+    str, typer.Argument(help="Runbook name: NAME or NAME.md, a file in the runbook directory.")
+]
+RUN_COLUMNS = [
+    "id",
+    "name",
+    "commit",
+    "dirty",
+    "started_at",
+    "outcome",
+    "from_step",
+    "failed_step",
+    "exit_code",
+    "duration_s",
+    "episode_id",
+]
 
 
 def register(app_: typer.Typer) -> None:
@@ -46,9 +63,16 @@ def list_(repo: RepoOption = None, fmt: FormatOption = Format.table) -> None:
         if entry["problem"]:
             warn(entry["problem"])
     last = _last_runs()
-    rows = ({"name": e["name"], "title": e["title"], "commit": e["commit"],
-             "last_run": last.get(e["name"], {}).get("started_at"),
-             "last_outcome": last.get(e["name"], {}).get("outcome")} for e in entries)
+    rows = (
+        {
+            "name": e["name"],
+            "title": e["title"],
+            "commit": e["commit"],
+            "last_run": last.get(e["name"], {}).get("started_at"),
+            "last_outcome": last.get(e["name"], {}).get("outcome"),
+        }
+        for e in entries
+    )
     render(rows, fmt)
 
 
@@ -60,15 +84,20 @@ def _last_runs() -> dict:
     try:
         return runbooks.last_runs(connect())
     except (MemctlError, psycopg.Error) as exc:
-        warn(mask_secrets("run history unavailable, last_run and last_outcome left empty: "
-                          f"{str(exc).strip()}"))
+        warn(
+            mask_secrets(
+                f"run history unavailable, last_run and last_outcome left empty: {str(exc).strip()}"
+            )
+        )
         return {}
 
 
 @app.command()
 def show(
     name: NameArg,
-    at: Annotated[Optional[str], typer.Option("--at", help="Show it as it was at this commit.")] = None,
+    at: Annotated[
+        Optional[str], typer.Option("--at", help="Show it as it was at this commit.")
+    ] = None,
     repo: RepoOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -94,7 +123,9 @@ def log(name: NameArg, repo: RepoOption = None, fmt: FormatOption = Format.table
 
 @app.command()
 def find(
-    words: Annotated[list[str], typer.Argument(help="Words to look for (any matches; case-insensitive).")],
+    words: Annotated[
+        list[str], typer.Argument(help="Words to look for (any matches; case-insensitive).")
+    ],
     repo: RepoOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -108,13 +139,26 @@ def find(
 @app.command()
 def run(
     name: NameArg,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the steps that would run; run and record nothing.")]
-    = False,
-    from_step: Annotated[int, typer.Option("--from-step", min=1, help="Start at step N (recorded).")] = 1,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Run without asking for confirmation.")] = False,
-    allow_dirty: Annotated[bool, typer.Option(
-        "--allow-dirty", help="Run a runbook with uncommitted or untracked changes (recorded as dirty).")] = False,
-    agent: Annotated[str, typer.Option("--agent", help="Agent the run and its episode belong to.")] = "default",
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the steps that would run; run and record nothing."),
+    ] = False,
+    from_step: Annotated[
+        int, typer.Option("--from-step", min=1, help="Start at step N (recorded).")
+    ] = 1,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Run without asking for confirmation.")
+    ] = False,
+    allow_dirty: Annotated[
+        bool,
+        typer.Option(
+            "--allow-dirty",
+            help="Run a runbook with uncommitted or untracked changes (recorded as dirty).",
+        ),
+    ] = False,
+    agent: Annotated[
+        str, typer.Option("--agent", help="Agent the run and its episode belong to.")
+    ] = "default",
     repo: RepoOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
@@ -128,13 +172,17 @@ def run(
     """
     repository = _repository(repo)
     runbook = runbooks.prepare(repository, name, from_step=from_step, allow_dirty=allow_dirty)
-    steps = runbook.steps[from_step - 1:]
+    steps = runbook.steps[from_step - 1 :]
     if dry_run:
         render(({"step": s.number, "title": s.title, "command": s.command} for s in steps), fmt)
-        warn(f"dry run: {len(steps)} step(s) of {runbook.name} at {runbook.commit}; nothing run, nothing recorded")
+        warn(
+            f"dry run: {len(steps)} step(s) of {runbook.name} at {runbook.commit}; nothing run, nothing recorded"
+        )
         return
     if runbook.dirty:
-        warn(f"{runbook.path} has uncommitted changes; running it anyway (--allow-dirty), recorded as dirty")
+        warn(
+            f"{runbook.path} has uncommitted changes; running it anyway (--allow-dirty), recorded as dirty"
+        )
     if not yes:
         _confirm(runbook, steps)
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -143,8 +191,9 @@ def run(
         sys.stderr.write(decoder.decode(data))
         sys.stderr.flush()
 
-    result = runbooks.run(connect(), repository, runbook, from_step=from_step, agent=agent,
-                          on_output=stream)
+    result = runbooks.run(
+        connect(), repository, runbook, from_step=from_step, agent=agent, on_output=stream
+    )
     render_one(result if fmt is not Format.table else {k: result[k] for k in RUN_COLUMNS}, fmt)
     if result["episode_error"]:
         warn(f"run recorded, but its episode was not: {result['episode_error']}")
@@ -155,8 +204,10 @@ def run(
 
 def _confirm(runbook: runbooks.Runbook, steps: list[runbooks.Step]) -> None:
     if not sys.stdin.isatty():
-        raise MemctlError(f"not running {runbook.name}: stdin is not a terminal to confirm on; "
-                          "pass --yes to run it (or --dry-run to see the steps)")
+        raise MemctlError(
+            f"not running {runbook.name}: stdin is not a terminal to confirm on; "
+            "pass --yes to run it (or --dry-run to see the steps)"
+        )
     for step in steps:
         warn(f"step {step.number}: {step.title}")
     at = runbook.commit[:12] if runbook.commit else "no commit yet"  # a repository without one
@@ -168,9 +219,13 @@ def _confirm(runbook: runbooks.Runbook, steps: list[runbooks.Step]) -> None:
 @app.command()
 def runs(
     name: NameArg,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many runs.")] = 20,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, help="At most this many runs.")
+    ] = 20,
     agent: Annotated[Optional[str], typer.Option("--agent", help="Only this agent's runs.")] = None,
-    repo: Annotated[Optional[str], typer.Option("--repo", hidden=True)] = None,  # runs come from the database
+    repo: Annotated[
+        Optional[str], typer.Option("--repo", hidden=True)
+    ] = None,  # runs come from the database
     fmt: FormatOption = Format.table,
 ) -> None:
     """Recorded runs of NAME, newest first (table leaves out the output tail; json etc. include it)."""

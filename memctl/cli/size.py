@@ -31,13 +31,29 @@ def register(root: typer.Typer) -> None:
 @app.callback()
 def size(
     ctx: typer.Context,
-    section: Annotated[Optional[Section], typer.Option(
-        "--section", "-s", help="Print one section only (jsonl and csv print relations unless told).")] = None,
-    exact: Annotated[bool, typer.Option(
-        "--exact", help="count(*) every memctl table however large, and read every episode for kinds and agents "
-                   "(TOAST tables are always estimated).")] = False,
-    every: Annotated[bool, typer.Option(
-        "--all", help="table: every relation (TOAST tables and indexes too), not only the tables.")] = False,
+    section: Annotated[
+        Optional[Section],
+        typer.Option(
+            "--section",
+            "-s",
+            help="Print one section only (jsonl and csv print relations unless told).",
+        ),
+    ] = None,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="count(*) every memctl table however large, and read every episode for kinds and agents "
+            "(TOAST tables are always estimated).",
+        ),
+    ] = False,
+    every: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="table: every relation (TOAST tables and indexes too), not only the tables.",
+        ),
+    ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Disk used by memctl: the total first, then groups, relations, models, kinds, agents, growth; `size
@@ -87,7 +103,9 @@ def size(
     sys.stdout.write(f"total: {total['total']} ({total['total_bytes']:,} bytes)\n\ngroups:\n")
     render(total["groups"], fmt)
     sys.stdout.write("\n")
-    shown = {"relations": [r for r in report["relations"] if every or r["kind"] in ("table", "vectors")]}
+    shown = {
+        "relations": [r for r in report["relations"] if every or r["kind"] in ("table", "vectors")]
+    }
     for name in ("relations", "models", "kinds", "agents"):
         sys.stdout.write(f"{name}:\n")
         render(shown.get(name, report[name]), fmt)
@@ -101,11 +119,21 @@ def size(
 
 @app.command()
 def estimate(
-    rows: Annotated[int, typer.Option("--rows", "-n", min=0, help="How many chunks (vectors) to size for.")],
-    dims: Annotated[Optional[int], typer.Option("--dims", "-d", min=1, help="Vector dimensions.")] = None,
-    model: Annotated[Optional[str], typer.Option(
-        "--model", "-m", help="A model name (common models known; else asked of Ollama).")] = None,
-    halfvec: Annotated[bool, typer.Option("--halfvec", help="Store as halfvec (2 bytes a dimension).")] = False,
+    rows: Annotated[
+        int, typer.Option("--rows", "-n", min=0, help="How many chunks (vectors) to size for.")
+    ],
+    dims: Annotated[
+        Optional[int], typer.Option("--dims", "-d", min=1, help="Vector dimensions.")
+    ] = None,
+    model: Annotated[
+        Optional[str],
+        typer.Option(
+            "--model", "-m", help="A model name (common models known; else asked of Ollama)."
+        ),
+    ] = None,
+    halfvec: Annotated[
+        bool, typer.Option("--halfvec", help="Store as halfvec (2 bytes a dimension).")
+    ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Bytes per vector, table, HNSW index and build memory for N rows: of one model, or of common models.

@@ -17,8 +17,13 @@ def register(root: typer.Typer) -> None:
 
 
 def status(
-    check: Annotated[bool, typer.Option(
-        "--check", help="For monitoring: exit 1 when any warning stands (the report is printed as usual).")] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="For monitoring: exit 1 when any warning stands (the report is printed as usual).",
+        ),
+    ] = False,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Episodes, chunks, the embedding backlog (pending, failed, oldest age), the active model, the last runs,

@@ -21,29 +21,49 @@ app = typer.Typer(
 
 BinOption = Annotated[
     Optional[str],
-    typer.Option("--bin", help="Absolute path of memctl for ExecStart= [default: the running memctl].",
-                 show_default=False),
+    typer.Option(
+        "--bin",
+        help="Absolute path of memctl for ExecStart= [default: the running memctl].",
+        show_default=False,
+    ),
 ]
 UserOption = Annotated[str, typer.Option("--user", help="The system user the jobs run as.")]
 EnvFileOption = Annotated[
-    str, typer.Option("--env-file", help="Optional EnvironmentFile= with MEMCTL_* settings and secrets.")
+    str,
+    typer.Option(
+        "--env-file", help="Optional EnvironmentFile= with MEMCTL_* settings and secrets."
+    ),
 ]
-NoEmbeddedOption = Annotated[bool, typer.Option(
-    "--no-embedded", help="No memctl-db.service: the jobs use MEMCTL_DATABASE_URL from the env file.")]
-MetricsOption = Annotated[Optional[str], typer.Option(
-    "--metrics-textfile", help="After each job, `memctl metrics --textfile PATH` (a .prom file) "
-    "[default: [metrics] textfile; unset: none].", show_default=False)]
+NoEmbeddedOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-embedded",
+        help="No memctl-db.service: the jobs use MEMCTL_DATABASE_URL from the env file.",
+    ),
+]
+MetricsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--metrics-textfile",
+        help="After each job, `memctl metrics --textfile PATH` (a .prom file) "
+        "[default: [metrics] textfile; unset: none].",
+        show_default=False,
+    ),
+]
 
 
 def _extras(no_embedded: bool, metrics_textfile: str | None) -> systemd.Extras:
     config = settings()
-    return systemd.Extras(embedded=not no_embedded,
-                          metrics_textfile=metrics_textfile or config.metrics.textfile,
-                          backup_dir=config.backup.dir)
+    return systemd.Extras(
+        embedded=not no_embedded,
+        metrics_textfile=metrics_textfile or config.metrics.textfile,
+        backup_dir=config.backup.dir,
+    )
 
 
-def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extras, *,
-            refuse: bool = False) -> dict[str, str]:
+def _render(
+    bin_path: str | None, user: str, env_file: str, extras: systemd.Extras, *, refuse: bool = False
+) -> dict[str, str]:
     """The units; what would make them fail here is a warning (render: they may be meant for another machine),
     or with `refuse` (install: they are for this one) a refusal that writes nothing."""
     bin_path = bin_path or systemd.default_bin()
@@ -52,8 +72,10 @@ def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extr
     for problem in problems:
         warn(f"{'refused' if refuse else 'warning'}: {problem}")
     if refuse and problems:
-        raise MemctlError(f"nothing written: {len(problems)} problem(s) above would make these units fail on this "
-                          "machine (--force writes them anyway)")
+        raise MemctlError(
+            f"nothing written: {len(problems)} problem(s) above would make these units fail on this "
+            "machine (--force writes them anyway)"
+        )
     return units
 
 
@@ -61,8 +83,12 @@ def _render(bin_path: str | None, user: str, env_file: str, extras: systemd.Extr
 def render(
     out: Annotated[
         Optional[Path],
-        typer.Option("--out", help="Write the units into this directory (created if missing) and list them; "
-                     "without it, print them.", show_default=False),
+        typer.Option(
+            "--out",
+            help="Write the units into this directory (created if missing) and list them; "
+            "without it, print them.",
+            show_default=False,
+        ),
     ] = None,
     bin_path: BinOption = None,
     user: UserOption = systemd.DEFAULT_USER,
@@ -74,10 +100,15 @@ def render(
     memctl-ingest@.service) and an example of the env file they read and of the config it names
     (memctl.env.example, config.toml.example with --out)."""
     units = _render(bin_path, user, env_file, _extras(no_embedded, metrics_textfile))
-    examples = {"memctl.env.example": systemd.example_env(), "config.toml.example": systemd.example_config()}
+    examples = {
+        "memctl.env.example": systemd.example_env(),
+        "config.toml.example": systemd.example_config(),
+    }
     _where(env_file)
     if out is None:
-        sys.stdout.write("\n".join(f"# --- {name} ---\n{text}" for name, text in {**units, **examples}.items()))
+        sys.stdout.write(
+            "\n".join(f"# --- {name} ---\n{text}" for name, text in {**units, **examples}.items())
+        )
         return
     for path in systemd.write_units(units, out):
         sys.stdout.write(f"{path}\n")
@@ -86,24 +117,34 @@ def render(
 
 
 def _where(env_file: str) -> None:
-    warn(f"the units read {env_file} (example: memctl.env.example), which names their config: "
-         f"MEMCTL_CONFIG={systemd.DEFAULT_CONFIG}; a config in ~/.config/memctl never reaches them "
-         "(HOME=/var/lib/memctl)")
+    warn(
+        f"the units read {env_file} (example: memctl.env.example), which names their config: "
+        f"MEMCTL_CONFIG={systemd.DEFAULT_CONFIG}; a config in ~/.config/memctl never reaches them "
+        "(HOME=/var/lib/memctl)"
+    )
 
 
 @app.command()
 def install(
-    dest: Annotated[Path, typer.Option("--dest", help="Directory the units are written to.")]
-    = systemd.DEFAULT_DEST,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Write nothing; say what would be written.")] = False,
+    dest: Annotated[
+        Path, typer.Option("--dest", help="Directory the units are written to.")
+    ] = systemd.DEFAULT_DEST,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Write nothing; say what would be written.")
+    ] = False,
     bin_path: BinOption = None,
     user: UserOption = systemd.DEFAULT_USER,
     env_file: EnvFileOption = systemd.DEFAULT_ENV_FILE,
     no_embedded: NoEmbeddedOption = False,
     metrics_textfile: MetricsOption = None,
     state_dir: Annotated[Path, typer.Option("--state-dir", hidden=True)] = Path(systemd.STATE_DIR),
-    force: Annotated[bool, typer.Option(
-        "--force", help="Write units that would fail here (--user root, a --bin under /home or /tmp, ...).")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write units that would fail here (--user root, a --bin under /home or /tmp, ...).",
+        ),
+    ] = False,
 ) -> None:
     """Write the units to /etc/systemd/system and print the commands that enable them.
 
@@ -122,8 +163,10 @@ def install(
         owners = ", ".join(f"{path.name or path} ({owner})" for path, owner in foreign[:6])
         for command in systemd.takeover_commands(state_dir, user):
             sys.stdout.write(f"{command}\n")
-        raise MemctlError(f"{state_dir} holds data {user} does not own: {owners}; systemd would chown it to "
-                          f"{user} silently when a unit starts. Nothing written: run the commands above first")
+        raise MemctlError(
+            f"{state_dir} holds data {user} does not own: {owners}; systemd would chown it to "
+            f"{user} silently when a unit starts. Nothing written: run the commands above first"
+        )
     if dry_run:
         for name in units:
             warn(f"would write {dest / name}")
@@ -132,7 +175,9 @@ def install(
             warn(f"wrote {path}")
     if not Path(env_file).exists():
         if dry_run:
-            warn(f"would write {env_file} and the config it names (examples): {env_file} does not exist")
+            warn(
+                f"would write {env_file} and the config it names (examples): {env_file} does not exist"
+            )
         else:
             _write_examples(Path(env_file))
     _where(env_file)
@@ -144,14 +189,22 @@ def _write_examples(env_file: Path) -> None:
     """The env file (0600: secrets go there) and, if missing, the config it names (0644: no secrets)."""
     try:
         env_file.parent.mkdir(parents=True, exist_ok=True)
-        config = env_file.parent / Path(systemd.DEFAULT_CONFIG).name  # beside it: /etc/memctl/config.toml
-        warn(f"wrote {files.write_text(env_file, systemd.example_env(str(config)))} (an example: edit it)")
+        config = (
+            env_file.parent / Path(systemd.DEFAULT_CONFIG).name
+        )  # beside it: /etc/memctl/config.toml
+        warn(
+            f"wrote {files.write_text(env_file, systemd.example_env(str(config)))} (an example: edit it)"
+        )
         if not config.exists():
             config.parent.mkdir(parents=True, exist_ok=True)
-            warn(f"wrote {files.write_text(config, systemd.example_config(), mode=0o644)} (an example: edit it)")
+            warn(
+                f"wrote {files.write_text(config, systemd.example_config(), mode=0o644)} (an example: edit it)"
+            )
     except OSError as exc:
-        warn(f"note: could not write the example {env_file} ({exc.strerror}); the jobs use memctl's defaults "
-             "until it exists")
+        warn(
+            f"note: could not write the example {env_file} ({exc.strerror}); the jobs use memctl's defaults "
+            "until it exists"
+        )
 
 
 def register(app_: typer.Typer) -> None:

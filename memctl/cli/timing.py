@@ -17,14 +17,29 @@ def register(root: typer.Typer) -> None:
 
 
 def timing(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model to time (default: configured).")] = None,
-    embedder: Annotated[Optional[str], typer.Option(
-        "--embedder", "-e", help="ollama, local or hash (default: configured).")] = None,
+    model: Annotated[
+        Optional[str], typer.Option("--model", "-m", help="Model to time (default: configured).")
+    ] = None,
+    embedder: Annotated[
+        Optional[str],
+        typer.Option("--embedder", "-e", help="ollama, local or hash (default: configured)."),
+    ] = None,
     sample: Annotated[int, typer.Option("--sample", "-n", min=1, help="Chunks to time.")] = 20,
-    batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "-b", min=1, help="Batch size for throughput (default [embedding] batch_size).")] = None,
-    file: Annotated[Optional[str], typer.Option(
-        "--file", help="Time these texts instead (one per line, or JSONL with \"content\").")] = None,
+    batch_size: Annotated[
+        Optional[int],
+        typer.Option(
+            "--batch-size",
+            "-b",
+            min=1,
+            help="Batch size for throughput (default [embedding] batch_size).",
+        ),
+    ] = None,
+    file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--file", help='Time these texts instead (one per line, or JSONL with "content").'
+        ),
+    ] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Time the embedder on sample chunks and project the cost onto the corpus.

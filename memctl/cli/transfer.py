@@ -25,13 +25,27 @@ def register(root: typer.Typer) -> None:
 
 
 def export(
-    out: Annotated[str, typer.Option("--out", "-o", help="File to write, or '-' for stdout.")] = "-",
-    agent: Annotated[Optional[str], typer.Option("--agent", "-a", help="Only this agent's episodes and runs.")] = None,
-    since: Annotated[Optional[str], typer.Option(
-        "--since", help="Only episodes, lineage and runs newer than a duration (7d) or ISO date.")] = None,
-    vectors: Annotated[bool, typer.Option(
-        "--vectors", help="Add the active model's vectors, so an import into a database with that model "
-                          "need not embed again.")] = False,
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="File to write, or '-' for stdout.")
+    ] = "-",
+    agent: Annotated[
+        Optional[str], typer.Option("--agent", "-a", help="Only this agent's episodes and runs.")
+    ] = None,
+    since: Annotated[
+        Optional[str],
+        typer.Option(
+            "--since",
+            help="Only episodes, lineage and runs newer than a duration (7d) or ISO date.",
+        ),
+    ] = None,
+    vectors: Annotated[
+        bool,
+        typer.Option(
+            "--vectors",
+            help="Add the active model's vectors, so an import into a database with that model "
+            "need not embed again.",
+        ),
+    ] = False,
 ) -> None:
     """Write facts with their history, episodes, summary lineage, blocked sources and runbook runs as JSONL.
 
@@ -42,7 +56,9 @@ def export(
 
     when = filters.parse_since(since) if since else None
     conn = connect(vector=False)
-    with jobs.record(conn, "export") as job:  # where it went: an erasure's receipt lists the exports before it
+    with jobs.record(
+        conn, "export"
+    ) as job:  # where it went: an erasure's receipt lists the exports before it
         job.detail = {"file": out if out == "-" else str(Path(out).resolve())}
         result = _export(conn, out, agent, when, vectors)
         job.rows = result.episodes + result.facts
@@ -59,7 +75,9 @@ def _export(conn: Memory, out: str, agent, when, vectors: bool):
         files.regular_target(out, "--out")
         try:
             with files.atomic_write(out) as handle:
-                result = export_mod.export(conn, handle.write, agent=agent, since=when, vectors=vectors)
+                result = export_mod.export(
+                    conn, handle.write, agent=agent, since=when, vectors=vectors
+                )
         except OSError as exc:
             raise InvalidInput(f"cannot write {out}: {exc.strerror}") from None
     return result
@@ -83,7 +101,9 @@ def import_(
     try:
         from memctl.write import values
 
-        lines = jsonl.bounded(handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]")
+        lines = jsonl.bounded(
+            handle, values.Limits.of(st).export_line_bytes(), "an export's line within [limits]"
+        )
         result = import_mod.import_stream(connect(), lines, redactor=redactor)
     finally:
         handle.close()

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
 APPLICATION_NAME = "memctl"
-NO_SPACE = "No space left on device"  # strerror(ENOSPC), as PostgreSQL writes it in its log and errors
+NO_SPACE = (
+    "No space left on device"  # strerror(ENOSPC), as PostgreSQL writes it in its log and errors
+)
 LOG_TAIL_BYTES = 8192  # how much of the embedded server's log a failed start reads back
 START_ROOM_BYTES = 16 * 2**20  # one WAL segment: crash recovery cannot start in less
 
@@ -71,14 +73,22 @@ def check_url(url: str, option: str | None = None) -> str:
     except ProgrammingError as exc:
         what = option or "the database URL"
         said = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
-        message = (f"{what}: not a PostgreSQL connection string (postgresql://USER@HOST:PORT/DBNAME or "
-                   f"'host=H dbname=D'): {config_mod.mask_secrets(said)}")
+        message = (
+            f"{what}: not a PostgreSQL connection string (postgresql://USER@HOST:PORT/DBNAME or "
+            f"'host=H dbname=D'): {config_mod.mask_secrets(said)}"
+        )
         raise (BadValue(message, option) if option else ConfigError(message)) from None
     return url
 
 
-def connect(url: str, *, vector: bool = False, autocommit: bool = True, timeout: int = 10,
-            settings: config_mod.Settings | None = None) -> Memory:
+def connect(
+    url: str,
+    *,
+    vector: bool = False,
+    autocommit: bool = True,
+    timeout: int = 10,
+    settings: config_mod.Settings | None = None,
+) -> Memory:
     """An autocommit memory handle (dict rows) carrying `settings`; `vector` registers pgvector types.
 
     The session declares the schema this memctl knows (memctl.db.migrate.SETTING): from sql/0025 on, the
@@ -119,8 +129,15 @@ def register_vector(conn: psycopg.Connection[Any]) -> None:
         pass  # the extension is not installed yet; migration creates it
 
 
-def open_database(target: Target, *, report: Callable[[str], None] | None = None, vector: bool = False,
-                  migrate: bool = True, reading: bool = False, settings: config_mod.Settings | None = None) -> Memory:
+def open_database(
+    target: Target,
+    *,
+    report: Callable[[str], None] | None = None,
+    vector: bool = False,
+    migrate: bool = True,
+    reading: bool = False,
+    settings: config_mod.Settings | None = None,
+) -> Memory:
     """Connect to the target, starting the embedded server as needed, and check its schema is this memctl's
     (a fresh embedded one is migrated; `reading`: a newer schema is a warning, not a refusal)."""
     from memctl.db import migrate as migrate_mod
@@ -212,7 +229,9 @@ def disk_full(target: Target | None, what: str = "") -> DiskFull:
     return DiskFull("the database server's disk (its data or WAL directory)", what)
 
 
-def open_replica(target: ReadTarget, *, vector: bool = False, settings: config_mod.Settings | None = None) -> Memory:
+def open_replica(
+    target: ReadTarget, *, vector: bool = False, settings: config_mod.Settings | None = None
+) -> Memory:
     """Connect to the read replica and check its schema is current; never migrates (a standby is read-only)."""
     from memctl.db import migrate as migrate_mod
 
@@ -224,8 +243,10 @@ def open_replica(target: ReadTarget, *, vector: bool = False, settings: config_m
         migrate_mod.ensure_current(conn, auto=False, reading=True)
     except SchemaBehind as exc:
         conn.close()
-        raise SchemaBehind(f"read replica ({target.origin}): {exc} on the primary; the replica has not replayed "
-                           "it yet, or read_url is not a replica of this primary") from None
+        raise SchemaBehind(
+            f"read replica ({target.origin}): {exc} on the primary; the replica has not replayed "
+            "it yet, or read_url is not a replica of this primary"
+        ) from None
     if vector:
         register_vector(conn)
     return conn

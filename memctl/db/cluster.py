@@ -28,13 +28,31 @@ class NotCitus(MemctlError):
 # a reference table (Citus would turn the whole foreign-key graph into Citus local tables, and refuses to for
 # tables with identity columns), so the foreign keys from distributed to reference tables (embed_queue and
 # embed_failures -> embedding_models) are dropped for the move and added back after it, in one transaction.
-DISTRIBUTED = ("episodes", "chunks", "embed_queue", "embed_failures", "episode_access", "summary_sources",
-               "runbook_runs")
+DISTRIBUTED = (
+    "episodes",
+    "chunks",
+    "embed_queue",
+    "embed_failures",
+    "episode_access",
+    "summary_sources",
+    "runbook_runs",
+)
 REFERENCE = ("memctl_migrations", "embedding_models", "blocked_sources")
 # Left as plain tables on the coordinator: not keyed by agent, never joined with the distributed tables,
 # and written with now() in ON CONFLICT ... DO UPDATE, which Citus refuses on reference tables.
-COORDINATOR_ONLY = ("facts", "fact_history", "jobs", "ingest_cursors", "erasures", "erasure_digests", "fold_key",
-                    "agents", "memctl_lock_models", "memctl_lock_sources", "memctl_lock_keys")  # the last three: memctl.db.locks
+COORDINATOR_ONLY = (
+    "facts",
+    "fact_history",
+    "jobs",
+    "ingest_cursors",
+    "erasures",
+    "erasure_digests",
+    "fold_key",
+    "agents",
+    "memctl_lock_models",
+    "memctl_lock_sources",
+    "memctl_lock_keys",
+)  # the last three: memctl.db.locks
 ANCHOR = "episodes"  # the co-location group's first table
 COLUMN = "agent"
 
@@ -66,7 +84,7 @@ TRUNCATE_LOCAL = "SELECT truncate_local_data_after_distributing_table(%s)"
 @dataclass
 class Placement:
     table: str
-    type: str    # distributed, reference, or coordinator (a plain table left there)
+    type: str  # distributed, reference, or coordinator (a plain table left there)
     action: str  # done now, already, or kept
 
     def to_dict(self) -> dict:
@@ -82,11 +100,15 @@ def require_coordinator(conn: Memory) -> str:
     """Citus's version, or NotCitus saying what is missing."""
     version = citus_version(conn)
     if version is None:
-        raise NotCitus("not a Citus database: the extension citus is not created here (a Citus server needs "
-                       "shared_preload_libraries = 'citus', then CREATE EXTENSION citus in this database on "
-                       "the coordinator and every worker)")
+        raise NotCitus(
+            "not a Citus database: the extension citus is not created here (a Citus server needs "
+            "shared_preload_libraries = 'citus', then CREATE EXTENSION citus in this database on "
+            "the coordinator and every worker)"
+        )
     if not conn.one(IS_COORDINATOR)["yes"]:
-        raise NotCitus("this Citus node is not the coordinator: run memctl db distribute against the coordinator")
+        raise NotCitus(
+            "this Citus node is not the coordinator: run memctl db distribute against the coordinator"
+        )
     return version
 
 
@@ -102,7 +124,11 @@ ORDER BY c.relname
 def plan(conn: Memory) -> list[tuple[str, str]]:
     """(table, type) for every memctl table present, in the order they must be placed."""
     present = {row["relname"] for row in conn.execute(PRESENT)}
-    vectors = [row["table_name"] for row in conn.execute(VECTOR_TABLES)] if "embedding_models" in present else []
+    vectors = (
+        [row["table_name"] for row in conn.execute(VECTOR_TABLES)]
+        if "embedding_models" in present
+        else []
+    )
     known = [*DISTRIBUTED[:2], *vectors, *DISTRIBUTED[2:]]
     later = [row["relname"] for row in conn.execute(KEYED_BY_AGENT) if row["relname"] not in known]
     wanted = [(t, "distributed") for t in (*known, *later)] + [(t, "reference") for t in REFERENCE]
@@ -130,11 +156,19 @@ def _distribute(conn: Memory) -> list[Placement]:
     placements, moved = [], []
     steps = plan(conn)
     todo = [t for t, _ in steps if t not in done or _citus_local(done[t])]
-    cross = conn.execute(CROSS_KEYS, ([t for t, k in steps if k == "distributed" and t in todo],
-                                      [t for t, k in steps if k == "reference" and t in todo])).fetchall()
+    cross = conn.execute(
+        CROSS_KEYS,
+        (
+            [t for t, k in steps if k == "distributed" and t in todo],
+            [t for t, k in steps if k == "reference" and t in todo],
+        ),
+    ).fetchall()
     for key in cross:
-        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
-            sql.Identifier(key["source"]), sql.Identifier(key["conname"])))
+        conn.execute(
+            sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+                sql.Identifier(key["source"]), sql.Identifier(key["conname"])
+            )
+        )
     for table, kind in steps:
         current = done.get(table)
         if current is not None and not _citus_local(current):
@@ -144,15 +178,24 @@ def _distribute(conn: Memory) -> list[Placement]:
         if kind == "reference":
             conn.execute(CREATE_REFERENCE, (table,))
         else:
-            conn.execute(CREATE_DISTRIBUTED, (table, COLUMN, "default" if table == ANCHOR else ANCHOR))
+            conn.execute(
+                CREATE_DISTRIBUTED, (table, COLUMN, "default" if table == ANCHOR else ANCHOR)
+            )
             if table == ANCHOR:
                 anchor = {row["name"]: row for row in conn.execute(STATE)}[ANCHOR]
         moved.append(table)
         placements.append(Placement(table, kind, "done"))
     for key in cross:  # the definition is the server's own text for a constraint it had
-        conn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
-            sql.Identifier(key["source"]), sql.Identifier(key["conname"]), sql.SQL(key["definition"])))
-    for table in reversed(moved):  # the coordinator's local copy of the rows moved; sources of foreign keys first
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
+                sql.Identifier(key["source"]),
+                sql.Identifier(key["conname"]),
+                sql.SQL(key["definition"]),
+            )
+        )
+    for table in reversed(
+        moved
+    ):  # the coordinator's local copy of the rows moved; sources of foreign keys first
         conn.execute(TRUNCATE_LOCAL, (table,))
     present = {row["relname"] for row in conn.execute(PRESENT)}
     placements += [Placement(t, "coordinator", "kept") for t in COORDINATOR_ONLY if t in present]
@@ -167,12 +210,19 @@ def _citus_local(row: dict) -> bool:
 def _check(table: str, kind: str, current: dict, anchor: dict | None) -> None:
     if kind == "reference" and current["method"] == "n" and current["repmodel"] == "t":
         return
-    if (kind == "distributed" and current["method"] == "h" and current["column_name"] == COLUMN
-            and anchor is not None and current["colocationid"] == anchor["colocationid"]):
+    if (
+        kind == "distributed"
+        and current["method"] == "h"
+        and current["column_name"] == COLUMN
+        and anchor is not None
+        and current["colocationid"] == anchor["colocationid"]
+    ):
         return
-    raise MemctlError(f"{table} is already a Citus table, but not a {kind} table"
-                      f"{' distributed by agent and co-located with episodes' if kind == 'distributed' else ''}: "
-                      f"undistribute it (SELECT undistribute_table('{table}')) and run memctl db distribute again")
+    raise MemctlError(
+        f"{table} is already a Citus table, but not a {kind} table"
+        f"{' distributed by agent and co-located with episodes' if kind == 'distributed' else ''}: "
+        f"undistribute it (SELECT undistribute_table('{table}')) and run memctl db distribute again"
+    )
 
 
 DISTRIBUTED_TABLE = """
@@ -229,7 +279,10 @@ def total_size(conn: Memory, table: str) -> int:
 
 def relation_size(conn: Memory, table: str) -> int:
     """A table's bytes with indexes and TOAST: its shards' on Citus, pg_total_relation_size otherwise (0 if absent)."""
-    if citus_version(conn) is not None and conn.execute(CITUS_TABLE, (table,)).fetchone() is not None:
+    if (
+        citus_version(conn) is not None
+        and conn.execute(CITUS_TABLE, (table,)).fetchone() is not None
+    ):
         return total_size(conn, table)
     return conn.one(LOCAL_SIZE, (table,))["bytes"]
 
@@ -245,7 +298,9 @@ SELECT json_build_object(
                 FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = t.oid))
 FROM pg_class t LEFT JOIN pg_stat_all_tables s ON s.relid = t.oid WHERE t.oid = '%s'::regclass
 """
-PLACEMENTS = "SELECT shardid, nodename, nodeport, success, result FROM run_command_on_placements(%s, %s)"
+PLACEMENTS = (
+    "SELECT shardid, nodename, nodeport, success, result FROM run_command_on_placements(%s, %s)"
+)
 CITUS_TABLES = """
 SELECT c.relname AS name, p.partmethod AS method FROM pg_class c JOIN pg_dist_partition p ON p.logicalrelid = c.oid
 WHERE c.relnamespace = current_schema()::regnamespace ORDER BY 1
@@ -266,20 +321,38 @@ def placement_figures(conn: Memory) -> dict[str, dict]:
         return {}
     out = {}
     for table in conn.execute(CITUS_TABLES).fetchall():
-        rows = conn.execute(PLACEMENTS, (table["name"], PLACEMENT_FIGURES), prepare=False).fetchall()
+        rows = conn.execute(
+            PLACEMENTS, (table["name"], PLACEMENT_FIGURES), prepare=False
+        ).fetchall()
         failed = [r for r in rows if not r["success"]]
         if failed:
-            raise MemctlError(f"reading {table['name']}'s shard on {failed[0]['nodename']}:{failed[0]['nodeport']} "
-                              f"failed: {failed[0]['result']}")
-        figures: dict[str, Any] = {"type": "distributed" if table["method"] == "h" else "reference", "shards": 0,
-                   "placements": len(rows), "nodes": len({(r["nodename"], r["nodeport"]) for r in rows}),
-                   "heap_bytes": 0, "toast_bytes": 0, "index_bytes": 0, "total_bytes": 0, "live_tuples": 0,
-                   "dead_tuples": 0, "indexes": {}}
+            raise MemctlError(
+                f"reading {table['name']}'s shard on {failed[0]['nodename']}:{failed[0]['nodeport']} "
+                f"failed: {failed[0]['result']}"
+            )
+        figures: dict[str, Any] = {
+            "type": "distributed" if table["method"] == "h" else "reference",
+            "shards": 0,
+            "placements": len(rows),
+            "nodes": len({(r["nodename"], r["nodeport"]) for r in rows}),
+            "heap_bytes": 0,
+            "toast_bytes": 0,
+            "index_bytes": 0,
+            "total_bytes": 0,
+            "live_tuples": 0,
+            "dead_tuples": 0,
+            "indexes": {},
+        }
         seen = set()
         for r in rows:
             one = json.loads(r["result"])
-            for key, name in (("heap", "heap_bytes"), ("toast", "toast_bytes"), ("indexes_total", "index_bytes"),
-                              ("total", "total_bytes"), ("dead", "dead_tuples")):
+            for key, name in (
+                ("heap", "heap_bytes"),
+                ("toast", "toast_bytes"),
+                ("indexes_total", "index_bytes"),
+                ("total", "total_bytes"),
+                ("dead", "dead_tuples"),
+            ):
                 figures[name] += one[key] or 0
             if r["shardid"] not in seen:  # live rows: one copy of each shard
                 seen.add(r["shardid"])

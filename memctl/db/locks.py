@@ -59,10 +59,17 @@ TRY_SESSION_LOCK = "SELECT pg_try_advisory_lock(%s) AS ok"
 WAIT_S = 0.2
 
 
-def holder(conn: Memory, key: int, second: int | None = None, *, name: str | None = None) -> dict | None:
+def holder(
+    conn: Memory, key: int, second: int | None = None, *, name: str | None = None
+) -> dict | None:
     """Who holds an advisory lock: key alone (a bigint), or two int4 keys (key, second or hashtext(name))."""
     if second is None and name is None:
-        params: dict[str, int | str | None] = {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF, "name": None, "sub": 1}
+        params: dict[str, int | str | None] = {
+            "hi": (key >> 32) & 0xFFFFFFFF,
+            "lo": key & 0xFFFFFFFF,
+            "name": None,
+            "sub": 1,
+        }
     else:
         params = {"hi": key & 0xFFFFFFFF, "lo": second, "name": name, "sub": 2}
     return conn.execute(HOLDER, params).fetchone()
@@ -72,9 +79,11 @@ def foreign(found: dict | None, what: str) -> MemctlError | None:
     """The error for a lock held by a session that is not memctl's (an agent's own login), or None."""
     if found is None or found["ours"]:
         return None
-    return MemctlError(f"{what}: memctl's lock is held by a session of role {found['role']} (pid {found['pid']}), "
-                       f"not memctl's: `memctl agent revoke` ends an agent's sessions, or a DBA runs "
-                       f"SELECT pg_terminate_backend({found['pid']})")
+    return MemctlError(
+        f"{what}: memctl's lock is held by a session of role {found['role']} (pid {found['pid']}), "
+        f"not memctl's: `memctl agent revoke` ends an agent's sessions, or a DBA runs "
+        f"SELECT pg_terminate_backend({found['pid']})"
+    )
 
 
 def session_lock(conn: Memory, key: int, what: str) -> None:

@@ -34,13 +34,17 @@ class Route(Protocol):
 
     def writer(self) -> Memory | None: ...
 
-    def report(self, message: str) -> None: ...  # a write through writer() failed: said to whoever asked
+    def report(
+        self, message: str
+    ) -> None: ...  # a write through writer() failed: said to whoever asked
 
 
 class Memory(psycopg.Connection[DictRow]):
     """A connection to memory: psycopg's Connection, with dict rows and memctl's session state."""
 
-    _settings: Settings | None  # the settings its commands run with (memctl.db.connect(settings=...))
+    _settings: (
+        Settings | None
+    )  # the settings its commands run with (memctl.db.connect(settings=...))
     _role: str | None  # the agent role the session is in (SET ROLE), None: its login role
     _route: Route | None  # a replica's: where the counts of what it read are written
     _gates: list[OpenGate]  # gates in their writing() transaction on it
@@ -58,7 +62,9 @@ class Memory(psycopg.Connection[DictRow]):
         if self._settings is None:
             from memctl.errors import MemctlError
 
-            raise MemctlError("this memory handle was opened without settings (memctl.db.connect(settings=...))")
+            raise MemctlError(
+                "this memory handle was opened without settings (memctl.db.connect(settings=...))"
+            )
         return self._settings
 
     @property
@@ -122,8 +128,14 @@ class Memory(psycopg.Connection[DictRow]):
         finally:
             self._gates.remove(gate)
 
-    def one(self, query: QueryNoTemplate, params: Params | None = None, *, prepare: bool | None = None,
-            binary: bool = False) -> DictRow:
+    def one(
+        self,
+        query: QueryNoTemplate,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool = False,
+    ) -> DictRow:
         """execute() and its row, for a statement that returns one (an aggregate, a write's RETURNING)."""
         row = self.execute(query, params, prepare=prepare, binary=binary).fetchone()
         assert row is not None, "the statement returned no row"

@@ -68,15 +68,19 @@ COLUMNS = """
 SELECT count(*) AS n FROM pg_attribute
 WHERE attrelid = 'memctl_migrations'::regclass AND attname IN ('memctl_version', 'fixed_from') AND NOT attisdropped
 """
-ADD_COLUMNS = ("ALTER TABLE memctl_migrations ADD COLUMN IF NOT EXISTS memctl_version text, "
-               "ADD COLUMN IF NOT EXISTS fixed_from text")
+ADD_COLUMNS = (
+    "ALTER TABLE memctl_migrations ADD COLUMN IF NOT EXISTS memctl_version text, "
+    "ADD COLUMN IF NOT EXISTS fixed_from text"
+)
 # to_jsonb(m): the columns a record made by an older memctl lacks read as NULL.
-APPLIED = ("SELECT name, checksum, applied_at, to_jsonb(m) ->> 'memctl_version' AS memctl_version "
-           "FROM memctl_migrations m ORDER BY name")
+APPLIED = (
+    "SELECT name, checksum, applied_at, to_jsonb(m) ->> 'memctl_version' AS memctl_version "
+    "FROM memctl_migrations m ORDER BY name"
+)
 RECORD = "INSERT INTO memctl_migrations (name, checksum, memctl_version) VALUES (%s, %s, %s)"
 RECORD_FIXUP = "UPDATE memctl_migrations SET checksum = %s, fixed_from = checksum, memctl_version = %s WHERE name = %s"
 TABLE_EXISTS = "SELECT to_regclass('memctl_migrations') IS NOT NULL"
-NEWEST = "SELECT max(name COLLATE \"C\") FROM memctl_migrations"
+NEWEST = 'SELECT max(name COLLATE "C") FROM memctl_migrations'
 DECLARE = "SELECT set_config('memctl.schema', %s, false)"
 DECLARED = "SELECT current_setting('memctl.schema', true)"
 # sql/0025: every table of memctl's schema carries the guard (a table a later migration made included).
@@ -144,8 +148,11 @@ def checksum(path: Path) -> str:
 
 def read_files(directory: Path | None = None) -> list[Migration]:
     directory = directory or sql_dir()
-    return [Migration(path.name, path, checksum(path)) for path in sorted(directory.glob("*.sql"))
-            if _NAME.match(path.name)]
+    return [
+        Migration(path.name, path, checksum(path))
+        for path in sorted(directory.glob("*.sql"))
+        if _NAME.match(path.name)
+    ]
 
 
 def read_fixups(directory: Path | None = None) -> dict[tuple[str, str], Path]:
@@ -193,13 +200,18 @@ def read_schema(conn: Memory, directory: Path | None = None) -> Schema:
     fixups = read_fixups(directory)
     for migration in files:
         if migration.name in applied:
-            migration.applied_checksum, migration.applied_at, migration.memctl_version = applied.pop(migration.name)
+            migration.applied_checksum, migration.applied_at, migration.memctl_version = (
+                applied.pop(migration.name)
+            )
             if migration.applied_checksum == migration.checksum:
                 migration.status = "applied"
             else:
                 migration.fixup = fixups.get((migration.name, migration.applied_checksum))
                 migration.status = "fixup" if migration.fixup else "changed"
-    unknown = [Migration(name, None, sums, "unknown", at, sums, version) for name, (sums, at, version) in applied.items()]
+    unknown = [
+        Migration(name, None, sums, "unknown", at, sums, version)
+        for name, (sums, at, version) in applied.items()
+    ]
     return Schema(sorted(files + unknown, key=lambda m: m.name))
 
 
@@ -225,9 +237,11 @@ def ahead_message(unknown: list[Migration], directory: Path | None = None) -> st
 
     last = unknown[-1]
     made_by = f" (applied by memctl {last.memctl_version})" if last.memctl_version else ""
-    return (f"this memory's schema is at {last.name}{made_by}, newer than memctl {__version__} knows (its newest "
-            f"migration: {newest(directory) or 'none'}; {len(unknown)} it does not know): upgrade memctl "
-            "(pip install -U memctl, in every venv that runs it: the systemd units' too)")
+    return (
+        f"this memory's schema is at {last.name}{made_by}, newer than memctl {__version__} knows (its newest "
+        f"migration: {newest(directory) or 'none'}; {len(unknown)} it does not know): upgrade memctl "
+        "(pip install -U memctl, in every venv that runs it: the systemd units' too)"
+    )
 
 
 def pending(conn: Memory, directory: Path | None = None) -> list[Migration]:
@@ -237,7 +251,9 @@ def pending(conn: Memory, directory: Path | None = None) -> list[Migration]:
     return schema.by("pending", "fixup")
 
 
-def apply(conn: Memory, directory: Path | None = None, report=None, progress=None) -> list[Migration]:
+def apply(
+    conn: Memory, directory: Path | None = None, report=None, progress=None
+) -> list[Migration]:
     """Apply pending migrations; returns those applied by this call. `conn` is autocommit.
 
     First the server is checked (memctl.db.preflight.preflight): a PostgreSQL or pgvector too old, or a
@@ -262,7 +278,11 @@ def apply(conn: Memory, directory: Path | None = None, report=None, progress=Non
             started = time.monotonic()
             _run(conn, migration, report)
             if progress is not None:
-                done = "fixed (its earlier content's fix-up)" if migration.status == "fixup" else "applied"
+                done = (
+                    "fixed (its earlier content's fix-up)"
+                    if migration.status == "fixup"
+                    else "applied"
+                )
                 progress(f"{migration.name}: {done} in {time.monotonic() - started:.1f} s")
             migration.status = "applied"
         if todo and _rows(conn, HAS_GUARD)[0][0]:
@@ -286,8 +306,11 @@ def _run(conn: Memory, migration: Migration, report) -> None:
     from memctl import __version__
 
     text = migration.steps()
-    record = ((RECORD_FIXUP, (migration.checksum, __version__, migration.name)) if migration.status == "fixup"
-              else (RECORD, (migration.name, migration.checksum, __version__)))
+    record = (
+        (RECORD_FIXUP, (migration.checksum, __version__, migration.name))
+        if migration.status == "fixup"
+        else (RECORD, (migration.name, migration.checksum, __version__))
+    )
     for attempt in range(1, LOCK_RETRIES + 1):
         try:
             if text.lstrip().startswith(NO_TRANSACTION):
@@ -306,12 +329,16 @@ def _run(conn: Memory, migration: Migration, report) -> None:
             return
         except psycopg.errors.LockNotAvailable:
             if attempt == LOCK_RETRIES:
-                raise MemctlError(f"{migration.name}: a lock on its tables was held by other sessions through "
-                                  f"{LOCK_RETRIES} tries of {LOCK_TIMEOUT} each (a long transaction?); nothing of "
-                                  "it was applied: run memctl db migrate again once it ends") from None
+                raise MemctlError(
+                    f"{migration.name}: a lock on its tables was held by other sessions through "
+                    f"{LOCK_RETRIES} tries of {LOCK_TIMEOUT} each (a long transaction?); nothing of "
+                    "it was applied: run memctl db migrate again once it ends"
+                ) from None
             if report is not None:
-                report(f"{migration.name}: a table is locked by another session; gave way after {LOCK_TIMEOUT} "
-                       f"(try {attempt} of {LOCK_RETRIES}), trying again")
+                report(
+                    f"{migration.name}: a table is locked by another session; gave way after {LOCK_TIMEOUT} "
+                    f"(try {attempt} of {LOCK_RETRIES}), trying again"
+                )
             time.sleep(min(5.0, 0.5 * attempt))
 
 
@@ -361,7 +388,9 @@ def holds_memory(conn: Memory) -> bool:
         return False
     # `SELECT 1`, not a zero-column `SELECT FROM`: Citus plans the latter on a distributed table as a function
     # returning "record" and refuses it ("a column definition list is required").
-    query = sql.SQL(" OR ").join(sql.SQL("EXISTS (SELECT 1 FROM {})").format(sql.SQL(t)) for t in tables)
+    query = sql.SQL(" OR ").join(
+        sql.SQL("EXISTS (SELECT 1 FROM {})").format(sql.SQL(t)) for t in tables
+    )
     return bool(_rows(conn, sql.SQL("SELECT ") + query)[0][0])
 
 
@@ -413,9 +442,11 @@ def check_unchanged(conn: Memory, known: str | None = None) -> None:
 def changed_message(found: str, known: str) -> str:
     from memctl import __version__
 
-    return (f"this memory's schema changed while this process ran (now at {found}; memctl {__version__} knows up "
-            f"to {known}): stopping so it starts again with the memctl installed now (its systemd unit restarts "
-            "it); nothing acknowledged is lost")
+    return (
+        f"this memory's schema changed while this process ran (now at {found}; memctl {__version__} knows up "
+        f"to {known}): stopping so it starts again with the memctl installed now (its systemd unit restarts "
+        "it); nothing acknowledged is lost"
+    )
 
 
 def is_guard_refusal(exc: BaseException) -> bool:

@@ -32,7 +32,9 @@ def _parse(conninfo: str) -> dict[str, str]:
     try:
         params = conninfo_to_dict(conninfo)
     except ProgrammingError as exc:
-        raise ConfigError(f"the database URL is not a valid connection string: {mask_secrets(str(exc))}") from None
+        raise ConfigError(
+            f"the database URL is not a valid connection string: {mask_secrets(str(exc))}"
+        ) from None
     return {key: str(value) for key, value in params.items()}
 
 
@@ -45,7 +47,9 @@ def _write_private(path: Path, text: str) -> None:
 
 def _passfile_line(password: str) -> str:
     if "\n" in password or "\r" in password:
-        raise ConfigError("the database password contains a line break, which a libpq password file cannot hold")
+        raise ConfigError(
+            "the database password contains a line break, which a libpq password file cannot hold"
+        )
     escaped = password.replace("\\", "\\\\").replace(":", "\\:")
     return f"*:*:*:*:{escaped}\n"
 
@@ -54,8 +58,10 @@ def _service_text(params: dict[str, str]) -> str:
     lines = [f"[{SERVICE}]"]
     for key, value in params.items():
         if value != value.strip() or "\n" in value or "\r" in value:
-            raise ConfigError(f"the database URL's {key!r} has leading or trailing spaces or a line break, "
-                              "which a libpq service file cannot hold")
+            raise ConfigError(
+                f"the database URL's {key!r} has leading or trailing spaces or a line break, "
+                "which a libpq service file cannot hold"
+            )
         lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"
 
@@ -70,8 +76,10 @@ def write(conninfo: str, directory: str | Path) -> dict[str, str]:
         raise ConfigError(f"{directory}: not a directory (create it first, e.g. with mktemp -d)")
     params = _parse(conninfo)
     if "service" in params:
-        raise ConfigError(f"the database URL names the libpq service {params['service']!r}; libpq cannot nest "
-                          "services: give the steps PGSERVICE instead of a URL")
+        raise ConfigError(
+            f"the database URL names the libpq service {params['service']!r}; libpq cannot nest "
+            "services: give the steps PGSERVICE instead of a URL"
+        )
     password = params.pop("password", None)
     if password is not None:
         passfile = directory.resolve() / PASS_FILE

@@ -88,8 +88,11 @@ def available_pgvector(conn: Memory) -> dict | None:
     row = _one(conn, AVAILABLE, (EXTENSION,))
     if row is None:
         return None
-    return {"version": parse_version(row["default_version"]), "superuser": row["superuser"],
-            "trusted": row["trusted"]}
+    return {
+        "version": parse_version(row["default_version"]),
+        "superuser": row["superuser"],
+        "trusted": row["trusted"],
+    }
 
 
 def rights(conn: Memory) -> dict:
@@ -105,16 +108,20 @@ def rights(conn: Memory) -> dict:
 def server_problem(version_num: int, text: str) -> str | None:
     """Why memctl refuses this PostgreSQL, or None."""
     if version_num // 10000 < MIN_SERVER:
-        return (f"PostgreSQL {text} is too old: memctl needs PostgreSQL {MIN_SERVER} or newer "
-                f"(supported: {MIN_SERVER} to {MAX_SERVER}); upgrade the server, or leave --database-url "
-                "unset to use the embedded PostgreSQL 18")
+        return (
+            f"PostgreSQL {text} is too old: memctl needs PostgreSQL {MIN_SERVER} or newer "
+            f"(supported: {MIN_SERVER} to {MAX_SERVER}); upgrade the server, or leave --database-url "
+            "unset to use the embedded PostgreSQL 18"
+        )
     return None
 
 
 def server_warning(version_num: int, text: str) -> str | None:
     if version_num // 10000 > MAX_SERVER:
-        return (f"PostgreSQL {text} is newer than the versions memctl supports ({MIN_SERVER} to "
-                f"{MAX_SERVER}): not tested")
+        return (
+            f"PostgreSQL {text} is newer than the versions memctl supports ({MIN_SERVER} to "
+            f"{MAX_SERVER}): not tested"
+        )
     return None
 
 
@@ -122,21 +129,27 @@ def pgvector_problem(version: tuple[int, ...] | None) -> str | None:
     """Why this pgvector is not enough for memctl, or None (also None for 'not created': see preflight)."""
     if version is None or version >= MIN_PGVECTOR:
         return None
-    return (f"pgvector {_text(version)} is older than {_text(MIN_PGVECTOR)}: it has no iterative index scan "
-            "(hnsw.iterative_scan), which memctl's search sets, and without it a filtered vector search returns "
-            "too few rows (measured: 4 of 10 at a filter to 10% of rows)")
+    return (
+        f"pgvector {_text(version)} is older than {_text(MIN_PGVECTOR)}: it has no iterative index scan "
+        "(hnsw.iterative_scan), which memctl's search sets, and without it a filtered vector search returns "
+        "too few rows (measured: 4 of 10 at a filter to 10% of rows)"
+    )
 
 
 def upgrade_path(database: str, created: bool, available: tuple[int, ...] | None = None) -> str:
     """How to reach MIN_PGVECTOR: install a newer pgvector unless `available` already is, then update."""
     if created and available is not None and available >= MIN_PGVECTOR:
-        return (f"the server already has pgvector {_text(available)}: as a superuser connected to database "
-                f"\"{database}\", run ALTER EXTENSION vector UPDATE;")
-    steps = (f"install pgvector {_text(MIN_PGVECTOR)} or newer on the server (the distribution's package, e.g. "
-             "postgresql-NN-pgvector, or from source: make && make install with PG_CONFIG set to that server's "
-             "pg_config), restart sessions")
+        return (
+            f"the server already has pgvector {_text(available)}: as a superuser connected to database "
+            f'"{database}", run ALTER EXTENSION vector UPDATE;'
+        )
+    steps = (
+        f"install pgvector {_text(MIN_PGVECTOR)} or newer on the server (the distribution's package, e.g. "
+        "postgresql-NN-pgvector, or from source: make && make install with PG_CONFIG set to that server's "
+        "pg_config), restart sessions"
+    )
     if created:
-        return (f"{steps}, then as a superuser connected to database \"{database}\": ALTER EXTENSION vector UPDATE;")
+        return f'{steps}, then as a superuser connected to database "{database}": ALTER EXTENSION vector UPDATE;'
     return steps
 
 
@@ -144,33 +157,39 @@ def missing_extension(r: dict, available: dict | None) -> str | None:
     """What must happen before memctl can create its schema when `vector` is not created; None if memctl may."""
     database, role = r["database"], r["role"]
     if available is None:
-        return (f"pgvector is not installed on this server: install pgvector {_text(MIN_PGVECTOR)} or newer "
-                "(the distribution's package, e.g. postgresql-NN-pgvector; Debian 12 has none: build it from source "
-                "with make && make install, PG_CONFIG set to the server's pg_config), then as a superuser run, "
-                f"connected to database \"{database}\":\n"
-                f"    CREATE EXTENSION vector;\n"
-                f"and run memctl db migrate again")
+        return (
+            f"pgvector is not installed on this server: install pgvector {_text(MIN_PGVECTOR)} or newer "
+            "(the distribution's package, e.g. postgresql-NN-pgvector; Debian 12 has none: build it from source "
+            "with make && make install, PG_CONFIG set to the server's pg_config), then as a superuser run, "
+            f'connected to database "{database}":\n'
+            f"    CREATE EXTENSION vector;\n"
+            f"and run memctl db migrate again"
+        )
     problem = pgvector_problem(available["version"])
     if problem:
         return f"{problem}; {upgrade_path(database, created=False)}"
     may_create = r["superuser"] or (available["trusted"] and r["database_create"])
     if may_create:
         return None
-    return (f"the pgvector extension is not created in database \"{database}\", and role \"{role}\" may not create "
-            "it (pgvector needs a superuser). Ask a superuser to run, connected to that database "
-            f"(psql -d {shlex.quote(database)}):\n"
-            f"    CREATE EXTENSION vector;\n"
-            "(or once in template1, so databases created later have it: psql -d template1 -c 'CREATE EXTENSION "
-            "vector;'), then run memctl db migrate again")
+    return (
+        f'the pgvector extension is not created in database "{database}", and role "{role}" may not create '
+        "it (pgvector needs a superuser). Ask a superuser to run, connected to that database "
+        f"(psql -d {shlex.quote(database)}):\n"
+        f"    CREATE EXTENSION vector;\n"
+        "(or once in template1, so databases created later have it: psql -d template1 -c 'CREATE EXTENSION "
+        "vector;'), then run memctl db migrate again"
+    )
 
 
 def schema_problem(r: dict) -> str | None:
     if r["schema_create"]:
         return None
-    where = f"schema \"{r['schema']}\"" if r["schema"] else "any schema on its search_path"
-    return (f"role \"{r['role']}\" may not create tables in {where} of database \"{r['database']}\": memctl's role "
-            f"should own its database (as a superuser: ALTER DATABASE \"{r['database']}\" OWNER TO \"{r['role']}\"; "
-            f"on PostgreSQL 15+ the owner may create in schema public), or be granted CREATE on the schema")
+    where = f'schema "{r["schema"]}"' if r["schema"] else "any schema on its search_path"
+    return (
+        f'role "{r["role"]}" may not create tables in {where} of database "{r["database"]}": memctl\'s role '
+        f'should own its database (as a superuser: ALTER DATABASE "{r["database"]}" OWNER TO "{r["role"]}"; '
+        f"on PostgreSQL 15+ the owner may create in schema public), or be granted CREATE on the schema"
+    )
 
 
 # ---------------------------------------------------------------------- checks against a connection
@@ -223,9 +242,11 @@ def pgvector_behind(conn: Memory) -> tuple[tuple[int, ...], tuple[int, ...]] | N
 
 def behind_message(found: tuple[tuple[int, ...], tuple[int, ...]], database: str) -> str:
     installed, available = found
-    return (f"pgvector {_text(installed)} is created in this database, and the server has {_text(available)}: "
-            f"memctl db migrate updates it where its role may (the extension's owner); else a superuser runs, "
-            f"connected to database \"{database}\": ALTER EXTENSION vector UPDATE;")
+    return (
+        f"pgvector {_text(installed)} is created in this database, and the server has {_text(available)}: "
+        f"memctl db migrate updates it where its role may (the extension's owner); else a superuser runs, "
+        f'connected to database "{database}": ALTER EXTENSION vector UPDATE;'
+    )
 
 
 def update_pgvector(conn: Memory) -> str | None:
@@ -239,7 +260,7 @@ def update_pgvector(conn: Memory) -> str | None:
     conn.execute(UPDATE)
     now = pgvector_version(conn)
     assert now is not None  # just updated
-    return f"pgvector updated in database \"{database}\": {_text(found[0])} -> {_text(now)}"
+    return f'pgvector updated in database "{database}": {_text(found[0])} -> {_text(now)}'
 
 
 def version_warnings(conn: Memory) -> list[str]:
@@ -248,12 +269,16 @@ def version_warnings(conn: Memory) -> list[str]:
     found = [w for w in (server_problem(num, text), server_warning(num, text)) if w]
     installed = pgvector_version(conn)
     if installed is None:
-        found.append("the pgvector extension is not created in this database: run memctl db migrate")
+        found.append(
+            "the pgvector extension is not created in this database: run memctl db migrate"
+        )
     else:
         problem = pgvector_problem(installed)
         if problem:
             available = (available_pgvector(conn) or {}).get("version")
-            found.append(f"{problem}; {upgrade_path(rights(conn)['database'], created=True, available=available)}")
+            found.append(
+                f"{problem}; {upgrade_path(rights(conn)['database'], created=True, available=available)}"
+            )
         else:
             behind = pgvector_behind(conn)
             if behind is not None:

@@ -39,19 +39,38 @@ from pathlib import Path
 from typing import Callable
 
 from memctl.db import embedded
-from memctl.errors import EXIT_UNAVAILABLE, ConfigError, DatabaseUnavailable, MemctlError, UsageError
+from memctl.errors import (
+    EXIT_UNAVAILABLE,
+    ConfigError,
+    DatabaseUnavailable,
+    MemctlError,
+    UsageError,
+)
 
 DEFAULT_PORT = 5432
 SOCKET_PERMISSIONS = "0770"
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
 # SIGTERM would be postgres's "smart" shutdown, which waits for every client (a connected agent) to leave.
-FORWARD = {signal.SIGTERM: signal.SIGINT, signal.SIGINT: signal.SIGINT, signal.SIGQUIT: signal.SIGQUIT,
-           signal.SIGHUP: signal.SIGHUP}
-INITDB_ARGS = ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"]  # as the wheel runs it
+FORWARD = {
+    signal.SIGTERM: signal.SIGINT,
+    signal.SIGINT: signal.SIGINT,
+    signal.SIGQUIT: signal.SIGQUIT,
+    signal.SIGHUP: signal.SIGHUP,
+}
+INITDB_ARGS = [
+    "--auth=trust",
+    "--auth-local=trust",
+    "--encoding=utf8",
+    "-U",
+    "postgres",
+]  # as the wheel runs it
 
 
-def serve(socket_dir: Path | None = None, port: int = DEFAULT_PORT,
-          report: Callable[[str], None] | None = None) -> int:
+def serve(
+    socket_dir: Path | None = None,
+    port: int = DEFAULT_PORT,
+    report: Callable[[str], None] | None = None,
+) -> int:
     """Run the embedded server until it is told to stop; its exit status. `socket_dir`: MEMCTL_HOME/run."""
     say = report or (lambda _line: None)
     socket_dir = Path(socket_dir) if socket_dir else embedded.memctl_home() / "run"
@@ -61,7 +80,9 @@ def serve(socket_dir: Path | None = None, port: int = DEFAULT_PORT,
     forwarder = _Forwarder()
     with forwarder.installed():
         with embedded.start_lock():
-            user.own(embedded.memctl_home() / embedded.START_LOCK)  # as root: the units' user may take it later
+            user.own(
+                embedded.memctl_home() / embedded.START_LOCK
+            )  # as root: the units' user may take it later
             proc = _start(pgdata, socket_dir, port, user, forwarder, say)
             if proc is None:
                 return 0
@@ -89,10 +110,18 @@ def serve(socket_dir: Path | None = None, port: int = DEFAULT_PORT,
 def check_socket(socket_dir: Path, port: int) -> None:
     """Refuse values postgres would misread (a list separator in the directory) or cannot bind."""
     text = str(socket_dir)
-    if not socket_dir.is_absolute() or any(c in text for c in ",'\"\\") or any(c.isspace() for c in text):
-        raise UsageError(f"--socket-dir {text!r} must be an absolute path without commas, quotes or spaces")
+    if (
+        not socket_dir.is_absolute()
+        or any(c in text for c in ",'\"\\")
+        or any(c.isspace() for c in text)
+    ):
+        raise UsageError(
+            f"--socket-dir {text!r} must be an absolute path without commas, quotes or spaces"
+        )
     if len(f"{text}/.s.PGSQL.{port}") > SOCKET_PATH_MAX:
-        raise UsageError(f"--socket-dir {text!r} is too long for a Unix socket ({SOCKET_PATH_MAX} bytes at most)")
+        raise UsageError(
+            f"--socket-dir {text!r} is too long for a Unix socket ({SOCKET_PATH_MAX} bytes at most)"
+        )
     if not 1 <= port <= 65535:
         raise UsageError(f"--port {port} is not a port number")
 
@@ -117,9 +146,11 @@ class ServerUser:
         except OSError:
             owner = 0
         if owner == 0:
-            raise ConfigError(f"as root, memctl db serve runs the server as the owner of {home}, and that is not a "
-                              "user (PostgreSQL refuses root): install -d -o memctl -g memctl -m 0750 "
-                              f"{home}, or run it as that user (sudo -u memctl memctl db serve)")
+            raise ConfigError(
+                f"as root, memctl db serve runs the server as the owner of {home}, and that is not a "
+                "user (PostgreSQL refuses root): install -d -o memctl -g memctl -m 0750 "
+                f"{home}, or run it as that user (sudo -u memctl memctl db serve)"
+            )
         try:
             entry = pwd.getpwuid(owner)
         except KeyError:
@@ -129,8 +160,12 @@ class ServerUser:
     def run_kwargs(self) -> dict:
         if not self.switch:
             return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": os.getgrouplist(self.name, self.gid),
-                "cwd": "/"}  # not root's working directory, which the user may not enter
+        return {
+            "user": self.uid,
+            "group": self.gid,
+            "extra_groups": os.getgrouplist(self.name, self.gid),
+            "cwd": "/",
+        }  # not root's working directory, which the user may not enter
 
     def own(self, path: Path) -> None:
         if self.switch:
@@ -146,14 +181,22 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
-def _start(pgdata: Path, socket_dir: Path, port: int, user: ServerUser,
-           forwarder: "_Forwarder", say: Callable[[str], None]) -> subprocess.Popen | None:
+def _start(
+    pgdata: Path,
+    socket_dir: Path,
+    port: int,
+    user: ServerUser,
+    forwarder: "_Forwarder",
+    say: Callable[[str], None],
+) -> subprocess.Popen | None:
     """Under the start lock: the data directory checked or made, the home marked managed, postgres started."""
     _refuse_foreign(pgdata, user)
     other = _postmaster_pid(pgdata)
     if other is not None:
-        raise MemctlError(f"a server started outside memctl db serve runs on {pgdata} (pid {other}): "
-                          f"stop it first (kill -INT {other})")
+        raise MemctlError(
+            f"a server started outside memctl db serve runs on {pgdata} (pid {other}): "
+            f"stop it first (kill -INT {other})"
+        )
     embedded.check_major(pgdata)
     if not (pgdata / "PG_VERSION").exists():
         _initdb(pgdata, user)
@@ -163,14 +206,22 @@ def _start(pgdata: Path, socket_dir: Path, port: int, user: ServerUser,
             socket_dir.mkdir(mode=0o750, parents=True)
             user.own(socket_dir)
     except OSError as exc:
-        raise DatabaseUnavailable(f"cannot create the socket directory {socket_dir}: {exc.strerror}") from None
+        raise DatabaseUnavailable(
+            f"cannot create the socket directory {socket_dir}: {exc.strerror}"
+        ) from None
     marker = embedded.write_managed(embedded.Managed(socket_dir, port))
     user.own(marker)
-    say(f"{marker} written: memctl processes sharing {marker.parent} connect to this server and never start one")
+    say(
+        f"{marker} written: memctl processes sharing {marker.parent} connect to this server and never start one"
+    )
     if forwarder.stopping:
         return None
-    options = {"unix_socket_directories": str(socket_dir), "unix_socket_permissions": SOCKET_PERMISSIONS,
-               "listen_addresses": "", "port": str(port)}
+    options = {
+        "unix_socket_directories": str(socket_dir),
+        "unix_socket_permissions": SOCKET_PERMISSIONS,
+        "listen_addresses": "",
+        "port": str(port),
+    }
     argv = [str(embedded.bin_dir() / "postgres"), "-D", str(pgdata)]
     for name, value in options.items():
         argv += ["-c", f"{name}={value}"]
@@ -189,9 +240,11 @@ def _refuse_foreign(pgdata: Path, user: ServerUser) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot use {pgdata}: {exc.strerror}") from None
     if owner != user.uid:
-        raise ConfigError(f"{pgdata} belongs to {_user_name(owner)}, not {user.name} (made by memctl as root?): "
-                          f"stop its server (memctl db stop, as root), then chown -R {user.name}: {pgdata.parent}, "
-                          "or move it aside; see docs/systemd.md")
+        raise ConfigError(
+            f"{pgdata} belongs to {_user_name(owner)}, not {user.name} (made by memctl as root?): "
+            f"stop its server (memctl db stop, as root), then chown -R {user.name}: {pgdata.parent}, "
+            "or move it aside; see docs/systemd.md"
+        )
 
 
 def _postmaster_pid(pgdata: Path) -> int | None:
@@ -203,7 +256,9 @@ def _postmaster_pid(pgdata: Path) -> int | None:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return pid  # not ours to inspect (another user's): assume the file tells the truth
-    return pid if comm == "postgres" else None  # a stale file whose pid was reused: postgres replaces it
+    return (
+        pid if comm == "postgres" else None
+    )  # a stale file whose pid was reused: postgres replaces it
 
 
 def _initdb(pgdata: Path, user: ServerUser) -> None:
@@ -211,8 +266,14 @@ def _initdb(pgdata: Path, user: ServerUser) -> None:
         if not pgdata.is_dir():
             pgdata.mkdir(mode=0o700)
             user.own(pgdata)
-        subprocess.run([str(embedded.bin_dir() / "initdb"), "-D", str(pgdata), *INITDB_ARGS],
-                       check=True, capture_output=True, text=True, timeout=300, **user.run_kwargs())
+        subprocess.run(
+            [str(embedded.bin_dir() / "initdb"), "-D", str(pgdata), *INITDB_ARGS],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            **user.run_kwargs(),
+        )
     except OSError as exc:
         raise DatabaseUnavailable(f"cannot create {pgdata}: {exc.strerror}") from None
     except subprocess.CalledProcessError as exc:
@@ -227,8 +288,10 @@ def _wait_ready(proc: subprocess.Popen, pgdata: Path, forwarder: "_Forwarder") -
         if proc.poll() is not None:
             if forwarder.stopping:
                 return False
-            raise DatabaseUnavailable(f"postgres exited with status {_status(proc.returncode)} while starting; "
-                                      "its log is above (journalctl -u memctl-db.service)")
+            raise DatabaseUnavailable(
+                f"postgres exited with status {_status(proc.returncode)} while starting; "
+                "its log is above (journalctl -u memctl-db.service)"
+            )
         time.sleep(0.05)
     return True
 

@@ -36,7 +36,9 @@ class AgentsUnsupported(MemctlError):
 
 ME = "SELECT current_user AS me, current_setting('server_version_num')::int AS version"
 ROLE_EXISTS = "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) AS yes"
-CAN_CREATE_ROLES = "SELECT rolcreaterole OR rolsuper AS yes FROM pg_roles WHERE rolname = current_user"
+CAN_CREATE_ROLES = (
+    "SELECT rolcreaterole OR rolsuper AS yes FROM pg_roles WHERE rolname = current_user"
+)
 IS_MEMBER = "SELECT pg_has_role(%s, %s, 'MEMBER') AS yes"
 GRANT_ALL = "SELECT memctl_grant_all() AS done"
 ANY_AGENT = "SELECT EXISTS (SELECT 1 FROM agents) AS yes"
@@ -73,15 +75,25 @@ def role_sql(agent_role: str, read_only: bool, owner: str, version: int) -> list
     groups = [READERS] + ([] if read_only else [WRITERS])
     statements = []
     for group in (READERS, WRITERS, agent_role):
-        statements.append(sql.SQL(
-            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {name}) THEN "
-            "CREATE ROLE {role} NOLOGIN; END IF; END $$").format(name=sql.Literal(group), role=sql.Identifier(group)))
+        statements.append(
+            sql.SQL(
+                "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {name}) THEN "
+                "CREATE ROLE {role} NOLOGIN; END IF; END $$"
+            ).format(name=sql.Literal(group), role=sql.Identifier(group))
+        )
     options = sql.SQL(" WITH INHERIT TRUE, SET FALSE" if version >= SET_OPTION_VERSION else "")
-    statements.append(sql.SQL("GRANT {} TO {}{}").format(sql.SQL(", ").join(map(sql.Identifier, groups)),
-                                                         sql.Identifier(agent_role), options))
+    statements.append(
+        sql.SQL("GRANT {} TO {}{}").format(
+            sql.SQL(", ").join(map(sql.Identifier, groups)), sql.Identifier(agent_role), options
+        )
+    )
     if read_only:  # a role once read-write, registered again read-only
-        statements.append(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(WRITERS), sql.Identifier(agent_role)))
-    statements.append(sql.SQL("GRANT {} TO {}").format(sql.Identifier(agent_role), sql.Identifier(owner)))
+        statements.append(
+            sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(WRITERS), sql.Identifier(agent_role))
+        )
+    statements.append(
+        sql.SQL("GRANT {} TO {}").format(sql.Identifier(agent_role), sql.Identifier(owner))
+    )
     return statements
 
 
@@ -97,29 +109,38 @@ def make_roles(conn: Memory, name: str, role: str, read_only: bool) -> None:
         if not _yes(conn, ROLE_EXISTS, (role,)):
             raise AgentsUnsupported(
                 f"the role {owner} may not create roles: a superuser runs `ALTER ROLE {owner} CREATEROLE`, or a DBA "
-                f"runs what `memctl agent add {name} --print-sql` prints, then `memctl agent add {name}` again")
+                f"runs what `memctl agent add {name} --print-sql` prints, then `memctl agent add {name}` again"
+            )
         return
     for statement in role_sql(role, read_only, owner, version):
         try:
             with conn.transaction():
                 conn.execute(statement)
-        except psycopg.errors.InsufficientPrivilege as e:  # PostgreSQL 16+: groups another role made
+        except (
+            psycopg.errors.InsufficientPrivilege
+        ) as e:  # PostgreSQL 16+: groups another role made
             raise AgentsUnsupported(
                 f"the role {owner} may not grant the agents' roles ({e.diag.message_primary}): a superuser runs "
                 f"`GRANT {READERS}, {WRITERS} TO {owner} WITH ADMIN OPTION`, or a DBA runs what "
-                f"`memctl agent add {name} --print-sql` prints") from None
+                f"`memctl agent add {name} --print-sql` prints"
+            ) from None
 
 
 def check_roles(conn: Memory, name: str, role: str, read_only: bool) -> None:
     """The owner can assume the role, and the role is in the groups that carry its grants: else what a DBA
     runs (a role made by hand rather than by --print-sql)."""
     owner, _ = _me(conn)
-    missing = [group for group in (READERS,) + (() if read_only else (WRITERS,))
-               if not _yes(conn, IS_MEMBER, (role, group))]
+    missing = [
+        group
+        for group in (READERS,) + (() if read_only else (WRITERS,))
+        if not _yes(conn, IS_MEMBER, (role, group))
+    ]
     if missing:
-        raise AgentsUnsupported(f"the role {role} is not in {', '.join(missing)}: a DBA runs `GRANT "
-                                f"{', '.join(missing)} TO {role}` (`memctl agent add {name} --print-sql` prints "
-                                "every statement)")
+        raise AgentsUnsupported(
+            f"the role {role} is not in {', '.join(missing)}: a DBA runs `GRANT "
+            f"{', '.join(missing)} TO {role}` (`memctl agent add {name} --print-sql` prints "
+            "every statement)"
+        )
     try:
         with conn.transaction():
             conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
@@ -127,8 +148,10 @@ def check_roles(conn: Memory, name: str, role: str, read_only: bool) -> None:
     except _Rollback:
         return
     except psycopg.Error:
-        raise AgentsUnsupported(f"the role {owner} cannot SET ROLE {role}: a DBA runs `GRANT {role} TO {owner}` "
-                                f"(`memctl agent add {name} --print-sql` prints every statement)") from None
+        raise AgentsUnsupported(
+            f"the role {owner} cannot SET ROLE {role}: a DBA runs `GRANT {role} TO {owner}` "
+            f"(`memctl agent add {name} --print-sql` prints every statement)"
+        ) from None
 
 
 class _Rollback(Exception):
@@ -154,7 +177,7 @@ class Gap:
     """A default of the server an agent's role keeps, because this role may not change it."""
 
     what: str
-    needs: str      # who may close it
+    needs: str  # who may close it
     statement: str  # what they run
 
     def __str__(self) -> str:
@@ -165,42 +188,73 @@ class Gap:
 class _Measure:
     what: str
     needs: str
-    open_sql: str          # true while the default stands
+    open_sql: str  # true while the default stands
     close: sql.Composable  # what closes it
 
 
-_LO_CREATE = ("lo_creat(integer)", "lo_create(oid)", "lo_from_bytea(oid, bytea)", "lo_import(text)",
-              "lo_import(text, oid)")
-_ADVISORY = tuple(f"{name}({args})" for name in (
-    "pg_advisory_lock", "pg_advisory_lock_shared", "pg_advisory_xact_lock", "pg_advisory_xact_lock_shared",
-    "pg_try_advisory_lock", "pg_try_advisory_lock_shared", "pg_try_advisory_xact_lock",
-    "pg_try_advisory_xact_lock_shared") for args in ("bigint", "integer, integer"))
+_LO_CREATE = (
+    "lo_creat(integer)",
+    "lo_create(oid)",
+    "lo_from_bytea(oid, bytea)",
+    "lo_import(text)",
+    "lo_import(text, oid)",
+)
+_ADVISORY = tuple(
+    f"{name}({args})"
+    for name in (
+        "pg_advisory_lock",
+        "pg_advisory_lock_shared",
+        "pg_advisory_xact_lock",
+        "pg_advisory_xact_lock_shared",
+        "pg_try_advisory_lock",
+        "pg_try_advisory_lock_shared",
+        "pg_try_advisory_xact_lock",
+        "pg_try_advisory_xact_lock_shared",
+    )
+    for args in ("bigint", "integer, integer")
+)
 
 
 def _functions_open(names: tuple[str, ...]) -> str:
-    return " OR ".join(f"has_function_privilege('public', 'pg_catalog.{n}', 'EXECUTE')" for n in names)
+    return " OR ".join(
+        f"has_function_privilege('public', 'pg_catalog.{n}', 'EXECUTE')" for n in names
+    )
 
 
 def _revoke_functions(names: tuple[str, ...]) -> sql.Composable:
     return sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(
-        sql.SQL(", ").join(sql.SQL("pg_catalog.") + sql.SQL(n) for n in names))
+        sql.SQL(", ").join(sql.SQL("pg_catalog.") + sql.SQL(n) for n in names)
+    )
 
 
 def _measures(conn: Memory) -> list[_Measure]:
     db = sql.Identifier(conn.info.dbname)
     schema = sql.Identifier(conn.one("SELECT current_schema() AS s")["s"])
     return [
-        _Measure("TEMP on this database is PUBLIC's (an agent's session may create temporary tables and functions)",
-                 "the database's owner",
-                 "SELECT has_database_privilege('public', current_database(), 'TEMPORARY') AS yes",
-                 sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(db)),
-        _Measure("CREATE on memctl's schema is PUBLIC's", "the schema's owner",
-                 "SELECT has_schema_privilege('public', current_schema(), 'CREATE') AS yes",
-                 sql.SQL("REVOKE CREATE ON SCHEMA {} FROM PUBLIC").format(schema)),
-        _Measure("large objects may be created by any role (one the agent owns outlives it unless revoke drops it)",
-                 "a superuser", f"SELECT {_functions_open(_LO_CREATE)} AS yes", _revoke_functions(_LO_CREATE)),
-        _Measure("advisory locks may be taken by any role (memctl's session locks name their holder instead)",
-                 "a superuser", f"SELECT {_functions_open(_ADVISORY)} AS yes", _revoke_functions(_ADVISORY)),
+        _Measure(
+            "TEMP on this database is PUBLIC's (an agent's session may create temporary tables and functions)",
+            "the database's owner",
+            "SELECT has_database_privilege('public', current_database(), 'TEMPORARY') AS yes",
+            sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(db),
+        ),
+        _Measure(
+            "CREATE on memctl's schema is PUBLIC's",
+            "the schema's owner",
+            "SELECT has_schema_privilege('public', current_schema(), 'CREATE') AS yes",
+            sql.SQL("REVOKE CREATE ON SCHEMA {} FROM PUBLIC").format(schema),
+        ),
+        _Measure(
+            "large objects may be created by any role (one the agent owns outlives it unless revoke drops it)",
+            "a superuser",
+            f"SELECT {_functions_open(_LO_CREATE)} AS yes",
+            _revoke_functions(_LO_CREATE),
+        ),
+        _Measure(
+            "advisory locks may be taken by any role (memctl's session locks name their holder instead)",
+            "a superuser",
+            f"SELECT {_functions_open(_ADVISORY)} AS yes",
+            _revoke_functions(_ADVISORY),
+        ),
     ]
 
 
@@ -214,8 +268,12 @@ def _assumable(conn: Memory) -> list[sql.Composed]:
         JOIN pg_roles g ON g.oid = m.roleid JOIN pg_roles r ON r.oid = m.member
         JOIN agents a ON a.role_name = r.rolname
         WHERE g.rolname IN ('memctl_agents', 'memctl_agents_write') AND m.set_option""").fetchall()
-    return [sql.SQL("GRANT {} TO {} WITH INHERIT TRUE, SET FALSE").format(sql.Identifier(row["grp"]),
-                                                                       sql.Identifier(row["role"])) for row in rows]
+    return [
+        sql.SQL("GRANT {} TO {} WITH INHERIT TRUE, SET FALSE").format(
+            sql.Identifier(row["grp"]), sql.Identifier(row["role"])
+        )
+        for row in rows
+    ]
 
 
 def harden(conn: Memory) -> list[Gap]:
@@ -225,7 +283,9 @@ def harden(conn: Memory) -> list[Gap]:
     for measure in _measures(conn):
         if not _yes(conn, measure.open_sql):
             continue
-        _try(conn, measure.close)  # a role without the right is refused, or revokes nothing (a warning)
+        _try(
+            conn, measure.close
+        )  # a role without the right is refused, or revokes nothing (a warning)
         if _yes(conn, measure.open_sql):
             gaps.append(Gap(measure.what, measure.needs, measure.close.as_string(conn)))
     for statement in _assumable(conn):
@@ -234,14 +294,23 @@ def harden(conn: Memory) -> list[Gap]:
 
 
 def _assumable_gaps(conn: Memory) -> list[Gap]:
-    return [Gap("an agent may SET ROLE to its group (which sees and writes nothing: the policies)",
-                "the role that granted the membership", s.as_string(conn)) for s in _assumable(conn)]
+    return [
+        Gap(
+            "an agent may SET ROLE to its group (which sees and writes nothing: the policies)",
+            "the role that granted the membership",
+            s.as_string(conn),
+        )
+        for s in _assumable(conn)
+    ]
 
 
 def gaps(conn: Memory) -> list[Gap]:
     """What harden() could not close, without changing anything."""
-    return [Gap(m.what, m.needs, m.close.as_string(conn)) for m in _measures(conn)
-            if _yes(conn, m.open_sql)] + _assumable_gaps(conn)
+    return [
+        Gap(m.what, m.needs, m.close.as_string(conn))
+        for m in _measures(conn)
+        if _yes(conn, m.open_sql)
+    ] + _assumable_gaps(conn)
 
 
 # ---------------------------------------------------------------------------
@@ -251,10 +320,17 @@ def gaps(conn: Memory) -> list[Gap]:
 def _roles(conn: Memory) -> list[dict]:
     rows = []
     for row in conn.execute(ROLES).fetchall():
-        row["problem"] = ("its role does not exist" if row["missing"] else
-                          f"its role is not in {READERS}" if row["no_readers"] else
-                          f"its role is not in {WRITERS}" if row["no_writers"] else
-                          "memctl's role may not assume it" if row["not_ours"] else None)
+        row["problem"] = (
+            "its role does not exist"
+            if row["missing"]
+            else f"its role is not in {READERS}"
+            if row["no_readers"]
+            else f"its role is not in {WRITERS}"
+            if row["no_writers"]
+            else "memctl's role may not assume it"
+            if row["not_ours"]
+            else None
+        )
         rows.append(row)
     return rows
 
@@ -262,7 +338,9 @@ def _roles(conn: Memory) -> list[dict]:
 def broken(conn: Memory) -> list[dict]:
     """Registered agents without a working role here: {name, role, problem}. A restore or an import onto
     another server brings the registry back but not the roles, which live in the server (ensure())."""
-    return [{k: row[k] for k in ("name", "role", "problem")} for row in _roles(conn) if row["problem"]]
+    return [
+        {k: row[k] for k in ("name", "role", "problem")} for row in _roles(conn) if row["problem"]
+    ]
 
 
 def ensure(conn: Memory) -> dict:
@@ -271,13 +349,19 @@ def ensure(conn: Memory) -> dict:
     DBA runs, when a role is missing and this role may not make it: the agents are not served until then.
     Returns {made: [role...], logins: [agent...] (had a password: `agent login` issues a new one), gaps: [...]}"""
     owner, version = _me(conn)
-    todo = [(row, role_sql(row["role"], row["read_only"], owner, version)) for row in _roles(conn) if row["problem"]]
+    todo = [
+        (row, role_sql(row["role"], row["read_only"], owner, version))
+        for row in _roles(conn)
+        if row["problem"]
+    ]
     if todo and not _yes(conn, CAN_CREATE_ROLES):
         printed = "".join(s.as_string(conn) + ";\n" for _, statements in todo for s in statements)
         said = ", ".join(f"{row['name']}: {row['problem']}" for row, _ in todo)
-        raise AgentsUnsupported(f"{len(todo)} registered agent(s) have no working role on this server ({said}) and "
-                                f"the role {owner} may not create roles: a DBA runs these statements, then memctl "
-                                f"serves them again:\n{printed}")
+        raise AgentsUnsupported(
+            f"{len(todo)} registered agent(s) have no working role on this server ({said}) and "
+            f"the role {owner} may not create roles: a DBA runs these statements, then memctl "
+            f"serves them again:\n{printed}"
+        )
     made, logins = [], []
     for row, statements in todo:
         for statement in statements:
@@ -285,8 +369,10 @@ def ensure(conn: Memory) -> dict:
                 with conn.transaction():
                     conn.execute(statement)
             except psycopg.errors.InsufficientPrivilege as e:
-                raise AgentsUnsupported(f"agent {row['name']!r}: {e.diag.message_primary}; a DBA runs: "
-                                        f"{statement.as_string(conn)}") from None
+                raise AgentsUnsupported(
+                    f"agent {row['name']!r}: {e.diag.message_primary}; a DBA runs: "
+                    f"{statement.as_string(conn)}"
+                ) from None
         made.append(row["role"])
         if row["had_login"] and row["missing"]:
             logins.append(row["name"])
@@ -320,31 +406,51 @@ def unserved(conn: Memory) -> list[dict]:
 
 def warnings(conn: Memory) -> list[str]:
     """`memctl status`'s warnings: each registered agent without a working role on this server."""
-    return [f"agent {row['name']!r} has no working role ({row['role']}: {row['problem']}): its calls fail until "
-            "`memctl restore`'s step is done again, or a DBA runs what `memctl agent add NAME --print-sql` prints"
-            for row in broken(conn)]
+    return [
+        f"agent {row['name']!r} has no working role ({row['role']}: {row['problem']}): its calls fail until "
+        "`memctl restore`'s step is done again, or a DBA runs what `memctl agent add NAME --print-sql` prints"
+        for row in broken(conn)
+    ]
 
 
 # ---------------------------------------------------------------------------
 # A login for an agent's own client, and the end of a role
 
 
-def login(conn: Memory, role: str, verifier: str, *, connections: int, statement_timeout: int, idle_timeout: int) -> None:
+def login(
+    conn: Memory,
+    role: str,
+    verifier: str,
+    *,
+    connections: int,
+    statement_timeout: int,
+    idle_timeout: int,
+) -> None:
     """Make the agent's role a login role: its password (a SCRAM verifier, so no plain password reaches the server's
     log), a connection limit, and defaults for its sessions' statement and idle-in-transaction timeouts, in ms
     (defaults its client may change: the limit is the server's; retire() ends its sessions)."""
     if not _yes(conn, CAN_CREATE_ROLES):
         owner, _ = _me(conn)
-        raise AgentsUnsupported(f"the role {owner} may not change roles: a DBA runs `ALTER ROLE {role} LOGIN CONNECTION "
-                                f"LIMIT {connections}` and sets its password (psql: \\password {role})")
+        raise AgentsUnsupported(
+            f"the role {owner} may not change roles: a DBA runs `ALTER ROLE {role} LOGIN CONNECTION "
+            f"LIMIT {connections}` and sets its password (psql: \\password {role})"
+        )
     role_id = sql.Identifier(role)
     with conn.transaction():
-        conn.execute(sql.SQL("ALTER ROLE {} LOGIN CONNECTION LIMIT {} PASSWORD {}").format(
-            role_id, sql.Literal(connections), sql.Literal(verifier)))
-        for name, value in (("statement_timeout", statement_timeout),
-                            ("idle_in_transaction_session_timeout", idle_timeout)):
-            conn.execute(sql.SQL("ALTER ROLE {} SET {} = {}").format(role_id, sql.Identifier(name),
-                                                                    sql.Literal(value)))
+        conn.execute(
+            sql.SQL("ALTER ROLE {} LOGIN CONNECTION LIMIT {} PASSWORD {}").format(
+                role_id, sql.Literal(connections), sql.Literal(verifier)
+            )
+        )
+        for name, value in (
+            ("statement_timeout", statement_timeout),
+            ("idle_in_transaction_session_timeout", idle_timeout),
+        ):
+            conn.execute(
+                sql.SQL("ALTER ROLE {} SET {} = {}").format(
+                    role_id, sql.Identifier(name), sql.Literal(value)
+                )
+            )
 
 
 CAN_LOGIN = "SELECT coalesce((SELECT rolcanlogin FROM pg_roles WHERE rolname = %s), false) AS yes"
@@ -380,8 +486,14 @@ def retire(conn: Memory, role: str) -> dict:
     groups where this role may do that, and the reason is said. The role, unregistered, reads nothing here either
     way (the policies: a group's member that is no agent registered here sees nothing)."""
     role_id, owner = sql.Identifier(role), sql.Identifier(_me(conn)[0])
-    done: dict = {"role": role, "sessions_ended": 0, "large_objects": 0, "objects": 0, "dropped": False,
-                  "left": None}
+    done: dict = {
+        "role": role,
+        "sessions_ended": 0,
+        "large_objects": 0,
+        "objects": 0,
+        "dropped": False,
+        "left": None,
+    }
     if not _yes(conn, ROLE_EXISTS, (role,)):
         done["dropped"] = True
         return done
@@ -400,9 +512,12 @@ def retire(conn: Memory, role: str) -> dict:
     elsewhere = conn.one(ELSEWHERE, (role,))["databases"]
     for group in GROUPS:
         _try(conn, sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(group), role_id))
-    done["left"] = (f"it still owns objects in {', '.join(elsewhere)}: there, REASSIGN OWNED BY {role} TO ...; DROP "
-                    f"OWNED BY {role}; then DROP ROLE {role}" if elsewhere else
-                    f"{refused}: a DBA runs DROP ROLE {role}")
+    done["left"] = (
+        f"it still owns objects in {', '.join(elsewhere)}: there, REASSIGN OWNED BY {role} TO ...; DROP "
+        f"OWNED BY {role}; then DROP ROLE {role}"
+        if elsewhere
+        else f"{refused}: a DBA runs DROP ROLE {role}"
+    )
     if _yes(conn, CAN_LOGIN, (role,)):
         done["left"] += f" (it may still log in: ALTER ROLE {role} NOLOGIN first)"
     return done

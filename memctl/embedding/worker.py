@@ -30,7 +30,9 @@ MAX_SPLIT_DEPTH = 6
 # and a batch not filled by one agent is topped up from the next ones: the order is the
 # primary key's, as one claim across agents would give.
 FIRST_AGENT = "SELECT agent FROM embed_queue WHERE model_id = %s ORDER BY agent LIMIT 1"
-NEXT_AGENT = "SELECT agent FROM embed_queue WHERE model_id = %s AND agent > %s ORDER BY agent LIMIT 1"
+NEXT_AGENT = (
+    "SELECT agent FROM embed_queue WHERE model_id = %s AND agent > %s ORDER BY agent LIMIT 1"
+)
 CLAIM = """
 SELECT q.agent, q.chunk_id, c.content, c.content_hash
 FROM embed_queue q JOIN chunks c ON c.agent = q.agent AND c.id = q.chunk_id
@@ -118,10 +120,17 @@ def embed_one(embedder, text: str, depth: int = 0) -> list[float]:
     middle = len(text) // 2
     space = text.rfind(" ", middle // 2, middle + middle // 2)
     middle = space if space > 0 else middle
-    return _mean([embed_one(embedder, text[:middle], depth + 1), embed_one(embedder, text[middle:], depth + 1)])
+    return _mean(
+        [
+            embed_one(embedder, text[:middle], depth + 1),
+            embed_one(embedder, text[middle:], depth + 1),
+        ]
+    )
 
 
-def embed_texts(embedder, texts: list[str]) -> tuple[list[list[float] | None], list[str | None], int]:
+def embed_texts(
+    embedder, texts: list[str]
+) -> tuple[list[list[float] | None], list[str | None], int]:
     """Vectors for texts (None where the model refused one even after splitting), errors, tokens."""
     try:
         result = embedder.embed(as_documents(embedder, texts))
@@ -151,8 +160,10 @@ def run_batch(conn: Memory, model: models.Model, embedder, batch_size: int) -> B
         if not rows:
             return result
         hashes = list({bytes(r["content_hash"]) for r in rows})
-        known = {bytes(r["content_hash"]): r["embedding"]
-                 for r in conn.execute(sql.SQL(EXISTING).format(table=table), (hashes,)).fetchall()}
+        known = {
+            bytes(r["content_hash"]): r["embedding"]
+            for r in conn.execute(sql.SQL(EXISTING).format(table=table), (hashes,)).fetchall()
+        }
         todo: dict[bytes, str] = {}
         for r in rows:
             digest = bytes(r["content_hash"])
@@ -178,7 +189,9 @@ def run_batch(conn: Memory, model: models.Model, embedder, batch_size: int) -> B
                     else:
                         result.copied += 1  # identical text embedded in an earlier batch
                     if vector is None:
-                        result.failed.append((r["chunk_id"], failed_error.get(digest) or "no vector"))
+                        result.failed.append(
+                            (r["chunk_id"], failed_error.get(digest) or "no vector")
+                        )
                         continue
                     copy.write_row((r["agent"], r["chunk_id"], digest, _as_vector(vector, model)))
                     written.append(r)
@@ -195,12 +208,15 @@ def claim(conn: Memory, model: models.Model, batch_size: int) -> list[dict]:
     rows: list[dict] = []
     agent = None
     while len(rows) < batch_size:
-        following = conn.execute(*((FIRST_AGENT, (model.id,)) if agent is None
-                                   else (NEXT_AGENT, (model.id, agent)))).fetchone()
+        following = conn.execute(
+            *((FIRST_AGENT, (model.id,)) if agent is None else (NEXT_AGENT, (model.id, agent)))
+        ).fetchone()
         if following is None:
             break
         agent = following["agent"]
-        rows += conn.execute(CLAIM, (model.id, agent, batch_size - len(rows)), prepare=False).fetchall()
+        rows += conn.execute(
+            CLAIM, (model.id, agent, batch_size - len(rows)), prepare=False
+        ).fetchall()
     return rows
 
 
@@ -219,14 +235,23 @@ def _as_vector(vector, model: models.Model):
         vector = vector.to_list()
     values = [float(x) for x in vector]
     if len(values) != model.dims:
-        raise MemctlError(f"dimension mismatch: the embedder returned {len(values)} dims, "
-                          f"{model.label} stores {model.dims}")
+        raise MemctlError(
+            f"dimension mismatch: the embedder returned {len(values)} dims, "
+            f"{model.label} stores {model.dims}"
+        )
     return HalfVector(values) if model.storage == "halfvec" else Vector(values)
 
 
-def run(conn: Memory, model: models.Model, embedder, *, batch_size: int, limit: int | None = None,
-        progress: Callable[[RunResult], None] | None = None,
-        should_stop: Callable[[], str | None] | None = None) -> RunResult:
+def run(
+    conn: Memory,
+    model: models.Model,
+    embedder,
+    *,
+    batch_size: int,
+    limit: int | None = None,
+    progress: Callable[[RunResult], None] | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+) -> RunResult:
     """Embed pending chunks of one model until none remain (or `limit` chunks are done).
 
     `should_stop` is asked between batches (never inside one): a SIGTERM handler sets
@@ -281,8 +306,16 @@ def record_idle(conn: Memory) -> None:
             conn.execute(RECORD_IDLE)
 
 
-def work(conn: Memory, configured_embedder, *, batch_size: int, limit: int | None = None,
-         retry: bool = False, progress=None, should_stop=None) -> tuple[list[RunResult], list[str]]:
+def work(
+    conn: Memory,
+    configured_embedder,
+    *,
+    batch_size: int,
+    limit: int | None = None,
+    retry: bool = False,
+    progress=None,
+    should_stop=None,
+) -> tuple[list[RunResult], list[str]]:
     """One worker pass: the active model (registered on first use), then a backfilling one.
 
     An idle pass (nothing queued, no orphan, nothing to retry) claims nothing, runs no job and
@@ -299,7 +332,9 @@ def work(conn: Memory, configured_embedder, *, batch_size: int, limit: int | Non
 
     warnings: list[str] = []
     active = models.active(conn)
-    if active is not None and is_idle(conn, [m for m in (active, models.by_state(conn, "backfill")) if m], retry):
+    if active is not None and is_idle(
+        conn, [m for m in (active, models.by_state(conn, "backfill")) if m], retry
+    ):
         record_idle(conn)
         mismatch = models.mismatch_warning(active, configured_embedder)
         return [], [mismatch] if mismatch else []
@@ -316,27 +351,42 @@ def work(conn: Memory, configured_embedder, *, batch_size: int, limit: int | Non
         requeued = 0
         for model in targets:
             reuse = models.matches(model, configured_embedder) and (
-                configured_embedder.name != "hash" or configured_embedder.dims() == model.dims)
+                configured_embedder.name != "hash" or configured_embedder.dims() == model.dims
+            )
             embedder = configured_embedder if reuse else make_embedder(settings, registered=model)
             if retry:
                 retry_failed(conn, model)
             requeued += models.queue_orphans(conn, model)
-            result = run(conn, model, embedder, batch_size=batch_size, limit=limit, progress=progress,
-                         should_stop=should_stop)
+            result = run(
+                conn,
+                model,
+                embedder,
+                batch_size=batch_size,
+                limit=limit,
+                progress=progress,
+                should_stop=should_stop,
+            )
             results.append(result)
             if result.stopped_by:
                 break
         if requeued:
-            warnings.append(f"queued {requeued} chunk(s) that had no vector, no queue row and no failure "
-                            "(written while a model was being registered)")
+            warnings.append(
+                f"queued {requeued} chunk(s) that had no vector, no queue row and no failure "
+                "(written while a model was being registered)"
+            )
         job.rows = sum(r.chunks for r in results)
         job.detail = {"runs": [r.to_dict() for r in results], "requeued_orphans": requeued}
         stopped = next((r.stopped_by for r in results if r.stopped_by), None)
         if should_stop is not None and should_stop():
-            job.outcome, job.error = jobs.INTERRUPTED, f"stopped by {should_stop()} after the batch in flight"
+            job.outcome, job.error = (
+                jobs.INTERRUPTED,
+                f"stopped by {should_stop()} after the batch in flight",
+            )
         elif stopped:
             job.outcome, job.error = "unavailable", stopped
         elif any(r.failed for r in results):
             job.outcome = "partial"
-            job.error = f"{sum(r.failed for r in results)} chunk(s) refused by the model: see memctl status"
+            job.error = (
+                f"{sum(r.failed for r in results)} chunk(s) refused by the model: see memctl status"
+            )
     return results, warnings

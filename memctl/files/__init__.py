@@ -32,9 +32,17 @@ def atomic_write(path: str | Path, *, mode: int = PRIVATE, text: bool = True) ->
     """Write PATH atomically with permissions `mode` (0600 by default); yields the open file."""
     path = regular_target(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (
+        os.O_WRONLY
+        | os.O_CREAT
+        | os.O_EXCL
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
     fd = os.open(tmp, flags, mode)
-    if mode & 0o077:  # a public file (a unit): the mode asked for, whatever the umask; never for a private one
+    if (
+        mode & 0o077
+    ):  # a public file (a unit): the mode asked for, whatever the umask; never for a private one
         os.fchmod(fd, mode)
     try:
         with os.fdopen(fd, "w" if text else "wb", encoding="utf-8" if text else None) as handle:
@@ -50,8 +58,14 @@ def atomic_write(path: str | Path, *, mode: int = PRIVATE, text: bool = True) ->
     fsync_dir(path.parent)
 
 
-_NOT_REGULAR = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+_NOT_REGULAR = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
 
 
 def regular_target(path: str | Path, option: str | None = None) -> Path:
@@ -66,8 +80,11 @@ def regular_target(path: str | Path, option: str | None = None) -> Path:
     for test, what in _NOT_REGULAR:
         if test(mode):
             named = f"{option} " if option else ""
-            raise BadValue(f"{named}{str(path)!r} is {what}: memctl writes only a regular file, created or replaced "
-                           "whole, never through a link, a device or a FIFO; it was left untouched", option)
+            raise BadValue(
+                f"{named}{str(path)!r} is {what}: memctl writes only a regular file, created or replaced "
+                "whole, never through a link, a device or a FIFO; it was left untouched",
+                option,
+            )
     return path
 
 

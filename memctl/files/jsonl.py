@@ -40,7 +40,9 @@ class LineError(InvalidInput):
         self.number = number
         self.reason = reason
         if exit_code is not None:
-            self.exit_code = exit_code  # a bad value (BadValue, exit 2) stays one with its line named
+            self.exit_code = (
+                exit_code  # a bad value (BadValue, exit 2) stays one with its line named
+            )
 
 
 def at(number: int, exc: Exception | str) -> LineError:
@@ -49,7 +51,9 @@ def at(number: int, exc: Exception | str) -> LineError:
     return LineError(number, exc.reason if isinstance(exc, LineError) else str(exc), code)
 
 
-def parse(raw: bytes | str, *, fields: Iterable[str] | None = None, required: Iterable[str] = ()) -> Any:
+def parse(
+    raw: bytes | str, *, fields: Iterable[str] | None = None, required: Iterable[str] = ()
+) -> Any:
     """One line's value (None for a blank line); raises InvalidInput with the reason alone."""
     if isinstance(raw, bytes):
         try:
@@ -65,7 +69,9 @@ def parse(raw: bytes | str, *, fields: Iterable[str] | None = None, required: It
     except json.JSONDecodeError as exc:
         raise BadLine(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     if _SURROGATE_ESCAPE.search(text) and not _encodable(item):
-        raise BadLine("a \\uD800-\\uDFFF escape that is not a surrogate pair: not text UTF-8 can hold")
+        raise BadLine(
+            "a \\uD800-\\uDFFF escape that is not a surrogate pair: not text UTF-8 can hold"
+        )
     if fields is None and not required:
         return item
     if not isinstance(item, dict):
@@ -99,8 +105,13 @@ def _encodable(value: Any) -> bool:
     return True
 
 
-def read(lines: Iterable[bytes | str], *, fields: Iterable[str] | None = None, required: Iterable[str] = (),
-         on_error: Callable[[LineError], None] | None = None) -> Iterator[tuple[int, Any]]:
+def read(
+    lines: Iterable[bytes | str],
+    *,
+    fields: Iterable[str] | None = None,
+    required: Iterable[str] = (),
+    on_error: Callable[[LineError], None] | None = None,
+) -> Iterator[tuple[int, Any]]:
     """(line number, value) for every non-blank line.
 
     `fields` (allowed keys) or `required` make every line a JSON object. A bad line raises
@@ -120,7 +131,9 @@ def read(lines: Iterable[bytes | str], *, fields: Iterable[str] | None = None, r
             yield number, item
 
 
-def bounded(handle, limit: int, what: str, outcome: str = "nothing was imported") -> Iterator[bytes]:
+def bounded(
+    handle, limit: int, what: str, outcome: str = "nothing was imported"
+) -> Iterator[bytes]:
     """HANDLE's lines, none held longer than LIMIT bytes: a longer one is refused (exit 2, naming the line and
     WHAT bounds it) once LIMIT + 1 bytes of it are read, so one endless line never fills memory."""
     number = 0
@@ -132,8 +145,9 @@ def bounded(handle, limit: int, what: str, outcome: str = "nothing was imported"
         if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
             from memctl.errors import EXIT_USAGE
 
-            raise LineError(number, f"longer than {limit:,} bytes, the most {what} takes; {outcome}",
-                            EXIT_USAGE)
+            raise LineError(
+                number, f"longer than {limit:,} bytes, the most {what} takes; {outcome}", EXIT_USAGE
+            )
         yield line
 
 
@@ -152,8 +166,10 @@ def open_input(path: str, stdin=None):
         raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
 
 
-EMPTY_STDIN = ("stdin is empty: nothing came in (did a command before memctl in the pipeline fail?); memctl "
-               "refuses an empty stdin rather than act on nothing")
+EMPTY_STDIN = (
+    "stdin is empty: nothing came in (did a command before memctl in the pipeline fail?); memctl "
+    "refuses an empty stdin rather than act on nothing"
+)
 
 
 def empty_stdin() -> BadValue:
@@ -212,8 +228,13 @@ def json_value(value: Any) -> Any:
 def dumps(value: Any, *, indent: int | None = None, compact: bool = False) -> str:
     """VALUE as one JSON text, non-ASCII characters kept, other values as json_value writes them;
     `compact`: no blank after a separator (an export's lines)."""
-    return json.dumps(value, default=json_value, ensure_ascii=False, indent=indent,
-                      separators=(",", ":") if compact else None)
+    return json.dumps(
+        value,
+        default=json_value,
+        ensure_ascii=False,
+        indent=indent,
+        separators=(",", ":") if compact else None,
+    )
 
 
 def plain(value: Any) -> Any:

@@ -36,7 +36,9 @@ BATCH = 5000  # records a batch holds at most: stored at once when reached
 MAX_LINE = 1 << 20
 READ = 1 << 16
 POLL = 0.2  # seconds between looks at a stop request or a followed file
-LATE_BLOCKS = 5  # runs of a batch in a row that a source blocked meanwhile may refuse before the ingest fails
+LATE_BLOCKS = (
+    5  # runs of a batch in a row that a source blocked meanwhile may refuse before the ingest fails
+)
 # A batch is stored once the input has been quiet this long, not only at its flush deadline: a line that
 # comes alone (a trickle, the end of a burst) waits 0.1 s, not `flush`, while a stream that keeps coming
 # is still stored in batches of `flush` seconds. A flush needs this much quiet after a read, so it costs
@@ -50,7 +52,9 @@ ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = excl
 """
 
 
-SYSLOG_HEADER = 1024  # bytes a syslog line may have besides its message (priority, time, host, tag, data)
+SYSLOG_HEADER = (
+    1024  # bytes a syslog line may have besides its message (priority, time, host, tag, data)
+)
 
 
 def line_limit(limits: values.Limits, fmt: str) -> int:
@@ -58,7 +62,9 @@ def line_limit(limits: values.Limits, fmt: str) -> int:
     JSON formats a record at the limits with every byte escaped (episode import's line_bytes)."""
     if fmt in ("jsonl", "journal"):
         return limits.line_bytes()
-    return limits.episode_bytes + 1 + (SYSLOG_HEADER if fmt == "syslog" else 0)  # + 1: a CRLF line's \r
+    return (
+        limits.episode_bytes + 1 + (SYSLOG_HEADER if fmt == "syslog" else 0)
+    )  # + 1: a CRLF line's \r
 
 
 def stored_position(conn: Memory, name: str) -> str | None:
@@ -77,7 +83,9 @@ class LineReader:
     """Lines of a file descriptor as they arrive, each ending at its byte offset; `lines(timeout)` returns what
     came within the timeout ([] on none), None at the end of input (a followed file: never)."""
 
-    def __init__(self, fd: int, *, offset: int = 0, max_line: int = MAX_LINE, follow: str | None = None):
+    def __init__(
+        self, fd: int, *, offset: int = 0, max_line: int = MAX_LINE, follow: str | None = None
+    ):
         self.fd, self.offset, self.max_line, self.follow = fd, offset, max_line, follow
         self.buffer = bytearray()
         self.number = 0
@@ -133,7 +141,13 @@ class LineReader:
             else:
                 piece = bytes(self.buffer) + data[start:newline]
                 self.buffer.clear()
-                out.append(Line(self.number, piece if len(piece) <= self.max_line else None, base + newline + 1))
+                out.append(
+                    Line(
+                        self.number,
+                        piece if len(piece) <= self.max_line else None,
+                        base + newline + 1,
+                    )
+                )
             start = newline + 1
         if not self.dropping:
             self.buffer += data[start:]
@@ -163,7 +177,9 @@ class Options:
     kind: str | None = None
     agent: str | None = None
     flush: float = 1.0
-    group: str = "none"  # lines: none, blank (a blank line ends an episode), gap (a pause of `gap` s does)
+    group: str = (
+        "none"  # lines: none, blank (a blank line ends an episode), gap (a pause of `gap` s does)
+    )
     gap: float = 2.0
     max_line: int = MAX_LINE
     bound: str = "--max-line"  # what sets max_line, named when a line is longer
@@ -193,21 +209,33 @@ class Ingest:
     """Reads `reader`, stores batches on `conn`, reports a skipped line by calling `report(number, reason)`;
     once `should_stop()` says so (a signal: memctl.interrupts), stores what it read and returns."""
 
-    def __init__(self, conn: Memory, reader: LineReader, options: Options, *,
-                 report: Callable[[int, str], None], cursor_name: str | None = None,
-                 after_commit: Callable[[str], None] | None = None, resume: str | None = None,
-                 should_stop: Callable[[], Any] = lambda: None):
+    def __init__(
+        self,
+        conn: Memory,
+        reader: LineReader,
+        options: Options,
+        *,
+        report: Callable[[int, str], None],
+        cursor_name: str | None = None,
+        after_commit: Callable[[str], None] | None = None,
+        resume: str | None = None,
+        should_stop: Callable[[], Any] = lambda: None,
+    ):
         self.conn, self.settings, self.reader, self.options = conn, conn.settings, reader, options
         self.report, self.cursor_name, self.after_commit = report, cursor_name, after_commit
         self.should_stop = should_stop
         self.counts = Counts()
-        self.first_skip = 0  # the exit code of the first record skipped (every record skipped: the command's)
+        self.first_skip = (
+            0  # the exit code of the first record skipped (every record skipped: the command's)
+        )
         self.limits = values.Limits.of(self.settings)  # read once, not per record
         self.pending = _Pending()
         self.group_first: int | None = None
         self.occurrences = identity.Occurrences()  # stays empty: every ingested record has a time
         self.result = episodes.ImportResult()
-        self.resume = logformats.journal_position(resume) if resume and options.format == "journal" else None
+        self.resume = (
+            logformats.journal_position(resume) if resume and options.format == "journal" else None
+        )
 
     def run(self) -> Counts:
         """Until the end of input or stop(): a batch is stored `flush` seconds after its first record at the
@@ -227,14 +255,20 @@ class Ingest:
             for line in lines:
                 self._take(line)
             now = time.monotonic()
-            if self.pending.group and self.options.group == "gap" and now - self.pending.last_line_at >= \
-                    self.options.gap:
+            if (
+                self.pending.group
+                and self.options.group == "gap"
+                and now - self.pending.last_line_at >= self.options.gap
+            ):
                 self._close_group()
             if self.pending.records and deadline is None:
                 deadline = now + self.options.flush
             stopping = bool(self.should_stop())
-            if stopping or len(self.pending.records) >= BATCH or \
-                    (deadline is not None and (now >= deadline or self.reader.quiet(IDLE))):
+            if (
+                stopping
+                or len(self.pending.records) >= BATCH
+                or (deadline is not None and (now >= deadline or self.reader.quiet(IDLE)))
+            ):
                 if stopping:
                     self._close_group()
                 self.flush()
@@ -246,7 +280,11 @@ class Ingest:
 
     def _take(self, line: Line) -> None:
         if line.raw is None:
-            self._skip(line.number, f"longer than {self.options.max_line:,} bytes ({self.options.bound})", EXIT_USAGE)
+            self._skip(
+                line.number,
+                f"longer than {self.options.max_line:,} bytes ({self.options.bound})",
+                EXIT_USAGE,
+            )
             return
         raw = line.raw[:-1] if line.raw.endswith(b"\r") else line.raw
         try:
@@ -318,10 +356,16 @@ class Ingest:
         opts = self.options
         try:
             episode = gate.validate(
-                self.settings, record.content, kind=record.kind or opts.kind or logformats.LOG_KIND,
-                source=record.source or opts.source, agent=record.agent or opts.agent, importance=record.importance,
-                created_at=record.created_at or datetime.datetime.now(datetime.timezone.utc), meta=record.meta,
-                limits=self.limits)
+                self.settings,
+                record.content,
+                kind=record.kind or opts.kind or logformats.LOG_KIND,
+                source=record.source or opts.source,
+                agent=record.agent or opts.agent,
+                importance=record.importance,
+                created_at=record.created_at or datetime.datetime.now(datetime.timezone.utc),
+                meta=record.meta,
+                limits=self.limits,
+            )
         except (InvalidInput, BadValue) as exc:
             self._skip(number, str(exc), exc.exit_code)
             return
@@ -361,7 +405,9 @@ class Ingest:
         if position is not None and self.after_commit is not None and self.cursor_name is not None:
             self.after_commit(position)
 
-    def _store(self, records: list[gate.NewEpisode], then) -> tuple[episodes.ImportResult, list[tuple[int, str, int]]]:
+    def _store(
+        self, records: list[gate.NewEpisode], then
+    ) -> tuple[episodes.ImportResult, list[tuple[int, str, int]]]:
         """The batch in one transaction, each record the gate refuses (a blocked source, a secret in block mode)
         left out and returned with its reason. A source blocked while the transaction ran refuses it whole
         (memctl.write.gate): it is run again, where the gate refuses that source's records alone."""
@@ -371,14 +417,22 @@ class Ingest:
             counted = None if redactor is None else redactor.kinds.copy()
             result = episodes.ImportResult(redactor=redactor)
             try:
-                episodes.import_episodes(self.conn, iter(records), result=result,
-                                         occurrences=self.occurrences, then=then,
-                                         refused=lambda episode, exc: refusals.append((episode.line or 0, str(exc),
-                                                                                      exc.exit_code)))
+                episodes.import_episodes(
+                    self.conn,
+                    iter(records),
+                    result=result,
+                    occurrences=self.occurrences,
+                    then=then,
+                    refused=lambda episode, exc: refusals.append(
+                        (episode.line or 0, str(exc), exc.exit_code)
+                    ),
+                )
                 return result, refusals
             except Blocked:
                 if attempt >= LATE_BLOCKS:
                     raise
                 if redactor is not None and counted is not None:
                     redactor.kinds = counted  # counted again by the run that stores
-        raise AssertionError("unreachable: itertools.count does not end")  # for the checker: the loop returns
+        raise AssertionError(
+            "unreachable: itertools.count does not end"
+        )  # for the checker: the loop returns

@@ -74,21 +74,40 @@ def journal(raw: bytes) -> Record:
     if not isinstance(stamp, str) or not stamp.isdigit() or len(stamp) > 17:
         raise BadLine("__REALTIME_TIMESTAMP: not microseconds since the epoch")
     at = datetime.datetime.fromtimestamp(0, UTC) + datetime.timedelta(microseconds=int(stamp))
-    source = next((v for v in (_one(entry.get(k)) for k in JOURNAL_SOURCE) if isinstance(v, str) and v), None)
+    source = next(
+        (v for v in (_one(entry.get(k)) for k in JOURNAL_SOURCE) if isinstance(v, str) and v), None
+    )
     priority = _one(entry.get("PRIORITY"))
-    importance = importance_of(int(priority)) if isinstance(priority, str) and priority in "01234567" and \
-        len(priority) == 1 else None
-    meta = {k: v for k, v in (("host", _one(entry.get("_HOSTNAME"))), ("pid", _one(entry.get("_PID"))))
-            if isinstance(v, str)}
+    importance = (
+        importance_of(int(priority))
+        if isinstance(priority, str) and priority in "01234567" and len(priority) == 1
+        else None
+    )
+    meta = {
+        k: v
+        for k, v in (("host", _one(entry.get("_HOSTNAME"))), ("pid", _one(entry.get("_PID"))))
+        if isinstance(v, str)
+    }
     if importance is not None:
         meta["priority"] = SEVERITY[int(priority)]
     cursor = entry.get("__CURSOR")
-    return Record(message, at, source, LOG_KIND, importance, None, meta, cursor if isinstance(cursor, str) else None)
+    return Record(
+        message,
+        at,
+        source,
+        LOG_KIND,
+        importance,
+        None,
+        meta,
+        cursor if isinstance(cursor, str) else None,
+    )
 
 
 def _one(value: Any) -> Any:
     """A field journald gave twice is an array of its values: the first."""
-    return value[0] if isinstance(value, list) and value and not isinstance(value[0], int) else value
+    return (
+        value[0] if isinstance(value, list) and value and not isinstance(value[0], int) else value
+    )
 
 
 def _journal_text(value: Any) -> str | None:
@@ -116,8 +135,13 @@ def journal_position(cursor: str) -> tuple[str, int] | None:
 _PRI = re.compile(r"<(\d{1,3})>")
 _RFC3164_TIME = re.compile(r"([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d) ")
 _RFC3339_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d) ")
-_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
-                                       "Nov", "Dec"), start=1)}
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"),
+        start=1,
+    )
+}
 TAG_MAX = 128  # how far a tag's colon is looked for (RFC 3164 says 32; programs go past it)
 
 
@@ -131,34 +155,54 @@ def syslog(raw: bytes, now: datetime.datetime) -> Record:
         value = int(pri.group(1))
         if value > 191:
             raise BadLine(f"PRI {value} is over 191")
-        severity, rest = value % 8, line[pri.end():]
+        severity, rest = value % 8, line[pri.end() :]
     if rest.startswith("1 ") and pri:
         at, host, app, pid, message = _rfc5424(rest)
     else:
         at, host, app, pid, message = _rfc3164(rest, now)
-    if pri is None and at is None:  # neither <PRI> nor a time starts it: a line of something else, not stored as now
-        raise BadLine("not a syslog line: neither <PRI> nor a timestamp (RFC 5424, RFC 3164, RFC 3339) starts it")
+    if (
+        pri is None and at is None
+    ):  # neither <PRI> nor a time starts it: a line of something else, not stored as now
+        raise BadLine(
+            "not a syslog line: neither <PRI> nor a timestamp (RFC 5424, RFC 3164, RFC 3339) starts it"
+        )
     if not message.strip():
         raise BadLine("no message")
     meta = {k: v for k, v in (("host", host), ("pid", pid)) if v}
     if severity is not None:
         meta["priority"] = SEVERITY[severity]
-    return Record(message, at or now, app, LOG_KIND, None if severity is None else importance_of(severity), None,
-                  meta)
+    return Record(
+        message,
+        at or now,
+        app,
+        LOG_KIND,
+        None if severity is None else importance_of(severity),
+        None,
+        meta,
+    )
 
 
-Parsed = tuple[datetime.datetime | None, str | None, str | None, str | None, str]  # time, host, app, pid, message
+Parsed = tuple[
+    datetime.datetime | None, str | None, str | None, str | None, str
+]  # time, host, app, pid, message
 
 
 def _rfc5424(rest: str) -> Parsed:
     parts = rest.split(" ", 6)
     if len(parts) < 7:
-        raise BadLine("RFC 5424: fewer fields than VERSION TIMESTAMP HOSTNAME APP-NAME PROCID MSGID SD")
+        raise BadLine(
+            "RFC 5424: fewer fields than VERSION TIMESTAMP HOSTNAME APP-NAME PROCID MSGID SD"
+        )
     _, stamp, host, app, procid, _msgid, tail = parts
     at = None if stamp == "-" else _iso(stamp)
     message = _after_structured_data(tail)
-    return (at, None if host == "-" else host, None if app == "-" else app, None if procid == "-" else procid,
-            message.removeprefix("\ufeff"))
+    return (
+        at,
+        None if host == "-" else host,
+        None if app == "-" else app,
+        None if procid == "-" else procid,
+        message.removeprefix("\ufeff"),
+    )
 
 
 def _after_structured_data(tail: str) -> str:
@@ -184,18 +228,18 @@ def _after_structured_data(tail: str) -> str:
         i += 1
     if i == 0:
         raise BadLine("RFC 5424: STRUCTURED-DATA is neither - nor [...]")
-    return tail[i + 1:] if i < n else ""
+    return tail[i + 1 :] if i < n else ""
 
 
 def _rfc3164(rest: str, now: datetime.datetime) -> Parsed:
     at = None
     stamp = _RFC3164_TIME.match(rest)
     if stamp:
-        at, rest = _bsd_time(stamp, now), rest[stamp.end():]
+        at, rest = _bsd_time(stamp, now), rest[stamp.end() :]
     else:
         iso = _RFC3339_TIME.match(rest)
         if iso:
-            at, rest = _iso(rest[:iso.end() - 1]), rest[iso.end():]
+            at, rest = _iso(rest[: iso.end() - 1]), rest[iso.end() :]
     host = None
     if at is not None:  # a time is followed by the host
         host, _, rest = rest.partition(" ")
@@ -205,8 +249,8 @@ def _rfc3164(rest: str, now: datetime.datetime) -> Parsed:
     tag = rest[:colon]
     bracket = tag.find("[")
     app = tag[:bracket] if bracket > 0 else tag
-    pid = tag[bracket + 1:-1] if bracket > 0 and tag.endswith("]") else None  # sshd[123]: pid 123
-    return at, host, app or None, pid or None, rest[colon + 1:].removeprefix(" ")
+    pid = tag[bracket + 1 : -1] if bracket > 0 and tag.endswith("]") else None  # sshd[123]: pid 123
+    return at, host, app or None, pid or None, rest[colon + 1 :].removeprefix(" ")
 
 
 def _bsd_time(stamp: re.Match, now: datetime.datetime) -> datetime.datetime:
@@ -217,8 +261,15 @@ def _bsd_time(stamp: re.Match, now: datetime.datetime) -> datetime.datetime:
         raise BadLine(f"not a month: {stamp.group(1)!r}")
     local = now.astimezone()
     try:
-        at = local.replace(year=local.year, month=month, day=int(stamp.group(2)), hour=int(stamp.group(3)),
-                           minute=int(stamp.group(4)), second=int(stamp.group(5)), microsecond=0)
+        at = local.replace(
+            year=local.year,
+            month=month,
+            day=int(stamp.group(2)),
+            hour=int(stamp.group(3)),
+            minute=int(stamp.group(4)),
+            second=int(stamp.group(5)),
+            microsecond=0,
+        )
         if at - local > datetime.timedelta(days=1):
             at = at.replace(year=local.year - 1)
     except ValueError as exc:
@@ -246,5 +297,12 @@ def jsonl_record(raw: bytes, fields: tuple[str, ...]) -> Record | None:
     item = jsonl.parse(raw, fields=fields, required=("content",))
     if item is None:
         return None
-    return Record(item["content"], item.get("created_at"), item.get("source"), item.get("kind"),
-                  item.get("importance"), item.get("agent"), item.get("meta") or {})
+    return Record(
+        item["content"],
+        item.get("created_at"),
+        item.get("source"),
+        item.get("kind"),
+        item.get("importance"),
+        item.get("agent"),
+        item.get("meta") or {},
+    )

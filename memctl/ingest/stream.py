@@ -61,24 +61,34 @@ def open_input(request: Request) -> Input:
     """The request checked (BadValue naming the option) and its FILE opened; stdin or the journal
     otherwise (the journal is started by run(), which knows where the last batch ended)."""
     if request.file == "-" and request.follow:
-        raise BadValue("--follow: needs a FILE (stdin is followed as long as it is open)",
-                       "--follow")
+        raise BadValue(
+            "--follow: needs a FILE (stdin is followed as long as it is open)", "--follow"
+        )
     if request.journal_unit is not None:
         if request.file != "-":
-            raise BadValue("--journal-unit: reads the journal, not a FILE as well",
-                           "--journal-unit")
+            raise BadValue(
+                "--journal-unit: reads the journal, not a FILE as well", "--journal-unit"
+            )
         request.format = "journal"
     fd = 0 if request.file == "-" or request.journal_unit is not None else _open(request.file)
     seekable = os.path.isfile(f"/proc/self/fd/{fd}")
     if request.cursor_file is not None and request.format != "journal" and not seekable:
-        raise BadValue("--cursor-file: a byte offset resumes a FILE (or stdin redirected from "
-                       "one), not a pipe; journald's cursor needs --format journal",
-                       "--cursor-file")
+        raise BadValue(
+            "--cursor-file: a byte offset resumes a FILE (or stdin redirected from "
+            "one), not a pipe; journald's cursor needs --format journal",
+            "--cursor-file",
+        )
     return Input(fd, request)
 
 
-def run(conn: Memory, source: Input, *, report: Callable[[int, str], None],
-        warn: Callable[[str], None], should_stop: Callable[[], Any] = lambda: None) -> Outcome:
+def run(
+    conn: Memory,
+    source: Input,
+    *,
+    report: Callable[[int, str], None],
+    warn: Callable[[str], None],
+    should_stop: Callable[[], Any] = lambda: None,
+) -> Outcome:
     """Ingest SOURCE until the end of input or `should_stop()`; `report(number, reason)` for a
     record skipped, `warn(message)` for the rest of what a person should hear."""
     settings = conn.settings
@@ -96,33 +106,57 @@ def run(conn: Memory, source: Input, *, report: Callable[[int, str], None],
     if resume is not None and request.format != "journal":
         offset = int(resume) if resume.isdigit() else 0
         if offset > os.fstat(fd).st_size:
-            warn(f"{cursor_file}: the stored offset {offset} is past the file's end: reading it "
-                 "from the start")
+            warn(
+                f"{cursor_file}: the stored offset {offset} is past the file's end: reading it "
+                "from the start"
+            )
             offset = 0
         os.lseek(fd, offset, os.SEEK_SET)
     max_line, bound = request.max_line, "--max-line"
     if max_line is None:
         max_line = ingest.line_limit(values.Limits.of(settings), request.format)
         bound = "what a record within [limits] takes"
-    reader = ingest.LineReader(fd, offset=offset, max_line=max_line,
-                               follow=os.path.abspath(request.file) if request.follow else None)
+    reader = ingest.LineReader(
+        fd,
+        offset=offset,
+        max_line=max_line,
+        follow=os.path.abspath(request.file) if request.follow else None,
+    )
 
     def after_commit(position: str) -> None:
         assert cursor_file is not None  # given to the ingest only with one
         files.write_text(cursor_file, position + "\n")
 
-    options = ingest.Options(request.format, request.source, request.kind, request.agent,
-                             request.flush, request.group, request.gap, max_line, bound)
-    running = ingest.Ingest(conn, reader, options, report=report, cursor_name=name,
-                            after_commit=after_commit, resume=resume, should_stop=should_stop)
+    options = ingest.Options(
+        request.format,
+        request.source,
+        request.kind,
+        request.agent,
+        request.flush,
+        request.group,
+        request.gap,
+        max_line,
+        bound,
+    )
+    running = ingest.Ingest(
+        conn,
+        reader,
+        options,
+        report=report,
+        cursor_name=name,
+        after_commit=after_commit,
+        resume=resume,
+        should_stop=should_stop,
+    )
     try:
         counts = running.run()
     finally:
         if child is not None:
             child.terminate()
             child.wait(30)
-    return Outcome(counts, running.result.redactor, running.first_skip,
-                   fd == 0 and reader.offset == 0)
+    return Outcome(
+        counts, running.result.redactor, running.first_skip, fd == 0 and reader.offset == 0
+    )
 
 
 def _journalctl(unit: str, cursor: str | None):
@@ -135,8 +169,11 @@ def _journalctl(unit: str, cursor: str | None):
     if exe is None:
         raise Unavailable("--journal-unit: journalctl is not installed")
     start = [f"--after-cursor={cursor}"] if cursor else ["--lines=0"]
-    return subprocess.Popen([exe, "--follow", "--output=json", f"--unit={unit}", *start],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    return subprocess.Popen(
+        [exe, "--follow", "--output=json", f"--unit={unit}", *start],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+    )
 
 
 def _open(path: str) -> int:

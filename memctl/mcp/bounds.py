@@ -25,8 +25,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from memctl.config import Settings, parse_duration
 
-BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
-        b"Content-Length: 21\r\n\r\ntoo many connections\n")
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
+    b"Content-Length: 21\r\n\r\ntoo many connections\n"
+)
 
 
 @dataclass
@@ -40,8 +42,12 @@ class Limits:
     @classmethod
     def of(cls, settings: Settings) -> "Limits":
         http = settings.http
-        return cls(parse_duration(http.header_timeout), parse_duration(http.idle_timeout), http.max_connections,
-                   http.max_connections_per_client)
+        return cls(
+            parse_duration(http.header_timeout),
+            parse_duration(http.idle_timeout),
+            http.max_connections,
+            http.max_connections_per_client,
+        )
 
 
 def protocol(limits: Limits) -> type[H11Protocol]:
@@ -91,7 +97,10 @@ def protocol(limits: Limits) -> type[H11Protocol]:
 
         def _too_slow(self) -> None:
             self._arrival = None
-            if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+            if not self.transport.is_closing() and self.conn.their_state in (
+                h11.IDLE,
+                h11.SEND_BODY,
+            ):
                 self.transport.close()
 
     return Bounded
@@ -101,10 +110,22 @@ def only_post(app: Any, path: str = "/mcp") -> Any:
     """The app, but `GET path` answered 405 (Allow: POST) at once: no stream is held open with nothing in it."""
 
     async def bounded(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"].rstrip("/") == path:
-            await send({"type": "http.response.start", "status": 405,
-                        "headers": [(b"allow", b"POST"), (b"content-type", b"text/plain; charset=utf-8"),
-                                    (b"content-length", b"19")]})
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "GET"
+            and scope["path"].rstrip("/") == path
+        ):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 405,
+                    "headers": [
+                        (b"allow", b"POST"),
+                        (b"content-type", b"text/plain; charset=utf-8"),
+                        (b"content-length", b"19"),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": b"method not allowed\n"})
             return
         await app(scope, receive, send)

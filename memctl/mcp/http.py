@@ -50,8 +50,11 @@ def security(host: str, origins: list[str]) -> TransportSecuritySettings:
     """Host and Origin checks: loopback names always, the bound host, and the origins the operator allowed."""
     named = [f"[{host}]" if ":" in host else host]
     hosts = list(dict.fromkeys([*LOOPBACK, *named]))
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=[f"{h}:*" for h in hosts],
-                                     allowed_origins=[f"http://{h}:*" for h in LOOPBACK] + list(origins))
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{h}:*" for h in hosts],
+        allowed_origins=[f"http://{h}:*" for h in LOOPBACK] + list(origins),
+    )
 
 
 class Registry:
@@ -60,7 +63,9 @@ class Registry:
     def __init__(self, settings: Settings, open_connection: Callable[[], Any]):
         self.settings = settings
         self._open = open_connection
-        self._owner = sessions.Session(settings, sessions.Scope.make(), open_connection, connections=2)
+        self._owner = sessions.Session(
+            settings, sessions.Scope.make(), open_connection, connections=2
+        )
         self._sessions: dict[tuple, sessions.Session] = {}
         self._lock = threading.Lock()
 
@@ -74,15 +79,21 @@ class Registry:
             found = self._sessions.get(key)
             if found is None:
                 found = self._sessions[key] = sessions.Session(
-                    self.settings, principals.scope_of(agent), self._open, role=agent.role,
-                    connections=CONNECTIONS_PER_AGENT)
+                    self.settings,
+                    principals.scope_of(agent),
+                    self._open,
+                    role=agent.role,
+                    connections=CONNECTIONS_PER_AGENT,
+                )
         return found
 
     def current(self) -> sessions.Session:
         """The session of the agent whose token this request carries (the SDK's auth context)."""
         token = get_access_token()
         if token is None or not token.claims or "agent" not in token.claims:
-            raise MemctlError("no agent for this request")  # the SDK's middleware answers 401 before this
+            raise MemctlError(
+                "no agent for this request"
+            )  # the SDK's middleware answers 401 before this
         return self.session_for(agents.Agent(**token.claims["agent"]))
 
     def check_schema(self) -> None:
@@ -113,8 +124,15 @@ class TokenVerifier:
             return None  # the database is down: refused, said in the server's log by the next tool call
         if agent is None:
             return None
-        claims = {"agent": {"name": agent.name, "role": agent.role, "namespace": agent.namespace,
-                            "shared": list(agent.shared), "read_only": agent.read_only}}
+        claims = {
+            "agent": {
+                "name": agent.name,
+                "role": agent.role,
+                "namespace": agent.namespace,
+                "shared": list(agent.shared),
+                "read_only": agent.read_only,
+            }
+        }
         # The SDK keeps `token` on the request; memctl never reads or logs it there.
         return AccessToken(token="-", client_id=agent.name, scopes=[], claims=claims)
 
@@ -123,30 +141,60 @@ def app(registry: Registry, host: str, port: int, origins: list[str]):
     """The starlette app: the SDK's streamable HTTP at /mcp behind its bearer auth (memctl issues the tokens itself,
     so the issuer is this server: no OAuth flow)."""
     base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    server = protocol.build(registry.current, scope=sessions.Scope.make(agent="any"),
-                            describe="each request in its bearer token's agent: its episodes, its namespace and the "
-                                     "shared namespaces it may read", token_verifier=TokenVerifier(registry),
-                            auth=AuthSettings(issuer_url=AnyHttpUrl(base),
-                                              resource_server_url=AnyHttpUrl(f"{base}/mcp"),
-                                              validate_token_resource=False))
-    return server.streamable_http_app(stateless_http=True, json_response=True, host=host,
-                                      transport_security=security(host, origins))
+    server = protocol.build(
+        registry.current,
+        scope=sessions.Scope.make(agent="any"),
+        describe="each request in its bearer token's agent: its episodes, its namespace and the "
+        "shared namespaces it may read",
+        token_verifier=TokenVerifier(registry),
+        auth=AuthSettings(
+            issuer_url=AnyHttpUrl(base),
+            resource_server_url=AnyHttpUrl(f"{base}/mcp"),
+            validate_token_resource=False,
+        ),
+    )
+    return server.streamable_http_app(
+        stateless_http=True,
+        json_response=True,
+        host=host,
+        transport_security=security(host, origins),
+    )
 
 
-def serve(settings: Settings, open_connection: Callable[[], Any], host: str, port: int, *, origins: list[str],
-          warn: Callable[[str], None]) -> None:
+def serve(
+    settings: Settings,
+    open_connection: Callable[[], Any],
+    host: str,
+    port: int,
+    *,
+    origins: list[str],
+    warn: Callable[[str], None],
+) -> None:
     import uvicorn
 
-    sock = listening(host, port)  # before a word is said: a port in use fails here, no server announced
+    sock = listening(
+        host, port
+    )  # before a word is said: a port in use fails here, no server announced
     registry = Registry(settings, open_connection)
     registry.grant()
     if host not in ("127.0.0.1", "localhost", "::1"):
-        warn(f"mcp: listening on {host}, not loopback: put TLS in front (a reverse proxy) before any network")
+        warn(
+            f"mcp: listening on {host}, not loopback: put TLS in front (a reverse proxy) before any network"
+        )
     protocol.configure_logging()
-    config = uvicorn.Config(bounds.only_post(app(registry, host, port, origins)), host=host, port=port,
-                            log_level="warning", access_log=False, log_config=None, **bounds.config_options(settings))
-    warn(f"mcp: streamable HTTP at http://{'[' + host + ']' if ':' in host else host}:{port}/mcp for every "
-         "registered agent, each request in its token's role")
+    config = uvicorn.Config(
+        bounds.only_post(app(registry, host, port, origins)),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        log_config=None,
+        **bounds.config_options(settings),
+    )
+    warn(
+        f"mcp: streamable HTTP at http://{'[' + host + ']' if ':' in host else host}:{port}/mcp for every "
+        "registered agent, each request in its token's role"
+    )
     server = uvicorn.Server(config)
     watch = SchemaWatch(registry, server)
     watch.start()
@@ -175,8 +223,11 @@ class SchemaWatch(threading.Thread):
         asked = 0.0
         while not self._done.wait(TICK_S):
             if protocol.schema_changed.is_set():
-                self.changed = SchemaChanged(migrate.changed_message("a migration this memctl does not know",
-                                                                     migrate.newest()))
+                self.changed = SchemaChanged(
+                    migrate.changed_message(
+                        "a migration this memctl does not know", migrate.newest()
+                    )
+                )
             elif time.monotonic() - asked >= WATCH_S:
                 asked = time.monotonic()
                 try:
@@ -208,6 +259,8 @@ def listening(host: str, port: int):
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise MemctlError(f"mcp: cannot listen on {host}:{port}: {exc.strerror or exc}"
-                          + (" (another server holds it)" if exc.errno == errno.EADDRINUSE else "")) from None
+        raise MemctlError(
+            f"mcp: cannot listen on {host}:{port}: {exc.strerror or exc}"
+            + (" (another server holds it)" if exc.errno == errno.EADDRINUSE else "")
+        ) from None
     return sock

@@ -39,13 +39,26 @@ schema_changed = threading.Event()
 # Parameters
 
 Name = Annotated[Optional[str], Field(min_length=1, max_length=tools.MAX_NAME)]
-Key = Annotated[str, Field(description="The fact's key, e.g. db.host.", min_length=1, max_length=255)]
-Namespace = Annotated[Optional[str], Field(
-    description="Namespace of the fact. Default: this server's namespace; a server started for an agent reads "
-                "only its own namespace and the shared ones it was given.", min_length=1, max_length=tools.MAX_NAME)]
-When = Annotated[Optional[str], Field(
-    description="now, a duration back from now (30m, 12h, 7d) or an ISO 8601 date/time (2026-08-11T09:30:00Z).",
-    min_length=1, max_length=64)]
+Key = Annotated[
+    str, Field(description="The fact's key, e.g. db.host.", min_length=1, max_length=255)
+]
+Namespace = Annotated[
+    Optional[str],
+    Field(
+        description="Namespace of the fact. Default: this server's namespace; a server started for an agent reads "
+        "only its own namespace and the shared ones it was given.",
+        min_length=1,
+        max_length=tools.MAX_NAME,
+    ),
+]
+When = Annotated[
+    Optional[str],
+    Field(
+        description="now, a duration back from now (30m, 12h, 7d) or an ISO 8601 date/time (2026-08-11T09:30:00Z).",
+        min_length=1,
+        max_length=64,
+    ),
+]
 
 
 # ---------------------------------------------------------------------------
@@ -99,15 +112,31 @@ class RecallResult(TypedDict):
 
 
 def remember(
-    content: Annotated[str, Field(
-        description="What happened, in plain words: an event, a decision, its outcome, a lesson learned. "
-                    "Secrets (passwords, tokens, keys) are redacted before anything is stored, or the write is "
-                    "refused, as memctl's [redaction] mode says. At most memctl's [limits] episode_bytes "
-                    "(1 MiB by default) of UTF-8.", min_length=1)],
-    kind: Annotated[Name, Field(description="observation (default), conversation, decision, ...; sets the "
-                                            "default importance. Kinds of importance 0 are not stored.")] = None,
-    importance: Annotated[Optional[int], Field(
-        description="0 (do not store) to 10; default by kind from memctl's [importance] policy.", ge=0, le=10)] = None,
+    content: Annotated[
+        str,
+        Field(
+            description="What happened, in plain words: an event, a decision, its outcome, a lesson learned. "
+            "Secrets (passwords, tokens, keys) are redacted before anything is stored, or the write is "
+            "refused, as memctl's [redaction] mode says. At most memctl's [limits] episode_bytes "
+            "(1 MiB by default) of UTF-8.",
+            min_length=1,
+        ),
+    ],
+    kind: Annotated[
+        Name,
+        Field(
+            description="observation (default), conversation, decision, ...; sets the "
+            "default importance. Kinds of importance 0 are not stored."
+        ),
+    ] = None,
+    importance: Annotated[
+        Optional[int],
+        Field(
+            description="0 (do not store) to 10; default by kind from memctl's [importance] policy.",
+            ge=0,
+            le=10,
+        ),
+    ] = None,
 ) -> Annotated[CallToolResult, RememberResult]:
     """Store an episode in long-term memory: something that happened, to be found later by search and recall.
 
@@ -116,16 +145,26 @@ def remember(
 
 
 def search(
-    query: Annotated[str, Field(
-        description="What to look for, in words; meaning and words both count. A leading - excludes a word, "
-                    "\"quotes\" keep a phrase.", min_length=1, max_length=tools.MAX_QUERY)],
+    query: Annotated[
+        str,
+        Field(
+            description="What to look for, in words; meaning and words both count. A leading - excludes a word, "
+            '"quotes" keep a phrase.',
+            min_length=1,
+            max_length=tools.MAX_QUERY,
+        ),
+    ],
     k: Annotated[int, Field(description="How many episodes to return.", ge=1, le=50)] = 5,
     kind: Annotated[Name, Field(description="Only episodes of this kind.")] = None,
     since: Annotated[When, Field(description=f"Only episodes {filters.SINCE} this.")] = None,
     until: Annotated[When, Field(description=f"Only episodes {filters.UNTIL} this.")] = None,
-    mode: Annotated[Literal["hybrid", "vector", "text"], Field(
-        description="hybrid (default): meaning and words; vector: meaning only (fails while the embedder is "
-                    "down); text: words only.")] = "hybrid",
+    mode: Annotated[
+        Literal["hybrid", "vector", "text"],
+        Field(
+            description="hybrid (default): meaning and words; vector: meaning only (fails while the embedder is "
+            "down); text: words only."
+        ),
+    ] = "hybrid",
 ) -> Annotated[CallToolResult, SearchResult]:
     """Search past episodes by meaning and by words, best first, weighted by recency and importance.
 
@@ -134,12 +173,25 @@ def search(
 
 
 def recall(
-    observation: Annotated[str, Field(
-        description="What you see or are about to decide, in words.", min_length=1, max_length=tools.MAX_QUERY)],
-    max_tokens: Annotated[Optional[int], Field(
-        description="Budget for the whole block (default: memctl's recall.max_tokens, 1000).", ge=1,
-        le=100_000)] = None,
-    k: Annotated[int, Field(description="At most this many facts, episodes and runbooks each.", ge=1, le=20)] = 5,
+    observation: Annotated[
+        str,
+        Field(
+            description="What you see or are about to decide, in words.",
+            min_length=1,
+            max_length=tools.MAX_QUERY,
+        ),
+    ],
+    max_tokens: Annotated[
+        Optional[int],
+        Field(
+            description="Budget for the whole block (default: memctl's recall.max_tokens, 1000).",
+            ge=1,
+            le=100_000,
+        ),
+    ] = None,
+    k: Annotated[
+        int, Field(description="At most this many facts, episodes and runbooks each.", ge=1, le=20)
+    ] = 5,
 ) -> Annotated[CallToolResult, RecallResult]:
     """The memory worth putting in your prompt now: current facts, then relevant past episodes (with their age
     and source), then runbooks by name, as whole items within max_tokens. Call it at the start of a task.
@@ -148,7 +200,9 @@ def recall(
 
 
 def episode_get(
-    id: Annotated[int, Field(description="The episode's id, as search returns it.", ge=1, le=2**63 - 1)],  # noqa: A002
+    id: Annotated[
+        int, Field(description="The episode's id, as search returns it.", ge=1, le=2**63 - 1)
+    ],  # noqa: A002
 ) -> CallToolResult:
     """One episode by id: its full text, kind, source, importance, created_at and meta."""
 
@@ -156,15 +210,21 @@ def episode_get(
 def fact_get(
     key: Key,
     namespace: Namespace = None,
-    as_of: Annotated[When, Field(description="The value valid at this time (ISO 8601, or a duration back such as "
-                                             "3d); default: now.")] = None,
+    as_of: Annotated[
+        When,
+        Field(
+            description="The value valid at this time (ISO 8601, or a duration back such as "
+            "3d); default: now."
+        ),
+    ] = None,
 ) -> CallToolResult:
     """The value of a fact by its exact key: what is true now, or with as_of what was true then."""
 
 
 def fact_list(
-    prefix: Annotated[Optional[str], Field(description="Only keys starting with this, e.g. db.",
-                                           max_length=255)] = None,
+    prefix: Annotated[
+        Optional[str], Field(description="Only keys starting with this, e.g. db.", max_length=255)
+    ] = None,
     namespace: Namespace = None,
 ) -> CallToolResult:
     """The facts of a namespace, sorted by key (the first 500)."""
@@ -172,11 +232,21 @@ def fact_list(
 
 def fact_set(
     key: Key,
-    value: Annotated[str, Field(description="The new value, at most memctl's [limits] value_bytes (64 KiB by "
-                                            "default). Secrets are redacted or refused as for remember.")],
-    namespace: Annotated[Optional[str], Field(
-        description="Default and, on a server started for an agent, the only one: this server's namespace.",
-        min_length=1, max_length=tools.MAX_NAME)] = None,
+    value: Annotated[
+        str,
+        Field(
+            description="The new value, at most memctl's [limits] value_bytes (64 KiB by "
+            "default). Secrets are redacted or refused as for remember."
+        ),
+    ],
+    namespace: Annotated[
+        Optional[str],
+        Field(
+            description="Default and, on a server started for an agent, the only one: this server's namespace.",
+            min_length=1,
+            max_length=tools.MAX_NAME,
+        ),
+    ] = None,
 ) -> CallToolResult:
     """Set a fact: what is true now, by key (e.g. db.host = 10.8.0.4). The old value moves to the history."""
 
@@ -191,10 +261,18 @@ def runbook_list() -> CallToolResult:
 
 
 def runbook_show(
-    name: Annotated[str, Field(description="The runbook's name, as runbook_list gives it.", min_length=1,
-                               max_length=131)],
-    at: Annotated[Optional[str], Field(description="Show it as it was at this git commit.", min_length=1,
-                                       max_length=64)] = None,
+    name: Annotated[
+        str,
+        Field(
+            description="The runbook's name, as runbook_list gives it.",
+            min_length=1,
+            max_length=131,
+        ),
+    ],
+    at: Annotated[
+        Optional[str],
+        Field(description="Show it as it was at this git commit.", min_length=1, max_length=64),
+    ] = None,
 ) -> CallToolResult:
     """A runbook's title, description and numbered steps with their commands, at a known commit."""
 
@@ -203,7 +281,9 @@ def runbook_show(
 # a tool added there without a declaration here fails at import.
 DECLARED = [globals()[name] for name in tools.TOOLS]
 READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+WRITE = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+)
 
 
 # ---------------------------------------------------------------------------
@@ -225,7 +305,9 @@ def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-def answer(name: str, session: sessions.Session | Callable[[], sessions.Session], arguments: dict[str, Any]) -> CallToolResult:
+def answer(
+    name: str, session: sessions.Session | Callable[[], sessions.Session], arguments: dict[str, Any]
+) -> CallToolResult:
     """Run one tool; memctl's errors (and anything unexpected) become an error result, never a traceback.
 
     `session` may be a function giving the session of this call's agent (the HTTP server's, by token)."""
@@ -237,7 +319,9 @@ def answer(name: str, session: sessions.Session | Callable[[], sessions.Session]
             raise MemctlError(f"{name} writes, and agent {session.scope.agent!r} is read-only")
         try:
             reply = implementation(session, **arguments)
-        except sessions.Stale:  # a read on a connection the server had just ended: once more, on a new one
+        except (
+            sessions.Stale
+        ):  # a read on a connection the server had just ended: once more, on a new one
             reply = implementation(session, **arguments)
     except SchemaChanged as exc:
         schema_changed.set()
@@ -250,13 +334,19 @@ def answer(name: str, session: sessions.Session | Callable[[], sessions.Session]
     except UnicodeError:
         return _error("the text is not valid Unicode (a lone surrogate?): send UTF-8 text")
     except Exception as exc:  # a defect: say which, keep serving, print no traceback
-        if migrate.is_guard_refusal(exc):  # the schema refused the write: a newer memctl migrated it
+        if migrate.is_guard_refusal(
+            exc
+        ):  # the schema refused the write: a newer memctl migrated it
             schema_changed.set()
-            return _error(f"{name}: nothing was stored: this memory's schema changed (a newer memctl migrated it) "
-                          "and this server stops so the memctl installed now serves; call again in a few seconds")
+            return _error(
+                f"{name}: nothing was stored: this memory's schema changed (a newer memctl migrated it) "
+                "and this server stops so the memctl installed now serves; call again in a few seconds"
+            )
         log.error("%s failed unexpectedly: %s; the server goes on", name, type(exc).__name__)
         return _error(f"internal error in {name} ({type(exc).__name__}); the server goes on")
-    return CallToolResult(content=[TextContent(type="text", text=reply.text)], structured_content=reply.data)
+    return CallToolResult(
+        content=[TextContent(type="text", text=reply.text)], structured_content=reply.data
+    )
 
 
 def _bind(declared, session, inline: bool):
@@ -265,6 +355,7 @@ def _bind(declared, session, inline: bool):
     second: one client, one connection, calls one at a time whatever thread runs them, and the thread
     hop was a tenth of a search tool call's time."""
     if inline:
+
         @functools.wraps(declared)  # the SDK reads the declaration's signature through __wrapped__
         async def on_loop(**arguments):
             return answer(declared.__name__, session, arguments)
@@ -284,8 +375,13 @@ class Server(MCPServer):
     each caller the tools its scope offers (`scope_of`: HTTP's, by the request's token; a read-only agent's list
     holds no tool that writes)."""
 
-    def __init__(self, *args: Any, parameters: dict[str, set[str]],
-                 scope_of: Callable[[], sessions.Scope] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        parameters: dict[str, set[str]],
+        scope_of: Callable[[], sessions.Scope] | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self._parameters = parameters
         self._scope_of = scope_of
@@ -321,33 +417,52 @@ def invalid(error: ValidationError) -> str:
     return "invalid arguments: " + "; ".join(dict.fromkeys(said))
 
 
-INSTRUCTIONS = ("memctl: long-term memory on PostgreSQL. Call recall at the start of a task; remember what "
-                "happened and what you learned; facts hold what is true now, by key. {scope}. No tool deletes, "
-                "purges or runs a runbook: those are the operator's.")
+INSTRUCTIONS = (
+    "memctl: long-term memory on PostgreSQL. Call recall at the start of a task; remember what "
+    "happened and what you learned; facts hold what is true now, by key. {scope}. No tool deletes, "
+    "purges or runs a runbook: those are the operator's."
+)
 
 
-def build(session: sessions.Session | Callable[[], sessions.Session], *, scope: sessions.Scope | None = None,
-          describe: str | None = None, inline: bool = False, **options: Any) -> Server:
+def build(
+    session: sessions.Session | Callable[[], sessions.Session],
+    *,
+    scope: sessions.Scope | None = None,
+    describe: str | None = None,
+    inline: bool = False,
+    **options: Any,
+) -> Server:
     """The server of one session (stdio), or of a function giving each call's session (HTTP: `scope` says which
     tools to offer, `describe` the instructions' scope, `options` go to MCPServer: the token verifier).
     `inline`: run the tools on the event loop, one at a time (stdio's one session; see _bind)."""
     if scope is None:
-        assert isinstance(session, sessions.Session)  # a function giving sessions comes with its scope (HTTP)
+        assert isinstance(
+            session, sessions.Session
+        )  # a function giving sessions comes with its scope (HTTP)
         scope = session.scope
     offered = set(tools.offered(scope))
     declared = [d for d in DECLARED if d.__name__ in offered]
     made = []
     for item in declared:
         writes = tools.TOOLS[item.__name__][1]
-        tool = Tool.from_function(_bind(item, session, inline), name=item.__name__,
-                                  annotations=WRITE if writes else READ)
-        if tool.fn_metadata.output_schema is not None:  # the SDK reads the field live (FuncMetadata's doc)
+        tool = Tool.from_function(
+            _bind(item, session, inline), name=item.__name__, annotations=WRITE if writes else READ
+        )
+        if (
+            tool.fn_metadata.output_schema is not None
+        ):  # the SDK reads the field live (FuncMetadata's doc)
             tool.fn_metadata.output_schema = published(tool.fn_metadata.output_schema)
         made.append(tool)
-    return Server("memctl", version=__version__, instructions=INSTRUCTIONS.format(scope=describe or scope.describe()),
-                  log_level="WARNING", tools=made,
-                  parameters={d.__name__: set(inspect.signature(d).parameters) for d in declared},
-                  scope_of=(lambda: session().scope) if callable(session) else None, **options)
+    return Server(
+        "memctl",
+        version=__version__,
+        instructions=INSTRUCTIONS.format(scope=describe or scope.describe()),
+        log_level="WARNING",
+        tools=made,
+        parameters={d.__name__: set(inspect.signature(d).parameters) for d in declared},
+        scope_of=(lambda: session().scope) if callable(session) else None,
+        **options,
+    )
 
 
 def published(schema: dict[str, Any]) -> dict[str, Any]:
@@ -365,12 +480,16 @@ def published(schema: dict[str, Any]) -> dict[str, Any]:
         if "$ref" in node:
             name = node["$ref"].rsplit("/", 1)[-1]
             if name in within:
-                raise ValueError(f"output schema: {name} refers to itself; it cannot be written out")
+                raise ValueError(
+                    f"output schema: {name} refers to itself; it cannot be written out"
+                )
             rest = {key: value for key, value in node.items() if key != "$ref"}
             return written_out({**definitions[name], **rest}, within + (name,))
         node = {key: written_out(value, within) for key, value in node.items() if key != "$defs"}
         options = node.get("anyOf")
-        if options and all(set(option) == {"type"} and isinstance(option["type"], str) for option in options):
+        if options and all(
+            set(option) == {"type"} and isinstance(option["type"], str) for option in options
+        ):
             node = {key: value for key, value in node.items() if key != "anyOf"}
             node["type"] = [option["type"] for option in options]
         return node
@@ -402,5 +521,8 @@ def serve(session: sessions.Session) -> None:
 
     configure_logging()
     limits = session.settings.limits
-    anyio.run(transport.serve, build(session, inline=True),
-              transport.line_limit(max(limits.episode_bytes, limits.value_bytes)))
+    anyio.run(
+        transport.serve,
+        build(session, inline=True),
+        transport.line_limit(max(limits.episode_bytes, limits.value_bytes)),
+    )

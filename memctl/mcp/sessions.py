@@ -43,18 +43,31 @@ class Scope:
     source: str = "mcp"
 
     @classmethod
-    def make(cls, *, agent: str | None = None, namespace: str | None = None,
-             shared: list[str] | None = None, read_only: bool = False,
-             source: str | None = None) -> "Scope":
+    def make(
+        cls,
+        *,
+        agent: str | None = None,
+        namespace: str | None = None,
+        shared: list[str] | None = None,
+        read_only: bool = False,
+        source: str | None = None,
+    ) -> "Scope":
         agent, namespace = _name(agent, "agent"), _name(namespace, "namespace")
         source = _name(source, "source")
         names = tuple(dict.fromkeys(values.name(ns, "--shared-namespace") for ns in shared or ()))
         if agent is None and names:
-            raise UsageError("--shared-namespace needs --agent: the operator's view reads every "
-                             "namespace already")
+            raise UsageError(
+                "--shared-namespace needs --agent: the operator's view reads every "
+                "namespace already"
+            )
         own = namespace or agent or facts.DEFAULT_NAMESPACE
-        return cls(agent, own, tuple(ns for ns in names if ns != own), read_only,
-                   source or (f"mcp:{agent}" if agent else "mcp"))
+        return cls(
+            agent,
+            own,
+            tuple(ns for ns in names if ns != own),
+            read_only,
+            source or (f"mcp:{agent}" if agent else "mcp"),
+        )
 
     @property
     def writer(self) -> str:
@@ -66,14 +79,17 @@ class Scope:
             return self.namespace
         if self.agent is None or namespace in self.shared:
             return namespace
-        raise UsageError(f"namespace {namespace!r} is not readable by this server: it reads "
-                         f"{self._namespaces()}")
+        raise UsageError(
+            f"namespace {namespace!r} is not readable by this server: it reads {self._namespaces()}"
+        )
 
     def writable(self, namespace: str | None) -> str:
         if namespace is None or namespace == self.namespace or self.agent is None:
             return namespace or self.namespace
-        raise UsageError(f"namespace {namespace!r} is not writable by this server: it writes only "
-                         f"{self.namespace!r}")
+        raise UsageError(
+            f"namespace {namespace!r} is not writable by this server: it writes only "
+            f"{self.namespace!r}"
+        )
 
     def _namespaces(self) -> str:
         shared = f" and, read-only, {', '.join(map(repr, self.shared))}" if self.shared else ""
@@ -81,13 +97,20 @@ class Scope:
 
     def describe(self) -> str:
         """One line for stderr at start, and the server's instructions to the client."""
-        mode = ("; read-only: no tool writes" if self.read_only
-                else f"; writes as source {self.source!r}")
+        mode = (
+            "; read-only: no tool writes"
+            if self.read_only
+            else f"; writes as source {self.source!r}"
+        )
         if self.agent is None:
-            return ("no --agent: the operator's view, every agent's episodes and facts in any "
-                    f"namespace (default {self.namespace!r}){mode}")
-        return (f"agent {self.agent!r}: its episodes only, facts in namespace "
-                f"{self._namespaces()}{mode}")
+            return (
+                "no --agent: the operator's view, every agent's episodes and facts in any "
+                f"namespace (default {self.namespace!r}){mode}"
+            )
+        return (
+            f"agent {self.agent!r}: its episodes only, facts in namespace "
+            f"{self._namespaces()}{mode}"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -133,8 +156,15 @@ class Session:
     at a time).
     """
 
-    def __init__(self, settings: Settings, scope: Scope, open_connection: Callable[[], Any], *,
-                 role: str | None = None, connections: int = 1):
+    def __init__(
+        self,
+        settings: Settings,
+        scope: Scope,
+        open_connection: Callable[[], Any],
+        *,
+        role: str | None = None,
+        connections: int = 1,
+    ):
         self.settings = settings
         self.scope = scope
         self._open = open_connection
@@ -197,9 +227,11 @@ class Session:
                 pass
             except psycopg.Error as exc:  # the role is gone (revoked): refused in memctl's words
                 self._drop(conn)
-                raise MemctlError(f"agent {self.scope.agent!r} is no longer registered "
-                                  f"({_first_line(exc)}): `memctl agent add {self.scope.agent}` "
-                                  "registers it again") from None
+                raise MemctlError(
+                    f"agent {self.scope.agent!r} is no longer registered "
+                    f"({_first_line(exc)}): `memctl agent add {self.scope.agent}` "
+                    "registers it again"
+                ) from None
         self._drop(conn)
         conn = self._open().use_settings(self.settings)  # a handle with the session's settings
         try:
@@ -244,6 +276,8 @@ def registered_role(conn: Memory, agent: str) -> str | None:
     if found is not None:
         return found.role
     if agents.list_agents(conn):
-        raise MemctlError(f"agent {agent!r} is not registered, and agents here run in their own "
-                          f"roles: `memctl agent add {agent}` registers it")
+        raise MemctlError(
+            f"agent {agent!r} is not registered, and agents here run in their own "
+            f"roles: `memctl agent add {agent}` registers it"
+        )
     return None

@@ -58,7 +58,9 @@ class Owed:
     def read(self, message: Any) -> None:
         if isinstance(message, JSONRPCRequest):
             self.ids.add(message.id)
-        elif isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
+        elif (
+            isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled"
+        ):
             self._settle((message.params or {}).get("requestId"))
 
     def written(self, message: Any) -> None:
@@ -106,7 +108,9 @@ def _claimed_wire():
     finally:
         for fd, wire in ((0, wire_in), (1, wire_out)):
             with contextlib.suppress(OSError):
-                os.set_blocking(wire, True)  # the event loop made it non-blocking; the shell may share it
+                os.set_blocking(
+                    wire, True
+                )  # the event loop made it non-blocking; the shell may share it
                 os.dup2(wire, fd)
             os.close(wire)
 
@@ -120,10 +124,13 @@ async def _pipes(limit: int) -> AsyncIterator[tuple[Lines, Callable[[bytes], Awa
     loop = asyncio.get_running_loop()
     with _claimed_wire() as (wire_in, wire_out):
         reader = asyncio.StreamReader(limit=limit)
-        in_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                       os.fdopen(wire_in, "rb", buffering=0, closefd=False))
-        out_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
-                                                                os.fdopen(wire_out, "wb", buffering=0, closefd=False))
+        in_transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader),
+            os.fdopen(wire_in, "rb", buffering=0, closefd=False),
+        )
+        out_transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(wire_out, "wb", buffering=0, closefd=False)
+        )
         writer = asyncio.StreamWriter(out_transport, protocol, None, loop)
 
         async def write(data: bytes) -> None:
@@ -169,8 +176,11 @@ async def _skip_line(reader: asyncio.StreamReader) -> None:
 def _parse(line: bytes) -> SessionMessage | Exception:
     """One line of the wire as the SDK's stdio transport parses it (invalid UTF-8 replaced, not fatal)."""
     try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line.decode("utf-8", "replace"),
-                                                                          by_name=False))
+        return SessionMessage(
+            types.jsonrpc_message_adapter.validate_json(
+                line.decode("utf-8", "replace"), by_name=False
+            )
+        )
     except Exception as exc:  # the dispatcher answers it (or logs it) and goes on
         return exc
 
@@ -181,17 +191,27 @@ def refusal(line: bytes | None, problem: Exception) -> SessionMessage:
     null, so the client that sent it hears back instead of waiting."""
     import json
 
-    code, said, request_id = types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", None
+    code, said, request_id = (
+        types.INVALID_REQUEST,
+        "Invalid Request: not a JSON-RPC 2.0 message",
+        None,
+    )
     try:
         value = json.loads(line) if line is not None else None
     except ValueError:
         code, said = types.PARSE_ERROR, "Parse error: the line is not JSON"
     else:
-        if isinstance(value, dict) and isinstance(value.get("id"), (str, int)) and not isinstance(value["id"], bool):
+        if (
+            isinstance(value, dict)
+            and isinstance(value.get("id"), (str, int))
+            and not isinstance(value["id"], bool)
+        ):
             request_id = value["id"]
     if line is None:
         said = f"Invalid Request: {problem}"
-    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=said)))
+    return SessionMessage(
+        JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=said))
+    )
 
 
 # A client gone from its end of our output: the write that found it so, and what it broke after it.
@@ -223,12 +243,18 @@ async def serve(server: MCPServer, limit: int, grace: float = ANSWER_GRACE) -> N
 
 
 def _streams() -> tuple:
-    return (*anyio.create_memory_object_stream[SessionMessage | Exception](0),
-            *anyio.create_memory_object_stream[SessionMessage](0))
+    return (
+        *anyio.create_memory_object_stream[SessionMessage | Exception](0),
+        *anyio.create_memory_object_stream[SessionMessage](0),
+    )
 
 
-async def _run(server: MCPServer, streams: tuple, receive_input: Callable[[], Coroutine[Any, Any, None]],
-               send_output: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _run(
+    server: MCPServer,
+    streams: tuple,
+    receive_input: Callable[[], Coroutine[Any, Any, None]],
+    send_output: Callable[[], Coroutine[Any, Any, None]],
+) -> None:
     """The SDK's server between the two relays (MCPServer.run_stdio_async's own server, other streams)."""
     _, server_reads, server_writes, _ = streams
     # MCPServer (mcp 2.1-2.3) has no public way to run on streams of one's own: run_stdio_async reads
@@ -239,7 +265,9 @@ async def _run(server: MCPServer, streams: tuple, receive_input: Callable[[], Co
         reading.start_soon(receive_input)
         async with anyio.create_task_group() as writing:
             writing.start_soon(send_output)
-            await lowlevel.run(server_reads, server_writes, lowlevel.create_initialization_options())
+            await lowlevel.run(
+                server_reads, server_writes, lowlevel.create_initialization_options()
+            )
         reading.cancel_scope.cancel()  # the server ended (its input did, or it failed): stop reading
 
 
@@ -252,13 +280,19 @@ async def _serve_pipes(server: MCPServer, owed: Owed, grace: float, limit: int) 
     streams = _streams()
     to_server, _, _, from_server = streams
     async with _pipes(limit) as (lines, write):
+
         async def receive_input() -> None:
             async with to_server:
                 async for line in lines:
                     item = line if isinstance(line, Exception) else _parse(line)
                     if isinstance(item, Exception):
                         refused = refusal(None if isinstance(line, Exception) else line, item)
-                        await write(refused.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+                        await write(
+                            refused.message.model_dump_json(
+                                by_alias=True, exclude_unset=True
+                            ).encode()
+                            + b"\n"
+                        )
                         continue
                     owed.read(item.message)
                     await to_server.send(item)
@@ -267,7 +301,10 @@ async def _serve_pipes(server: MCPServer, owed: Owed, grace: float, limit: int) 
         async def send_output() -> None:
             async with from_server:
                 async for item in from_server:
-                    await write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+                    await write(
+                        item.message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+                        + b"\n"
+                    )
                     owed.written(item.message)
 
         await _run(server, streams, receive_input, send_output)
@@ -277,6 +314,7 @@ async def _serve_files(server: MCPServer, owed: Owed, grace: float) -> None:
     streams = _streams()
     to_server, _, _, from_server = streams
     async with stdio_server() as (stdin, stdout):
+
         async def relay_input() -> None:
             async with stdin, to_server:
                 async for item in stdin:

@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
 JOBS = ("embed", "summarize", "prune", "purge", "backup")  # always reported, run or not
-OUTCOMES = ("running", "ok", "partial", "failed", "unavailable", "interrupted")  # the job log's CHECK constraint
+OUTCOMES = (
+    "running",
+    "ok",
+    "partial",
+    "failed",
+    "unavailable",
+    "interrupted",
+)  # the job log's CHECK constraint
 KINDS_LIMIT = 20  # kinds are free text too: the top 20 by episodes keep their own label value
 OTHER = "other"
 # memctl-summarize.timer runs daily (systemd/memctl-summarize.timer); it has no [schedule] setting.
@@ -59,7 +66,9 @@ WHERE job = %(job)s AND outcome = ANY(%(failed)s)
 """
 
 
-def _gauge(name: str, documentation: str, labels: Iterable[str] = (), unit: str = "") -> GaugeMetricFamily:
+def _gauge(
+    name: str, documentation: str, labels: Iterable[str] = (), unit: str = ""
+) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"{PREFIX}_{name}", documentation, labels=list(labels), unit=unit)
 
 
@@ -105,7 +114,9 @@ def groups(conn: Memory, total: int) -> tuple[list[dict], float]:
 
     sample: sql.Composable = sql.SQL("")
     if total > SAMPLE_ROWS:
-        sample = sql.SQL("TABLESAMPLE SYSTEM ({}) REPEATABLE (0)").format(sql.Literal(100.0 * SAMPLE_ROWS / total))
+        sample = sql.SQL("TABLESAMPLE SYSTEM ({}) REPEATABLE (0)").format(
+            sql.Literal(100.0 * SAMPLE_ROWS / total)
+        )
     rows = conn.execute(sql.SQL(GROUPS).format(sample=sample), prepare=False).fetchall()
     read = sum(r["episodes"] for r in rows)
     if total > SAMPLE_ROWS and not read:  # a few pages, none drawn: read them all
@@ -114,8 +125,10 @@ def groups(conn: Memory, total: int) -> tuple[list[dict], float]:
     if read >= total:
         return rows, 1.0
     scale = total / read
-    return [{**r, "episodes": round(r["episodes"] * scale), "chunks": round(r["chunks"] * scale)} for r in rows], \
-        read / total
+    return [
+        {**r, "episodes": round(r["episodes"] * scale), "chunks": round(r["chunks"] * scale)}
+        for r in rows
+    ], read / total
 
 
 def _rollup(pairs: list[dict], column: str) -> list[dict]:
@@ -135,38 +148,67 @@ def _memory(conn: Memory, total: int, settings: Settings | None) -> list[Metric]
     for column, limit, prefix in (("kind", KINDS_LIMIT, ""), ("agent", agents_limit, "agent_")):
         rows = bounded(_rollup(pairs, column), column, limit, ("episodes", "chunks"))
         for field, what in (("episodes", "Episodes"), ("chunks", "Chunks")):
-            family = _gauge(f"{prefix}{field}", f"{what} per {column} (the {column}s past the top {limit} by "
-                            f"episodes summed as {column}=\"{OTHER}\")", [column])
+            family = _gauge(
+                f"{prefix}{field}",
+                f"{what} per {column} (the {column}s past the top {limit} by "
+                f'episodes summed as {column}="{OTHER}")',
+                [column],
+            )
             for row in rows:
                 family.add_metric([row[column]], row[field])
             out.append(family)
-    out += _one("groups_sample_ratio", "Share of episodes read for the per-kind and per-agent figures: 1 when "
-                "every row is counted, else the share of a block sample scaled to the exact total", ratio)
+    out += _one(
+        "groups_sample_ratio",
+        "Share of episodes read for the per-kind and per-agent figures: 1 when "
+        "every row is counted, else the share of a block sample scaled to the exact total",
+        ratio,
+    )
     return out
 
 
 def _backlog(report: dict) -> list[Metric]:
     """The active model's embedding backlog, as `memctl status` reports it."""
     return [
-        *_one("embed_pending", "Chunks queued for a vector of the active model (memctl status: pending)",
-              report["pending"]),
-        *_one("embed_failed", "Chunks the active model refused, without a vector (memctl status: failed; "
-              "memctl embed --retry-failed re-queues them)", report["failed"]),
-        *_one("embed_orphaned", "Chunks with no vector, no queue row and no failure (memctl status: orphaned; "
-              "the next memctl embed queues them)", report["orphaned"]),
-        *_one("embed_oldest_pending_age", "Age of the oldest queued chunk when the metrics were taken; 0 when none "
-              "is queued", report["oldest_pending_age_s"] or 0, unit="seconds"),
-        *_one("status_warnings", "Warnings memctl status prints (memctl status --check exits 1 while any stands)",
-              len(report["warnings"])),
+        *_one(
+            "embed_pending",
+            "Chunks queued for a vector of the active model (memctl status: pending)",
+            report["pending"],
+        ),
+        *_one(
+            "embed_failed",
+            "Chunks the active model refused, without a vector (memctl status: failed; "
+            "memctl embed --retry-failed re-queues them)",
+            report["failed"],
+        ),
+        *_one(
+            "embed_orphaned",
+            "Chunks with no vector, no queue row and no failure (memctl status: orphaned; "
+            "the next memctl embed queues them)",
+            report["orphaned"],
+        ),
+        *_one(
+            "embed_oldest_pending_age",
+            "Age of the oldest queued chunk when the metrics were taken; 0 when none is queued",
+            report["oldest_pending_age_s"] or 0,
+            unit="seconds",
+        ),
+        *_one(
+            "status_warnings",
+            "Warnings memctl status prints (memctl status --check exits 1 while any stands)",
+            len(report["warnings"]),
+        ),
     ]
 
 
 def _models(conn: Memory) -> list[Metric]:
     from memctl.embedding import models
 
-    family = InfoMetricFamily(f"{PREFIX}_embedding_model", "Each registered embedding model: state active "
-                              "(searched), backfill (being re-embedded into) or retired (until reembed drop-old)",
-                              labels=["model_id", "embedder", "model", "dims", "storage", "state"])
+    family = InfoMetricFamily(
+        f"{PREFIX}_embedding_model",
+        "Each registered embedding model: state active "
+        "(searched), backfill (being re-embedded into) or retired (until reembed drop-old)",
+        labels=["model_id", "embedder", "model", "dims", "storage", "state"],
+    )
     for m in models.all_models(conn):
         family.add_metric([str(m.id), m.embedder, m.model, str(m.dims), m.storage, m.state], {})
     return [family]
@@ -186,21 +228,48 @@ def _schedules(settings: Settings | None) -> dict[str, float]:
 def _job_families() -> dict[str, GaugeMetricFamily]:
     label = ["job_name"]
     return {
-        "runs": _gauge("job_runs", "Runs in the job log by outcome (memctl jobs; the log is trimmed by prune, "
-                       "so this can fall)", ["job_name", "outcome"]),
-        "outcome": _gauge("job_last_outcome", "1 for the outcome of the job's last run, 0 for the others",
-                          ["job_name", "outcome"]),
-        "success": _gauge("job_last_success_timestamp", "When the job's last completed run (ok or partial) finished",
-                          label, unit="seconds"),
-        "started": _gauge("job_last_run_timestamp", "When the job's last run started", label, unit="seconds"),
-        "duration": _gauge("job_last_duration", "How long the job's last finished run took (an idle streak of "
-                           "memctl embed counts 0)", label, unit="seconds"),
-        "rows": _gauge("job_last_rows", "Rows the job's last run handled (chunks embedded, episodes deleted...)",
-                       label),
-        "failures": _gauge("job_consecutive_failures", "Failed or unavailable runs since the job's last completed "
-                           "run", label),
-        "schedule": _gauge("job_schedule", "How often the job's timer runs ([schedule]; memctl status warns past "
-                           "twice this)", label, unit="seconds"),
+        "runs": _gauge(
+            "job_runs",
+            "Runs in the job log by outcome (memctl jobs; the log is trimmed by prune, "
+            "so this can fall)",
+            ["job_name", "outcome"],
+        ),
+        "outcome": _gauge(
+            "job_last_outcome",
+            "1 for the outcome of the job's last run, 0 for the others",
+            ["job_name", "outcome"],
+        ),
+        "success": _gauge(
+            "job_last_success_timestamp",
+            "When the job's last completed run (ok or partial) finished",
+            label,
+            unit="seconds",
+        ),
+        "started": _gauge(
+            "job_last_run_timestamp", "When the job's last run started", label, unit="seconds"
+        ),
+        "duration": _gauge(
+            "job_last_duration",
+            "How long the job's last finished run took (an idle streak of memctl embed counts 0)",
+            label,
+            unit="seconds",
+        ),
+        "rows": _gauge(
+            "job_last_rows",
+            "Rows the job's last run handled (chunks embedded, episodes deleted...)",
+            label,
+        ),
+        "failures": _gauge(
+            "job_consecutive_failures",
+            "Failed or unavailable runs since the job's last completed run",
+            label,
+        ),
+        "schedule": _gauge(
+            "job_schedule",
+            "How often the job's timer runs ([schedule]; memctl status warns past twice this)",
+            label,
+            unit="seconds",
+        ),
     }
 
 
@@ -216,8 +285,10 @@ def _jobs(conn: Memory) -> list[Metric]:
         for outcome, n in counts.items():
             families["runs"].add_metric([job, outcome], n)
         _last_run(conn, job, families)
-        failures = conn.one(CONSECUTIVE_FAILURES, {"job": job, "failed": list(status.FAILED_OUTCOMES),
-                                                   "completed": list(jobs.COMPLETED)})["n"]
+        failures = conn.one(
+            CONSECUTIVE_FAILURES,
+            {"job": job, "failed": list(status.FAILED_OUTCOMES), "completed": list(jobs.COMPLETED)},
+        )["n"]
         families["failures"].add_metric([job], failures)
     for job, seconds in sorted(_schedules(settings).items()):
         families["schedule"].add_metric([job], seconds)
@@ -227,7 +298,9 @@ def _jobs(conn: Memory) -> list[Metric]:
 def _last_run(conn: Memory, job: str, families: dict[str, GaugeMetricFamily]) -> None:
     last = next(iter(jobs.list_jobs(conn, job=job, limit=1)), None)
     if last is None:
-        if job in JOBS:  # never run: late from the memory's creation, so MemctlJobLate fires for a timer never run
+        if (
+            job in JOBS
+        ):  # never run: late from the memory's creation, so MemctlJobLate fires for a timer never run
             families["success"].add_metric([job], jobs.memory_created(conn)["at"].timestamp())
         return
     for outcome in OUTCOMES:
@@ -235,7 +308,9 @@ def _last_run(conn: Memory, job: str, families: dict[str, GaugeMetricFamily]) ->
     families["started"].add_metric([job], last["started_at"].timestamp())
     families["rows"].add_metric([job], last["rows"])
     if last["finished_at"] is not None:
-        idle = "idle_passes" in (last["detail"] or {})  # one row for a streak of idle passes (embedding.worker)
+        idle = "idle_passes" in (
+            last["detail"] or {}
+        )  # one row for a streak of idle passes (embedding.worker)
         duration = 0.0 if idle else (last["finished_at"] - last["started_at"]).total_seconds()
         families["duration"].add_metric([job], duration)
     completed = jobs.last_completed(conn, job)
@@ -250,30 +325,58 @@ def _database(conn: Memory, sizes: dict, data_dir: Path | None) -> list[Metric]:
     from memctl.embedding import models
 
     by_table = {m.table_name: m for m in models.all_models(conn)}
-    family = _gauge("database", "Bytes of memctl's tables by group (episodes, chunks, vectors of each model, other) "
-                    "and part (data: heap, TOAST and maps; indexes), as memctl size reports them", unit="bytes")
+    family = _gauge(
+        "database",
+        "Bytes of memctl's tables by group (episodes, chunks, vectors of each model, other) "
+        "and part (data: heap, TOAST and maps; indexes), as memctl size reports them",
+        unit="bytes",
+    )
     totals: dict[tuple, int] = {}
     for rel in sizes["relations"]:
         if rel["kind"] not in ("table", "vectors"):
             continue  # TOAST and index rows are inside their table's total_bytes
         name = rel["relation"].rsplit(".", 1)[-1].strip('"')
         model = by_table.get(name)
-        group = "vectors" if model is not None else name if name in ("episodes", "chunks") else "other"
-        ids = (("model_id", str(model.id)), ("model", f"{model.embedder}:{model.model}")) if model else ()
-        for part, size in (("data", rel["total_bytes"] - rel["index_bytes"]), ("indexes", rel["index_bytes"])):
+        group = (
+            "vectors" if model is not None else name if name in ("episodes", "chunks") else "other"
+        )
+        ids = (
+            (("model_id", str(model.id)), ("model", f"{model.embedder}:{model.model}"))
+            if model
+            else ()
+        )
+        for part, size in (
+            ("data", rel["total_bytes"] - rel["index_bytes"]),
+            ("indexes", rel["index_bytes"]),
+        ):
             key = (("group", group), ("part", part), *ids)
             totals[key] = totals.get(key, 0) + size
     for key, size in sorted(totals.items()):
         family.add_sample(family.name, dict(key), size)  # only the vectors carry model labels
     growth = sizes["growth"]
-    out = [family, *_one("database_growth_bytes_per_day", "Episodes per day over 30 days times bytes per episode "
-                         "(memctl size --section growth)", growth["rows_per_day_30d"] * growth["bytes_per_episode"])]
+    out = [
+        family,
+        *_one(
+            "database_growth_bytes_per_day",
+            "Episodes per day over 30 days times bytes per episode (memctl size --section growth)",
+            growth["rows_per_day_30d"] * growth["bytes_per_episode"],
+        ),
+    ]
     if data_dir is not None and data_dir.is_dir():
         fs = os.statvfs(data_dir)
-        out += _one("filesystem_avail", "Bytes available to unprivileged users on the filesystem of the embedded "
-                    "server's data directory", fs.f_bavail * fs.f_frsize, unit="bytes")
-        out += _one("filesystem_size", "Size of the filesystem of the embedded server's data directory",
-                    fs.f_blocks * fs.f_frsize, unit="bytes")
+        out += _one(
+            "filesystem_avail",
+            "Bytes available to unprivileged users on the filesystem of the embedded "
+            "server's data directory",
+            fs.f_bavail * fs.f_frsize,
+            unit="bytes",
+        )
+        out += _one(
+            "filesystem_size",
+            "Size of the filesystem of the embedded server's data directory",
+            fs.f_blocks * fs.f_frsize,
+            unit="bytes",
+        )
     return out
 
 
@@ -284,7 +387,9 @@ def overdue_episodes(conn: Memory) -> int | None:
 
     if settings is None or summarize.model(settings) is None or not summarize.kinds(settings):
         return None
-    late = parse_duration(settings.summarize.after) + 86400 + summarize.OVERDUE_GRACE_S  # as overdue()
+    late = (
+        parse_duration(settings.summarize.after) + 86400 + summarize.OVERDUE_GRACE_S
+    )  # as overdue()
     return conn.one(summarize.OVERDUE, (summarize.kinds(settings), late))["n"]
 
 
@@ -293,11 +398,21 @@ def _info(conn: Memory) -> list[Metric]:
 
     applied = [m.name for m in migrate.plan(conn) if m.status == "applied"]
     pgvector = preflight.pgvector_version(conn)
-    family = InfoMetricFamily(f"{PREFIX}", "memctl's version, its schema (the last migration applied) and the "
-                              "server's PostgreSQL and pgvector versions",
-                              labels=["version", "schema", "postgresql", "pgvector"])
-    family.add_metric([memctl.__version__, applied[-1].removesuffix(".sql") if applied else "",
-                       preflight.server_version(conn)[1], ".".join(map(str, pgvector)) if pgvector else ""], {})
+    family = InfoMetricFamily(
+        f"{PREFIX}",
+        "memctl's version, its schema (the last migration applied) and the "
+        "server's PostgreSQL and pgvector versions",
+        labels=["version", "schema", "postgresql", "pgvector"],
+    )
+    family.add_metric(
+        [
+            memctl.__version__,
+            applied[-1].removesuffix(".sql") if applied else "",
+            preflight.server_version(conn)[1],
+            ".".join(map(str, pgvector)) if pgvector else "",
+        ],
+        {},
+    )
     return [family]
 
 
@@ -318,10 +433,20 @@ def collect(conn: Memory, *, data_dir: Path | None = None) -> list[Metric]:
     started = time.monotonic()
     report = status.collect(conn)
     sizes = size_figures(conn)
-    families = [*_info(conn), *_memory(conn, report["episodes"], settings), *_backlog(report), *_models(conn), *_jobs(conn),
-                *_database(conn, sizes, data_dir)]
-    families += _one("summaries_overdue_episodes", "Episodes older than [summarize] after plus two days with no "
-                     "summary (absent when summaries are off)", overdue_episodes(conn))
+    families = [
+        *_info(conn),
+        *_memory(conn, report["episodes"], settings),
+        *_backlog(report),
+        *_models(conn),
+        *_jobs(conn),
+        *_database(conn, sizes, data_dir),
+    ]
+    families += _one(
+        "summaries_overdue_episodes",
+        "Episodes older than [summarize] after plus two days with no "
+        "summary (absent when summaries are off)",
+        overdue_episodes(conn),
+    )
     families += _agents_without_role(conn)
     return [*families, *_up(1, started)]
 
@@ -329,19 +454,32 @@ def collect(conn: Memory, *, data_dir: Path | None = None) -> list[Metric]:
 def _agents_without_role(conn: Memory) -> list[Metric]:
     from memctl.db import wall
 
-    return _one("agents_without_role", "Registered agents whose PostgreSQL role is missing or not usable on this "
-                "server (their calls fail: `memctl status` names them)", len(wall.broken(conn)))
+    return _one(
+        "agents_without_role",
+        "Registered agents whose PostgreSQL role is missing or not usable on this "
+        "server (their calls fail: `memctl status` names them)",
+        len(wall.broken(conn)),
+    )
 
 
 def _up(value: int, started: float) -> list[Metric]:
-    return [*_one("up", "1 when memctl metrics read the database, 0 when it could not", value),
-            *_one("metrics_timestamp", "When these metrics were taken", time.time(), unit="seconds"),
-            *_one("metrics_duration", "How long taking them took", time.monotonic() - started, unit="seconds")]
+    return [
+        *_one("up", "1 when memctl metrics read the database, 0 when it could not", value),
+        *_one("metrics_timestamp", "When these metrics were taken", time.time(), unit="seconds"),
+        *_one(
+            "metrics_duration",
+            "How long taking them took",
+            time.monotonic() - started,
+            unit="seconds",
+        ),
+    ]
 
 
 def unavailable() -> list[Metric]:
     """What a textfile says when the database cannot be read: memctl_up 0 and the version."""
-    family = InfoMetricFamily(f"{PREFIX}", "memctl's version (the database could not be read)", labels=["version"])
+    family = InfoMetricFamily(
+        f"{PREFIX}", "memctl's version (the database could not be read)", labels=["version"]
+    )
     family.add_metric([memctl.__version__], {})
     return [family, *_up(0, time.monotonic())]
 
@@ -376,12 +514,16 @@ def check_textfile(path: str) -> Path:
     """The textfile's path, refused (exit 2) unless node_exporter's collector would read it."""
     target = Path(path)
     if target.suffix != ".prom":
-        raise BadValue(f"--textfile {path!r}: node_exporter's textfile collector reads only files ending in .prom",
-                       "--textfile")
+        raise BadValue(
+            f"--textfile {path!r}: node_exporter's textfile collector reads only files ending in .prom",
+            "--textfile",
+        )
     files.regular_target(target, "--textfile")
     if not target.parent.is_dir():
-        raise MemctlError(f"--textfile {path!r}: no directory {str(target.parent)!r} (create it, and point "
-                          "node_exporter's --collector.textfile.directory at it)")
+        raise MemctlError(
+            f"--textfile {path!r}: no directory {str(target.parent)!r} (create it, and point "
+            "node_exporter's --collector.textfile.directory at it)"
+        )
     return target
 
 
@@ -412,5 +554,7 @@ def rules_text() -> str:
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise MemctlError(f"the alert rules shipped with memctl are missing ({path}: {exc.strerror}): "
-                          "reinstall memctl") from None
+        raise MemctlError(
+            f"the alert rules shipped with memctl are missing ({path}: {exc.strerror}): "
+            "reinstall memctl"
+        ) from None

@@ -40,8 +40,10 @@ from memctl.embedding.footprint import MIB, build_memory, build_warning, bytes_p
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
-SCHEMA = "SELECT coalesce((SELECT relnamespace FROM pg_class WHERE oid = to_regclass('memctl_migrations')), " \
-         "(SELECT oid FROM pg_namespace WHERE nspname = current_schema())) AS oid"
+SCHEMA = (
+    "SELECT coalesce((SELECT relnamespace FROM pg_class WHERE oid = to_regclass('memctl_migrations')), "
+    "(SELECT oid FROM pg_namespace WHERE nspname = current_schema())) AS oid"
+)
 TABLES = """
 SELECT c.oid, format('%%I.%%I', n.nspname, c.relname) AS relation, n.nspname AS schema, c.relname AS name,
        nullif(c.reltoastrelid, 0) AS toast_oid, t.relname AS toast_name,
@@ -78,8 +80,10 @@ ORDER BY c.relname
 """
 COUNT = "SELECT count(*) AS n FROM {}"
 MAINTENANCE_WORK_MEM = "SELECT pg_size_bytes(current_setting('maintenance_work_mem')) AS bytes"
-MEASURED_VECTOR = "SELECT avg(pg_column_size(subvector(embedding, 1, {dims}))) AS bytes " \
-                  "FROM (SELECT embedding FROM {table} LIMIT 1000) s"
+MEASURED_VECTOR = (
+    "SELECT avg(pg_column_size(subvector(embedding, 1, {dims}))) AS bytes "
+    "FROM (SELECT embedding FROM {table} LIMIT 1000) s"
+)
 GROWTH = """
 SELECT count(*) FILTER (WHERE created_at >= now() - interval '7 days') AS last_7d, count(*) AS last_30d
 FROM episodes WHERE created_at >= now() - interval '30 days'
@@ -113,10 +117,16 @@ SAMPLED_VECTORS = """
            + (SELECT coalesce(sum(pg_column_size(v.*)), 0) FROM chunks c
               JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id
               WHERE c.agent = e.agent AND c.episode_id = e.id)"""
-GROUP_SAMPLE_ROWS = 20_000  # episodes read for the kinds and agents sections once episodes is too large to count
+GROUP_SAMPLE_ROWS = (
+    20_000  # episodes read for the kinds and agents sections once episodes is too large to count
+)
 PROJECTION_DAYS = (30, 90, 365)
-EXACT_MAX_BYTES = 64 * MIB  # count(*) scans the heap: up to this size it stays quick, beyond it the report estimates
-NOTE_TOAST = "TOAST table: only a superuser may read pg_toast, so rows are the statistics' n_live_tup"
+EXACT_MAX_BYTES = (
+    64 * MIB
+)  # count(*) scans the heap: up to this size it stays quick, beyond it the report estimates
+NOTE_TOAST = (
+    "TOAST table: only a superuser may read pg_toast, so rows are the statistics' n_live_tup"
+)
 NOTE_LARGE = "heap over {mib} MiB: rows are the statistics' estimate (size --exact counts)"
 NOTE_UNREADABLE = "no SELECT privilege on this table: rows are the statistics' estimate"
 NOTE_UNKNOWN = "no statistics yet (never vacuumed or analyzed, statistics reset)"
@@ -137,7 +147,9 @@ def _estimate(live: int | None, reltuples: float | None) -> int | None:
     return live  # 0 from the statistics, or None
 
 
-def row_count(conn: Memory, rel: dict, *, countable: bool, exact: bool = False) -> tuple[int | None, str, str | None]:
+def row_count(
+    conn: Memory, rel: dict, *, countable: bool, exact: bool = False
+) -> tuple[int | None, str, str | None]:
     """(rows, 'exact' | 'estimate' | 'unknown', why it is not exact)."""
     if not countable:
         note = NOTE_TOAST
@@ -170,29 +182,68 @@ def _relations(conn: Memory, exact: bool = False) -> tuple[list[dict], dict[str,
         if t["name"] in citus:
             rows.extend(_citus_rows(conn, t, kind, citus[t["name"]], indexes, exact))
             continue
-        rows.append(_row(t["relation"], kind, None, row_count(conn, t, countable=True, exact=exact),
-                         t["heap_bytes"], t["toast_bytes"], t["index_bytes"], t["total_bytes"], t["dead_tuples"]))
+        rows.append(
+            _row(
+                t["relation"],
+                kind,
+                None,
+                row_count(conn, t, countable=True, exact=exact),
+                t["heap_bytes"],
+                t["toast_bytes"],
+                t["index_bytes"],
+                t["total_bytes"],
+                t["dead_tuples"],
+            )
+        )
         rows.extend(_index_rows(indexes, t["oid"], t["relation"]))
         if t["toast_oid"]:
             x = toast[t["toast_oid"]]
-            rows.append(_row(x["relation"], "toast", t["relation"], row_count(conn, x, countable=False),
-                             x["heap_bytes"], 0, x["index_bytes"], x["total_bytes"], x["dead_tuples"]))
+            rows.append(
+                _row(
+                    x["relation"],
+                    "toast",
+                    t["relation"],
+                    row_count(conn, x, countable=False),
+                    x["heap_bytes"],
+                    0,
+                    x["index_bytes"],
+                    x["total_bytes"],
+                    x["dead_tuples"],
+                )
+            )
             rows.extend(_index_rows(indexes, t["toast_oid"], x["relation"]))
     return rows, names
 
 
-NOTE_CITUS = ("Citus {type} table: bytes and dead tuples summed over its {placements} shard placement(s) on "
-              "{nodes} node(s) (size --section nodes per node); TOAST is in toast_bytes")
+NOTE_CITUS = (
+    "Citus {type} table: bytes and dead tuples summed over its {placements} shard placement(s) on "
+    "{nodes} node(s) (size --section nodes per node); TOAST is in toast_bytes"
+)
 
 
-def _citus_rows(conn: Memory, table: dict, kind: str, figures: dict, indexes: list[dict], exact: bool) -> list[dict]:
+def _citus_rows(
+    conn: Memory, table: dict, kind: str, figures: dict, indexes: list[dict], exact: bool
+) -> list[dict]:
     """A Citus table's row and its indexes' rows, from its shards on the workers (cluster.placement_figures)."""
-    shards = {**table, "heap_bytes": figures["heap_bytes"], "live_tuples": figures["live_tuples"], "reltuples": None}
+    shards = {
+        **table,
+        "heap_bytes": figures["heap_bytes"],
+        "live_tuples": figures["live_tuples"],
+        "reltuples": None,
+    }
     rows_, source, note = row_count(conn, shards, countable=True, exact=exact)
     where = NOTE_CITUS.format(**figures)
-    row = _row(table["relation"], kind, None, (rows_, source, f"{note}; {where}" if note else where),
-               figures["heap_bytes"], figures["toast_bytes"], figures["index_bytes"], figures["total_bytes"],
-               figures["dead_tuples"])
+    row = _row(
+        table["relation"],
+        kind,
+        None,
+        (rows_, source, f"{note}; {where}" if note else where),
+        figures["heap_bytes"],
+        figures["toast_bytes"],
+        figures["index_bytes"],
+        figures["total_bytes"],
+        figures["dead_tuples"],
+    )
     out = [row]
     for index in _index_rows(indexes, table["oid"], table["relation"]):
         size = figures["indexes"].get(index["relation"].rsplit(".", 1)[-1].strip('"'))
@@ -207,53 +258,108 @@ def relations(conn: Memory, exact: bool = False) -> list[dict]:
 
 def _row(relation, kind, parent, counted, heap, toast, index, total, dead) -> dict:
     count, source, note = counted
-    return {"relation": relation, "kind": kind, "parent": parent, "rows": count, "heap_bytes": heap,
-            "toast_bytes": toast, "index_bytes": index, "map_bytes": total - heap - toast - index,
-            "total_bytes": total, "dead_tuples": dead, "rows_source": source, "note": note}
+    return {
+        "relation": relation,
+        "kind": kind,
+        "parent": parent,
+        "rows": count,
+        "heap_bytes": heap,
+        "toast_bytes": toast,
+        "index_bytes": index,
+        "map_bytes": total - heap - toast - index,
+        "total_bytes": total,
+        "dead_tuples": dead,
+        "rows_source": source,
+        "note": note,
+    }
 
 
 def _index_rows(indexes: list[dict], table_oid: int, parent: str) -> list[dict]:
-    return [{"relation": i["relation"], "kind": "index", "parent": parent, "rows": None, "heap_bytes": None,
-             "toast_bytes": None, "index_bytes": i["index_bytes"], "map_bytes": None,
-             "total_bytes": i["total_bytes"], "dead_tuples": None, "rows_source": None, "note": None}
-            for i in indexes if i["table_oid"] == table_oid]
+    return [
+        {
+            "relation": i["relation"],
+            "kind": "index",
+            "parent": parent,
+            "rows": None,
+            "heap_bytes": None,
+            "toast_bytes": None,
+            "index_bytes": i["index_bytes"],
+            "map_bytes": None,
+            "total_bytes": i["total_bytes"],
+            "dead_tuples": None,
+            "rows_source": None,
+            "note": None,
+        }
+        for i in indexes
+        if i["table_oid"] == table_oid
+    ]
 
 
 def maintenance_work_mem(conn: Memory) -> int:
     return conn.one(MAINTENANCE_WORK_MEM)["bytes"]
 
 
-def _model_rows(conn: Memory, rels: list[dict], names: dict[str, str], limit: int) -> tuple[list[dict], list[str]]:
+def _model_rows(
+    conn: Memory, rels: list[dict], names: dict[str, str], limit: int
+) -> tuple[list[dict], list[str]]:
     from psycopg import sql
 
     result, warnings = [], []
     for model in models.all_models(conn):
-        rel = next((r for r in rels if r["kind"] == "vectors" and names[r["relation"]] == model.table_name), None)
+        rel = next(
+            (
+                r
+                for r in rels
+                if r["kind"] == "vectors" and names[r["relation"]] == model.table_name
+            ),
+            None,
+        )
         if rel is None:
             continue
         count = rel["rows"]
         measured = None
         if count:
-            statement = sql.SQL(MEASURED_VECTOR).format(dims=sql.Literal(model.dims),
-                                                        table=sql.Identifier(model.table_name))
+            statement = sql.SQL(MEASURED_VECTOR).format(
+                dims=sql.Literal(model.dims), table=sql.Identifier(model.table_name)
+            )
             measured = conn.one(statement, prepare=False)["bytes"]
-        hnsw = next((r for r in rels if r["kind"] == "index" and r["parent"] == rel["relation"]
-                     and names[r["relation"]] == model.index_name), None)
+        hnsw = next(
+            (
+                r
+                for r in rels
+                if r["kind"] == "index"
+                and r["parent"] == rel["relation"]
+                and names[r["relation"]] == model.index_name
+            ),
+            None,
+        )
         warning = build_warning(model, count, limit) if count is not None else None
         if warning:
             warnings.append(warning)
-        result.append({
-            "model": model.label, "state": model.state, "relation": rel["relation"], "rows": count,
-            "rows_source": rel["rows_source"],
-            "dims": model.dims, "storage": model.storage,
-            "bytes_per_vector": bytes_per_vector(model.dims, model.storage),
-            "measured_bytes_per_vector": round(float(measured), 1) if measured is not None else None,
-            "table_bytes_per_row": round((rel["total_bytes"] - rel["index_bytes"]) / count, 1) if count else None,
-            "index_bytes": hnsw["total_bytes"] if hnsw else None,
-            "total_bytes": rel["total_bytes"],
-            "build_mem_bytes": build_memory(count, model.dims, model.storage) if count is not None else None,
-            "maintenance_work_mem": limit,
-        })
+        result.append(
+            {
+                "model": model.label,
+                "state": model.state,
+                "relation": rel["relation"],
+                "rows": count,
+                "rows_source": rel["rows_source"],
+                "dims": model.dims,
+                "storage": model.storage,
+                "bytes_per_vector": bytes_per_vector(model.dims, model.storage),
+                "measured_bytes_per_vector": round(float(measured), 1)
+                if measured is not None
+                else None,
+                "table_bytes_per_row": round((rel["total_bytes"] - rel["index_bytes"]) / count, 1)
+                if count
+                else None,
+                "index_bytes": hnsw["total_bytes"] if hnsw else None,
+                "total_bytes": rel["total_bytes"],
+                "build_mem_bytes": build_memory(count, model.dims, model.storage)
+                if count is not None
+                else None,
+                "maintenance_work_mem": limit,
+            }
+        )
     return result, warnings
 
 
@@ -272,13 +378,19 @@ def _pairs(conn: Memory, percent: float | None) -> list[dict]:
     tables = [sql.Identifier(m.table_name) for m in models.all_models(conn)]
     if percent:
         vectors = sql.SQL("").join(sql.SQL(SAMPLED_VECTORS).format(table=t) for t in tables)
-        return conn.execute(sql.SQL(BY_GROUP_SAMPLED).format(vectors=vectors, percent=sql.Literal(percent)),
-                            prepare=False).fetchall()
+        return conn.execute(
+            sql.SQL(BY_GROUP_SAMPLED).format(vectors=vectors, percent=sql.Literal(percent)),
+            prepare=False,
+        ).fetchall()
     rows = conn.execute(BY_GROUP_EPISODES).fetchall()
     rows += [{**r, "episodes": 0} for r in conn.execute(BY_GROUP_CHUNKS).fetchall()]
     for table in tables:
-        rows += [{**r, "episodes": 0}
-                 for r in conn.execute(sql.SQL(BY_GROUP_VECTORS).format(table=table), prepare=False).fetchall()]
+        rows += [
+            {**r, "episodes": 0}
+            for r in conn.execute(
+                sql.SQL(BY_GROUP_VECTORS).format(table=table), prepare=False
+            ).fetchall()
+        ]
     return rows
 
 
@@ -287,13 +399,17 @@ def _rollup(pairs: list[dict], column: str, percent: float | None) -> list[dict]
     scale = 100.0 / percent if percent else 1
     out: dict[str, dict] = {}
     for row in pairs:
-        group = out.setdefault(row[column], {column: row[column], "episodes": 0, "chunks": 0, "bytes": 0})
+        group = out.setdefault(
+            row[column], {column: row[column], "episodes": 0, "chunks": 0, "bytes": 0}
+        )
         for key in ("episodes", "chunks", "bytes"):
             group[key] += row[key]
     for group in out.values():
         for key in ("episodes", "chunks", "bytes"):
             group[key] = int(round(group[key] * scale))
-        group["rows_source"], group["sample_percent"] = ("estimate", percent) if percent else ("exact", None)
+        group["rows_source"], group["sample_percent"] = (
+            ("estimate", percent) if percent else ("exact", None)
+        )
     return sorted(out.values(), key=lambda r: (-r["bytes"], r[column]))
 
 
@@ -309,24 +425,37 @@ def growth(conn: Memory, rels: list[dict], names: dict[str, str]) -> dict:
     counts = conn.one(GROWTH)
     episodes = next(r for r in rels if r["kind"] == "table" and names[r["relation"]] == "episodes")
     counts["episodes"] = episodes["rows"]
-    per_episode_tables = {"episodes", "chunks"} | {m.table_name for m in models.all_models(conn)
-                                                   if m.state != "retired"}
+    per_episode_tables = {"episodes", "chunks"} | {
+        m.table_name for m in models.all_models(conn) if m.state != "retired"
+    }
     tables = [r for r in rels if r["kind"] in ("table", "vectors")]
     total = sum(r["total_bytes"] for r in tables)
-    episode_bytes = sum(r["total_bytes"] for r in tables if names[r["relation"]] in per_episode_tables)
+    episode_bytes = sum(
+        r["total_bytes"] for r in tables if names[r["relation"]] in per_episode_tables
+    )
     per_episode = episode_bytes / counts["episodes"] if counts["episodes"] else 0.0
     rate_7, rate_30 = counts["last_7d"] / 7, counts["last_30d"] / 30
-    report = {"episodes": counts["episodes"], "episodes_source": episodes["rows_source"],
-              "last_7d": counts["last_7d"], "last_30d": counts["last_30d"],
-              "rows_per_day_7d": round(rate_7, 2), "rows_per_day_30d": round(rate_30, 2),
-              "bytes_per_episode": round(per_episode, 1), "total_bytes": total}
+    report = {
+        "episodes": counts["episodes"],
+        "episodes_source": episodes["rows_source"],
+        "last_7d": counts["last_7d"],
+        "last_30d": counts["last_30d"],
+        "rows_per_day_7d": round(rate_7, 2),
+        "rows_per_day_30d": round(rate_30, 2),
+        "bytes_per_episode": round(per_episode, 1),
+        "total_bytes": total,
+    }
     for days in PROJECTION_DAYS:
         report[f"projected_bytes_{days}d"] = int(round(total + rate_30 * per_episode * days))
     return report
 
 
 # What a person reads first: the total, then these groups of tables (each with its TOAST and indexes).
-GROUPS = (("episodes", ("episodes",)), ("chunks", ("chunks",)), ("facts", ("facts", "fact_history")))
+GROUPS = (
+    ("episodes", ("episodes",)),
+    ("chunks", ("chunks",)),
+    ("facts", ("facts", "fact_history")),
+)
 UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -351,9 +480,14 @@ def overview(rels: list[dict], names: dict[str, str]) -> dict:
         if rel["kind"] not in ("table", "vectors"):
             continue
         name = names.get(rel["relation"], rel["relation"])
-        group = "vectors" if rel["kind"] == "vectors" else \
-            next((label for label, members in GROUPS if name in members), "other")
-        entry = groups.setdefault(group, {"group": group, "size": "", "total_bytes": 0, "share": 0.0, "tables": 0})
+        group = (
+            "vectors"
+            if rel["kind"] == "vectors"
+            else next((label for label, members in GROUPS if name in members), "other")
+        )
+        entry = groups.setdefault(
+            group, {"group": group, "size": "", "total_bytes": 0, "share": 0.0, "tables": 0}
+        )
         entry["total_bytes"] += rel["total_bytes"] or 0
         entry["tables"] += 1
     total = sum(g["total_bytes"] for g in groups.values())
@@ -384,6 +518,8 @@ def report(conn: Memory, exact: bool = False) -> dict:
         "kinds": _rollup(pairs, "kind", percent),
         "agents": _rollup(pairs, "agent", percent),
         "growth": growth(conn, rels, names),
-        "nodes": cluster.node_sizes(conn) if cluster.citus_version(conn) else [],  # Citus: bytes per table and node
+        "nodes": cluster.node_sizes(conn)
+        if cluster.citus_version(conn)
+        else [],  # Citus: bytes per table and node
         "warnings": warnings,
     }

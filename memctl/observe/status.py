@@ -33,15 +33,25 @@ def collect(conn: Memory) -> dict:
     model = models.active(conn)
     backfill = models.by_state(conn, "backfill")
     if model is None:
-        report.update(pending=conn.one(UNREGISTERED)["pending"], failed=0, active_model=None,
-                      oldest_pending_age_s=None)
+        report.update(
+            pending=conn.one(UNREGISTERED)["pending"],
+            failed=0,
+            active_model=None,
+            oldest_pending_age_s=None,
+        )
     else:
         backlog = conn.one(BACKLOG, (model.id,))
         age = backlog["oldest_pending_age_s"]
-        report.update(pending=backlog["pending"], failed=conn.one(FAILED, (model.id,))["failed"],
-                      active_model=model.label, oldest_pending_age_s=round(float(age), 1) if age is not None else None)
+        report.update(
+            pending=backlog["pending"],
+            failed=conn.one(FAILED, (model.id,))["failed"],
+            active_model=model.label,
+            oldest_pending_age_s=round(float(age), 1) if age is not None else None,
+        )
     # Chunks no worker will ever embed unless re-queued (models.ORPHANS); `memctl embed` does that.
-    report["orphaned"] = sum(models.count_orphans(conn, m) for m in (model, backfill) if m is not None)
+    report["orphaned"] = sum(
+        models.count_orphans(conn, m) for m in (model, backfill) if m is not None
+    )
     report["backfill_model"] = backfill.label if backfill else None
     report["last_embed"] = jobs.last(conn, "embed")
     report["last_prune"] = jobs.last(conn, "prune")
@@ -84,18 +94,25 @@ def _late(conn: Memory, job: str, schedule: str, *, never: str | None) -> str | 
     if last is None:
         attempt = jobs.last(conn, job)
         if attempt is not None and attempt["outcome"] != "running":
-            return (f"{job} has never completed a run: the last one ended {attempt['outcome']}"
-                    + (f" ({attempt['error']})" if attempt["error"] else "") + f" (memctl jobs --job {job})")
+            return (
+                f"{job} has never completed a run: the last one ended {attempt['outcome']}"
+                + (f" ({attempt['error']})" if attempt["error"] else "")
+                + f" (memctl jobs --job {job})"
+            )
         if never is not None or attempt is not None:
             return never
         age = jobs.memory_created(conn)["age_s"]
         if age > limit:
-            return (f"{job} has never run, and this memory was created {human(age)} ago, more than twice its "
-                    f"schedule ({schedule}, [schedule] {job}): enable memctl-{job}.timer, or run {RUN[job]}")
+            return (
+                f"{job} has never run, and this memory was created {human(age)} ago, more than twice its "
+                f"schedule ({schedule}, [schedule] {job}): enable memctl-{job}.timer, or run {RUN[job]}"
+            )
         return None
     if last["age_s"] > limit:
-        return (f"the last successful {job} finished {human(last['age_s'])} ago, more than twice its schedule "
-                f"({schedule}, [schedule] {job}): is memctl-{job}.timer running? (memctl jobs --job {job})")
+        return (
+            f"the last successful {job} finished {human(last['age_s'])} ago, more than twice its schedule "
+            f"({schedule}, [schedule] {job}): is memctl-{job}.timer running? (memctl jobs --job {job})"
+        )
     return None
 
 
@@ -106,11 +123,18 @@ def _failed_last(conn: Memory, job: str, pending: int) -> str | None:
     the warning stands until a run completes.
     """
     last = jobs.last(conn, job)
-    if last is None or last["outcome"] not in FAILED_OUTCOMES or jobs.last_completed(conn, job) is None:
+    if (
+        last is None
+        or last["outcome"] not in FAILED_OUTCOMES
+        or jobs.last_completed(conn, job) is None
+    ):
         return None
     waiting = f"; {pending} chunk(s) wait for vectors" if pending else ""
-    return (f"the last {job} run ended {last['outcome']}" + (f": {last['error']}" if last["error"] else "")
-            + f"{waiting} (memctl jobs --job {job})")
+    return (
+        f"the last {job} run ended {last['outcome']}"
+        + (f": {last['error']}" if last["error"] else "")
+        + f"{waiting} (memctl jobs --job {job})"
+    )
 
 
 def _instructions(conn: Memory) -> str | None:
@@ -143,27 +167,38 @@ def warnings(conn: Memory, report: dict) -> list[str]:
     embed_every = _schedule(settings, "embed")
     never_embedded = None
     if report["pending"]:
-        never_embedded = (f"embed has never run and {report['pending']} chunk(s) wait for vectors: run memctl embed "
-                          "or enable memctl-embed.timer")
+        never_embedded = (
+            f"embed has never run and {report['pending']} chunk(s) wait for vectors: run memctl embed "
+            "or enable memctl-embed.timer"
+        )
     found.append(_late(conn, "embed", embed_every, never=never_embedded))
     found.append(_failed_last(conn, "embed", report["pending"]))
     age = report["oldest_pending_age_s"]
     if age is not None and age > LATE_FACTOR * parse_duration(embed_every):
-        found.append(f"the oldest chunk waiting for a vector was queued {human(age)} ago, more than twice the "
-                     f"embed schedule ({embed_every}): the worker is not keeping up or not running")
+        found.append(
+            f"the oldest chunk waiting for a vector was queued {human(age)} ago, more than twice the "
+            f"embed schedule ({embed_every}): the worker is not keeping up or not running"
+        )
     if report.get("orphaned"):
-        found.append(f"{report['orphaned']} chunk(s) have no vector, no queue row and no failure (written while a "
-                     "model was being registered): the next memctl embed queues them")
+        found.append(
+            f"{report['orphaned']} chunk(s) have no vector, no queue row and no failure (written while a "
+            "model was being registered): the next memctl embed queues them"
+        )
     found.append(_instructions(conn))
     if report["failed"]:
-        found.append(f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
-                     "(memctl embed --retry-failed puts them back in the queue)")
+        found.append(
+            f"{report['failed']} chunk(s) were refused by the embedding model and have no vector "
+            "(memctl embed --retry-failed puts them back in the queue)"
+        )
     policy = _retention(settings)
     never = None
     if policy:
-        never = ("prune has never run although a retention policy is set ([retention] "
-                 + ", ".join(f"{k} = {v}" for k, v in sorted(policy.items())) + "): memctl prune --yes "
-                 "or enable memctl-prune.timer")
+        never = (
+            "prune has never run although a retention policy is set ([retention] "
+            + ", ".join(f"{k} = {v}" for k, v in sorted(policy.items()))
+            + "): memctl prune --yes "
+            "or enable memctl-prune.timer"
+        )
     # Prune (it trims the job log too) and backup are scheduled from the start (docs/systemd.md): one that
     # never ran is late once the memory is older than twice its schedule, like one that stopped.
     found.append(_late(conn, "prune", _schedule(settings, "prune"), never=never))

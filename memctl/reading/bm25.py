@@ -76,7 +76,9 @@ class TermStats:
     common: dict[str, float]
     counted: dict[str, float] = field(default_factory=dict)
     common_queries: list[str] = field(default_factory=list)  # the common lexemes as tsquery texts
-    agents: dict[str, float] = field(default_factory=dict)  # the most common agents' shares of episodes
+    agents: dict[str, float] = field(
+        default_factory=dict
+    )  # the most common agents' shares of episodes
     citus: bool = False  # the database is a Citus coordinator: count within an agent's shard
 
     def __post_init__(self):
@@ -87,8 +89,13 @@ class TermStats:
     def common_array(self) -> str:
         """common_queries as one text[] literal, made once: a query sends it as a plain string (dumping
         a list of a few hundred elements on every query cost more than the statement's execution)."""
-        return "{" + ",".join('"' + q.replace("\\", "\\\\").replace('"', '\\"') + '"'
-                              for q in self.common_queries) + "}"
+        return (
+            "{"
+            + ",".join(
+                '"' + q.replace("\\", "\\\\").replace('"', '\\"') + '"' for q in self.common_queries
+            )
+            + "}"
+        )
 
 
 _CACHE: dict[tuple, tuple[float, TermStats]] = {}
@@ -108,8 +115,14 @@ def cached_term_stats(conn: Memory, ttl: float = STATS_TTL) -> TermStats:
         hit = (now, term_stats(conn))
         _CACHE[key] = hit
     stats = hit[1]
-    return TermStats(n=stats.n, avgdl=stats.avgdl, common=stats.common, common_queries=stats.common_queries,
-                     agents=stats.agents, citus=stats.citus)
+    return TermStats(
+        n=stats.n,
+        avgdl=stats.avgdl,
+        common=stats.common,
+        common_queries=stats.common_queries,
+        agents=stats.agents,
+        citus=stats.citus,
+    )
 
 
 def term_stats(conn: Memory) -> TermStats:
@@ -121,7 +134,9 @@ def term_stats(conn: Memory) -> TermStats:
     percent = 100.0 if n <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / n)
     avgdl = conn.one(AVERAGE_LENGTH, (percent,))["avgdl"]
     agents = dict(zip(row["agents"] or [], row["agent_freqs"] or []))
-    return TermStats(n=max(n, 1.0), avgdl=avgdl or 1.0, common=common, agents=agents, citus=row["citus"])
+    return TermStats(
+        n=max(n, 1.0), avgdl=avgdl or 1.0, common=common, agents=agents, citus=row["citus"]
+    )
 
 
 def agent_share(conn: Memory, stats: TermStats, agent: str) -> float:
@@ -145,7 +160,11 @@ def single_lexeme(tsquery: str) -> str | None:
 
 def document_frequencies(conn: Memory, stats: TermStats, terms: list[str]) -> list[float]:
     """df of each term (a tsquery text): from the statistics when common, else counted."""
-    wanted = [t for t in dict.fromkeys(terms) if t not in stats.counted and single_lexeme(t) not in stats.common]
+    wanted = [
+        t
+        for t in dict.fromkeys(terms)
+        if t not in stats.counted and single_lexeme(t) not in stats.common
+    ]
     if wanted:
         from psycopg import sql
 
@@ -153,17 +172,24 @@ def document_frequencies(conn: Memory, stats: TermStats, terms: list[str]) -> li
 
         params = {f"q{i}": t for i, t in enumerate(wanted)}
         params["any"] = " | ".join(f"( {t} )" for t in wanted)
-        statement = sql.SQL(COUNT_TERMS).format(matched=sql.SQL(matched_in_role(in_role, "%(any)s")),
-                                                counts=sql.SQL(", ").join(
-            sql.SQL(COUNT_ONE).format(q=sql.Placeholder(f"q{i}"), name=sql.Identifier(f"df{i}"))
-            for i in range(len(wanted))))
+        statement = sql.SQL(COUNT_TERMS).format(
+            matched=sql.SQL(matched_in_role(in_role, "%(any)s")),
+            counts=sql.SQL(", ").join(
+                sql.SQL(COUNT_ONE).format(q=sql.Placeholder(f"q{i}"), name=sql.Identifier(f"df{i}"))
+                for i in range(len(wanted))
+            ),
+        )
         row = conn.one(statement, params, prepare=False)
         for i, term in enumerate(wanted):
             stats.counted[term] = row[f"df{i}"]
     out = []
     for t in terms:
         lexeme = single_lexeme(t)
-        out.append(stats.counted[t] if t in stats.counted or lexeme is None else stats.common[lexeme] * stats.n)
+        out.append(
+            stats.counted[t]
+            if t in stats.counted or lexeme is None
+            else stats.common[lexeme] * stats.n
+        )
     return out
 
 
@@ -179,7 +205,9 @@ class Plan:
     terms: list[str]  # tsquery texts, one per wanted word or phrase kept: they score
     weights: list[float]  # their idf
     left_out: list[str]  # wanted terms too common to match or score
-    matched: list[str] = field(default_factory=list)  # the kept terms (and pairs of them, ANDed) that find episodes
+    matched: list[str] = field(
+        default_factory=list
+    )  # the kept terms (and pairs of them, ANDed) that find episodes
     ceiling: float = 0.0  # the most any episode can score: one holding every kept term, not long
 
 
@@ -191,8 +219,14 @@ def match_bound(stats: TermStats, match_rows: float, match_share: float = 0.0) -
     return max(float(match_rows), match_share * stats.n)
 
 
-def plan(conn: Memory, stats: TermStats, wanted: list[str], *, common_share: float | None,
-         match_rows: float | None = None) -> Plan:
+def plan(
+    conn: Memory,
+    stats: TermStats,
+    wanted: list[str],
+    *,
+    common_share: float | None,
+    match_rows: float | None = None,
+) -> Plan:
     """Weigh the wanted terms; with common_share, leave out those in more than that share of episodes.
 
     With match_rows, only the rarest kept terms whose document frequencies add up to at most
@@ -221,9 +255,14 @@ def plan(conn: Memory, stats: TermStats, wanted: list[str], *, common_share: flo
             total += frequency[term]
         # an episode holding two of the commoner words together is found by the pair, when the pair's
         # estimated co-occurrence (independent words) fits the bound: their AND reads about that many rows
-        rest = sorted((t for t in kept if t not in matched), key=frequency.__getitem__)[:PAIRED_TERMS]
-        matched += [f"( {a} ) & ( {b} )" for a, b in itertools.combinations(rest, 2)
-                    if frequency[a] * frequency[b] / stats.n <= match_rows]
+        rest = sorted((t for t in kept if t not in matched), key=frequency.__getitem__)[
+            :PAIRED_TERMS
+        ]
+        matched += [
+            f"( {a} ) & ( {b} )"
+            for a, b in itertools.combinations(rest, 2)
+            if frequency[a] * frequency[b] / stats.n <= match_rows
+        ]
     return Plan(kept, weights, left_out, matched, sum(weights))
 
 
@@ -232,9 +271,16 @@ def score(p: Plan, tsv: str = "e.tsv"):
     from psycopg import sql
 
     column = sql.SQL(tsv)
-    terms = sql.SQL(" + ").join(
-        sql.SQL(TERM).format(tsv=column, term=sql.Placeholder(f"t{i}"), weight=sql.Placeholder(f"w{i}"))
-        for i in range(len(p.terms))) if p.terms else sql.SQL("0")
+    terms = (
+        sql.SQL(" + ").join(
+            sql.SQL(TERM).format(
+                tsv=column, term=sql.Placeholder(f"t{i}"), weight=sql.Placeholder(f"w{i}")
+            )
+            for i in range(len(p.terms))
+        )
+        if p.terms
+        else sql.SQL("0")
+    )
     return sql.SQL(SCORE).format(terms=terms, tsv=column)
 
 

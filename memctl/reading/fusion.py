@@ -84,8 +84,14 @@ def _ranks(rows: list[dict]) -> dict[int, tuple[int, dict]]:
     return ranked
 
 
-def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dict],
-               context: Neighbours, text_ceiling: float | None = None) -> dict[int, float]:
+def relevances(
+    settings: Settings,
+    vector_rows,
+    text_rows,
+    scored: dict[int, dict],
+    context: Neighbours,
+    text_ceiling: float | None = None,
+) -> dict[int, float]:
     """Episode id -> relevance, 1.0 for the best: weighted scores, or reciprocal rank fusion."""
     if settings.search.fusion == "rrf":
         rrf_k = settings.search.rrf_k
@@ -102,8 +108,11 @@ def relevances(settings: Settings, vector_rows, text_rows, scored: dict[int, dic
 
     # a turn next to a match: what the neighbour shares with the query in words says more than
     # its cosine, which every turn of the same talk has (LoCoMo dev recall@10: docs/search.md)
-    near_share = settings.search.context_text_weight if vector_rows is not None and text_rows is not None \
+    near_share = (
+        settings.search.context_text_weight
+        if vector_rows is not None and text_rows is not None
         else text_share
+    )
     base: dict[int, float] = {}
     near: dict[int, float] = {}
     for i, r in scored.items():  # one pass: a batch query scores about a hundred candidates
@@ -143,8 +152,9 @@ def asks(text: str) -> bool:
 WIDE_SESSION = 32  # candidates in a session's window beyond which sessions() walks them best first
 
 
-def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float],
-             context: Neighbours) -> dict[int, float]:
+def sessions(
+    settings: Settings, scored: dict[int, dict], base: dict[int, float], context: Neighbours
+) -> dict[int, float]:
     """Candidate of a context kind -> the best base of the other candidates of its session.
 
     Its session: the candidates of the same agent and kind created within context_window of it (a
@@ -156,7 +166,9 @@ def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float]
     groups: dict[tuple, list[tuple[float, int]]] = {}
     for i, row in scored.items():
         if row.get("kind") in kinds and row.get("created_at") is not None:
-            groups.setdefault((row["agent"], row["kind"]), []).append((row["created_at"].timestamp(), i))
+            groups.setdefault((row["agent"], row["kind"]), []).append(
+                (row["created_at"].timestamp(), i)
+            )
     best: dict[int, float] = {}
     for members in groups.values():
         members.sort()
@@ -168,16 +180,29 @@ def sessions(settings: Settings, scored: dict[int, dict], base: dict[int, float]
             if hi - lo <= WIDE_SESSION:
                 found = [base[j] for _, j in members[lo:hi] if j not in skip]
             else:  # the first of the best that is in its window (linear, not quadratic, in one long talk)
-                found = [next((base[j] for u, j in ranked if j not in skip and abs(u - t) <= window), 0.0)]
+                found = [
+                    next(
+                        (base[j] for u, j in ranked if j not in skip and abs(u - t) <= window), 0.0
+                    )
+                ]
             if found:
                 best[i] = max(found)
     return best
 
 
-def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dict] | None, scored: dict,
-         candidates: set[int], context: Neighbours, now: datetime.datetime,
-         accessed: dict | None = None, k: int | None = None, text_ceiling: float | None = None,
-         period: Period | None = None) -> list[Hit]:
+def fuse(
+    settings: Settings,
+    vector_rows: list[dict] | None,
+    text_rows: list[dict] | None,
+    scored: dict,
+    candidates: set[int],
+    context: Neighbours,
+    now: datetime.datetime,
+    accessed: dict | None = None,
+    k: int | None = None,
+    text_ceiling: float | None = None,
+    period: Period | None = None,
+) -> list[Hit]:
     """The candidates as hits, best first (the first k when given); `period`: the one the query names."""
     conf = settings.search
     when_weight = conf.when_weight if period is not None else 0
@@ -196,7 +221,11 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
             continue  # deleted meanwhile, excluded, or (rrf) found by neither half
         anchor = accessed.get(episode_id) or row["created_at"]
         recency = 0.5 ** (max(0.0, (now - anchor).total_seconds()) / half_life)
-        score = relevance_of[episode_id] + recency_weight * recency + importance_weight * row["importance"] / 10
+        score = (
+            relevance_of[episode_id]
+            + recency_weight * recency
+            + importance_weight * row["importance"] / 10
+        )
         closeness = None
         if when_weight and period is not None:  # when_weight: 0 without a period
             closeness = period.closeness(row["created_at"], row.get("last_seen_at"))
@@ -209,16 +238,28 @@ def fuse(settings: Settings, vector_rows: list[dict] | None, text_rows: list[dic
     for score, episode_id, recency, closeness in ranked[:k]:
         row = scored[episode_id]
         v, t = by_vector.get(episode_id), by_text.get(episode_id)
-        hits.append(Hit(
-            id=episode_id, score=score, agent=row["agent"], kind=row["kind"], source=row["source"],
-            importance=row["importance"], created_at=row["created_at"], content=row["content"],
-            relevance=round(relevance_of[episode_id], 6), recency=round(recency, 6),
-            importance_term=row["importance"] / 10,
-            vector_rank=v[0] if v else None, text_rank=t[0] if t else None,
-            distance=None if row["distance"] is None else round(float(row["distance"]), 6),
-            text_score=round(float(row["text_score"]), 6) if row["text_score"] else None,
-            chunk=v[1]["content"] if v else None,
-            closeness=None if closeness is None else round(closeness, 6), **_seen(row)))
+        hits.append(
+            Hit(
+                id=episode_id,
+                score=score,
+                agent=row["agent"],
+                kind=row["kind"],
+                source=row["source"],
+                importance=row["importance"],
+                created_at=row["created_at"],
+                content=row["content"],
+                relevance=round(relevance_of[episode_id], 6),
+                recency=round(recency, 6),
+                importance_term=row["importance"] / 10,
+                vector_rank=v[0] if v else None,
+                text_rank=t[0] if t else None,
+                distance=None if row["distance"] is None else round(float(row["distance"]), 6),
+                text_score=round(float(row["text_score"]), 6) if row["text_score"] else None,
+                chunk=v[1]["content"] if v else None,
+                closeness=None if closeness is None else round(closeness, 6),
+                **_seen(row),
+            )
+        )
     return hits
 
 
@@ -227,5 +268,8 @@ def _seen(row: dict) -> dict[str, Any]:
     repeats = row.get("repeats") or 0
     if not repeats:
         return {}
-    return {"repeats": repeats, "first_seen": row["created_at"],
-            "last_seen": row.get("last_seen_at") or row["created_at"]}
+    return {
+        "repeats": repeats,
+        "first_seen": row["created_at"],
+        "last_seen": row.get("last_seen_at") or row["created_at"],
+    }

@@ -67,8 +67,10 @@ ORDER BY p.ord
 # The episodes counted: by the text index, or in an agent's role (Memory.as_agent) by the ids it finds among
 # the agent's episodes (bm25.MATCHED: memctl_agent_matches), read again under the table's policies.
 COUNTED_EPISODES = "JOIN episodes e ON e.tsv @@ r.q::tsquery"
-COUNTED_MATCHES = ("CROSS JOIN LATERAL (SELECT memctl_agent_matches(r.q::tsquery) AS ids OFFSET 0) m "
-                   "JOIN episodes e ON e.tsv @@ r.q::tsquery AND e.id = ANY(m.ids)")
+COUNTED_MATCHES = (
+    "CROSS JOIN LATERAL (SELECT memctl_agent_matches(r.q::tsquery) AS ids OFFSET 0) m "
+    "JOIN episodes e ON e.tsv @@ r.q::tsquery AND e.id = ANY(m.ids)"
+)
 
 
 @dataclass
@@ -91,17 +93,31 @@ class PiecesCall:
         """The pieces from the statement's rows; the rare words' counts go into stats.counted."""
         if self.counting:
             assert self.stats is not None  # counting: there are statistics to count into
-            self.stats.counted.update((r["q"], r["df"] / self.share if r["df"] and self.share > 0 else r["df"])
-                                      for r in rows if r["rare"])
-        parsed = _grouped(conn, self.terms, self.groups, [r["q"] for r in rows],
-                          self.stats if self.terms.wanted else None)
+            self.stats.counted.update(
+                (r["q"], r["df"] / self.share if r["df"] and self.share > 0 else r["df"])
+                for r in rows
+                if r["rare"]
+            )
+        parsed = _grouped(
+            conn,
+            self.terms,
+            self.groups,
+            [r["q"] for r in rows],
+            self.stats if self.terms.wanted else None,
+        )
         if "context" in rows[0]:
             parsed.context = rows[0]["context"]
         return parsed
 
 
-def pieces(conn: Memory, text: str, stats: bm25.TermStats | None = None, *, probe: tuple[list[str], Query] | None = None,
-           scope: str | None = None) -> Parsed:
+def pieces(
+    conn: Memory,
+    text: str,
+    stats: bm25.TermStats | None = None,
+    *,
+    probe: tuple[list[str], Query] | None = None,
+    scope: str | None = None,
+) -> Parsed:
     """The query's wanted and excluded pieces as tsquery texts ('' for a piece of stopwords only).
 
     With `stats`, the same statement counts the wanted pieces' document frequencies into
@@ -117,8 +133,14 @@ def pieces(conn: Memory, text: str, stats: bm25.TermStats | None = None, *, prob
     return call.answer(conn, conn.execute(r.text, r.params, prepare=r.prepare).fetchall())
 
 
-def pieces_call(conn: Memory, text: str, stats: bm25.TermStats | None = None, *,
-                probe: tuple[list[str], Query] | None = None, scope: str | None = None) -> PiecesCall | Parsed:
+def pieces_call(
+    conn: Memory,
+    text: str,
+    stats: bm25.TermStats | None = None,
+    *,
+    probe: tuple[list[str], Query] | None = None,
+    scope: str | None = None,
+) -> PiecesCall | Parsed:
     """pieces() as a statement to run and the reading of its rows (PiecesCall.answer); the Parsed
     pieces at once when there is nothing to run (no word)."""
     terms = split_terms(text)
@@ -130,7 +152,9 @@ def pieces_call(conn: Memory, text: str, stats: bm25.TermStats | None = None, *,
     if not plain:
         return Parsed([], [])
     if stats is None and probe is None:
-        return PiecesCall(StatementCall(PIECES, (every,), prepare=False), terms, groups, None, False)
+        return PiecesCall(
+            StatementCall(PIECES, (every,), prepare=False), terms, groups, None, False
+        )
     params: dict[str, Any] = {"pieces": every}
     counting = stats is not None and bool(terms.wanted)
     if probe is not None:
@@ -143,12 +167,18 @@ def pieces_call(conn: Memory, text: str, stats: bm25.TermStats | None = None, *,
             params["agent"] = scope
         # the common lexemes as one literal made once per statistics (bm25.TermStats.common_array)
         params.update(wanted=len(terms.wanted), plain=plain, common=stats.common_array)
-    shape = (tuple(probe[0]) if probe is not None else None,
-             (probe[1].agent is not None, probe[1].kind is not None) if probe is not None else None,
-             counting, counting and scope is not None, counting and conn.in_agent_role)
+    shape = (
+        tuple(probe[0]) if probe is not None else None,
+        (probe[1].agent is not None, probe[1].kind is not None) if probe is not None else None,
+        counting,
+        counting and scope is not None,
+        counting and conn.in_agent_role,
+    )
     statement = _PIECES.get(shape)
     if statement is None:
-        statement = _PIECES[shape] = _compose_pieces(probe, counting, scope, shape[-1]).as_bytes(None)
+        statement = _PIECES[shape] = _compose_pieces(probe, counting, scope, shape[-1]).as_bytes(
+            None
+        )
     # prepared once used a few times (psycopg's default)
     return PiecesCall(StatementCall(statement, params), terms, groups, stats, counting, share)
 
@@ -158,23 +188,40 @@ def pieces_call(conn: Memory, text: str, stats: bm25.TermStats | None = None, *,
 _PIECES: dict[tuple, bytes] = {}
 
 
-def _compose_pieces(probe: tuple[list[str], Query] | None, counting: bool, scope: str | None, in_role: bool):
+def _compose_pieces(
+    probe: tuple[list[str], Query] | None, counting: bool, scope: str | None, in_role: bool
+):
     from psycopg import sql
 
     check: sql.Composable = sql.SQL("true")
     if probe is not None:
         kinds, query = probe
         clauses, _ = episode_filters.filters(agent=query.agent, kind=query.kind)
-        check = sql.SQL(PROBE).format(kinds=sql.Literal(list(kinds)),
-                                      filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses))
+        check = sql.SQL(PROBE).format(
+            kinds=sql.Literal(list(kinds)),
+            filters=sql.SQL("").join(sql.SQL(" AND ") + c for c in clauses),
+        )
     if not counting:
         return sql.SQL(PIECES_PROBED).format(probe=check)
-    within = sql.SQL(" AND e.agent = {}").format(sql.Placeholder("agent")) if scope is not None else sql.SQL("")
-    return sql.SQL(PIECES_COUNTED).format(probe=check, agent=within,
-                                          episodes=sql.SQL(COUNTED_MATCHES if in_role else COUNTED_EPISODES))
+    within = (
+        sql.SQL(" AND e.agent = {}").format(sql.Placeholder("agent"))
+        if scope is not None
+        else sql.SQL("")
+    )
+    return sql.SQL(PIECES_COUNTED).format(
+        probe=check,
+        agent=within,
+        episodes=sql.SQL(COUNTED_MATCHES if in_role else COUNTED_EPISODES),
+    )
 
 
-def _grouped(conn: Memory, terms: Terms, groups: list[list[str]], parsed: list[str], stats: bm25.TermStats | None) -> Parsed:
+def _grouped(
+    conn: Memory,
+    terms: Terms,
+    groups: list[list[str]],
+    parsed: list[str],
+    stats: bm25.TermStats | None,
+) -> Parsed:
     """The wanted pieces with their synonyms ORed in (document frequency: the sum of the words'), the excluded."""
     wanted = parsed[: len(terms.wanted)]
     plain = len(terms.wanted) + len(terms.excluded)
@@ -185,5 +232,7 @@ def _grouped(conn: Memory, terms: Terms, groups: list[list[str]], parsed: list[s
             continue
         wanted[i] = " | ".join(w if bm25.single_lexeme(w) else f"( {w} )" for w in words)
         if stats is not None:
-            stats.counted[wanted[i]] = min(stats.n, sum(bm25.document_frequencies(conn, stats, words)))
-    return Parsed(wanted, parsed[len(terms.wanted): plain])
+            stats.counted[wanted[i]] = min(
+                stats.n, sum(bm25.document_frequencies(conn, stats, words))
+            )
+    return Parsed(wanted, parsed[len(terms.wanted) : plain])

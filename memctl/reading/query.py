@@ -40,8 +40,13 @@ class Query:
             raise UsageError("the query contains a NUL character")
         for name in ("agent", "kind", "source", "since", "until"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.strip() or "\x00" in value):
-                raise BadValue(f"{name}: must be a non-empty string without NUL, got {type(value).__name__}", name)
+            if value is not None and (
+                not isinstance(value, str) or not value.strip() or "\x00" in value
+            ):
+                raise BadValue(
+                    f"{name}: must be a non-empty string without NUL, got {type(value).__name__}",
+                    name,
+                )
         episode_filters.check_period(self.since, self.until)
         for name in ("text", "agent", "kind", "source"):
             values.utf8(getattr(self, name), "query" if name == "text" else name, BadValue)
@@ -53,7 +58,9 @@ MAX_K = 1000
 BATCH_FIELDS = ("query", "agent", "k", "kind", "source", "since", "until", "mode")
 
 
-def check_strings(item: dict, names, bad: Callable[[str, str], Exception], shown: Callable[[Any], str]) -> None:
+def check_strings(
+    item: dict, names, bad: Callable[[str, str], Exception], shown: Callable[[Any], str]
+) -> None:
     """A batch line's text fields, those of NAMES it has: each a non-empty string without NUL, valid UTF-8;
     the first that is not raises bad(name, why)."""
     for name in (n for n in names if n in item):
@@ -75,6 +82,7 @@ def batch_query(item: dict, number: int) -> Query:
     integer from 1 to MAX_K (not "3", not 2.5, not true), agent/kind/source strings without NUL, since a
     duration or ISO 8601 date/time, mode one of MODES. BadValue names the line and the field.
     """
+
     def bad(name: str, why: str) -> BadValue:
         return BadValue(f"line {number}: field {name}: {why}", name)
 
@@ -95,8 +103,16 @@ def batch_query(item: dict, number: int) -> Query:
                 episode_filters.moment(item[name])
             except ValueError as exc:
                 raise bad(name, str(exc)) from None
-    return Query(item["query"], k=k, agent=item.get("agent"), kind=item.get("kind"), source=item.get("source"),
-                 since=item.get("since"), until=item.get("until"), mode=mode)
+    return Query(
+        item["query"],
+        k=k,
+        agent=item.get("agent"),
+        kind=item.get("kind"),
+        source=item.get("source"),
+        since=item.get("since"),
+        until=item.get("until"),
+        mode=mode,
+    )
 
 
 @dataclass
@@ -105,7 +121,9 @@ class Terms:
 
     wanted: list[str]
     excluded: list[str]
-    quoted: list[bool] = field(default_factory=list)  # per wanted piece: written in quotes (taken literally)
+    quoted: list[bool] = field(
+        default_factory=list
+    )  # per wanted piece: written in quotes (taken literally)
 
 
 _TERM = re.compile(r'(-?)"([^"]*)"?|(\S+)')

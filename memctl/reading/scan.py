@@ -38,8 +38,11 @@ JOIN episodes e ON e.agent = c0.agent AND e.id = c0.episode_id"""
 # One simple-protocol round trip, run by set_scan (SET takes no parameters: ef_search is a
 # sql.Literal). In a pipeline (a batch: search._run_steps), the three go as statements of their own:
 # a pipeline takes one statement per query.
-SCAN_SETTINGS = ("SET LOCAL citus.propagate_set_commands = 'local'",
-                 "SET LOCAL hnsw.iterative_scan = relaxed_order", "SET LOCAL hnsw.ef_search = {ef}")
+SCAN_SETTINGS = (
+    "SET LOCAL citus.propagate_set_commands = 'local'",
+    "SET LOCAL hnsw.iterative_scan = relaxed_order",
+    "SET LOCAL hnsw.ef_search = {ef}",
+)
 
 
 def vector_where(query: Query, *more):
@@ -51,11 +54,13 @@ def vector_where(query: Query, *more):
     if query.agent is not None:  # on the vector table itself: the index scan filters as it goes
         conditions.append(sql.SQL("v.agent = {}").format(sql.Placeholder("agent")))
         params["agent"] = query.agent
-    needs_join = bool(more) or any(v is not None for v in (query.kind, query.source, query.since,
-                                                           query.until))
+    needs_join = bool(more) or any(
+        v is not None for v in (query.kind, query.source, query.since, query.until)
+    )
     if needs_join:
-        extra, values = episode_filters.filters(kind=query.kind, source=query.source,
-                                                since=query.since, until=query.until)
+        extra, values = episode_filters.filters(
+            kind=query.kind, source=query.source, since=query.since, until=query.until
+        )
         conditions += extra
         params.update(values)
     conditions += more
@@ -69,11 +74,13 @@ def vector_half(conn: Memory, model: models.Model, vector, query: Query, n: int)
 
     where, join, params = vector_where(query)
     statement = sql.SQL(VECTOR_HALF).format(
-        type=sql.SQL(model.storage), table=sql.Identifier(model.table_name), join=join, where=where)
+        type=sql.SQL(model.storage), table=sql.Identifier(model.table_name), join=join, where=where
+    )
     with conn.transaction():
         set_scan(conn)
-        return conn.execute(statement, {**params, "q": query_vector(conn, vector, model), "n": n},
-                            prepare=False).fetchall()
+        return conn.execute(
+            statement, {**params, "q": query_vector(conn, vector, model), "n": n}, prepare=False
+        ).fetchall()
 
 
 def set_scan(conn: Memory, *, pipelined: bool = False) -> None:

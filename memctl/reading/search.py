@@ -46,8 +46,13 @@ from memctl.reading.fusion import Hit, fuse
 from memctl.reading.query import Query, context_kinds, unsearchable
 from memctl.reading.pieces import Parsed, pieces_call
 from memctl.reading.scan import ScanTransactions
-from memctl.reading.statement import (StatementCall, StatementParts, period_exact, read_rows,
-                                     statement_call)
+from memctl.reading.statement import (
+    StatementCall,
+    StatementParts,
+    period_exact,
+    read_rows,
+    statement_call,
+)
 
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
@@ -60,7 +65,9 @@ if TYPE_CHECKING:
 class Outcome:
     hits: list[Hit] = field(default_factory=list)
     mode: str = "hybrid"  # the mode that actually ran
-    warning: str | None = None  # about the whole call (the embedder); the same for every query of a batch
+    warning: str | None = (
+        None  # about the whole call (the embedder); the same for every query of a batch
+    )
     note: str | None = None  # about this query alone: why it found nothing (query.unsearchable)
 
 
@@ -94,8 +101,9 @@ def _sub_batch_size(settings: Settings, embedder) -> int:
     return max(1, int(limit))
 
 
-def embed_query_texts(settings: Settings, model: models.Model | None, texts: list[str],
-                      embedder=None) -> QueryVectors:
+def embed_query_texts(
+    settings: Settings, model: models.Model | None, texts: list[str], embedder=None
+) -> QueryVectors:
     """Query vectors in sub-batches sized to the embedder, each under its own (search) timeout.
 
     Only a sub-batch that really fails falls back to text search; after
@@ -103,14 +111,17 @@ def embed_query_texts(settings: Settings, model: models.Model | None, texts: lis
     rest degrade at once, so a dead Ollama costs two timeouts, not one per sub-batch.
     """
     if model is None:
-        return QueryVectors([None] * len(texts), "no embedding model registered yet (run memctl embed): "
-                            "text search only", len(texts))
+        return QueryVectors(
+            [None] * len(texts),
+            "no embedding model registered yet (run memctl embed): text search only",
+            len(texts),
+        )
     embedder = embedder or query_embedder(settings, model)
     size = _sub_batch_size(settings, embedder)
     vectors: list[list[float] | None] = []
     failures, last_error = 0, None
     for start in range(0, len(texts), size):
-        part = texts[start:start + size]
+        part = texts[start : start + size]
         if failures >= MAX_CONSECUTIVE_FAILURES:
             vectors.extend([None] * len(part))
             continue
@@ -123,8 +134,11 @@ def embed_query_texts(settings: Settings, model: models.Model | None, texts: lis
     degraded = sum(v is None for v in vectors)
     warning = None
     if degraded:
-        scope = "text search only" if degraded == len(texts) else \
-            f"{degraded} of {len(texts)} queries fell back to text search"
+        scope = (
+            "text search only"
+            if degraded == len(texts)
+            else f"{degraded} of {len(texts)} queries fell back to text search"
+        )
         warning = f"embedder unavailable, {scope}: {last_error}"
     return QueryVectors(vectors, warning, degraded)
 
@@ -138,19 +152,24 @@ def embed_queries(settings: Settings, model: models.Model | None, texts: list[st
 
 
 def _vector_mode_refusal(warning: str | None) -> EmbedderUnavailable:
-    return EmbedderUnavailable(f"--mode vector needs the embedder, and it is unavailable: {warning}; "
-                               "use --mode hybrid or text to search by words")
+    return EmbedderUnavailable(
+        f"--mode vector needs the embedder, and it is unavailable: {warning}; "
+        "use --mode hybrid or text to search by words"
+    )
 
 
-def search(conn: Memory, query: Query, *, vector=None, embedder=None, track: bool = False) -> Outcome:
+def search(
+    conn: Memory, query: Query, *, vector=None, embedder=None, track: bool = False
+) -> Outcome:
     """Run one query; `vector` skips embedding (recall, benchmarks).
 
     The database's active model embeds the query, whatever the configuration names
     (a differing configuration adds a warning). With `track`, the hits returned count
     as accessed (memctl.records.access), in one statement.
     """
-    return search_batch(conn, [query], embedder, track=track,
-                        vectors=None if vector is None else [vector])[0]
+    return search_batch(
+        conn, [query], embedder, track=track, vectors=None if vector is None else [vector]
+    )[0]
 
 
 def _track(conn: Memory, outcomes: list[Outcome]) -> None:
@@ -164,8 +183,9 @@ def _narrowed(plan: bm25.Plan) -> bool:
     return bool(plan.left_out) or any(t not in plan.matched for t in plan.terms)
 
 
-def _steps(conn: Memory, query: Query, model, vector, outcome: Outcome,
-           cache: dict) -> Generator[StatementCall, Any, None]:
+def _steps(
+    conn: Memory, query: Query, model, vector, outcome: Outcome, cache: dict
+) -> Generator[StatementCall, Any, None]:
     """One query's work: yields the statements it needs run (statement.StatementCall) and takes their rows;
     its outcome's hits set when it ends. _run_steps runs many of these at once."""
     settings = conn.settings
@@ -175,38 +195,63 @@ def _steps(conn: Memory, query: Query, model, vector, outcome: Outcome,
     wants_text = outcome.mode in ("hybrid", "text")
     key = ("stats", query.agent)
     period = when.period(query.text) if conf.when_weight else None
-    if (wants_text or period is not None) and key not in cache:  # a period's exact bound needs the count
+    if (
+        wants_text or period is not None
+    ) and key not in cache:  # a period's exact bound needs the count
         cache[key] = bm25.cached_term_stats(conn)
     # on Citus, a query for one agent counts its rare words in that agent's shard (scaled to the
     # table), so the whole query is routed; on one server over all episodes, which ranks a little
     # better (docs/benchmarks.md)
     scope = query.agent if wants_text and cache[key].citus else None
     kinds = context_kinds(settings)
-    context = settings.search.fusion != "rrf" and bool(kinds) and settings.search.context_weight != 0
-    call = pieces_call(conn, query.text, cache[key] if wants_text else None,
-                       probe=(kinds, query) if context else None, scope=scope)
+    context = (
+        settings.search.fusion != "rrf" and bool(kinds) and settings.search.context_weight != 0
+    )
+    call = pieces_call(
+        conn,
+        query.text,
+        cache[key] if wants_text else None,
+        probe=(kinds, query) if context else None,
+        scope=scope,
+    )
     parsed = call if isinstance(call, Parsed) else call.answer(conn, (yield call.request))
-    parts = StatementParts(model=model if vector_runs else None, vector=vector if vector_runs else None,
-                           excluded=parsed.excluded, context=context and parsed.context,
-                           period=period, period_exact=None if period is None else period_exact(cache[key].n),
-                           in_role=conn.in_agent_role)
+    parts = StatementParts(
+        model=model if vector_runs else None,
+        vector=vector if vector_runs else None,
+        excluded=parsed.excluded,
+        context=context and parsed.context,
+        period=period,
+        period_exact=None if period is None else period_exact(cache[key].n),
+        in_role=conn.in_agent_role,
+    )
     if wants_text and any(parsed.wanted):
         parts.stats = cache[key]
         # with the vector half running, words in nearly every episode are left out, and only the
         # rarest words find episodes (memctl.reading.bm25); on words alone, every word counts
         hybrid = vector_runs
-        parts.plan = bm25.plan(conn, parts.stats, parsed.wanted,
-                               common_share=settings.search.common_terms if hybrid else None,
-                               match_rows=bm25.match_bound(parts.stats, settings.search.match_rows,
-                                                           settings.search.match_share) if hybrid else None)
+        parts.plan = bm25.plan(
+            conn,
+            parts.stats,
+            parsed.wanted,
+            common_share=settings.search.common_terms if hybrid else None,
+            match_rows=bm25.match_bound(
+                parts.stats, settings.search.match_rows, settings.search.match_share
+            )
+            if hybrid
+            else None,
+        )
     request = statement_call(conn, query, parts, settings, n)
     vector_rows, text_rows, scored, context = read_rows((yield request) if request else None, parts)
     if vector_runs and parts.plan is not None and not vector_rows and _narrowed(parts.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the
         # words are all there is, so every one of them finds, as on words alone
         assert parts.stats is not None  # what the plan was made with
-        parts = replace(parts, model=None, vector=None,
-                        plan=bm25.plan(conn, parts.stats, parsed.wanted, common_share=None))
+        parts = replace(
+            parts,
+            model=None,
+            vector=None,
+            plan=bm25.plan(conn, parts.stats, parsed.wanted, common_share=None),
+        )
         request = statement_call(conn, query, parts, settings, n)
         _, text_rows, scored, context = read_rows((yield request) if request else None, parts)
     if outcome.mode == "text" or (outcome.mode == "hybrid" and not vector_runs):
@@ -223,8 +268,19 @@ def _steps(conn: Memory, query: Query, model, vector, outcome: Outcome,
 
         accessed = access.last_accessed(conn, list(scored))
     ceiling = parts.plan.ceiling if parts.plan is not None else None
-    outcome.hits = fuse(settings, vector_rows, text_rows, scored, candidates, context, now, accessed, query.k,
-                        text_ceiling=ceiling, period=parts.period)
+    outcome.hits = fuse(
+        settings,
+        vector_rows,
+        text_rows,
+        scored,
+        candidates,
+        context,
+        now,
+        accessed,
+        query.k,
+        text_ceiling=ceiling,
+        period=parts.period,
+    )
 
 
 # Queries a batch starts at a time in its pipeline (_run_steps): their statements run while memctl
@@ -232,7 +288,9 @@ def _steps(conn: Memory, query: Query, model, vector, outcome: Outcome,
 WINDOW = 16
 
 
-def _run_steps(conn: Memory, scans: ScanTransactions, runs: list[Generator], pipelined: bool) -> None:
+def _run_steps(
+    conn: Memory, scans: ScanTransactions, runs: list[Generator], pipelined: bool
+) -> None:
     """Run the queries' steps, their statements pipelined: the database runs a window of queries'
     statements while memctl scores the window before (fusion is pure Python; the server is another
     process, on another core).
@@ -251,8 +309,15 @@ def _run_steps(conn: Memory, scans: ScanTransactions, runs: list[Generator], pip
             request = run.send(rows)
         except StopIteration:
             return
-        asked.append((run, request, conn.execute(request.text, request.params, prepare=request.prepare,
-                                                 binary=request.binary)))
+        asked.append(
+            (
+                run,
+                request,
+                conn.execute(
+                    request.text, request.params, prepare=request.prepare, binary=request.binary
+                ),
+            )
+        )
 
     def start() -> None:
         for _ in range(min(WINDOW if pipelined else 1, len(waiting))):
@@ -305,8 +370,14 @@ def with_repeats(conn: Memory, hits: list[Hit]) -> list[dict]:
 REPEAT_FIELDS = ("id", "agent", "kind", "source", "importance", "created_at", "content")
 
 
-def search_batch(conn: Memory, queries: list[Query], embedder=None, *,
-                 track: bool = False, vectors: list | None = None) -> list[Outcome]:
+def search_batch(
+    conn: Memory,
+    queries: list[Query],
+    embedder=None,
+    *,
+    track: bool = False,
+    vectors: list | None = None,
+) -> list[Outcome]:
     """Many queries on one connection, their vectors embedded in sub-batches; `track` as in search().
 
     A query whose sub-batch failed to embed runs on words alone (its outcome says so);
@@ -335,11 +406,16 @@ def search_batch(conn: Memory, queries: list[Query], embedder=None, *,
             notes.append(found.warning)
     outcomes = [_outcome(q, i, nothing, notes, by_index) for i, q in enumerate(queries)]
     cache: dict = {}  # term statistics, read once per batch
-    runs = [_steps(conn, q, model, by_index.get(i), o, cache)
-            for i, (q, o) in enumerate(zip(queries, outcomes)) if i not in nothing]
+    runs = [
+        _steps(conn, q, model, by_index.get(i), o, cache)
+        for i, (q, o) in enumerate(zip(queries, outcomes))
+        if i not in nothing
+    ]
     pipelined = len(runs) > 1 and _pipelines()
-    with ScanTransactions(conn, pipelined=pipelined) as scans, \
-            conn.pipeline() if pipelined else contextlib.nullcontext():
+    with (
+        ScanTransactions(conn, pipelined=pipelined) as scans,
+        conn.pipeline() if pipelined else contextlib.nullcontext(),
+    ):
         _run_steps(conn, scans, runs, pipelined)
     if track:
         _track(conn, outcomes)

@@ -60,18 +60,28 @@ def past_values(conn: Memory, key: str, namespace: str) -> list[str]:
     except NotFound:
         current = None
     facts.history(conn, key, namespace=namespace)  # NotFound for a key that never existed
-    return [r["v"] for r in conn.execute(PAST_VALUES, {"ns": namespace, "key": key, "current": current})]
+    return [
+        r["v"] for r in conn.execute(PAST_VALUES, {"ns": namespace, "key": key, "current": current})
+    ]
 
 
-def find(conn: Memory, key: str, *, namespace: str = facts.DEFAULT_NAMESPACE, limit: int = 100,
-         max_distance: float = 0.35) -> tuple[list[StaleMention], str | None]:
+def find(
+    conn: Memory,
+    key: str,
+    *,
+    namespace: str = facts.DEFAULT_NAMESPACE,
+    limit: int = 100,
+    max_distance: float = 0.35,
+) -> tuple[list[StaleMention], str | None]:
     """Mentions of past values; the warning says when the meaning half could not run."""
     settings = conn.settings
     found: dict[tuple[int, str], StaleMention] = {}
     values = past_values(conn, key, namespace)
     for value in values:
         for row in conn.execute(MENTIONS, (value, limit)).fetchall():
-            found[(row["id"], value)] = StaleMention(old_value=value, found_by="text", distance=None, **row)
+            found[(row["id"], value)] = StaleMention(
+                old_value=value, found_by="text", distance=None, **row
+            )
     warning = None
     model = models.active(conn)
     if values:
@@ -85,6 +95,10 @@ def find(conn: Memory, key: str, *, namespace: str = facts.DEFAULT_NAMESPACE, li
                 episode = conn.execute(EPISODE, (row["episode_id"],)).fetchone()
                 if episode:
                     found[(row["episode_id"], value)] = StaleMention(
-                        old_value=value, found_by="meaning", distance=round(float(row["distance"]), 4),
-                        chunk=row["content"], **episode)
+                        old_value=value,
+                        found_by="meaning",
+                        distance=round(float(row["distance"]), 4),
+                        chunk=row["content"],
+                        **episode,
+                    )
     return sorted(found.values(), key=lambda m: (m.found_by != "text", m.id)), warning

@@ -167,14 +167,22 @@ AGENT = " AND {}.agent = %(agent)s"
 
 
 def _filters(query: Query, alias: str = "e"):
-    return episode_filters.filters(agent=query.agent, kind=query.kind, source=query.source, since=query.since,
-                                   until=query.until, alias=alias)
+    return episode_filters.filters(
+        agent=query.agent,
+        kind=query.kind,
+        source=query.source,
+        since=query.since,
+        until=query.until,
+        alias=alias,
+    )
 
 
 # the period's bounds on an episodes alias (parameters set by statement()): written in it, or a first
 # whose repeats were seen in it (created before it, last seen in it or after: episodes_last_seen_idx)
-PERIOD_CLAUSE = ("(({0}.created_at >= %(period_start)s AND {0}.created_at < %(period_end)s) OR "
-                 "({0}.last_seen_at >= %(period_start)s AND {0}.created_at < %(period_start)s))")
+PERIOD_CLAUSE = (
+    "(({0}.created_at >= %(period_start)s AND {0}.created_at < %(period_end)s) OR "
+    "({0}.last_seen_at >= %(period_start)s AND {0}.created_at < %(period_start)s))"
+)
 
 
 @dataclass
@@ -185,7 +193,9 @@ class StatementCall:
     params: Any
     prepare: bool | None = None  # psycopg's: None prepares it once used a few times
     binary: bool = False  # rows in binary
-    stage: int = 0  # 0: what the query runs first (its answer leads to another statement); 1: the last
+    stage: int = (
+        0  # 0: what the query runs first (its answer leads to another statement); 1: the last
+    )
 
 
 @dataclass
@@ -199,8 +209,12 @@ class StatementParts:
     excluded: list[str] = field(default_factory=list)
     context: bool = False
     period: Period | None = None  # the period the query names: each half also runs inside it
-    period_exact: int | None = None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
-    in_role: bool = False  # the connection is in an agent's role (Memory.in_agent_role): bm25.matched_in_role
+    period_exact: int | None = (
+        None  # how many of its episodes are ranked exactly (period_exact; None: PERIOD_EXACT)
+    )
+    in_role: bool = (
+        False  # the connection is in an agent's role (Memory.in_agent_role): bm25.matched_in_role
+    )
 
     @property
     def vector_runs(self) -> bool:
@@ -230,10 +244,19 @@ def _shape(query: Query, parts: StatementParts, matching: bool, n: int) -> tuple
     of scored words, whether words find, the neighbours, the exclusions, whether in an agent's role, the
     candidates each half reads, a named period's exact bound, last (the other values are parameters)."""
     model, plan = parts.model if parts.vector_runs else None, parts.plan if parts.scoring else None
-    return (int(n), (model.table_name, model.storage) if model is not None else None,
-            tuple(v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)),
-            len(plan.terms) if plan is not None else None, matching, parts.context, any(parts.excluded),
-            parts.in_role, parts.exact if parts.period is not None else None)
+    return (
+        int(n),
+        (model.table_name, model.storage) if model is not None else None,
+        tuple(
+            v is not None for v in (query.agent, query.kind, query.source, query.since, query.until)
+        ),
+        len(plan.terms) if plan is not None else None,
+        matching,
+        parts.context,
+        any(parts.excluded),
+        parts.in_role,
+        parts.exact if parts.period is not None else None,
+    )
 
 
 def statement(query: Query, parts: StatementParts, settings: Settings, n: int):
@@ -246,12 +269,16 @@ def statement(query: Query, parts: StatementParts, settings: Settings, n: int):
     params.update(_filters(query)[1])  # the filters' values, under the names every part uses
     if plan is not None:
         assert parts.stats is not None  # what the plan was made with
-        params.update(bm25.parameters(plan, parts.stats, settings.search.bm25_k1,
-                                      settings.search.bm25_b))
+        params.update(
+            bm25.parameters(plan, parts.stats, settings.search.bm25_k1, settings.search.bm25_b)
+        )
     if match is not None:
         params["match"] = match
     if parts.context:
-        params.update(kinds=context_kinds(settings), window=parse_duration(str(settings.search.context_window)))
+        params.update(
+            kinds=context_kinds(settings),
+            window=parse_duration(str(settings.search.context_window)),
+        )
     if parts.period is not None:
         params.update(period_start=parts.period.start, period_end=parts.period.end)
     unwanted = [f"( {q} )" for q in parts.excluded if q]
@@ -278,36 +305,94 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
         agent_c, agent_e = sql.SQL(AGENT.format("c")), sql.SQL(AGENT.format("e"))
     clauses, _ = _filters(query)
     period = parts.period is not None and (parts.vector_runs or matching)
-    if period:  # the period's episodes, and whether they are few enough to rank exactly (PERIOD_EXACT)
-        ctes.append(sql.SQL(PERIOD_EPISODES).format(
-            period=sql.SQL(PERIOD_CLAUSE.format("e")), bound=sql.Literal(parts.exact + 1),
-            exact=sql.Literal(parts.exact), filters=episode_filters.and_joined(clauses)))
+    if (
+        period
+    ):  # the period's episodes, and whether they are few enough to rank exactly (PERIOD_EXACT)
+        ctes.append(
+            sql.SQL(PERIOD_EPISODES).format(
+                period=sql.SQL(PERIOD_CLAUSE.format("e")),
+                bound=sql.Literal(parts.exact + 1),
+                exact=sql.Literal(parts.exact),
+                filters=episode_filters.and_joined(clauses),
+            )
+        )
     prefix = "every_" if period else ""
     if model is not None:
         where, join, _ = vector_where(query)
-        ctes.append(sql.SQL(VECTOR_CTE).format(agent_c=agent_c, type=sql.SQL(model.storage), n=limit,
-                                                table=sql.Identifier(model.table_name), join=join, where=where,
-                                                vec=sql.SQL(prefix + "vec"), hits=sql.SQL(prefix + "vhits")))
+        ctes.append(
+            sql.SQL(VECTOR_CTE).format(
+                agent_c=agent_c,
+                type=sql.SQL(model.storage),
+                n=limit,
+                table=sql.Identifier(model.table_name),
+                join=join,
+                where=where,
+                vec=sql.SQL(prefix + "vec"),
+                hits=sql.SQL(prefix + "vhits"),
+            )
+        )
         if period:
             where, join, _ = vector_where(query, sql.SQL(PERIOD_CLAUSE.format("e")))
             agent_c0 = sql.SQL(AGENT.format("c0")) if query.agent is not None else sql.SQL("")
-            ctes.append(sql.SQL(PERIOD_VECTOR).format(type=sql.SQL(model.storage), n=limit, join=join, where=where,
-                                                       table=sql.Identifier(model.table_name), agent_c0=agent_c0))
-            ctes.append(sql.SQL(VECTOR_HITS).format(
-                agent_c=agent_c, vec=sql.SQL("period_vec"), hits=sql.SQL("period_vhits")))
-            ctes.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("vhits"), everywhere=sql.SQL("every_vhits"),
-                                                      inside=sql.SQL("period_vhits"), best=sql.SQL("distance")))
+            ctes.append(
+                sql.SQL(PERIOD_VECTOR).format(
+                    type=sql.SQL(model.storage),
+                    n=limit,
+                    join=join,
+                    where=where,
+                    table=sql.Identifier(model.table_name),
+                    agent_c0=agent_c0,
+                )
+            )
+            ctes.append(
+                sql.SQL(VECTOR_HITS).format(
+                    agent_c=agent_c, vec=sql.SQL("period_vec"), hits=sql.SQL("period_vhits")
+                )
+            )
+            ctes.append(
+                sql.SQL(PERIOD_UNION).format(
+                    hits=sql.SQL("vhits"),
+                    everywhere=sql.SQL("every_vhits"),
+                    inside=sql.SQL("period_vhits"),
+                    best=sql.SQL("distance"),
+                )
+            )
     score = bm25.score(plan, "e.tsv") if plan is not None else sql.SQL("0::float8")
     if matching:
-        filters = sql.SQL(bm25.matched_in_role(parts.in_role, "%(match)s")) + episode_filters.and_joined(clauses)
-        ctes.append(sql.SQL(TEXT_CTE).format(score=score, n=limit, hits=sql.SQL(prefix + "thits"), filters=filters))
+        filters = sql.SQL(
+            bm25.matched_in_role(parts.in_role, "%(match)s")
+        ) + episode_filters.and_joined(clauses)
+        ctes.append(
+            sql.SQL(TEXT_CTE).format(
+                score=score, n=limit, hits=sql.SQL(prefix + "thits"), filters=filters
+            )
+        )
         if period:
-            ctes.append(sql.SQL(PERIOD_TEXT).format(
-                score=score, n=limit, agent_e=agent_e,
-                filters=episode_filters.and_joined([*clauses, sql.SQL(PERIOD_CLAUSE.format("e"))])))
-            ctes.append(sql.SQL(PERIOD_UNION).format(hits=sql.SQL("thits"), everywhere=sql.SQL("every_thits"),
-                                                      inside=sql.SQL("period_thits"), best=sql.SQL("text_score DESC")))
-    found = FOUND_BOTH if parts.vector_runs and matching else FOUND_VECTOR if parts.vector_runs else FOUND_TEXT
+            ctes.append(
+                sql.SQL(PERIOD_TEXT).format(
+                    score=score,
+                    n=limit,
+                    agent_e=agent_e,
+                    filters=episode_filters.and_joined(
+                        [*clauses, sql.SQL(PERIOD_CLAUSE.format("e"))]
+                    ),
+                )
+            )
+            ctes.append(
+                sql.SQL(PERIOD_UNION).format(
+                    hits=sql.SQL("thits"),
+                    everywhere=sql.SQL("every_thits"),
+                    inside=sql.SQL("period_thits"),
+                    best=sql.SQL("text_score DESC"),
+                )
+            )
+    found = (
+        FOUND_BOTH
+        if parts.vector_runs and matching
+        else FOUND_VECTOR
+        if parts.vector_runs
+        else FOUND_TEXT
+    )
     near: sql.Composable = sql.SQL(NO_NEAR)
     if parts.context:
         filters = {}
@@ -316,16 +401,28 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
         near = sql.SQL(NEAR_CTE).format(agent_c=agent_c, **filters)
     distance: sql.Composable = sql.SQL("NULL::float8")
     if model is not None:
-        exact = sql.SQL(DISTANCE).format(agent_c=agent_c, type=sql.SQL(model.storage),
-                                         table=sql.Identifier(model.table_name))
+        exact = sql.SQL(DISTANCE).format(
+            agent_c=agent_c, type=sql.SQL(model.storage), table=sql.Identifier(model.table_name)
+        )
         distance = sql.SQL("coalesce(x.distance, {})").format(exact)
     text_score = sql.SQL("coalesce(x.text_score, {})").format(score) if parts.scoring else score
-    excluded = sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery") if any(parts.excluded) else sql.SQL("")
-    return sql.SQL(HYBRID).format(agent_e=agent_e, ctes=sql.SQL(",").join(ctes), found=sql.SQL(found), near=near,
-                                  distance=distance, text_score=text_score, excluded=excluded)
+    excluded = (
+        sql.SQL("WHERE NOT e.tsv @@ %(excluded)s::tsquery") if any(parts.excluded) else sql.SQL("")
+    )
+    return sql.SQL(HYBRID).format(
+        agent_e=agent_e,
+        ctes=sql.SQL(",").join(ctes),
+        found=sql.SQL(found),
+        near=near,
+        distance=distance,
+        text_score=text_score,
+        excluded=excluded,
+    )
 
 
-def statement_call(conn: Memory, query: Query, parts: StatementParts, settings: Settings, n: int) -> StatementCall | None:
+def statement_call(
+    conn: Memory, query: Query, parts: StatementParts, settings: Settings, n: int
+) -> StatementCall | None:
     """The query's one statement, to run in a transaction with the scan set (ScanTransactions); None when no
     half can run (read_rows(None, parts) is then its answer)."""
     text, params = statement(query, parts, settings, n)
@@ -348,13 +445,21 @@ def read_rows(rows: list[dict] | None, parts: StatementParts):
     scored = {r["id"]: r for r in rows}
     vector_rows = None
     if parts.vector_runs:
-        vector_rows = [{"episode_id": r["id"], "content": r["chunk"]}
-                       for r in sorted((r for r in rows if r["vector_distance"] is not None),
-                                       key=lambda r: (r["vector_distance"], -r["id"]))]
+        vector_rows = [
+            {"episode_id": r["id"], "content": r["chunk"]}
+            for r in sorted(
+                (r for r in rows if r["vector_distance"] is not None),
+                key=lambda r: (r["vector_distance"], -r["id"]),
+            )
+        ]
     text_rows = None
     if parts.plan is not None:
-        text_rows = [{"episode_id": r["id"]}
-                     for r in sorted((r for r in rows if r["text_found"]), key=lambda r: (-r["text_score"], -r["id"]))]
+        text_rows = [
+            {"episode_id": r["id"]}
+            for r in sorted(
+                (r for r in rows if r["text_found"]), key=lambda r: (-r["text_score"], -r["id"])
+            )
+        ]
     return vector_rows, text_rows, scored, neighbours(rows)
 
 

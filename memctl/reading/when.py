@@ -19,8 +19,20 @@ import datetime
 import re
 from dataclasses import dataclass
 
-_MONTH_NAMES = ["january", "february", "march", "april", "may", "june", "july", "august", "september",
-                "october", "november", "december"]
+_MONTH_NAMES = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
 MONTHS = {name: i for i, name in enumerate(_MONTH_NAMES, 1)}
 MONTHS.update({name[:3]: i for name, i in list(MONTHS.items())})
 MONTHS["sept"] = 9
@@ -41,8 +53,11 @@ _PATTERNS = [
     (re.compile(r"\b" + _MONTH + r",?\s+(?:of\s+)?" + _YEAR + _END, re.I), "my"),
     (re.compile(r"\b(?:in|during|throughout|of)\s+" + _YEAR + _END, re.I), "y"),
 ]
-TELLING = {"day": datetime.timedelta(days=7), "month": datetime.timedelta(days=14),
-           "year": datetime.timedelta(days=14)}
+TELLING = {
+    "day": datetime.timedelta(days=7),
+    "month": datetime.timedelta(days=14),
+    "year": datetime.timedelta(days=14),
+}
 
 
 @dataclass(frozen=True)
@@ -51,7 +66,9 @@ class Period:
     end: datetime.datetime  # exclusive
     telling: datetime.timedelta  # how long after the end an episode may still tell of it
 
-    def closeness(self, when: datetime.datetime, last_seen: datetime.datetime | None = None) -> float:
+    def closeness(
+        self, when: datetime.datetime, last_seen: datetime.datetime | None = None
+    ) -> float:
         """1 inside the period, falling to 0 over `telling` after it; 0 before it. `last_seen`: the end of
         the span a repeated episode was seen in (its first's time to its latest repeat's), 1 when that span
         reaches into the period."""
@@ -65,7 +82,9 @@ class Period:
         return max(0.0, 1.0 - late)
 
 
-def _date(year: int, month: int, day: int | None) -> tuple[datetime.datetime, datetime.datetime] | None:
+def _date(
+    year: int, month: int, day: int | None
+) -> tuple[datetime.datetime, datetime.datetime] | None:
     if not 1 <= month <= 12:
         return None
     if day is None:
@@ -79,8 +98,11 @@ def _date(year: int, month: int, day: int | None) -> tuple[datetime.datetime, da
 
 
 # a span's first date, read back from its second: "between <first> and ", "from <first> to "
-_SPAN_OPEN = re.compile(r"\b(?:between|from)\s+((?:(?!\b(?:between|from)\b).){1,40}?),?\s+"
-                        r"(?:and|to|until|till|through|thru)\s+(?:the\s+)?$", re.I)
+_SPAN_OPEN = re.compile(
+    r"\b(?:between|from)\s+((?:(?!\b(?:between|from)\b).){1,40}?),?\s+"
+    r"(?:and|to|until|till|through|thru)\s+(?:the\s+)?$",
+    re.I,
+)
 # how far before a date its span's opening can start ("between ", 40 characters, ", through the "): reading
 # further back finds nothing more, and would cost a search over the whole text per date (26 s for 5,000 dates)
 _SPAN_REACH = 80
@@ -92,11 +114,15 @@ _FIRST = [  # what the first date may leave out, taken from the second: (pattern
     (re.compile(_YEAR), "y"),
 ]
 # a span of years needs no "in": "between 2021 and 2023"
-_YEARS = re.compile(r"\b(?:between|from)\s+" + _YEAR + r"\s+(?:and|to|until|till|through|thru)\s+" + _YEAR + _END,
-                    re.I)
+_YEARS = re.compile(
+    r"\b(?:between|from)\s+" + _YEAR + r"\s+(?:and|to|until|till|through|thru)\s+" + _YEAR + _END,
+    re.I,
+)
 
 
-def _span(shape: str, g: tuple) -> tuple[tuple[datetime.datetime, datetime.datetime] | None, str, tuple]:
+def _span(
+    shape: str, g: tuple
+) -> tuple[tuple[datetime.datetime, datetime.datetime] | None, str, tuple]:
     """A matched date's span, its unit and its (year, month, day) (month and day None where not named)."""
     if shape == "ymd":
         ymd: tuple[int, int, int | None] = int(g[0]), int(g[1]), int(g[2])
@@ -110,8 +136,14 @@ def _span(shape: str, g: tuple) -> tuple[tuple[datetime.datetime, datetime.datet
         ymd = int(g[1]), MONTHS[g[0].lower()], None
     else:
         year = int(g[0])
-        return ((datetime.datetime(year, 1, 1, tzinfo=datetime.timezone.utc),
-                 datetime.datetime(year + 1, 1, 1, tzinfo=datetime.timezone.utc)), "year", (year, None, None))
+        return (
+            (
+                datetime.datetime(year, 1, 1, tzinfo=datetime.timezone.utc),
+                datetime.datetime(year + 1, 1, 1, tzinfo=datetime.timezone.utc),
+            ),
+            "year",
+            (year, None, None),
+        )
     return _date(*ymd), "day" if ymd[2] is not None else "month", ymd
 
 
@@ -161,12 +193,15 @@ def period(text: str) -> Period | None:
 
 
 def _between(text: str) -> Period | None:
-    """"between <first> and <last>", "from <first> to <last>": from the first's start to the last's end."""
+    """ "between <first> and <last>", "from <first> to <last>": from the first's start to the last's end."""
     if m := _YEARS.search(text):
         first, last = int(m.group(1)), int(m.group(2))
         if first < last:
-            return Period(datetime.datetime(first, 1, 1, tzinfo=datetime.timezone.utc),
-                          datetime.datetime(last + 1, 1, 1, tzinfo=datetime.timezone.utc), TELLING["year"])
+            return Period(
+                datetime.datetime(first, 1, 1, tzinfo=datetime.timezone.utc),
+                datetime.datetime(last + 1, 1, 1, tzinfo=datetime.timezone.utc),
+                TELLING["year"],
+            )
     for pattern, shape in _PATTERNS:
         for m in pattern.finditer(text):
             opening = _SPAN_OPEN.search(text, max(0, m.start() - _SPAN_REACH), m.start())
@@ -176,7 +211,9 @@ def _between(text: str) -> Period | None:
             if span is None:
                 continue
             start, took_year = _first(opening.group(1), ymd)
-            if start is not None and start >= span[1] and took_year:  # "between December 30 and January 2 2023"
+            if (
+                start is not None and start >= span[1] and took_year
+            ):  # "between December 30 and January 2 2023"
                 start, _ = _first(opening.group(1), (ymd[0] - 1, *ymd[1:]))
             if start is not None and start < span[1]:
                 return Period(start, span[1], TELLING[unit])

@@ -25,9 +25,34 @@ DEFAULT_LINES = {
     "runbook": "- [runbook] {name}: {title}",
 }
 FIELDS = {
-    "fact": ("key", "value", "source", "sourced", "namespace", "version", "valid_from", "age", "score"),
-    "episode": ("id", "agent", "kind", "source", "sourced", "importance", "created_at", "age", "content", "score",
-                "repeats", "seen", "first_seen", "last_seen", "folded"),
+    "fact": (
+        "key",
+        "value",
+        "source",
+        "sourced",
+        "namespace",
+        "version",
+        "valid_from",
+        "age",
+        "score",
+    ),
+    "episode": (
+        "id",
+        "agent",
+        "kind",
+        "source",
+        "sourced",
+        "importance",
+        "created_at",
+        "age",
+        "content",
+        "score",
+        "repeats",
+        "seen",
+        "first_seen",
+        "last_seen",
+        "folded",
+    ),
     "window": ("count", "age", "agent", "kind", "source", "sourced"),
     "runbook": ("name", "title", "score"),
 }
@@ -45,7 +70,13 @@ class Item:
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "score": self.score, "tokens": self.tokens, "text": self.line, **self.data}
+        return {
+            "kind": self.kind,
+            "score": self.score,
+            "tokens": self.tokens,
+            "text": self.line,
+            **self.data,
+        }
 
 
 # ---------------------------------------------------------------------------
@@ -59,7 +90,9 @@ class Template:
     lines: dict[str, str]
 
     def line(self, kind: str, values: dict[str, Any]) -> str:
-        return " ".join(self.lines[kind].format(**values).split())  # one line per item, however the text ran
+        return " ".join(
+            self.lines[kind].format(**values).split()
+        )  # one line per item, however the text ran
 
 
 _ITEMS = "\x00items\x00"
@@ -71,7 +104,9 @@ def template(settings: Settings) -> Template:
     try:
         rendered = block.format(items=_ITEMS)
     except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(f"[recall] template: {exc!r} (the only field is {{items}}; write {{{{ for a brace)") from None
+        raise ConfigError(
+            f"[recall] template: {exc!r} (the only field is {{items}}; write {{{{ for a brace)"
+        ) from None
     if rendered.count(_ITEMS) != 1:
         raise ConfigError("[recall] template: must contain {items} exactly once")
     header, footer = rendered.split(_ITEMS)
@@ -81,7 +116,9 @@ def template(settings: Settings) -> Template:
         try:
             text.format(**{name: SAMPLE.get(name, "x") for name in FIELDS[kind]})
         except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError(f"[recall] {kind}_line: {exc!r}; fields: {', '.join(FIELDS[kind])}") from None
+            raise ConfigError(
+                f"[recall] {kind}_line: {exc!r}; fields: {', '.join(FIELDS[kind])}"
+            ) from None
         lines[kind] = text
     return Template(header, footer, lines)
 
@@ -93,7 +130,13 @@ def template(settings: Settings) -> Template:
 def age(then: datetime.datetime, now: datetime.datetime) -> str:
     """'just now', '1 minute ago', '3 days ago', '2 months ago', '4 years ago'."""
     seconds = (now - then).total_seconds()
-    for unit, size in (("year", 365 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour", 3600), ("minute", 60)):
+    for unit, size in (
+        ("year", 365 * 86400),
+        ("month", 30 * 86400),
+        ("day", 86400),
+        ("hour", 3600),
+        ("minute", 60),
+    ):
         if seconds >= size:
             n = int(seconds // size)
             return f"{n} {unit}{'' if n == 1 else 's'} ago"
@@ -104,9 +147,8 @@ def sourced(source: str | None) -> str:
     return f", source: {source}" if source else ""
 
 
-
 def folded(duplicates: list[int]) -> str:
-    """" (near-duplicates: #12, #15)" for a hit others were folded into, else ""."""
+    """ " (near-duplicates: #12, #15)" for a hit others were folded into, else ""."""
     return f" (near-duplicates: {', '.join(f'#{i}' for i in duplicates)})" if duplicates else ""
 
 
@@ -117,8 +159,17 @@ def window_lines(form: Template, entries: list, now: datetime.datetime) -> list[
 
 def window_header(form: Template, first, count: int, now: datetime.datetime) -> str:
     """A window's first line, from its first episode and how many it holds."""
-    return form.line("window", {"count": count, "age": age(first.created_at, now), "agent": first.agent,
-                                "kind": first.kind, "source": first.source, "sourced": sourced(first.source)})
+    return form.line(
+        "window",
+        {
+            "count": count,
+            "age": age(first.created_at, now),
+            "agent": first.agent,
+            "kind": first.kind,
+            "source": first.source,
+            "sourced": sourced(first.source),
+        },
+    )
 
 
 def entry_line(entry) -> str:

@@ -26,7 +26,8 @@ from memctl.recall.form import Item, Template, age, sourced, template
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a about above after again against all also am an and any are as at be because been before being below between
 both but by can could did do does doing down during each few for from further had has have having he her here
 hers herself him himself his how i if in into is it its itself just let me more most my myself no nor not now of
@@ -34,7 +35,8 @@ off on once only or other our ours ourselves out over own same she should so som
 theirs them themselves then there these they this those through to too under until up very was we were what
 when where which while who whom why will with would you your yours yourself yourselves get got please need
 needs want wants like make made use used using can't don't isn't it's i'm
-""".split())
+""".split()
+)
 
 
 @dataclass
@@ -44,13 +46,17 @@ class Request:
     # None: the namespaces the agent's MCP server reads (records.agents.namespaces_for: a registered
     # agent's own and its shared ones; 'default' for an unregistered agent or none)
     namespace: str | None = "default"
-    shared: tuple[str, ...] = ()  # namespaces whose facts are read too (an agent's MCP server: read-only ones)
+    shared: tuple[
+        str, ...
+    ] = ()  # namespaces whose facts are read too (an agent's MCP server: read-only ones)
     k: int = 5
     max_tokens: int | None = None  # None: [recall] max_tokens
     min_score: float | None = None  # None: [recall] min_score
     repo: str | None = None  # runbook directory; None: MEMCTL_RUNBOOKS / `runbooks` in the config
     track: bool = True  # count the episodes returned as accessed
-    as_of: datetime.datetime | None = None  # the memory the agent would have had at this time (never tracked)
+    as_of: datetime.datetime | None = (
+        None  # the memory the agent would have had at this time (never tracked)
+    )
 
 
 @dataclass
@@ -72,9 +78,14 @@ class Recall:
         return self.header + "\n".join(item.line for item in self.items) + self.footer
 
     def to_dict(self) -> dict[str, Any]:
-        return {"items": [item.to_dict() for item in self.items], "tokens": self.tokens,
-                "max_tokens": self.max_tokens, "left_out": self.left_out, "mode": self.mode,
-                "token_counter": self.token_counter}
+        return {
+            "items": [item.to_dict() for item in self.items],
+            "tokens": self.tokens,
+            "max_tokens": self.max_tokens,
+            "left_out": self.left_out,
+            "mode": self.mode,
+            "token_counter": self.token_counter,
+        }
 
 
 _WORD = re.compile(r"\w+")
@@ -120,17 +131,33 @@ def _verbatim(key: str, text: str) -> bool:
     return re.search(r"(?<![\w.])" + re.escape(key.lower()) + r"(?!\w)", text) is not None
 
 
-def match_facts(conn: Memory, observation: str, namespace: str, also: tuple[str, ...] = (),
-                as_of: datetime.datetime | None = None) -> list[dict]:
+def match_facts(
+    conn: Memory,
+    observation: str,
+    namespace: str,
+    also: tuple[str, ...] = (),
+    as_of: datetime.datetime | None = None,
+) -> list[dict]:
     """Facts of the namespace (and of the namespaces `also` names) sharing a word with the observation,
     best first, each with its `score`; the current ones, or with `as_of` those valid then."""
     from psycopg import sql
 
     from memctl.records import facts
 
-    params = {"text": observation, "namespaces": [namespace, *also], "from": SPLIT_CHARS[0],
-              "to": SPLIT_CHARS[1], "at": as_of, "key": None, "prefix": None}
-    known = sql.Identifier("facts") if as_of is None else sql.SQL("({})").format(sql.SQL(facts.VALID_AT))
+    params = {
+        "text": observation,
+        "namespaces": [namespace, *also],
+        "from": SPLIT_CHARS[0],
+        "to": SPLIT_CHARS[1],
+        "at": as_of,
+        "key": None,
+        "prefix": None,
+    }
+    known = (
+        sql.Identifier("facts")
+        if as_of is None
+        else sql.SQL("({})").format(sql.SQL(facts.VALID_AT))
+    )
     lowered = observation.lower()
     found = []
     for row in conn.execute(sql.SQL(FACT_MATCHES).format(facts=known), params, prepare=False):
@@ -142,11 +169,26 @@ def match_facts(conn: Memory, observation: str, namespace: str, also: tuple[str,
 
 def _fact_item(row: dict, form: Template, now: datetime.datetime) -> Item:
     value = " ".join(row["value"].split())
-    data = {"namespace": row["namespace"], "key": row["key"], "value": row["value"], "source": row["source"],
-            "version": row["version"], "updated_at": row["updated_at"], "valid_from": row["valid_from"]}
-    line = form.line("fact", {**data, "value": value, "sourced": sourced(row["source"]), "score": row["score"],
-                              "valid_from": row["valid_from"].isoformat(timespec="seconds"),
-                              "age": age(row["valid_from"], now)})
+    data = {
+        "namespace": row["namespace"],
+        "key": row["key"],
+        "value": row["value"],
+        "source": row["source"],
+        "version": row["version"],
+        "updated_at": row["updated_at"],
+        "valid_from": row["valid_from"],
+    }
+    line = form.line(
+        "fact",
+        {
+            **data,
+            "value": value,
+            "sourced": sourced(row["source"]),
+            "score": row["score"],
+            "valid_from": row["valid_from"].isoformat(timespec="seconds"),
+            "age": age(row["valid_from"], now),
+        },
+    )
     return Item("fact", row["score"], line, data=data)
 
 
@@ -167,12 +209,16 @@ def find_runbooks(settings: Settings, request: Request) -> tuple[list[dict], str
         found = runbooks.open_repository(request.repo, settings).find(" ".join(words))
     except MemctlError as exc:
         return [], f"runbooks left out: {exc}"
-    return [{**row, "points": row["score"], "score": _saturate(row["score"])} for row in found], None
+    return [
+        {**row, "points": row["score"], "score": _saturate(row["score"])} for row in found
+    ], None
 
 
 def _runbook_item(row: dict, form: Template) -> Item:
     data = {"name": row["name"], "title": row["title"]}
-    return Item("runbook", row["score"], form.line("runbook", {**data, "score": row["score"]}), data=data)
+    return Item(
+        "runbook", row["score"], form.line("runbook", {**data, "score": row["score"]}), data=data
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -206,7 +252,9 @@ def batch_request(item: Any, number: int, base: Request) -> Request:
     query.check_strings(item, ("observation", "agent", "namespace", "as_of"), bad, values.shown)
     for name, low, high in (("max_tokens", 1, 2**31 - 1), ("k", 1, MAX_K)):
         value = item.get(name)
-        if name in item and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+        if name in item and (
+            isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
+        ):
             raise bad(name, f"must be an integer from {low} to {high}, got {values.shown(value)}")
     as_of = base.as_of
     if "as_of" in item:
@@ -215,9 +263,15 @@ def batch_request(item: Any, number: int, base: Request) -> Request:
         except MemctlError as exc:
             raise bad("as_of", str(exc)) from None
     named = {"namespace": item["namespace"], "shared": ()} if "namespace" in item else {}
-    return replace(base, observation=item["observation"], agent=item.get("agent", base.agent),
-                   max_tokens=item.get("max_tokens", base.max_tokens), k=item.get("k", base.k),
-                   as_of=as_of, **named)
+    return replace(
+        base,
+        observation=item["observation"],
+        agent=item.get("agent", base.agent),
+        max_tokens=item.get("max_tokens", base.max_tokens),
+        k=item.get("k", base.k),
+        as_of=as_of,
+        **named,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -233,7 +287,9 @@ def check(request: Request, settings: Settings) -> tuple[int, float]:
         raise UsageError("the observation contains a NUL character")
     if not 1 <= request.k <= 100:
         raise UsageError(f"k must be between 1 and 100, got {request.k}")
-    max_tokens = request.max_tokens if request.max_tokens is not None else settings.recall.max_tokens
+    max_tokens = (
+        request.max_tokens if request.max_tokens is not None else settings.recall.max_tokens
+    )
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
     min_score = request.min_score if request.min_score is not None else settings.recall.min_score
@@ -261,10 +317,14 @@ def recall_batch(conn: Memory, requests: list[Request]) -> list[Recall]:
         for request, (max_tokens, min_score), episodes in zip(requests, limits, found):
             scans.begin()
             results.append(assemble(conn, request, max_tokens, min_score, form, rule, episodes))
-    tracked = [(i.data["agent"], episode_id) for request, result in zip(requests, results)
-               if request.track and request.as_of is None
-               for i in result.items if i.kind in ("episode", "window")
-               for episode_id in ([i.data["id"]] if i.kind == "episode" else i.data["ids"])]
+    tracked = [
+        (i.data["agent"], episode_id)
+        for request, result in zip(requests, results)
+        if request.track and request.as_of is None
+        for i in result.items
+        if i.kind in ("episode", "window")
+        for episode_id in ([i.data["id"]] if i.kind == "episode" else i.data["ids"])
+    ]
     if tracked:
         from memctl.records import access
 
@@ -289,16 +349,28 @@ def scoped(conn: Memory, requests: list[Request]) -> list[Request]:
     return out
 
 
-def assemble(conn: Memory, request: Request, max_tokens: int, min_score: float, form: Template,
-              rule: window.Rule, found: recall_episodes.Episodes) -> Recall:
+def assemble(
+    conn: Memory,
+    request: Request,
+    max_tokens: int,
+    min_score: float,
+    form: Template,
+    rule: window.Rule,
+    found: recall_episodes.Episodes,
+) -> Recall:
     settings = conn.settings
     now = request.as_of or datetime.datetime.now(datetime.timezone.utc)
     assert request.namespace is not None  # recall() asked the agents' registry for it
-    fact_rows = match_facts(conn, request.observation, request.namespace, tuple(request.shared), request.as_of)
+    fact_rows = match_facts(
+        conn, request.observation, request.namespace, tuple(request.shared), request.as_of
+    )
     outcome = found.outcome
     hits = [h for h in outcome.hits if recall_episodes.related(h, found.max_distance)]
-    kept = [(h, d) for h, d in recall_episodes.collapse(hits, float(settings.recall.dedupe))
-            if h.score >= min_score][: request.k]
+    kept = [
+        (h, d)
+        for h, d in recall_episodes.collapse(hits, float(settings.recall.dedupe))
+        if h.score >= min_score
+    ][: request.k]
     books, book_warning = find_runbooks(settings, request)
     facts = [_fact_item(r, form, now) for r in fact_rows if r["score"] >= min_score][: request.k]
     runbooks = [_runbook_item(r, form) for r in books if r["score"] >= min_score][: request.k]
@@ -316,13 +388,26 @@ def assemble(conn: Memory, request: Request, max_tokens: int, min_score: float, 
             more, used = fit(runbooks, form, found.count, max_tokens, used)
             chosen += more
     shown = sum(len(i.data.get("matches", [0])) for i in chosen)
-    return Recall(chosen, form.header, form.footer, used if chosen else 0, max_tokens, outcome.mode, found.counter,
-                  left_out=len(facts) + len(entries) + len(runbooks) - shown,
-                  warnings=[w for w in (outcome.warning, book_warning) if w])
+    return Recall(
+        chosen,
+        form.header,
+        form.footer,
+        used if chosen else 0,
+        max_tokens,
+        outcome.mode,
+        found.counter,
+        left_out=len(facts) + len(entries) + len(runbooks) - shown,
+        warnings=[w for w in (outcome.warning, book_warning) if w],
+    )
 
 
-def fit(candidates: list[Item], form: Template, count: Callable[[str], int],
-        max_tokens: int, used: int | None = None) -> tuple[list[Item], int]:
+def fit(
+    candidates: list[Item],
+    form: Template,
+    count: Callable[[str], int],
+    max_tokens: int,
+    used: int | None = None,
+) -> tuple[list[Item], int]:
     """The leading items whose lines, with the header and footer, fit max_tokens; and the tokens used then.
 
     `used`: what the block already holds (None: nothing yet, the header and footer are counted now).

@@ -19,8 +19,16 @@ from memctl.embedding import models
 from memctl.errors import EmbedInputRejected
 from memctl.reading import search
 from memctl.recall import window
-from memctl.recall.form import (Item, Template, age, entry_line, folded, sourced, window_header,
-                                 window_lines)
+from memctl.recall.form import (
+    Item,
+    Template,
+    age,
+    entry_line,
+    folded,
+    sourced,
+    window_header,
+    window_lines,
+)
 from memctl.reading.fusion import Hit
 from memctl.reading.query import Query
 
@@ -32,7 +40,9 @@ if TYPE_CHECKING:
 # for all-minilm (measured), near 0.5-0.6 for nomic-embed-text.
 MAX_DISTANCE = {"all-minilm": 0.7, "nomic-embed-text": 0.45}
 FALLBACK_MAX_DISTANCE = 0.6
-CLIPPED_QUERY_CHARS = 1000  # an observation the embedder rejects as too long is embedded from its start
+CLIPPED_QUERY_CHARS = (
+    1000  # an observation the embedder rejects as too long is embedded from its start
+)
 
 
 def max_distance(settings: Settings, model: models.Model | None) -> float:
@@ -43,7 +53,9 @@ def max_distance(settings: Settings, model: models.Model | None) -> float:
     return MAX_DISTANCE.get(name, FALLBACK_MAX_DISTANCE)
 
 
-def _query_vector(settings: Settings, model: models.Model, embedder, text: str, rejected: bool = False):
+def _query_vector(
+    settings: Settings, model: models.Model, embedder, text: str, rejected: bool = False
+):
     """(vector or None, warning); an observation too long for the model is embedded from its start
     (`rejected`: the whole one was refused already)."""
     try:
@@ -52,7 +64,9 @@ def _query_vector(settings: Settings, model: models.Model, embedder, text: str, 
         vectors, warning = search.embed_queries(settings, model, [text], embedder)
     except EmbedInputRejected:
         try:
-            vectors, warning = search.embed_queries(settings, model, [text[:CLIPPED_QUERY_CHARS]], embedder)
+            vectors, warning = search.embed_queries(
+                settings, model, [text[:CLIPPED_QUERY_CHARS]], embedder
+            )
         except EmbedInputRejected as exc:
             return None, f"observation too long to embed, text search only: {exc}"
     return (vectors[0] if vectors else None), warning
@@ -64,7 +78,9 @@ def _query_vectors(settings: Settings, model: models.Model, embedder, texts: lis
         found = search.embed_query_texts(settings, model, texts, embedder)
         return found.vectors, found.warning
     except EmbedInputRejected:
-        pairs = [_query_vector(settings, model, embedder, t, rejected=len(texts) == 1) for t in texts]
+        pairs = [
+            _query_vector(settings, model, embedder, t, rejected=len(texts) == 1) for t in texts
+        ]
         return [v for v, _ in pairs], "; ".join(dict.fromkeys(w for _, w in pairs if w)) or None
 
 
@@ -88,11 +104,20 @@ def find_episodes(conn: Memory, requests: list) -> list[Episodes]:
     elif requests:
         mismatch = search.configured_warning(settings, model)
         embedder = search.query_embedder(settings, model)
-        vectors, warning = _query_vectors(settings, model, embedder, [r.observation for r in requests])
+        vectors, warning = _query_vectors(
+            settings, model, embedder, [r.observation for r in requests]
+        )
         warning = "; ".join(w for w in (mismatch, warning) if w) or None
-    queries = [Query(r.observation, k=min(1000, r.k * 3), agent=r.agent, mode="hybrid" if v is not None else "text",
-                     until=None if r.as_of is None else r.as_of.isoformat())  # created before it (exclusive)
-               for r, v in zip(requests, vectors)]
+    queries = [
+        Query(
+            r.observation,
+            k=min(1000, r.k * 3),
+            agent=r.agent,
+            mode="hybrid" if v is not None else "text",
+            until=None if r.as_of is None else r.as_of.isoformat(),
+        )  # created before it (exclusive)
+        for r, v in zip(requests, vectors)
+    ]
     outcomes = search.search_batch(conn, queries, vectors=vectors) if queries else []
     found = []
     for outcome, vector in zip(outcomes, vectors):
@@ -101,7 +126,9 @@ def find_episodes(conn: Memory, requests: list) -> list[Episodes]:
         if embedder is not None and embedder.name == "local" and vector is not None:
             found.append(Episodes(outcome, limit, embedder.count_tokens, "all-minilm tokenizer"))
         else:
-            found.append(Episodes(outcome, limit, estimate_tokens, "estimate: ceil(characters / 4)"))
+            found.append(
+                Episodes(outcome, limit, estimate_tokens, "estimate: ceil(characters / 4)")
+            )
     return found
 
 
@@ -133,12 +160,18 @@ def collapse(hits: list[Hit], threshold: float) -> list[tuple[Hit, list[int]]]:
     order = {w: i for i, w in enumerate(sorted(frequency, key=lambda w: (frequency[w], w)))}
     kept: list[tuple[Hit, list[int], set[str]]] = []
     by_text: dict[str, int] = {}
-    by_word: dict[str, list[tuple[int, int]]] = {}  # a prefix word -> (kept set, its position there)
+    by_word: dict[
+        str, list[tuple[int, int]]
+    ] = {}  # a prefix word -> (kept set, its position there)
     sizes: list[int] = []
     for hit, normal, words in zip(ranked, normals, sets):
         prefix = _prefix(words, threshold, order)
-        match = by_text.get(normal)  # the first kept one that is close wins, as it would walking them all
-        for index in _candidates(words, prefix, threshold, by_word, sizes, len(kept) if match is None else match):
+        match = by_text.get(
+            normal
+        )  # the first kept one that is close wins, as it would walking them all
+        for index in _candidates(
+            words, prefix, threshold, by_word, sizes, len(kept) if match is None else match
+        ):
             if match is not None and index >= match:
                 break
             if _close(words, kept[index][2], threshold):
@@ -165,8 +198,14 @@ def _prefix(words: set[str], threshold: float, order: dict[str, int]) -> list[st
     return sorted(words, key=order.__getitem__)[:length]
 
 
-def _candidates(words: set[str], prefix: list[str], threshold: float, by_word: dict[str, list[tuple[int, int]]],
-                sizes: list[int], count: int) -> list[int]:
+def _candidates(
+    words: set[str],
+    prefix: list[str],
+    threshold: float,
+    by_word: dict[str, list[tuple[int, int]]],
+    sizes: list[int],
+    count: int,
+) -> list[int]:
     """Kept sets that may lie within threshold of `words`, best first.
 
     A kept set sharing prefix words with `words` is dropped once the words it still could share (positional
@@ -178,14 +217,18 @@ def _candidates(words: set[str], prefix: list[str], threshold: float, by_word: d
     if not words:
         return []  # only the same (empty) text is
     size, need = len(words), threshold / (1 + threshold)
-    overlap: dict[int, int] = {}  # kept set -> prefix words shared so far; -1 once it cannot be close
+    overlap: dict[
+        int, int
+    ] = {}  # kept set -> prefix words shared so far; -1 once it cannot be close
     for position, word in enumerate(prefix):
         for index, at in by_word.get(word, ()):
             seen = overlap.get(index, 0)
             if seen < 0:
                 continue
             other = sizes[index]
-            bound = seen + min(size - position, other - at)  # 1 for this word, then what follows it in both
+            bound = seen + min(
+                size - position, other - at
+            )  # 1 for this word, then what follows it in both
             overlap[index] = seen + 1 if bound >= need * (size + other) - 1e-9 else -1
     return sorted(i for i, seen in overlap.items() if seen > 0)
 
@@ -211,28 +254,52 @@ def sightings(conn: Memory, hit: Hit, as_of: datetime.datetime | None) -> Sighti
     """(repeats, first seen, last seen) of a hit; with as_of, of the sightings before it only."""
     if not hit.repeats:
         return 0, hit.created_at, hit.created_at
-    assert hit.first_seen is not None and hit.last_seen is not None  # a first standing for repeats: its span
+    assert (
+        hit.first_seen is not None and hit.last_seen is not None
+    )  # a first standing for repeats: its span
     if as_of is None or hit.last_seen < as_of:
         return hit.repeats, hit.first_seen, hit.last_seen
     from memctl.records import episodes
 
-    seen = [r["created_at"] for r in episodes.repeats_of(conn, hit.agent, hit.id, limit=hit.repeats + 1)
-            if r["created_at"] < as_of]
+    seen = [
+        r["created_at"]
+        for r in episodes.repeats_of(conn, hit.agent, hit.id, limit=hit.repeats + 1)
+        if r["created_at"] < as_of
+    ]
     return max(0, len(seen) - 1), hit.created_at, max(seen, default=hit.created_at)
 
 
-def entry(conn: Memory, hit: Hit, duplicates: list[int], as_of: datetime.datetime | None) -> window.Entry:
+def entry(
+    conn: Memory, hit: Hit, duplicates: list[int], as_of: datetime.datetime | None
+) -> window.Entry:
     """A hit as the first entry of its window, with what its line shows (repeats, folded near-duplicates)."""
-    return window.Entry(hit.id, hit.agent, hit.kind, hit.source, hit.importance, hit.created_at, hit.content,
-                        match=True, score=hit.score,
-                        extra={"duplicates": duplicates, "seen": sightings(conn, hit, as_of)})
+    return window.Entry(
+        hit.id,
+        hit.agent,
+        hit.kind,
+        hit.source,
+        hit.importance,
+        hit.created_at,
+        hit.content,
+        match=True,
+        score=hit.score,
+        extra={"duplicates": duplicates, "seen": sightings(conn, hit, as_of)},
+    )
 
 
 def _hit_data(e: window.Entry, now: datetime.datetime) -> dict:
     repeats, first, last = e.extra["seen"]
-    data = {"id": e.id, "agent": e.agent, "episode_kind": e.kind, "source": e.source,
-            "importance": e.importance, "created_at": e.created_at, "age": age(e.created_at, now),
-            "content": e.content, "duplicates": e.extra["duplicates"]}
+    data = {
+        "id": e.id,
+        "agent": e.agent,
+        "episode_kind": e.kind,
+        "source": e.source,
+        "importance": e.importance,
+        "created_at": e.created_at,
+        "age": age(e.created_at, now),
+        "content": e.content,
+        "duplicates": e.extra["duplicates"],
+    }
     if repeats:
         data.update(repeats=repeats, first_seen=first, last_seen=last)
     return data
@@ -242,12 +309,25 @@ def episode_item(e: window.Entry, form: Template, now: datetime.datetime) -> Ite
     """A hit alone: its episode line."""
     repeats, first, last = e.extra["seen"]
     data = _hit_data(e, now)
-    values = {"id": e.id, "agent": e.agent, "kind": e.kind, "source": e.source,
-              "sourced": sourced(e.source), "importance": e.importance,
-              "created_at": e.created_at.isoformat(timespec="seconds"), "age": data["age"],
-              "content": e.content, "score": e.score, "repeats": repeats, "first_seen": age(first, now),
-              "last_seen": age(last, now), "folded": folded(e.extra["duplicates"]),
-              "seen": f" (seen {repeats + 1} times, first {age(first, now)}, last {age(last, now)})" if repeats else ""}
+    values = {
+        "id": e.id,
+        "agent": e.agent,
+        "kind": e.kind,
+        "source": e.source,
+        "sourced": sourced(e.source),
+        "importance": e.importance,
+        "created_at": e.created_at.isoformat(timespec="seconds"),
+        "age": data["age"],
+        "content": e.content,
+        "score": e.score,
+        "repeats": repeats,
+        "first_seen": age(first, now),
+        "last_seen": age(last, now),
+        "folded": folded(e.extra["duplicates"]),
+        "seen": f" (seen {repeats + 1} times, first {age(first, now)}, last {age(last, now)})"
+        if repeats
+        else "",
+    }
     assert e.score is not None  # a hit's
     return Item("episode", e.score, form.line("episode", values), data=data)
 
@@ -262,11 +342,26 @@ def window_item(block: window.Block, form: Template, now: datetime.datetime) -> 
         if e.match:
             episodes.append({**_hit_data(e, now), "match": True, "score": e.score})
         else:
-            episodes.append({"id": e.id, "agent": e.agent, "episode_kind": e.kind, "source": e.source,
-                             "importance": e.importance, "created_at": e.created_at,
-                             "age": age(e.created_at, now), "content": e.content, "match": False})
-    data = {"agent": first.agent, "source": first.source, "ids": [e.id for e in block.entries],
-            "matches": [e.id for e in block.matches], "episodes": episodes}
+            episodes.append(
+                {
+                    "id": e.id,
+                    "agent": e.agent,
+                    "episode_kind": e.kind,
+                    "source": e.source,
+                    "importance": e.importance,
+                    "created_at": e.created_at,
+                    "age": age(e.created_at, now),
+                    "content": e.content,
+                    "match": False,
+                }
+            )
+    data = {
+        "agent": first.agent,
+        "source": first.source,
+        "ids": [e.id for e in block.entries],
+        "matches": [e.id for e in block.matches],
+        "episodes": episodes,
+    }
     score = max(e.score for e in block.matches if e.score is not None)  # the hits': each has one
     return Item("window", score, "\n".join(window_lines(form, block.entries, now)), data=data)
 
@@ -286,7 +381,9 @@ class Spend:
     def cost(self, block: window.Block) -> int:
         """Its tokens: a hit alone its episode line's; a window its header's and each line's (each counted once)."""
         if len(block.entries) == 1:
-            return self._line(block.entries[0], lambda e: episode_item(e, self.form, self.now).line, alone=True)
+            return self._line(
+                block.entries[0], lambda e: episode_item(e, self.form, self.now).line, alone=True
+            )
         first = block.first
         header = window_header(self.form, first, len(block.entries), self.now)
         cost = self._lines.get(header)
@@ -304,8 +401,9 @@ class Spend:
             self._costs[key] = self.count(render(e) + "\n")
         return self._costs[key]
 
-    def run(self, hits: list[window.Entry], found: window.Windows, rule: window.Rule,
-            room: int) -> tuple[list[window.Block], int, bool]:
+    def run(
+        self, hits: list[window.Entry], found: window.Windows, rule: window.Rule, room: int
+    ) -> tuple[list[window.Block], int, bool]:
         """(blocks, tokens used, whether every hit fitted)."""
         linked = window.links(hits, found)
         if rule.group:

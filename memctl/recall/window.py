@@ -66,9 +66,13 @@ class Rule:
 def rule(settings, before: int | None = None, after: int | None = None) -> Rule:
     """The [recall] window settings (before/after given here win: `episode search --context N`)."""
     conf = settings.recall
-    return Rule(before=int(conf.window_before if before is None else before),
-                after=int(conf.window_after if after is None else after),
-                gap=float(parse_duration(conf.window_gap)), stride=float(conf.window_stride), group=bool(conf.group))
+    return Rule(
+        before=int(conf.window_before if before is None else before),
+        after=int(conf.window_after if after is None else after),
+        gap=float(parse_duration(conf.window_gap)),
+        stride=float(conf.window_stride),
+        group=bool(conf.group),
+    )
 
 
 @dataclass
@@ -98,7 +102,9 @@ class Entry:
 Windows = dict[tuple[str, int], tuple[list[Entry], list[Entry]]]
 
 
-def windows(conn: Memory, hits: list[Entry], rule_: Rule, until: datetime.datetime | None = None) -> Windows:
+def windows(
+    conn: Memory, hits: list[Entry], rule_: Rule, until: datetime.datetime | None = None
+) -> Windows:
     """Each hit's neighbours by the rule, one statement per agent among the hits."""
     found: Windows = {h.key: ([], []) for h in hits}
     if rule_.off or not hits:
@@ -108,13 +114,20 @@ def windows(conn: Memory, hits: list[Entry], rule_: Rule, until: datetime.dateti
         by_agent.setdefault(h.agent, []).append(h)
     scan = SCAN * max(rule_.before, rule_.after) + SCAN
     for agent, mine in by_agent.items():
-        params = {"ids": [h.id for h in mine], "agent": agent, "until": until or FAR_FUTURE, "scan": scan}
+        params = {
+            "ids": [h.id for h in mine],
+            "agent": agent,
+            "until": until or FAR_FUTURE,
+            "scan": scan,
+        }
         rows: dict[tuple[int, int], list[dict]] = {}
         for row in conn.execute(NEIGHBOURS, params):
             rows.setdefault((row["hit"], row["side"]), []).append(row)
         for h in mine:
-            found[h.key] = (_walk(h, rows.get((h.id, -1), []), rule_.before, rule_.gap),
-                            _walk(h, rows.get((h.id, 1), []), rule_.after, rule_.gap))
+            found[h.key] = (
+                _walk(h, rows.get((h.id, -1), []), rule_.before, rule_.gap),
+                _walk(h, rows.get((h.id, 1), []), rule_.after, rule_.gap),
+            )
     return found
 
 
@@ -129,8 +142,17 @@ def _walk(hit: Entry, rows: list[dict], wanted: int, gap: float) -> list[Entry]:
             continue
         if abs((row["created_at"] - last).total_seconds()) > gap:
             break
-        kept.append(Entry(row["id"], row["agent"], row["kind"], row["source"], row["importance"],
-                          row["created_at"], row["content"]))
+        kept.append(
+            Entry(
+                row["id"],
+                row["agent"],
+                row["kind"],
+                row["source"],
+                row["importance"],
+                row["created_at"],
+                row["content"],
+            )
+        )
         last = row["created_at"]
     return kept
 
@@ -169,8 +191,11 @@ def links(hits: list[Entry], found: Windows) -> dict[tuple[str, int], set[tuple[
     return linked
 
 
-def grouped(hits: list[Entry], linked: dict[tuple[str, int], set[tuple[str, int]]],
-            heading: Callable[[Entry], tuple | None]) -> dict[tuple[str, int], set[tuple[str, int]]]:
+def grouped(
+    hits: list[Entry],
+    linked: dict[tuple[str, int], set[tuple[str, int]]],
+    heading: Callable[[Entry], tuple | None],
+) -> dict[tuple[str, int], set[tuple[str, int]]]:
     """`linked` with each hit also linked to the best hit of the same heading (None: never grouped), so
     the hits one heading would say the same of join one block under it: the heading said once, not a line."""
     first: dict[tuple, Entry] = {}
@@ -205,7 +230,9 @@ class Block:
 class Blocks:
     """The chosen entries, grouped into blocks as they are added (windows that meet merge)."""
 
-    def __init__(self, linked: dict[tuple[str, int], set[tuple[str, int]]], cost: Callable[[Block], int]):
+    def __init__(
+        self, linked: dict[tuple[str, int], set[tuple[str, int]]], cost: Callable[[Block], int]
+    ):
         self.linked, self.cost = linked, cost
         self.block_of: dict[tuple[str, int], Block] = {}
         self.blocks: list[Block] = []
@@ -220,7 +247,10 @@ class Blocks:
             block = self.block_of.get(key)
             if block is not None and not any(block is j for j in joined):
                 joined.append(block)
-        entries = [entry, *(e for b in joined for e in b.entries)]  # in time order when added (Blocks.add)
+        entries = [
+            entry,
+            *(e for b in joined for e in b.entries),
+        ]  # in time order when added (Blocks.add)
         new = Block(entries, min([rank, *(b.rank for b in joined)]))
         if not joined and not entry.match:
             return new, joined, 0  # a neighbour cut off from its hit: never added (Spend)
@@ -236,14 +266,29 @@ class Blocks:
         return sorted(self.blocks, key=lambda b: b.rank)
 
 
-def around(conn: Memory, hits: list, width: int, until: datetime.datetime | None = None) -> list[dict]:
+def around(
+    conn: Memory, hits: list, width: int, until: datetime.datetime | None = None
+) -> list[dict]:
     """`episode search --context N`: the hits (fusion.Hit) with `width` neighbours each side by the window
     rule ([recall] window_gap), as rows in blocks (windows that meet merged), each block in time order;
     `block` numbers them from 1 in the order of their best hit, `match` marks the hits (a neighbour's
     score and ranks are None)."""
     settings = conn.settings
-    entries = [Entry(h.id, h.agent, h.kind, h.source, h.importance, h.created_at, h.content, match=True,
-                     score=h.score, extra={"hit": h}) for h in hits]
+    entries = [
+        Entry(
+            h.id,
+            h.agent,
+            h.kind,
+            h.source,
+            h.importance,
+            h.created_at,
+            h.content,
+            match=True,
+            score=h.score,
+            extra={"hit": h},
+        )
+        for h in hits
+    ]
     width = max(0, min(int(width), MAX_SIDE))
     found = windows(conn, entries, rule(settings, before=width, after=width), until)
     blocks = Blocks(links(entries, found), lambda block: 0)
@@ -258,14 +303,22 @@ def around(conn: Memory, hits: list, width: int, until: datetime.datetime | None
                 row = e.extra["hit"].to_dict()
             else:
                 row = {key: None for key in (entries[0].extra["hit"].to_dict() if entries else {})}
-                row.update(id=e.id, agent=e.agent, kind=e.kind, source=e.source, importance=e.importance,
-                           created_at=e.created_at, content=e.content)
+                row.update(
+                    id=e.id,
+                    agent=e.agent,
+                    kind=e.kind,
+                    source=e.source,
+                    importance=e.importance,
+                    created_at=e.created_at,
+                    content=e.content,
+                )
             rows.append({**row, "match": e.match, "block": number})
     return rows
 
 
-def episode_search(conn: Memory, query, *, track: bool = True, context: int = 0,
-                   every: bool = False) -> tuple[Any, list[dict]]:
+def episode_search(
+    conn: Memory, query, *, track: bool = True, context: int = 0, every: bool = False
+) -> tuple[Any, list[dict]]:
     """`memctl episode search`: the search's outcome (memctl.reading.search.Outcome) and the rows
     it prints: each hit, with every repeat of it after it (`every`: search.with_repeats), or with
     `context` neighbours a side in blocks (around); UsageError for both."""

@@ -68,8 +68,9 @@ class _Route:
             self.note(message)
 
 
-def route_to_primary(read_conn: Memory, open_primary: Callable[[], Any], *,
-                     note: Callable[[str], None] | None = None) -> None:
+def route_to_primary(
+    read_conn: Memory, open_primary: Callable[[], Any], *, note: Callable[[str], None] | None = None
+) -> None:
     """Write the accesses recorded on `read_conn` (a replica) through `open_primary()` instead.
 
     `open_primary` runs at most once, at the first record() with something to write; `note`
@@ -103,7 +104,9 @@ def record(conn: Memory, episodes: Iterable[tuple[str, int]]) -> int:
     except psycopg.OperationalError as exc:
         if route is None:
             raise
-        route.report(f"access counts not recorded on the primary: {str(exc).strip().splitlines()[0]}")
+        route.report(
+            f"access counts not recorded on the primary: {str(exc).strip().splitlines()[0]}"
+        )
         return 0
 
 
@@ -111,7 +114,9 @@ def last_accessed(conn: Memory, episode_ids: list[int]) -> dict[int, datetime.da
     """Episode id -> when it was last returned, for the ids that ever were."""
     if not episode_ids:
         return {}
-    return {row["episode_id"]: row["at"] for row in conn.execute(LAST_ACCESSED, (list(episode_ids),))}
+    return {
+        row["episode_id"]: row["at"] for row in conn.execute(LAST_ACCESSED, (list(episode_ids),))
+    }
 
 
 def stats(conn: Memory, episode_ids: list[int]) -> list[dict]:

@@ -53,25 +53,42 @@ class Agent:
     login_at: datetime.datetime | None = None
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "role": self.role, "namespace": self.namespace, "shared": list(self.shared),
-                "read_only": self.read_only, "created_at": self.created_at, "token": self.token_issued_at is not None,
-                "token_issued_at": self.token_issued_at, "login": self.login_at is not None, "login_at": self.login_at}
+        return {
+            "name": self.name,
+            "role": self.role,
+            "namespace": self.namespace,
+            "shared": list(self.shared),
+            "read_only": self.read_only,
+            "created_at": self.created_at,
+            "token": self.token_issued_at is not None,
+            "token_issued_at": self.token_issued_at,
+            "login": self.login_at is not None,
+            "login_at": self.login_at,
+        }
 
 
-COLUMNS = ("name, role_name AS role, writes_namespace AS namespace, reads_namespaces AS shared, read_only, created_at, "
-           "token_issued_at, login_at")
+COLUMNS = (
+    "name, role_name AS role, writes_namespace AS namespace, reads_namespaces AS shared, read_only, created_at, "
+    "token_issued_at, login_at"
+)
 ALL = f"SELECT {COLUMNS} FROM agents ORDER BY name"
 ONE = f"SELECT {COLUMNS} FROM agents WHERE name = %s"
 BY_TOKEN = f"SELECT {COLUMNS} FROM agents WHERE token_sha256 = %s"
 INSERT = """
 INSERT INTO agents (name, role_name, writes_namespace, reads_namespaces, read_only) VALUES (%s, %s, %s, %s, %s)
 """
-SET_TOKEN = "UPDATE agents SET token_sha256 = %s, token_issued_at = now() WHERE name = %s RETURNING name"
+SET_TOKEN = (
+    "UPDATE agents SET token_sha256 = %s, token_issued_at = now() WHERE name = %s RETURNING name"
+)
 SET_LOGIN = "UPDATE agents SET login_at = now() WHERE name = %s"
 DELETE = "DELETE FROM agents WHERE name = %s RETURNING role_name"
 ROLE_EXISTS = "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) AS yes"
-CAN_CREATE_ROLES = "SELECT rolcreaterole OR rolsuper AS yes FROM pg_roles WHERE rolname = current_user"
+CAN_CREATE_ROLES = (
+    "SELECT rolcreaterole OR rolsuper AS yes FROM pg_roles WHERE rolname = current_user"
+)
 IS_CITUS = "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') AS yes"
+
+
 def role_name_for(name: str) -> str:
     """memctl_agent_NAME for a name of lowercase letters, digits and _ that fits in 63 bytes; otherwise
     memctl_agent_ + those characters of it (at most 40) + _ + the first 8 hex digits of its sha256."""
@@ -99,8 +116,10 @@ def _yes(conn: Memory, query: str, params=()) -> bool:
 
 def refuse_citus(conn: Memory) -> None:
     if _yes(conn, IS_CITUS):
-        raise AgentsUnsupported("agents are not offered on Citus: row-level security is not set up on distributed "
-                                "tables (docs/agents.md); `memctl mcp --agent` keeps its SQL scope there")
+        raise AgentsUnsupported(
+            "agents are not offered on Citus: row-level security is not set up on distributed "
+            "tables (docs/agents.md); `memctl mcp --agent` keeps its SQL scope there"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -112,10 +131,14 @@ def print_sql(conn: Memory, name: str, *, read_only: bool = False) -> str:
     `memctl agent add` as the owner registers the agent on the roles they made."""
     name = _checked(name, "NAME")
     owner = conn.one("SELECT current_user AS me")["me"]
-    head = (f"-- agent {name!r}: run as a superuser, or a role with CREATEROLE (on PostgreSQL 16+ one that made\n"
-            f"-- {READERS} and {WRITERS}, or holds them WITH ADMIN OPTION); then, as {owner}:\n"
-            f"--   memctl agent add {name} [--namespace NS] [--shared-namespace NS]...\n")
-    return head + "".join(s.as_string(conn) + ";\n" for s in wall.statements_for(conn, role_name_for(name), read_only))
+    head = (
+        f"-- agent {name!r}: run as a superuser, or a role with CREATEROLE (on PostgreSQL 16+ one that made\n"
+        f"-- {READERS} and {WRITERS}, or holds them WITH ADMIN OPTION); then, as {owner}:\n"
+        f"--   memctl agent add {name} [--namespace NS] [--shared-namespace NS]...\n"
+    )
+    return head + "".join(
+        s.as_string(conn) + ";\n" for s in wall.statements_for(conn, role_name_for(name), read_only)
+    )
 
 
 def grant(conn: Memory) -> None:
@@ -137,15 +160,25 @@ def _checked(name: str, what: str) -> str:
     return values.name(name, what)
 
 
-def add(conn: Memory, name: str, *, namespace: str | None = None, shared: list[str] | None = None,
-        read_only: bool = False) -> Agent:
+def add(
+    conn: Memory,
+    name: str,
+    *,
+    namespace: str | None = None,
+    shared: list[str] | None = None,
+    read_only: bool = False,
+) -> Agent:
     """Register an agent: its role (made unless a DBA made it), grants, and its row. No token yet."""
     name = _checked(name, "NAME")
     namespace = _checked(namespace, "--namespace") if namespace is not None else name
-    reads = list(dict.fromkeys(_checked(ns, "--shared-namespace") for ns in shared or () if ns != namespace))
+    reads = list(
+        dict.fromkeys(_checked(ns, "--shared-namespace") for ns in shared or () if ns != namespace)
+    )
     refuse_citus(conn)
     if show(conn, name, missing_ok=True) is not None:
-        raise UsageError(f"agent {name!r} is registered already: `memctl agent revoke {name}` first to change it")
+        raise UsageError(
+            f"agent {name!r} is registered already: `memctl agent revoke {name}` first to change it"
+        )
     role = role_name_for(name)
     with conn.transaction():
         wall.make_roles(conn, name, role, read_only)
@@ -174,7 +207,11 @@ def namespaces_for(conn: Memory, agent: str | None) -> tuple[str, tuple[str, ...
     """The facts' namespaces a registered agent's MCP server reads (its own, then shared ones); 'default' for an
     unregistered agent or none (the operator's commands' default, as before agents were registered)."""
     found = show(conn, agent, missing_ok=True) if agent is not None else None
-    return (found.namespace, tuple(found.shared)) if found is not None else (values.DEFAULT_NAMESPACE, ())
+    return (
+        (found.namespace, tuple(found.shared))
+        if found is not None
+        else (values.DEFAULT_NAMESPACE, ())
+    )
 
 
 def issue_token(conn: Memory, name: str) -> str:
@@ -215,9 +252,14 @@ def login(conn: Memory, name: str, settings) -> str:
     agent = show(conn, name)
     password = secrets.token_urlsafe(24)
     ms = lambda duration: min(int(parse_duration(duration) * 1000), 2**31 - 1)  # noqa: E731  (PostgreSQL: int ms)
-    wall.login(conn, agent.role, scram_verifier(password), connections=settings.agents.login_connections,
-               statement_timeout=ms(settings.agents.login_statement_timeout),
-               idle_timeout=ms(settings.agents.login_idle_timeout))
+    wall.login(
+        conn,
+        agent.role,
+        scram_verifier(password),
+        connections=settings.agents.login_connections,
+        statement_timeout=ms(settings.agents.login_statement_timeout),
+        idle_timeout=ms(settings.agents.login_idle_timeout),
+    )
     conn.execute(SET_LOGIN, (name,))
     given = conninfo_to_dict(conn.info.dsn)
     host, port, dbname = conn.info.host, conn.info.port, conn.info.dbname
@@ -225,7 +267,10 @@ def login(conn: Memory, name: str, settings) -> str:
     if host.startswith("/"):  # a Unix socket's directory
         where, query = f"/{quote(dbname)}", {"host": host, "port": port}
     else:
-        where, query = f"{quote(host) if ':' not in host else '[' + host + ']'}:{port}/{quote(dbname)}", {}
+        where, query = (
+            f"{quote(host) if ':' not in host else '[' + host + ']'}:{port}/{quote(dbname)}",
+            {},
+        )
     if given.get("sslmode"):
         query["sslmode"] = given["sslmode"]
     tail = ("?" + urllib.parse.urlencode(query)) if query else ""

@@ -37,12 +37,23 @@ def add(conn: Memory, content: Any, **fields: Any) -> int | None:
 class Added:
     id: int | None  # None: not stored (importance 0 by the write policy)
     folded_into: int | None = None  # a repeat (memctl.write.repeats): the first's id; not embedded
-    stored: admission.Episode | None = None  # the episode as the gate admitted it (what a reply may echo)
+    stored: admission.Episode | None = (
+        None  # the episode as the gate admitted it (what a reply may echo)
+    )
 
 
-def add_episode(conn: Memory, content: Any, *, kind: Any = None, source: Any = None, agent: Any = None,
-                importance: Any = None, created_at: Any = None, meta: Any = None,
-                redactor: redact.Redactor | None = None) -> Added:
+def add_episode(
+    conn: Memory,
+    content: Any,
+    *,
+    kind: Any = None,
+    source: Any = None,
+    agent: Any = None,
+    importance: Any = None,
+    created_at: Any = None,
+    meta: Any = None,
+    redactor: redact.Redactor | None = None,
+) -> Added:
     """Store one episode through the gate, folded into the first it repeats ([episodes] fold, repeat_window).
 
     Secrets are redacted first ([redaction] mode), so none reaches the table, the chunks or the
@@ -50,8 +61,15 @@ def add_episode(conn: Memory, content: Any, *, kind: Any = None, source: Any = N
     """
     settings = conn.settings
     admit = gate.Gate(conn, settings, redactor)
-    episode = admit.new_episode(content, kind=kind, source=source, agent=agent, importance=importance,
-                                created_at=created_at, meta=meta)
+    episode = admit.new_episode(
+        content,
+        kind=kind,
+        source=source,
+        agent=agent,
+        importance=importance,
+        created_at=created_at,
+        meta=meta,
+    )
     if episode is None:
         return Added(None)
     with admit.writing():
@@ -78,14 +96,27 @@ def show(conn: Memory, episode_id: int) -> dict:
     return row
 
 
-def list_episodes(conn: Memory, *, agent: str | None = None, kind: str | None = None, source: str | None = None,
-                  since: str | None = None, limit: int = 50) -> list[dict]:
+def list_episodes(
+    conn: Memory,
+    *,
+    agent: str | None = None,
+    kind: str | None = None,
+    source: str | None = None,
+    since: str | None = None,
+    limit: int = 50,
+) -> list[dict]:
     from psycopg import sql
 
     clauses, params = filters(agent=agent, kind=kind, source=source, since=since)
-    query = sql.SQL("SELECT {cols} FROM episodes e {where} ORDER BY e.created_at DESC, e.id DESC LIMIT {limit}").format(
-        cols=sql.SQL(", ").join(sql.SQL("e.{}").format(sql.Identifier(c.strip())) for c in COLUMNS.split(",")),
-        where=where(clauses), limit=sql.Literal(int(limit)))
+    query = sql.SQL(
+        "SELECT {cols} FROM episodes e {where} ORDER BY e.created_at DESC, e.id DESC LIMIT {limit}"
+    ).format(
+        cols=sql.SQL(", ").join(
+            sql.SQL("e.{}").format(sql.Identifier(c.strip())) for c in COLUMNS.split(",")
+        ),
+        where=where(clauses),
+        limit=sql.Literal(int(limit)),
+    )
     return conn.execute(query, params).fetchall()
 
 
@@ -107,9 +138,13 @@ SELECT e.agent, e.id FROM episodes e JOIN target t ON e.agent = t.agent AND (e.i
 @dataclass
 class Deletion:
     ids: list[int]
-    removed: dict[str, int] = field(default_factory=dict)  # rows per table (memctl.records.erasures.count_rows)
+    removed: dict[str, int] = field(
+        default_factory=dict
+    )  # rows per table (memctl.records.erasures.count_rows)
     ledger: Any = None  # the erasure ledger's entry
-    summaries: list[int] = field(default_factory=list)  # summaries built from them, deleted with them
+    summaries: list[int] = field(
+        default_factory=list
+    )  # summaries built from them, deleted with them
 
 
 def delete_episodes(conn: Memory, ids: list[int]) -> Deletion:
@@ -136,12 +171,20 @@ def delete_episodes(conn: Memory, ids: list[int]) -> Deletion:
         removed["runbook_runs"] = erasures.unlink_runs(conn, keys, secret, quotes)
         removed.update(erasures.scrub_quotes(conn, texts, secret, quotes))
     summary_ids = {i for _, i in summaries}
-    done = Deletion([i for i in sorted(gone) if i not in summary_ids], removed,
-                    summaries=sorted(gone & summary_ids))
+    done = Deletion(
+        [i for i in sorted(gone) if i not in summary_ids],
+        removed,
+        summaries=sorted(gone & summary_ids),
+    )
     if rows:
-        entry = erasures.new_entry(conn, "episode_delete", key=secret, target=",".join(map(str, done.ids)),
-                                   counts=removed, items={"episodes": items, "quotes": quotes,
-                                                          "summaries": done.summaries})
+        entry = erasures.new_entry(
+            conn,
+            "episode_delete",
+            key=secret,
+            target=",".join(map(str, done.ids)),
+            counts=removed,
+            items={"episodes": items, "quotes": quotes, "summaries": done.summaries},
+        )
         done.ledger = erasures.record(conn, entry)
     return done
 
@@ -181,18 +224,24 @@ class ImportResult:
     dropped: int = 0  # importance 0 by policy
     chunks: int = 0
     folded: int = 0  # stored as repeats of an earlier episode: not embedded (memctl.write.repeats)
-    already: int = 0  # stored before, by an import of the same records (memctl.write.identity): skipped
+    already: int = (
+        0  # stored before, by an import of the same records (memctl.write.identity): skipped
+    )
     erased: int = 0  # records whose text the erasure ledger holds: left out (memctl.write.erased)
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
     redactor: redact.Redactor | None = None  # what was redacted; default: from the settings
 
 
-def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: bool,
-                result: ImportResult) -> Iterator[gate.NewEpisode]:
+def parse_jsonl(
+    settings: Settings, lines: Iterable[bytes], *, skip_invalid: bool, result: ImportResult
+) -> Iterator[gate.NewEpisode]:
     """Validated episodes from JSONL (memctl.files.jsonl); a bad line raises (naming it) unless skip_invalid."""
+
     def skip(error: jsonl.LineError) -> None:
         if not skip_invalid:
-            raise jsonl.LineError(error.number, f"{error.reason}; nothing was imported", error.exit_code)
+            raise jsonl.LineError(
+                error.number, f"{error.reason}; nothing was imported", error.exit_code
+            )
         result.skipped.append((error.number, error.reason))
 
     limits = gate.values.Limits.of(settings)  # read once, not per line
@@ -210,9 +259,17 @@ def parse_jsonl(settings: Settings, lines: Iterable[bytes], *, skip_invalid: boo
 
 
 def _from_record(settings: Settings, item: dict, limits=None) -> gate.NewEpisode:
-    return gate.validate(settings, item["content"], kind=item.get("kind"), source=item.get("source"),
-                    agent=item.get("agent"), importance=item.get("importance"), created_at=item.get("created_at"),
-                    meta=item.get("meta"), limits=limits)
+    return gate.validate(
+        settings,
+        item["content"],
+        kind=item.get("kind"),
+        source=item.get("source"),
+        agent=item.get("agent"),
+        importance=item.get("importance"),
+        created_at=item.get("created_at"),
+        meta=item.get("meta"),
+        limits=limits,
+    )
 
 
 BATCH = 5000
@@ -220,10 +277,15 @@ BATCH = 5000
 FIRST_BATCH = 500
 
 
-def import_episodes(conn: Memory, episodes: Iterable[gate.NewEpisode], *, result: ImportResult,
-                    occurrences: identity.Occurrences | None = None,
-                    refused: Callable[[gate.NewEpisode, MemctlError], None] | None = None,
-                    then: Callable[[Any], None] | None = None) -> ImportResult:
+def import_episodes(
+    conn: Memory,
+    episodes: Iterable[gate.NewEpisode],
+    *,
+    result: ImportResult,
+    occurrences: identity.Occurrences | None = None,
+    refused: Callable[[gate.NewEpisode, MemctlError], None] | None = None,
+    then: Callable[[Any], None] | None = None,
+) -> ImportResult:
     """Load episodes with binary COPY, in one transaction: all of them or none.
 
     Every episode passes the gate on its way in (result.redactor, default from the settings). A record
@@ -234,13 +296,17 @@ def import_episodes(conn: Memory, episodes: Iterable[gate.NewEpisode], *, result
     """
     settings = conn.settings
     occurrences = occurrences if occurrences is not None else identity.Occurrences()
-    key = erased.readable_key(conn)  # each record's ledger digest is made here, beside the copy (store.copy_episodes)
+    key = erased.readable_key(
+        conn
+    )  # each record's ledger digest is made here, beside the copy (store.copy_episodes)
     if result.redactor is None:
         result.redactor = redact.Redactor.from_settings(settings)
     admit = gate.Gate(conn, settings, result.redactor, bulk=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     fold = _Fold(repeats.window_seconds(settings))
-    with admit.writing():  # a source blocked while the file was read: refused at the end, nothing kept
+    with (
+        admit.writing()
+    ):  # a source blocked while the file was read: refused at the end, nothing kept
         # GIN indexes gather inserts in a pending list; a larger one for this
         # transaction merges it in fewer, larger passes.
         conn.execute("SET LOCAL gin_pending_list_limit = '64MB'")
@@ -258,9 +324,15 @@ def import_episodes(conn: Memory, episodes: Iterable[gate.NewEpisode], *, result
             for episode in episodes:
                 try:
                     admitted = admit.episode(episode)
-                except (InvalidInput, BadValue, Blocked) as exc:  # a blocked source, a refused secret
+                except (
+                    InvalidInput,
+                    BadValue,
+                    Blocked,
+                ) as exc:  # a blocked source, a refused secret
                     copier.wait()  # the connection is the copy's until it returns (memctl.overlap)
-                    if erased.held(conn, episode.content):  # erased here: left out, whatever else it is
+                    if erased.held(
+                        conn, episode.content
+                    ):  # erased here: left out, whatever else it is
                         result.erased += 1
                         continue
                     if refused is not None:
@@ -272,14 +344,39 @@ def import_episodes(conn: Memory, episodes: Iterable[gate.NewEpisode], *, result
                     continue
                 admitted.norm_hash  # noqa: B018 (every row stores it: computed here, the copying thread is the slower)
                 batch.append(admitted)
-                keys.append(occurrences.key(admitted.agent, admitted.source, episode.created_at,
-                                            admitted.content_hash))
+                keys.append(
+                    occurrences.key(
+                        admitted.agent, admitted.source, episode.created_at, admitted.content_hash
+                    )
+                )
                 digests.append(places.digest(key, admitted.content) if key is not None else "")
                 if len(batch) >= size:
-                    copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, (key, digests), held=True)
+                    copier.run(
+                        _copy_batch,
+                        conn,
+                        batch,
+                        keys,
+                        now,
+                        queued,
+                        result,
+                        fold,
+                        (key, digests),
+                        held=True,
+                    )
                     batch, keys, digests, size = [], [], [], BATCH
             if batch:
-                copier.run(_copy_batch, conn, batch, keys, now, queued, result, fold, (key, digests), held=True)
+                copier.run(
+                    _copy_batch,
+                    conn,
+                    batch,
+                    keys,
+                    now,
+                    queued,
+                    result,
+                    fold,
+                    (key, digests),
+                    held=True,
+                )
         if then is not None:
             then(conn)
     return result
@@ -291,10 +388,28 @@ class _Fold:
     locked: set[str] = field(default_factory=set)  # agents whose fold lock this transaction holds
 
 
-def _copy_batch(conn: Memory, batch: list[admission.Episode], keys: list[bytes], now, queued: list[int], result: ImportResult,
-                fold: _Fold, ledger: tuple, release=None) -> None:
-    copied = store.copy_episodes(conn, batch, now=now, queued=queued, window=fold.window, locked=fold.locked,
-                                 release=release, keys=keys, ledger=ledger if ledger[0] is not None else None)
+def _copy_batch(
+    conn: Memory,
+    batch: list[admission.Episode],
+    keys: list[bytes],
+    now,
+    queued: list[int],
+    result: ImportResult,
+    fold: _Fold,
+    ledger: tuple,
+    release=None,
+) -> None:
+    copied = store.copy_episodes(
+        conn,
+        batch,
+        now=now,
+        queued=queued,
+        window=fold.window,
+        locked=fold.locked,
+        release=release,
+        keys=keys,
+        ledger=ledger if ledger[0] is not None else None,
+    )
     result.imported += len(copied.ids)
     result.already += copied.already
     result.erased += len(copied.erased)

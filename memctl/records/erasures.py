@@ -64,7 +64,9 @@ def _make_dir(directory: Path) -> None:
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise MemctlError(f"cannot create the erasure ledger's directory {directory}: {exc.strerror or exc}") from None
+        raise MemctlError(
+            f"cannot create the erasure ledger's directory {directory}: {exc.strerror or exc}"
+        ) from None
 
 
 # --- an entry ---------------------------------------------------------------------------------------
@@ -96,8 +98,16 @@ class Entry:
             when = datetime.datetime.fromisoformat(when)
         if data["op"] not in OPS or not isinstance(data.get("items"), dict):
             raise ValueError(f"not a ledger entry: op {data.get('op')!r}")
-        return cls(op=data["op"], erased_at=when, key_id=data["key_id"], source=data.get("source"),
-                   target=data.get("target"), counts=data.get("counts") or {}, items=data["items"], id=data["id"])
+        return cls(
+            op=data["op"],
+            erased_at=when,
+            key_id=data["key_id"],
+            source=data.get("source"),
+            target=data.get("target"),
+            counts=data.get("counts") or {},
+            items=data["items"],
+            id=data["id"],
+        )
 
     def digests(self) -> set[str]:
         """Every digest the entry holds."""
@@ -113,8 +123,10 @@ class Entry:
         what = self.target or self.source or ""
         episodes = len(self.items.get("episodes", []))
         facts = len(self.items.get("facts", []))
-        return f"{self.op} {what} at {self.erased_at.isoformat(timespec='seconds')} ({episodes} episode(s), " \
-               f"{facts} fact(s)) [{self.id[:12]}]".replace("  ", " ")
+        return (
+            f"{self.op} {what} at {self.erased_at.isoformat(timespec='seconds')} ({episodes} episode(s), "
+            f"{facts} fact(s)) [{self.id[:12]}]".replace("  ", " ")
+        )
 
 
 def new_entry(conn: Memory, op: str, *, key: bytes | None = None, **fields: Any) -> Entry:
@@ -140,18 +152,33 @@ HAS_DIGESTS = "SELECT to_regclass('erasure_digests') IS NOT NULL AS yes"
 
 def _insert(conn: Memory, entry: Entry) -> None:
     """The entry's row, and its digests for the look-up on the way in (memctl.write.erased; from sql/0024)."""
-    conn.execute(INSERT, (entry.id, entry.erased_at, entry.op, entry.source, entry.target, entry.key_id,
-                          json.dumps(entry.counts, default=str), json.dumps(entry.items)))
+    conn.execute(
+        INSERT,
+        (
+            entry.id,
+            entry.erased_at,
+            entry.op,
+            entry.source,
+            entry.target,
+            entry.key_id,
+            json.dumps(entry.counts, default=str),
+            json.dumps(entry.items),
+        ),
+    )
     if conn.one(HAS_DIGESTS)["yes"]:
         found = [(e["digest"], "episode") for e in entry.items.get("episodes", [])]
         found += [(d, "quote") for d in entry.items.get("quotes", [])]
-        conn.execute(INSERT_DIGESTS, {"id": entry.id, "digests": [d for d, _ in found],
-                                      "kinds": [k for _, k in found]})
+        conn.execute(
+            INSERT_DIGESTS,
+            {"id": entry.id, "digests": [d for d, _ in found], "kinds": [k for _, k in found]},
+        )
 
 
 def _append(entries: Iterable[Entry], tag: str) -> None:
     """Append lines to the ledger file (O_APPEND, 0600 from the first byte), then fsync it."""
-    lines = "".join(json.dumps({"database": tag, **e.to_dict()}, default=str) + "\n" for e in entries)
+    lines = "".join(
+        json.dumps({"database": tag, **e.to_dict()}, default=str) + "\n" for e in entries
+    )
     if not lines:
         return
     from memctl import files
@@ -160,16 +187,21 @@ def _append(entries: Iterable[Entry], tag: str) -> None:
     _make_dir(path.parent)
     created = not path.exists()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), files.PRIVATE)
+        fd = os.open(
+            path,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+            files.PRIVATE,
+        )
         try:
             os.write(fd, lines.encode("utf-8"))
             os.fsync(fd)
         finally:
             os.close(fd)
     except OSError as exc:
-        raise MemctlError(f"cannot append to the erasure ledger {path}: {exc.strerror or exc} (the entry is in "
-                          "the database's table erasures; the next erasure or `memctl erasure verify` copies it)"
-                          ) from None
+        raise MemctlError(
+            f"cannot append to the erasure ledger {path}: {exc.strerror or exc} (the entry is in "
+            "the database's table erasures; the next erasure or `memctl erasure verify` copies it)"
+        ) from None
     if created:
         files.fsync_dir(path.parent)
 
@@ -232,13 +264,18 @@ def sync(conn: Memory, also: Iterable[Entry] = ()) -> list[Entry]:
 # --- what an erasure removes: captured before, counted before and after -----------------------------
 
 KEYS = "WITH k AS (SELECT * FROM unnest(%(agents)s::text[], %(ids)s::bigint[]) AS k(agent, id))\n"
-CAPTURE = KEYS + """
+CAPTURE = (
+    KEYS
+    + """
 SELECT e.agent, e.id, e.content, e.source, e.kind,
        coalesce((SELECT array_agg(c.content ORDER BY c.seq) FROM chunks c
                  WHERE c.agent = e.agent AND c.episode_id = e.id), '{}') AS chunks
 FROM episodes e JOIN k ON e.agent = k.agent AND e.id = k.id ORDER BY e.agent, e.id
 """
-COUNTS = KEYS + """
+)
+COUNTS = (
+    KEYS
+    + """
 SELECT (SELECT count(*) FROM episodes e JOIN k USING (agent, id)) AS episodes,
        (SELECT count(*) FROM episodes e JOIN k USING (agent, id) WHERE e.repeat_of IS NOT NULL) AS repeats,
        (SELECT count(*) FROM episodes e JOIN k USING (agent, id) WHERE e.kind = 'summary') AS summaries,
@@ -251,20 +288,28 @@ SELECT (SELECT count(*) FROM episodes e JOIN k USING (agent, id)) AS episodes,
        (SELECT count(*) FROM summary_sources s JOIN k ON s.agent = k.agent AND s.summary_id = k.id)
            AS summary_sources
 """
-VECTOR_COUNT = KEYS + """
+)
+VECTOR_COUNT = (
+    KEYS
+    + """
 SELECT count(*) AS n FROM {table} v JOIN chunks c ON c.agent = v.agent AND c.id = v.chunk_id
 JOIN k ON c.agent = k.agent AND c.episode_id = k.id
 """
+)
 MODELS = "SELECT table_name, state FROM embedding_models ORDER BY id"
 # A run whose record episode is erased keeps its outcome, not the link nor the output the episode repeated;
 # the digest of the output it had goes into the ledger (a restore, an import and verify find it again).
-UNLINK_RUNS = WRITER + KEYS + """, was AS (
+UNLINK_RUNS = (
+    WRITER
+    + KEYS
+    + """, was AS (
     SELECT r.agent, r.id, CASE WHEN length(r.output_tail) >= %(min)s THEN {digest} END AS d
     FROM runbook_runs r JOIN k ON r.agent = k.agent AND r.episode_id = k.id)
 UPDATE runbook_runs r SET episode_id = NULL, output_tail = %(erased)s
 FROM was WHERE r.agent = was.agent AND r.id = was.id
 RETURNING was.d
 """.format(digest=digest_sql("r.output_tail"))
+)
 
 
 def _keys(keys: Iterable[tuple[str, int]]) -> dict:
@@ -272,7 +317,9 @@ def _keys(keys: Iterable[tuple[str, int]]) -> dict:
     return {"agents": [a for a, _ in pairs], "ids": [i for _, i in pairs]}
 
 
-def capture_episodes(conn: Memory, keys: Iterable[tuple[str, int]], key: bytes) -> tuple[list[dict], list[str]]:
+def capture_episodes(
+    conn: Memory, keys: Iterable[tuple[str, int]], key: bytes
+) -> tuple[list[dict], list[str]]:
     """The ledger's items for these episodes (agent, id, digest of the text and of each chunk, the keyed digest
     lineage keeps of it), and the texts (to look for in the job log)."""
     import hashlib
@@ -280,9 +327,17 @@ def capture_episodes(conn: Memory, keys: Iterable[tuple[str, int]], key: bytes) 
     items, texts = [], []
     for row in conn.execute(CAPTURE, _keys(keys)).fetchall():
         sha = hashlib.sha256(row["content"].encode("utf-8")).digest()
-        items.append({"agent": row["agent"], "id": row["id"], "digest": digest(key, row["content"]),
-                      "chunks": sorted({digest(key, c) for c in row["chunks"]} - {digest(key, row["content"])}),
-                      "lineage": places.lineage_digest(key, sha).hex()})
+        items.append(
+            {
+                "agent": row["agent"],
+                "id": row["id"],
+                "digest": digest(key, row["content"]),
+                "chunks": sorted(
+                    {digest(key, c) for c in row["chunks"]} - {digest(key, row["content"])}
+                ),
+                "lineage": places.lineage_digest(key, sha).hex(),
+            }
+        )
         texts.append(row["content"])
     return items, texts
 
@@ -290,25 +345,34 @@ def capture_episodes(conn: Memory, keys: Iterable[tuple[str, int]], key: bytes) 
 # The summaries built from these episodes (through their lineage), with the repeats of such a summary: an
 # erasure of a source takes the summary with it (docs/retention.md: removed, never rewritten by a model; the
 # window's other sources are summarized again by the next `memctl summarize`).
-SUMMARIES_OF = KEYS + """
+SUMMARIES_OF = (
+    KEYS
+    + """
 SELECT DISTINCT s.agent, s.id FROM summary_sources l JOIN k ON l.agent = k.agent AND l.source_id = k.id
 JOIN episodes f ON f.agent = l.agent AND f.id = l.summary_id
 JOIN episodes s ON s.agent = f.agent AND (s.id = f.id OR s.repeat_of = f.id)
 ORDER BY s.agent, s.id
 """
+)
 # Of those summaries' sources, the ones prune had already deleted: what they said goes with the summary.
-SOURCES_GONE = KEYS + """
+SOURCES_GONE = (
+    KEYS
+    + """
 SELECT count(*) AS n FROM summary_sources l JOIN k ON l.agent = k.agent AND l.summary_id = k.id
 WHERE NOT EXISTS (SELECT 1 FROM episodes e WHERE e.agent = l.agent AND e.id = l.source_id)
 """
+)
 
 
 def summaries_of(conn: Memory, keys: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
     """The summaries (and their repeats) built from any of these episodes, not among them."""
     keys = list(keys)
     given = set(keys)
-    return [(r["agent"], r["id"]) for r in conn.execute(SUMMARIES_OF, _keys(keys)).fetchall()
-            if (r["agent"], r["id"]) not in given]
+    return [
+        (r["agent"], r["id"])
+        for r in conn.execute(SUMMARIES_OF, _keys(keys)).fetchall()
+        if (r["agent"], r["id"]) not in given
+    ]
 
 
 def sources_gone(conn: Memory, summaries: Iterable[tuple[str, int]]) -> int:
@@ -333,17 +397,22 @@ def removed(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {table: n - after.get(table, 0) for table, n in before.items()}
 
 
-def unlink_runs(conn: Memory, keys: Iterable[tuple[str, int]], key: bytes, quotes: list[str]) -> int:
+def unlink_runs(
+    conn: Memory, keys: Iterable[tuple[str, int]], key: bytes, quotes: list[str]
+) -> int:
     """Runbook runs whose record episode is erased: the link and the output tail cleared, the digest of the
     output each had added to `quotes`; how many."""
     ipad, opad = pads(key)
-    rows = conn.execute(UNLINK_RUNS, {**_keys(keys), "erased": ERASED, "ipad": ipad, "opad": opad,
-                                      "min": MIN_QUOTE}).fetchall()
+    rows = conn.execute(
+        UNLINK_RUNS, {**_keys(keys), "erased": ERASED, "ipad": ipad, "opad": opad, "min": MIN_QUOTE}
+    ).fetchall()
     quotes.extend(r["d"] for r in rows if r["d"] is not None)
     return len(rows)
 
 
-MAX_QUOTED = 1000  # erased texts looked for in the job log per erasure (each costs a pass over its rows)
+MAX_QUOTED = (
+    1000  # erased texts looked for in the job log per erasure (each costs a pass over its rows)
+)
 QUOTING_JOBS = """
 SELECT j.id, j.error, j.detail, j.detail::text AS detail_text FROM jobs j WHERE EXISTS (
     SELECT 1 FROM unnest(%(raw)s::text[], %(esc)s::text[]) AS t(raw, esc)
@@ -369,7 +438,9 @@ def _replace(value: Any, texts: list[str]) -> Any:
     return value
 
 
-def scrub_quotes(conn: Memory, texts: Iterable[str], key: bytes, quotes: list[str]) -> dict[str, int]:
+def scrub_quotes(
+    conn: Memory, texts: Iterable[str], key: bytes, quotes: list[str]
+) -> dict[str, int]:
     """Job log rows and runbook run outputs that quote an erased text (of at least MIN_QUOTE characters; the
     longest MAX_QUOTED texts): the quote replaced by [erased], the digest of the whole value each changed column
     had added to `quotes` (memctl.places: QUOTE). Rows changed per table, and texts looked for."""
@@ -391,5 +462,9 @@ def scrub_quotes(conn: Memory, texts: Iterable[str], key: bytes, quotes: list[st
             conn.execute(SET_RUN, (_replace(row["output_tail"], looked), row["agent"], row["id"]))
             quotes.append(digest(key, row["output_tail"]))
             runs += 1
-    return {"jobs": jobs, "runbook_runs_quoting": runs, "texts_looked_for": len(looked),
-            "texts_not_looked_for": len(wanted) - len(looked)}
+    return {
+        "jobs": jobs,
+        "runbook_runs_quoting": runs,
+        "texts_looked_for": len(looked),
+        "texts_not_looked_for": len(wanted) - len(looked),
+    }

@@ -70,13 +70,19 @@ class Change:
 
 
 # Where erased values can still be, after each kind of vacuum: said in the result, not only in the docs.
-LEFT_AFTER_VACUUM = ("the table files' free space (VACUUM makes the old row versions' space reusable without "
-                     "promising to overwrite it), WAL, WAL archives, backups, dumps and replicas, until those are "
-                     "overwritten, age out or are rebuilt")
-LEFT_AFTER_FULL = ("the file system's free blocks (VACUUM FULL deletes the old table files, it does not overwrite "
-                   "them), WAL, WAL archives, backups, dumps and replicas, until those age out or are rebuilt")
-LEFT_UNVACUUMED = ("the table files as dead row versions (not vacuumed: the connection is in a transaction), WAL, "
-                   "WAL archives, backups, dumps and replicas")
+LEFT_AFTER_VACUUM = (
+    "the table files' free space (VACUUM makes the old row versions' space reusable without "
+    "promising to overwrite it), WAL, WAL archives, backups, dumps and replicas, until those are "
+    "overwritten, age out or are rebuilt"
+)
+LEFT_AFTER_FULL = (
+    "the file system's free blocks (VACUUM FULL deletes the old table files, it does not overwrite "
+    "them), WAL, WAL archives, backups, dumps and replicas, until those age out or are rebuilt"
+)
+LEFT_UNVACUUMED = (
+    "the table files as dead row versions (not vacuumed: the connection is in a transaction), WAL, "
+    "WAL archives, backups, dumps and replicas"
+)
 
 
 @dataclass
@@ -101,7 +107,11 @@ class Erasure:
 LOCK_KEY = "SELECT memctl_lock_key(%s, %s || chr(31) || %s)"  # memctl.db.locks: no agent's session may hold it
 LOCK_CLASS = 0x6D666B79  # "mfky": one lock per (namespace, key)
 CURRENT = "SELECT value, version FROM facts WHERE namespace = %s AND key = %s"
-LAST_VERSION = "SELECT coalesce(max(version), 0) AS v FROM fact_history WHERE namespace = %s AND key = %s"
+LAST_VERSION = (
+    "SELECT coalesce(max(version), 0) AS v FROM fact_history WHERE namespace = %s AND key = %s"
+)
+
+
 def lock_key(conn: Memory, namespace: str, key: str) -> None:
     """Writers of one fact's key take turns until their transaction ends."""
     conn.execute(LOCK_KEY, (LOCK_CLASS, namespace, key))
@@ -129,21 +139,40 @@ WHERE h.op IN ('set', 'delete') AND (%(at)s::timestamptz IS NULL OR h.valid_from
 ORDER BY h.namespace, h.key, h.valid_from DESC, h.changed_at DESC, h.version DESC
 """
 # The facts valid at %(at)s, as rows of `facts` (memctl.recall.recall reads them too).
-VALID_AT = ("SELECT namespace, key, value, source, version, updated_at, valid_from FROM (" + VERSIONS_AT
-            + ") AS versions WHERE op = 'set'")
+VALID_AT = (
+    "SELECT namespace, key, value, source, version, updated_at, valid_from FROM ("
+    + VERSIONS_AT
+    + ") AS versions WHERE op = 'set'"
+)
 NOW = "SELECT now() AS now"
 
 
-def at_params(at: datetime.datetime | None = None, *, namespace: str | None = None, key: str | None = None,
-        prefix: str | None = None) -> dict:
-    return {"at": at, "namespaces": None if namespace is None else [namespace], "key": key, "prefix": prefix}
+def at_params(
+    at: datetime.datetime | None = None,
+    *,
+    namespace: str | None = None,
+    key: str | None = None,
+    prefix: str | None = None,
+) -> dict:
+    return {
+        "at": at,
+        "namespaces": None if namespace is None else [namespace],
+        "key": key,
+        "prefix": prefix,
+    }
 
 
 @overload
-def moment(value: str | datetime.datetime, what: str, skew: float | None = ...) -> datetime.datetime: ...
+def moment(
+    value: str | datetime.datetime, what: str, skew: float | None = ...
+) -> datetime.datetime: ...
 @overload
-def moment(value: str | datetime.datetime | None, what: str, skew: float | None = ...) -> datetime.datetime | None: ...
-def moment(value: str | datetime.datetime | None, what: str, skew: float | None = None) -> datetime.datetime | None:
+def moment(
+    value: str | datetime.datetime | None, what: str, skew: float | None = ...
+) -> datetime.datetime | None: ...
+def moment(
+    value: str | datetime.datetime | None, what: str, skew: float | None = None
+) -> datetime.datetime | None:
     """A point in time: now, a duration back from now (3d, 12h) or an ISO 8601 date/time (no zone: UTC), no later
     than [limits] clock_skew (`skew`) from now (memctl.records.filters.moment)."""
     if value is None or isinstance(value, datetime.datetime):
@@ -153,15 +182,22 @@ def moment(value: str | datetime.datetime | None, what: str, skew: float | None 
     return parse_since(value, what, skew)
 
 
-def check_valid_from(value: str | datetime.datetime | None, what: str = "valid_from", *,
-                     now: datetime.datetime | None = None) -> datetime.datetime | None:
+def check_valid_from(
+    value: str | datetime.datetime | None,
+    what: str = "valid_from",
+    *,
+    now: datetime.datetime | None = None,
+) -> datetime.datetime | None:
     """`value` as a time, refused (BadValue) when it lies after `now` (default: this machine's clock): stricter than
     the clock skew every other time is allowed (moment), and said so."""
     when = moment(value, what, skew=float("inf"))
     now = now or datetime.datetime.now(datetime.timezone.utc)
     if when is not None and when > now:
-        raise BadValue(f"{what} {when.isoformat()}: is in the future (it is {now.isoformat(timespec='seconds')}); "
-                       "memctl keeps what is or was true, not scheduled values: set it when it becomes true", what)
+        raise BadValue(
+            f"{what} {when.isoformat()}: is in the future (it is {now.isoformat(timespec='seconds')}); "
+            "memctl keeps what is or was true, not scheduled values: set it when it becomes true",
+            what,
+        )
     return when
 
 
@@ -169,17 +205,32 @@ def _set_in_tx(conn: Memory, fact: admission.FactValue, admit: gate.Gate) -> Cha
     from memctl.write import store
 
     old, last = _lock(conn, fact.namespace, fact.key)
-    if fact.valid_from is not None:  # the database's clock records the version: no later than its now()
+    if (
+        fact.valid_from is not None
+    ):  # the database's clock records the version: no later than its now()
         check_valid_from(fact.valid_from, now=conn.one(NOW)["now"])
     version = last + 1
-    recorded = store.insert_history(conn, admit.history(fact, version, "set", old, fact.value, fact.source,
-                                                        valid_from=fact.valid_from))
+    recorded = store.insert_history(
+        conn,
+        admit.history(
+            fact, version, "set", old, fact.value, fact.source, valid_from=fact.valid_from
+        ),
+    )
     winner = conn.one(VERSIONS_AT, at_params(namespace=fact.namespace, key=fact.key), prepare=False)
     current = winner["version"] == version
     if current:
         store.put_fact(conn, fact, version, recorded["changed_at"])
-    return Change(fact.namespace, fact.key, "set", old, fact.value, version, fact.source, recorded["valid_from"],
-                  current)
+    return Change(
+        fact.namespace,
+        fact.key,
+        "set",
+        old,
+        fact.value,
+        version,
+        fact.source,
+        recorded["valid_from"],
+        current,
+    )
 
 
 def validate(key: str, value: str, namespace: str, source: str | None) -> None:
@@ -190,9 +241,17 @@ def validate(key: str, value: str, namespace: str, source: str | None) -> None:
     values.name(source, "source", optional=True)
 
 
-def set_fact(conn: Memory, key: str, value: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
-             redactor: redact.Redactor | None = None, settings=None,
-             valid_from: str | datetime.datetime | None = None) -> Change:
+def set_fact(
+    conn: Memory,
+    key: str,
+    value: str,
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    source: str | None = None,
+    redactor: redact.Redactor | None = None,
+    settings=None,
+    valid_from: str | datetime.datetime | None = None,
+) -> Change:
     """Set a fact through the gate: a secret in the value is redacted first, or refused (`redactor`, default:
     [redaction] mode), and a blocked source is refused. `valid_from`: when the value became true (a duration
     back or an ISO time; default now; never in the future); a back-dated value older than the current one's
@@ -203,13 +262,19 @@ def set_fact(conn: Memory, key: str, value: str, *, namespace: str = DEFAULT_NAM
         return _set_in_tx(conn, fact, admit)
 
 
-def _gate(conn: Memory, redactor: redact.Redactor | None, settings, *, bulk: bool = False) -> gate.Gate:
+def _gate(
+    conn: Memory, redactor: redact.Redactor | None, settings, *, bulk: bool = False
+) -> gate.Gate:
     from memctl import config, redact
     from memctl.write import gate
 
     settings = settings if settings is not None else config.load()
-    return gate.Gate(conn, settings, redactor if redactor is not None else redact.Redactor.from_settings(settings),
-                     bulk=bulk)
+    return gate.Gate(
+        conn,
+        settings,
+        redactor if redactor is not None else redact.Redactor.from_settings(settings),
+        bulk=bulk,
+    )
 
 
 GET = """
@@ -217,14 +282,23 @@ SELECT namespace, key, value, source, version, updated_at, valid_from FROM facts
 """
 
 
-def get_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE,
-             as_of: str | datetime.datetime | None = None) -> Fact:
+def get_fact(
+    conn: Memory,
+    key: str,
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    as_of: str | datetime.datetime | None = None,
+) -> Fact:
     """The current value, or with `as_of` the value valid at that time (NotFound: none then)."""
     if as_of is not None:
         at = moment(as_of, "as_of")
-        row = conn.execute(VALID_AT, at_params(at, namespace=namespace, key=key), prepare=False).fetchone()
+        row = conn.execute(
+            VALID_AT, at_params(at, namespace=namespace, key=key), prepare=False
+        ).fetchone()
         if row is None:
-            raise NotFound(f"no value of fact {key!r} in namespace {namespace!r} as of {at.isoformat()}")
+            raise NotFound(
+                f"no value of fact {key!r} in namespace {namespace!r} as of {at.isoformat()}"
+            )
         return Fact(**row)
     row = conn.execute(GET, (namespace, key)).fetchone()
     if row is None:
@@ -240,12 +314,20 @@ ORDER BY namespace, key
 """
 
 
-def list_facts(conn: Memory, *, namespace: str | None = DEFAULT_NAMESPACE, prefix: str | None = None,
-               as_of: str | datetime.datetime | None = None) -> Iterator[Fact]:
+def list_facts(
+    conn: Memory,
+    *,
+    namespace: str | None = DEFAULT_NAMESPACE,
+    prefix: str | None = None,
+    as_of: str | datetime.datetime | None = None,
+) -> Iterator[Fact]:
     """The current facts, or with `as_of` those valid at that time, sorted by namespace and key."""
     if as_of is not None:
-        rows = conn.execute(VALID_AT, at_params(moment(as_of, "as_of"), namespace=namespace, prefix=prefix),
-                            prepare=False)
+        rows = conn.execute(
+            VALID_AT,
+            at_params(moment(as_of, "as_of"), namespace=namespace, prefix=prefix),
+            prepare=False,
+        )
     else:
         rows = conn.execute(LIST, {"namespace": namespace, "prefix": prefix}, prepare=False)
     for row in rows:
@@ -268,8 +350,14 @@ def history(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> li
 DELETE = "DELETE FROM facts WHERE namespace = %s AND key = %s"
 
 
-def delete_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE, source: str | None = None,
-                settings=None) -> Change:
+def delete_fact(
+    conn: Memory,
+    key: str,
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    source: str | None = None,
+    settings=None,
+) -> Change:
     from memctl.write import store
 
     admit = _gate(conn, None, settings)
@@ -283,10 +371,13 @@ def delete_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE, s
     return Change(namespace, key, "delete", old, None, last + 1, source)
 
 
-ERASE_VALUES = WRITER + """
+ERASE_VALUES = (
+    WRITER
+    + """
 UPDATE fact_history SET old_value = NULL, new_value = NULL
 WHERE namespace = %s AND key = %s AND (old_value IS NOT NULL OR new_value IS NOT NULL)
 """
+)
 
 
 ERASED_TABLES = ("facts", "fact_history")
@@ -300,8 +391,14 @@ UNION SELECT new_value FROM fact_history WHERE namespace = %(ns)s AND key = %(ke
 """
 
 
-def erase_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE, full: bool = False,
-               record: bool = True) -> Erasure:
+def erase_fact(
+    conn: Memory,
+    key: str,
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    full: bool = False,
+    record: bool = True,
+) -> Erasure:
     """Remove the fact and every value its history held, keeping a record that an erasure happened.
 
     The old row versions stay in the table files as dead tuples. On an
@@ -320,7 +417,9 @@ def erase_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE, fu
     from memctl.write import gate, store
 
     secret = erasures.load_key() if record else b""
-    admit = gate.Gate(conn, None, redact.Redactor("off"))  # an erasure record holds no value to check
+    admit = gate.Gate(
+        conn, None, redact.Redactor("off")
+    )  # an erasure record holds no value to check
     fact = admit.fact(namespace, key, None, None)
     with admit.writing():
         old, last = _lock(conn, namespace, key)
@@ -335,15 +434,31 @@ def erase_fact(conn: Memory, key: str, *, namespace: str = DEFAULT_NAMESPACE, fu
         quotes: list[str] = []
         with conn.transaction():
             result.quotes_erased = erasures.scrub_quotes(conn, held, secret, quotes)
-        entry = erasures.new_entry(conn, "fact_erase", key=secret, target=f"{namespace}/{key}", counts={
-            "facts": int(removed), "fact_history_values": erased, **result.quotes_erased}, items={"facts": [
-                {"namespace": namespace, "key": key, "digests": sorted({erasures.digest(secret, v) for v in held}),
-                 "erased": True}], "quotes": quotes})
+        entry = erasures.new_entry(
+            conn,
+            "fact_erase",
+            key=secret,
+            target=f"{namespace}/{key}",
+            counts={"facts": int(removed), "fact_history_values": erased, **result.quotes_erased},
+            items={
+                "facts": [
+                    {
+                        "namespace": namespace,
+                        "key": key,
+                        "digests": sorted({erasures.digest(secret, v) for v in held}),
+                        "erased": True,
+                    }
+                ],
+                "quotes": quotes,
+            },
+        )
         result.ledger = erasures.record(conn, entry).id
     if not conn.autocommit:
         return result
     vacuum(conn, full=full)
-    result.vacuum, result.still_in = ("VACUUM FULL", LEFT_AFTER_FULL) if full else ("VACUUM", LEFT_AFTER_VACUUM)
+    result.vacuum, result.still_in = (
+        ("VACUUM FULL", LEFT_AFTER_FULL) if full else ("VACUUM", LEFT_AFTER_VACUUM)
+    )
     if full:
         result.checkpoint = _checkpoint(conn)
     return result
@@ -370,8 +485,13 @@ def _checkpoint(conn: Memory) -> bool:
 
 def export_rows(conn: Memory, *, namespace: str | None = None) -> Iterator[dict]:
     for fact in list_facts(conn, namespace=namespace):
-        yield {"namespace": fact.namespace, "key": fact.key, "value": fact.value, "source": fact.source,
-               "valid_from": fact.valid_from}
+        yield {
+            "namespace": fact.namespace,
+            "key": fact.key,
+            "value": fact.value,
+            "source": fact.source,
+            "valid_from": fact.valid_from,
+        }
 
 
 IMPORT_FIELDS = ("key", "value", "namespace", "source", "version", "updated_at", "valid_from")
@@ -406,15 +526,25 @@ def _record(item: dict) -> dict:
     if record["valid_from"] is not None:
         if not isinstance(record["valid_from"], str):
             raise BadValue("valid_from: must be an ISO 8601 string", "valid_from")
-        record["valid_from"] = check_valid_from(values.parse_time(record["valid_from"], "valid_from"))
+        record["valid_from"] = check_valid_from(
+            values.parse_time(record["valid_from"], "valid_from")
+        )
     return record
 
 
-def import_facts(conn: Memory, records: list[dict], *, source: str | None = None,
-                 redactor: redact.Redactor | None = None, settings=None) -> list[Change]:
+def import_facts(
+    conn: Memory,
+    records: list[dict],
+    *,
+    source: str | None = None,
+    redactor: redact.Redactor | None = None,
+    settings=None,
+) -> list[Change]:
     """Set every record in one transaction through the gate: all of them or none."""
     admit = _gate(conn, redactor, settings, bulk=True)
-    admitted = [admit.fact(r["namespace"], r["key"], r["value"], r["source"] or source, r.get("valid_from"))
-                for r in records]
+    admitted = [
+        admit.fact(r["namespace"], r["key"], r["value"], r["source"] or source, r.get("valid_from"))
+        for r in records
+    ]
     with admit.writing():
         return [_set_in_tx(conn, fact, admit) for fact in admitted]

@@ -10,7 +10,10 @@ import datetime
 
 from memctl.config import DurationTooLong, parse_duration
 from memctl.errors import BadValue
-from memctl.write.values import parse_time, shown  # the gate's reading of an ISO 8601 time; a value cut short
+from memctl.write.values import (
+    parse_time,
+    shown,
+)  # the gate's reading of an ISO 8601 time; a value cut short
 
 # What the period filters mean, said once: filters() writes them so (created_at >= since, created_at < until),
 # and every description of them (the CLI's --since/--until, MCP's search tool) quotes these.
@@ -37,25 +40,33 @@ def moment(value: str, skew: float | None = None) -> datetime.datetime:
         try:
             return _not_ahead(parse_time(value, "time"), now, skew)
         except BadValue:
-            raise ValueError(f"{shown(value)} is neither 'now', a duration back from now (30m, 12h, 7d) nor an "
-                             "ISO 8601 date/time (2026-08-11T09:30:00Z)") from None
+            raise ValueError(
+                f"{shown(value)} is neither 'now', a duration back from now (30m, 12h, 7d) nor an "
+                "ISO 8601 date/time (2026-08-11T09:30:00Z)"
+            ) from None
     try:
         return now - datetime.timedelta(seconds=seconds)
     except OverflowError:
         raise ValueError(f"{shown(value)} reaches back before the year 1") from None
 
 
-def _not_ahead(when: datetime.datetime, now: datetime.datetime, skew: float | None) -> datetime.datetime:
+def _not_ahead(
+    when: datetime.datetime, now: datetime.datetime, skew: float | None
+) -> datetime.datetime:
     from memctl.write.values import Limits
 
     skew = Limits.of(None).clock_skew if skew is None else skew
     if (when - now).total_seconds() > skew:
-        raise ValueError(f"{when.isoformat()} is in the future (it is {now.isoformat(timespec='seconds')}), more "
-                         f"than the {int(skew)}s [limits] clock_skew allows: memory holds what happened")
+        raise ValueError(
+            f"{when.isoformat()} is in the future (it is {now.isoformat(timespec='seconds')}), more "
+            f"than the {int(skew)}s [limits] clock_skew allows: memory holds what happened"
+        )
     return when
 
 
-def parse_since(value: str, option: str = "--since", skew: float | None = None) -> datetime.datetime:
+def parse_since(
+    value: str, option: str = "--since", skew: float | None = None
+) -> datetime.datetime:
     """moment(value, skew), or BadValue naming `option` (--since, --until, --as-of; as_of through MCP)."""
     try:
         return moment(value, skew)
@@ -74,7 +85,9 @@ def filters(*, agent=None, kind=None, source=None, since=None, until=None, alias
     table = sql.Identifier(alias)
     for column, value in (("agent", agent), ("kind", kind), ("source", source)):
         if value is not None:
-            clauses.append(sql.SQL("{}.{} = {}").format(table, sql.Identifier(column), sql.Placeholder(column)))
+            clauses.append(
+                sql.SQL("{}.{} = {}").format(table, sql.Identifier(column), sql.Placeholder(column))
+            )
             params[column] = value
     if since is not None:
         clauses.append(sql.SQL("{}.created_at >= {}").format(table, sql.Placeholder("since")))
@@ -88,8 +101,14 @@ def filters(*, agent=None, kind=None, source=None, since=None, until=None, alias
 
 def check_period(since: str | None, until: str | None) -> None:
     """--since at or after --until is an empty period: a usage error (exit 2), not a silent empty answer."""
-    if since is not None and until is not None and parse_since(since) >= parse_since(until, "--until"):
-        raise BadValue(f"--since {since} is not before --until {until}: that period is empty", "--since")
+    if (
+        since is not None
+        and until is not None
+        and parse_since(since) >= parse_since(until, "--until")
+    ):
+        raise BadValue(
+            f"--since {since} is not before --until {until}: that period is empty", "--since"
+        )
 
 
 def where(clauses):

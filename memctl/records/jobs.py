@@ -86,7 +86,10 @@ def _settle(conn: Memory) -> None:
             for _ in range(1000):  # the cancelled statement's results, then None
                 if pgconn.get_result() is None:
                     break
-        if pgconn.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+        if pgconn.transaction_status in (
+            pq.TransactionStatus.INTRANS,
+            pq.TransactionStatus.INERROR,
+        ):
             pgconn.exec_(b"ROLLBACK")
     except Exception:
         pass  # the row stays 'running', as for a process killed mid-run

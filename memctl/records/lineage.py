@@ -19,7 +19,9 @@ SOURCE_PREFIX = "summarize:"
 
 # An episode, aliased `e`, that some summary holds. Every "already summarized" check (summarize's windows
 # and sources, prune's wait for a summary, the overdue warning) is this fragment, composed into its statement.
-SUMMARIZED = "EXISTS (SELECT 1 FROM summary_sources l WHERE l.agent = e.agent AND l.source_id = e.id)"
+SUMMARIZED = (
+    "EXISTS (SELECT 1 FROM summary_sources l WHERE l.agent = e.agent AND l.source_id = e.id)"
+)
 UNSUMMARIZED = "NOT " + SUMMARIZED
 
 SOURCES_OF = """
@@ -37,8 +39,10 @@ WHERE l.agent = %s AND l.source_id = %s ORDER BY l.summary_id
 
 def lineage(conn: Memory, agent: str, episode_id: int) -> dict:
     """An episode's place in the lineage: the sources a summary was built from, the summaries built from it."""
-    return {"sources": conn.execute(SOURCES_OF, (agent, episode_id)).fetchall(),
-            "summarized_in": conn.execute(SUMMARIZED_IN, (agent, episode_id)).fetchall()}
+    return {
+        "sources": conn.execute(SOURCES_OF, (agent, episode_id)).fetchall(),
+        "summarized_in": conn.execute(SUMMARIZED_IN, (agent, episode_id)).fetchall(),
+    }
 
 
 # Summaries built from a source's episodes: through the lineage while those episodes exist, and by the source

@@ -44,9 +44,13 @@ class Hit:
 @dataclass
 class Scan:
     hits: list[Hit] = field(default_factory=list)
-    episodes: set[tuple[str, int]] = field(default_factory=set)  # (agent, id) to rewrite and re-chunk
+    episodes: set[tuple[str, int]] = field(
+        default_factory=set
+    )  # (agent, id) to rewrite and re-chunk
     facts: set[tuple[str, str]] = field(default_factory=set)
-    history: dict[int, set[str]] = field(default_factory=dict)  # fact_history id -> columns to clear
+    history: dict[int, set[str]] = field(
+        default_factory=dict
+    )  # fact_history id -> columns to clear
     jobs: set[int] = field(default_factory=set)
     runs: set[tuple[str, int]] = field(default_factory=set)
     # Secrets in names that are keys (an agent, a fact's namespace or key, a blocked source): reported,
@@ -72,8 +76,14 @@ class Fixed:
 
 ITERSIZE = 2000
 # Columns found by scan() but rewritten by fix() only through the row they belong to.
-NAME_COLUMNS = {"episodes": ("agent",), "facts": ("namespace", "key"), "fact_history": ("namespace", "key"),
-                "runbook_runs": ("agent", "name"), "summary_sources": ("agent",), "blocked_sources": ("source",)}
+NAME_COLUMNS = {
+    "episodes": ("agent",),
+    "facts": ("namespace", "key"),
+    "fact_history": ("namespace", "key"),
+    "runbook_runs": ("agent", "name"),
+    "summary_sources": ("agent",),
+    "blocked_sources": ("source",),
+}
 # A fact value is judged with its key (the gate's rule): under a key that names a secret it is one.
 NAMED_VALUES = {"facts": ("value",), "fact_history": ("old_value", "new_value")}
 
@@ -85,10 +95,18 @@ def source(table: places.Table):
 
     names = list(dict.fromkeys([*table.keys, *table.scanned]))
     read = sql.SQL(", ").join(
-        sql.SQL("{}{} AS {}").format(sql.Identifier(n), sql.SQL(table.column(n).cast if n in table.scanned else ""),
-                                     sql.Identifier(n)) for n in names)
+        sql.SQL("{}{} AS {}").format(
+            sql.Identifier(n),
+            sql.SQL(table.column(n).cast if n in table.scanned else ""),
+            sql.Identifier(n),
+        )
+        for n in names
+    )
     return sql.SQL("SELECT {distinct}{read} FROM {table}").format(
-        distinct=sql.SQL("" if table.keys else "DISTINCT "), read=read, table=sql.Identifier(table.name))
+        distinct=sql.SQL("" if table.keys else "DISTINCT "),
+        read=read,
+        table=sql.Identifier(table.name),
+    )
 
 
 # Every table memctl.places declares with columns to scan: every column the write gate (memctl.write.gate)
@@ -131,7 +149,9 @@ MARK = {
     "episodes": lambda found, row, column: found.episodes.add((row["agent"], row["id"])),
     "chunks": lambda found, row, column: found.episodes.add((row["agent"], row["episode_id"])),
     "facts": lambda found, row, column: found.facts.add((row["namespace"], row["key"])),
-    "fact_history": lambda found, row, column: found.history.setdefault(row["id"], set()).add(column),
+    "fact_history": lambda found, row, column: found.history.setdefault(row["id"], set()).add(
+        column
+    ),
     "jobs": lambda found, row, column: found.jobs.add(row["id"]),
     "blocked_sources": lambda found, row, column: found.blocked.add(row["source"]),
     "runbook_runs": lambda found, row, column: found.runs.add((row["agent"], row["id"])),
@@ -145,7 +165,11 @@ def scan(conn: Memory) -> Scan:
         names, named = NAME_COLUMNS.get(table.name, ()), NAMED_VALUES.get(table.name, ())
         for row in _rows(conn, table.name):
             for column in table.scanned:
-                kinds = _named_kinds(row["key"], row[column]) if column in named else _kinds(row[column])
+                kinds = (
+                    _named_kinds(row["key"], row[column])
+                    if column in named
+                    else _kinds(row[column])
+                )
                 if not kinds:
                     continue
                 hit = Hit(table.name, _row_id(row), column, kinds)
@@ -160,10 +184,13 @@ def scan(conn: Memory) -> Scan:
 GET_EPISODE = """
 SELECT kind, source, content, meta, repeat_of FROM episodes WHERE agent = %s AND id = %s FOR UPDATE
 """
-SET_EPISODE = WRITER + """
+SET_EPISODE = (
+    WRITER
+    + """
 UPDATE episodes SET kind = %s, source = %s, content = %s, content_hash = %s, norm_hash = %s, meta = %s
 WHERE agent = %s AND id = %s
 """
+)
 SET_REASON = WRITER + "UPDATE blocked_sources SET reason = %s WHERE source = %s"
 DROP_CHUNKS = "DELETE FROM chunks WHERE agent = %s AND episode_id = %s"
 SET_FACT = WRITER + "UPDATE facts SET value = %s, source = %s WHERE namespace = %s AND key = %s"
@@ -174,7 +201,9 @@ CLEAR_SOURCE = WRITER + "UPDATE fact_history SET source = NULL WHERE id = %s"
 GET_JOB = "SELECT error, detail FROM jobs WHERE id = %s FOR UPDATE"
 SET_JOB = "UPDATE jobs SET error = %s, detail = %s::jsonb WHERE id = %s"
 GET_RUN = "SELECT commit, output_tail FROM runbook_runs WHERE agent = %s AND id = %s FOR UPDATE"
-SET_RUN = WRITER + "UPDATE runbook_runs SET commit = %s, output_tail = %s WHERE agent = %s AND id = %s"
+SET_RUN = (
+    WRITER + "UPDATE runbook_runs SET commit = %s, output_tail = %s WHERE agent = %s AND id = %s"
+)
 
 
 def fix(conn: Memory, found: Scan) -> Fixed:
@@ -194,30 +223,44 @@ def fix(conn: Memory, found: Scan) -> Fixed:
             facts.lock_key(conn, namespace, key)
             row = conn.execute(GET_FACT, (namespace, key)).fetchone()
             if row is not None:
-                conn.execute(SET_FACT, (redact_named(key, row["value"]), redact_text(row["source"]), namespace, key))
+                conn.execute(
+                    SET_FACT,
+                    (redact_named(key, row["value"]), redact_text(row["source"]), namespace, key),
+                )
                 done.facts += 1
         for history_id, columns in sorted(found.history.items()):
             for column in sorted(columns):
-                clear = {"old_value": CLEAR_OLD, "new_value": CLEAR_NEW, "source": CLEAR_SOURCE}[column]
+                clear = {"old_value": CLEAR_OLD, "new_value": CLEAR_NEW, "source": CLEAR_SOURCE}[
+                    column
+                ]
                 conn.execute(clear, (history_id,))
                 done.history_values_cleared += 1
         for job_id in sorted(found.jobs):
             row = conn.execute(GET_JOB, (job_id,)).fetchone()
             if row is not None:
-                conn.execute(SET_JOB, (redact_text(row["error"]), json.dumps(redact_value(row["detail"])), job_id))
+                conn.execute(
+                    SET_JOB,
+                    (redact_text(row["error"]), json.dumps(redact_value(row["detail"])), job_id),
+                )
                 done.jobs += 1
         for source in sorted(found.blocked):
             conn.execute(SET_REASON, (redact_text(_reason(conn, source)), source))
         for agent, run_id in sorted(found.runs):
             row = conn.execute(GET_RUN, (agent, run_id)).fetchone()
             if row is not None:
-                conn.execute(SET_RUN, (redact_text(row["commit"]), redact_text(row["output_tail"]), agent, run_id))
+                conn.execute(
+                    SET_RUN,
+                    (redact_text(row["commit"]), redact_text(row["output_tail"]), agent, run_id),
+                )
                 done.runbook_runs += 1
     if found.history and conn.autocommit:
         facts.vacuum(conn, full=False)
         done.vacuum = True
     if items["episodes"] or items["facts"]:
-        erasures.record(conn, erasures.new_entry(conn, "redact_fix", key=secret, counts=done.to_dict(), items=items))
+        erasures.record(
+            conn,
+            erasures.new_entry(conn, "redact_fix", key=secret, counts=done.to_dict(), items=items),
+        )
     return done
 
 
@@ -235,16 +278,26 @@ def _ledger_items(conn: Memory, found: Scan, secret: bytes) -> dict:
 
     episodes, _ = erasures.capture_episodes(conn, sorted(found.episodes), secret)
     names = sorted(found.facts)
-    params = {"ns": [n for n, _ in names], "keys": [k for _, k in names],
-              "old": [i for i, cols in found.history.items() if "old_value" in cols],
-              "new": [i for i, cols in found.history.items() if "new_value" in cols]}
+    params = {
+        "ns": [n for n, _ in names],
+        "keys": [k for _, k in names],
+        "old": [i for i, cols in found.history.items() if "old_value" in cols],
+        "new": [i for i, cols in found.history.items() if "new_value" in cols],
+    }
     digests: dict[tuple[str, str], set[str]] = {}
     for row in conn.execute(HELD_VALUES, params).fetchall():
         if row["text"] is not None:
-            digests.setdefault((row["namespace"], row["key"]), set()).add(erasures.digest(secret, row["text"]))
-    return {"episodes": episodes, "history": sorted(found.history),
-            "facts": [{"namespace": n, "key": k, "digests": sorted(d), "erased": True}
-                      for (n, k), d in digests.items()]}
+            digests.setdefault((row["namespace"], row["key"]), set()).add(
+                erasures.digest(secret, row["text"])
+            )
+    return {
+        "episodes": episodes,
+        "history": sorted(found.history),
+        "facts": [
+            {"namespace": n, "key": k, "digests": sorted(d), "erased": True}
+            for (n, k), d in digests.items()
+        ],
+    }
 
 
 def _reason(conn: Memory, source: str) -> str | None:
@@ -260,11 +313,26 @@ def _fix_episode(conn: Memory, agent: str, episode_id: int, done: Fixed, Jsonb: 
     if row is None:
         return
     # Through the gate in redact mode, whatever [redaction] says: --fix replaces what it found.
-    episode = gate.Gate(conn, settings, Redactor("redact")).stored_episode(agent, row["content"], row["meta"])
-    conn.execute(SET_EPISODE, (redact_text(row["kind"]), redact_text(row["source"]), episode.content,
-                               episode.content_hash, episode.norm_hash, Jsonb(episode.meta), agent, episode_id))
+    episode = gate.Gate(conn, settings, Redactor("redact")).stored_episode(
+        agent, row["content"], row["meta"]
+    )
+    conn.execute(
+        SET_EPISODE,
+        (
+            redact_text(row["kind"]),
+            redact_text(row["source"]),
+            episode.content,
+            episode.content_hash,
+            episode.norm_hash,
+            Jsonb(episode.meta),
+            agent,
+            episode_id,
+        ),
+    )
     conn.execute(DROP_CHUNKS, (agent, episode_id))  # vectors, queue and failure rows cascade
-    if row["repeat_of"] is None:  # a repeat has no chunks of its own (memctl.write.repeats): its first's count
+    if (
+        row["repeat_of"] is None
+    ):  # a repeat has no chunks of its own (memctl.write.repeats): its first's count
         done.queued += store.insert_chunks(conn, episode, episode_id)
         done.chunks += len(episode.chunks)
     done.episodes += 1

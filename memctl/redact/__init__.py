@@ -21,16 +21,31 @@ from memctl.errors import InvalidInput
 from memctl.redact.detect import find
 from memctl.redact.names import MARKER, Finding, placeholder, secret_name
 
-__all__ = ["MODES", "DEFAULT_MODE", "MARKER", "NAMED", "Finding", "find", "replace", "redact_text", "redact_named",
-           "redact_value", "secret_name", "SecretRefused", "kinds_text", "Redactor"]
+__all__ = [
+    "MODES",
+    "DEFAULT_MODE",
+    "MARKER",
+    "NAMED",
+    "Finding",
+    "find",
+    "replace",
+    "redact_text",
+    "redact_named",
+    "redact_value",
+    "secret_name",
+    "SecretRefused",
+    "kinds_text",
+    "Redactor",
+]
 
 MODES = ("redact", "block", "off")
 DEFAULT_MODE = "redact"
 
+
 def replace(text: str, found: list[Finding]) -> str:
     out, at = [], 0
     for item in found:
-        out.append(text[at:item.start])
+        out.append(text[at : item.start])
         out.append(MARKER.format(item.kind))
         at = item.end
     out.append(text[at:])
@@ -48,8 +63,35 @@ def redact_text(text: str | None) -> str | None:
 NAMED = "secret-named"
 # A value with a space and one of these reads as a sentence about the secret ("rotated, see the vault"),
 # not as a passphrase, and is scanned like any text.
-_PROSE_WORDS = {"the", "a", "an", "see", "in", "is", "was", "on", "at", "of", "to", "from", "for", "and", "or",
-                "via", "use", "used", "stored", "rotated", "moved", "ask", "set", "not", "no", "by", "with"}
+_PROSE_WORDS = {
+    "the",
+    "a",
+    "an",
+    "see",
+    "in",
+    "is",
+    "was",
+    "on",
+    "at",
+    "of",
+    "to",
+    "from",
+    "for",
+    "and",
+    "or",
+    "via",
+    "use",
+    "used",
+    "stored",
+    "rotated",
+    "moved",
+    "ask",
+    "set",
+    "not",
+    "no",
+    "by",
+    "with",
+}
 
 
 def _named_secret(name: str, value: str) -> bool:
@@ -64,12 +106,18 @@ def _whole(value: str) -> tuple[str, Counter]:
     """A secret-named value replaced whole: by its own kind's marker when it is one secret a detector knows
     (a GitHub token under deploy.token), else by `[REDACTED:secret-named]`."""
     found = find(value)
-    if len(found) == 1 and not value[:found[0].start].strip() and not value[found[0].end:].strip():
+    if (
+        len(found) == 1
+        and not value[: found[0].start].strip()
+        and not value[found[0].end :].strip()
+    ):
         return MARKER.format(found[0].kind), Counter({found[0].kind: 1})
     return MARKER.format(NAMED), Counter({NAMED: 1})
 
 
-def redact_named(name: str, value: str | None, text: Callable[[str], str | None] | None = None) -> str | None:
+def redact_named(
+    name: str, value: str | None, text: Callable[[str], str | None] | None = None
+) -> str | None:
     """A value stored under a name: replaced whole (`_whole`) when the name names a secret (`secret_name`) and
     the value is neither a placeholder nor a sentence, else passed through `text` (default redact_text)."""
     if not value:
@@ -79,8 +127,11 @@ def redact_named(name: str, value: str | None, text: Callable[[str], str | None]
     return (text or redact_text)(value)
 
 
-def redact_value(value: Any, text: Callable[[str], str | None] | None = None,
-                 named: Callable[[str, str], str | None] | None = None) -> Any:
+def redact_value(
+    value: Any,
+    text: Callable[[str], str | None] | None = None,
+    named: Callable[[str, str], str | None] | None = None,
+) -> Any:
     """Every string in a JSON-like value redacted, structure kept (tuples become lists). The one walk.
 
     A string that is a mapping's value goes through `named(key, string)` (default: `redact_named` with
@@ -171,13 +222,17 @@ class Redactor:
 
     def value(self, value: Any, what: str = "meta") -> Any:
         """Every string of a JSON-like value through `text()`, a mapping's values through `named()`."""
-        return redact_value(value, lambda item: self.text(item, what), lambda key, item: self.named(key, item, what))
+        return redact_value(
+            value, lambda item: self.text(item, what), lambda key, item: self.named(key, item, what)
+        )
 
     def _allow(self, what: str, kinds: Counter) -> None:
         if self.mode == "block":
-            raise SecretRefused(f"refused: the {what} holds {sum(kinds.values())} secret(s) ({kinds_text(kinds)}); "
-                                '[redaction] mode = "block" refuses such writes: remove the secret, or set '
-                                'mode = "redact" to store it as a [REDACTED:<kind>] marker')
+            raise SecretRefused(
+                f"refused: the {what} holds {sum(kinds.values())} secret(s) ({kinds_text(kinds)}); "
+                '[redaction] mode = "block" refuses such writes: remove the secret, or set '
+                'mode = "redact" to store it as a [REDACTED:<kind>] marker'
+            )
 
     @classmethod
     def configured(cls) -> "Redactor":
@@ -190,5 +245,7 @@ class Redactor:
         """What the CLI says on stderr after a write that redacted something: count and kinds, never a value."""
         if not self.count:
             return None
-        return (f"redacted {self.count} secret(s) before storing ({kinds_text(self.kinds)}); "
-                "the stored text holds [REDACTED:<kind>] markers instead")
+        return (
+            f"redacted {self.count} secret(s) before storing ({kinds_text(self.kinds)}); "
+            "the stored text holds [REDACTED:<kind>] markers instead"
+        )

@@ -17,7 +17,8 @@ from memctl.redact.names import Finding, name_kind, placeholder
 
 # A password-taking command, then the rest of its command line (to a pipe, ; or &).
 _PASSWORD_COMMAND = re.compile(
-    r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl|(?:docker|podman|nerdctl)[ \t]+login)\b([^\n|;&]*)")
+    r"(?<![\w./-])(mysql[\w-]*|mariadb[\w-]*|sshpass|redis-cli|curl|(?:docker|podman|nerdctl)[ \t]+login)\b([^\n|;&]*)"
+)
 _VALUE = r"(?:(['\"])(.{0,1024}?)\1|([^\s'\"]\S*+))"
 _COMMAND_PASSWORD = {
     "mysql": re.compile(r"(?<=\s)-p" + _VALUE),  # attached only: `mysql -p` alone prompts
@@ -30,32 +31,79 @@ _COMMAND_PASSWORD = {
 # Commands whose password is one of their arguments: the options that take it (the value after a blank, or
 # attached to a one-letter option), or a rule for its place (_PLACED).
 _TAKES = {
-    "sqlcmd": ("-P",), "bcp": ("-P",), "ipmitool": ("-P",), "zip": ("-P",), "unzip": ("-P",),
-    "ldapsearch": ("-w",), "ldapadd": ("-w",), "ldapmodify": ("-w",), "ldapdelete": ("-w",), "ldapwhoami": ("-w",),
-    "ldappasswd": ("-w", "-s", "-a"), "ssh-keygen": ("-N", "-P"), "useradd": ("-p",), "usermod": ("-p",),
-    "mongo": ("-p",), "mongosh": ("-p",), "az": ("-p",), "7z": ("-p",), "7za": ("-p",),
-    "keytool": ("-storepass", "-keypass", "-srcstorepass", "-deststorepass", "-srckeypass", "-destkeypass", "-new"),
-    "smbclient": ("-U",), "rpcclient": ("-U",), "smbmap": ("-p",),
+    "sqlcmd": ("-P",),
+    "bcp": ("-P",),
+    "ipmitool": ("-P",),
+    "zip": ("-P",),
+    "unzip": ("-P",),
+    "ldapsearch": ("-w",),
+    "ldapadd": ("-w",),
+    "ldapmodify": ("-w",),
+    "ldapdelete": ("-w",),
+    "ldapwhoami": ("-w",),
+    "ldappasswd": ("-w", "-s", "-a"),
+    "ssh-keygen": ("-N", "-P"),
+    "useradd": ("-p",),
+    "usermod": ("-p",),
+    "mongo": ("-p",),
+    "mongosh": ("-p",),
+    "az": ("-p",),
+    "7z": ("-p",),
+    "7za": ("-p",),
+    "keytool": (
+        "-storepass",
+        "-keypass",
+        "-srcstorepass",
+        "-deststorepass",
+        "-srckeypass",
+        "-destkeypass",
+        "-new",
+    ),
+    "smbclient": ("-U",),
+    "rpcclient": ("-U",),
+    "smbmap": ("-p",),
 }
 _ATTACHED_ONLY = {"7z", "7za"}  # `7z a -pX`: a blank after -p is another argument
 _PLACED = {"htpasswd", "net", "rabbitmqctl", "mysqladmin", "redis-cli"}
-_ARGUMENT_COMMAND = re.compile(r"(?<![\w./-])(" + "|".join(sorted(map(re.escape, {*_TAKES, *_PLACED}), key=len,
-                                                                    reverse=True)) + r")(?![\w.-])([^\n|;&]*)")
+_ARGUMENT_COMMAND = re.compile(
+    r"(?<![\w./-])("
+    + "|".join(sorted(map(re.escape, {*_TAKES, *_PLACED}), key=len, reverse=True))
+    + r")(?![\w.-])([^\n|;&]*)"
+)
 _WORDS = re.compile(r"(['\"])(.{0,1024}?)\1|[^\s'\"]\S*+")
 # `echo X | passwd --stdin`, `printf 'user:X' | chpasswd`, `echo X | sudo -S ...`: what is echoed into them.
-_PIPED = re.compile(r"(?<![\w./-])(?:echo|printf)(?:[ \t]{1,8}-[neE]{1,3})*[ \t]{1,8}(?:(['\"])(.{1,512}?)\1|"
-                    r"([^\s'\"|;&]{1,512}))[ \t]{0,8}\|[ \t]{0,8}(?:sudo[ \t]{1,8}(?:-\w+[ \t]{1,8})*)?"
-                    r"(chpasswd|passwd[ \t]{1,8}--stdin|passwd|sudo[ \t]{1,8}-S|-S)(?![\w-])")
+_PIPED = re.compile(
+    r"(?<![\w./-])(?:echo|printf)(?:[ \t]{1,8}-[neE]{1,3})*[ \t]{1,8}(?:(['\"])(.{1,512}?)\1|"
+    r"([^\s'\"|;&]{1,512}))[ \t]{0,8}\|[ \t]{0,8}(?:sudo[ \t]{1,8}(?:-\w+[ \t]{1,8})*)?"
+    r"(chpasswd|passwd[ \t]{1,8}--stdin|passwd|sudo[ \t]{1,8}-S|-S)(?![\w-])"
+)
 
 
 def command_words(text: str, low: str) -> bool:
-    return ("mysql" in low or "login" in low and "-p" in text or "fact" in low and "set" in low or "mariadb" in low
-            or "sshpass" in low or "redis-cli" in low or "curl" in low and ("-u" in text or "--user" in text)
-            or "passw" in low or "net us" in low or "rabbitmqctl" in low or "|" in text and "sudo" in low
-            or " -" in text and _ARGUMENT_COMMAND.search(text) is not None)
+    return (
+        "mysql" in low
+        or "login" in low
+        and "-p" in text
+        or "fact" in low
+        and "set" in low
+        or "mariadb" in low
+        or "sshpass" in low
+        or "redis-cli" in low
+        or "curl" in low
+        and ("-u" in text or "--user" in text)
+        or "passw" in low
+        or "net us" in low
+        or "rabbitmqctl" in low
+        or "|" in text
+        and "sudo" in low
+        or " -" in text
+        and _ARGUMENT_COMMAND.search(text) is not None
+    )
 
 
-_OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.{0,1024}?)\2|([^\s'\"-]\S*+))")
+_OPTION = re.compile(
+    r"(?<![\w-])--([A-Za-z][\w-]{1,40})[ \t]+(?:(['\"])(.{0,1024}?)\2|([^\s'\"-]\S*+))"
+)
 
 
 def command_findings(text: str) -> list[Finding]:
@@ -64,13 +112,24 @@ def command_findings(text: str) -> list[Finding]:
     found = []
     for command in _PASSWORD_COMMAND.finditer(text):
         name = command.group(1)
-        rule = _COMMAND_PASSWORD["mysql" if name.startswith(("mysql", "mariadb")) else
-                                 "login" if name.endswith("login") else name]
+        rule = _COMMAND_PASSWORD[
+            "mysql"
+            if name.startswith(("mysql", "mariadb"))
+            else "login"
+            if name.endswith("login")
+            else name
+        ]
         for m in rule.finditer(text, command.start(2), command.end(2)):
             assert m.lastindex is not None  # each rule's value is a group
             span = (m.start(m.lastindex), m.end(m.lastindex))
-            value = text[span[0]:span[1]]
-            if len(value) < 3 or placeholder(value) or name[0] == "m" and value.isdigit() and len(value) <= 5:
+            value = text[span[0] : span[1]]
+            if (
+                len(value) < 3
+                or placeholder(value)
+                or name[0] == "m"
+                and value.isdigit()
+                and len(value) <= 5
+            ):
                 continue  # `mysql -p3306`: a port typed with the wrong case; `-pv` another command's flags
             found.append(Finding("password", *span))
     if "--" in text:
@@ -90,12 +149,19 @@ def _argument_findings(text: str) -> list[Finding]:
     found = []
     for command in _ARGUMENT_COMMAND.finditer(text):
         name = command.group(1)
-        words = [(m.start(2), m.end(2)) if m.group(1) else m.span() for m in
-                 _WORDS.finditer(text, command.start(2), command.end(2))]
+        words = [
+            (m.start(2), m.end(2)) if m.group(1) else m.span()
+            for m in _WORDS.finditer(text, command.start(2), command.end(2))
+        ]
         spans = _placed(name, text, words) if name in _PLACED else _option_values(name, text, words)
         for start, end in spans:
             value = text[start:end]
-            if len(value) >= 3 and value != "*" and not value.startswith("$") and not placeholder(value):
+            if (
+                len(value) >= 3
+                and value != "*"
+                and not value.startswith("$")
+                and not placeholder(value)
+            ):
                 found.append(Finding("password", start, end))
     return found
 
@@ -113,8 +179,11 @@ def _option_values(name: str, text: str, words: list[tuple[int, int]]) -> list[t
             elif len(option) == 2 and word.startswith(option) and len(word) > 2:
                 spans.append((start + 2, end))
     if name in ("smbclient", "rpcclient"):  # -U user%password
-        spans = [(start + text.index("%", start, end) + 1 - start, end) for start, end in spans
-                 if "%" in text[start:end]]
+        spans = [
+            (start + text.index("%", start, end) + 1 - start, end)
+            for start, end in spans
+            if "%" in text[start:end]
+        ]
     return spans
 
 
@@ -125,13 +194,19 @@ def _placed(name: str, text: str, words: list[tuple[int, int]]) -> list[tuple[in
     plain = [i for i, w in enumerate(said) if not w.startswith(("-", "/"))]
     if name == "htpasswd":  # -b: FILE USER PASSWORD; -nb: USER PASSWORD (on stdout)
         options = "".join(w for w in said if w.startswith("-"))
-        place, given = 1 if "n" in options else 2, [i for i, w in enumerate(said) if not w.startswith("-")]
+        place, given = (
+            1 if "n" in options else 2,
+            [i for i, w in enumerate(said) if not w.startswith("-")],
+        )
         return [words[given[place]]] if "b" in options and len(given) > place else []
-    if name == "net" and low[:1] in (["user"], ["use"]):  # net user NAME PASSWORD, net use [D:] \\host\share PASSWORD
+    if name == "net" and low[:1] in (
+        ["user"],
+        ["use"],
+    ):  # net user NAME PASSWORD, net use [D:] \\host\share PASSWORD
         rest = plain[1:]
         if low[0] == "use":
             share = next((n for n, i in enumerate(rest) if said[i].startswith("\\\\")), None)
-            rest = rest[share + 1:] if share is not None else []
+            rest = rest[share + 1 :] if share is not None else []
             return [words[rest[0]]] if rest else []
         return [words[rest[1]]] if len(rest) > 1 else []
     if name == "rabbitmqctl" and low[:1] in (["add_user"], ["change_password"]) and len(plain) > 2:
@@ -143,7 +218,9 @@ def _placed(name: str, text: str, words: list[tuple[int, int]]) -> list[tuple[in
         for keyword, offset in (("auth", None), ("requirepass", 1), ("masterauth", 1)):
             if keyword in low:
                 at = low.index(keyword)
-                after = [i for i in range(at + 1, min(at + 3, len(words))) if not said[i].startswith("-")]
+                after = [
+                    i for i in range(at + 1, min(at + 3, len(words))) if not said[i].startswith("-")
+                ]
                 if after:
                     return [words[after[-1] if offset is None else after[0]]]
     return []

@@ -18,8 +18,17 @@ from memctl.redact.shapes import named_pair, shape_findings
 _MARKER = re.compile(r"\[REDACTED:[a-z0-9-]+\]")
 
 # detect-secrets plugins not used (see the module docstring).
-EXCLUDED_PLUGINS = {"Base64HighEntropyString", "HexHighEntropyString", "IPPublicDetector", "BasicAuthDetector"}
-KIND_NAMES = {"AWS Access Key": "aws-access-key", "Secret Keyword": "secret-keyword", "Private Key": "private-key"}
+EXCLUDED_PLUGINS = {
+    "Base64HighEntropyString",
+    "HexHighEntropyString",
+    "IPPublicDetector",
+    "BasicAuthDetector",
+}
+KIND_NAMES = {
+    "AWS Access Key": "aws-access-key",
+    "Secret Keyword": "secret-keyword",
+    "Private Key": "private-key",
+}
 
 # A PEM or OpenSSH private key, BEGIN to END (or, cut off, to the end of its base64 lines). The END line is
 # looked up among all END lines found once (`_private_keys`), never searched for again from each BEGIN.
@@ -33,7 +42,9 @@ _URL_HEAD = re.compile(r"(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s:
 _TOKEN = re.compile(r"\S+")
 # ?password=... / ?token=... in a URL's query string (a libpq password=... pair is a name=value pair: _PAIR).
 _QUERY_SECRET = re.compile(
-    r"[?&](?:(?:ssl)?(?:password|passwd|pwd)|token|api[_-]?key|access[_-]?token|secret)=([^&#\s'\"]+)", re.IGNORECASE)
+    r"[?&](?:(?:ssl)?(?:password|passwd|pwd)|token|api[_-]?key|access[_-]?token|secret)=([^&#\s'\"]+)",
+    re.IGNORECASE,
+)
 # Per plugin, a cheap test that every match of its patterns implies (a keyword, a prefix, a
 # quote), on the text and its lower-case copy: a plugin whose gate fails is not run. Plain
 # substring tests, because Python's re is slow on case-insensitive alternations (measured:
@@ -42,18 +53,21 @@ _QUERY_SECRET = re.compile(
 _QUOTED = re.compile(r"['\"`]")
 
 
-
 GATES = {
     # the plugin (230 us a line) needs a quote and one of its DENYLIST words
-    "secret-keyword": lambda text, low: (_QUOTED.search(text) is not None
-                                         and any(w in low for w in ("key", "pass", "pwd", "secret", "contrase"))),
+    "secret-keyword": lambda text, low: (
+        _QUOTED.search(text) is not None
+        and any(w in low for w in ("key", "pass", "pwd", "secret", "contrase"))
+    ),
     "cloudant-credentials": any_word("key", "pw", "pass", "token", "cloudant"),
     "softlayer-credentials": any_word("key", "pw", "pass", "token"),
     "ibm-cloud-iam-key": any_word("key", "pw", "pass", "token"),
     "ibm-cos-hmac-credentials": any_word("secret"),
     "artifactory-credentials": lambda text, low: "AKC" in text or "AP" in text,
     "mailchimp-access-key": any_word("-us"),
-    "aws-access-key": lambda text, low: "aws" in low or "A3T" in text or "IA" in text or "ACCA" in text,
+    "aws-access-key": lambda text, low: (
+        "aws" in low or "A3T" in text or "IA" in text or "ACCA" in text
+    ),
     "slack-token": any_word("xox", "hooks.slack.com"),
     "json-web-token": lambda text, low: "eyJ" in text,
     "private-key": any_word("private key", "putty"),
@@ -62,7 +76,9 @@ GATES = {
     "sendgrid-api-key": lambda text, low: "SG." in text,
     "stripe-access-key": any_word("k_live_"),
     "azure-storage-account-access-key": lambda text, low: "AccountKey=" in text,
-    "github-token": lambda text, low: "_" in text and any(p in text for p in ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),
+    "github-token": lambda text, low: (
+        "_" in text and any(p in text for p in ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"))
+    ),
     "gitlab-token": lambda text, low: "-" in text and ("gl" in text or "GR1348941" in text),
     "openai-token": lambda text, low: "T3BlbkFJ" in text,
     "square-oauth-secret": lambda text, low: "sq0csp-" in text,
@@ -81,10 +97,21 @@ _KEYWORDS = any_word("key", "pw", "pass", "token", "secret", "cloudant", "auth",
 def candidate(text: str, low: str) -> bool:
     """Could any detector match at all? A long token, a URL, a key line, a quote, a secret-like name before
     `=` or `:`, or a command that takes a password."""
-    if "://" in text or "private key" in low or "putty" in low or "passw" in low or "passphrase" in low \
-            or _QUOTED.search(text):
+    if (
+        "://" in text
+        or "private key" in low
+        or "putty" in low
+        or "passw" in low
+        or "passphrase" in low
+        or _QUOTED.search(text)
+    ):
         return True
-    if named_pair(text, low) or command_words(text, low) or "/" in text and ("cred" in low or "login" in low):
+    if (
+        named_pair(text, low)
+        or command_words(text, low)
+        or "/" in text
+        and ("cred" in low or "login" in low)
+    ):
         return True
     tokens = text.split()
     if max(map(len, tokens), default=0) < 16:
@@ -94,8 +121,6 @@ def candidate(text: str, low: str) -> bool:
         long = [t for t in long if len(_MARKER.sub("", t)) >= 16]
     plain = [t for t in long if not _HEXISH.fullmatch(t)]
     return bool(plain) or (bool(long) and _KEYWORDS(text, low))
-
-
 
 
 @lru_cache(maxsize=1)
@@ -110,8 +135,13 @@ def _plugins() -> tuple[tuple[str, Any, Callable[[str, str], bool] | None, bool]
     for secret_type, plugin in sorted(mapping.items()):
         if plugin.__name__ in EXCLUDED_PLUGINS:
             continue
-        kind = KIND_NAMES.get(secret_type) or re.sub(r"[^a-z0-9]+", "-", secret_type.lower()).strip("-")
-        plain = issubclass(plugin, RegexBasedDetector) and plugin.analyze_string is RegexBasedDetector.analyze_string
+        kind = KIND_NAMES.get(secret_type) or re.sub(r"[^a-z0-9]+", "-", secret_type.lower()).strip(
+            "-"
+        )
+        plain = (
+            issubclass(plugin, RegexBasedDetector)
+            and plugin.analyze_string is RegexBasedDetector.analyze_string
+        )
         plugins.append((kind, plugin(), GATES.get(kind), plain))
     return tuple(plugins)
 
@@ -145,8 +175,10 @@ def _occurrences(text: str, value: str, kind: str, start: int, end: int) -> list
         after = at + size
         # A short one only between characters that are not word characters or hyphens (compiling a pattern for
         # each value cost 50-100 us: hostile lines each holding another value were 0.2 MB/s).
-        if size >= 12 or ((at == 0 or _WORDISH.match(text, at - 1) is None)
-                          and (after >= end or _WORDISH.match(text, after) is None)):
+        if size >= 12 or (
+            (at == 0 or _WORDISH.match(text, at - 1) is None)
+            and (after >= end or _WORDISH.match(text, after) is None)
+        ):
             found.append(Finding(kind, at, after))
             at = text.find(value, after, end)
         else:
@@ -158,12 +190,15 @@ def _occurrences(text: str, value: str, kind: str, start: int, end: int) -> list
 # `.{0,20}?` twice around a case-insensitive alternation, from every `aws`) needs a quote then 40 key characters
 # (as re.IGNORECASE reads [0-9a-zA-Z]: the Kelvin sign, long s, dotted and dotless i too).
 PATTERN_NEEDS = {
-    r"aws.{0,20}?(?:key|pwd|pw|password|pass|token).{0,20}?[\'\"]([0-9a-zA-Z/+]{40})[\'\"]":
-        re.compile("['\"][0-9a-zA-Z/+\u212a\u017f\u0130\u0131]{40}"),
+    r"aws.{0,20}?(?:key|pwd|pw|password|pass|token).{0,20}?[\'\"]([0-9a-zA-Z/+]{40})[\'\"]": re.compile(
+        "['\"][0-9a-zA-Z/+\u212a\u017f\u0130\u0131]{40}"
+    ),
 }
 
 
-def _regex_findings(text: str, kind: str, plugin, window_start: int, window_end: int) -> list[Finding]:
+def _regex_findings(
+    text: str, kind: str, plugin, window_start: int, window_end: int
+) -> list[Finding]:
     """A plain regex plugin's matches in text[start:end] as spans: its capture group when that is the secret,
     else the whole match. (Its analyze_string reports a group's text, for the GitHub pattern the bare "ghp".)
     """
@@ -192,8 +227,11 @@ _JWT = re.compile(r"(?<![\w=-])(eyJ[\w=-]*+\.[\w=-]++)(?:\.[\w.+/=-]*+)?")
 
 
 def _jwt_findings(text: str, plugin) -> list[Finding]:
-    return [Finding("json-web-token", *m.span()) for m in _JWT.finditer(text)
-            if plugin.is_formally_valid(m.group(1))]
+    return [
+        Finding("json-web-token", *m.span())
+        for m in _JWT.finditer(text)
+        if plugin.is_formally_valid(m.group(1))
+    ]
 
 
 _LINE = re.compile(r"[^\r\n]+")
@@ -203,7 +241,12 @@ _LINE = re.compile(r"[^\r\n]+")
 # digits for Cloudant, 44 for IBM Cloud IAM, 64 for SoftLayer, 48 hex digits for IBM COS): a window without a run
 # that long is not given to them. They run on any text with `key`, `pw`, `pass`, `token` or `secret` in it, at
 # 0.1 us a character each.
-RUN_NEEDED = {"cloudant-credentials": 24, "ibm-cloud-iam-key": 44, "softlayer-credentials": 64, "ibm-cos-hmac-credentials": 48}
+RUN_NEEDED = {
+    "cloudant-credentials": 24,
+    "ibm-cloud-iam-key": 44,
+    "softlayer-credentials": 64,
+    "ibm-cos-hmac-credentials": 48,
+}
 
 
 # ASCII characters that end a run of [\w-], as blanks (other characters are kept: a run found is maybe longer than
@@ -234,10 +277,15 @@ def _plugin_findings(text: str, low: str) -> list[Finding]:
             need = RUN_NEEDED.get(kind)
             if need and long_tokens is None:
                 runs, shortest = text.translate(_RUN_BREAKS), min(RUN_NEEDED.values())
-                long_tokens = ([m.span() for m in _TOKEN.finditer(runs) if m.end() - m.start() >= shortest]
-                               if max(map(len, runs.split()), default=0) >= shortest else [])
+                long_tokens = (
+                    [m.span() for m in _TOKEN.finditer(runs) if m.end() - m.start() >= shortest]
+                    if max(map(len, runs.split()), default=0) >= shortest
+                    else []
+                )
             for start, end in _windows(text):
-                if need and not _has_run(long_tokens or [], start, end, need):  # made above when needed
+                if need and not _has_run(
+                    long_tokens or [], start, end, need
+                ):  # made above when needed
                     continue
                 found.extend(_regex_findings(text, kind, plugin, start, end))
         elif kind == "secret-keyword":
@@ -329,7 +377,7 @@ def find(text: str) -> list[Finding]:
     if "[REDACTED:" in text:
         markers = [m.span() for m in _MARKER.finditer(text)]
         found = [f for f in found if not _in_marker(markers, f)]
-    return _merge([f for f in found if not NOT_A_SECRET.match(text[f.start:f.end])])
+    return _merge([f for f in found if not NOT_A_SECRET.match(text[f.start : f.end])])
 
 
 def _in_marker(markers: list[tuple[int, int]], finding: Finding) -> bool:
@@ -347,5 +395,3 @@ def _merge(found: list[Finding]) -> list[Finding]:
             continue
         kept.append(item)
     return kept
-
-

@@ -30,8 +30,16 @@ from functools import lru_cache
 # Case folding as re.IGNORECASE folds the characters of the DENYLIST words, one character for one (measured over
 # every code point: the ASCII capitals, İ and ı for i, the Kelvin sign for k, long s for s, Ñ for ñ), so that
 # positions in the folded copy are positions in the text.
-FOLD = str.maketrans({**{chr(c): chr(c + 32) for c in range(ord("A"), ord("Z") + 1)},
-                      "\u0130": "i", "\u0131": "i", "\u212a": "k", "\u017f": "s", "\u00d1": "\u00f1"})
+FOLD = str.maketrans(
+    {
+        **{chr(c): chr(c + 32) for c in range(ord("A"), ord("Z") + 1)},
+        "\u0130": "i",
+        "\u0131": "i",
+        "\u212a": "k",
+        "\u017f": "s",
+        "\u00d1": "\u00f1",
+    }
+)
 _NOT_WORD = re.compile(r"\W")
 _COMPARISON = re.compile(r"[!=]{2}")
 # What each pattern needs, beyond its literal: every one needs an opening quote before a word character (its SECRET
@@ -44,7 +52,9 @@ _QUOTE_SEMICOLON = re.compile(r"['\"`];")
 
 
 @lru_cache(maxsize=1)
-def _patterns() -> tuple[tuple[str, ...], tuple[tuple[re.Pattern, int, tuple[str, re.Pattern] | re.Pattern], ...]]:
+def _patterns() -> tuple[
+    tuple[str, ...], tuple[tuple[re.Pattern, int, tuple[str, re.Pattern] | re.Pattern], ...]
+]:
     """(the DENYLIST words spelled out, (pattern, its group, (the literal it needs, its quote's pattern), or for the
     comparison the pattern of its tail))."""
     from detect_secrets.plugins import keyword
@@ -52,31 +62,48 @@ def _patterns() -> tuple[tuple[str, ...], tuple[tuple[re.Pattern, int, tuple[str
     words = set()
     for word in keyword.DENYLIST:
         if re.sub(r"_\?", "", word) != re.escape(re.sub(r"_\?", "", word)):
-            raise RuntimeError(f"detect-secrets DENYLIST entry {word!r} is more than words and '_?'")
+            raise RuntimeError(
+                f"detect-secrets DENYLIST entry {word!r} is more than words and '_?'"
+            )
         words |= {word.replace("_?", "_"), word.replace("_?", "")}
-    needs = {keyword.FOLLOWED_BY_COLON_QUOTES_REQUIRED_REGEX: (":", _COLON_QUOTE),
-             keyword.FOLLOWED_BY_EQUAL_SIGNS_QUOTES_REQUIRED_REGEX: ("=", _EQUAL_QUOTE),
-             keyword.FOLLOWED_BY_QUOTES_AND_SEMICOLON_REGEX: (";", _QUOTE_SEMICOLON),
-             keyword.FOLLOWED_BY_ARROW_FUNCTION_SIGN_QUOTES_REQUIRED_REGEX: ("=", _ARROW_QUOTE),
-             keyword.PRECEDED_BY_EQUAL_COMPARISON_SIGNS_QUOTES_REQUIRED_REGEX: None}
+    needs = {
+        keyword.FOLLOWED_BY_COLON_QUOTES_REQUIRED_REGEX: (":", _COLON_QUOTE),
+        keyword.FOLLOWED_BY_EQUAL_SIGNS_QUOTES_REQUIRED_REGEX: ("=", _EQUAL_QUOTE),
+        keyword.FOLLOWED_BY_QUOTES_AND_SEMICOLON_REGEX: (";", _QUOTE_SEMICOLON),
+        keyword.FOLLOWED_BY_ARROW_FUNCTION_SIGN_QUOTES_REQUIRED_REGEX: ("=", _ARROW_QUOTE),
+        keyword.PRECEDED_BY_EQUAL_COMPARISON_SIGNS_QUOTES_REQUIRED_REGEX: None,
+    }
     table = keyword.QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP
     compared = keyword.PRECEDED_BY_EQUAL_COMPARISON_SIGNS_QUOTES_REQUIRED_REGEX
-    tail = r"{ws}[!=]{{2,3}}{ws}{denylist}".format(ws=keyword.OPTIONAL_WHITESPACE,
-                                                   denylist=keyword.DENYLIST_REGEX_WITH_PREFIX)
-    if (set(table) != set(needs) or table[compared] != 2 or compared.flags & re.IGNORECASE
-            or compared.pattern != r"({q})({s})(\1)".format(q=keyword.QUOTE, s=keyword.SECRET) + tail
-            or keyword.SECRET != r'(?=[^\v\'\"]*)(?=\w+)[^\v\'\"]*[^\v,\'\"`]' or keyword.QUOTE != r'[\'"`]'):
-        raise RuntimeError("detect-secrets' keyword patterns changed: memctl.redact.keyword needs a look")
-    return tuple(sorted(words)), tuple((pattern, group, needs[pattern] or re.compile(tail))
-                                       for pattern, group in table.items())
+    tail = r"{ws}[!=]{{2,3}}{ws}{denylist}".format(
+        ws=keyword.OPTIONAL_WHITESPACE, denylist=keyword.DENYLIST_REGEX_WITH_PREFIX
+    )
+    if (
+        set(table) != set(needs)
+        or table[compared] != 2
+        or compared.flags & re.IGNORECASE
+        or compared.pattern != r"({q})({s})(\1)".format(q=keyword.QUOTE, s=keyword.SECRET) + tail
+        or keyword.SECRET != r"(?=[^\v\'\"]*)(?=\w+)[^\v\'\"]*[^\v,\'\"`]"
+        or keyword.QUOTE != r'[\'"`]'
+    ):
+        raise RuntimeError(
+            "detect-secrets' keyword patterns changed: memctl.redact.keyword needs a look"
+        )
+    return tuple(sorted(words)), tuple(
+        (pattern, group, needs[pattern] or re.compile(tail)) for pattern, group in table.items()
+    )
 
 
 def _contained() -> set[tuple[str, str]]:
     """Pairs (word, inner word) where the inner word sits inside the word after its start and ends before its end:
     must be empty for the first-start rule above."""
     words = _patterns()[0]
-    return {(w, v) for w in words for v in words
-            if any(w.startswith(v, i) and i + len(v) < len(w) for i in range(1, len(w)))}
+    return {
+        (w, v)
+        for w in words
+        for v in words
+        if any(w.startswith(v, i) and i + len(v) < len(w) for i in range(1, len(w)))
+    }
 
 
 def starts(text: str, low: str | None = None) -> list[int]:
@@ -98,7 +125,9 @@ def values(text: str, start: int, end: int, word_starts: list[int]) -> set[str]:
     if _QUOTE_WORD.search(text, start, end) is None:
         return found
     first, previous = [], -1
-    for at in word_starts[bisect.bisect_left(word_starts, start):bisect.bisect_left(word_starts, end)]:
+    for at in word_starts[
+        bisect.bisect_left(word_starts, start) : bisect.bisect_left(word_starts, end)
+    ]:
         if previous < 0 or _NOT_WORD.search(text, previous, at) is not None:
             first.append(at)
         previous = at
@@ -204,8 +233,12 @@ def _compared(text: str, start: int, end: int, tail: re.Pattern) -> str | None:
     closing: dict[str, list[int]] = {"'": [], '"': [], "`": []}
     for m in _QUOTE_BEFORE_COMPARISON.finditer(text, start, end):
         at = m.start()
-        if at - 1 > start and text[at - 1] not in "\v,'\"`" and tail.match(text, at + 1, end) is not None:
+        if (
+            at - 1 > start
+            and text[at - 1] not in "\v,'\"`"
+            and tail.match(text, at + 1, end) is not None
+        ):
             closing[text[at]].append(at)
     for at, stop in _openings(text, start, end, closing):
-        return text[at + 1:stop]
+        return text[at + 1 : stop]
     return None

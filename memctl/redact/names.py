@@ -34,8 +34,10 @@ def any_word(*words: str):
 
 
 # A value that is already masked or a placeholder is not a secret.
-NOT_A_SECRET = re.compile(r"^(?:\*+|\[REDACTED:[a-z0-9-]+\]|\$\{?\w+\}?|<[^>]*>|%\(?\w*\)?s?"
-                          r"|x+|X+)$")
+NOT_A_SECRET = re.compile(
+    r"^(?:\*+|\[REDACTED:[a-z0-9-]+\]|\$\{?\w+\}?|<[^>]*>|%\(?\w*\)?s?"
+    r"|x+|X+)$"
+)
 
 
 # --- Names that name a secret --------------------------------------------------------------------
@@ -44,33 +46,116 @@ _SEGMENT = re.compile(r"[./:\\]")
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 # The last word of the name decides: password-like words give the kind "password", the rest
 # "secret-keyword".
-_SECRET_SUFFIXES = (("password", "password"), ("passwd", "password"), ("passphrase", "password"),
-                    ("secret", "secret-keyword"), ("token", "secret-keyword"),
-                    ("apikey", "secret-keyword"), ("secretkey", "secret-keyword"),
-                    ("accesskey", "secret-keyword"), ("privatekey", "secret-keyword"),
-                    ("authkey", "secret-keyword"))
-_SECRET_WORDS = {"pwd": "password", "pw": "password", "pass": "password", "requirepass": "password",
-                 "masterauth": "password", "credential": "secret-keyword",
-                 "credentials": "secret-keyword", "pat": "secret-keyword"}
+_SECRET_SUFFIXES = (
+    ("password", "password"),
+    ("passwd", "password"),
+    ("passphrase", "password"),
+    ("secret", "secret-keyword"),
+    ("token", "secret-keyword"),
+    ("apikey", "secret-keyword"),
+    ("secretkey", "secret-keyword"),
+    ("accesskey", "secret-keyword"),
+    ("privatekey", "secret-keyword"),
+    ("authkey", "secret-keyword"),
+)
+_SECRET_WORDS = {
+    "pwd": "password",
+    "pw": "password",
+    "pass": "password",
+    "requirepass": "password",
+    "masterauth": "password",
+    "credential": "secret-keyword",
+    "credentials": "secret-keyword",
+    "pat": "secret-keyword",
+}
 # A service whose "auth" is its password (redis.auth, registry_auth); auth alone is a method, not
 # a secret.
-_AUTH_MODIFIERS = {"basic", "http", "proxy", "redis", "smtp", "ldap", "registry", "docker", "mongo",
-                   "mongodb", "nats", "kafka", "rabbitmq", "amqp", "memcached", "api", "ftp",
-                   "imap", "vnc"}
+_AUTH_MODIFIERS = {
+    "basic",
+    "http",
+    "proxy",
+    "redis",
+    "smtp",
+    "ldap",
+    "registry",
+    "docker",
+    "mongo",
+    "mongodb",
+    "nats",
+    "kafka",
+    "rabbitmq",
+    "amqp",
+    "memcached",
+    "api",
+    "ftp",
+    "imap",
+    "vnc",
+}
 # Words after the secret's own name that say how it is written down, not what it is
 # (SECRET_KEY_BASE).
 _ENCODING_WORDS = {"base", "b64", "base64", "hex", "raw", "value", "data", "str", "string"}
 # "key" alone names a secret only after one of these (api key, AWS_SECRET_ACCESS_KEY); not ssh,
 # primary, public, sort, partition, cache, idempotency keys.
-_KEY_MODIFIERS = {"api", "access", "secret", "private", "client", "auth", "encryption", "signing",
-                  "master", "service", "account", "app", "license", "db", "database", "priv",
-                  "hmac", "shared", "webhook", "subscription", "openai", "anthropic", "stripe",
-                  "sendgrid", "mailgun", "twilio"}
+_KEY_MODIFIERS = {
+    "api",
+    "access",
+    "secret",
+    "private",
+    "client",
+    "auth",
+    "encryption",
+    "signing",
+    "master",
+    "service",
+    "account",
+    "app",
+    "license",
+    "db",
+    "database",
+    "priv",
+    "hmac",
+    "shared",
+    "webhook",
+    "subscription",
+    "openai",
+    "anthropic",
+    "stripe",
+    "sendgrid",
+    "mailgun",
+    "twilio",
+}
 # A token counted, paged or spliced into a prompt is no credential (max_tokens, page token,
 # eos_token).
-_TOKEN_NOT = {"max", "min", "num", "total", "input", "output", "prompt", "completion", "page",
-              "next", "continuation", "cursor", "sync", "eos", "bos", "pad", "unk", "sep", "cls",
-              "mask", "special", "stop", "start", "end", "first", "last", "per", "context"}
+_TOKEN_NOT = {
+    "max",
+    "min",
+    "num",
+    "total",
+    "input",
+    "output",
+    "prompt",
+    "completion",
+    "page",
+    "next",
+    "continuation",
+    "cursor",
+    "sync",
+    "eos",
+    "bos",
+    "pad",
+    "unk",
+    "sep",
+    "cls",
+    "mask",
+    "special",
+    "stop",
+    "start",
+    "end",
+    "first",
+    "last",
+    "per",
+    "context",
+}
 NAME_WORDS = any_word("pass", "pw", "secret", "token", "key", "auth", "credential", "pat")
 
 
@@ -130,14 +215,54 @@ _REFERENCE = re.compile(
     r"|[~.]{0,2}/.*|[A-Za-z]:\\.*"
     r"|(?:op|vault|keyring|secrets?|ssm|awssm|gcpsm|azkv|k8s|sops|env|file)://.*"
     r"|(?:vault|env|file):\S+"
-    r"|arn:aws:(?:secretsmanager|ssm|kms):.*|[A-Za-z_][\w.]*[(\[].*)$")
+    r"|arn:aws:(?:secretsmanager|ssm|kms):.*|[A-Za-z_][\w.]*[(\[].*)$"
+)
 # Words that say something about a secret (logfmt's token=expired) rather than being one.
-_PLACEHOLDER_WORDS = {"none", "null", "nil", "true", "false", "yes", "no", "on", "off", "unset",
-                      "empty", "n/a", "na", "tbd", "todo", "redacted", "hidden", "masked",
-                      "required", "optional", "disabled", "enabled", "default", "undefined",
-                      "example", "expired", "invalid", "missing", "wrong", "revoked", "rotated",
-                      "refreshed", "present", "absent", "valid", "denied", "incorrect", "unknown",
-                      "blank", "generated", "provided", "error", "failed"}
+_PLACEHOLDER_WORDS = {
+    "none",
+    "null",
+    "nil",
+    "true",
+    "false",
+    "yes",
+    "no",
+    "on",
+    "off",
+    "unset",
+    "empty",
+    "n/a",
+    "na",
+    "tbd",
+    "todo",
+    "redacted",
+    "hidden",
+    "masked",
+    "required",
+    "optional",
+    "disabled",
+    "enabled",
+    "default",
+    "undefined",
+    "example",
+    "expired",
+    "invalid",
+    "missing",
+    "wrong",
+    "revoked",
+    "rotated",
+    "refreshed",
+    "present",
+    "absent",
+    "valid",
+    "denied",
+    "incorrect",
+    "unknown",
+    "blank",
+    "generated",
+    "provided",
+    "error",
+    "failed",
+}
 
 
 def placeholder(value: str, name: str = "") -> bool:
@@ -159,8 +284,12 @@ def _short_placeholder(value: str, name: str) -> bool:
 def _placeholder(value: str, name: str) -> bool:
     value = value.strip()
     low = value.lower()
-    if not value or low in _PLACEHOLDER_WORDS or NOT_A_SECRET.match(value) or \
-            _REFERENCE.match(value):
+    if (
+        not value
+        or low in _PLACEHOLDER_WORDS
+        or NOT_A_SECRET.match(value)
+        or _REFERENCE.match(value)
+    ):
         return True
     if not name:
         return False
@@ -191,8 +320,12 @@ def _judge_looks_secret(value: str, length: int) -> bool:
     head, length = value[:HEAD], len(value) if length is None else length
     if not _ALPHA.search(head):
         return False  # 128/128, 12:30:00, 2026-03-02
-    classes = (bool(_LOWER.search(head)) + bool(_UPPER.search(head, 1)) + bool(DIGITS.search(head))
-               + bool(_SYMBOL.search(head)))
+    classes = (
+        bool(_LOWER.search(head))
+        + bool(_UPPER.search(head, 1))
+        + bool(DIGITS.search(head))
+        + bool(_SYMBOL.search(head))
+    )
     return length >= 6 and classes >= 2 or length >= 16 and "-" not in head
 
 
@@ -211,18 +344,20 @@ def _short_strip_trailing(value: str) -> str:
 
 
 def _stripped(value: str) -> str:
-    return value[:stripped_end(value, 0, len(value), {o for o in CLOSERS.values() if o in value})]
+    return value[: stripped_end(value, 0, len(value), {o for o in CLOSERS.values() if o in value})]
 
 
 def stripped_end(text: str, start: int, end: int, openers: set) -> int:
-    while end > start and (text[end - 1] in ".," or text[end - 1] in CLOSERS
-                           and CLOSERS[text[end - 1]] not in openers):
+    while end > start and (
+        text[end - 1] in ".," or text[end - 1] in CLOSERS and CLOSERS[text[end - 1]] not in openers
+    ):
         end -= 1
     return end
 
 
 # Words that follow `password:` or `password is` in prose about a password, never as one.
-COMMON = set("""the a an in on at of to for and or not no is was are be been set see same new old ok
+COMMON = set(
+    """the a an in on at of to for and or not no is was are be been set see same new old ok
              okay fine
 good bad weak strong secure insecure short long here there this that it now still also too only
 again reset change changed stored kept saved sent shared known unchanged different right case policy
@@ -234,8 +369,11 @@ wrong expired rotated hashed salted encrypted auth authentication login logins p
 less free based only hash hint length strength complexity requirement requirements rule rules expiry
 history reuse storage store generator form box dialog screen page link email flow update sync expire
 expires expiring rotate rotates rotation one ones something someone default generated random
-stronger longer shorter temporary""".split())
+stronger longer shorter temporary""".split()
+)
 _PROSE_ENDING = re.compile(r"[a-z]+(?:ed|ing|ly|ion|ions|ment|ness)")
+
+
 def weak_password(value: str) -> bool:
     return len(value) <= HEAD and _short_weak_password(value)
 
@@ -246,5 +384,10 @@ def _short_weak_password(value: str) -> bool:
     a common word, a word that reads as a verb or adverb (`stored`, `rotating`), or a placeholder is
     not."""
     low = value.lower()
-    return (3 <= len(value) <= HEAD and _ALPHA.search(value) is not None and low not in COMMON
-            and not _PROSE_ENDING.fullmatch(low) and not placeholder(value))
+    return (
+        3 <= len(value) <= HEAD
+        and _ALPHA.search(value) is not None
+        and low not in COMMON
+        and not _PROSE_ENDING.fullmatch(low)
+        and not placeholder(value)
+    )

@@ -11,9 +11,19 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from memctl.redact.names import (CLOSERS, COMMON, HEAD, NAME_WORDS, Finding, looks_secret,
-                                 name_kind,
-                                 placeholder, strip_trailing, stripped_end, weak_password)
+from memctl.redact.names import (
+    CLOSERS,
+    COMMON,
+    HEAD,
+    NAME_WORDS,
+    Finding,
+    looks_secret,
+    name_kind,
+    placeholder,
+    strip_trailing,
+    stripped_end,
+    weak_password,
+)
 from memctl.redact.prose import fact_set_findings, said_findings, user_slash_findings
 
 # The name a pair's separator ends, read backwards from the separator in the reversed text (one
@@ -49,9 +59,11 @@ def named_pair(text: str, low: str) -> bool:
 # name, an optional closing quote, the separator, then a quoted or a bare value (a bare one ends at
 # ; or a quote), the value in a lookahead so that a pair inside a quoted value is seen too
 # (value="...;Password=x").
-_PAIR = re.compile(r"(?<![\w.$?&%/])([A-Za-z][\w.-]{0,80})(['\"]?)"
-                   r"([ \t]*(?::=|=>|=(?![=~>])|:(?![:/\\]))[ \t]*)"
-                   r"(?=(['\"`])(.{0,1024}?)\4|([^\s'\"`;]))")
+_PAIR = re.compile(
+    r"(?<![\w.$?&%/])([A-Za-z][\w.-]{0,80})(['\"]?)"
+    r"([ \t]*(?::=|=>|=(?![=~>])|:(?![:/\\]))[ \t]*)"
+    r"(?=(['\"`])(.{0,1024}?)\4|([^\s'\"`;]))"
+)
 _BARE_RUN = re.compile(r"[^\s'\"`;]*+")
 # The word before a pair's name, read backwards from the name (one anchored match, not a search of
 # a window).
@@ -67,7 +79,8 @@ _AUTH_HEADER = re.compile(
     r"(?<![\w-])(?:proxy-)?authorization['\"]?[ \t]*[:=][ \t]*['\"]?"
     r"(?:(bearer|basic|token|negotiate|ntlm|apikey|api-key|sso-key|key|jwt|dpop)[ "
     r"\t]+)?([^\s'\",;]+)",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 _BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+([A-Za-z0-9._~+/-]{16,}=*)")
 _DIGIT = re.compile(r"\d")
 
@@ -95,8 +108,9 @@ class _BareValues:
             has = _OPENER.search(self.text, *self.run) is not None
             self.last = {o: self.text.rfind(o, *self.run) for o in CLOSERS.values()} if has else {}
             self.ends = {}
-        openers = frozenset(o for o,
-                            at in self.last.items() if at >= start) if self.last else _NO_OPENERS
+        openers = (
+            frozenset(o for o, at in self.last.items() if at >= start) if self.last else _NO_OPENERS
+        )
         end = self.ends.get(openers)
         if end is None:
             end = self.ends[openers] = stripped_end(self.text, start, self.run[1], set(openers))
@@ -135,7 +149,7 @@ def _pair_findings(text: str) -> list[Finding]:
         if end - start < 3:
             continue
         # judged by its head
-        value = text[start:end] if end - start <= HEAD else text[start:start + HEAD]
+        value = text[start:end] if end - start <= HEAD else text[start : start + HEAD]
         if "[REDACTED:" in value or placeholder(value, name):
             continue
         if not quoted and ":" in sep and not looks_secret(value, end - start):
@@ -159,15 +173,19 @@ _PHRASE_WORD = re.compile(r"[A-Za-z0-9!@#$%^&*+=-]{2,32}")
 def _phrase_end(text: str, start: int) -> int | None:
     """The end of a passphrase that fills the rest of its line after `password:` (2 to 6 words, none
     common), or None. Looks at most HEAD characters."""
-    if start + HEAD <= len(text) and text.find("\n", start, start + HEAD) < 0 and \
-            text.find(";", start, start + HEAD) < 0:
+    if (
+        start + HEAD <= len(text)
+        and text.find("\n", start, start + HEAD) < 0
+        and text.find(";", start, start + HEAD) < 0
+    ):
         return None  # the line goes on past HEAD: no phrase fills it (the common case, uncopied)
-    line = text[start:start + HEAD].split("\n", 1)[0].split(";", 1)[0]
+    line = text[start : start + HEAD].split("\n", 1)[0].split(";", 1)[0]
     if len(line) == HEAD:
         return None
     words = line.rstrip(" \t\r.,").split()
-    if not 2 <= len(words) <= 6 or \
-            any(not _PHRASE_WORD.fullmatch(w) or w.lower() in COMMON for w in words):
+    if not 2 <= len(words) <= 6 or any(
+        not _PHRASE_WORD.fullmatch(w) or w.lower() in COMMON for w in words
+    ):
         return None
     return start + len(line.rstrip(" \t\r.,"))
 
@@ -180,8 +198,11 @@ def _header_findings(text: str, low: str) -> list[Finding]:
             if not placeholder(value) and len(value) >= 4 and (m.group(1) or looks_secret(value)):
                 found.append(Finding("authorization", m.start(2), m.start(2) + len(value)))
     if "earer " in text:
-        found.extend(Finding("bearer-token", *m.span(1)) for m in _BEARER.finditer(text)
-                     if _DIGIT.search(m.group(1)) and not placeholder(m.group(1)))
+        found.extend(
+            Finding("bearer-token", *m.span(1))
+            for m in _BEARER.finditer(text)
+            if _DIGIT.search(m.group(1)) and not placeholder(m.group(1))
+        )
     return found
 
 

@@ -52,7 +52,9 @@ HOLDING = "SELECT id FROM episodes WHERE strpos(content, %s) > 0 ORDER BY id LIM
 class KnownItem:
     query: str
     wanted: set[int]
-    held_out: str | None = None  # memory-built: the rest of the episode's text, embedded in its place
+    held_out: str | None = (
+        None  # memory-built: the rest of the episode's text, embedded in its place
+    )
     scores: dict = field(default_factory=dict)
 
 
@@ -113,7 +115,9 @@ def _item(conn: Memory, record: dict) -> KnownItem:
     query, ids, texts = record["query"], record.get("episodes", []), record.get("texts", [])
     if not isinstance(query, str) or not query.strip():
         raise BadValue("query: expected a non-empty string")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
         raise BadValue("episodes: expected a list of episode ids")
     if not isinstance(texts, list) or not all(isinstance(t, str) and t.strip() for t in texts):
         raise BadValue("texts: expected a list of non-empty strings")
@@ -132,11 +136,13 @@ def _item(conn: Memory, record: dict) -> KnownItem:
 def _embed(texts: list[str], embed, batch: int = 32) -> list:
     vectors = []
     for i in range(0, len(texts), batch):
-        vectors.extend(embed(texts[i:i + batch]))
+        vectors.extend(embed(texts[i : i + batch]))
     return vectors
 
 
-def _ranked(conn: Memory, model: models.Model, vector, k: int, skip: set[int]) -> list[tuple[int, float]]:
+def _ranked(
+    conn: Memory, model: models.Model, vector, k: int, skip: set[int]
+) -> list[tuple[int, float]]:
     """(episode id, similarity) of the k nearest episodes, by best chunk, leaving out `skip`."""
     from memctl.reading.query import Query
     from memctl.reading.scan import vector_half
@@ -154,15 +160,30 @@ def measure(conn: Memory, model: models.Model, items: list[KnownItem], k: int) -
     from memctl.embedding.embedders import make_embedder
 
     embedder = make_embedder(settings, registered=model)
-    queries = _embed([i.query for i in items], lambda t: embedder.embed(as_queries(embedder, t)).vectors)
+    queries = _embed(
+        [i.query for i in items], lambda t: embedder.embed(as_queries(embedder, t)).vectors
+    )
     held = [i for i in items if i.held_out is not None]
-    documents = dict(zip(map(id, held), _embed([i.held_out or "" for i in held],  # held: not None
-                                               lambda t: embedder.embed(as_documents(embedder, t)).vectors)))
+    documents = dict(
+        zip(
+            map(id, held),
+            _embed(
+                [i.held_out or "" for i in held],  # held: not None
+                lambda t: embedder.embed(as_documents(embedder, t)).vectors,
+            ),
+        )
+    )
     recall = reciprocal = 0.0
     for item, vector in zip(items, queries):
-        if item.held_out is not None:  # its own chunks set aside, the rest of its text in their place
+        if (
+            item.held_out is not None
+        ):  # its own chunks set aside, the rest of its text in their place
             target = sum(a * b for a, b in zip(vector, documents[id(item)]))
-            ahead = sum(1 for _, similarity in _ranked(conn, model, vector, k, item.wanted) if similarity > target)
+            ahead = sum(
+                1
+                for _, similarity in _ranked(conn, model, vector, k, item.wanted)
+                if similarity > target
+            )
             rank = ahead + 1 if ahead < k else None
             found = 1.0 if rank else 0.0
         else:
@@ -172,33 +193,69 @@ def measure(conn: Memory, model: models.Model, items: list[KnownItem], k: int) -
         recall += found
         reciprocal += 1.0 / rank if rank else 0.0
     n = max(len(items), 1)
-    return {"model": model.label, f"recall@{k}": round(recall / n, 3), "mrr": round(reciprocal / n, 3),
-            "queries": len(items)}
+    return {
+        "model": model.label,
+        f"recall@{k}": round(recall / n, 3),
+        "mrr": round(reciprocal / n, 3),
+        "queries": len(items),
+    }
 
 
-def side_by_side(conn: Memory, active: models.Model, new: models.Model, items: list[KnownItem], *, k: int,
-                 source: str, tolerance: float = TOLERANCE) -> dict:
+def side_by_side(
+    conn: Memory,
+    active: models.Model,
+    new: models.Model,
+    items: list[KnownItem],
+    *,
+    k: int,
+    source: str,
+    tolerance: float = TOLERANCE,
+) -> dict:
     """Both models' figures on the same known items, and whether the new one finds less beyond `tolerance`."""
     if not items:
-        return {"source": source, "k": k, "queries": 0, "active": None, "new": None, "tolerance": tolerance,
-                "worse": False, "note": "nothing to measure: no episode long enough to ask for by a part of it"}
+        return {
+            "source": source,
+            "k": k,
+            "queries": 0,
+            "active": None,
+            "new": None,
+            "tolerance": tolerance,
+            "worse": False,
+            "note": "nothing to measure: no episode long enough to ask for by a part of it",
+        }
     old, fresh = measure(conn, active, items, k), measure(conn, new, items, k)
     key = f"recall@{k}"
     worse = fresh[key] < old[key] - tolerance
     judged = source != "memory" or old[key] >= JUDGE_FLOOR
-    note = describe(source, len(items)) if judged else (
-        f"cannot judge: the active model itself finds {key} {old[key]} of the known items built from the memory "
-        f"(under {JUDGE_FLOOR}): its texts (log-like, templated?) are told apart by no part of them, so a model "
-        "that carries no meaning would pass; give known items with --queries FILE (docs/size-and-model-changes.md)")
-    return {"source": source, "k": k, "queries": len(items), "active": old, "new": fresh, "tolerance": tolerance,
-            "worse": worse, "judged": judged, "note": note}
+    note = (
+        describe(source, len(items))
+        if judged
+        else (
+            f"cannot judge: the active model itself finds {key} {old[key]} of the known items built from the memory "
+            f"(under {JUDGE_FLOOR}): its texts (log-like, templated?) are told apart by no part of them, so a model "
+            "that carries no meaning would pass; give known items with --queries FILE (docs/size-and-model-changes.md)"
+        )
+    )
+    return {
+        "source": source,
+        "k": k,
+        "queries": len(items),
+        "active": old,
+        "new": fresh,
+        "tolerance": tolerance,
+        "worse": worse,
+        "judged": judged,
+        "note": note,
+    }
 
 
 def describe(source: str, n: int) -> str:
     if source == "memory":
-        return (f"known items built from the memory itself: {n} episodes, each asked for by one of its "
-                "sentences, with that sentence left out of what is embedded (its own chunks set aside, the "
-                "rest of its text embedded in their place)")
+        return (
+            f"known items built from the memory itself: {n} episodes, each asked for by one of its "
+            "sentences, with that sentence left out of what is embedded (its own chunks set aside, the "
+            "rest of its text embedded in their place)"
+        )
     return f"known items from {source}: {n} queries"
 
 
@@ -207,7 +264,8 @@ def figures(result: dict) -> str:
     if result["active"] is None or not result.get("judged", True):
         return result["note"]
     key = f"recall@{result['k']}"
-    return (f"{key} {result['active'][key]} and MRR {result['active']['mrr']} for the active "
-            f"{result['active']['model']}; {key} {result['new'][key]} and MRR {result['new']['mrr']} for the new "
-            f"{result['new']['model']} ({result['queries']} queries, {result['source']})")
-
+    return (
+        f"{key} {result['active'][key]} and MRR {result['active']['mrr']} for the active "
+        f"{result['active']['model']}; {key} {result['new'][key]} and MRR {result['new']['mrr']} for the new "
+        f"{result['new']['model']} ({result['queries']} queries, {result['source']})"
+    )

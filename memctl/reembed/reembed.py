@@ -71,21 +71,31 @@ def _count(conn: Memory, statement: str, *params) -> int:
 def _vectors(conn: Memory, model: models.Model) -> int:
     from psycopg import sql
 
-    return conn.one(sql.SQL(COUNT_VECTORS).format(sql.Identifier(model.table_name)), prepare=False)["n"]
+    return conn.one(sql.SQL(COUNT_VECTORS).format(sql.Identifier(model.table_name)), prepare=False)[
+        "n"
+    ]
 
 
 def backfill_model(conn: Memory) -> models.Model:
     model = models.by_state(conn, "backfill")
     if model is None:
-        raise NotFound("no model change in progress: start one with `memctl reembed start --model M`")
+        raise NotFound(
+            "no model change in progress: start one with `memctl reembed start --model M`"
+        )
     return model
 
 
 # ---------------------------------------------------------------------- start
 
 
-def start(conn: Memory, *, model: str | None = None, embedder: str | None = None, dims: int | None = None,
-          halfvec: bool = False) -> dict:
+def start(
+    conn: Memory,
+    *,
+    model: str | None = None,
+    embedder: str | None = None,
+    dims: int | None = None,
+    halfvec: bool = False,
+) -> dict:
     """Register `model` (default: the configured one) for backfill: its vector table, every chunk queued.
 
     Idempotent for the same model.
@@ -97,20 +107,32 @@ def start(conn: Memory, *, model: str | None = None, embedder: str | None = None
     new = make_embedder(settings, embedder=embedder, model=model, dimensions=dims)
     kind = "halfvec" if halfvec else "vector"
     models.storage_for(new.dims(), kind)  # refuses what HNSW cannot index, saying what would fit
-    probe = new.embed(["memctl dimension probe"]).vectors[0]  # the model exists and answers in these dims
+    probe = new.embed(["memctl dimension probe"]).vectors[
+        0
+    ]  # the model exists and answers in these dims
     if len(probe) != new.dims():
-        raise MemctlError(f"dimension mismatch: {new.name}:{new.model} answered {len(probe)} dims, "
-                          f"expected {new.dims()}")
+        raise MemctlError(
+            f"dimension mismatch: {new.name}:{new.model} answered {len(probe)} dims, "
+            f"expected {new.dims()}"
+        )
     current = models.by_state(conn, "backfill")
-    if current is not None and not (models.matches(current, new) and current.dims == new.dims()
-                                    and current.storage == kind):
-        raise MemctlError(f"a change to {current.label} is already in progress: finish it "
-                          "(`memctl reembed run`, `switch`) or `memctl reembed abort` it first")
+    if current is not None and not (
+        models.matches(current, new) and current.dims == new.dims() and current.storage == kind
+    ):
+        raise MemctlError(
+            f"a change to {current.label} is already in progress: finish it "
+            "(`memctl reembed run`, `switch`) or `memctl reembed abort` it first"
+        )
     if models.matches(active, new) and active.dims == new.dims() and active.storage == kind:
         raise UsageError(f"{active.label} is already the active model")
     registered = models.register(conn, new, state="backfill", storage=kind, build_index=False)
-    return {"model": registered.label, "relation": registered.table_name, "active": active.label,
-            "queued": _count(conn, QUEUED, registered.id), "already_started": current is not None}
+    return {
+        "model": registered.label,
+        "relation": registered.table_name,
+        "active": active.label,
+        "queued": _count(conn, QUEUED, registered.id),
+        "already_started": current is not None,
+    }
 
 
 # ------------------------------------------------------------------------ run
@@ -126,7 +148,9 @@ def index_state(conn: Memory, model: models.Model) -> str:
     return "missing" if row is None else ("valid" if row["valid"] else "invalid")
 
 
-def build_index(conn: Memory, model: models.Model, on_warning: Callable[[str], None] | None = None) -> dict:
+def build_index(
+    conn: Memory, model: models.Model, on_warning: Callable[[str], None] | None = None
+) -> dict:
     """Build the model's HNSW index CONCURRENTLY (outside a transaction), replacing an invalid leftover.
 
     Warns first when the graph would outgrow maintenance_work_mem, and passes on PostgreSQL's
@@ -155,8 +179,10 @@ def build_index(conn: Memory, model: models.Model, on_warning: Callable[[str], N
     def notice(diag) -> None:
         text = diag.message_primary or ""
         if "no longer fits" in text:
-            warn(f"PostgreSQL: {text}; the build slows sharply from here: raise maintenance_work_mem "
-                 f"(now {limit // footprint.MIB} MiB) for index builds")
+            warn(
+                f"PostgreSQL: {text}; the build slows sharply from here: raise maintenance_work_mem "
+                f"(now {limit // footprint.MIB} MiB) for index builds"
+            )
 
     started = time.perf_counter()
     conn.add_notice_handler(notice)
@@ -165,19 +191,37 @@ def build_index(conn: Memory, model: models.Model, on_warning: Callable[[str], N
     finally:
         conn.remove_notice_handler(notice)
     if index_state(conn, model) != "valid":
-        raise MemctlError(f"the HNSW index {model.index_name} was built but is not valid: run `memctl reembed run` "
-                          "again to rebuild it")
-    return {"index": "built", "index_s": round(time.perf_counter() - started, 2), "warnings": warnings}
+        raise MemctlError(
+            f"the HNSW index {model.index_name} was built but is not valid: run `memctl reembed run` "
+            "again to rebuild it"
+        )
+    return {
+        "index": "built",
+        "index_s": round(time.perf_counter() - started, 2),
+        "warnings": warnings,
+    }
 
 
 def _progress_detail(model, done, total, result, phase) -> dict:
-    return {"model_id": str(model.id), "model": model.label, "phase": phase, "done": done, "total": total,
-            "elapsed_s": round(result.elapsed_s, 3)}
+    return {
+        "model_id": str(model.id),
+        "model": model.label,
+        "phase": phase,
+        "done": done,
+        "total": total,
+        "elapsed_s": round(result.elapsed_s, 3),
+    }
 
 
-def run(conn: Memory, *, batch_size: int, limit: int | None = None, retry_failed: bool = False,
-        progress: Callable[[dict], None] | None = None,
-        on_warning: Callable[[str], None] | None = None) -> dict:
+def run(
+    conn: Memory,
+    *,
+    batch_size: int,
+    limit: int | None = None,
+    retry_failed: bool = False,
+    progress: Callable[[dict], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> dict:
     """Backfill the new model from the stored texts, then build its index.
 
     Queue-based (memctl.embedding.worker.run): each batch commits on its own, so a run killed at any
@@ -192,8 +236,11 @@ def run(conn: Memory, *, batch_size: int, limit: int | None = None, retry_failed
     model = backfill_model(conn)
     embedder = make_embedder(settings, registered=model)
     if not conn.one(TRY_LOCK, (REEMBED_LOCK, model.id))["ok"]:
-        raise locks.foreign(locks.holder(conn, REEMBED_LOCK, model.id), "reembed run") or MemctlError(
-            f"`memctl reembed run` is already running for {model.label} (backend pid {lock_holder(conn, model)})")
+        raise locks.foreign(
+            locks.holder(conn, REEMBED_LOCK, model.id), "reembed run"
+        ) or MemctlError(
+            f"`memctl reembed run` is already running for {model.label} (backend pid {lock_holder(conn, model)})"
+        )
     try:
         with jobs.record(conn, "reembed") as job:
             if retry_failed:
@@ -211,24 +258,39 @@ def run(conn: Memory, *, batch_size: int, limit: int | None = None, retry_failed
                     remaining = max(total - done, 0)
                     progress({**detail, "rate": rate, "eta_s": remaining / rate if rate else None})
 
-            result = worker.run(conn, model, embedder, batch_size=batch_size, limit=limit, progress=on_batch)
+            result = worker.run(
+                conn, model, embedder, batch_size=batch_size, limit=limit, progress=on_batch
+            )
             job.rows = result.chunks
-            job.detail = _progress_detail(model, done_before + result.chunks, total, result, "embedding")
+            job.detail = _progress_detail(
+                model, done_before + result.chunks, total, result, "embedding"
+            )
             if result.stopped_by:
-                raise EmbedderUnavailable(f"{result.stopped_by}; the rest stays queued: run `memctl reembed run` "
-                                          "again to resume")
-            report = {**result.to_dict(), "elapsed_s": round(result.elapsed_s, 3), "model": model.label,
-                      "done": _vectors(conn, model),
-                      "pending": _count(conn, QUEUED, model.id), "failed": _count(conn, FAILED, model.id),
-                      "index": index_state(conn, model), "index_s": None, "warnings": []}
+                raise EmbedderUnavailable(
+                    f"{result.stopped_by}; the rest stays queued: run `memctl reembed run` "
+                    "again to resume"
+                )
+            report = {
+                **result.to_dict(),
+                "elapsed_s": round(result.elapsed_s, 3),
+                "model": model.label,
+                "done": _vectors(conn, model),
+                "pending": _count(conn, QUEUED, model.id),
+                "failed": _count(conn, FAILED, model.id),
+                "index": index_state(conn, model),
+                "index_s": None,
+                "warnings": [],
+            }
             if report["pending"] == 0:
                 if progress is not None:
                     progress({**job.detail, "phase": "index", "rate": None, "eta_s": None})
                 report.update(build_index(conn, model, on_warning))
             if report["failed"]:
                 job.outcome = "partial"
-                job.error = (f"{report['failed']} chunk(s) refused by {model.label}: "
-                             "`memctl reembed run --retry-failed` puts them back")
+                job.error = (
+                    f"{report['failed']} chunk(s) refused by {model.label}: "
+                    "`memctl reembed run --retry-failed` puts them back"
+                )
             job.detail = {**job.detail, "phase": "done", "index": report["index"]}
             return report
     finally:
@@ -250,26 +312,50 @@ def status(conn: Memory) -> dict:
     """Where a model change stands: done / total, rate, ETA, index, and the next step."""
     active = models.active(conn)
     retired = [m for m in models.all_models(conn) if m.state == "retired"]
-    report: dict[str, Any] = {"active": active.label if active else None, "new": None, "state": "idle", "done": None,
-              "total": None, "pending": None, "failed": None, "rate": None, "eta_s": None, "index": None,
-              "running_pid": None, "retired": [m.label for m in retired], "next": None}
+    report: dict[str, Any] = {
+        "active": active.label if active else None,
+        "new": None,
+        "state": "idle",
+        "done": None,
+        "total": None,
+        "pending": None,
+        "failed": None,
+        "rate": None,
+        "eta_s": None,
+        "index": None,
+        "running_pid": None,
+        "retired": [m.label for m in retired],
+        "next": None,
+    }
     model = models.by_state(conn, "backfill")
     if model is None:
         if retired:
-            report.update(state="switched", next="`memctl reembed drop-old` returns the old model's space")
+            report.update(
+                state="switched", next="`memctl reembed drop-old` returns the old model's space"
+            )
         return report
     pending, failed = _count(conn, QUEUED, model.id), _count(conn, FAILED, model.id)
     rate = _rate(conn, model)
-    report.update(new=model.label, done=_vectors(conn, model), total=_count(conn, CHUNKS), pending=pending,
-                  failed=failed, rate=round(rate, 1) if rate else None,
-                  eta_s=round(pending / rate, 1) if rate and pending else (0.0 if not pending else None),
-                  index=index_state(conn, model), running_pid=lock_holder(conn, model))
+    report.update(
+        new=model.label,
+        done=_vectors(conn, model),
+        total=_count(conn, CHUNKS),
+        pending=pending,
+        failed=failed,
+        rate=round(rate, 1) if rate else None,
+        eta_s=round(pending / rate, 1) if rate and pending else (0.0 if not pending else None),
+        index=index_state(conn, model),
+        running_pid=lock_holder(conn, model),
+    )
     if pending:
         state, step = "backfilling", "`memctl reembed run` (resumable)"
     elif failed:
         state, step = "failed", "`memctl reembed run --retry-failed`, or `memctl reembed abort`"
     elif report["index"] != "valid":
-        state, step = "indexing" if report["running_pid"] else "needs-index", "`memctl reembed run` builds the index"
+        state, step = (
+            "indexing" if report["running_pid"] else "needs-index",
+            "`memctl reembed run` builds the index",
+        )
     else:
         state, step = "ready", "`memctl reembed compare`, then `memctl reembed switch`"
     report.update(state=state, next=step)
@@ -294,7 +380,7 @@ def _embed_all(embedder, texts: list[str], batch: int = 32) -> list:
 
     vectors = []
     for i in range(0, len(texts), batch):
-        vectors.extend(embedder.embed(as_queries(embedder, texts[i:i + batch])).vectors)
+        vectors.extend(embedder.embed(as_queries(embedder, texts[i : i + batch])).vectors)
     return vectors
 
 
@@ -327,24 +413,43 @@ def known_items(conn: Memory, path: str | None, sample: int) -> tuple[list, list
     return quality.from_memory(conn, sample), plain, "memory"
 
 
-def compare(conn: Memory, *, sample: int = 20, queries: str | None = None, k: int = 10,
-            tolerance: float = quality.TOLERANCE) -> dict:
+def compare(
+    conn: Memory,
+    *,
+    sample: int = 20,
+    queries: str | None = None,
+    k: int = 10,
+    tolerance: float = quality.TOLERANCE,
+) -> dict:
     """recall@k and MRR of both models on known items (`queries`: a file, see memctl.reembed.quality; else
     built from the memory), and how much the top-k would change: per-query overlap of their results."""
     settings = conn.settings
     if not 1 <= k <= 1000:
         raise UsageError(f"k must be between 1 and 1000, got {k}")
     active, new = models.require_active(conn), backfill_model(conn)
-    items, plain, source = known_items(conn, queries, quality.SAMPLE)  # the figures `switch` goes by
-    measured = quality.side_by_side(conn, active, new, items, k=k, source=source, tolerance=tolerance)
+    items, plain, source = known_items(
+        conn, queries, quality.SAMPLE
+    )  # the figures `switch` goes by
+    measured = quality.side_by_side(
+        conn, active, new, items, k=k, source=source, tolerance=tolerance
+    )
     if queries is None:
         texts = sample_queries(conn, sample)
     else:
         texts = plain or [i.query for i in items[:sample]]
     if not texts:
-        return {"active": active.label, "new": new.label, "k": k, "queries": 0, "mean_overlap": None,
-                "done": _vectors(conn, new), "total": _count(conn, CHUNKS), "warning": None, "rows": [],
-                "quality": measured}
+        return {
+            "active": active.label,
+            "new": new.label,
+            "k": k,
+            "queries": 0,
+            "mean_overlap": None,
+            "done": _vectors(conn, new),
+            "total": _count(conn, CHUNKS),
+            "warning": None,
+            "rows": [],
+            "quality": measured,
+        }
     from memctl.embedding.embedders import make_embedder
 
     old_vectors = _embed_all(make_embedder(settings, registered=active), texts)
@@ -352,13 +457,31 @@ def compare(conn: Memory, *, sample: int = 20, queries: str | None = None, k: in
     rows: list[dict[str, Any]] = []
     for text, a_vec, b_vec in zip(texts, old_vectors, new_vectors):
         a, b = top_episodes(conn, active, a_vec, k), top_episodes(conn, new, b_vec, k)
-        rows.append({"query": text, "overlap": round(overlap(a, b), 3), "active_top": a, "new_top": b})
+        rows.append(
+            {"query": text, "overlap": round(overlap(a, b), 3), "active_top": a, "new_top": b}
+        )
     done, total = _vectors(conn, new), _count(conn, CHUNKS)
-    warning = None if done >= total else (f"the new model has vectors for {done} of {total} chunks: "
-                                          "overlap is understated until `memctl reembed run` completes")
+    warning = (
+        None
+        if done >= total
+        else (
+            f"the new model has vectors for {done} of {total} chunks: "
+            "overlap is understated until `memctl reembed run` completes"
+        )
+    )
     mean = sum(r["overlap"] for r in rows) / len(rows)
-    return {"active": active.label, "new": new.label, "k": k, "queries": len(rows), "mean_overlap": round(mean, 3),
-            "done": done, "total": total, "warning": warning, "rows": rows, "quality": measured}
+    return {
+        "active": active.label,
+        "new": new.label,
+        "k": k,
+        "queries": len(rows),
+        "mean_overlap": round(mean, 3),
+        "done": done,
+        "total": total,
+        "warning": warning,
+        "rows": rows,
+        "quality": measured,
+    }
 
 
 # --------------------------------------------------------------------- switch
@@ -368,7 +491,11 @@ def config_change(model: models.Model) -> dict:
     """What the operator changes after a switch so configured commands use the new model."""
     env = f"MEMCTL_EMBEDDER={model.embedder} MEMCTL_EMBED_MODEL={model.model}"
     toml = f'[embedding]\nembedder = "{model.embedder}"\nmodel = "{model.model}"\n'
-    dims = model.request_dims if model.request_dims is not None else (model.dims if model.embedder == "hash" else None)
+    dims = (
+        model.request_dims
+        if model.request_dims is not None
+        else (model.dims if model.embedder == "hash" else None)
+    )
     toml += f"dimensions = {dims}\n" if dims is not None else "# and remove any `dimensions` line\n"
     return {"env": env, "toml": toml, "dimensions": dims}
 
@@ -377,8 +504,14 @@ class WorseModel(MemctlError):
     """The new model finds less than the active one: `switch` refused (exit 1)."""
 
 
-def switch(conn: Memory, *, accept_worse: bool = False, queries: str | None = None, k: int = 10,
-           tolerance: float = quality.TOLERANCE) -> dict:
+def switch(
+    conn: Memory,
+    *,
+    accept_worse: bool = False,
+    queries: str | None = None,
+    k: int = 10,
+    tolerance: float = quality.TOLERANCE,
+) -> dict:
     """Make the backfilled model the active one, atomically, if it finds no less than the active one.
 
     Refuses unless it is complete and indexed; then measures both models on the same known items
@@ -389,26 +522,44 @@ def switch(conn: Memory, *, accept_worse: bool = False, queries: str | None = No
     _ready(conn, backfill_model(conn))
     active, new = models.require_active(conn), backfill_model(conn)
     items, _, source = known_items(conn, queries, quality.SAMPLE)
-    measured = quality.side_by_side(conn, active, new, items, k=k, source=source, tolerance=tolerance)
+    measured = quality.side_by_side(
+        conn, active, new, items, k=k, source=source, tolerance=tolerance
+    )
     if not measured.get("judged", True) and not accept_worse:
-        raise WorseModel(f"switch refused: {measured['note']}, or `memctl reembed switch --accept-worse` to switch "
-                         f"unjudged ({quality.figures({**measured, 'judged': True})})")
+        raise WorseModel(
+            f"switch refused: {measured['note']}, or `memctl reembed switch --accept-worse` to switch "
+            f"unjudged ({quality.figures({**measured, 'judged': True})})"
+        )
     if measured["worse"] and not accept_worse:
-        raise WorseModel(f"switch refused: the new model finds less than the active one beyond the tolerance "
-                         f"of {tolerance}: {quality.figures(measured)}; `memctl reembed switch --accept-worse` "
-                         "switches anyway, `memctl reembed abort` drops it")
+        raise WorseModel(
+            f"switch refused: the new model finds less than the active one beyond the tolerance "
+            f"of {tolerance}: {quality.figures(measured)}; `memctl reembed switch --accept-worse` "
+            "switches anyway, `memctl reembed abort` drops it"
+        )
     with jobs.record(conn, "reembed-switch") as job:
         with conn.transaction():
             models.lock_registry(conn)
             if backfill_model(conn).id != new.id:
-                raise MemctlError(f"the model being backfilled changed while {new.label} was measured: run again")
+                raise MemctlError(
+                    f"the model being backfilled changed while {new.label} was measured: run again"
+                )
             _ready(conn, new)
             old = models.activate(conn, new)
         job.rows = measured["queries"]
-        job.detail = {"old": old.label if old else None, "new": new.label, "accepted_worse": accept_worse,
-                      "figures": measured}
-    return {"old": old.label if old else None, "new": new.label, "relation": new.table_name,
-            "config": config_change(new), "quality": measured, "accepted_worse": accept_worse and measured["worse"]}
+        job.detail = {
+            "old": old.label if old else None,
+            "new": new.label,
+            "accepted_worse": accept_worse,
+            "figures": measured,
+        }
+    return {
+        "old": old.label if old else None,
+        "new": new.label,
+        "relation": new.table_name,
+        "config": config_change(new),
+        "quality": measured,
+        "accepted_worse": accept_worse and measured["worse"],
+    }
 
 
 def _ready(conn: Memory, new: models.Model) -> None:
@@ -418,14 +569,22 @@ def _ready(conn: Memory, new: models.Model) -> None:
     problems = []
     pending, failed = _count(conn, QUEUED, new.id), _count(conn, FAILED, new.id)
     if pending:
-        problems.append(f"{pending} chunk(s) still queued for {new.label}: run `memctl reembed run`")
+        problems.append(
+            f"{pending} chunk(s) still queued for {new.label}: run `memctl reembed run`"
+        )
     if failed:
-        problems.append(f"{failed} chunk(s) refused by {new.label}: `memctl reembed run --retry-failed` "
-                        "or `memctl reembed abort`")
+        problems.append(
+            f"{failed} chunk(s) refused by {new.label}: `memctl reembed run --retry-failed` "
+            "or `memctl reembed abort`"
+        )
     if not pending and not failed:
-        missing = conn.one(sql.SQL(MISSING).format(sql.Identifier(new.table_name)), prepare=False)["n"]
+        missing = conn.one(sql.SQL(MISSING).format(sql.Identifier(new.table_name)), prepare=False)[
+            "n"
+        ]
         if missing:
-            problems.append(f"{missing} chunk(s) have no vector in {new.table_name}: run `memctl reembed run`")
+            problems.append(
+                f"{missing} chunk(s) have no vector in {new.table_name}: run `memctl reembed run`"
+            )
     state = index_state(conn, new)
     if state != "valid":
         problems.append(f"its HNSW index is {state}: `memctl reembed run` builds it")
@@ -440,7 +599,12 @@ def _drop(conn: Memory, model: models.Model) -> dict:
     size = cluster.relation_size(conn, model.table_name)  # its shards' on Citus
     with conn.transaction():
         models.remove(conn, model)
-    return {"model": model.label, "state": model.state, "relation": model.table_name, "bytes_returned": size}
+    return {
+        "model": model.label,
+        "state": model.state,
+        "relation": model.table_name,
+        "bytes_returned": size,
+    }
 
 
 def drop_old(conn: Memory) -> list[dict]:
@@ -460,7 +624,9 @@ def abort(conn: Memory) -> dict:
     model = backfill_model(conn)
     pid = lock_holder(conn, model)
     if pid is not None:
-        raise MemctlError(f"`memctl reembed run` (backend pid {pid}) is working on {model.label}: stop it first")
+        raise MemctlError(
+            f"`memctl reembed run` (backend pid {pid}) is working on {model.label}: stop it first"
+        )
     with jobs.record(conn, "reembed-abort") as job:
         dropped = _drop(conn, model)
         job.rows = 1

@@ -37,12 +37,18 @@ SYSTEM_PROMPT = (
 ENTRIES = "one per line, each with its time (UTC), [source] and text"
 PART_SUMMARIES = "summaries of consecutive parts of that day, each after a line naming the part"
 # An answer that declines instead of summarizing.
-_REFUSAL = re.compile(r"^\W*(i'?m sorry|i am sorry|sorry\b|i apologi[sz]e|i can(?:no|')t\b|"
-                      r"i cannot\b|i am unable|i'?m unable|i won'?t\b|i will not\b|as an ai\b|"
-                      r"i'?m not able|i am not able|unfortunately,? i\b)", re.IGNORECASE)
+_REFUSAL = re.compile(
+    r"^\W*(i'?m sorry|i am sorry|sorry\b|i apologi[sz]e|i can(?:no|')t\b|"
+    r"i cannot\b|i am unable|i'?m unable|i won'?t\b|i will not\b|as an ai\b|"
+    r"i'?m not able|i am not able|unfortunately,? i\b)",
+    re.IGNORECASE,
+)
 # An answer about the request itself: a server that says it could not read all of it.
-_OVERFLOW = re.compile(r"exceeds? the context|context (?:length|window) (?:was )?exceeded|"
-                       r"input (?:was )?truncated", re.IGNORECASE)
+_OVERFLOW = re.compile(
+    r"exceeds? the context|context (?:length|window) (?:was )?exceeded|"
+    r"input (?:was )?truncated",
+    re.IGNORECASE,
+)
 
 
 # --- the chat client --------------------------------------------------------
@@ -62,16 +68,20 @@ class OllamaChat(OllamaEmbedder):
     UnknownModel with the `ollama pull` hint), so both speak to Ollama the same way."""
 
     def chat(self, system: str, user: str, *, num_ctx: int, num_predict: int) -> Answer:
-        response = self._call("chat", model=self.model, stream=False,
-                              messages=[{"role": "system", "content": system},
-                                        {"role": "user", "content": user}],
-                              options={"num_ctx": num_ctx, "num_predict": num_predict,
-                                       "temperature": 0})
+        response = self._call(
+            "chat",
+            model=self.model,
+            stream=False,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+            options={"num_ctx": num_ctx, "num_predict": num_predict, "temperature": 0},
+        )
         message = getattr(response, "message", None)
-        return Answer(text=(getattr(message, "content", None) or "").strip(),
-                      prompt_tokens=getattr(response, "prompt_eval_count", None),
-                      output_tokens=getattr(response, "eval_count", None),
-                      done_reason=getattr(response, "done_reason", None))
+        return Answer(
+            text=(getattr(message, "content", None) or "").strip(),
+            prompt_tokens=getattr(response, "prompt_eval_count", None),
+            output_tokens=getattr(response, "eval_count", None),
+            done_reason=getattr(response, "done_reason", None),
+        )
 
 
 def make_chat(settings: Settings, name: str) -> OllamaChat:
@@ -95,8 +105,9 @@ class Budget:
     def for_model(cls, context_length: int | None, configured: int) -> Budget:
         num_ctx = min(configured, context_length) if context_length else configured
         if num_ctx < 512:
-            raise ConfigError(f"a context of {num_ctx} tokens is too small to summarize in "
-                              "([summarize] context)")
+            raise ConfigError(
+                f"a context of {num_ctx} tokens is too small to summarize in ([summarize] context)"
+            )
         return cls(num_ctx, num_ctx // OUTPUT_SHARE)
 
     @property
@@ -170,10 +181,12 @@ def labelled(texts: Iterable[str], count: int) -> Iterator[str]:
 def check_answer(answer: Answer, user: str, budget: Budget) -> str:
     """The answer's text, or WindowFailed saying why it is no summary."""
     if answer.prompt_tokens is not None and answer.prompt_tokens > budget.prompt_room:
-        raise WindowFailed(f"the model counted {answer.prompt_tokens} prompt tokens, more than the "
-                           f"{budget.prompt_room} planned within its context of {budget.num_ctx}: "
-                           "it may have read the input truncated (Ollama cuts a long prompt "
-                           "silently); lower [summarize] context")
+        raise WindowFailed(
+            f"the model counted {answer.prompt_tokens} prompt tokens, more than the "
+            f"{budget.prompt_room} planned within its context of {budget.num_ctx}: "
+            "it may have read the input truncated (Ollama cuts a long prompt "
+            "silently); lower [summarize] context"
+        )
     if answer.done_reason == "length":
         raise WindowFailed(f"the answer was cut at {budget.num_predict} tokens (num_predict)")
     if not answer.text:
@@ -181,11 +194,14 @@ def check_answer(answer: Answer, user: str, budget: Budget) -> str:
     if _OVERFLOW.search(answer.text[:200]):
         raise WindowFailed(f"the model says its input did not fit: {answer.text[:80]!r}")
     if _REFUSAL.match(answer.text):
-        raise WindowFailed("the model answered with a refusal, not a summary: "
-                           f"{answer.text[:80]!r}")
+        raise WindowFailed(
+            f"the model answered with a refusal, not a summary: {answer.text[:80]!r}"
+        )
     if estimate_tokens(answer.text) > estimate_tokens(user):
-        raise WindowFailed(f"the answer ({estimate_tokens(answer.text)} tokens) is longer than its "
-                           f"input ({estimate_tokens(user)} tokens): not a summary")
+        raise WindowFailed(
+            f"the answer ({estimate_tokens(answer.text)} tokens) is longer than its "
+            f"input ({estimate_tokens(user)} tokens): not a summary"
+        )
     return answer.text
 
 

@@ -82,7 +82,6 @@ def summarise(conn: Memory, selection: Selection, vector_tables: list[str]) -> l
     return conn.execute(query, selection.params, prepare=False).fetchall()
 
 
-
 # --- deleting in batches -----------------------------------------------------
 
 # One batch, in one statement: the next episodes of a kind by keyset on
@@ -168,8 +167,13 @@ class Deleted:
         self.newest[kind] = max(self.newest.get(kind, batch["last_t"]), batch["last_t"])
 
     def kind_row(self, kind: str) -> dict:
-        return {"rows": self.rows[kind], "chunks": self.chunks[kind], "vectors": self.vectors[kind],
-                "oldest": self.oldest.get(kind), "newest": self.newest.get(kind)}
+        return {
+            "rows": self.rows[kind],
+            "chunks": self.chunks[kind],
+            "vectors": self.vectors[kind],
+            "oldest": self.oldest.get(kind),
+            "newest": self.newest.get(kind),
+        }
 
 
 # On Citus (episodes distributed by agent) a batch is selected without a lock across the shards,
@@ -199,7 +203,9 @@ RETURNING agent, repeat_of, created_at
 """
 
 
-def _delete_batch_by_agent(conn: Memory, query, params: dict, vector_tables: list[str]) -> tuple[dict, list[int]]:
+def _delete_batch_by_agent(
+    conn: Memory, query, params: dict, vector_tables: list[str]
+) -> tuple[dict, list[int]]:
     """One batch on Citus: (the batch row DELETE_BATCH would return, [chunks, vectors] deleted)."""
     from psycopg import sql
 
@@ -217,7 +223,9 @@ def _delete_batch_by_agent(conn: Memory, query, params: dict, vector_tables: lis
         one = {"agent": agent, "ids": ids[agent]}
         conn.execute(LOCK_AGENT_QUEUE, one).fetchall()
         for table in vector_tables:
-            vectors += conn.execute(sql.SQL(DELETE_AGENT_VECTORS).format(table=sql.Identifier(table)), one).rowcount
+            vectors += conn.execute(
+                sql.SQL(DELETE_AGENT_VECTORS).format(table=sql.Identifier(table)), one
+            ).rowcount
         chunks += conn.execute(DELETE_AGENT_CHUNKS, one).rowcount
         gone = conn.execute(DELETE_AGENT_EPISODES, one).fetchall()
         batch["deleted"] += len(gone)
@@ -229,7 +237,9 @@ def _deleted_in_tx(conn: Memory, tables: list[str]) -> list[int]:
     return [r["n"] for r in conn.execute(DELETED_IN_TX, (tables,)).fetchall()]
 
 
-def delete_selected(conn: Memory, kind: str, selection: Selection, done: Deleted, *, batch_size: int = DEFAULT_BATCH) -> None:
+def delete_selected(
+    conn: Memory, kind: str, selection: Selection, done: Deleted, *, batch_size: int = DEFAULT_BATCH
+) -> None:
     """Delete every episode of one kind the selection matches, one short transaction per batch: its repeats,
     then its firsts no repeat is left of (PASSES; the first pass only when some repeat is stored)."""
     from memctl.db import cluster
@@ -238,16 +248,27 @@ def delete_selected(conn: Memory, kind: str, selection: Selection, done: Deleted
         raise UsageError(f"the batch size must be positive, got {batch_size}")
     counted = ["chunks", *vector_table_names(conn)]
     by_agent = cluster.is_distributed(conn)
-    for part in PASSES[0 if repeats.any_repeat(conn) else 1:]:
+    for part in PASSES[0 if repeats.any_repeat(conn) else 1 :]:
         where = "(" + selection.where + ") AND " + part
-        _delete_pass(conn, kind, Selection(where, selection.params), done, batch_size, counted, by_agent)
+        _delete_pass(
+            conn, kind, Selection(where, selection.params), done, batch_size, counted, by_agent
+        )
 
 
-def _delete_pass(conn: Memory, kind: str, selection: Selection, done: Deleted, batch_size: int, counted: list[str],
-                 by_agent: bool) -> None:
+def _delete_pass(
+    conn: Memory,
+    kind: str,
+    selection: Selection,
+    done: Deleted,
+    batch_size: int,
+    counted: list[str],
+    by_agent: bool,
+) -> None:
     from psycopg import sql
 
-    query = sql.SQL(SELECT_BATCH if by_agent else DELETE_BATCH).format(where=sql.SQL(selection.where))
+    query = sql.SQL(SELECT_BATCH if by_agent else DELETE_BATCH).format(
+        where=sql.SQL(selection.where)
+    )
     after_t, after_id = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc), 0
     while True:
         params = {**selection.params, "after_t": after_t, "after_id": after_id, "limit": batch_size}
@@ -274,7 +295,9 @@ def count_by_kind(conn: Memory, selection: Selection) -> Counter:
     from psycopg import sql
 
     query = sql.SQL(COUNT_BY_KIND).format(where=sql.SQL("(" + selection.where + ") AND " + LEFT))
-    return Counter({r["kind"]: r["n"] for r in conn.execute(query, selection.params, prepare=False).fetchall()})
+    return Counter(
+        {r["kind"]: r["n"] for r in conn.execute(query, selection.params, prepare=False).fetchall()}
+    )
 
 
 # --- table sizes and dead tuples ---------------------------------------------
@@ -300,12 +323,17 @@ def table_stats(conn: Memory, tables: list[str]) -> list[dict]:
 
     conn.execute(FLUSH_STATS)
     rows = conn.execute(TABLE_STATS, (list(tables),)).fetchall()
-    shards = cluster.placement_figures(conn)  # on Citus: the workers' figures, not the coordinator's shells
+    shards = cluster.placement_figures(
+        conn
+    )  # on Citus: the workers' figures, not the coordinator's shells
     for row in rows:
         if row["table"] in shards:
             figures = shards[row["table"]]
-            row.update(bytes=figures["total_bytes"], live_tuples=figures["live_tuples"],
-                       dead_tuples=figures["dead_tuples"])
+            row.update(
+                bytes=figures["total_bytes"],
+                live_tuples=figures["live_tuples"],
+                dead_tuples=figures["dead_tuples"],
+            )
     return rows
 
 
@@ -313,15 +341,25 @@ def vacuum(conn: Memory, tables: list[str]) -> None:
     """VACUUM (ANALYZE) each table: dead tuples become reusable space; files rarely shrink."""
     from psycopg import sql
 
-    conn.execute(FLUSH_STATS)  # else our deletes' counts, flushed after VACUUM, come back as dead tuples
+    conn.execute(
+        FLUSH_STATS
+    )  # else our deletes' counts, flushed after VACUUM, come back as dead tuples
     for table in tables:
         conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(table)))
 
 
 def _before_after(before: list[dict], after: list[dict]) -> list[dict]:
-    return [{"table": b["table"], "bytes_before": b["bytes"], "bytes_after": a["bytes"],
-             "dead_tuples_before": b["dead_tuples"], "dead_tuples_after": a["dead_tuples"],
-             "live_tuples_after": a["live_tuples"]} for b, a in zip(before, after)]
+    return [
+        {
+            "table": b["table"],
+            "bytes_before": b["bytes"],
+            "bytes_after": a["bytes"],
+            "dead_tuples_before": b["dead_tuples"],
+            "dead_tuples_after": a["dead_tuples"],
+            "live_tuples_after": a["live_tuples"],
+        }
+        for b, a in zip(before, after)
+    ]
 
 
 # --- a run: delete, check, measure ---------------------------------------------
@@ -345,8 +383,12 @@ class Report:
     error: str | None = None
     facts: list[dict] = field(default_factory=list)
     job_log: list[dict] = field(default_factory=list)
-    summaries: list[dict] = field(default_factory=list)  # purge: summaries built from the source's episodes
-    removed: dict = field(default_factory=dict)  # purge: rows removed per table (memctl.records.erasures)
+    summaries: list[dict] = field(
+        default_factory=list
+    )  # purge: summaries built from the source's episodes
+    removed: dict = field(
+        default_factory=dict
+    )  # purge: rows removed per table (memctl.records.erasures)
     ledger: str | None = None  # purge: its erasure ledger entry
     vacuum: dict | None = None  # purge --full: what ran (memctl.backup.erasure.vacuum_full)
 
@@ -354,7 +396,9 @@ class Report:
         return asdict(self)
 
 
-def run(conn: Memory, selections: dict[str, Selection], *, batch_size: int, run_vacuum: bool) -> tuple[Report, Deleted]:
+def run(
+    conn: Memory, selections: dict[str, Selection], *, batch_size: int, run_vacuum: bool
+) -> tuple[Report, Deleted]:
     """Delete each kind's selection in batches, check that nothing still matches, measure the tables."""
     started = time.perf_counter()
     tables = [*BASE_TABLES, *vector_table_names(conn)]
@@ -362,16 +406,25 @@ def run(conn: Memory, selections: dict[str, Selection], *, batch_size: int, run_
     done = Deleted()
     for kind, selection in selections.items():
         delete_selected(conn, kind, selection, done, batch_size=batch_size)
-    kinds = [{"kind": kind, **done.kind_row(kind), "remaining": count_by_kind(conn, s)[kind]}
-             for kind, s in selections.items()]
+    kinds = [
+        {"kind": kind, **done.kind_row(kind), "remaining": count_by_kind(conn, s)[kind]}
+        for kind, s in selections.items()
+    ]
     if run_vacuum:
         vacuum(conn, tables)
     after = table_stats(conn, tables)
-    report = Report(kinds=kinds, tables=_before_after(before, after), rows=sum(done.rows.values()),
-                    chunks=sum(done.chunks.values()), vectors=sum(done.vectors.values()), batches=done.batches,
-                    max_transaction_s=round(done.max_transaction_s, 3),
-                    elapsed_s=round(time.perf_counter() - started, 3),
-                    remaining=sum(k["remaining"] for k in kinds), vacuumed=run_vacuum)
+    report = Report(
+        kinds=kinds,
+        tables=_before_after(before, after),
+        rows=sum(done.rows.values()),
+        chunks=sum(done.chunks.values()),
+        vectors=sum(done.vectors.values()),
+        batches=done.batches,
+        max_transaction_s=round(done.max_transaction_s, 3),
+        elapsed_s=round(time.perf_counter() - started, 3),
+        remaining=sum(k["remaining"] for k in kinds),
+        vacuumed=run_vacuum,
+    )
     return report, done
 
 
@@ -380,4 +433,3 @@ def detail(report: Report, **extra) -> dict:
     found = report.to_dict()
     del found["outcome"], found["error"]
     return {**extra, **found}
-

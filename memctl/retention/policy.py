@@ -15,7 +15,9 @@ from memctl.errors import ConfigError
 
 KEEP_IMPORTANCE = "keep_importance"
 JOBS = "jobs"  # [retention] jobs: the job log's maximum age, not an episode kind
-REQUIRE_SUMMARY = "require_summary"  # [retention] require_summary: prune waits for summaries (not a kind)
+REQUIRE_SUMMARY = (
+    "require_summary"  # [retention] require_summary: prune waits for summaries (not a kind)
+)
 
 
 @dataclass
@@ -49,7 +51,10 @@ class Policy:
     def cutoffs(self, now: datetime.datetime) -> dict[str, datetime.datetime]:
         from memctl.config import parse_duration
 
-        return {kind: now - datetime.timedelta(seconds=parse_duration(age)) for kind, age in self.max_age.items()}
+        return {
+            kind: now - datetime.timedelta(seconds=parse_duration(age))
+            for kind, age in self.max_age.items()
+        }
 
     def job_log_cutoff(self, now: datetime.datetime) -> datetime.datetime:
         from memctl.config import parse_duration
@@ -58,9 +63,11 @@ class Policy:
 
 
 # Said (on stderr) by every prune whose policy names no kind: an empty policy deletes no episode.
-NO_EPISODE_POLICY = ('no episode retention policy: [retention] names no kind, so no episode is deleted; add e.g. '
-                     'raw = "30d", summary = "365d" to the configuration or give a file with --policy FILE '
-                     "(an empty policy never means 'delete all')")
+NO_EPISODE_POLICY = (
+    "no episode retention policy: [retention] names no kind, so no episode is deleted; add e.g. "
+    'raw = "30d", summary = "365d" to the configuration or give a file with --policy FILE '
+    "(an empty policy never means 'delete all')"
+)
 
 
 def _default_job_age() -> str:

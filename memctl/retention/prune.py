@@ -20,15 +20,18 @@ if TYPE_CHECKING:
 
 # The episodes of one kind past its age (a WHERE clause over `episodes e`). A first's age counts from the last
 # time it was seen (memctl.write.repeats): it goes with its last repeat, and never before (memctl.retention.deletion).
-PRUNE_WHERE = ("e.kind = %(kind)s AND e.created_at < %(cutoff)s AND coalesce(e.last_seen_at, e.created_at) < %(cutoff)s"
-               " AND (%(keep)s::int IS NULL OR e.importance < %(keep)s)")
+PRUNE_WHERE = (
+    "e.kind = %(kind)s AND e.created_at < %(cutoff)s AND coalesce(e.last_seen_at, e.created_at) < %(cutoff)s"
+    " AND (%(keep)s::int IS NULL OR e.importance < %(keep)s)"
+)
 # An episode some summary was built from: the lineage's one definition (memctl.records.lineage).
 PRUNE_SUMMARIZED_WHERE = PRUNE_WHERE + " AND " + lineage.SUMMARIZED
 PRUNE_UNSUMMARIZED_WHERE = PRUNE_WHERE + " AND " + lineage.UNSUMMARIZED
 
 
-def prune_selection(kind: str, cutoff: datetime.datetime, keep: int | None, *,
-                    await_summary: bool = False) -> deletion.Selection:
+def prune_selection(
+    kind: str, cutoff: datetime.datetime, keep: int | None, *, await_summary: bool = False
+) -> deletion.Selection:
     """A kind past its age; with await_summary only the episodes some summary was built from."""
     where = PRUNE_SUMMARIZED_WHERE if await_summary else PRUNE_WHERE
     return deletion.Selection(where, {"kind": kind, "cutoff": cutoff, "keep": keep})
@@ -38,7 +41,9 @@ def kept_for_summary(conn: Memory, kind: str, cutoff: datetime.datetime, keep: i
     """Episodes of a kind past its age that prune keeps because no summary holds them yet."""
     from psycopg import sql
 
-    query = sql.SQL("SELECT count(*) AS n FROM episodes e WHERE {}").format(sql.SQL(PRUNE_UNSUMMARIZED_WHERE))
+    query = sql.SQL("SELECT count(*) AS n FROM episodes e WHERE {}").format(
+        sql.SQL(PRUNE_UNSUMMARIZED_WHERE)
+    )
     return conn.one(query, {"kind": kind, "cutoff": cutoff, "keep": keep})["n"]
 
 
@@ -47,10 +52,14 @@ def kept_for_summary(conn: Memory, kind: str, cutoff: datetime.datetime, keep: i
 KEPT_BY_IMPORTANCE = """
 SELECT count(*) AS n FROM episodes e WHERE e.kind = %s AND e.created_at < %s AND e.importance >= %s
 """
-UNNAMED_KINDS = "SELECT kind, count(*) AS rows FROM episodes WHERE kind <> ALL(%s) GROUP BY kind ORDER BY kind"
+UNNAMED_KINDS = (
+    "SELECT kind, count(*) AS rows FROM episodes WHERE kind <> ALL(%s) GROUP BY kind ORDER BY kind"
+)
 
 
-def plan(conn: Memory, policy: Policy, *, await_summary: frozenset[str] = frozenset()) -> list[dict]:
+def plan(
+    conn: Memory, policy: Policy, *, await_summary: frozenset[str] = frozenset()
+) -> list[dict]:
     """Dry run of a prune: per kind of the policy, what it would delete (none for an empty policy).
 
     Kinds in await_summary lose only the episodes a summary holds; kept_for_summary counts the others.
@@ -62,15 +71,31 @@ def plan(conn: Memory, policy: Policy, *, await_summary: frozenset[str] = frozen
         held = kind in await_summary
         selection = prune_selection(kind, cutoff, policy.keep_importance, await_summary=held)
         found = deletion.summarise(conn, selection, tables)
-        row = found[0] if found else {"rows": 0, "oldest": None, "newest": None, "chunks": 0, "vectors": 0,
-                                      "bytes": 0}
+        row = (
+            found[0]
+            if found
+            else {"rows": 0, "oldest": None, "newest": None, "chunks": 0, "vectors": 0, "bytes": 0}
+        )
         kept = 0
         if policy.keep_importance is not None:
             kept = conn.one(KEPT_BY_IMPORTANCE, (kind, cutoff, policy.keep_importance))["n"]
-        rows.append({"kind": kind, "policy": policy.max_age[kind], "cutoff": cutoff, "rows": row["rows"],
-                     "oldest": row["oldest"], "newest": row["newest"], "chunks": row["chunks"],
-                     "vectors": row["vectors"], "bytes": row["bytes"], "kept_by_importance": kept,
-                     "kept_for_summary": kept_for_summary(conn, kind, cutoff, policy.keep_importance) if held else 0})
+        rows.append(
+            {
+                "kind": kind,
+                "policy": policy.max_age[kind],
+                "cutoff": cutoff,
+                "rows": row["rows"],
+                "oldest": row["oldest"],
+                "newest": row["newest"],
+                "chunks": row["chunks"],
+                "vectors": row["vectors"],
+                "bytes": row["bytes"],
+                "kept_by_importance": kept,
+                "kept_for_summary": kept_for_summary(conn, kind, cutoff, policy.keep_importance)
+                if held
+                else 0,
+            }
+        )
     return rows
 
 
@@ -110,7 +135,9 @@ def job_log_plan(conn: Memory, policy: Policy) -> list[dict]:
     return [{**row, "policy": policy.jobs, "cutoff": cutoff} for row in rows]
 
 
-def trim_job_log(conn: Memory, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH) -> list[dict]:
+def trim_job_log(
+    conn: Memory, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH
+) -> list[dict]:
     """Delete jobs and runbook_runs rows started before the cutoff, one short transaction per batch."""
     if batch_size <= 0:
         raise UsageError(f"the batch size must be positive, got {batch_size}")
@@ -125,15 +152,29 @@ def trim_job_log(conn: Memory, policy: Policy, *, batch_size: int = deletion.DEF
             deleted, batches = deleted + count, batches + (count > 0)
             if count < batch_size:
                 break
-        done.append({"table": table, "policy": policy.jobs, "cutoff": cutoff, "rows": deleted, "batches": batches})
+        done.append(
+            {
+                "table": table,
+                "policy": policy.jobs,
+                "cutoff": cutoff,
+                "rows": deleted,
+                "batches": batches,
+            }
+        )
     return done
 
 
 # --- prune -------------------------------------------------------------------
 
 
-def prune(conn: Memory, policy: Policy, *, batch_size: int = deletion.DEFAULT_BATCH, run_vacuum: bool = False,
-          await_summary: frozenset[str] = frozenset()) -> deletion.Report:
+def prune(
+    conn: Memory,
+    policy: Policy,
+    *,
+    batch_size: int = deletion.DEFAULT_BATCH,
+    run_vacuum: bool = False,
+    await_summary: frozenset[str] = frozenset(),
+) -> deletion.Report:
     """Delete every episode past its kind's maximum age, in batches; verify; trim the job log; record as 'prune'.
 
     An empty policy deletes no episode; the job log is trimmed all the same ([retention] jobs, 90d by default).
@@ -145,35 +186,58 @@ def prune(conn: Memory, policy: Policy, *, batch_size: int = deletion.DEFAULT_BA
     with jobs.record(conn, "prune") as job:
         now = conn.one(deletion.NOW)["now"]
         cutoffs = policy.cutoffs(now)
-        selections = {kind: prune_selection(kind, cutoff, policy.keep_importance, await_summary=kind in await_summary)
-                      for kind, cutoff in cutoffs.items()}
+        selections = {
+            kind: prune_selection(
+                kind, cutoff, policy.keep_importance, await_summary=kind in await_summary
+            )
+            for kind, cutoff in cutoffs.items()
+        }
         blocked = _blocked_keys(conn, selections)
         summaries = erasures.summaries_of(conn, blocked) if blocked else []
         secret = erasures.load_key() if blocked else b""
-        items, texts = erasures.capture_episodes(conn, blocked + summaries, secret) if blocked else ([], [])
+        items, texts = (
+            erasures.capture_episodes(conn, blocked + summaries, secret) if blocked else ([], [])
+        )
         report, _ = deletion.run(conn, selections, batch_size=batch_size, run_vacuum=run_vacuum)
         if items:  # a blocked source's episodes are an erasure: a restore must not bring them back
             _erase_blocked(conn, blocked, summaries, items, texts, secret, batch_size)
         for row in report.kinds:
             kind = row["kind"]
-            kept = kept_for_summary(conn, kind, cutoffs[kind], policy.keep_importance) if kind in await_summary else 0
+            kept = (
+                kept_for_summary(conn, kind, cutoffs[kind], policy.keep_importance)
+                if kind in await_summary
+                else 0
+            )
             row.update(policy=policy.max_age[kind], cutoff=cutoffs[kind], kept_for_summary=kept)
         report.job_log = trim_job_log(conn, policy, batch_size=batch_size)
         if run_vacuum and any(t["rows"] for t in report.job_log):
             deletion.vacuum(conn, list(JOB_LOG_TABLES))
         if report.remaining:
             report.outcome = "partial"
-            report.error = (f"{report.remaining} episode(s) still match the policy after the prune "
-                            "(written during it with an old created_at?); the next run deletes them")
+            report.error = (
+                f"{report.remaining} episode(s) still match the policy after the prune "
+                "(written during it with an old created_at?); the next run deletes them"
+            )
         job.rows, job.outcome, job.error = report.rows, report.outcome, report.error
-        job.detail = deletion.detail(report, policy=policy.max_age, keep_importance=policy.keep_importance,
-                                     job_log_policy=policy.jobs, awaiting_summary=sorted(await_summary))
+        job.detail = deletion.detail(
+            report,
+            policy=policy.max_age,
+            keep_importance=policy.keep_importance,
+            job_log_policy=policy.jobs,
+            awaiting_summary=sorted(await_summary),
+        )
     return report
 
 
-
-def _erase_blocked(conn: Memory, blocked: list, summaries: list, items: list[dict], texts: list[str], secret: bytes,
-                   batch_size: int) -> None:
+def _erase_blocked(
+    conn: Memory,
+    blocked: list,
+    summaries: list,
+    items: list[dict],
+    texts: list[str],
+    secret: bytes,
+    batch_size: int,
+) -> None:
     """After a prune deleted a blocked source's episodes: the summaries built from them go too, runs and job log
     rows lose what they quoted, and the ledger records it all (memctl.records.erasures)."""
     from memctl.records import erasures
@@ -182,12 +246,24 @@ def _erase_blocked(conn: Memory, blocked: list, summaries: list, items: list[dic
     quotes: list[str] = []
     purge.delete_summaries(conn, [i for _, i in summaries], batch_size)
     with conn.transaction():
-        counts = {"episodes": len(blocked), "summaries": len(summaries),
-                  "runbook_runs": erasures.unlink_runs(conn, blocked + summaries, secret, quotes),
-                  **erasures.scrub_quotes(conn, texts, secret, quotes)}
+        counts = {
+            "episodes": len(blocked),
+            "summaries": len(summaries),
+            "runbook_runs": erasures.unlink_runs(conn, blocked + summaries, secret, quotes),
+            **erasures.scrub_quotes(conn, texts, secret, quotes),
+        }
     sources = ",".join(sorted({r["source"] for r in conn.execute(BLOCKED_SOURCES).fetchall()}))
-    erasures.record(conn, erasures.new_entry(conn, "prune_blocked", key=secret, source=sources, counts=counts,
-                                             items={"episodes": items, "quotes": quotes}))
+    erasures.record(
+        conn,
+        erasures.new_entry(
+            conn,
+            "prune_blocked",
+            key=secret,
+            source=sources,
+            counts=counts,
+            items={"episodes": items, "quotes": quotes},
+        ),
+    )
 
 
 BLOCKED_SOURCES = "SELECT source FROM blocked_sources"
@@ -203,5 +279,8 @@ def _blocked_keys(conn: Memory, selections: dict[str, deletion.Selection]) -> li
     keys = []
     for selection in selections.values():
         query = sql.SQL(BLOCKED_KEYS).format(where=sql.SQL(selection.where))
-        keys += [(r["agent"], r["id"]) for r in conn.execute(query, selection.params, prepare=False).fetchall()]
+        keys += [
+            (r["agent"], r["id"])
+            for r in conn.execute(query, selection.params, prepare=False).fetchall()
+        ]
     return keys

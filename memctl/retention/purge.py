@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 # The episodes from a source (a WHERE clause over `episodes e`), of one kind. A repeat has its first's source
 # (memctl.write.repeats folds only within one source), so a purge takes a first with its repeats; with --since,
 # the repeats since then go and a first from before stays, uncounted (memctl.retention.deletion).
-PURGE_WHERE = "e.source = %(source)s AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s)"
+PURGE_WHERE = (
+    "e.source = %(source)s AND (%(since)s::timestamptz IS NULL OR e.created_at >= %(since)s)"
+)
 PURGE_KIND_WHERE = PURGE_WHERE + " AND e.kind = %(kind)s"
 
 
@@ -26,7 +28,9 @@ def purge_selection(source: str, since: datetime.datetime | None) -> deletion.Se
     return deletion.Selection(PURGE_WHERE, {"source": source, "since": since})
 
 
-def purge_kind_selection(source: str, since: datetime.datetime | None, kind: str) -> deletion.Selection:
+def purge_kind_selection(
+    source: str, since: datetime.datetime | None, kind: str
+) -> deletion.Selection:
     return deletion.Selection(PURGE_KIND_WHERE, {"source": source, "since": since, "kind": kind})
 
 
@@ -46,7 +50,9 @@ class PurgePlan:
     blocked: bool
     kinds: list[dict]
     facts: list[dict]
-    summaries: list[dict] = field(default_factory=list)  # built from the source's episodes: purged with them
+    summaries: list[dict] = field(
+        default_factory=list
+    )  # built from the source's episodes: purged with them
 
     @property
     def rows(self) -> int:
@@ -90,24 +96,44 @@ def near_sources(conn: Memory, source: str, n: int = 3) -> list[str]:
 
 
 def _source_facts(conn: Memory, source: str, since: datetime.datetime | None) -> list[dict]:
-    return [{**f, "deleted": False} for f in conn.execute(SOURCE_FACTS, (source, since, since)).fetchall()]
+    return [
+        {**f, "deleted": False}
+        for f in conn.execute(SOURCE_FACTS, (source, since, since)).fetchall()
+    ]
 
 
-def purge_plan(conn: Memory, source: str, since: str | datetime.datetime | None = None) -> PurgePlan:
+def purge_plan(
+    conn: Memory, source: str, since: str | datetime.datetime | None = None
+) -> PurgePlan:
     """Dry run of a purge: per kind the episodes from `source` (since `since`), and the facts it last set."""
     _check_source(source)
     when = _since(since)
-    kinds = deletion.summarise(conn, purge_selection(source, when), deletion.vector_table_names(conn))
+    kinds = deletion.summarise(
+        conn, purge_selection(source, when), deletion.vector_table_names(conn)
+    )
     blocked = conn.execute(IS_BLOCKED, (source,)).fetchone() is not None
-    return PurgePlan(source, when, blocked, kinds, _source_facts(conn, source, when),
-                     lineage.built_from(conn, source, when))
+    return PurgePlan(
+        source,
+        when,
+        blocked,
+        kinds,
+        _source_facts(conn, source, when),
+        lineage.built_from(conn, source, when),
+    )
 
 
 PURGED_KEYS = "SELECT e.agent, e.id FROM episodes e WHERE {where}"
 
 
-def purge(conn: Memory, source: str, since: str | datetime.datetime | None = None, *, delete_facts: bool = False,
-          batch_size: int = deletion.DEFAULT_BATCH, full: bool = False) -> deletion.Report:
+def purge(
+    conn: Memory,
+    source: str,
+    since: str | datetime.datetime | None = None,
+    *,
+    delete_facts: bool = False,
+    batch_size: int = deletion.DEFAULT_BATCH,
+    full: bool = False,
+) -> deletion.Report:
     """Delete the episodes (chunks, vectors) from `source`, and with delete_facts the facts it last set.
 
     Facts go through facts.delete_fact, so their history records the deletion
@@ -125,7 +151,10 @@ def purge(conn: Memory, source: str, since: str | datetime.datetime | None = Non
     when = _since(since)
     secret = erasures.load_key()
     query = sql.SQL(PURGED_KEYS).format(where=sql.SQL(PURGE_WHERE))
-    keys = [(r["agent"], r["id"]) for r in conn.execute(query, {"source": source, "since": when}).fetchall()]
+    keys = [
+        (r["agent"], r["id"])
+        for r in conn.execute(query, {"source": source, "since": when}).fetchall()
+    ]
     built = [(s["agent"], s["id"]) for s in lineage.built_from(conn, source, when)]
     keys += built
     items, texts = erasures.capture_episodes(conn, keys, secret)
@@ -137,7 +166,9 @@ def purge(conn: Memory, source: str, since: str | datetime.datetime | None = Non
         # source names each summary records, for one written meanwhile): a poisoned source must not live on.
         summaries = _purge_summaries(conn, source, when, batch_size)
         query = sql.SQL(KINDS_OF).format(where=sql.SQL(PURGE_WHERE))
-        kinds = [r["kind"] for r in conn.execute(query, {"source": source, "since": when}).fetchall()]
+        kinds = [
+            r["kind"] for r in conn.execute(query, {"source": source, "since": when}).fetchall()
+        ]
         selections = {kind: purge_kind_selection(source, when, kind) for kind in kinds}
         report, _ = deletion.run(conn, selections, batch_size=batch_size, run_vacuum=False)
         report.summaries = summaries + _purge_summaries(conn, source, when, batch_size)
@@ -158,14 +189,33 @@ def purge(conn: Memory, source: str, since: str | datetime.datetime | None = Non
         job.outcome, job.error = report.outcome, report.error
         job.detail = deletion.detail(report, source=source, since=when)
         # keys only: the job log must not keep a copy of the values being removed
-        job.detail["facts"] = [{k: f[k] for k in ("namespace", "key", "deleted")} for f in report.facts]
-    facts_items = [{"namespace": ns, "key": k, "digests": [erasures.digest(secret, fact_values[(ns, k)])],
-                    "erased": False} for ns, k in ((f["namespace"], f["key"]) for f in report.facts if f["deleted"])]
-    entry = erasures.new_entry(conn, "purge", key=secret, source=source, target=when.isoformat() if when else None,
-                               counts=report.removed, items={
-                                   "episodes": items, "facts": facts_items, "quotes": quotes,
-                                   "since": when.isoformat() if when else None,
-                                   "source_digest": erasures.digest(secret, source)})
+        job.detail["facts"] = [
+            {k: f[k] for k in ("namespace", "key", "deleted")} for f in report.facts
+        ]
+    facts_items = [
+        {
+            "namespace": ns,
+            "key": k,
+            "digests": [erasures.digest(secret, fact_values[(ns, k)])],
+            "erased": False,
+        }
+        for ns, k in ((f["namespace"], f["key"]) for f in report.facts if f["deleted"])
+    ]
+    entry = erasures.new_entry(
+        conn,
+        "purge",
+        key=secret,
+        source=source,
+        target=when.isoformat() if when else None,
+        counts=report.removed,
+        items={
+            "episodes": items,
+            "facts": facts_items,
+            "quotes": quotes,
+            "since": when.isoformat() if when else None,
+            "source_digest": erasures.digest(secret, source),
+        },
+    )
     report.ledger = erasures.record(conn, entry).id
     if full:
         from memctl.backup import erasure
@@ -177,18 +227,24 @@ def purge(conn: Memory, source: str, since: str | datetime.datetime | None = Non
 SUMMARIES_WHERE = "e.kind = 'summary' AND e.id = ANY(%(ids)s)"
 
 
-def _purge_summaries(conn: Memory, source: str, since: datetime.datetime | None, batch_size: int) -> list[dict]:
+def _purge_summaries(
+    conn: Memory, source: str, since: datetime.datetime | None, batch_size: int
+) -> list[dict]:
     """Delete the summaries built from `source`'s episodes (their lineage rows cascade); the ones deleted."""
     found = lineage.built_from(conn, source, since)
     delete_summaries(conn, [s["id"] for s in found], batch_size)
     return found
 
 
-def delete_summaries(conn: Memory, ids: list[int], batch_size: int = deletion.DEFAULT_BATCH) -> None:
+def delete_summaries(
+    conn: Memory, ids: list[int], batch_size: int = deletion.DEFAULT_BATCH
+) -> None:
     """Delete these summaries (their chunks, vectors and lineage rows cascade), in batches."""
     if ids:
         selection = deletion.Selection(SUMMARIES_WHERE, {"ids": ids})
-        deletion.delete_selected(conn, "summary", selection, deletion.Deleted(), batch_size=batch_size)
+        deletion.delete_selected(
+            conn, "summary", selection, deletion.Deleted(), batch_size=batch_size
+        )
 
 
 def _delete_facts(conn: Memory, found: list[dict], source: str) -> None:
@@ -196,7 +252,9 @@ def _delete_facts(conn: Memory, found: list[dict], source: str) -> None:
 
     for fact in found:
         try:
-            facts_mod.delete_fact(conn, fact["key"], namespace=fact["namespace"], source=f"purge:{source}")
+            facts_mod.delete_fact(
+                conn, fact["key"], namespace=fact["namespace"], source=f"purge:{source}"
+            )
             fact["deleted"] = True
         except NotFound:
             pass  # deleted meanwhile

@@ -47,7 +47,9 @@ SOURCE_PREFIX = lineage_mod.SOURCE_PREFIX
 JOB = "summarize"
 LOCK_CLASS = 0x6D73756D  # "msum": advisory lock namespace, one lock per (agent, day)
 OVERDUE_GRACE_S = 2 * 86400  # the timer runs daily: two missed days make summaries overdue
-PAGE_BYTES = 1 << 20  # a page of a window's episodes holds about this much text (or one longer episode)
+PAGE_BYTES = (
+    1 << 20
+)  # a page of a window's episodes holds about this much text (or one longer episode)
 PAGE_ROWS = 2000  # ... and at most this many episodes
 PARTS_PAGE = 32  # part summaries read back per query (each at most one answer, num_predict tokens)
 
@@ -121,20 +123,29 @@ class Window:
         return self.start.date().isoformat()
 
 
-def windows(conn: Memory, *, older_than: str | None = None, agent: str | None = None,
-            limit: int | None = None) -> list[Window]:
+def windows(
+    conn: Memory,
+    *,
+    older_than: str | None = None,
+    agent: str | None = None,
+    limit: int | None = None,
+) -> list[Window]:
     """Windows (agent, UTC day) wholly older than older_than with episodes no summary holds yet, oldest first."""
     settings = conn.settings
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit must be positive, got {limit}")
     kinds_ = kinds(settings)
     if not kinds_:
-        raise NothingToDo("nothing to summarize: [summarize] kinds is empty and [retention] limits no kind but "
-                          'summary (e.g. [retention] raw = "30d")')
+        raise NothingToDo(
+            "nothing to summarize: [summarize] kinds is empty and [retention] limits no kind but "
+            'summary (e.g. [retention] raw = "30d")'
+        )
     now = conn.one(NOW)["now"].astimezone(UTC)
     edge = now - datetime.timedelta(seconds=_older_than(settings, older_than))
     before = datetime.datetime.combine(edge.date(), datetime.time(), UTC)
-    rows = conn.execute(WINDOWS, {"kinds": kinds_, "before": before, "agent": agent, "limit": limit}).fetchall()
+    rows = conn.execute(
+        WINDOWS, {"kinds": kinds_, "before": before, "agent": agent, "limit": limit}
+    ).fetchall()
     found = []
     for row in rows:
         window = Window(row["agent"], row["day"].replace(tzinfo=UTC), row["episodes"], row["chars"])
@@ -146,16 +157,25 @@ def windows(conn: Memory, *, older_than: str | None = None, agent: str | None = 
 
 def plan(conn: Memory, **selection: Any) -> list[dict]:
     """Dry run: the windows that would be summarized, their episode counts and estimated input tokens."""
-    return [{"agent": w.agent, "window_start": w.start, "window_end": w.end, "episodes": w.episodes,
-             "tokens_in": math.ceil(int(w.chars) / 4), "addendum_to": w.addendum_to}
-            for w in windows(conn, **selection)]
+    return [
+        {
+            "agent": w.agent,
+            "window_start": w.start,
+            "window_end": w.end,
+            "episodes": w.episodes,
+            "tokens_in": math.ceil(int(w.chars) / 4),
+            "addendum_to": w.addendum_to,
+        }
+        for w in windows(conn, **selection)
+    ]
 
 
 # --- one window ---------------------------------------------------------------
 
 
-def summarize_window(conn: Memory, chat: OllamaChat, budget: Budget, agent: str, day: str,
-                     episodes: Iterable[dict]) -> Summary:
+def summarize_window(
+    conn: Memory, chat: OllamaChat, budget: Budget, agent: str, day: str, episodes: Iterable[dict]
+) -> Summary:
     """Ask the model for one summary of the window: in one request, or parts first and then their summaries
     in rounds. Episodes are consumed as the parts fill; the parts' summaries wait in a temporary table."""
     result = Summary("")
@@ -170,12 +190,18 @@ def summarize_window(conn: Memory, chat: OllamaChat, budget: Budget, agent: str,
     system = chat_mod.SYSTEM_PROMPT.format(agent=agent, day=day, what=chat_mod.PART_SUMMARIES)
     room = budget.user_room(system)
     while (count := parts.count(result.rounds)) > 1:
-        merged = sum(1 for _ in chat_mod.groups(chat_mod.labelled(parts.texts(result.rounds), count), room))
+        merged = sum(
+            1 for _ in chat_mod.groups(chat_mod.labelled(parts.texts(result.rounds), count), room)
+        )
         if merged >= count:
-            raise WindowFailed(f"the summaries of {count} parts do not shrink into the context of "
-                               f"{budget.num_ctx} tokens")
+            raise WindowFailed(
+                f"the summaries of {count} parts do not shrink into the context of "
+                f"{budget.num_ctx} tokens"
+            )
         for group in chat_mod.groups(chat_mod.labelled(parts.texts(result.rounds), count), room):
-            parts.add(result.rounds + 1, chat_mod.ask(chat, budget, system, "\n".join(group), result))
+            parts.add(
+                result.rounds + 1, chat_mod.ask(chat, budget, system, "\n".join(group), result)
+            )
         result.rounds += 1
     result.text = next(parts.texts(result.rounds))
     return result
@@ -224,7 +250,9 @@ CREATE TEMPORARY TABLE IF NOT EXISTS summarize_parts (
 """
 CLEAR_PARTS = "TRUNCATE summarize_parts"
 ADD_PART = "INSERT INTO summarize_parts (round, seq, text) VALUES (%s, %s, %s)"
-PARTS_OF_ROUND = "SELECT seq, text FROM summarize_parts WHERE round = %s AND seq > %s ORDER BY seq LIMIT %s"
+PARTS_OF_ROUND = (
+    "SELECT seq, text FROM summarize_parts WHERE round = %s AND seq > %s ORDER BY seq LIMIT %s"
+)
 DROP_SCRATCH = "DROP TABLE IF EXISTS pg_temp.summarize_input, pg_temp.summarize_parts"
 
 
@@ -232,25 +260,32 @@ def record_input(conn: Memory, window: Window, kinds_: list[str]) -> int:
     """Record the window's episodes that no summary holds yet; how many there are."""
     conn.execute(CREATE_INPUT)
     conn.execute(CLEAR_INPUT)
-    return conn.execute(RECORD_INPUT, {"agent": window.agent, "start": window.start, "end": window.end,
-                                       "kinds": kinds_}).rowcount
+    return conn.execute(
+        RECORD_INPUT,
+        {"agent": window.agent, "start": window.start, "end": window.end, "kinds": kinds_},
+    ).rowcount
 
 
 def input_episodes(conn: Memory, agent: str) -> Iterator[dict]:
     """The recorded episodes in time order (created_at, source, content), read a page at a time."""
     base = 0
     while True:
-        page = conn.execute(INPUT_PAGE, {"agent": agent, "base": base, "bytes": PAGE_BYTES,
-                                         "rows": PAGE_ROWS}).fetchall()
+        page = conn.execute(
+            INPUT_PAGE, {"agent": agent, "base": base, "bytes": PAGE_BYTES, "rows": PAGE_ROWS}
+        ).fetchall()
         if not page:
             return
         base = page[-1]["upto"]
         for row in page:
             if row["content"] is None:
                 raise WindowFailed("a source episode was deleted while summarizing")
-            if row["seen"] > 1:  # a first's repeats in the window: its text once, with how often and when
+            if (
+                row["seen"] > 1
+            ):  # a first's repeats in the window: its text once, with how often and when
                 first, last = row["created_at"].astimezone(UTC), row["last_seen"].astimezone(UTC)
-                row["content"] += f" (repeated: seen {row['seen']} times, first {first:%H:%M}, last {last:%H:%M} UTC)"
+                row["content"] += (
+                    f" (repeated: seen {row['seen']} times, first {first:%H:%M}, last {last:%H:%M} UTC)"
+                )
             yield row
         del page
 
@@ -312,24 +347,44 @@ def _write(conn: Memory, name: str, window: Window, sources: int, summary: Summa
         if held["summarized"]:
             return None
         if held["unchanged"] != sources:
-            raise WindowFailed(f"{sources - held['unchanged']} source episode(s) were deleted or changed while "
-                               "summarizing")
+            raise WindowFailed(
+                f"{sources - held['unchanged']} source episode(s) were deleted or changed while "
+                "summarizing"
+            )
         facts = conn.one(INPUT_FACTS)
-        meta = {"window_start": window.start.isoformat(), "window_end": window.end.isoformat(), "model": name,
-                "sources": sources, "repeats": facts["repeats"], "source_names": facts["source_names"] or [],
-                "kinds": facts["kinds"],
-                "parts": summary.parts, "rounds": summary.rounds, "requests": summary.requests,
-                "tokens_in": summary.tokens_in, "tokens_out": summary.tokens_out}
+        meta = {
+            "window_start": window.start.isoformat(),
+            "window_end": window.end.isoformat(),
+            "model": name,
+            "sources": sources,
+            "repeats": facts["repeats"],
+            "source_names": facts["source_names"] or [],
+            "kinds": facts["kinds"],
+            "parts": summary.parts,
+            "rounds": summary.rounds,
+            "requests": summary.requests,
+            "tokens_in": summary.tokens_in,
+            "tokens_out": summary.tokens_out,
+        }
         if window.addendum_to is not None:
             meta["addendum_to"] = window.addendum_to
         header = f"Summary of {sources} episode(s) of agent {window.agent} on {window.day} (UTC):"
         try:
-            summary_id = episodes_mod.add(conn, f"{header}\n{summary.text}", kind=SUMMARY_KIND,
-                                          source=f"{SOURCE_PREFIX}{name}", agent=window.agent,
-                                          importance=facts["importance"], created_at=window.end, meta=meta)
+            summary_id = episodes_mod.add(
+                conn,
+                f"{header}\n{summary.text}",
+                kind=SUMMARY_KIND,
+                source=f"{SOURCE_PREFIX}{name}",
+                agent=window.agent,
+                importance=facts["importance"],
+                created_at=window.end,
+                meta=meta,
+            )
         except Unavailable:
             raise
-        except MemctlError as exc:  # a blocked source, a write policy: this window's summary is refused
+        except (
+            MemctlError
+        ) as exc:  # a blocked source, a write policy: this window's summary is refused
             raise WindowFailed(f"the summary was refused: {exc}") from None
         if summary_id is None:
             raise WindowFailed("the summary was not stored (importance 0 by the write policy)")
@@ -345,8 +400,14 @@ class RunResult:
     skipped: int = 0  # windows another run held or finished meanwhile
 
 
-def run(conn: Memory, *, older_than: str | None = None, agent: str | None = None,
-        limit: int | None = None, chat: OllamaChat | None = None) -> RunResult:
+def run(
+    conn: Memory,
+    *,
+    older_than: str | None = None,
+    agent: str | None = None,
+    limit: int | None = None,
+    chat: OllamaChat | None = None,
+) -> RunResult:
     """Summarize every due window, one transaction each; recorded as job 'summarize'.
 
     A window whose answer is no summary fails alone (listed in the result and the job's detail); Ollama down,
@@ -357,7 +418,9 @@ def run(conn: Memory, *, older_than: str | None = None, agent: str | None = None
 
     name = model(settings)
     if not name:
-        raise ConfigError('no chat model: set [summarize] model in the configuration (e.g. model = "llama3.2:3b")')
+        raise ConfigError(
+            'no chat model: set [summarize] model in the configuration (e.g. model = "llama3.2:3b")'
+        )
     chat = chat or chat_mod.make_chat(settings, name)
     result = RunResult()
     with jobs.record(conn, JOB) as job:
@@ -366,12 +429,18 @@ def run(conn: Memory, *, older_than: str | None = None, agent: str | None = None
             _one(conn, chat, name, budget, window, result)
         conn.execute(DROP_SCRATCH)
         job.rows = len(result.written)
-        job.detail = {"model": name, "num_ctx": budget.num_ctx, "written": result.written, "failed": result.failed,
-                      "skipped": result.skipped}
+        job.detail = {
+            "model": name,
+            "num_ctx": budget.num_ctx,
+            "written": result.written,
+            "failed": result.failed,
+            "skipped": result.skipped,
+        }
         if result.failed:
             job.outcome = "partial"
-            job.error = (f"{len(result.failed)} window(s) failed: "
-                         + "; ".join(f"{f['agent']} {f['window_start'][:10]}: {f['error']}" for f in result.failed[:5]))
+            job.error = f"{len(result.failed)} window(s) failed: " + "; ".join(
+                f"{f['agent']} {f['window_start'][:10]}: {f['error']}" for f in result.failed[:5]
+            )
     return result
 
 
@@ -379,29 +448,54 @@ def _one(conn: Memory, chat, name, budget, window: Window, result: RunResult) ->
     settings = conn.settings
     key = f"{window.agent}/{window.day}"
     if not conn.one(TRY_LOCK, (LOCK_CLASS, key))["ok"]:
-        refused = locks.foreign(locks.holder(conn, LOCK_CLASS, name=key), "summarize")  # an agent's session holds it
+        refused = locks.foreign(
+            locks.holder(conn, LOCK_CLASS, name=key), "summarize"
+        )  # an agent's session holds it
         if refused is None:
             result.skipped += 1  # another memctl summarizes this window
         else:
-            result.failed.append({"agent": window.agent, "window_start": window.start.isoformat(),
-                                  "window_end": window.end.isoformat(), "error": str(refused)})
+            result.failed.append(
+                {
+                    "agent": window.agent,
+                    "window_start": window.start.isoformat(),
+                    "window_end": window.end.isoformat(),
+                    "error": str(refused),
+                }
+            )
         return
     try:
         sources = record_input(conn, window, kinds(settings))
         if not sources:
             result.skipped += 1
             return
-        summary = summarize_window(conn, chat, budget, window.agent, window.day, input_episodes(conn, window.agent))
+        summary = summarize_window(
+            conn, chat, budget, window.agent, window.day, input_episodes(conn, window.agent)
+        )
         summary_id = _write(conn, name, window, sources, summary)
         if summary_id is None:
             result.skipped += 1
             return
-        result.written.append({"summary_id": summary_id, "agent": window.agent, "window_start": window.start,
-                               "window_end": window.end, "sources": sources, "tokens_in": summary.tokens_in,
-                               "tokens_out": summary.tokens_out, "parts": summary.parts})
+        result.written.append(
+            {
+                "summary_id": summary_id,
+                "agent": window.agent,
+                "window_start": window.start,
+                "window_end": window.end,
+                "sources": sources,
+                "tokens_in": summary.tokens_in,
+                "tokens_out": summary.tokens_out,
+                "parts": summary.parts,
+            }
+        )
     except WindowFailed as exc:
-        result.failed.append({"agent": window.agent, "window_start": window.start.isoformat(),
-                              "window_end": window.end.isoformat(), "error": str(exc)})
+        result.failed.append(
+            {
+                "agent": window.agent,
+                "window_start": window.start.isoformat(),
+                "window_end": window.end.isoformat(),
+                "error": str(exc),
+            }
+        )
     finally:
         conn.execute(UNLOCK, (LOCK_CLASS, key))
 
@@ -420,11 +514,15 @@ def overdue(conn: Memory) -> str | None:
     if settings is None or model(settings) is None or not kinds(settings):
         return None
     after = settings.summarize.after
-    late = parse_duration(after) + 86400 + OVERDUE_GRACE_S  # its whole window is past `after`, plus two runs
+    late = (
+        parse_duration(after) + 86400 + OVERDUE_GRACE_S
+    )  # its whole window is past `after`, plus two runs
     row = conn.one(OVERDUE, (kinds(settings), late))
     if not row["n"]:
         return None
-    return (f"summaries are overdue: {row['n']} episode(s) of {', '.join(kinds(settings))} older than "
-            f"{late / 86400:.0f}d have no summary (oldest {row['oldest']:%Y-%m-%d}; [summarize] after = {after}); "
-            "prune keeps them until one exists: run memctl summarize or enable memctl-summarize.timer "
-            f"(memctl jobs --job {JOB})")
+    return (
+        f"summaries are overdue: {row['n']} episode(s) of {', '.join(kinds(settings))} older than "
+        f"{late / 86400:.0f}d have no summary (oldest {row['oldest']:%Y-%m-%d}; [summarize] after = {after}); "
+        "prune keeps them until one exists: run memctl summarize or enable memctl-summarize.timer "
+        f"(memctl jobs --job {JOB})"
+    )

@@ -46,12 +46,16 @@ class Runbook:
 def check_name(name: str) -> str:
     """The runbook name for NAME or NAME.md; refuses paths and anything a shell would read."""
     if "/" in name or "\\" in name:
-        raise UsageError(f"runbook name {name!r} is a path: give the file name of a runbook in the repository")
+        raise UsageError(
+            f"runbook name {name!r} is a path: give the file name of a runbook in the repository"
+        )
     if ".." in name:
         raise UsageError(f"runbook name {name!r} contains '..'")
     if not NAME.fullmatch(name) or name == ".md":
-        raise UsageError(f"invalid runbook name {name!r}: use letters, digits, '.', '_' and '-', starting with "
-                         "a letter or digit, at most 128 characters")
+        raise UsageError(
+            f"invalid runbook name {name!r}: use letters, digits, '.', '_' and '-', starting with "
+            "a letter or digit, at most 128 characters"
+        )
     return name[:-3] if name.endswith(".md") else name
 
 
@@ -80,7 +84,9 @@ class _Fence:
         return stripped.startswith(self.marker) and set(stripped) == {self.marker[0]}
 
     def code(self) -> str:
-        lines = [ln[self.indent:] if ln[:self.indent].isspace() else ln.lstrip() for ln in self.body]
+        lines = [
+            ln[self.indent :] if ln[: self.indent].isspace() else ln.lstrip() for ln in self.body
+        ]
         return "\n".join(lines).strip("\n") + "\n"
 
 
@@ -115,7 +121,9 @@ def parse(text: str, name: str = "") -> Runbook:
             continue
         opened = _FENCE.match(line)
         if opened:
-            fence = _Fence(opened.group(2), opened.group(3).lower(), len(opened.group(1)), number, [line])
+            fence = _Fence(
+                opened.group(2), opened.group(3).lower(), len(opened.group(1)), number, [line]
+            )
             continue
         heading = _HEADING.match(line)
         step = _step_marker(line, heading, level)
@@ -163,19 +171,27 @@ def _title(lines: list[str], label: str) -> tuple[str, int]:
             continue
         found = _TITLE.match(line)
         if not found or not found.group(1):
-            raise InvalidInput(f"{label}: line {index + 1}: expected the title ('# Title') first, found {line[:60]!r}")
+            raise InvalidInput(
+                f"{label}: line {index + 1}: expected the title ('# Title') first, found {line[:60]!r}"
+            )
         return found.group(1), index + 1
-    raise InvalidInput(f"{label}: empty; expected a title ('# Title'), a description and numbered steps")
+    raise InvalidInput(
+        f"{label}: empty; expected a title ('# Title'), a description and numbered steps"
+    )
 
 
-def _place_block(fence: _Fence, current: _Draft | None, description: list[str] | None, label: str) -> None:
+def _place_block(
+    fence: _Fence, current: _Draft | None, description: list[str] | None, label: str
+) -> None:
     if fence.lang == "sh":
         if current is None:
             raise InvalidInput(f"{label}: line {fence.line}: a ```sh block outside a numbered step")
         current.blocks.append(fence)
     elif fence.lang in _SHELL_LIKE and current is not None:
-        raise InvalidInput(f"{label}: step {current.number} (line {fence.line}): the block is marked "
-                           f"{fence.lang!r}; steps run through sh -e, so mark the command ```sh")
+        raise InvalidInput(
+            f"{label}: step {current.number} (line {fence.line}): the block is marked "
+            f"{fence.lang!r}; steps run through sh -e, so mark the command ```sh"
+        )
     elif current is not None:
         current.text.extend(fence.raw)
     elif description is not None:
@@ -184,16 +200,24 @@ def _place_block(fence: _Fence, current: _Draft | None, description: list[str] |
 
 def _steps(drafts: list[_Draft], label: str) -> list[Step]:
     if not drafts:
-        raise InvalidInput(f"{label}: no steps; number them ('## 1. Title' or '1. Title'), each with one ```sh block")
+        raise InvalidInput(
+            f"{label}: no steps; number them ('## 1. Title' or '1. Title'), each with one ```sh block"
+        )
     steps = []
     for expected, draft in enumerate(drafts, 1):
         where = f"{label}: step {draft.number} (line {draft.line})"
         if draft.number != expected:
-            raise InvalidInput(f"{where}: steps are numbered 1, 2, 3, ... in order; expected step {expected}")
+            raise InvalidInput(
+                f"{where}: steps are numbered 1, 2, 3, ... in order; expected step {expected}"
+            )
         if len(draft.blocks) != 1:
-            raise InvalidInput(f"{where}: has {len(draft.blocks)} ```sh blocks; a step has exactly one")
+            raise InvalidInput(
+                f"{where}: has {len(draft.blocks)} ```sh blocks; a step has exactly one"
+            )
         command = draft.blocks[0].code()
         if not command.strip():
             raise InvalidInput(f"{where}: its ```sh block is empty")
-        steps.append(Step(draft.number, draft.title, command, "\n".join(draft.text).strip(), draft.line))
+        steps.append(
+            Step(draft.number, draft.title, command, "\n".join(draft.text).strip(), draft.line)
+        )
     return steps

@@ -45,8 +45,10 @@ def open_repository(option: str | None, settings) -> "Repository":
     """The runbook directory from --repo, else MEMCTL_RUNBOOKS, else `runbooks` in the config file."""
     value = option or settings.runbooks
     if not value:
-        raise ConfigError("no runbook repository configured: pass --repo DIR, set MEMCTL_RUNBOOKS=DIR, "
-                          "or put runbooks = \"DIR\" at the top of the config file (memctl config path)")
+        raise ConfigError(
+            "no runbook repository configured: pass --repo DIR, set MEMCTL_RUNBOOKS=DIR, "
+            'or put runbooks = "DIR" at the top of the config file (memctl config path)'
+        )
     return Repository(Path(value).expanduser())
 
 
@@ -56,14 +58,20 @@ class Repository:
     def __init__(self, directory: Path):
         git = _git()
         if not directory.is_dir():
-            raise ConfigError(f"runbook repository {directory} does not exist or is not a directory")
+            raise ConfigError(
+                f"runbook repository {directory} does not exist or is not a directory"
+            )
         try:
             self.repo = git.Repo(directory, search_parent_directories=True)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise ConfigError(f"runbook repository {directory} is not in a git repository "
-                              "(git init, then commit the runbooks)") from None
+            raise ConfigError(
+                f"runbook repository {directory} is not in a git repository "
+                "(git init, then commit the runbooks)"
+            ) from None
         if self.repo.bare or not self.repo.working_tree_dir:
-            raise ConfigError(f"runbook repository {directory} is a bare git repository; give a checkout")
+            raise ConfigError(
+                f"runbook repository {directory} is a bare git repository; give a checkout"
+            )
         self.root = directory.resolve()
         self.top = Path(self.repo.working_tree_dir).resolve()
 
@@ -77,7 +85,9 @@ class Repository:
         path = self.root / f"{name}.md"
         resolved = path.resolve()
         if not resolved.is_relative_to(self.root):
-            raise UsageError(f"runbook {name!r} is a symlink to {resolved}, outside the runbook repository")
+            raise UsageError(
+                f"runbook {name!r} is a symlink to {resolved}, outside the runbook repository"
+            )
         if must_exist and not resolved.is_file():
             raise NotFound(f"no runbook {name!r} in {self.root}")
         return name, resolved
@@ -95,7 +105,9 @@ class Repository:
         """Whether the runbook's file (and a symlink's target) differs from HEAD, is untracked or ignored."""
         link = self.root / f"{name}.md"
         paths = {self.git_path(link), self.git_path(link.resolve())}
-        status = self.repo.git.status("--porcelain", "--ignored", "--untracked-files=all", "--", *sorted(paths))
+        status = self.repo.git.status(
+            "--porcelain", "--ignored", "--untracked-files=all", "--", *sorted(paths)
+        )
         return bool(status.strip())
 
     def load(self, name: str, at: str | None = None) -> Runbook:
@@ -124,13 +136,19 @@ class Repository:
         try:
             blob = commit.tree / rel
         except KeyError:
-            raise NotFound(f"runbook {name!r} does not exist at commit {commit.hexsha[:12]}") from None
+            raise NotFound(
+                f"runbook {name!r} does not exist at commit {commit.hexsha[:12]}"
+            ) from None
         if blob.type != "blob" or blob.mode & 0o170000 == 0o120000:
-            raise InvalidInput(f"runbook {name!r} at commit {commit.hexsha[:12]} is not a regular file")
+            raise InvalidInput(
+                f"runbook {name!r} at commit {commit.hexsha[:12]} is not a regular file"
+            )
         try:
             text = blob.data_stream.read().decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidInput(f"runbook {name!r} at {commit.hexsha[:12]}: not valid UTF-8 (byte {exc.start})") from None
+            raise InvalidInput(
+                f"runbook {name!r} at {commit.hexsha[:12]}: not valid UTF-8 (byte {exc.start})"
+            ) from None
         runbook = parse(text, name)
         runbook.commit, runbook.path = commit.hexsha, rel
         return runbook
@@ -152,8 +170,15 @@ class Repository:
         rel = self.git_path(self.root / f"{name}.md")
         if self.head() is None:
             raise NotFound(f"runbook {name!r} has no commits (the repository has none yet)")
-        rows = [{"commit": c.hexsha, "date": c.committed_datetime, "author": f"{c.author.name} <{c.author.email}>",
-                 "message": c.summary} for c in self.repo.iter_commits(paths=rel)]
+        rows = [
+            {
+                "commit": c.hexsha,
+                "date": c.committed_datetime,
+                "author": f"{c.author.name} <{c.author.email}>",
+                "message": c.summary,
+            }
+            for c in self.repo.iter_commits(paths=rel)
+        ]
         if not rows:
             raise NotFound(f"runbook {name!r} has no commits")
         return rows
@@ -192,16 +217,24 @@ class Repository:
 # Running
 
 
-def prepare(repository: Repository, name: str, *, from_step: int = 1, allow_dirty: bool = False) -> Runbook:
+def prepare(
+    repository: Repository, name: str, *, from_step: int = 1, allow_dirty: bool = False
+) -> Runbook:
     """Load a runbook for a run: committed (unless allowed), and FROM_STEP within its steps."""
     runbook = repository.load(name)
     if runbook.commit is None:
-        raise InvalidInput(f"the runbook repository has no commit yet: commit {runbook.path} before running it")
+        raise InvalidInput(
+            f"the runbook repository has no commit yet: commit {runbook.path} before running it"
+        )
     if runbook.dirty and not allow_dirty:
-        raise InvalidInput(f"runbook {runbook.name!r} has uncommitted or untracked changes ({runbook.path}): "
-                           "commit them, or pass --allow-dirty (the run is then recorded as dirty)")
+        raise InvalidInput(
+            f"runbook {runbook.name!r} has uncommitted or untracked changes ({runbook.path}): "
+            "commit them, or pass --allow-dirty (the run is then recorded as dirty)"
+        )
     if not 1 <= from_step <= len(runbook.steps):
-        raise UsageError(f"--from-step {from_step}: runbook {runbook.name!r} has steps 1 to {len(runbook.steps)}")
+        raise UsageError(
+            f"--from-step {from_step}: runbook {runbook.name!r} has steps 1 to {len(runbook.steps)}"
+        )
     return runbook
 
 
@@ -224,29 +257,45 @@ class _Tail:
             self.dropped += excess
 
     def text(self, clean: Callable[[str], str]) -> str:
-        text = bytes(self.data).replace(b"\x00", b"").decode("utf-8", "replace")  # text columns reject NUL
+        text = (
+            bytes(self.data).replace(b"\x00", b"").decode("utf-8", "replace")
+        )  # text columns reject NUL
         data = clean(text).encode("utf-8")
         if not self.dropped and len(data) <= self.limit:
             return data.decode("utf-8")
         budget = self.limit - MARKER_ROOM
         # no half character at the cut
-        kept = data[len(data) - budget:].lstrip(bytes(range(0x80, 0xC0))) if len(data) > budget else data
+        kept = (
+            data[len(data) - budget :].lstrip(bytes(range(0x80, 0xC0)))
+            if len(data) > budget
+            else data
+        )
         dropped = self.dropped + len(data) - len(kept)
         return f"[{dropped} earlier bytes of output not kept]\n" + kept.decode("utf-8")
 
 
-FINISH_RUN = WRITER + """
+FINISH_RUN = (
+    WRITER
+    + """
 UPDATE runbook_runs
    SET finished_at = now(), outcome = %(outcome)s, failed_step = %(failed_step)s, exit_code = %(exit_code)s,
        duration_s = %(duration_s)s, output_tail = %(output_tail)s
  WHERE agent = %(agent)s AND id = %(id)s
 RETURNING *
 """
+)
 SET_EPISODE = WRITER + "UPDATE runbook_runs SET episode_id = %s WHERE agent = %s AND id = %s"
 
 
-def run(conn: Memory, repository: Repository, runbook: Runbook, *, from_step: int = 1, agent: str = "default",
-        on_output: Callable[[bytes], None] | None = None) -> dict:
+def run(
+    conn: Memory,
+    repository: Repository,
+    runbook: Runbook,
+    *,
+    from_step: int = 1,
+    agent: str = "default",
+    on_output: Callable[[bytes], None] | None = None,
+) -> dict:
     """Run the steps from FROM_STEP in order, each through `sh -e -c`, stopping at the first failure.
 
     Steps run in the runbook directory with the caller's environment plus
@@ -259,8 +308,15 @@ def run(conn: Memory, repository: Repository, runbook: Runbook, *, from_step: in
 
     admit = gate.Gate(conn, settings)
     admitted = admit.run_record(
-        {"agent": agent, "name": runbook.name, "commit": runbook.commit, "dirty": runbook.dirty,
-         "steps": len(runbook.steps), "from_step": from_step})
+        {
+            "agent": agent,
+            "name": runbook.name,
+            "commit": runbook.commit,
+            "dirty": runbook.dirty,
+            "steps": len(runbook.steps),
+            "from_step": from_step,
+        }
+    )
     record = {**admitted.row, **store.insert_run(conn, admitted).fetchone()}
     tail, clock = _Tail(), time.monotonic()
 
@@ -271,7 +327,7 @@ def run(conn: Memory, repository: Repository, runbook: Runbook, *, from_step: in
 
     failed = None
     try:
-        for step in runbook.steps[from_step - 1:]:
+        for step in runbook.steps[from_step - 1 :]:
             failed = step
             code = _run_step(repository.root, runbook, step, emit)
             if code != 0:
@@ -289,12 +345,22 @@ def run(conn: Memory, repository: Repository, runbook: Runbook, *, from_step: in
 
 def _run_step(cwd: Path, runbook: Runbook, step: Step, emit: Callable[[bytes], None]) -> int:
     emit(f"--- step {step.number}/{len(runbook.steps)}: {step.title}\n".encode())
-    env = {**os.environ, "MEMCTL_RUNBOOK": runbook.name, "MEMCTL_RUNBOOK_COMMIT": runbook.commit or "",
-           "MEMCTL_RUNBOOK_STEP": str(step.number)}
+    env = {
+        **os.environ,
+        "MEMCTL_RUNBOOK": runbook.name,
+        "MEMCTL_RUNBOOK_COMMIT": runbook.commit or "",
+        "MEMCTL_RUNBOOK_STEP": str(step.number),
+    }
     # The command text is one argument of sh: never pasted into another shell string. The step
     # stays in memctl's process group, so Ctrl-C reaches it and a password prompt on /dev/tty works.
-    proc = subprocess.Popen([SHELL, "-e", "-c", step.command, f"{runbook.name}:{step.number}"], cwd=cwd, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [SHELL, "-e", "-c", step.command, f"{runbook.name}:{step.number}"],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     assert proc.stdout is not None  # PIPE
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
@@ -313,19 +379,37 @@ def exit_text(code: int | None) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _finish(conn: Memory, admit, record: dict, failed: Step | None, code: int | None, tail: _Tail, clock: float) -> dict:
+def _finish(
+    conn: Memory,
+    admit,
+    record: dict,
+    failed: Step | None,
+    code: int | None,
+    tail: _Tail,
+    clock: float,
+) -> dict:
     from memctl.write import gate, store
     from memctl.redact import SecretRefused
 
     try:
         output = tail.text(admit.run_output)
-    except SecretRefused as refused:  # block mode: the run happened and is recorded, its output is not kept
+    except (
+        SecretRefused
+    ) as refused:  # block mode: the run happened and is recorded, its output is not kept
         output = f"[output not kept: {refused}]"
-    values = {**record, "outcome": "failed" if failed else "ok", "failed_step": failed.number if failed else None,
-              "exit_code": code, "duration_s": round(time.monotonic() - clock, 3), "output_tail": output}
+    values = {
+        **record,
+        "outcome": "failed" if failed else "ok",
+        "failed_step": failed.number if failed else None,
+        "exit_code": code,
+        "duration_s": round(time.monotonic() - clock, 3),
+        "output_tail": output,
+    }
     row = conn.execute(FINISH_RUN, values).fetchone()
     if row is None:  # the row vanished during the run (a restore): written again, through the gate
-        row = store.insert_run(conn, gate.Gate(conn, None, redact_off()).run_record(values), "reinsert").fetchone()
+        row = store.insert_run(
+            conn, gate.Gate(conn, None, redact_off()).run_record(values), "reinsert"
+        ).fetchone()
     return dict(row)
 
 
@@ -339,14 +423,32 @@ def redact_off():
 def _add_episode(conn: Memory, runbook: Runbook, run: dict) -> dict:
     from memctl.records import episodes
 
-    meta = {key: run[key] for key in ("commit", "dirty", "outcome", "from_step", "failed_step", "exit_code",
-                                      "duration_s")}
-    meta.update(runbook=runbook.name, title=runbook.title, run_id=run["id"], steps=len(runbook.steps))
+    meta = {
+        key: run[key]
+        for key in (
+            "commit",
+            "dirty",
+            "outcome",
+            "from_step",
+            "failed_step",
+            "exit_code",
+            "duration_s",
+        )
+    }
+    meta.update(
+        runbook=runbook.name, title=runbook.title, run_id=run["id"], steps=len(runbook.steps)
+    )
     run["episode_id"], run["episode_error"] = None, None
     try:
-        run["episode_id"] = episodes.add(conn, episode_text(runbook, run), kind="runbook",
-                                         source=f"runbook:{runbook.name}", agent=run["agent"], importance=None,
-                                         meta=meta)
+        run["episode_id"] = episodes.add(
+            conn,
+            episode_text(runbook, run),
+            kind="runbook",
+            source=f"runbook:{runbook.name}",
+            agent=run["agent"],
+            importance=None,
+            meta=meta,
+        )
     except MemctlError as exc:  # the run is on the record already; the episode is its summary
         run["episode_error"] = str(exc)
     if run["episode_id"] is not None:
@@ -360,15 +462,21 @@ def episode_text(runbook: Runbook, run: dict) -> str:
     dirty = " with uncommitted changes (--allow-dirty)" if run["dirty"] else ""
     head = f"Ran runbook {runbook.name} ({runbook.title}) at commit {run['commit']}{dirty}"
     if run["outcome"] == "ok":
-        return f"{head}: ok, steps {run['from_step']}-{total} of {total} in {run['duration_s']:.1f} s."
+        return (
+            f"{head}: ok, steps {run['from_step']}-{total} of {total} in {run['duration_s']:.1f} s."
+        )
     lines = run["output_tail"].rstrip("\n").splitlines()[-10:]
-    return f"{head}: {failure(runbook, run)}.\nLast output:\n" + "\n".join(line[:200] for line in lines)
+    return f"{head}: {failure(runbook, run)}.\nLast output:\n" + "\n".join(
+        line[:200] for line in lines
+    )
 
 
 def failure(runbook: Runbook, run: dict) -> str:
     """E.g. 'step 2 (Title) failed, exit code 3; steps 3-4 not run'."""
     step, total = runbook.steps[run["failed_step"] - 1], len(runbook.steps)
-    rest = {0: "", 1: f"; step {total} not run"}.get(total - step.number, f"; steps {step.number + 1}-{total} not run")
+    rest = {0: "", 1: f"; step {total} not run"}.get(
+        total - step.number, f"; steps {step.number + 1}-{total} not run"
+    )
     return f"step {step.number} ({step.title}) failed, {exit_text(run['exit_code'])}{rest}"
 
 
@@ -407,5 +515,9 @@ def as_text(runbook: Runbook, *, fenced: bool) -> str:
         if step.text:
             parts.append(step.text)
         command = step.command.rstrip("\n")
-        parts += ["```sh", command, "```", ""] if fenced else ["    " + line for line in command.splitlines()] + [""]
+        parts += (
+            ["```sh", command, "```", ""]
+            if fenced
+            else ["    " + line for line in command.splitlines()] + [""]
+        )
     return "\n".join(parts)

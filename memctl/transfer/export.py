@@ -116,8 +116,14 @@ def _stream(conn: Memory, query, params=None) -> Iterator[dict]:
         yield from cur
 
 
-def export(conn: Memory, write: Callable[[str], Any], *, agent: str | None = None, since: datetime.datetime | None = None,
-           vectors: bool = False) -> ExportResult:
+def export(
+    conn: Memory,
+    write: Callable[[str], Any],
+    *,
+    agent: str | None = None,
+    since: datetime.datetime | None = None,
+    vectors: bool = False,
+) -> ExportResult:
     """Write the memory as JSONL lines through `write` (one call per line), from one snapshot."""
     result = ExportResult()
     filters = {"agent": agent, "since": since}
@@ -126,11 +132,20 @@ def export(conn: Memory, write: Callable[[str], Any], *, agent: str | None = Non
         conn.execute("SET LOCAL TimeZone = 'UTC'")  # every time in the file written alike
         active = models.active(conn)
         if vectors and active is None:
-            raise InvalidInput("--vectors: the database has no active embedding model yet (run memctl embed)")
-        header = {"type": "header", "format": FORMAT, "memctl": __version__,
-                  "exported_at": datetime.datetime.now(datetime.timezone.utc), "agent": agent, "since": since,
-                  "models": [_model(m) for m in models.all_models(conn)],
-                  "vectors": _model(active) if vectors and active is not None else None, "digest_key": _digest_key()}
+            raise InvalidInput(
+                "--vectors: the database has no active embedding model yet (run memctl embed)"
+            )
+        header = {
+            "type": "header",
+            "format": FORMAT,
+            "memctl": __version__,
+            "exported_at": datetime.datetime.now(datetime.timezone.utc),
+            "agent": agent,
+            "since": since,
+            "models": [_model(m) for m in models.all_models(conn)],
+            "vectors": _model(active) if vectors and active is not None else None,
+            "digest_key": _digest_key(),
+        }
         write(dumps(header) + "\n")
         for row in conn.execute(BLOCKED).fetchall():
             write(dumps({"type": "blocked_source", **row}) + "\n")
@@ -162,9 +177,16 @@ def _digest_key() -> str:
 
 
 def _model(model: models.Model) -> dict:
-    return {"embedder": model.embedder, "model": model.model, "dims": model.dims, "storage": model.storage,
-            "request_dims": model.request_dims, "state": model.state,
-            "query_prefix": model.query_prefix, "document_prefix": model.document_prefix}
+    return {
+        "embedder": model.embedder,
+        "model": model.model,
+        "dims": model.dims,
+        "storage": model.storage,
+        "request_dims": model.request_dims,
+        "state": model.state,
+        "query_prefix": model.query_prefix,
+        "document_prefix": model.document_prefix,
+    }
 
 
 def _facts(rows: Iterable[dict]) -> Iterator[dict]:
@@ -174,13 +196,28 @@ def _facts(rows: Iterable[dict]) -> Iterator[dict]:
         if record is None or (record["namespace"], record["key"]) != (row["namespace"], row["key"]):
             if record is not None:
                 yield record
-            record = {"type": "fact", "namespace": row["namespace"], "key": row["key"], "value": row["value"],
-                      "source": row["source"], "version": row["version"], "updated_at": row["updated_at"],
-                      **_valid_from(row["valid_from"], row["updated_at"]), "history": []}
-        record["history"].append({"version": row["h_version"], "op": row["op"], "old_value": row["old_value"],
-                                  "new_value": row["new_value"], "source": row["h_source"],
-                                  "changed_at": row["changed_at"],
-                                  **_valid_from(row["h_valid_from"], row["changed_at"])})
+            record = {
+                "type": "fact",
+                "namespace": row["namespace"],
+                "key": row["key"],
+                "value": row["value"],
+                "source": row["source"],
+                "version": row["version"],
+                "updated_at": row["updated_at"],
+                **_valid_from(row["valid_from"], row["updated_at"]),
+                "history": [],
+            }
+        record["history"].append(
+            {
+                "version": row["h_version"],
+                "op": row["op"],
+                "old_value": row["old_value"],
+                "new_value": row["new_value"],
+                "source": row["h_source"],
+                "changed_at": row["changed_at"],
+                **_valid_from(row["h_valid_from"], row["changed_at"]),
+            }
+        )
     if record is not None:
         yield record
 
@@ -190,7 +227,9 @@ def _valid_from(valid_from: datetime.datetime | None, recorded: datetime.datetim
     return {} if valid_from is None or valid_from == recorded else {"valid_from": valid_from}
 
 
-def _episode_lines(conn: Memory, filters: dict, model: models.Model | None, result: ExportResult) -> Iterator[str]:
+def _episode_lines(
+    conn: Memory, filters: dict, model: models.Model | None, result: ExportResult
+) -> Iterator[str]:
     from psycopg import sql
 
     chunks: sql.Composable = sql.SQL("")

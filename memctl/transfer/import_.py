@@ -48,16 +48,24 @@ class ImportResult:
     fact_changes: int = 0  # history entries added
     episodes: int = 0
     duplicates: int = 0
-    folded: int = 0  # of the episodes, stored as repeats of a first (memctl.write.repeats): not embedded
+    folded: int = (
+        0  # of the episodes, stored as repeats of a first (memctl.write.repeats): not embedded
+    )
     chunks: int = 0
     vectors: int = 0  # vectors taken from the file
     queued: int = 0  # chunks queued for embedding
     summary_sources: int = 0
     runbook_runs: int = 0
     dropped: int = 0  # importance 0 by the write policy
-    chunks_remade: int = 0  # episodes whose file chunks differed from the chunks made here: vectors not used
-    agent_roles_made: int = 0  # registered agents' roles made on this server after the import (memctl.db.wall)
-    erased: int = 0  # records (and fact values) the erasure ledger holds: left out (memctl.write.erased)
+    chunks_remade: int = (
+        0  # episodes whose file chunks differed from the chunks made here: vectors not used
+    )
+    agent_roles_made: int = (
+        0  # registered agents' roles made on this server after the import (memctl.db.wall)
+    )
+    erased: int = (
+        0  # records (and fact values) the erasure ledger holds: left out (memctl.write.erased)
+    )
     redactor: redact.Redactor = field(default_factory=redact.Redactor)
 
     def to_dict(self) -> dict:
@@ -68,18 +76,76 @@ class ImportResult:
 
 
 FIELDS = {
-    "header": ({"type", "format", "memctl", "models", "vectors", "exported_at", "agent", "since", "digest_key"},
-               ("format",)),
+    "header": (
+        {
+            "type",
+            "format",
+            "memctl",
+            "models",
+            "vectors",
+            "exported_at",
+            "agent",
+            "since",
+            "digest_key",
+        },
+        ("format",),
+    ),
     "blocked_source": ({"type", "source", "reason", "blocked_at"}, ("source",)),
-    "fact": ({"type", "namespace", "key", "value", "source", "version", "updated_at", "valid_from", "history"},
-             ("namespace", "key", "history")),
-    "episode": ({"type", "id", "agent", "kind", "source", "importance", "created_at", "meta", "content", "chunks",
-                 "repeat_of", "record_key"}, ("id", "agent", "content", "created_at")),
-    "summary_source": ({"type", "agent", "summary_id", "source_id", "source_created_at", "source_hash"},
-                       ("agent", "summary_id", "source_id", "source_created_at", "source_hash")),
-    "runbook_run": ({"type", "agent", "name", "commit", "dirty", "started_at", "finished_at", "outcome", "steps",
-                     "from_step", "failed_step", "exit_code", "duration_s", "output_tail", "episode_id"},
-                    ("agent", "name", "commit", "started_at", "outcome", "steps")),
+    "fact": (
+        {
+            "type",
+            "namespace",
+            "key",
+            "value",
+            "source",
+            "version",
+            "updated_at",
+            "valid_from",
+            "history",
+        },
+        ("namespace", "key", "history"),
+    ),
+    "episode": (
+        {
+            "type",
+            "id",
+            "agent",
+            "kind",
+            "source",
+            "importance",
+            "created_at",
+            "meta",
+            "content",
+            "chunks",
+            "repeat_of",
+            "record_key",
+        },
+        ("id", "agent", "content", "created_at"),
+    ),
+    "summary_source": (
+        {"type", "agent", "summary_id", "source_id", "source_created_at", "source_hash"},
+        ("agent", "summary_id", "source_id", "source_created_at", "source_hash"),
+    ),
+    "runbook_run": (
+        {
+            "type",
+            "agent",
+            "name",
+            "commit",
+            "dirty",
+            "started_at",
+            "finished_at",
+            "outcome",
+            "steps",
+            "from_step",
+            "failed_step",
+            "exit_code",
+            "duration_s",
+            "output_tail",
+            "episode_id",
+        },
+        ("agent", "name", "commit", "started_at", "outcome", "steps"),
+    ),
 }
 
 
@@ -89,14 +155,22 @@ def records(lines: Iterable[bytes]) -> Iterator[tuple[int, dict]]:
     for number, item in jsonl.read(lines, required=("type",)):
         kind = item["type"]
         if first and kind != "header":
-            raise jsonl.LineError(number, f"expected the header line of a memctl export first, got type {kind!r}")
+            raise jsonl.LineError(
+                number, f"expected the header line of a memctl export first, got type {kind!r}"
+            )
         if kind not in FIELDS or (kind == "header" and not first):
-            raise jsonl.LineError(number, f"unknown record type {kind!r}, expected one of {', '.join(TYPES[1:])}")
+            raise jsonl.LineError(
+                number, f"unknown record type {kind!r}, expected one of {', '.join(TYPES[1:])}"
+            )
         allowed, required = FIELDS[kind]
         unknown = set(item) - allowed
         missing = [name for name in required if name not in item]
         if unknown or missing:
-            what = f"unknown field(s) {', '.join(sorted(unknown))}" if unknown else f"missing {', '.join(missing)}"
+            what = (
+                f"unknown field(s) {', '.join(sorted(unknown))}"
+                if unknown
+                else f"missing {', '.join(missing)}"
+            )
             raise jsonl.LineError(number, f"{kind}: {what}")
         if first:
             _check_header(number, item)
@@ -111,19 +185,26 @@ def _check_header(number: int, header: dict) -> None:
     if isinstance(version, bool) or not isinstance(version, int):
         raise jsonl.LineError(number, f"header: format must be an integer, got {version!r}")
     if version > FORMAT:
-        raise InvalidInput(f"this export is format {version} (written by memctl {header.get('memctl', '?')}); "
-                           f"this memctl {__version__} reads format {FORMAT} and older: upgrade memctl to import it")
+        raise InvalidInput(
+            f"this export is format {version} (written by memctl {header.get('memctl', '?')}); "
+            f"this memctl {__version__} reads format {FORMAT} and older: upgrade memctl to import it"
+        )
 
 
-def import_stream(conn: Memory, lines: Iterable[bytes], *,
-                  redactor: redact.Redactor | None = None) -> ImportResult:
+def import_stream(
+    conn: Memory, lines: Iterable[bytes], *, redactor: redact.Redactor | None = None
+) -> ImportResult:
     """Load an export in one transaction: all of it, or (on any bad line) nothing."""
     settings = conn.settings
     import psycopg
 
-    result = ImportResult(redactor=redactor if redactor is not None else redact.Redactor.from_settings(settings))
+    result = ImportResult(
+        redactor=redactor if redactor is not None else redact.Redactor.from_settings(settings)
+    )
     admit = gate.Gate(conn, settings, result.redactor, bulk=True)
-    with admit.writing():  # a source blocked while the file was read: refused at the end, nothing kept
+    with (
+        admit.writing()
+    ):  # a source blocked while the file was read: refused at the end, nothing kept
         conn.execute("SET LOCAL gin_pending_list_limit = '64MB'")
         conn.execute(locks.WRITE_LOCK)
         loader = _Loader(conn, settings, result, admit)
@@ -136,8 +217,10 @@ def import_stream(conn: Memory, lines: Iterable[bytes], *,
                 raise jsonl.at(number, exc) from None
             except (psycopg.DataError, psycopg.IntegrityError) as exc:
                 # A value of the wrong type or range: the record (or, for episodes, the batch it ends) is refused.
-                raise jsonl.LineError(number, f"{item['type']}: rejected by the database: "
-                                              f"{str(exc).strip().splitlines()[0]}") from None
+                raise jsonl.LineError(
+                    number,
+                    f"{item['type']}: rejected by the database: {str(exc).strip().splitlines()[0]}",
+                ) from None
         loader.flush()
         if loader.index_later is not None:
             conn.execute(models.index_statement(loader.index_later, concurrently=False))
@@ -154,7 +237,9 @@ def _agent_roles(conn: Memory) -> int:
     try:
         return len(wall.after_move(conn, strict=True)["made"])
     except wall.AgentsUnsupported as exc:
-        raise wall.AgentsUnsupported(f"the import is done, but agents are not served: {exc}") from None
+        raise wall.AgentsUnsupported(
+            f"the import is done, but agents are not served: {exc}"
+        ) from None
 
 
 @dataclass
@@ -166,7 +251,9 @@ class _Described:
     request_dims: int | None
     size: int
     storage: str = "vector"
-    query_prefix: str = ""  # the instructions the vectors were made with; files written before memctl
+    query_prefix: str = (
+        ""  # the instructions the vectors were made with; files written before memctl
+    )
     document_prefix: str = ""  # knew them have none, and their vectors were made with none
 
     def dims(self) -> int:
@@ -182,8 +269,12 @@ class _Loader:
             conn.execute(statement)
         self.mapped: list[tuple[str, int, int]] = []
         self.batch: list[tuple[int, gate.NewEpisode, list | None, str | None, bytes | None]] = []
-        self.model: models.Model | None = None  # whose vectors the file's chunks carry, when usable here
-        self.index_later: models.Model | None = None  # registered by this import, its index not built yet
+        self.model: models.Model | None = (
+            None  # whose vectors the file's chunks carry, when usable here
+        )
+        self.index_later: models.Model | None = (
+            None  # registered by this import, its index not built yet
+        )
         self.queued: list[int] = []
         self.now = datetime.datetime.now(datetime.timezone.utc)
         self.window = repeats.window_seconds(settings)
@@ -216,15 +307,31 @@ class _Loader:
         if active is None:
             # The index is built once the vectors are in: inserting into an HNSW index one vector at a time
             # ran at about 300 rows/s (measured, 20,000 rows of 384 dims); a build after the load is far faster.
-            self.index_later = models.register(self.conn, described, state="active", storage=described.storage,
-                                               build_index=False)
+            self.index_later = models.register(
+                self.conn, described, state="active", storage=described.storage, build_index=False
+            )
             return self.index_later
-        same = (active.embedder, active.model, active.dims, active.query_prefix, active.document_prefix) == (
-            described.name, described.model, described.size, described.query_prefix, described.document_prefix)
-        return active if same else None  # another model's vectors, or other instructions': re-embedded here
+        same = (
+            active.embedder,
+            active.model,
+            active.dims,
+            active.query_prefix,
+            active.document_prefix,
+        ) == (
+            described.name,
+            described.model,
+            described.size,
+            described.query_prefix,
+            described.document_prefix,
+        )
+        return (
+            active if same else None
+        )  # another model's vectors, or other instructions': re-embedded here
 
     def _blocked_source(self, item: dict) -> None:
-        blocked = self.gate.blocked_source(item["source"], item.get("reason"), item.get("blocked_at"))
+        blocked = self.gate.blocked_source(
+            item["source"], item.get("reason"), item.get("blocked_at")
+        )
         self.result.blocked_sources += store.insert_blocked(self.conn, blocked, keep_existing=True)
 
     def _fact(self, item: dict) -> None:
@@ -236,11 +343,21 @@ class _Loader:
         if isinstance(item["id"], bool) or not isinstance(item["id"], int):
             raise BadValue("episode: id: must be an integer", "id")
         given = _given_chunks(item.get("chunks"))
-        episode = gate.validate(self.settings, item["content"], kind=item.get("kind"), source=item.get("source"),
-                                agent=item["agent"], importance=item.get("importance"),
-                                created_at=item["created_at"], meta=item.get("meta"), limits=self.gate.limits)
+        episode = gate.validate(
+            self.settings,
+            item["content"],
+            kind=item.get("kind"),
+            source=item.get("source"),
+            agent=item["agent"],
+            importance=item.get("importance"),
+            created_at=item["created_at"],
+            meta=item.get("meta"),
+            limits=self.gate.limits,
+        )
         episode.line = number
-        self.batch.append((item["id"], episode, given, _fold_hint(item), _record_key(item.get("record_key"))))
+        self.batch.append(
+            (item["id"], episode, given, _fold_hint(item), _record_key(item.get("record_key")))
+        )
         if len(self.batch) >= BATCH:
             self.flush()
 
@@ -258,34 +375,51 @@ class _Loader:
         if tuple(c["content"] for c in sorted(given, key=lambda c: c["seq"])) != episode.chunks:
             self.result.chunks_remade += 1
             return None
-        vectors = [_vector_text(c["embedding"], self.model.dims) for c in sorted(given, key=lambda c: c["seq"])]
+        vectors = [
+            _vector_text(c["embedding"], self.model.dims)
+            for c in sorted(given, key=lambda c: c["seq"])
+        ]
         return None if any(v is None for v in vectors) else vectors
 
     def _summary_source(self, item: dict) -> None:
         agent = item["agent"]
         summary = self.new_id(agent, item["summary_id"])
         if summary is None:
-            raise InvalidInput(f"summary_source: summary {item['summary_id']} of agent {agent!r} is not in the file")
-        if summary == erased.ERASED_ID:  # the summary was erased here: its lineage stays out with it
+            raise InvalidInput(
+                f"summary_source: summary {item['summary_id']} of agent {agent!r} is not in the file"
+            )
+        if (
+            summary == erased.ERASED_ID
+        ):  # the summary was erased here: its lineage stays out with it
             self.result.erased += 1
             return
         given, keyed = item["source_hash"], self.ledger.lineage(item["source_hash"])
         row = self.gate.lineage(agent, summary, item["source_id"], item["source_created_at"], keyed)
-        source = self.new_id(agent, item["source_id"]) or None  # erased here (ERASED_ID): as if pruned
+        source = (
+            self.new_id(agent, item["source_id"]) or None
+        )  # erased here (ERASED_ID): as if pruned
         if source is None:  # pruned before the export: an id that names no episode here
-            source = self.ledger.find_source(row.agent, given, row.source_created_at) or -abs(row.source_id)
-        row = self.gate.lineage(row.agent, row.summary_id, source, row.source_created_at, row.source_hash)
+            source = self.ledger.find_source(row.agent, given, row.source_created_at) or -abs(
+                row.source_id
+            )
+        row = self.gate.lineage(
+            row.agent, row.summary_id, source, row.source_created_at, row.source_hash
+        )
         self.result.summary_sources += store.insert_lineage(self.conn, [row])
 
     def _runbook_run(self, item: dict) -> None:
         row = {name: item.get(name) for name in FIELDS["runbook_run"][0] if name != "type"}
-        row["episode_id"] = self.new_id(item["agent"], item.get("episode_id")) if item.get("episode_id") else None
+        row["episode_id"] = (
+            self.new_id(item["agent"], item.get("episode_id")) if item.get("episode_id") else None
+        )
         row["episode_id"], left_out = self.ledger.erase_run(row, row["episode_id"])
         self.result.erased += left_out
         row["dirty"] = bool(row["dirty"])
         row["from_step"] = row["from_step"] or 1
         row["output_tail"] = row["output_tail"] or ""
-        self.result.runbook_runs += store.insert_run(self.conn, self.gate.run_record(row), "import").rowcount
+        self.result.runbook_runs += store.insert_run(
+            self.conn, self.gate.run_record(row), "import"
+        ).rowcount
 
     def new_id(self, agent: str, old_id: Any) -> int | None:
         if isinstance(old_id, bool) or not isinstance(old_id, int):
@@ -315,14 +449,21 @@ def _described(described: Any) -> _Described:
             raise BadValue(f"header: vectors.{name} must be a {kind.__name__}", f"vectors.{name}")
     storage = described.get("storage") or "vector"
     if storage not in ("vector", "halfvec"):
-        raise BadValue(f"header: vectors.storage must be vector or halfvec, got {storage!r}", "vectors.storage")
+        raise BadValue(
+            f"header: vectors.storage must be vector or halfvec, got {storage!r}", "vectors.storage"
+        )
     request = described.get("request_dims")
     if request is not None and (isinstance(request, bool) or not isinstance(request, int)):
         raise BadValue("header: vectors.request_dims must be an integer", "vectors.request_dims")
     prefixes = [described.get(name) or "" for name in ("query_prefix", "document_prefix")]
     if not all(isinstance(p, str) for p in prefixes):
-        raise BadValue("header: vectors.query_prefix and document_prefix must be strings", "vectors.query_prefix")
-    return _Described(described["embedder"], described["model"], request, described["dims"], storage, *prefixes)
+        raise BadValue(
+            "header: vectors.query_prefix and document_prefix must be strings",
+            "vectors.query_prefix",
+        )
+    return _Described(
+        described["embedder"], described["model"], request, described["dims"], storage, *prefixes
+    )
 
 
 def _given_chunks(chunks: Any) -> list[dict] | None:
@@ -337,12 +478,17 @@ def _given_chunks(chunks: Any) -> list[dict] | None:
             raise BadValue(f"episode: chunks[{index}] must be an object", "chunks")
         seq = chunk.get("seq")
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0 or seq in seen:
-            raise BadValue(f"episode: chunks[{index}].seq must be a distinct integer >= 0, got {seq!r}", "chunks")
+            raise BadValue(
+                f"episode: chunks[{index}].seq must be a distinct integer >= 0, got {seq!r}",
+                "chunks",
+            )
         seen.add(seq)
         if not isinstance(chunk.get("content"), str):
             raise BadValue(f"episode: chunks[{index}].content must be a string", "chunks")
         if chunk.get("embedding") is not None and not isinstance(chunk["embedding"], list):
-            raise BadValue(f"episode: chunks[{index}].embedding must be a list of numbers or null", "chunks")
+            raise BadValue(
+                f"episode: chunks[{index}].embedding must be a list of numbers or null", "chunks"
+            )
     return chunks
 
 
@@ -377,8 +523,9 @@ def _fold_hint(item: dict) -> str | None:
     return repeats.REPEAT
 
 
-def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, list | None, str | None,
-                                                      bytes | None]]) -> None:
+def _insert_episodes(
+    loader: _Loader, batch: list[tuple[int, gate.NewEpisode, list | None, str | None, bytes | None]]
+) -> None:
     """New episodes only (memctl.transfer.known says which are here already), through the gate's COPY writer.
 
     A record already stored (as it is in the file, or as the gate would store it) is a duplicate and
@@ -390,9 +537,13 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
     known = Known()
     known.load(conn, list({raw.created_at for _, raw, _, _, _ in batch}))
     fresh, vectors, repeated, hints, keys = [], [], [], [], []
-    ledger = erased.Lookup(conn, [raw.content for _, raw, _, _, _ in batch], key=loader.ledger.key).kept()
+    ledger = erased.Lookup(
+        conn, [raw.content for _, raw, _, _, _ in batch], key=loader.ledger.key
+    ).kept()
     for (old_id, raw, given, hint, key), kept in zip(batch, ledger):
-        if not kept:  # erased here (memctl.write.erased): left out before anything else is asked of it
+        if (
+            not kept
+        ):  # erased here (memctl.write.erased): left out before anything else is asked of it
             loader.mapped.append((raw.agent, old_id, erased.ERASED_ID))
             result.erased += 1
             continue
@@ -413,10 +564,21 @@ def _insert_episodes(loader: _Loader, batch: list[tuple[int, gate.NewEpisode, li
         vectors.append(loader.vectors(ep, given))
         hints.append(hint)
         keys.append(key)
-        known.add((ep.agent, ep.content_hash, ep.created_at), key, pending)  # a later copy maps to its id
-    copied = store.copy_episodes(conn, [ep for _, ep, _, _ in fresh], now=loader.now, queued=loader.queued,
-                                vectors=vectors, model=loader.model, window=loader.window, hints=hints,
-                                locked=loader.locked, keys=keys if any(k is not None for k in keys) else None)
+        known.add(
+            (ep.agent, ep.content_hash, ep.created_at), key, pending
+        )  # a later copy maps to its id
+    copied = store.copy_episodes(
+        conn,
+        [ep for _, ep, _, _ in fresh],
+        now=loader.now,
+        queued=loader.queued,
+        vectors=vectors,
+        model=loader.model,
+        window=loader.window,
+        hints=hints,
+        locked=loader.locked,
+        keys=keys if any(k is not None for k in keys) else None,
+    )
     # The writer skipped a record whose key an episode here holds (at another time: memctl.transfer.known); its
     # ids are the others', in order. Only then are the keys' holders asked.
     held = holders(conn, [ep.agent for _, ep, _, _ in fresh], keys) if copied.already else {}
@@ -444,7 +606,15 @@ def _vector_text(vector: Any, dims: int) -> str | None:
     """pgvector's text form of a chunk's vector (None: the chunk has none and is queued)."""
     if vector is None:
         return None
-    if not isinstance(vector, list) or len(vector) != dims or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
-        raise BadValue(f"episode: a chunk's embedding must be a list of {dims} finite numbers", "chunks")
+    if (
+        not isinstance(vector, list)
+        or len(vector) != dims
+        or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            for x in vector
+        )
+    ):
+        raise BadValue(
+            f"episode: a chunk's embedding must be a list of {dims} finite numbers", "chunks"
+        )
     return json.dumps(vector)

@@ -76,8 +76,14 @@ class Known:
             self.by_key.setdefault((triple[0], key), slot)
 
 
-def holders(conn: Memory, agents: list[str], keys: list[bytes | None]) -> dict[tuple[str, bytes], int]:
+def holders(
+    conn: Memory, agents: list[str], keys: list[bytes | None]
+) -> dict[tuple[str, bytes], int]:
     """(agent, key) -> the id of the episode holding it, for the batch's keys."""
     with repeats.pipeline(conn):
         asked = identity.ask(conn, agents, keys)
-    return {(agent, bytes(row["record_key"])): row["id"] for agent, cursor in asked for row in cursor.fetchall()}
+    return {
+        (agent, bytes(row["record_key"])): row["id"]
+        for agent, cursor in asked
+        for row in cursor.fetchall()
+    }

@@ -68,9 +68,13 @@ class Upgraded:
     pgvector: str | None
 
     def to_dict(self) -> dict:
-        return {"from": f"PostgreSQL {self.old_major}", "to": f"PostgreSQL {self.new_major}",
-                "old_directory_kept": str(self.kept), "backup": str(self.backup) if self.backup else None,
-                "pgvector": self.pgvector}
+        return {
+            "from": f"PostgreSQL {self.old_major}",
+            "to": f"PostgreSQL {self.new_major}",
+            "old_directory_kept": str(self.kept),
+            "backup": str(self.backup) if self.backup else None,
+            "pgvector": self.pgvector,
+        }
 
 
 class Owner:
@@ -80,7 +84,9 @@ class Owner:
         self.uid = pgdata.stat().st_uid
         self.gid = pgdata.stat().st_gid
         if os.geteuid() not in (0, self.uid):
-            raise MemctlError(f"{pgdata} belongs to uid {self.uid}: run memctl db upgrade as that user (or as root)")
+            raise MemctlError(
+                f"{pgdata} belongs to uid {self.uid}: run memctl db upgrade as that user (or as root)"
+            )
 
     def kwargs(self) -> dict:
         return {"user": self.uid, "group": self.gid} if os.geteuid() == 0 and self.uid != 0 else {}
@@ -91,8 +97,15 @@ class Owner:
         return path
 
     def run(self, argv: list, *, cwd: Path | None = None, what: str = "") -> str:
-        proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=6 * 3600,
-                              stdin=subprocess.DEVNULL, **self.kwargs())
+        proc = subprocess.run(
+            [str(a) for a in argv],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=6 * 3600,
+            stdin=subprocess.DEVNULL,
+            **self.kwargs(),
+        )
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip()[-LOG_TAIL:]
             raise MemctlError(f"{what or Path(str(argv[0])).name} failed: {tail or 'no output'}")
@@ -114,19 +127,35 @@ class OldServer:
 
     def __enter__(self) -> "OldServer":
         options = f"-c listen_addresses='' -c unix_socket_directories='{self.work}' -p {self.port}"
-        self.owner.run([self.bindir / "pg_ctl", "-D", self.pgdata, "-o", options, "-l", self.work / "old.log", "-w",
-                        "start"], what=f"starting PostgreSQL from {self.bindir}")
+        self.owner.run(
+            [
+                self.bindir / "pg_ctl",
+                "-D",
+                self.pgdata,
+                "-o",
+                options,
+                "-l",
+                self.work / "old.log",
+                "-w",
+                "start",
+            ],
+            what=f"starting PostgreSQL from {self.bindir}",
+        )
         return self
 
     def url(self, superuser: str, database: str = embedded.DATABASE) -> str:
         return f"postgresql://{superuser}@/{database}?host={self.work}&port={self.port}"
 
     def __exit__(self, *exc) -> None:
-        self.owner.run([self.bindir / "pg_ctl", "-D", self.pgdata, "-m", "fast", "-w", "stop"],
-                       what="stopping the old server")
+        self.owner.run(
+            [self.bindir / "pg_ctl", "-D", self.pgdata, "-m", "fast", "-w", "stop"],
+            what="stopping the old server",
+        )
 
 
-def upgrade(old_bindir: Path, settings, *, backup: bool = True, report: Callable[[str], None] | None = None) -> Upgraded:
+def upgrade(
+    old_bindir: Path, settings, *, backup: bool = True, report: Callable[[str], None] | None = None
+) -> Upgraded:
     """Move the embedded data directory to the wheel's major (see the module docstring)."""
     from memctl.backup import backup as backup_mod
 
@@ -149,29 +178,40 @@ def upgrade(old_bindir: Path, settings, *, backup: bool = True, report: Callable
                 if backup:
                     from memctl.upgrade import migrating
 
-                    made, _ = migrating.take_verified(conn, old.url(superuser), backup_mod.default_dir(settings), say,
-                                                      prefix=BACKUP_PREFIX)
+                    made, _ = migrating.take_verified(
+                        conn,
+                        old.url(superuser),
+                        backup_mod.default_dir(settings),
+                        say,
+                        prefix=BACKUP_PREFIX,
+                    )
             foreign = _foreign_options(old, superuser)
         new = pgdata.with_name(f"{pgdata.name}.pg{new_major}.new")
         copy = pgdata.with_name(f"{pgdata.name}.pg{old_major}.copy")
         for leftover in (new, copy):
             shutil.rmtree(leftover, ignore_errors=True)
         try:
-            source = _without_options(pgdata, copy, foreign, old_bindir, owner, work, superuser, say)
+            source = _without_options(
+                pgdata, copy, foreign, old_bindir, owner, work, superuser, say
+            )
             say(f"pg_upgrade: PostgreSQL {old_major} -> {new_major} into {new}")
             _initdb(new, owner, superuser, cluster)
             _pg_upgrade(old_bindir, source, new, owner, work, superuser, link=source == copy)
         except MemctlError as exc:
             found = _errors_logged(new)
             shutil.rmtree(new, ignore_errors=True)
-            raise MemctlError(f"{exc}{'; its logs say: ' + found if found else ''}; {pgdata} is as it was") from None
+            raise MemctlError(
+                f"{exc}{'; its logs say: ' + found if found else ''}; {pgdata} is as it was"
+            ) from None
         finally:
             shutil.rmtree(copy, ignore_errors=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     kept = pgdata.with_name(f"{pgdata.name}.pg{old_major}-{stamp}")
     pgdata.rename(kept)
     new.rename(pgdata)
-    say(f"the PostgreSQL {old_major} data directory is kept as {kept}: remove it once the memory is checked")
+    say(
+        f"the PostgreSQL {old_major} data directory is kept as {kept}: remove it once the memory is checked"
+    )
     return Upgraded(old_major, new_major, kept, made, _after(say))
 
 
@@ -184,21 +224,36 @@ def _foreign_options(old: OldServer, superuser: str) -> list[str]:
         names = [row[0] for row in admin.execute(DATABASES).fetchall()]
     for name in names:
         with psycopg.connect(old.url(superuser, name), autocommit=True) as conn:
-            found |= {row[0] for row in conn.execute(FOREIGN_OPTIONS, {"known": list(KNOWN_COLUMN_OPTIONS)})}
+            found |= {
+                row[0]
+                for row in conn.execute(FOREIGN_OPTIONS, {"known": list(KNOWN_COLUMN_OPTIONS)})
+            }
     return sorted(found)
 
 
-def _without_options(pgdata: Path, copy: Path, foreign: list[str], old_bindir: Path, owner: Owner, work: Path,
-                     superuser: str, say: Callable[[str], None]) -> Path:
+def _without_options(
+    pgdata: Path,
+    copy: Path,
+    foreign: list[str],
+    old_bindir: Path,
+    owner: Owner,
+    work: Path,
+    superuser: str,
+    say: Callable[[str], None],
+) -> Path:
     """What pg_upgrade reads: the old directory itself, or, when its columns carry options the new major does not
     know, a copy of it without them (the old directory keeps them; the copy is linked from, then removed)."""
     import psycopg
 
     if not foreign:
         return pgdata
-    say(f"the old cluster's columns carry options PostgreSQL's new major does not know ({', '.join(foreign)}): "
-        f"pg_upgrade reads a copy without them ({copy}); {pgdata} keeps them")
-    done = subprocess.run(["cp", "-a", str(pgdata), str(copy)], capture_output=True, text=True)  # owners kept
+    say(
+        f"the old cluster's columns carry options PostgreSQL's new major does not know ({', '.join(foreign)}): "
+        f"pg_upgrade reads a copy without them ({copy}); {pgdata} keeps them"
+    )
+    done = subprocess.run(
+        ["cp", "-a", str(pgdata), str(copy)], capture_output=True, text=True
+    )  # owners kept
     if done.returncode != 0:
         raise MemctlError(f"copying {pgdata} failed: {done.stderr.strip()[-LOG_TAIL:]}")
     with OldServer(old_bindir, copy, owner, work) as old:
@@ -210,11 +265,40 @@ def _without_options(pgdata: Path, copy: Path, foreign: list[str], old_bindir: P
     return copy
 
 
-def _pg_upgrade(old_bindir: Path, source: Path, new: Path, owner: Owner, work: Path, superuser: str, *,
-                link: bool) -> None:
-    owner.run([embedded.bin_dir() / "pg_upgrade", "-b", old_bindir, "-B", embedded.bin_dir(), "-d", source, "-D", new,
-               "-U", superuser, "-s", work, "-p", _free_port(), "-P", _free_port(), *(["--link"] if link else [])],
-              cwd=work, what="pg_upgrade")
+def _pg_upgrade(
+    old_bindir: Path,
+    source: Path,
+    new: Path,
+    owner: Owner,
+    work: Path,
+    superuser: str,
+    *,
+    link: bool,
+) -> None:
+    owner.run(
+        [
+            embedded.bin_dir() / "pg_upgrade",
+            "-b",
+            old_bindir,
+            "-B",
+            embedded.bin_dir(),
+            "-d",
+            source,
+            "-D",
+            new,
+            "-U",
+            superuser,
+            "-s",
+            work,
+            "-p",
+            _free_port(),
+            "-P",
+            _free_port(),
+            *(["--link"] if link else []),
+        ],
+        cwd=work,
+        what="pg_upgrade",
+    )
 
 
 def _errors_logged(new: Path) -> str:
@@ -224,7 +308,7 @@ def _errors_logged(new: Path) -> str:
         lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
         for n, line in enumerate(lines):
             if "ERROR" in line or "FATAL" in line:
-                found.append(" ".join(part.strip() for part in lines[n:n + 3]))
+                found.append(" ".join(part.strip() for part in lines[n : n + 3]))
     return " / ".join(found)[-LOG_TAIL:]
 
 
@@ -242,37 +326,62 @@ def _superuser(old: OldServer, owner: Owner) -> str:
                 return row[0]
         except psycopg.OperationalError:
             continue
-    raise MemctlError(f"cannot connect to the old server as postgres or {pwd.getpwuid(owner.uid).pw_name}")
+    raise MemctlError(
+        f"cannot connect to the old server as postgres or {pwd.getpwuid(owner.uid).pw_name}"
+    )
 
 
 def _refuse(pgdata: Path, old_major: int | None, new_major: int, old_bindir: Path) -> None:
     if embedded.managed() is not None:
-        raise MemctlError(f"{embedded.MANAGED_UNIT} owns this home's server: systemctl stop {embedded.MANAGED_UNIT}, "
-                          "run memctl db upgrade as its user, then start it again")
+        raise MemctlError(
+            f"{embedded.MANAGED_UNIT} owns this home's server: systemctl stop {embedded.MANAGED_UNIT}, "
+            "run memctl db upgrade as its user, then start it again"
+        )
     if old_major is None:
         raise UsageError(f"no embedded data directory at {pgdata}: nothing to upgrade")
     if old_major == new_major:
         raise UsageError(f"{pgdata} is PostgreSQL {new_major}'s already: nothing to upgrade")
     if old_major > new_major:
-        raise MemctlError(f"{pgdata} was written by PostgreSQL {old_major}, newer than this memctl's {new_major}: "
-                          "use the memctl that wrote it")
+        raise MemctlError(
+            f"{pgdata} was written by PostgreSQL {old_major}, newer than this memctl's {new_major}: "
+            "use the memctl that wrote it"
+        )
     if embedded.read_postmaster(pgdata).pid is not None:
-        raise MemctlError(f"a server runs on {pgdata}: stop it first ({old_bindir}/pg_ctl -D {pgdata} stop)")
+        raise MemctlError(
+            f"a server runs on {pgdata}: stop it first ({old_bindir}/pg_ctl -D {pgdata} stop)"
+        )
     for program in ("pg_ctl", "postgres"):
         if not (old_bindir / program).is_file():
-            raise UsageError(f"--old-bindir {old_bindir}: no {program} there (PostgreSQL {old_major}'s programs)")
+            raise UsageError(
+                f"--old-bindir {old_bindir}: no {program} there (PostgreSQL {old_major}'s programs)"
+            )
     found = embedded.server_major(old_bindir)
     if found != old_major:
-        raise UsageError(f"--old-bindir {old_bindir} holds PostgreSQL {found}; {pgdata} was written by {old_major}")
+        raise UsageError(
+            f"--old-bindir {old_bindir} holds PostgreSQL {found}; {pgdata} was written by {old_major}"
+        )
 
 
 def _initdb(new: Path, owner: Owner, superuser: str, cluster: dict) -> None:
     new.mkdir(mode=0o700)
     owner.own(new)
     checksums = "--data-checksums" if cluster["checksums"] == "on" else "--no-data-checksums"
-    owner.run([embedded.bin_dir() / "initdb", "-D", new, "--auth=trust", "--auth-local=trust", "-U", superuser,
-               f"--encoding={cluster['encoding']}", f"--lc-collate={cluster['collate']}",
-               f"--lc-ctype={cluster['ctype']}", checksums], what="initdb")
+    owner.run(
+        [
+            embedded.bin_dir() / "initdb",
+            "-D",
+            new,
+            "--auth=trust",
+            "--auth-local=trust",
+            "-U",
+            superuser,
+            f"--encoding={cluster['encoding']}",
+            f"--lc-collate={cluster['collate']}",
+            f"--lc-ctype={cluster['ctype']}",
+            checksums,
+        ],
+        what="initdb",
+    )
     embedded.size_memory(new)
 
 

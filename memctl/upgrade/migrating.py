@@ -23,12 +23,16 @@ from memctl.upgrade import plan as plan_mod
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
-MAY_CREATE_DATABASE = "SELECT rolcreatedb OR rolsuper AS may FROM pg_roles WHERE rolname = current_user"
+MAY_CREATE_DATABASE = (
+    "SELECT rolcreatedb OR rolsuper AS may FROM pg_roles WHERE rolname = current_user"
+)
 
 
 @dataclass
 class Outcome:
-    todo: list[migrate.Migration] = field(default_factory=list)  # what ran (or, in a dry run, would run)
+    todo: list[migrate.Migration] = field(
+        default_factory=list
+    )  # what ran (or, in a dry run, would run)
     backup: Path | None = None
     backup_dir: Path | None = None  # where a backup goes first (dry run), None when none is needed
     verified: str | None = None
@@ -37,13 +41,23 @@ class Outcome:
     holds_memory: bool = False
 
 
-def run(conn: Memory, url: str, settings, *, backup: bool = True, dry_run: bool = False,
-        report: Callable[[str], None] | None = None, directory: Path | None = None) -> Outcome:
+def run(
+    conn: Memory,
+    url: str,
+    settings,
+    *,
+    backup: bool = True,
+    dry_run: bool = False,
+    report: Callable[[str], None] | None = None,
+    directory: Path | None = None,
+) -> Outcome:
     """Migrate the database `conn` is connected to (at `url`), a verified backup first when it holds memory."""
     from memctl.backup import backup as backup_mod
 
     say = report or (lambda _line: None)
-    todo = migrate.pending(conn, directory)  # a schema newer than this memctl, or an edited file, stops here
+    todo = migrate.pending(
+        conn, directory
+    )  # a schema newer than this memctl, or an edited file, stops here
     behind = preflight.pgvector_behind(conn)
     memory = migrate.holds_memory(conn)
     out = Outcome(todo, holds_memory=memory)
@@ -51,7 +65,9 @@ def run(conn: Memory, url: str, settings, *, backup: bool = True, dry_run: bool 
     if dry_run:
         out.steps = plan_mod.make(conn, todo)
         out.backup_dir = backup_mod.default_dir(settings) if needs_backup else None
-        out.pgvector = preflight.behind_message(behind, preflight.rights(conn)["database"]) if behind else None
+        out.pgvector = (
+            preflight.behind_message(behind, preflight.rights(conn)["database"]) if behind else None
+        )
         return out
     if needs_backup:
         out.backup, out.verified = take_verified(conn, url, backup_mod.default_dir(settings), say)
@@ -73,22 +89,29 @@ def apply(conn: Memory, directory: Path | None = None, **options) -> list:
         return migrate.apply(conn, directory, **options)
 
 
-def take_verified(conn: Memory, url: str, directory: Path, say: Callable[[str], None],
-                  prefix: str | None = None) -> tuple[Path, str]:
+def take_verified(
+    conn: Memory, url: str, directory: Path, say: Callable[[str], None], prefix: str | None = None
+) -> tuple[Path, str]:
     """A backup of the whole database into DIRECTORY, verified; MemctlError (nothing migrated) if either fails.
     `prefix`: its name's (default memctl-before-migrate-; never rotated away)."""
     from memctl.backup import backup as backup_mod
 
     say(f"taking a backup first: {directory}")
     try:
-        made = backup_mod.take(conn, url, directory, prefix=prefix or backup_mod.MIGRATE_PREFIX, record=False)
+        made = backup_mod.take(
+            conn, url, directory, prefix=prefix or backup_mod.MIGRATE_PREFIX, record=False
+        )
     except MemctlError as exc:
-        raise MemctlError(f"no migration without a backup, and the backup failed: {exc}; nothing was migrated "
-                          "(memctl db migrate --no-backup skips it, on purpose)") from None
+        raise MemctlError(
+            f"no migration without a backup, and the backup failed: {exc}; nothing was migrated "
+            "(memctl db migrate --no-backup skips it, on purpose)"
+        ) from None
     try:
         verified = _verify(conn, url, made.path)
     except MemctlError as exc:
-        raise MemctlError(f"the backup {made.path} does not verify: {exc}; nothing was migrated") from None
+        raise MemctlError(
+            f"the backup {made.path} does not verify: {exc}; nothing was migrated"
+        ) from None
     say(f"backup {made.path} ({made.bytes} bytes): {verified}")
     return made.path, verified
 
@@ -102,16 +125,24 @@ def _verify(conn: Memory, url: str, path: Path) -> str:
 
     if conn.one(MAY_CREATE_DATABASE)["may"]:
         checked = restore.verify(conn, url, path)
-        if not checked.tables_ok:  # the copy is whole or not; agents' roles are the server's, not the backup's
+        if (
+            not checked.tables_ok
+        ):  # the copy is whole or not; agents' roles are the server's, not the backup's
             raise MemctlError(f"tables differ from its manifest: {', '.join(checked.failed)}")
         return f"verified: restored into a scratch database, {len(checked.tables)} tables match its manifest"
     manifest = backup_file.read_manifest(path)
     with tempfile.TemporaryDirectory(prefix="memctl-verify.") as work:
-        dump = backup_file.extract_dump(path, manifest, Path(work))  # its sha256 against the manifest
-        tools = pgtools.for_restore(manifest["server"]["version_num"] // 10000, manifest["pg_dump"]["major"])
+        dump = backup_file.extract_dump(
+            path, manifest, Path(work)
+        )  # its sha256 against the manifest
+        tools = pgtools.for_restore(
+            manifest["server"]["version_num"] // 10000, manifest["pg_dump"]["major"]
+        )
         pgtools.listing(tools, dump, Path(work) / "restore.list")
-    return ("checked: the dump's sha256 and pg_restore's reading of its contents (this role may not create a "
-            "scratch database for a full verify: memctl backup verify FILE --scratch-url URL)")
+    return (
+        "checked: the dump's sha256 and pg_restore's reading of its contents (this role may not create a "
+        "scratch database for a full verify: memctl backup verify FILE --scratch-url URL)"
+    )
 
 
 def version_lines(url: str | None, *, timeout: int = 3) -> list[str]:
@@ -121,7 +152,9 @@ def version_lines(url: str | None, *, timeout: int = 3) -> list[str]:
 
     lines = [f"memctl {__version__}", f"schema {migrate.newest()} (this memctl's newest migration)"]
     if not url:
-        return lines + ["database not reached: the embedded server is not running (memctl db start)"]
+        return lines + [
+            "database not reached: the embedded server is not running (memctl db start)"
+        ]
     try:
         with db.connect(url, timeout=timeout) as conn:
             at = migrate.newest_applied(conn)
@@ -133,4 +166,8 @@ def version_lines(url: str | None, *, timeout: int = 3) -> list[str]:
     vector = ".".join(map(str, installed)) if installed else "not created"
     if available and available != installed:
         vector += f" (the server has {'.'.join(map(str, available))})"
-    return lines + [f"database schema {at or 'none (never migrated)'}", f"PostgreSQL {server}", f"pgvector {vector}"]
+    return lines + [
+        f"database schema {at or 'none (never migrated)'}",
+        f"PostgreSQL {server}",
+        f"pgvector {vector}",
+    ]

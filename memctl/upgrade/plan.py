@@ -27,12 +27,27 @@ if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
 # Lock modes, weakest first.
-MODES = ("ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE",
-         "EXCLUSIVE", "ACCESS EXCLUSIVE")
+MODES = (
+    "ACCESS SHARE",
+    "ROW SHARE",
+    "ROW EXCLUSIVE",
+    "SHARE UPDATE EXCLUSIVE",
+    "SHARE",
+    "SHARE ROW EXCLUSIVE",
+    "EXCLUSIVE",
+    "ACCESS EXCLUSIVE",
+)
 EVERY_TABLE = "*"
 # Seconds per row of each kind of work, measured by tests/bench/upgrade.py on 2 cores (docs/benchmarks.md).
-RATES = {"index": 1.2e-6, "gin": 1.2e-5, "hnsw": 2e-4, "rewrite": 1e-5, "generated": 2.5e-5, "scan": 3e-7,
-         "rows": 1e-5}
+RATES = {
+    "index": 1.2e-6,
+    "gin": 1.2e-5,
+    "hnsw": 2e-4,
+    "rewrite": 1e-5,
+    "generated": 2.5e-5,
+    "scan": 3e-7,
+    "rows": 1e-5,
+}
 ROWS = """
 SELECT c.relname AS name, CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint END AS rows
 FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')
@@ -46,7 +61,9 @@ _ONLY = r"(?:ONLY\s+)?(?:IF\s+EXISTS\s+)?"
 class Lock:
     table: str | None  # a table's name, or EVERY_TABLE (None: a statement whose table was not read)
     mode: str
-    work: str | None = None  # a key of RATES: what is done for each of the table's rows under the lock
+    work: str | None = (
+        None  # a key of RATES: what is done for each of the table's rows under the lock
+    )
 
     @property
     def blocks(self) -> str:
@@ -68,11 +85,21 @@ class Step:
     seconds: float | None = None
 
     def to_dict(self) -> dict:
-        expected = ("a moment" if self.seconds is None or self.seconds < 1 else f"~{_duration(self.seconds)}")
-        return {"migration": self.migration, "action": self.action,
-                "table": self.lock.table if self.lock else None, "lock": self.lock.mode if self.lock else None,
-                "blocks": self.lock.blocks if self.lock else "nothing", "rows": self.rows, "expected": expected,
-                "statement": self.statement}
+        expected = (
+            "a moment"
+            if self.seconds is None or self.seconds < 1
+            else f"~{_duration(self.seconds)}"
+        )
+        return {
+            "migration": self.migration,
+            "action": self.action,
+            "table": self.lock.table if self.lock else None,
+            "lock": self.lock.mode if self.lock else None,
+            "blocks": self.lock.blocks if self.lock else "nothing",
+            "rows": self.rows,
+            "expected": expected,
+            "statement": self.statement,
+        }
 
 
 def _duration(seconds: float) -> str:
@@ -91,7 +118,9 @@ def _first(pattern: str, text: str) -> str | None:
 
 def _strip(statement: str) -> str:
     """The statement without comments, on one line."""
-    return re.sub(r"\s+", " ", re.sub(r"--[^\n]*|/\*.*?\*/", " ", statement, flags=re.DOTALL)).strip()
+    return re.sub(
+        r"\s+", " ", re.sub(r"--[^\n]*|/\*.*?\*/", " ", statement, flags=re.DOTALL)
+    ).strip()
 
 
 def locks(statement: str) -> list[Lock]:
@@ -108,14 +137,23 @@ def locks(statement: str) -> list[Lock]:
         return _alter_table(text)
     if re.match(r"(CREATE|DROP) (POLICY|TRIGGER|RULE)|CREATE OR REPLACE (TRIGGER|RULE)", head):
         table = _first(rf"\bON\s+{_ONLY}({_IDENT})", text)
-        mode = "SHARE ROW EXCLUSIVE" if "TRIGGER" in head.split(" ON ")[0] and head.startswith("CREATE") \
+        mode = (
+            "SHARE ROW EXCLUSIVE"
+            if "TRIGGER" in head.split(" ON ")[0] and head.startswith("CREATE")
             else "ACCESS EXCLUSIVE"
+        )
         return [Lock(table, mode)] if table else []
     if re.match(r"DROP INDEX CONCURRENTLY", head):
         return [Lock(EVERY_TABLE, "SHARE UPDATE EXCLUSIVE")]
     if re.match(r"DROP (TABLE|INDEX|VIEW)", head):
-        return [Lock(EVERY_TABLE if head.startswith("DROP INDEX") else _first(rf"^DROP \w+ {_ONLY}({_IDENT})", text),
-                     "ACCESS EXCLUSIVE")]
+        return [
+            Lock(
+                EVERY_TABLE
+                if head.startswith("DROP INDEX")
+                else _first(rf"^DROP \w+ {_ONLY}({_IDENT})", text),
+                "ACCESS EXCLUSIVE",
+            )
+        ]
     if head.startswith("TRUNCATE"):
         return [Lock(_first(rf"^TRUNCATE (?:TABLE )?{_ONLY}({_IDENT})", text), "ACCESS EXCLUSIVE")]
     if re.match(r"(WITH .*?\)\s*)?(UPDATE|DELETE FROM|INSERT INTO)\b", head):
@@ -127,12 +165,19 @@ def locks(statement: str) -> list[Lock]:
         return [] if re.match(r"SELECT [^()]*$", head) else [Lock(EVERY_TABLE, "ACCESS EXCLUSIVE")]
     if re.match(r"COMMENT ON (TABLE|COLUMN) ", head):
         parts = [p.strip('"') for p in text.split()[3].split(".")]
-        return [Lock(parts[-1] if head.startswith("COMMENT ON TABLE") else parts[-2], "SHARE UPDATE EXCLUSIVE")]
+        return [
+            Lock(
+                parts[-1] if head.startswith("COMMENT ON TABLE") else parts[-2],
+                "SHARE UPDATE EXCLUSIVE",
+            )
+        ]
     return []  # functions, grants, settings, extensions, a new table without references
 
 
 def _references(text: str) -> list[str]:
-    return sorted({_name(m) for m in re.findall(rf"\bREFERENCES\s+({_IDENT})", text, re.IGNORECASE)})
+    return sorted(
+        {_name(m) for m in re.findall(rf"\bREFERENCES\s+({_IDENT})", text, re.IGNORECASE)}
+    )
 
 
 def _alter_table(text: str) -> list[Lock]:
@@ -141,13 +186,18 @@ def _alter_table(text: str) -> list[Lock]:
         return []
     upper = text.upper()
     references = [Lock(t, "SHARE ROW EXCLUSIVE") for t in _references(text) if t != table]
-    if re.search(r"\bVALIDATE CONSTRAINT\b", upper) and not re.search(r"\b(ADD|DROP|ALTER|RENAME)\b", upper):
+    if re.search(r"\bVALIDATE CONSTRAINT\b", upper) and not re.search(
+        r"\b(ADD|DROP|ALTER|RENAME)\b", upper
+    ):
         return [Lock(table, "SHARE UPDATE EXCLUSIVE", "scan")] + references
     if re.search(r"\bGENERATED ALWAYS AS\b.*\bSTORED\b", upper):
         work = "generated"
     elif re.search(r"\b(SET DATA TYPE|ALTER COLUMN \S+ TYPE)\b", upper):
         work = "rewrite"
-    elif re.search(r"\bSET NOT NULL\b|\bCHECK\s*\(|\bFOREIGN KEY\b", upper) and "NOT VALID" not in upper:
+    elif (
+        re.search(r"\bSET NOT NULL\b|\bCHECK\s*\(|\bFOREIGN KEY\b", upper)
+        and "NOT VALID" not in upper
+    ):
         work = "scan"
     elif re.search(r"\bADD (CONSTRAINT \S+ )?(UNIQUE|PRIMARY KEY)\b", upper):
         work = "index"

@@ -38,8 +38,10 @@ def admitted(record: Any, kind: type) -> None:
     """Refuse (TypeError) a record no gate made: the store's first check on every record it
     writes."""
     if not is_admitted(record, kind):
-        raise TypeError(f"only an admitted {kind.__name__} is written (got {type(record).__name__} "
-                        "that no gate made): pass it through memctl.write.gate.Gate first")
+        raise TypeError(
+            f"only an admitted {kind.__name__} is written (got {type(record).__name__} "
+            "that no gate made): pass it through memctl.write.gate.Gate first"
+        )
 
 
 class ReadOnlyDict(dict):

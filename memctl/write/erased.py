@@ -24,7 +24,9 @@ from memctl.errors import BadValue, MemctlError
 if TYPE_CHECKING:
     from memctl.db.memory import Memory
 
-ERASED_ID = 0  # what an import maps a left-out record's id to: no episode has it (identity ids start at 1)
+ERASED_ID = (
+    0  # what an import maps a left-out record's id to: no episode has it (identity ids start at 1)
+)
 
 
 def state_dir() -> Path:
@@ -61,16 +63,27 @@ class Lookup:
     `digests`: theirs under `key`, made by the caller (an import's parsing thread, while the copying one waits
     on the server), else made here."""
 
-    def __init__(self, conn: Memory, texts: Iterable[str], kind: str = "episode", key: bytes | None = None,
-                 digests: list[str] | None = None):
+    def __init__(
+        self,
+        conn: Memory,
+        texts: Iterable[str],
+        kind: str = "episode",
+        key: bytes | None = None,
+        digests: list[str] | None = None,
+    ):
         texts = list(texts)
         key = key if key is not None else readable_key(conn)
         if key is None:
             self.digests = [""] * len(texts)
         else:
-            self.digests = digests if digests is not None else [places.digest(key, t) for t in texts]
-        self.cursor = conn.execute(HELD, {"kind": kind, "kid": places.key_id(key), "digests": self.digests}) \
-            if key is not None and texts else None
+            self.digests = (
+                digests if digests is not None else [places.digest(key, t) for t in texts]
+            )
+        self.cursor = (
+            conn.execute(HELD, {"kind": kind, "kid": places.key_id(key), "digests": self.digests})
+            if key is not None and texts
+            else None
+        )
 
     def kept(self) -> list[bool]:
         """Per text: True unless the ledger holds it."""
@@ -106,9 +119,14 @@ WHERE e.key_id = %s AND coalesce((f->>'erased')::boolean, true)
 """
 # A source pruned before the export: an episode here with its digest (plain in an older file, keyed in a newer one)
 # and time. By created_at, which is indexed.
-FIND_PLAIN = "SELECT id FROM episodes WHERE agent = %s AND content_hash = %s AND created_at = %s LIMIT 1"
-FIND_KEYED = ("SELECT id FROM episodes WHERE agent = %(agent)s AND created_at = %(at)s AND "
-              + places.lineage_sql("content_hash") + " = %(given)s LIMIT 1")
+FIND_PLAIN = (
+    "SELECT id FROM episodes WHERE agent = %s AND content_hash = %s AND created_at = %s LIMIT 1"
+)
+FIND_KEYED = (
+    "SELECT id FROM episodes WHERE agent = %(agent)s AND created_at = %(at)s AND "
+    + places.lineage_sql("content_hash")
+    + " = %(given)s LIMIT 1"
+)
 
 
 class Ledger:
@@ -130,13 +148,20 @@ class Ledger:
     def clear_facts(self, item: dict) -> int:
         """Clear, in a fact record's history, every value an erasure of its key cleared; how many."""
         key = item.get("key")
-        held = self.facts.get((item.get("namespace") or "default", key)) if isinstance(key, str) else None
+        held = (
+            self.facts.get((item.get("namespace") or "default", key))
+            if isinstance(key, str)
+            else None
+        )
         cleared = 0
         if not held or not isinstance(item.get("history"), list):
             return 0
         for entry in (e for e in item["history"] if isinstance(e, dict)):
             for field in ("old_value", "new_value"):
-                if isinstance(entry.get(field), str) and places.digest(self.key, entry[field]) in held:
+                if (
+                    isinstance(entry.get(field), str)
+                    and places.digest(self.key, entry[field]) in held
+                ):
                     entry[field] = None
                     cleared += 1
         if isinstance(item.get("value"), str) and places.digest(self.key, item["value"]) in held:
@@ -146,7 +171,9 @@ class Ledger:
     def erase_run(self, row: dict, episode_id: int | None) -> tuple[int | None, bool]:
         """A runbook run record's episode link and whether its output is one the ledger holds (then [erased])."""
         output = row.get("output_tail")
-        quoted = isinstance(output, str) and not Lookup(self.conn, [output], "quote", self.key).kept()[0]
+        quoted = (
+            isinstance(output, str) and not Lookup(self.conn, [output], "quote", self.key).kept()[0]
+        )
         if quoted or episode_id == ERASED_ID:
             row["output_tail"] = places.ERASED if quoted else output
             return None, True
@@ -165,11 +192,21 @@ class Ledger:
     def find_source(self, agent: str, given: str, created_at) -> int | None:
         """The episode here that a pruned source of the file is (same agent, time and digest), if any."""
         if self.given_key is None:
-            row = self.conn.execute(FIND_PLAIN, (agent, bytes.fromhex(given), created_at)).fetchone()
+            row = self.conn.execute(
+                FIND_PLAIN, (agent, bytes.fromhex(given), created_at)
+            ).fetchone()
         elif self.given_key == self.key_id:
             ipad, opad = places.pads(self.key)
-            row = self.conn.execute(FIND_KEYED, {"agent": agent, "at": created_at, "given": bytes.fromhex(given),
-                                                 "ipad": ipad, "opad": opad}).fetchone()
+            row = self.conn.execute(
+                FIND_KEYED,
+                {
+                    "agent": agent,
+                    "at": created_at,
+                    "given": bytes.fromhex(given),
+                    "ipad": ipad,
+                    "opad": opad,
+                },
+            ).fetchone()
         else:  # keyed under another installation's key: nothing here can be matched to it
             row = None
         return row["id"] if row else None

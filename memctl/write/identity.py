@@ -31,9 +31,19 @@ UTC = datetime.timezone.utc
 STORED = "SELECT record_key, id FROM episodes WHERE agent = %s AND record_key = ANY(%s)"
 
 
-def key(agent: str, source: str | None, given: datetime.datetime | None, occurrence: int, content_hash: bytes) -> bytes:
+def key(
+    agent: str,
+    source: str | None,
+    given: datetime.datetime | None,
+    occurrence: int,
+    content_hash: bytes,
+) -> bytes:
     """The key of an admitted record: `given` its time as the input gave it (None: `occurrence` counts)."""
-    when = given.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") if given is not None else f"#{occurrence}"
+    when = (
+        given.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+        if given is not None
+        else f"#{occurrence}"
+    )
     text = "\x00".join((agent, "\x01" if source is None else "s" + source, when))
     return hashlib.sha256(text.encode("utf-8") + b"\x00" + content_hash).digest()[:KEY_BYTES]
 
@@ -44,7 +54,9 @@ class Occurrences:
     def __init__(self) -> None:
         self._seen: dict[bytes, int] = {}
 
-    def key(self, agent: str, source: str | None, given: datetime.datetime | None, content_hash: bytes) -> bytes:
+    def key(
+        self, agent: str, source: str | None, given: datetime.datetime | None, content_hash: bytes
+    ) -> bytes:
         if given is not None:
             return key(agent, source, given, 0, content_hash)
         base = key(agent, source, None, 0, content_hash)
@@ -63,13 +75,17 @@ def ask(conn: Memory, agents: list[str], keys: Sequence[bytes | None]) -> list:
         if k is not None:  # a record with no key (memctl import of an older export) asks nothing
             by_agent.setdefault(agent, []).append(k)
     conn.execute(LOCK_IMPORTS, (IMPORT_CLASS, ""))
-    return [(agent, conn.execute(STORED, (agent, wanted))) for agent, wanted in sorted(by_agent.items())]
+    return [
+        (agent, conn.execute(STORED, (agent, wanted))) for agent, wanted in sorted(by_agent.items())
+    ]
 
 
 def unseen(asked: list, agents: list[str], keys: Sequence[bytes | None]) -> list[bool]:
     """Per record (from ask()'s answers): True when no stored episode of its agent has its key and no earlier
     record of the batch does; always for a record with no key."""
-    stored: set[tuple[str, bytes | None]] = {(agent, bytes(row["record_key"])) for agent, cursor in asked for row in cursor.fetchall()}
+    stored: set[tuple[str, bytes | None]] = {
+        (agent, bytes(row["record_key"])) for agent, cursor in asked for row in cursor.fetchall()
+    }
     keep = []
     for agent, k in zip(agents, keys):
         fresh = k is None or (agent, k) not in stored

@@ -40,12 +40,16 @@ HASH_BYTES = 16  # of sha256: an index key half the size, collisions still out o
 def normalize(text: str) -> str:
     """The text two episodes must share to be one event: NFKC, case folded, whitespace collapsed and trimmed.
     Punctuation is kept: "Should we roll back the deploy?" is not "... deploy!"."""
-    if not text.isascii():  # ASCII is its own NFKC form; skipping the pass is most of an import's cost here
+    if (
+        not text.isascii()
+    ):  # ASCII is its own NFKC form; skipping the pass is most of an import's cost here
         text = unicodedata.normalize("NFKC", text)
     return " ".join(text.casefold().split())
 
 
-def norm_hash(text: str, meta: Mapping[str, Any] | None = None, secret: bytes | None = None) -> bytes:
+def norm_hash(
+    text: str, meta: Mapping[str, Any] | None = None, secret: bytes | None = None
+) -> bytes:
     """The fold key: the normalized text, the meta exactly (keys sorted), and `secret_digest` when redaction
     changed the episode. Text holds no NUL (the gate refuses it), so the parts cannot run into each other."""
     digest = hashlib.sha256(normalize(text).encode("utf-8"))
@@ -63,10 +67,14 @@ def secret_digest(key: bytes, fields: dict) -> bytes:
 
 
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8")
+    return json.dumps(
+        value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str
+    ).encode("utf-8")
 
 
-FOLD_KEY = "SELECT memctl_fold_key() AS key"  # sql/0023: for memctl's sessions, an agent's role included
+FOLD_KEY = (
+    "SELECT memctl_fold_key() AS key"  # sql/0023: for memctl's sessions, an agent's role included
+)
 
 
 def fold_key(conn: Memory) -> bytes:
@@ -82,7 +90,9 @@ def window_seconds(settings) -> float | None:
     return parse_duration(settings.episodes.repeat_window)
 
 
-LOCK_AGENT = locks.KEY_LOCK  # (LOCK_CLASS, agent): memctl_lock_key, a lock no agent's session may take
+LOCK_AGENT = (
+    locks.KEY_LOCK
+)  # (LOCK_CLASS, agent): memctl_lock_key, a lock no agent's session may take
 # Imports take their agents' locks as their batches meet them, in no order known ahead: two at once could each
 # hold an agent the other waits for, so they first take turns on this one.
 LOCK_IMPORTS = locks.KEY_LOCK  # (IMPORT_CLASS, '')
@@ -107,11 +117,14 @@ WHERE agent = %(agent)s AND norm_hash = %(norm)s AND repeat_of IS NULL AND kind 
 ORDER BY created_at DESC, id DESC LIMIT 1
 FOR NO KEY UPDATE
 """
-BUMP = WRITER + """
+BUMP = (
+    WRITER
+    + """
 UPDATE episodes SET repeats = repeats + 1,
        last_seen_at = greatest(coalesce(last_seen_at, created_at), coalesce(%(at)s, now()))
 WHERE agent = %(agent)s AND id = %(id)s
 """
+)
 
 
 def fold_one(conn: Memory, episode, window: float | None) -> int | None:
@@ -120,8 +133,15 @@ def fold_one(conn: Memory, episode, window: float | None) -> int | None:
     if window is None:
         return None
     lock_agent(conn, episode.agent)
-    params = {"agent": episode.agent, "norm": episode.norm_hash, "kind": episode.kind, "source": episode.source,
-              "importance": episode.importance, "at": episode.created_at, "window": window}
+    params = {
+        "agent": episode.agent,
+        "norm": episode.norm_hash,
+        "kind": episode.kind,
+        "source": episode.source,
+        "importance": episode.importance,
+        "at": episode.created_at,
+        "window": window,
+    }
     row = conn.execute(FIND_FIRST, params).fetchone()
     if row is None:
         return None
@@ -139,13 +159,19 @@ WHERE agent = %(agent)s AND norm_hash = ANY(%(norms)s) AND repeat_of IS NULL AND
   AND (%(lo)s::timestamptz IS NULL OR coalesce(last_seen_at, created_at) >= %(lo)s)
 FOR NO KEY UPDATE
 """
-BUMP_MANY = WRITER + """
+BUMP_MANY = (
+    WRITER
+    + """
 UPDATE episodes f SET repeats = f.repeats + d.n,
        last_seen_at = greatest(coalesce(f.last_seen_at, f.created_at), d.latest)
 FROM unnest(%(ids)s::bigint[], %(n)s::int[], %(latest)s::timestamptz[]) AS d(id, n, latest)
 WHERE f.agent = %(agent)s AND f.id = d.id
 """
-FIRST, REPEAT = "first", "repeat"  # an import's word on a record: it was a first, or a repeat, where it was written
+)
+FIRST, REPEAT = (
+    "first",
+    "repeat",
+)  # an import's word on a record: it was a first, or a repeat, where it was written
 
 
 @dataclass
@@ -164,15 +190,24 @@ class BatchFold:
     repeat_of: list[int | None]
     repeats: list[int]
     last_seen: list[datetime.datetime | None]
-    owed: dict[tuple[str, int], list] = field(default_factory=dict)  # (agent, id) -> [count, latest]
+    owed: dict[tuple[str, int], list] = field(
+        default_factory=dict
+    )  # (agent, id) -> [count, latest]
 
     @property
     def folded(self) -> int:
         return sum(r is not None for r in self.repeat_of)
 
 
-def plan_batch(conn: Memory, batch: list, ids: list[int], times: list[datetime.datetime], window: float | None,
-               hints: list[str | None] | None = None, locked: set[str] | None = None) -> BatchFold:
+def plan_batch(
+    conn: Memory,
+    batch: list,
+    ids: list[int],
+    times: list[datetime.datetime],
+    window: float | None,
+    hints: list[str | None] | None = None,
+    locked: set[str] | None = None,
+) -> BatchFold:
     """Fold a batch of admitted episodes (ids taken, times resolved) against the stored firsts and each other,
     in time order; one look-up per agent. `hints` (memctl import): FIRST keeps a record a first, REPEAT folds
     it into the latest first of its text before it whatever the window, None follows the window."""
@@ -181,7 +216,9 @@ def plan_batch(conn: Memory, batch: list, ids: list[int], times: list[datetime.d
     if window is None and REPEAT not in hints:
         return fold
     reach = datetime.timedelta(seconds=window or 0)
-    firsts = _stored_firsts(conn, batch, times, reach, hints, locked if locked is not None else set())
+    firsts = _stored_firsts(
+        conn, batch, times, reach, hints, locked if locked is not None else set()
+    )
     for i in sorted(range(len(batch)), key=lambda i: (times[i], i)):
         ep, at, hint = batch[i], times[i], hints[i]
         key = (ep.agent, ep.norm_hash, ep.kind, ep.source, ep.importance)
@@ -189,9 +226,16 @@ def plan_batch(conn: Memory, batch: list, ids: list[int], times: list[datetime.d
         found = None
         if known is not None and (hint == REPEAT or (hint is None and window is not None)):
             since = _back(at, reach)
-            found = max((f for f in known if f.created_at <= at and (hint == REPEAT or since is None
-                                                                      or f.last_seen >= since)),
-                        key=lambda f: (f.created_at, f.id), default=None)
+            found = max(
+                (
+                    f
+                    for f in known
+                    if f.created_at <= at
+                    and (hint == REPEAT or since is None or f.last_seen >= since)
+                ),
+                key=lambda f: (f.created_at, f.id),
+                default=None,
+            )
         if found is None:
             if known is None:
                 firsts[key] = [_First(ids[i], at, at, i)]
@@ -218,7 +262,9 @@ def _back(at: datetime.datetime, reach: datetime.timedelta) -> datetime.datetime
         return None
 
 
-def _stored_firsts(conn: Memory, batch, times, reach, hints, locked: set[str]) -> dict[tuple, list[_First]]:
+def _stored_firsts(
+    conn: Memory, batch, times, reach, hints, locked: set[str]
+) -> dict[tuple, list[_First]]:
     if not locked:
         conn.execute(LOCK_IMPORTS, (IMPORT_CLASS, ""))
     by_agent: dict[str, list[int]] = {}
@@ -235,9 +281,17 @@ def _stored_firsts(conn: Memory, batch, times, reach, hints, locked: set[str]) -
             if agent not in locked:
                 lock_agent(conn, agent)
                 locked.add(agent)
-            lo = None if any(hints[i] == REPEAT for i in rows) else _back(min(times[i] for i in rows), reach)
-            params = {"agent": agent, "norms": list({batch[i].norm_hash for i in rows}),
-                      "hi": max(times[i] for i in rows), "lo": lo}
+            lo = (
+                None
+                if any(hints[i] == REPEAT for i in rows)
+                else _back(min(times[i] for i in rows), reach)
+            )
+            params = {
+                "agent": agent,
+                "norms": list({batch[i].norm_hash for i in rows}),
+                "hi": max(times[i] for i in rows),
+                "lo": lo,
+            }
             asked.append((agent, conn.execute(CANDIDATES, params)))
     for agent, cursor in asked:
         for r in cursor.fetchall():
@@ -259,8 +313,15 @@ def settle(conn: Memory, fold: BatchFold) -> None:
     for (agent, first), (n, latest) in fold.owed.items():
         by_agent.setdefault(agent, []).append((first, n, latest))
     for agent, rows in sorted(by_agent.items()):
-        conn.execute(BUMP_MANY, {"agent": agent, "ids": [r[0] for r in rows], "n": [r[1] for r in rows],
-                                 "latest": [r[2] for r in rows]})
+        conn.execute(
+            BUMP_MANY,
+            {
+                "agent": agent,
+                "ids": [r[0] for r in rows],
+                "n": [r[1] for r in rows],
+                "latest": [r[2] for r in rows],
+            },
+        )
 
 
 # --- deleting (prune, purge, episode delete) ----------------------------------------------------------
@@ -268,13 +329,16 @@ def settle(conn: Memory, fold: BatchFold) -> None:
 # After repeats were deleted (in this transaction): their firsts' counts go down by what went, and last_seen_at
 # is found again unless the latest sighting stayed. Incremental, so a repeat linked by a writer meanwhile (which
 # this statement waits for, then sees the row it updated) keeps its count.
-RECOUNT = WRITER + """
+RECOUNT = (
+    WRITER
+    + """
 UPDATE episodes f SET repeats = greatest(f.repeats - d.n, 0),
        last_seen_at = CASE WHEN f.last_seen_at > d.newest THEN f.last_seen_at ELSE
            (SELECT max(r.created_at) FROM episodes r WHERE r.agent = f.agent AND r.repeat_of = f.id) END
 FROM unnest(%(ids)s::bigint[], %(n)s::int[], %(newest)s::timestamptz[]) AS d(id, n, newest)
 WHERE f.agent = %(agent)s AND f.id = d.id
 """
+)
 ANY_REPEAT = "SELECT EXISTS (SELECT 1 FROM episodes WHERE repeat_of IS NOT NULL) AS yes"
 
 
@@ -291,8 +355,15 @@ def recount(conn: Memory, deleted: Iterable[Any]) -> int:
         by_agent.setdefault(agent, []).append((first, n, newest))
     updated = 0
     for agent, rows in sorted(by_agent.items()):
-        updated += conn.execute(RECOUNT, {"agent": agent, "ids": [r[0] for r in rows], "n": [r[1] for r in rows],
-                                          "newest": [r[2] for r in rows]}).rowcount
+        updated += conn.execute(
+            RECOUNT,
+            {
+                "agent": agent,
+                "ids": [r[0] for r in rows],
+                "n": [r[1] for r in rows],
+                "newest": [r[2] for r in rows],
+            },
+        ).rowcount
     return updated
 
 

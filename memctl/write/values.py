@@ -23,7 +23,9 @@ DEFAULT_NAMESPACE = "default"  # a fact's namespace when none is given
 # Leads every statement that puts or changes data in a memory table (memctl.write.store's writers, and the
 # few UPDATEs listed in docs/testing.md "The writer check"): the test suite's trigger refuses a write without it.
 WRITER = "/* memctl:writer */\n"
-EARLIEST = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)  # no memory is older than this
+EARLIEST = datetime.datetime(
+    1900, 1, 1, tzinfo=datetime.timezone.utc
+)  # no memory is older than this
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,12 @@ class Limits:
         from memctl import config
 
         conf = settings.limits if settings is not None else config.Limits()
-        return cls(conf.episode_bytes, conf.value_bytes, conf.meta_bytes, config.parse_duration(conf.clock_skew))
+        return cls(
+            conf.episode_bytes,
+            conf.value_bytes,
+            conf.meta_bytes,
+            config.parse_duration(conf.clock_skew),
+        )
 
     def line_bytes(self) -> int:
         """The longest JSONL line of `episode import` or `fact import`: a record at the limits, every byte
@@ -73,21 +80,35 @@ def within(value: str, limit: int, what: str, setting: str) -> str:
 
 
 def too_long(what: str, size: int | None, limit: int, setting: str) -> str:
-    has = f"{size:,} bytes, over the limit of {limit:,}" if size is not None else f"over the limit of {limit:,} bytes"
+    has = (
+        f"{size:,} bytes, over the limit of {limit:,}"
+        if size is not None
+        else f"over the limit of {limit:,} bytes"
+    )
     return f"{what}: {has} ([limits] {setting}); nothing was written: split it, or raise the limit"
 
 
-def in_time(when: datetime.datetime, limits: Limits, what: str = "created_at",
-            now: datetime.datetime | None = None) -> datetime.datetime:
+def in_time(
+    when: datetime.datetime,
+    limits: Limits,
+    what: str = "created_at",
+    now: datetime.datetime | None = None,
+) -> datetime.datetime:
     """An episode's time: not before 1900, not more than [limits] clock_skew after now (BadValue, exit 2)."""
     if when < EARLIEST:
-        raise BadValue(f"{what} {when.isoformat()}: before {EARLIEST.date().isoformat()}, the earliest time memctl "
-                       "takes (a typo, or a clock that was never set?)", what)
+        raise BadValue(
+            f"{what} {when.isoformat()}: before {EARLIEST.date().isoformat()}, the earliest time memctl "
+            "takes (a typo, or a clock that was never set?)",
+            what,
+        )
     now = now or datetime.datetime.now(datetime.timezone.utc)
     if (when - now).total_seconds() > limits.clock_skew:
-        raise BadValue(f"{what} {when.isoformat()}: in the future (it is {now.isoformat(timespec='seconds')}), "
-                       f"more than the {_seconds(limits.clock_skew)} [limits] clock_skew allows; nothing was "
-                       "written: memory holds what happened", what)
+        raise BadValue(
+            f"{what} {when.isoformat()}: in the future (it is {now.isoformat(timespec='seconds')}), "
+            f"more than the {_seconds(limits.clock_skew)} [limits] clock_skew allows; nothing was "
+            "written: memory holds what happened",
+            what,
+        )
     return when
 
 
@@ -100,8 +121,11 @@ def _seconds(seconds: float) -> str:
 
 def no_nul(value: str | None, what: str) -> None:
     if value is not None and "\x00" in value:
-        raise BadValue(f"the {what} contains a NUL character (\\0) at position {value.index(chr(0))}; "
-                       "PostgreSQL text cannot store it: remove or escape it", what)
+        raise BadValue(
+            f"the {what} contains a NUL character (\\0) at position {value.index(chr(0))}; "
+            "PostgreSQL text cannot store it: remove or escape it",
+            what,
+        )
     utf8(value, what)
 
 
@@ -124,8 +148,10 @@ def parse_time(value: Any, what: str = "created_at") -> datetime.datetime:
         try:
             parsed = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         except ValueError:
-            raise BadValue(f"{what}: not an ISO 8601 date/time: {value[:80]!r} (e.g. 2026-08-11T09:30:00Z)",
-                           what) from None
+            raise BadValue(
+                f"{what}: not an ISO 8601 date/time: {value[:80]!r} (e.g. 2026-08-11T09:30:00Z)",
+                what,
+            ) from None
     else:
         raise BadValue(f"{what}: must be an ISO 8601 string, got {type(value).__name__}", what)
     if parsed.tzinfo is None:
@@ -133,8 +159,10 @@ def parse_time(value: Any, what: str = "created_at") -> datetime.datetime:
     try:
         parsed.astimezone(datetime.timezone.utc)
     except OverflowError:
-        raise BadValue(f"{what}: out of range: {str(value)[:80]!r} falls before the year 1 or after 9999 in UTC",
-                       what) from None
+        raise BadValue(
+            f"{what}: out of range: {str(value)[:80]!r} falls before the year 1 or after 9999 in UTC",
+            what,
+        ) from None
     return parsed
 
 
@@ -143,8 +171,12 @@ def name(value: Any, what: str, *, default: str, optional: bool = ...) -> str: .
 @overload
 def name(value: Any, what: str, *, default: None = ..., optional: Literal[False] = ...) -> str: ...
 @overload
-def name(value: Any, what: str, *, default: str | None = ..., optional: bool = ...) -> str | None: ...
-def name(value: Any, what: str, *, default: str | None = None, optional: bool = False) -> str | None:
+def name(
+    value: Any, what: str, *, default: str | None = ..., optional: bool = ...
+) -> str | None: ...
+def name(
+    value: Any, what: str, *, default: str | None = None, optional: bool = False
+) -> str | None:
     """A name field (agent, kind, source, namespace): a non-empty string without NUL, of bounded length."""
     if value is None:
         if default is not None or optional:
@@ -180,7 +212,9 @@ def check_key(key: Any) -> str:
     if len(key) > MAX_KEY:
         raise BadValue(f"key: a fact key has at most {MAX_KEY} characters (got {len(key)})", "key")
     if "\x00" in key:
-        raise BadValue("key: contains a NUL character (\\0), which PostgreSQL text cannot store", "key")
+        raise BadValue(
+            "key: contains a NUL character (\\0), which PostgreSQL text cannot store", "key"
+        )
     utf8(key, "key", BadValue)
     no_control(key, "key")
     return key
@@ -190,17 +224,24 @@ def no_control(value: str, what: str) -> None:
     """A key or name with a control character (a newline, a tab, an escape) is refused: exit 2, naming it."""
     found = CONTROL.search(value)
     if found is not None:
-        raise BadValue(f"{what}: contains a control character ({found.group()!r} at position {found.start()}); "
-                       "keys and names are one line of printable text", what)
+        raise BadValue(
+            f"{what}: contains a control character ({found.group()!r} at position {found.start()}); "
+            "keys and names are one line of printable text",
+            what,
+        )
 
 
-def check_value(value: Any, what: str = "value", limit: int | None = None, setting: str = "value_bytes") -> str:
+def check_value(
+    value: Any, what: str = "value", limit: int | None = None, setting: str = "value_bytes"
+) -> str:
     """A text field's value; with LIMIT, at most that many bytes (the [limits] SETTING)."""
     if not isinstance(value, str):
         raise BadValue(f"{what}: must be a string, got {shown(value)}", what)
     if limit is not None:
         within(value, limit, what, setting)
     if "\x00" in value:
-        raise BadValue(f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store", what)
+        raise BadValue(
+            f"the {what} contains a NUL character (\\0), which PostgreSQL text cannot store", what
+        )
     utf8(value, what)
     return value

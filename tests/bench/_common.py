@@ -21,8 +21,11 @@ from psycopg.conninfo import make_conninfo  # noqa: E402
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--database-url", default=os.environ.get("MEMCTL_TEST_DATABASE_URL"),
-                   help="admin URL of a server to use (default: a temporary embedded server)")
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("MEMCTL_TEST_DATABASE_URL"),
+        help="admin URL of a server to use (default: a temporary embedded server)",
+    )
     return p
 
 
@@ -62,11 +65,15 @@ def fresh_database(admin_url: str):
         yield url
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
-WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
-         "consumer scaled certificate renewal backup restore latency index customer refund release").split()
+WORDS = (
+    "deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
+    "consumer scaled certificate renewal backup restore latency index customer refund release"
+).split()
 
 
 _KEPT: list = []  # the empty config files below live as long as the bench
@@ -77,8 +84,15 @@ def embedder_env(embedder: str, model: str) -> dict:
     empty config file of its own (no settings from the operator's). Set in os.environ too, returned for children."""
     empty_config = tempfile.NamedTemporaryFile(prefix="memctl-bench-", suffix=".toml")
     _KEPT.append(empty_config)
-    env = {**os.environ, "MEMCTL_EMBEDDER": embedder, "MEMCTL_EMBED_MODEL": model, "MEMCTL_CONFIG": empty_config.name}
-    os.environ.update({k: env[k] for k in ("MEMCTL_EMBEDDER", "MEMCTL_EMBED_MODEL", "MEMCTL_CONFIG")})
+    env = {
+        **os.environ,
+        "MEMCTL_EMBEDDER": embedder,
+        "MEMCTL_EMBED_MODEL": model,
+        "MEMCTL_CONFIG": empty_config.name,
+    }
+    os.environ.update(
+        {k: env[k] for k in ("MEMCTL_EMBEDDER", "MEMCTL_EMBED_MODEL", "MEMCTL_CONFIG")}
+    )
     return env
 
 
@@ -91,12 +105,24 @@ def load_words(url: str, settings, n: int, agent_of) -> None:
     from memctl.records import episodes
 
     rng = random.Random(7)
-    lines = (json.dumps({"content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))) + f" ({i})",
-                         "agent": agent_of(i), "kind": "observation"}).encode() for i in range(n))
+    lines = (
+        json.dumps(
+            {
+                "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30)))
+                + f" ({i})",
+                "agent": agent_of(i),
+                "kind": "observation",
+            }
+        ).encode()
+        for i in range(n)
+    )
     with db.connect(url) as conn:
         result = episodes.ImportResult()
-        episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(settings, lines, skip_invalid=False,
-                                                                      result=result), result=result)
+        episodes.import_episodes(
+            conn.use_settings(settings),
+            episodes.parse_jsonl(settings, lines, skip_invalid=False, result=result),
+            result=result,
+        )
 
 
 def local_or_hash(choice: str | None) -> str:
@@ -119,7 +145,9 @@ def wall(cmd: list[str], env: dict) -> float:
     return time.perf_counter() - start
 
 
-def alternate(ours: list[str], base: list[str], env: dict, runs: int, warm: int = 2) -> tuple[list, list]:
+def alternate(
+    ours: list[str], base: list[str], env: dict, runs: int, warm: int = 2
+) -> tuple[list, list]:
     """Wall times of two commands run alternately as fresh processes, after `warm` unmeasured rounds."""
     for _ in range(warm):  # the page cache, the server's caches
         wall(base, env), wall(ours, env)

@@ -44,7 +44,16 @@ from pathlib import Path
 
 import anyio
 
-from _common import WORDS, embedder_env, fresh_database, load_words, median, parser, percentile, server
+from _common import (
+    WORDS,
+    embedder_env,
+    fresh_database,
+    load_words,
+    median,
+    parser,
+    percentile,
+    server,
+)
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
@@ -75,15 +84,20 @@ def _http_client(url: str, token: str):
                 async with ClientSession(read, write) as s:
                     await s.initialize()
                     yield s
+
     return session()
 
 
-async def transports(exe: str, env: dict, url: str, token: str, calls: int) -> tuple[list[float], list[float]]:
+async def transports(
+    exe: str, env: dict, url: str, token: str, calls: int
+) -> tuple[list[float], list[float]]:
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
     http, stdio = [], []
-    params = StdioServerParameters(command=exe, args=["mcp", "--agent", "a0", "--read-only"], env=env)
+    params = StdioServerParameters(
+        command=exe, args=["mcp", "--agent", "a0", "--read-only"], env=env
+    )
     with open(os.devnull, "w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):
             async with ClientSession(read, write) as local:
@@ -104,6 +118,7 @@ async def transports(exe: str, env: dict, url: str, token: str, calls: int) -> t
 
 async def slowloris(port: int, deadline: float, opened: list[int]) -> None:
     """Connections from 127.0.0.2 that never finish their headers, each opened again once the server closes it."""
+
     async def one() -> None:
         while time.monotonic() < deadline:
             try:
@@ -126,8 +141,9 @@ async def slowloris(port: int, deadline: float, opened: list[int]) -> None:
             group.start_soon(one)
 
 
-async def crowd(url: str, tokens: dict[str, str], clients: int, seconds: float,
-                slow: int = 0) -> tuple[list[float], int, int, int]:
+async def crowd(
+    url: str, tokens: dict[str, str], clients: int, seconds: float, slow: int = 0
+) -> tuple[list[float], int, int, int]:
     times: list[float] = []
     errors = [0]
     foreign = [0]
@@ -140,7 +156,9 @@ async def crowd(url: str, tokens: dict[str, str], clients: int, seconds: float,
             async with _http_client(url, tokens[agent]) as s:
                 while time.monotonic() < deadline:
                     start = time.perf_counter()
-                    result = await s.call_tool("search", {"query": random.choice(WORDS) + " " + QUERY, "k": 5})
+                    result = await s.call_tool(
+                        "search", {"query": random.choice(WORDS) + " " + QUERY, "k": 5}
+                    )
                     times.append(time.perf_counter() - start)
                     if result.is_error:
                         errors[0] += 1
@@ -184,30 +202,60 @@ def main() -> None:
                 if agents.show(conn, name, missing_ok=True) is None:
                     agents.add(conn, name)
             tokens = {name: agents.issue_token(conn, name) for name in AGENTS}
-        print(f"loaded and embedded {args.episodes} episodes of {len(AGENTS)} agents in "
-              f"{time.perf_counter() - started:.0f} s")
+        print(
+            f"loaded and embedded {args.episodes} episodes of {len(AGENTS)} agents in "
+            f"{time.perf_counter() - started:.0f} s"
+        )
 
         with db.connect(url, vector=True) as owner, db.connect(url, vector=True) as role:
             role.as_agent(agents.show(owner, "a0").role)
+
             def run(conn) -> float:
                 start = time.perf_counter()
-                outcome = search.search(conn.use_settings(settings), Query(QUERY, k=10, agent="a0"), track=False)
+                outcome = search.search(
+                    conn.use_settings(settings), Query(QUERY, k=10, agent="a0"), track=False
+                )
                 if outcome.warning or not outcome.hits or {h.agent for h in outcome.hits} != {"a0"}:
-                    raise SystemExit(f"the search degraded, came back empty or left a0: {outcome.warning}")
+                    raise SystemExit(
+                        f"the search degraded, came back empty or left a0: {outcome.warning}"
+                    )
                 return time.perf_counter() - start
+
             def text(conn) -> float:
                 start = time.perf_counter()
-                search.search(conn.use_settings(settings), Query(QUERY, k=10, agent="a0", mode="text"), track=False)
+                search.search(
+                    conn.use_settings(settings),
+                    Query(QUERY, k=10, agent="a0", mode="text"),
+                    track=False,
+                )
                 return time.perf_counter() - start
 
             def write(conn, i: int) -> float:
                 start = time.perf_counter()
-                episodes.add(conn.use_settings(settings), f"{random.choice(WORDS)} write {i} {QUERY}", agent="a0")
+                episodes.add(
+                    conn.use_settings(settings),
+                    f"{random.choice(WORDS)} write {i} {QUERY}",
+                    agent="a0",
+                )
                 return time.perf_counter() - start
 
             for i in range(5):
-                run(owner), run(role), text(owner), text(role), write(owner, -i), write(role, -i - 10)
-            as_owner, as_role, text_owner, text_role, write_owner, write_role = [], [], [], [], [], []
+                (
+                    run(owner),
+                    run(role),
+                    text(owner),
+                    text(role),
+                    write(owner, -i),
+                    write(role, -i - 10),
+                )
+            as_owner, as_role, text_owner, text_role, write_owner, write_role = (
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+            )
             for i in range(args.calls):
                 as_owner.append(run(owner))
                 as_role.append(run(role))
@@ -218,8 +266,13 @@ def main() -> None:
 
         port = _port()
         log = open(os.devnull, "w")
-        proc = subprocess.Popen([exe, "mcp", "--http", f"127.0.0.1:{port}"], env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(
+            [exe, "mcp", "--http", f"127.0.0.1:{port}"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         try:
             for _ in range(600):
                 try:
@@ -229,24 +282,36 @@ def main() -> None:
                     time.sleep(0.1)
             endpoint = f"http://127.0.0.1:{port}/mcp"
             http, stdio = anyio.run(transports, exe, env, endpoint, tokens["a0"], args.calls)
-            times, errors, foreign, slow = anyio.run(crowd, endpoint, tokens, args.clients, args.seconds, args.slow)
+            times, errors, foreign, slow = anyio.run(
+                crowd, endpoint, tokens, args.clients, args.seconds, args.slow
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    print(f"search in a0's role (RLS):  median {median(as_role) * 1000:.2f} ms ({args.calls} calls)")
+    print(
+        f"search in a0's role (RLS):  median {median(as_role) * 1000:.2f} ms ({args.calls} calls)"
+    )
     print(f"search as the owner:        median {median(as_owner) * 1000:.2f} ms")
     print(f"ratio role / owner (goal <= 1.15): {median(as_role) / median(as_owner):.3f}")
-    print(f"text mode: role median {median(text_role) * 1000:.2f} ms, owner {median(text_owner) * 1000:.2f} ms; "
-          f"ratio role / owner: {median(text_role) / median(text_owner):.3f}")
-    print(f"an episode written through the gate: role median {median(write_role) * 1000:.2f} ms, owner "
-          f"{median(write_owner) * 1000:.2f} ms; ratio role / owner: {median(write_role) / median(write_owner):.3f}")
-    print(f"search tool call over HTTP: median {median(http) * 1000:.2f} ms; over stdio: median "
-          f"{median(stdio) * 1000:.2f} ms")
+    print(
+        f"text mode: role median {median(text_role) * 1000:.2f} ms, owner {median(text_owner) * 1000:.2f} ms; "
+        f"ratio role / owner: {median(text_role) / median(text_owner):.3f}"
+    )
+    print(
+        f"an episode written through the gate: role median {median(write_role) * 1000:.2f} ms, owner "
+        f"{median(write_owner) * 1000:.2f} ms; ratio role / owner: {median(write_role) / median(write_owner):.3f}"
+    )
+    print(
+        f"search tool call over HTTP: median {median(http) * 1000:.2f} ms; over stdio: median "
+        f"{median(stdio) * 1000:.2f} ms"
+    )
     print(f"ratio HTTP / stdio (goal <= 1.5): {median(http) / median(stdio):.2f}")
-    print(f"{args.clients} HTTP clients of 10 agents for {args.seconds:.0f} s: {len(times)} calls, {errors} errors, "
-          f"{foreign} answers out of scope, p50 {percentile(times, 0.5) * 1000:.1f} ms, "
-          f"p99 {percentile(times, 0.99) * 1000:.1f} ms; meanwhile {slow} connection(s) without headers opened from "
-          "another address")
+    print(
+        f"{args.clients} HTTP clients of 10 agents for {args.seconds:.0f} s: {len(times)} calls, {errors} errors, "
+        f"{foreign} answers out of scope, p50 {percentile(times, 0.5) * 1000:.1f} ms, "
+        f"p99 {percentile(times, 0.99) * 1000:.1f} ms; meanwhile {slow} connection(s) without headers opened from "
+        "another address"
+    )
 
 
 if __name__ == "__main__":

@@ -38,11 +38,18 @@ def drop_memctl_tables(url: str) -> None:
     from psycopg import sql
 
     with psycopg.connect(url, autocommit=True) as conn:
-        tables = [r[0] for r in conn.execute(
-            "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p')")]
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p')"
+            )
+        ]
         if tables:
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.SQL(", ").join(
-                map(sql.Identifier, tables))))
+            conn.execute(
+                sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(
+                    sql.SQL(", ").join(map(sql.Identifier, tables))
+                )
+            )
 
 
 def import_rows(url: str, settings, rows: list[dict]) -> float:
@@ -52,8 +59,13 @@ def import_rows(url: str, settings, rows: list[dict]) -> float:
     with db.connect(url) as conn:
         result = episodes.ImportResult()
         lines = [json.dumps(r).encode() for r in rows]
-        seconds, _ = timed(lambda: episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(
-            settings, lines, skip_invalid=False, result=result), result=result))
+        seconds, _ = timed(
+            lambda: episodes.import_episodes(
+                conn.use_settings(settings),
+                episodes.parse_jsonl(settings, lines, skip_invalid=False, result=result),
+                result=result,
+            )
+        )
         assert result.imported == len(rows), result
     return seconds
 
@@ -78,8 +90,15 @@ def embed_workers(url: str, env: dict, workers: int, batch_size: int) -> tuple[f
     """Wall time of `workers` memctl embed processes started together, and the chunks each embedded."""
     run_env = {**os.environ, **env, "MEMCTL_DATABASE_URL": url}
     start = time.perf_counter()
-    procs = [subprocess.Popen([*M, "embed", "--batch-size", str(batch_size), "-f", "json"], env=run_env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(workers)]
+    procs = [
+        subprocess.Popen(
+            [*M, "embed", "--batch-size", str(batch_size), "-f", "json"],
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(workers)
+    ]
     outs = [p.communicate() for p in procs]
     seconds = time.perf_counter() - start
     for p, (_, err) in zip(procs, outs):
@@ -87,7 +106,9 @@ def embed_workers(url: str, env: dict, workers: int, batch_size: int) -> tuple[f
     return seconds, [sum(r["chunks"] for r in json.loads(out)) for out, _ in outs]
 
 
-def search_times(url: str, settings, questions: list[str], vectors: list, agent: str | None, mode: str) -> list:
+def search_times(
+    url: str, settings, questions: list[str], vectors: list, agent: str | None, mode: str
+) -> list:
     """Per-query seconds of search.search with a given vector (routed when agent is set); or the error."""
     from memctl import db
     from memctl.reading import search
@@ -108,10 +129,14 @@ def search_times(url: str, settings, questions: list[str], vectors: list, agent:
     return times
 
 
-EPISODES_PER_SHARD = ("SELECT shardid, result::bigint AS n "
-                      "FROM run_command_on_shards('episodes', 'SELECT count(*) FROM %s')")
-SHARD_NODES = ("SELECT shardid, nodename || ':' || nodeport AS node "
-               "FROM citus_shards WHERE table_name = 'episodes'::regclass")
+EPISODES_PER_SHARD = (
+    "SELECT shardid, result::bigint AS n "
+    "FROM run_command_on_shards('episodes', 'SELECT count(*) FROM %s')"
+)
+SHARD_NODES = (
+    "SELECT shardid, nodename || ':' || nodeport AS node "
+    "FROM citus_shards WHERE table_name = 'episodes'::regclass"
+)
 
 
 def rows_per_node(url: str) -> dict[str, int]:
@@ -125,8 +150,17 @@ def rows_per_node(url: str) -> dict[str, int]:
     return out
 
 
-def side(name: str, url: str, settings, env: dict, rows: list[dict], questions: list[str], vectors: list,
-         args, distribute: bool) -> dict:
+def side(
+    name: str,
+    url: str,
+    settings,
+    env: dict,
+    rows: list[dict],
+    questions: list[str],
+    vectors: list,
+    args,
+    distribute: bool,
+) -> dict:
     from memctl import db
     from memctl.db import cluster, migrate
 
@@ -162,8 +196,11 @@ def ratio(ours: list, base: list) -> str:
 
 def main() -> None:
     pa = parser(__doc__)
-    pa.add_argument("--citus-url", default=os.environ.get("MEMCTL_TEST_CITUS_URL"),
-                    help="the coordinator (bash tests/ci/citus.sh prints it); its memctl tables are dropped")
+    pa.add_argument(
+        "--citus-url",
+        default=os.environ.get("MEMCTL_TEST_CITUS_URL"),
+        help="the coordinator (bash tests/ci/citus.sh prints it); its memctl tables are dropped",
+    )
     pa.add_argument("--rows", type=int, default=3010)
     pa.add_argument("--queries", type=int, default=50)
     pa.add_argument("--batch-size", type=int, default=32)
@@ -172,8 +209,11 @@ def main() -> None:
     if not args.citus_url:
         pa.error("--citus-url (or MEMCTL_TEST_CITUS_URL) is required")
     name = local_or_hash(args.embedder)
-    env = {"MEMCTL_EMBEDDER": name, "MEMCTL_EMBED_MODEL": "all-minilm" if name == "local" else "hash-embed",
-           "MEMCTL_CONFIG": "/dev/null"}
+    env = {
+        "MEMCTL_EMBEDDER": name,
+        "MEMCTL_EMBED_MODEL": "all-minilm" if name == "local" else "hash-embed",
+        "MEMCTL_CONFIG": "/dev/null",
+    }
     os.environ.update(env)
     from memctl import config
     from memctl.embedding.embedders import make_embedder
@@ -182,31 +222,55 @@ def main() -> None:
     rows = corpus.ops_corpus(args.rows)
     settings = config.load()
     questions = [q["q"] for q in corpus.DATA["questions"]]
-    questions = (questions * (args.queries // len(questions) + 1))[:args.queries]
+    questions = (questions * (args.queries // len(questions) + 1))[: args.queries]
     vectors = make_embedder(settings).embed(questions).vectors
     drop_memctl_tables(args.citus_url)
     with server(args.database_url) as admin, fresh_database(admin) as single:
-        one = side("single server", single, settings, env, rows, questions, vectors, args, distribute=False)
+        one = side(
+            "single server", single, settings, env, rows, questions, vectors, args, distribute=False
+        )
     try:
-        many = side("cluster", args.citus_url, settings, env, rows, questions, vectors, args, distribute=True)
+        many = side(
+            "cluster",
+            args.citus_url,
+            settings,
+            env,
+            rows,
+            questions,
+            vectors,
+            args,
+            distribute=True,
+        )
     finally:
         drop_memctl_tables(args.citus_url)
     n = len(rows)
-    print(f"corpus: {n} episodes, {len(corpus.AGENTS)} agents; embedder: {name}; batch size {args.batch_size}; "
-          f"{args.queries} queries; {os.cpu_count()} cores shared by all four servers")
+    print(
+        f"corpus: {n} episodes, {len(corpus.AGENTS)} agents; embedder: {name}; batch size {args.batch_size}; "
+        f"{args.queries} queries; {os.cpu_count()} cores shared by all four servers"
+    )
     print(f"{'':34} {'single server':>16} {'cluster':>16} {'cluster/single':>15}")
-    for label, key, per in (("import rows/s", "import_s", n), ("embed chunks/s, 1 worker", "embed1_s", n),
-                            ("embed chunks/s, 2 workers", "embed2_s", n)):
+    for label, key, per in (
+        ("import rows/s", "import_s", n),
+        ("embed chunks/s, 1 worker", "embed1_s", n),
+        ("embed chunks/s, 2 workers", "embed2_s", n),
+    ):
         a, b = per / one[key], per / many[key]
         print(f"{label:34} {a:16,.0f} {b:16,.0f} {b / a:15.2f}")
     for mode in ("hybrid", "vector"):
         for kind in ("routed", "fanned"):
             key = f"{kind}_{mode}"
             label = f"{'routed (--agent)' if kind == 'routed' else 'fanned out'} {mode} p50"
-            print(f"{label:34} {p(one[key], 0.5):>16} {p(many[key], 0.5):>16} {ratio(many[key], one[key]):>15}")
+            print(
+                f"{label:34} {p(one[key], 0.5):>16} {p(many[key], 0.5):>16} {ratio(many[key], one[key]):>15}"
+            )
             print(f"{'  p95':34} {p(one[key], 0.95):>16} {p(many[key], 0.95):>16}")
-    print(f"chunks per embed process, 2 at once: single server {one['embed2_rows']}, cluster {many['embed2_rows']}")
-    print("episodes per Citus worker node: " + ", ".join(f"{k} {v}" for k, v in sorted(many["rows_per_node"].items())))
+    print(
+        f"chunks per embed process, 2 at once: single server {one['embed2_rows']}, cluster {many['embed2_rows']}"
+    )
+    print(
+        "episodes per Citus worker node: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(many["rows_per_node"].items()))
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,12 @@ def locomo_hit_lists(path: Path, size: int, questions: int) -> list[list]:
     for agent, question, _, _ in random.Random(1).sample(asked, min(questions, len(asked))):
         words = set(WORD.findall(question.lower()))
         turns = by_agent[agent]
-        shared = sorted(range(len(turns)), key=lambda i: -len(words & set(WORD.findall(turns[i].lower()))))[:size]
-        lists.append(hits_of([turns[i] for i in shared], [1.0 - rank / 1000 for rank in range(len(shared))]))
+        shared = sorted(
+            range(len(turns)), key=lambda i: -len(words & set(WORD.findall(turns[i].lower())))
+        )[:size]
+        lists.append(
+            hits_of([turns[i] for i in shared], [1.0 - rank / 1000 for rank in range(len(shared))])
+        )
     return lists
 
 
@@ -56,9 +60,14 @@ def per_call(function, lists: list[list], threshold: float) -> tuple[float, list
 def compare(name: str, lists: list[list], threshold: float = 0.9) -> None:
     fast, got = per_call(recall_episodes.collapse, lists, threshold)
     plain, want = per_call(plain_collapse, lists, threshold)
-    assert [[(h.id, d) for h, d in x] for x in got] == [[(h.id, d) for h, d in x] for x in want], name
-    print(f"{name}: {len(lists)} recalls of {len(lists[0])} hits: collapse {fast:.1f} ms a recall, plain walk "
-          f"{plain:.1f} ms; ratio {fast / plain:.3f} (same groups)", flush=True)
+    assert [[(h.id, d) for h, d in x] for x in got] == [[(h.id, d) for h, d in x] for x in want], (
+        name
+    )
+    print(
+        f"{name}: {len(lists)} recalls of {len(lists[0])} hits: collapse {fast:.1f} ms a recall, plain walk "
+        f"{plain:.1f} ms; ratio {fast / plain:.3f} (same groups)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -70,10 +79,15 @@ def main() -> None:
     if args.data != "none":
         compare("LoCoMo", locomo_hit_lists(Path(args.data), args.hits, args.questions))
     texts = near_copies(ops_texts(), seed=7)
-    slices = [texts[i:i + args.hits] for i in range(0, len(texts), args.hits)]
-    compare("operations sets and near copies", [hits_of(s) for s in slices if len(s) == len(slices[0])])
+    slices = [texts[i : i + args.hits] for i in range(0, len(texts), args.hits)]
+    compare(
+        "operations sets and near copies", [hits_of(s) for s in slices if len(s) == len(slices[0])]
+    )
     common = " ".join(f"c{j}" for j in range(10))
-    compare("crafted: ten shared words, one apart", [hits_of([f"{common} u{i}" for i in range(args.hits)])])
+    compare(
+        "crafted: ten shared words, one apart",
+        [hits_of([f"{common} u{i}" for i in range(args.hits)])],
+    )
 
 
 if __name__ == "__main__":

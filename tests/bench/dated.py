@@ -33,18 +33,34 @@ import retrieval
 from _common import fresh_database, parser, server
 
 SERVICES = ("api", "billing", "search", "checkout", "auth", "reports")
-REASONS = ("migration lock timeout on the orders table", "health check never passed on the canary pods",
-           "image pull backoff from the private registry", "config map missing the new feature flag",
-           "database connection pool exhausted during warmup", "disk full on the build runner",
-           "TLS certificate expired on the internal load balancer", "out of memory in the JVM at startup",
-           "schema drift between staging and production", "rate limited by the package mirror")
-ROUTINE = ("disk {n}% on web-{h}", "nginx restarted on web-{h} after config reload",
-           "nightly backup of the {s} database completed in {n} minutes", "certificate renewal ok for {s}",
-           "replica lag {n}s on db-{h}", "queue backlog of {n}00 jobs for {s} workers",
-           "{s} latency p99 {n}0 ms", "autoscaler added {h} nodes to the {s} pool",
-           "cron job cleanup-{s} finished", "redis eviction rate {n} per second on cache-{h}")
+REASONS = (
+    "migration lock timeout on the orders table",
+    "health check never passed on the canary pods",
+    "image pull backoff from the private registry",
+    "config map missing the new feature flag",
+    "database connection pool exhausted during warmup",
+    "disk full on the build runner",
+    "TLS certificate expired on the internal load balancer",
+    "out of memory in the JVM at startup",
+    "schema drift between staging and production",
+    "rate limited by the package mirror",
+)
+ROUTINE = (
+    "disk {n}% on web-{h}",
+    "nginx restarted on web-{h} after config reload",
+    "nightly backup of the {s} database completed in {n} minutes",
+    "certificate renewal ok for {s}",
+    "replica lag {n}s on db-{h}",
+    "queue backlog of {n}00 jobs for {s} workers",
+    "{s} latency p99 {n}0 ms",
+    "autoscaler added {h} nodes to the {s} pool",
+    "cron job cleanup-{s} finished",
+    "redis eviction rate {n} per second on cache-{h}",
+)
 FORMS = ("on {d:%Y-%m-%d}", "on {d.day} {d:%B %Y}", "on {d:%B} {d.day}, {d.year}")
-END = datetime.datetime(2026, 11, 30, tzinfo=datetime.timezone.utc)  # the log's last day (not in the future)
+END = datetime.datetime(
+    2026, 11, 30, tzinfo=datetime.timezone.utc
+)  # the log's last day (not in the future)
 
 
 def log(days: int, per_day: int, seed: int = 7) -> tuple[list[dict], list[tuple[str, str]]]:
@@ -62,10 +78,21 @@ def log(days: int, per_day: int, seed: int = 7) -> tuple[list[dict], list[tuple[
                 text = f"the {service} deploy failed: {reason}"
                 failures.append((date, service, text))
             else:
-                text = rng.choice(ROUTINE).format(n=rng.randint(1, 99), h=rng.randint(1, 9), s=rng.choice(SERVICES))
-            rows.append({"content": text, "kind": "observation", "agent": "ops", "created_at": when.isoformat()})
-    questions = [(f"why did the {service} deploy fail {rng.choice(FORMS).format(d=date)}?", text)
-                 for date, service, text in failures]
+                text = rng.choice(ROUTINE).format(
+                    n=rng.randint(1, 99), h=rng.randint(1, 9), s=rng.choice(SERVICES)
+                )
+            rows.append(
+                {
+                    "content": text,
+                    "kind": "observation",
+                    "agent": "ops",
+                    "created_at": when.isoformat(),
+                }
+            )
+    questions = [
+        (f"why did the {service} deploy fail {rng.choice(FORMS).format(d=date)}?", text)
+        for date, service, text in failures
+    ]
     return rows, questions
 
 
@@ -73,9 +100,18 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--days", type=int, default=400)
     p.add_argument("--per-day", type=int, default=15)
-    p.add_argument("--questions", type=int, default=200, help="how many of the days with a failure to ask about")
-    p.add_argument("--variant", action="append", default=[],
-                   help="[search] settings for another run on the same data, e.g. 'when_weight=0' (repeatable)")
+    p.add_argument(
+        "--questions",
+        type=int,
+        default=200,
+        help="how many of the days with a failure to ask about",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="[search] settings for another run on the same data, e.g. 'when_weight=0' (repeatable)",
+    )
     p.add_argument("--embedder", choices=("local", "hash"), default="local")
     args = p.parse_args()
     rows, questions = log(args.days, args.per_day)
@@ -84,31 +120,56 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="memctl-dated-"))
     try:
         with server(args.database_url) as admin, fresh_database(admin) as url:
-            env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_EMBEDDER": args.embedder,
-                   "MEMCTL_EMBED_MODEL": "all-minilm" if args.embedder == "local" else "hash",
-                   "MEMCTL_CONFIG": str(scratch / "memctl.toml"), "HF_HUB_OFFLINE": "1"}
+            env = {
+                **os.environ,
+                "MEMCTL_DATABASE_URL": url,
+                "MEMCTL_EMBEDDER": args.embedder,
+                "MEMCTL_EMBED_MODEL": "all-minilm" if args.embedder == "local" else "hash",
+                "MEMCTL_CONFIG": str(scratch / "memctl.toml"),
+                "HF_HUB_OFFLINE": "1",
+            }
             retrieval.write_config(scratch / "memctl.toml", "")
             (scratch / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             started = time.perf_counter()
             for step in (["episode", "import", str(scratch / "log.jsonl")], ["embed"]):
                 subprocess.run(memctl + step, env=env, check=True, stdout=subprocess.DEVNULL)
-            print(f"{len(rows)} episodes over {args.days} days, {len(questions)} questions; loaded and embedded "
-                  f"({args.embedder}) in {time.perf_counter() - started:.0f} s")
-            batch = "".join(json.dumps({"query": q, "agent": "ops", "k": 10}) + "\n" for q, _ in questions)
+            print(
+                f"{len(rows)} episodes over {args.days} days, {len(questions)} questions; loaded and embedded "
+                f"({args.embedder}) in {time.perf_counter() - started:.0f} s"
+            )
+            batch = "".join(
+                json.dumps({"query": q, "agent": "ops", "k": 10}) + "\n" for q, _ in questions
+            )
             for variant in [""] + args.variant:
                 retrieval.write_config(scratch / "memctl.toml", variant)
                 started = time.perf_counter()
-                done = subprocess.run(memctl + ["episode", "search", "--batch", "-", "--format", "jsonl",
-                                                "--no-track"], input=batch, text=True, capture_output=True,
-                                      env=env, check=True)
+                done = subprocess.run(
+                    memctl
+                    + ["episode", "search", "--batch", "-", "--format", "jsonl", "--no-track"],
+                    input=batch,
+                    text=True,
+                    capture_output=True,
+                    env=env,
+                    check=True,
+                )
                 elapsed = time.perf_counter() - started
                 answers = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-                ranks = [next((i for i, h in enumerate(a["results"]) if h["content"] == text
-                               and h["created_at"][:10] == _day(q)), None)
-                         for (q, text), a in zip(questions, answers)]
+                ranks = [
+                    next(
+                        (
+                            i
+                            for i, h in enumerate(a["results"])
+                            if h["content"] == text and h["created_at"][:10] == _day(q)
+                        ),
+                        None,
+                    )
+                    for (q, text), a in zip(questions, answers)
+                ]
                 at = {k: sum(r is not None and r < k for r in ranks) / len(ranks) for k in (1, 10)}
-                print(f"[{variant or 'defaults'}] recall@1 {at[1]:.3f}, recall@10 {at[10]:.3f}; "
-                      f"batch {elapsed:.1f} s ({1000 * elapsed / len(questions):.1f} ms a question)")
+                print(
+                    f"[{variant or 'defaults'}] recall@1 {at[1]:.3f}, recall@10 {at[10]:.3f}; "
+                    f"batch {elapsed:.1f} s ({1000 * elapsed / len(questions):.1f} ms a question)"
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -22,7 +22,6 @@ import random
 from _common import WORDS, fresh_database, local_or_hash, parser, server, timed
 
 
-
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--chunks", type=int, default=2000)
@@ -39,21 +38,33 @@ def main() -> None:
     from memctl.records import episodes
 
     rng = random.Random(3)
-    texts = [f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 40))) for i in range(args.chunks)]
+    texts = [
+        f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 40)))
+        for i in range(args.chunks)
+    ]
     settings = config.load()
     embedder = make_embedder(settings)
-    embedder.embed(texts[:args.batch_size])  # load and warm the model before either measurement
+    embedder.embed(texts[: args.batch_size])  # load and warm the model before either measurement
 
     def direct():
         for i in range(0, len(texts), args.batch_size):
-            embedder.embed(texts[i:i + args.batch_size])
+            embedder.embed(texts[i : i + args.batch_size])
 
-    before, _ = timed(direct)  # the baseline runs before and after the worker: load drifts are averaged
-    with server(args.database_url) as admin, fresh_database(admin) as url, db.connect(url, vector=True) as conn:
+    before, _ = timed(
+        direct
+    )  # the baseline runs before and after the worker: load drifts are averaged
+    with (
+        server(args.database_url) as admin,
+        fresh_database(admin) as url,
+        db.connect(url, vector=True) as conn,
+    ):
         result = episodes.ImportResult()
         lines = (json.dumps({"content": t}).encode() for t in texts)
-        episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(settings, lines, skip_invalid=False,
-                                                                      result=result), result=result)
+        episodes.import_episodes(
+            conn.use_settings(settings),
+            episodes.parse_jsonl(settings, lines, skip_invalid=False, result=result),
+            result=result,
+        )
         ours, (runs, _warnings) = timed(worker.work, conn, embedder, batch_size=args.batch_size)
         done = sum(r.chunks for r in runs)
         assert done == args.chunks, f"worker embedded {done} of {args.chunks}"

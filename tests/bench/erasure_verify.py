@@ -32,8 +32,10 @@ SELECT 'agent-' || (i %% 50), 'raw', 'episode ' || i || ': disk full on db' || (
        sha256(('episode ' || i)::bytea), 5
 FROM generate_series(1, %s) AS i
 """
-CHUNKS = "INSERT INTO chunks (agent, episode_id, seq, content, content_hash) " \
-         "SELECT agent, id, 0, content, content_hash FROM episodes"
+CHUNKS = (
+    "INSERT INTO chunks (agent, episode_id, seq, content, content_hash) "
+    "SELECT agent, id, 0, content, content_hash FROM episodes"
+)
 BASELINE = "SELECT (SELECT sum(length(content)) FROM episodes) + (SELECT sum(length(content)) FROM chunks) AS n"
 
 
@@ -49,9 +51,25 @@ def main() -> None:
 
         key = os.urandom(erasures.KEY_BYTES)
         now = datetime.datetime.now(datetime.timezone.utc)
-        entries = [erasures.Entry("episode_delete", now, erasures.key_id(key), items={"episodes": [
-            {"agent": "x", "id": -1, "digest": erasures.digest(key, f"gone {n}.{m}"), "chunks": []}
-            for m in range(10)]}) for n in range(100)]
+        entries = [
+            erasures.Entry(
+                "episode_delete",
+                now,
+                erasures.key_id(key),
+                items={
+                    "episodes": [
+                        {
+                            "agent": "x",
+                            "id": -1,
+                            "digest": erasures.digest(key, f"gone {n}.{m}"),
+                            "chunks": [],
+                        }
+                        for m in range(10)
+                    ]
+                },
+            )
+            for n in range(100)
+        ]
         with db.connect(url) as conn:
             conn.execute(EPISODES, (args.episodes,))
             conn.execute(CHUNKS)
@@ -67,8 +85,10 @@ def main() -> None:
                     base.append(time.perf_counter() - middle)
             assert matches == []
         print(f"episodes {args.episodes:,} (+ as many chunks), 1,000 ledger digests")
-        print(f"erasure verify: {median(ours) * 1000:.0f} ms; baseline read of the same texts: "
-              f"{median(base) * 1000:.0f} ms")
+        print(
+            f"erasure verify: {median(ours) * 1000:.0f} ms; baseline read of the same texts: "
+            f"{median(base) * 1000:.0f} ms"
+        )
         print(f"ratio verify / plain read: {median(ours) / median(base):.2f}")
 
 

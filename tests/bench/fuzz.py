@@ -32,7 +32,9 @@ class Report:
         self.runs: dict[str, int] = {}
 
     def pytest_runtest_logreport(self, report) -> None:
-        row = self.rows.setdefault(report.nodeid, {"outcome": "passed", "seconds": 0.0, "failure": ""})
+        row = self.rows.setdefault(
+            report.nodeid, {"outcome": "passed", "seconds": 0.0, "failure": ""}
+        )
         row["seconds"] += report.duration
         if report.failed:
             row["outcome"] = "failed" if report.when == "call" else f"error in {report.when}"
@@ -65,15 +67,23 @@ def summary(text: str, limit: int = 40) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--examples", type=int, default=2000, help="examples per in-process property")
-    p.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default: a random one, printed)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="Hypothesis seed (default: a random one, printed)"
+    )
     p.add_argument("--shrink-seconds", type=int, default=120, help="time to shrink each failure")
     p.add_argument("-k", dest="keyword", default=None, help="only the properties pytest -k selects")
-    p.add_argument("--database-url", default=os.environ.get("MEMCTL_TEST_DATABASE_URL"),
-                   help="admin URL of a server to use (default: a temporary embedded server)")
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("MEMCTL_TEST_DATABASE_URL"),
+        help="admin URL of a server to use (default: a temporary embedded server)",
+    )
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**32)
-    os.environ.update(MEMCTL_FUZZ_PROFILE="long", MEMCTL_FUZZ_EXAMPLES=str(args.examples),
-                      MEMCTL_FUZZ_SHRINK_SECONDS=str(args.shrink_seconds))
+    os.environ.update(
+        MEMCTL_FUZZ_PROFILE="long",
+        MEMCTL_FUZZ_EXAMPLES=str(args.examples),
+        MEMCTL_FUZZ_SHRINK_SECONDS=str(args.shrink_seconds),
+    )
     if args.database_url:
         os.environ["MEMCTL_TEST_DATABASE_URL"] = args.database_url
     os.chdir(ROOT)
@@ -81,7 +91,14 @@ def main() -> int:
     import pytest
 
     report = Report()
-    argv = ["-q", "-p", "no:cacheprovider", "--tb=short", f"--hypothesis-seed={seed}", "tests/test_fuzz.py"]
+    argv = [
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--tb=short",
+        f"--hypothesis-seed={seed}",
+        "tests/test_fuzz.py",
+    ]
     if args.keyword:
         argv += ["-k", args.keyword]
     print(f"fuzz: --examples {args.examples} per in-process property, seed {seed}", flush=True)
@@ -95,8 +112,10 @@ def main() -> int:
         examples = report.runs.get(name.split("[", 1)[0], "-")
         print(f"{name[:52]:<52} {examples!s:>8} {row['seconds']:>8.1f}  {row['outcome']}")
     failures = {n: r for n, r in report.rows.items() if r["failure"]}
-    print(f"\n{sum(report.runs.values())} examples in {elapsed:.0f} s; {len(failures)} of {len(report.rows)} "
-          f"tests failed (seed {seed})")
+    print(
+        f"\n{sum(report.runs.values())} examples in {elapsed:.0f} s; {len(failures)} of {len(report.rows)} "
+        f"tests failed (seed {seed})"
+    )
     for nodeid, row in failures.items():
         print(f"\n=== {nodeid}\n{summary(row['failure'])}")
     return 0 if code == 0 else 1

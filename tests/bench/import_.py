@@ -37,9 +37,11 @@ from pathlib import Path
 
 from _common import fresh_database, parser, server, timed
 
-WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
-         "consumer scaled certificate renewal backup restore latency index customer refund release freeze "
-         "kernel reboot dns resolver webhook secret gateway rate limit vpn session heap mapping").split()
+WORDS = (
+    "deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
+    "consumer scaled certificate renewal backup restore latency index customer refund release freeze "
+    "kernel reboot dns resolver webhook secret gateway rate limit vpn session heap mapping"
+).split()
 
 
 def rows(n: int) -> list[dict]:
@@ -48,9 +50,16 @@ def rows(n: int) -> list[dict]:
     out = []
     for i in range(n):
         text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60)))
-        out.append({"content": f"{i}: {text}", "kind": rng.choice(["raw", "conversation", "summary"]),
-                    "source": f"src{i % 50}", "agent": f"agent{i % 10}", "importance": rng.randint(1, 10),
-                    "created_at": (start + datetime.timedelta(seconds=i * 30)).isoformat()})
+        out.append(
+            {
+                "content": f"{i}: {text}",
+                "kind": rng.choice(["raw", "conversation", "summary"]),
+                "source": f"src{i % 50}",
+                "agent": f"agent{i % 10}",
+                "importance": rng.randint(1, 10),
+                "created_at": (start + datetime.timedelta(seconds=i * 30)).isoformat(),
+            }
+        )
     return out
 
 
@@ -61,16 +70,31 @@ def baseline_copy(url: str, data: list[dict]) -> float:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS episodes_baseline")
         conn.execute("CREATE TABLE episodes_baseline (LIKE episodes INCLUDING ALL)")
-        tuples = [(r["agent"], r["kind"], r["content"], hashlib.sha256(r["content"].encode()).digest(), r["source"],
-                   r["importance"], datetime.datetime.fromisoformat(r["created_at"]), Jsonb({})) for r in data]
+        tuples = [
+            (
+                r["agent"],
+                r["kind"],
+                r["content"],
+                hashlib.sha256(r["content"].encode()).digest(),
+                r["source"],
+                r["importance"],
+                datetime.datetime.fromisoformat(r["created_at"]),
+                Jsonb({}),
+            )
+            for r in data
+        ]
 
         def copy():
             with conn.transaction(), conn.cursor() as cur:
                 # the same GIN pending-list setting memctl's import uses, so the ratio measures memctl
                 cur.execute("SET LOCAL gin_pending_list_limit = '64MB'")
-                with cur.copy("COPY episodes_baseline (agent, kind, content, content_hash, source, importance, "
-                              "created_at, meta) FROM STDIN (FORMAT BINARY)") as cp:
-                    cp.set_types(["text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb"])
+                with cur.copy(
+                    "COPY episodes_baseline (agent, kind, content, content_hash, source, importance, "
+                    "created_at, meta) FROM STDIN (FORMAT BINARY)"
+                ) as cp:
+                    cp.set_types(
+                        ["text", "text", "text", "bytea", "text", "int2", "timestamptz", "jsonb"]
+                    )
                     for t in tuples:
                         cp.write_row(t)
 
@@ -82,19 +106,33 @@ def ledger(url: str, key: bytes, n: int) -> None:
     """One ledger entry of N erased texts' digests (none of them in the file), as an erasure writes it."""
     from memctl import db, places
 
-    with db.connect(url) as conn:  # it declares the schema, which sql/0025 requires of a session that writes
-        conn.execute("INSERT INTO erasures (id, erased_at, op, key_id) VALUES ('bench', now(), 'episode_delete', %s)",
-                     (places.key_id(key),))
-        conn.execute("INSERT INTO erasure_digests (digest, kind, erasure) SELECT %s || i, 'episode', 'bench' "
-                     "FROM generate_series(1, %s) AS i", (places.digest(key, "erased"), n))
+    with db.connect(
+        url
+    ) as conn:  # it declares the schema, which sql/0025 requires of a session that writes
+        conn.execute(
+            "INSERT INTO erasures (id, erased_at, op, key_id) VALUES ('bench', now(), 'episode_delete', %s)",
+            (places.key_id(key),),
+        )
+        conn.execute(
+            "INSERT INTO erasure_digests (digest, kind, erasure) SELECT %s || i, 'episode', 'bench' "
+            "FROM generate_series(1, %s) AS i",
+            (places.digest(key, "erased"), n),
+        )
 
 
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=3, help="alternated rounds of both (default 3)")
-    p.add_argument("--against", type=Path, help="a checkout of another revision whose memctl joins every round")
-    p.add_argument("--ledger", type=int, default=1000, help="erased texts in the ledger each import looks up in")
+    p.add_argument(
+        "--against", type=Path, help="a checkout of another revision whose memctl joins every round"
+    )
+    p.add_argument(
+        "--ledger",
+        type=int,
+        default=1000,
+        help="erased texts in the ledger each import looks up in",
+    )
     args = p.parse_args()
     data = rows(args.rows)
     workdir = Path(tempfile.mkdtemp(prefix="memctl-bench-import-"))
@@ -115,8 +153,14 @@ def main() -> None:
                 ledger(url, key, args.ledger)
                 extra = {"MEMCTL_HOME": str(home), **extra}
             env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null", **extra}
-            seconds, proc = timed(subprocess.run, [exe, "episode", "import", str(path), "-f", "json"], env=env,
-                                  check=True, capture_output=True, text=True)
+            seconds, proc = timed(
+                subprocess.run,
+                [exe, "episode", "import", str(path), "-f", "json"],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             return seconds, json.loads(proc.stdout)[0]
 
     with server(args.database_url) as admin:
@@ -125,13 +169,17 @@ def main() -> None:
             with fresh_database(admin) as url:
                 base = baseline_copy(url, data)
             ratios.append(base / ours)
-            print(f"round {round_}: memctl episode import {ours:.2f} s ({args.rows / ours:,.0f} rows/s, process start "
-                  f"included, {summary['chunks']} chunks); raw binary COPY {base:.2f} s "
-                  f"({args.rows / base:,.0f} rows/s); ratio {base / ours:.2f}")
+            print(
+                f"round {round_}: memctl episode import {ours:.2f} s ({args.rows / ours:,.0f} rows/s, process start "
+                f"included, {summary['chunks']} chunks); raw binary COPY {base:.2f} s "
+                f"({args.rows / base:,.0f} rows/s); ratio {base / ours:.2f}"
+            )
             if args.against is not None:
                 other, _ = memctl_import(admin, {"PYTHONPATH": str(args.against)})
                 theirs.append(base / other)
-                print(f"         that memctl ({args.against}) {other:.2f} s; ratio {base / other:.2f}")
+                print(
+                    f"         that memctl ({args.against}) {other:.2f} s; ratio {base / other:.2f}"
+                )
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"rows: {args.rows}, rounds: {args.rounds}")
     print(f"ratio (goal >= 0.6), median of the rounds: {statistics.median(ratios):.2f}")

@@ -33,13 +33,19 @@ from import_ import rows  # noqa: E402  (the same rows as the import bench)
 
 def run(exe: str, url: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null"}
-    return subprocess.run([exe, *args], env=env, check=True, capture_output=True, text=True, **kwargs)
+    return subprocess.run(
+        [exe, *args], env=env, check=True, capture_output=True, text=True, **kwargs
+    )
 
 
 def latency(exe: str, url: str, lines: int, interval: float) -> list[float]:
     env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null"}
-    proc = subprocess.Popen([exe, "ingest", "--format", "lines", "--source", "bench", "--flush", "1"],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [exe, "ingest", "--format", "lines", "--source", "bench", "--flush", "1"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     found = []
     try:
         for i in range(lines):
@@ -48,8 +54,13 @@ def latency(exe: str, url: str, lines: int, interval: float) -> list[float]:
             proc.stdin.write(f"request {i} failed with {word} upstream\n".encode())
             proc.stdin.flush()
             while True:
-                out = subprocess.run([exe, "episode", "search", word, "--mode", "text", "-f", "jsonl"], env=env,
-                                     capture_output=True, text=True, check=True).stdout
+                out = subprocess.run(
+                    [exe, "episode", "search", word, "--mode", "text", "-f", "jsonl"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
                 if word in out:
                     found.append(time.monotonic() - written)
                     break
@@ -79,20 +90,28 @@ def main() -> None:
             with fresh_database(admin) as url:
                 imported, _ = timed(run, exe, url, "episode", "import", str(path))
             with fresh_database(admin) as url:
-                ingested, done = timed(run, exe, url, "ingest", str(path), "--format", "jsonl", "--flush", "1")
+                ingested, done = timed(
+                    run, exe, url, "ingest", str(path), "--format", "jsonl", "--flush", "1"
+                )
             ratios.append(imported / ingested)
-            print(f"round {round_}: episode import {imported:.2f} s ({args.rows / imported:,.0f} rows/s); ingest "
-                  f"{ingested:.2f} s ({args.rows / ingested:,.0f} rows/s; {done.stderr.strip().splitlines()[-1]}); "
-                  f"ratio {imported / ingested:.2f}")
+            print(
+                f"round {round_}: episode import {imported:.2f} s ({args.rows / imported:,.0f} rows/s); ingest "
+                f"{ingested:.2f} s ({args.rows / ingested:,.0f} rows/s; {done.stderr.strip().splitlines()[-1]}); "
+                f"ratio {imported / ingested:.2f}"
+            )
         with fresh_database(admin) as url:
             run(exe, url, "db", "migrate")
             found = sorted(latency(exe, url, args.lines, args.interval))
     shutil.rmtree(workdir, ignore_errors=True)
     p95 = found[min(len(found) - 1, int(round(0.95 * (len(found) - 1))))]
     print(f"rows: {args.rows}, rounds: {args.rounds}, lines: {len(found)}")
-    print(f"written -> found by episode search: p50 {statistics.median(found):.2f} s, p95 {p95:.2f} s "
-          "(goal p95 <= 2 s)")
-    print(f"ratio ingest / episode import rows/s (goal >= 0.5), median of the rounds: {statistics.median(ratios):.2f}")
+    print(
+        f"written -> found by episode search: p50 {statistics.median(found):.2f} s, p95 {p95:.2f} s "
+        "(goal p95 <= 2 s)"
+    )
+    print(
+        f"ratio ingest / episode import rows/s (goal >= 0.5), median of the rounds: {statistics.median(ratios):.2f}"
+    )
 
 
 if __name__ == "__main__":

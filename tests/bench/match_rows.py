@@ -83,8 +83,12 @@ FROM chunks c CROSS JOIN LATERAL (
 COUNT = "SELECT count(*) AS df FROM episodes WHERE tsv @@ %s::tsquery"
 # (name, how many words of each class: rare, mid, common) -- a range picks 1 or 2 at random
 QUERY_CLASSES = [
-    ("rare+rare", (2, 0, 0)), ("rare+mid", (1, (1, 2), 0)), ("rare+common", (1, 0, (1, 2))),
-    ("mid+mid", (0, (2, 3), 0)), ("mid+common", (0, (1, 2), (1, 2))), ("common+common", (0, 0, (2, 3))),
+    ("rare+rare", (2, 0, 0)),
+    ("rare+mid", (1, (1, 2), 0)),
+    ("rare+common", (1, 0, (1, 2))),
+    ("mid+mid", (0, (2, 3), 0)),
+    ("mid+common", (0, (1, 2), (1, 2))),
+    ("common+common", (0, 0, (2, 3))),
     ("rare+mid+common", (1, 1, (1, 2))),
 ]
 
@@ -98,21 +102,31 @@ def load(conn, n: int, vocabulary: int, embedded: float):
 
     started = time.perf_counter()
     gin = conn.execute("SELECT pg_get_indexdef('episodes_tsv_idx'::regclass) AS d").fetchone()["d"]
-    conn.execute("DROP INDEX episodes_tsv_idx")  # built once afterwards: faster than 1M inserts into it
+    conn.execute(
+        "DROP INDEX episodes_tsv_idx"
+    )  # built once afterwards: faster than 1M inserts into it
     conn.execute("SELECT setseed(0.42)")
     conn.execute(LOAD, {"n": n, "v": vocabulary})
     conn.execute("SET maintenance_work_mem = '1GB'")
     conn.execute(gin)
     loaded = time.perf_counter() - started
-    model = models.register(conn, HashEmbedder("bench-random", DIMS), state="active", build_index=False)
+    model = models.register(
+        conn, HashEmbedder("bench-random", DIMS), state="active", build_index=False
+    )
     conn.execute(CHUNKS, {"every": max(1, round(1 / embedded))})
     conn.execute("DELETE FROM embed_queue")
-    conn.execute(sql.SQL(VECTORS).format(table=sql.Identifier(model.table_name), dims=sql.Literal(DIMS)))
+    conn.execute(
+        sql.SQL(VECTORS).format(table=sql.Identifier(model.table_name), dims=sql.Literal(DIMS))
+    )
     conn.execute(models.index_statement(model, concurrently=False))
     conn.execute("VACUUM ANALYZE")
-    vectors = conn.execute(sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(model.table_name)))
-    print(f"loaded {n:,} episodes in {loaded:.0f} s; {vectors.fetchone()['n']:,} random vectors; "
-          f"total {time.perf_counter() - started:.0f} s")
+    vectors = conn.execute(
+        sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(model.table_name))
+    )
+    print(
+        f"loaded {n:,} episodes in {loaded:.0f} s; {vectors.fetchone()['n']:,} random vectors; "
+        f"total {time.perf_counter() - started:.0f} s"
+    )
     return model
 
 
@@ -122,8 +136,11 @@ def expected_df(rank: int, n: int, vocabulary: int) -> float:
     return n * (1 - (1 - p) ** 21)
 
 
-def ranks_between(low: float, high: float, n: int, vocabulary: int, rng: random.Random, most: int = 400):
+def ranks_between(
+    low: float, high: float, n: int, vocabulary: int, rng: random.Random, most: int = 400
+):
     """Up to `most` ranks, log-uniform, whose expected document frequency is about within [low, high)."""
+
     def first(limit: float) -> int:  # the first rank expected in fewer than `limit` episodes
         lo, hi = 1, vocabulary
         while lo < hi:
@@ -136,16 +153,25 @@ def ranks_between(low: float, high: float, n: int, vocabulary: int, rng: random.
         ranks = list(range(top, bottom + 1))
         rng.shuffle(ranks)
         return ranks
-    return list(dict.fromkeys(int(math.exp(rng.uniform(math.log(top), math.log(bottom)))) for _ in range(most)))
+    return list(
+        dict.fromkeys(
+            int(math.exp(rng.uniform(math.log(top), math.log(bottom)))) for _ in range(most)
+        )
+    )
 
 
-def pick_words(conn, n: int, vocabulary: int, common_terms: float, rng: random.Random) -> dict[str, dict]:
+def pick_words(
+    conn, n: int, vocabulary: int, common_terms: float, rng: random.Random
+) -> dict[str, dict]:
     """Words of each class -> their counted document frequency."""
     from memctl.reading import bm25
 
     scale = n / 1_000_000
-    limits = {"rare": (1, max(2, 100 * scale)), "mid": (1000 * scale, 10000 * scale),
-              "common": (50000 * scale, 0.9 * common_terms * n)}
+    limits = {
+        "rare": (1, max(2, 100 * scale)),
+        "mid": (1000 * scale, 10000 * scale),
+        "common": (50000 * scale, 0.9 * common_terms * n),
+    }
     stats = bm25.term_stats(conn)
     words: dict[str, dict] = {}
     for name, (low, high) in limits.items():
@@ -161,13 +187,19 @@ def pick_words(conn, n: int, vocabulary: int, common_terms: float, rng: random.R
                 break
         words[name] = chosen
         dfs = sorted(chosen.values())
-        print(f"{name}: {len(chosen)} words, df {dfs[0]:,.0f} to {dfs[-1]:,.0f}" if dfs else f"{name}: none")
+        print(
+            f"{name}: {len(chosen)} words, df {dfs[0]:,.0f} to {dfs[-1]:,.0f}"
+            if dfs
+            else f"{name}: none"
+        )
         if not dfs:
             raise SystemExit(f"no {name} words: try another --vocabulary or --episodes")
     return words
 
 
-def make_queries(words: dict[str, dict], per_class: int, rng: random.Random) -> list[tuple[str, str]]:
+def make_queries(
+    words: dict[str, dict], per_class: int, rng: random.Random
+) -> list[tuple[str, str]]:
     """(class, text) of each query; a rare word in fewer than 10 episodes marks its class "rare<10"."""
     queries = []
     for name, counts in QUERY_CLASSES:
@@ -193,7 +225,9 @@ class Rules:
 
     def plan(self, conn, stats, wanted, *, common_share, match_rows=None):
         if not self.rule or match_rows is None:  # as the code plans (and its fallback, unbounded)
-            return self.original(conn, stats, wanted, common_share=common_share, match_rows=match_rows)
+            return self.original(
+                conn, stats, wanted, common_share=common_share, match_rows=match_rows
+            )
         p = self.original(conn, stats, wanted, common_share=common_share, match_rows=match_rows)
         df = dict(zip(p.terms, self.bm25.document_frequencies(conn, stats, p.terms)))
         singles, pairs = list(p.matched), []
@@ -202,10 +236,19 @@ class Rules:
                 singles = [t for t in p.terms if df[t] <= value]
             elif kind == "pairs":
                 rest = [t for t in p.terms if t not in singles]
-                pairs = [(a, b) for a, b in itertools.combinations(rest, 2) if df[a] * df[b] / stats.n <= value]
-            elif kind == "fill":  # while fewer than `value` rows are expected, the next rarest word finds too
+                pairs = [
+                    (a, b)
+                    for a, b in itertools.combinations(rest, 2)
+                    if df[a] * df[b] / stats.n <= value
+                ]
+            elif (
+                kind == "fill"
+            ):  # while fewer than `value` rows are expected, the next rarest word finds too
                 for term in sorted((t for t in p.terms if t not in singles), key=df.get):
-                    if sum(df[t] for t in singles) + sum(df[a] * df[b] / stats.n for a, b in pairs) >= value:
+                    if (
+                        sum(df[t] for t in singles) + sum(df[a] * df[b] / stats.n for a, b in pairs)
+                        >= value
+                    ):
                         break
                     singles.append(term)
                     pairs = [(a, b) for a, b in pairs if a != term and b != term]
@@ -222,12 +265,18 @@ def variants(args, scratch: Path) -> list[tuple[str, object, tuple | None]]:
         # a fixed match_rows is the bound alone (match_share 0); a share is max(match_rows, share * N)
         if match_rows is not None and share is None:
             share = 0.0
-        path.write_text("[search]\n" + WORDS_ONLY + (f"match_rows = {match_rows}\n" if match_rows else "")
-                        + (f"match_share = {share}\n" if share is not None else ""))
+        path.write_text(
+            "[search]\n"
+            + WORDS_ONLY
+            + (f"match_rows = {match_rows}\n" if match_rows else "")
+            + (f"match_share = {share}\n" if share is not None else "")
+        )
         return config.load(path)
 
-    out = [("bounded (default: max(1000, 1% of N))", settings("default", None), None),
-           ("unbounded", settings("unbounded", UNBOUNDED), None)]
+    out = [
+        ("bounded (default: max(1000, 1% of N))", settings("default", None), None),
+        ("unbounded", settings("unbounded", UNBOUNDED), None),
+    ]
     for number, variant in enumerate(args.variant):
         rows, share, rule, label = None, None, [], []
         for item in variant.split("+"):
@@ -241,8 +290,10 @@ def variants(args, scratch: Path) -> list[tuple[str, object, tuple | None]]:
             elif key in ("per_word", "pairs", "fill"):
                 rule.append((key, float(value)))
             else:
-                raise SystemExit(f"--variant: match_rows=N, match_share=F, scaled=F, per_word=N, pairs=N, fill=N, "
-                                 f"joined by +, got {variant!r}")
+                raise SystemExit(
+                    f"--variant: match_rows=N, match_share=F, scaled=F, per_word=N, pairs=N, fill=N, "
+                    f"joined by +, got {variant!r}"
+                )
             label.append(f"{item} ({rows:,} rows)" if key == "scaled" else item)
         name = "+".join(label) + (" (simulated)" if rule else "")
         out.append((name, settings(f"variant{number}", rows, share), rule))
@@ -270,17 +321,21 @@ def run(conn, queries, compared, rules: Rules, warm: int = 7):
     times = {label: {} for label, _, _ in compared}
     scores = {label: {} for label, _, _ in compared}
     no_text = {label: 0 for label, _, _ in compared}
-    for (_, text), vector in list(zip(queries, vectors))[::max(1, len(queries) // warm)]:  # warm every path
+    for (_, text), vector in list(zip(queries, vectors))[
+        :: max(1, len(queries) // warm)
+    ]:  # warm every path
         for _, settings, rule in compared:
             rules.rule = rule
             search.search(conn.use_settings(settings), Query(text, k=10), vector=vector)
     for i, ((cls, text), vector) in enumerate(zip(queries, vectors)):
-        order = compared[i % len(compared):] + compared[:i % len(compared)]
+        order = compared[i % len(compared) :] + compared[: i % len(compared)]
         outcomes = {}
         for label, settings, rule in order:
             rules.rule = rule
             started = time.perf_counter()
-            outcomes[label] = search.search(conn.use_settings(settings), Query(text, k=10), vector=vector)
+            outcomes[label] = search.search(
+                conn.use_settings(settings), Query(text, k=10), vector=vector
+            )
             times[label].setdefault(cls, []).append(time.perf_counter() - started)
         rules.rule = []
         truth = outcomes["unbounded"].hits
@@ -297,22 +352,32 @@ def report(queries, times, scores, no_text) -> None:
     ms = 1000
     print("\nrecall@10 by class (tie-aware; queries in each class)")
     print(" " * width + "  " + " ".join(f"{c:>16}" for c in classes))
-    print(" " * width + "  " + " ".join(f"{'n=' + str(len(scores['unbounded'][c])):>16}" for c in classes))
+    print(
+        " " * width
+        + "  "
+        + " ".join(f"{'n=' + str(len(scores['unbounded'][c])):>16}" for c in classes)
+    )
     for label in times:
-        print(f"{label:<{width}}  " + " ".join(f"{np.mean([r for r, _ in scores[label][c]]):>16.3f}"
-                                              for c in classes))
+        print(
+            f"{label:<{width}}  "
+            + " ".join(f"{np.mean([r for r, _ in scores[label][c]]):>16.3f}" for c in classes)
+        )
     print("\nlatency p50 by class (ms)")
     for label in times:
-        print(f"{label:<{width}}  " + " ".join(f"{percentile(times[label].get(c, [0]), 0.5) * ms:>16.1f}"
-                                              for c in classes))
+        print(
+            f"{label:<{width}}  "
+            + " ".join(f"{percentile(times[label].get(c, [0]), 0.5) * ms:>16.1f}" for c in classes)
+        )
     print("\nall queries: recall@10, BM25 mass, loss; latency of one search() p50 / p95")
     for label in times:
         every = [x for c in classes for x in scores[label][c]]
         r, m = np.mean([x[0] for x in every]), np.mean([x[1] for x in every])
         values = [t for c in classes for t in times[label].get(c, [])]
-        print(f"{label:<{width}}  recall {r:.3f}  mass {m:.3f}  loss {1 - r:5.1%}  "
-              f"p50 {percentile(values, 0.5) * ms:7.1f} ms  p95 {percentile(values, 0.95) * ms:7.1f} ms  "
-              f"[no text hit: {no_text[label]} of {len(queries)}]")
+        print(
+            f"{label:<{width}}  recall {r:.3f}  mass {m:.3f}  loss {1 - r:5.1%}  "
+            f"p50 {percentile(values, 0.5) * ms:7.1f} ms  p95 {percentile(values, 0.95) * ms:7.1f} ms  "
+            f"[no text hit: {no_text[label]} of {len(queries)}]"
+        )
 
 
 def main() -> None:
@@ -320,32 +385,48 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=1_000_000)
     p.add_argument("--vocabulary", type=int, default=1_000_000)
     p.add_argument("--per-class", type=int, default=40, help="queries of each class (%(default)s)")
-    p.add_argument("--embedded", type=float, default=0.01, help="share of episodes with a (random) vector")
-    p.add_argument("--variant", action="append", default=[],
-                   help="match_rows=N | match_share=F | scaled=F | per_word=N | pairs=N | fill=N, joined by + "
-                        "(repeatable)")
+    p.add_argument(
+        "--embedded", type=float, default=0.01, help="share of episodes with a (random) vector"
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="match_rows=N | match_share=F | scaled=F | per_word=N | pairs=N | fill=N, joined by + "
+        "(repeatable)",
+    )
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="memctl-match-rows-"))
     (scratch / "memctl.toml").write_text("")
-    os.environ.update(MEMCTL_EMBEDDER="hash", MEMCTL_EMBED_MODEL="bench-random",
-                      MEMCTL_CONFIG=str(scratch / "memctl.toml"))
+    os.environ.update(
+        MEMCTL_EMBEDDER="hash",
+        MEMCTL_EMBED_MODEL="bench-random",
+        MEMCTL_CONFIG=str(scratch / "memctl.toml"),
+    )
     from memctl import config, db
 
     compared = variants(args, scratch)
     rules = Rules()
     rng = random.Random(11)
     try:
-        with server(args.database_url) as admin, fresh_database(admin) as url, db.connect(url, vector=True) as conn:
+        with (
+            server(args.database_url) as admin,
+            fresh_database(admin) as url,
+            db.connect(url, vector=True) as conn,
+        ):
             load(conn, args.episodes, args.vocabulary, args.embedded)
             common_terms = config.load().search.common_terms
             words = pick_words(conn, args.episodes, args.vocabulary, common_terms, rng)
             queries = make_queries(words, args.per_class, rng)
             started = time.perf_counter()
             times, scores, no_text = run(conn, queries, compared, rules)
-            print(f"{len(queries)} queries x {len(compared)} searches in {time.perf_counter() - started:.0f} s")
+            print(
+                f"{len(queries)} queries x {len(compared)} searches in {time.perf_counter() - started:.0f} s"
+            )
             report(queries, times, scores, no_text)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
 
 if __name__ == "__main__":
     main()

@@ -30,8 +30,17 @@ from pathlib import Path
 
 import anyio
 
-from _common import (embedder_env, fresh_database, load_words, local_or_hash, median, parser, percentile, server,
-                     wall)
+from _common import (
+    embedder_env,
+    fresh_database,
+    load_words,
+    local_or_hash,
+    median,
+    parser,
+    percentile,
+    server,
+    wall,
+)
 
 # This file is named mcp.py: the SDK's package `mcp` must not resolve to it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -96,23 +105,36 @@ def main() -> None:
         # against 1, for the rare-word counts), and gathers the word statistics.
         with db.connect(url) as conn:  # autocommit, as VACUUM needs
             conn.execute("VACUUM ANALYZE")
-        print(f"loaded and embedded {args.episodes} episodes ({embedder}) in {time.perf_counter() - started:.0f} s")
+        print(
+            f"loaded and embedded {args.episodes} episodes ({embedder}) in {time.perf_counter() - started:.0f} s"
+        )
         cli = [exe, "episode", "search", QUERY, "--agent", "a", "-k", "5", "-f", "json"]
         for _ in range(2):
             wall(cli, env)
         fresh = [wall(cli, env) for _ in range(args.runs)]
         with db.connect(url, vector=True) as conn:
+
             def library():
-                outcome = search.search(conn.use_settings(settings), Query(QUERY, k=5, agent="a"), track=True)
+                outcome = search.search(
+                    conn.use_settings(settings), Query(QUERY, k=5, agent="a"), track=True
+                )
                 if outcome.warning or len(outcome.hits) != 5:
-                    raise SystemExit(f"the library search degraded or came short: {outcome.warning}")
+                    raise SystemExit(
+                        f"the library search degraded or came short: {outcome.warning}"
+                    )
 
             tool, lib, hits = anyio.run(measure, exe, env, args.calls, library)
-    print(f"search tool call, live MCP session: median {median(tool) * 1000:.2f} ms, p95 "
-          f"{percentile(tool, 0.95) * 1000:.2f} ms ({hits} hits, {args.calls} calls)")
-    print(f"library search in process:          median {median(lib) * 1000:.2f} ms, p95 "
-          f"{percentile(lib, 0.95) * 1000:.2f} ms")
-    print(f"fresh memctl episode search:        median {median(fresh) * 1000:.0f} ms ({args.runs} runs)")
+    print(
+        f"search tool call, live MCP session: median {median(tool) * 1000:.2f} ms, p95 "
+        f"{percentile(tool, 0.95) * 1000:.2f} ms ({hits} hits, {args.calls} calls)"
+    )
+    print(
+        f"library search in process:          median {median(lib) * 1000:.2f} ms, p95 "
+        f"{percentile(lib, 0.95) * 1000:.2f} ms"
+    )
+    print(
+        f"fresh memctl episode search:        median {median(fresh) * 1000:.0f} ms ({args.runs} runs)"
+    )
     print(f"ratio tool call / fresh process (goal <= 0.1): {median(tool) / median(fresh):.3f}")
     print(f"ratio tool call / library (goal <= 1.5): {median(tool) / median(lib):.2f}")
 

@@ -64,10 +64,19 @@ def fill(url: str, episodes: int) -> None:
 
     with db.connect(url) as conn:
         model = models.register(conn, HashEmbedder(dims=DIMS), state="active", build_index=False)
-        steps = [("episodes", EPISODES, (episodes,)), ("chunks", CHUNKS, None),
-                 ("vectors", sql.SQL(VECTORS).format(table=sql.Identifier(model.table_name), dims=sql.Literal(DIMS)),
-                  None),
-                 ("queue", QUEUE, (model.id,)), ("jobs", JOBS, None)]
+        steps = [
+            ("episodes", EPISODES, (episodes,)),
+            ("chunks", CHUNKS, None),
+            (
+                "vectors",
+                sql.SQL(VECTORS).format(
+                    table=sql.Identifier(model.table_name), dims=sql.Literal(DIMS)
+                ),
+                None,
+            ),
+            ("queue", QUEUE, (model.id,)),
+            ("jobs", JOBS, None),
+        ]
         for name, statement, params in steps:
             seconds, _ = timed(conn.execute, statement, params)
             print(f"  fill {name}: {seconds:.1f}s", file=sys.stderr)
@@ -82,10 +91,16 @@ def inside(url: str) -> dict[str, float]:
     with db.connect(url, settings=config.load()) as conn:
         for _ in range(2):
             seconds, report = timed(status.collect, conn)
-            parts = {"status.collect (what memctl status runs)": seconds,
-                     "metrics.size_figures (memctl size's relations, growth)": timed(metrics.size_figures, conn)[0],
-                     "metrics.groups (per kind and agent)": timed(metrics.groups, conn, report["episodes"])[0],
-                     "metrics.collect (all of it)": timed(metrics.collect, conn)[0]}
+            parts = {
+                "status.collect (what memctl status runs)": seconds,
+                "metrics.size_figures (memctl size's relations, growth)": timed(
+                    metrics.size_figures, conn
+                )[0],
+                "metrics.groups (per kind and agent)": timed(
+                    metrics.groups, conn, report["episodes"]
+                )[0],
+                "metrics.collect (all of it)": timed(metrics.collect, conn)[0],
+            }
     return parts
 
 
@@ -96,8 +111,16 @@ def measure(url: str, label: str, runs: int) -> None:
     for name, seconds in inside(url).items():
         print(f"in-process {name}: {seconds:.3f}s")
     print(f"{label}, {runs} alternated runs of each (fresh processes):")
-    print(f"  memctl status -f json  median {median(theirs):.3f}s  (all: " + ", ".join(f"{t:.2f}" for t in theirs) + ")")
-    print(f"  memctl metrics         median {median(mine):.3f}s  (all: " + ", ".join(f"{t:.2f}" for t in mine) + ")")
+    print(
+        f"  memctl status -f json  median {median(theirs):.3f}s  (all: "
+        + ", ".join(f"{t:.2f}" for t in theirs)
+        + ")"
+    )
+    print(
+        f"  memctl metrics         median {median(mine):.3f}s  (all: "
+        + ", ".join(f"{t:.2f}" for t in mine)
+        + ")"
+    )
     print(f"  ratio metrics / status: {median(mine) / median(theirs):.2f}")
 
 
@@ -105,7 +128,10 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=100_000)
     p.add_argument("--runs", type=int, default=7)
-    p.add_argument("--url", help="measure this database, already filled by fill() (the fill takes minutes at 1M)")
+    p.add_argument(
+        "--url",
+        help="measure this database, already filled by fill() (the fill takes minutes at 1M)",
+    )
     args = p.parse_args()
     os.environ["MEMCTL_CONFIG"] = "/dev/null"
     if args.url:
@@ -114,7 +140,10 @@ def main() -> None:
     with server(args.database_url) as admin, fresh_database(admin) as url:
         started = time.perf_counter()
         fill(url, args.episodes)
-        print(f"filled {args.episodes:,} episodes in {time.perf_counter() - started:.0f}s", file=sys.stderr)
+        print(
+            f"filled {args.episodes:,} episodes in {time.perf_counter() - started:.0f}s",
+            file=sys.stderr,
+        )
         measure(url, f"episodes {args.episodes:,}", args.runs)
 
 

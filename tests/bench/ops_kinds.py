@@ -47,8 +47,11 @@ SETS = ("retrieval.json", "retrieval_log.json", "retrieval_tokens.json")
 # retrieval_log.json's entries (1-based) that open an incident with its symptom, as an alerting system
 # would record them; in the "mixed" loading they are of kind alert, every other entry observation.
 MIXED_ALERTS = {3, 9, 13, 17, 21, 23, 25, 29, 31, 34}
-CONTEXT_KINDS = (("default (conversation)", None), ("none", ""),
-                 ("conversation,observation,alert", "conversation,observation,alert"))
+CONTEXT_KINDS = (
+    ("default (conversation)", None),
+    ("none", ""),
+    ("conversation,observation,alert", "conversation,observation,alert"),
+)
 KS = (1, 5, 10)
 
 
@@ -56,7 +59,10 @@ def rows_of(data: dict, mixed: bool) -> list[dict]:
     rows = []
     for number, entry in enumerate(data["episodes"], 1):
         when, text = entry if isinstance(entry, list) else (None, entry)
-        row = {"content": text, "kind": "alert" if mixed and number in MIXED_ALERTS else "observation"}
+        row = {
+            "content": text,
+            "kind": "alert" if mixed and number in MIXED_ALERTS else "observation",
+        }
         if when:
             row["created_at"] = when
         rows.append(row)
@@ -75,14 +81,18 @@ def memctl(env: dict, *args: str, stdin: str | None = None) -> str:
     command = [str(Path(sys.executable).with_name("memctl")), *args]
     done = subprocess.run(command, input=stdin, text=True, capture_output=True, env=env)
     if done.returncode != 0:
-        raise SystemExit(f"memctl {' '.join(args[:2])} failed ({done.returncode}): {done.stderr.strip()[:300]}")
+        raise SystemExit(
+            f"memctl {' '.join(args[:2])} failed ({done.returncode}): {done.stderr.strip()[:300]}"
+        )
     return done.stdout
 
 
 def ask(env: dict, data: dict) -> list[list[int]]:
     """The hit ids of every question, in order."""
     batch = "".join(json.dumps({"query": q["q"], "k": max(KS)}) + "\n" for q in data["questions"])
-    out = memctl(env, "episode", "search", "--batch", "-", "--format", "jsonl", "--no-track", stdin=batch)
+    out = memctl(
+        env, "episode", "search", "--batch", "-", "--format", "jsonl", "--no-track", stdin=batch
+    )
     answers = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert len(answers) == len(data["questions"])
     if not any(h.get("vector_rank") for a in answers for h in a["results"]):
@@ -103,12 +113,19 @@ def recalls(data: dict, ids: list[int], found: list[list[int]]) -> dict[int, flo
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--variant", action="append", default=[],
-                   help="more [search] settings for a run with the kinds included, e.g. 'context_window=3h'")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="more [search] settings for a run with the kinds included, e.g. 'context_window=3h'",
+    )
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="memctl-ops-kinds-"))
     loads = [(name, False) for name in SETS] + [("retrieval_log.json", True)]
-    print(f"{'set (kinds)':<40} {'context_kinds':<44} " + " ".join(f"{'recall@' + str(k):>9}" for k in KS))
+    print(
+        f"{'set (kinds)':<40} {'context_kinds':<44} "
+        + " ".join(f"{'recall@' + str(k):>9}" for k in KS)
+    )
     try:
         with server(args.database_url) as admin:
             for name, mixed in loads:
@@ -117,8 +134,14 @@ def main() -> None:
                     import psycopg
 
                     config = scratch / "memctl.toml"
-                    env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_EMBEDDER": "local",
-                           "MEMCTL_EMBED_MODEL": "all-minilm", "MEMCTL_CONFIG": str(config), "HF_HUB_OFFLINE": "1"}
+                    env = {
+                        **os.environ,
+                        "MEMCTL_DATABASE_URL": url,
+                        "MEMCTL_EMBEDDER": "local",
+                        "MEMCTL_EMBED_MODEL": "all-minilm",
+                        "MEMCTL_CONFIG": str(config),
+                        "HF_HUB_OFFLINE": "1",
+                    }
                     write_config(config, None, "")
                     lines = "".join(json.dumps(r) + "\n" for r in rows_of(data, mixed))
                     memctl(env, "episode", "import", "-", stdin=lines)
@@ -134,8 +157,12 @@ def main() -> None:
                         write_config(config, kinds, variant)
                         started = time.perf_counter()
                         scores = recalls(data, ids, ask(env, data))
-                        print(f"{label:<40} {kinds_label:<44} " + " ".join(f"{scores[k]:>9.3f}" for k in KS)
-                              + f"   ({time.perf_counter() - started:.1f} s)", flush=True)
+                        print(
+                            f"{label:<40} {kinds_label:<44} "
+                            + " ".join(f"{scores[k]:>9.3f}" for k in KS)
+                            + f"   ({time.perf_counter() - started:.1f} s)",
+                            flush=True,
+                        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -35,11 +35,22 @@ def load(conn, settings, n: int, rng: random.Random):
     from memctl.embedding import models
     from memctl.records import episodes
 
-    lines = (json.dumps({"content": sentence(rng, rng.randint(12, 30)), "agent": "ops",
-                         "created_at": (END - SPAN * (i / n)).isoformat()}).encode() for i in range(n))
+    lines = (
+        json.dumps(
+            {
+                "content": sentence(rng, rng.randint(12, 30)),
+                "agent": "ops",
+                "created_at": (END - SPAN * (i / n)).isoformat(),
+            }
+        ).encode()
+        for i in range(n)
+    )
     result = episodes.ImportResult()
-    episodes.import_episodes(conn, episodes.parse_jsonl(settings, lines, skip_invalid=False,
-                                                                  result=result), result=result)
+    episodes.import_episodes(
+        conn,
+        episodes.parse_jsonl(settings, lines, skip_invalid=False, result=result),
+        result=result,
+    )
     model, centers = clustered_vectors(conn)
     conn.execute("SET maintenance_work_mem = '1GB'")
     conn.execute(models.index_statement(model, concurrently=False))
@@ -63,7 +74,9 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--episodes", type=int, default=300_000)
     p.add_argument("--days", default="1,7,11,15,20,30", help="period lengths to ask about, in days")
-    p.add_argument("--exact", default="1000,5000,10000", help="PERIOD_EXACT values to time, in turn")
+    p.add_argument(
+        "--exact", default="1000,5000,10000", help="PERIOD_EXACT values to time, in turn"
+    )
     args = p.parse_args()
     rng = random.Random(3)
     with server(args.database_url) as admin, fresh_database(admin) as url:
@@ -77,28 +90,46 @@ def main() -> None:
             started = time.perf_counter()
             centers = load(conn, settings, args.episodes, rng)
             per_day = args.episodes / SPAN.days
-            print(f"{args.episodes} episodes over {SPAN.days} days (about {per_day:.0f} a day), loaded and indexed "
-                  f"in {time.perf_counter() - started:.0f} s")
+            print(
+                f"{args.episodes} episodes over {SPAN.days} days (about {per_day:.0f} a day), loaded and indexed "
+                f"in {time.perf_counter() - started:.0f} s"
+            )
             qrng = np.random.default_rng(9)
-            starts = [END - datetime.timedelta(days=int(d)) for d in qrng.integers(40, 1000, size=40)]
+            starts = [
+                END - datetime.timedelta(days=int(d)) for d in qrng.integers(40, 1000, size=40)
+            ]
             words = [sentence(rng, 4) for _ in starts]
             vectors = [centers[qrng.integers(200)] for _ in starts]
             vectors = [v / np.linalg.norm(v) for v in vectors]
             undated = [Query(w, k=10, agent="ops") for w in words]
             print(f"undated: {per_query_ms(conn, settings, undated, vectors):.1f} ms a query")
             default = statement.PERIOD_EXACT, statement.PERIOD_EXACT_SHARE
-            statement.PERIOD_EXACT_SHARE = 0  # each --exact value is the bound, not the table's share
+            statement.PERIOD_EXACT_SHARE = (
+                0  # each --exact value is the bound, not the table's share
+            )
             try:
                 for days in (int(d) for d in args.days.split(",")):
-                    queries = [Query(f"{w} between {d:%Y-%m-%d} and {d + datetime.timedelta(days=days - 1):%Y-%m-%d}",
-                                     k=10, agent="ops") for w, d in zip(words, starts)]
+                    queries = [
+                        Query(
+                            f"{w} between {d:%Y-%m-%d} and {d + datetime.timedelta(days=days - 1):%Y-%m-%d}",
+                            k=10,
+                            agent="ops",
+                        )
+                        for w, d in zip(words, starts)
+                    ]
                     times = []
                     for exact in (int(e) for e in args.exact.split(",")):
                         statement.PERIOD_EXACT = exact
                         statement._TEXTS.clear()
                         how = "exactly" if days * per_day <= exact else "indexes"
-                        times.append(f"PERIOD_EXACT {exact} ({how}) {per_query_ms(conn, settings, queries, vectors):.1f}")
-                    print(f"{days} days (about {days * per_day:.0f} episodes): " + "; ".join(times) + " ms a query")
+                        times.append(
+                            f"PERIOD_EXACT {exact} ({how}) {per_query_ms(conn, settings, queries, vectors):.1f}"
+                        )
+                    print(
+                        f"{days} days (about {days * per_day:.0f} episodes): "
+                        + "; ".join(times)
+                        + " ms a query"
+                    )
             finally:
                 statement.PERIOD_EXACT, statement.PERIOD_EXACT_SHARE = default
                 statement._TEXTS.clear()

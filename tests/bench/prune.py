@@ -60,14 +60,22 @@ DIMS = 32
 SOURCE_DB = "memctl_bench_prune_src"
 POLICY = policy_mod.Policy({"raw": "30d", "summary": "365d"})
 TABLES = ("episodes", "chunks", "embed_queue", "embed_failures")
-COPY_EPISODES = ("COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at) "
-                 "FROM STDIN (FORMAT BINARY)")
-COPY_CHUNKS = "COPY chunks (id, agent, episode_id, seq, content, content_hash) FROM STDIN (FORMAT BINARY)"
+COPY_EPISODES = (
+    "COPY episodes (id, agent, kind, content, content_hash, source, importance, created_at) "
+    "FROM STDIN (FORMAT BINARY)"
+)
+COPY_CHUNKS = (
+    "COPY chunks (id, agent, episode_id, seq, content, content_hash) FROM STDIN (FORMAT BINARY)"
+)
 COPY_VECTORS = "COPY {table} (agent, chunk_id, content_hash, embedding) FROM STDIN (FORMAT BINARY)"
 PLAIN_DELETE = "DELETE FROM episodes WHERE kind = 'raw' AND created_at < now() - interval '30 days'"
-FAST_HNSW = ("CREATE INDEX {index} ON {table} USING hnsw (embedding vector_cosine_ops) "
-             "WITH (m = 8, ef_construction = 16)")
-COUNTS = "SELECT (SELECT count(*) FROM episodes) AS episodes, (SELECT count(*) FROM chunks) AS chunks"
+FAST_HNSW = (
+    "CREATE INDEX {index} ON {table} USING hnsw (embedding vector_cosine_ops) "
+    "WITH (m = 8, ef_construction = 16)"
+)
+COUNTS = (
+    "SELECT (SELECT count(*) FROM episodes) AS episodes, (SELECT count(*) FROM chunks) AS chunks"
+)
 
 
 def kind_of(i: int) -> str:
@@ -90,7 +98,9 @@ def load(conn, n: int, hnsw: str) -> dict:
     from pgvector import Vector
 
     db.register_vector(conn)
-    model = models.register(conn, HashEmbedder("bench-hash", dims=DIMS), state="active", build_index=False)
+    model = models.register(
+        conn, HashEmbedder("bench-hash", dims=DIMS), state="active", build_index=False
+    )
     rng = np.random.default_rng(42)
     now = datetime.datetime.now(datetime.timezone.utc)
     chunk_id = 0
@@ -100,12 +110,24 @@ def load(conn, n: int, hnsw: str) -> dict:
             copy.set_types(["int8", "text", "text", "text", "bytea", "text", "int2", "timestamptz"])
             for i in range(n):
                 text = f"episode {i}: the deploy of service {i % 97} went {('well', 'badly')[i % 2]} at step {i % 13}"
-                copy.write_row((i + 1, "default", kind_of(i), text, hashlib.sha256(text.encode()).digest(),
-                                "bench", 5, created_at(i, n, now)))
+                copy.write_row(
+                    (
+                        i + 1,
+                        "default",
+                        kind_of(i),
+                        text,
+                        hashlib.sha256(text.encode()).digest(),
+                        "bench",
+                        5,
+                        created_at(i, n, now),
+                    )
+                )
                 for seq in range(2 if i % 4 == 0 else 1):
                     chunk_id += 1
                     piece = f"{text} [{seq}]"
-                    chunk_rows.append((chunk_id, i + 1, seq, piece, hashlib.sha256(piece.encode()).digest()))
+                    chunk_rows.append(
+                        (chunk_id, i + 1, seq, piece, hashlib.sha256(piece.encode()).digest())
+                    )
         with cur.copy(COPY_CHUNKS) as copy:
             copy.set_types(["int8", "text", "int8", "int4", "text", "bytea"])
             for row in chunk_rows:
@@ -116,17 +138,26 @@ def load(conn, n: int, hnsw: str) -> dict:
             for (cid, *_, digest), vector in zip(chunk_rows, vectors):
                 copy.write_row(("default", cid, digest, Vector(vector)))
     for table in ("episodes", "chunks"):
-        conn.execute(sql.SQL("SELECT setval(pg_get_serial_sequence({}, 'id'), {})").format(
-            sql.Literal(table), sql.Literal(n if table == "episodes" else chunk_id)))
+        conn.execute(
+            sql.SQL("SELECT setval(pg_get_serial_sequence({}, 'id'), {})").format(
+                sql.Literal(table), sql.Literal(n if table == "episodes" else chunk_id)
+            )
+        )
     conn.execute("SET maintenance_work_mem = '1GB'")
     if hnsw == "memctl":
         conn.execute(models.index_statement(model, concurrently=False))
     else:
-        conn.execute(sql.SQL(FAST_HNSW).format(index=sql.Identifier(model.index_name),
-                                               table=sql.Identifier(model.table_name)))
+        conn.execute(
+            sql.SQL(FAST_HNSW).format(
+                index=sql.Identifier(model.index_name), table=sql.Identifier(model.table_name)
+            )
+        )
     for table in (*TABLES, model.table_name):
-        conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = off, toast.autovacuum_enabled = off)").format(
-            sql.Identifier(table)))
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE {} SET (autovacuum_enabled = off, toast.autovacuum_enabled = off)"
+            ).format(sql.Identifier(table))
+        )
         conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(table)))
     return conn.execute(COUNTS).fetchone()
 
@@ -138,7 +169,9 @@ def warm(conn) -> None:
 
 def vector_count(conn) -> int:
     table = models.all_models(conn)[0].table_name
-    return conn.execute(sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(table))).fetchone()["n"]
+    return conn.execute(
+        sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(table))
+    ).fetchone()["n"]
 
 
 def backend_cpu(conn) -> float | None:
@@ -174,8 +207,14 @@ def plain(conn) -> dict:
 
 def prune(conn, batch_size: int) -> dict:
     report = prune_mod.prune(conn, POLICY, batch_size=batch_size)
-    return {"deleted": report.rows, "longest_tx": report.max_transaction_s, "batches": report.batches,
-            "outcome": report.outcome, "chunks": report.chunks, "vectors": report.vectors}
+    return {
+        "deleted": report.rows,
+        "longest_tx": report.max_transaction_s,
+        "batches": report.batches,
+        "outcome": report.outcome,
+        "chunks": report.chunks,
+        "vectors": report.vectors,
+    }
 
 
 def server(args) -> tuple[str, Path | None]:
@@ -191,27 +230,45 @@ def server(args) -> tuple[str, Path | None]:
 
 def drop(admin_conn, *names: str) -> None:
     for name in names:
-        admin_conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin_conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 def copy_of(admin_conn, name: str) -> None:
     admin_conn.execute("CHECKPOINT")
-    admin_conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
-        sql.Identifier(name), sql.Identifier(SOURCE_DB)))
+    admin_conn.execute(
+        sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
+            sql.Identifier(name), sql.Identifier(SOURCE_DB)
+        )
+    )
     admin_conn.execute("CHECKPOINT")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=100_000, help="episodes in the database (half expire)")
+    parser.add_argument(
+        "--episodes", type=int, default=100_000, help="episodes in the database (half expire)"
+    )
     parser.add_argument("--batch-size", type=int, default=deletion.DEFAULT_BATCH)
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of (plain, prune) on fresh copies, order alternating; the median ratio counts")
-    parser.add_argument("--hnsw", choices=["fast", "memctl"], default="fast",
-                        help="fast: HNSW with m = 8, ef_construction = 16 (5x quicker to build); memctl: the "
-                        "index memctl builds (m = 16, ef_construction = 64). A DELETE does not touch the index.")
-    parser.add_argument("--database-url", help="admin URL of a server to use (else MEMCTL_TEST_DATABASE_URL, "
-                        "else an embedded server in a temporary directory)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of (plain, prune) on fresh copies, order alternating; the median ratio counts",
+    )
+    parser.add_argument(
+        "--hnsw",
+        choices=["fast", "memctl"],
+        default="fast",
+        help="fast: HNSW with m = 8, ef_construction = 16 (5x quicker to build); memctl: the "
+        "index memctl builds (m = 16, ef_construction = 64). A DELETE does not touch the index.",
+    )
+    parser.add_argument(
+        "--database-url",
+        help="admin URL of a server to use (else MEMCTL_TEST_DATABASE_URL, "
+        "else an embedded server in a temporary directory)",
+    )
     args = parser.parse_args()
     admin, home = server(args)
     plain_db, prune_db = f"{SOURCE_DB}_plain", f"{SOURCE_DB}_prune"
@@ -223,9 +280,12 @@ def main() -> None:
             with db.connect(make_conninfo(admin, dbname=SOURCE_DB)) as conn:
                 migrate.apply(conn)
                 before = load(conn, args.episodes, args.hnsw)
-            print(f"built in {time.perf_counter() - started:.1f} s: {before['episodes']} episodes, "
-                  f"{before['chunks']} chunks, one {DIMS}-dim vector per chunk, HNSW index ({args.hnsw}); "
-                  f"policy raw = 30d, summary = 365d; batch size {args.batch_size}", flush=True)
+            print(
+                f"built in {time.perf_counter() - started:.1f} s: {before['episodes']} episodes, "
+                f"{before['chunks']} chunks, one {DIMS}-dim vector per chunk, HNSW index ({args.hnsw}); "
+                f"policy raw = 30d, summary = 365d; batch size {args.batch_size}",
+                flush=True,
+            )
             rounds = []
             for number in range(args.rounds):
                 order = ("plain", "prune") if number % 2 == 0 else ("prune", "plain")
@@ -234,7 +294,11 @@ def main() -> None:
                     name = plain_db if contender == "plain" else prune_db
                     copy_of(admin_conn, name)
                     url = make_conninfo(admin, dbname=name)
-                    work = plain if contender == "plain" else (lambda conn: prune(conn, args.batch_size))
+                    work = (
+                        plain
+                        if contender == "plain"
+                        else (lambda conn: prune(conn, args.batch_size))
+                    )
                     result[contender] = timed(url, work)
                     drop(admin_conn, name)
                 rounds.append(result)
@@ -256,26 +320,36 @@ def ratio(result: dict, key: str) -> float | None:
 
 def show_round(number: int, result: dict) -> None:
     plain, pruned = result["plain"], result["prune"]
-    same = ("same rows left" if pruned["after"] == plain["after"]
-            else f"DIFFERENT: {pruned['after']} vs {plain['after']}")
+    same = (
+        "same rows left"
+        if pruned["after"] == plain["after"]
+        else f"DIFFERENT: {pruned['after']} vs {plain['after']}"
+    )
     cpu = ratio(result, "cpu")
-    print(f"round {number}: plain DELETE {plain['deleted']} episodes in {plain['seconds']:.2f} s; "
-          f"prune {pruned['deleted']} episodes ({pruned['chunks']} chunks, {pruned['vectors']} vectors) in "
-          f"{pruned['seconds']:.2f} s, {pruned['batches']} batches, longest transaction {pruned['longest_tx']:.3f} s, "
-          f"outcome {pruned['outcome']}; ratio {ratio(result, 'seconds'):.2f}"
-          + (f" (server CPU {plain['cpu']:.2f} s / {pruned['cpu']:.2f} s = {cpu:.2f})" if cpu else "")
-          + f"; {same}", flush=True)
+    print(
+        f"round {number}: plain DELETE {plain['deleted']} episodes in {plain['seconds']:.2f} s; "
+        f"prune {pruned['deleted']} episodes ({pruned['chunks']} chunks, {pruned['vectors']} vectors) in "
+        f"{pruned['seconds']:.2f} s, {pruned['batches']} batches, longest transaction {pruned['longest_tx']:.3f} s, "
+        f"outcome {pruned['outcome']}; ratio {ratio(result, 'seconds'):.2f}"
+        + (f" (server CPU {plain['cpu']:.2f} s / {pruned['cpu']:.2f} s = {cpu:.2f})" if cpu else "")
+        + f"; {same}",
+        flush=True,
+    )
 
 
 def summary(rounds: list[dict]) -> None:
     ratios = [ratio(r, "seconds") for r in rounds]
     cpu = [ratio(r, "cpu") for r in rounds]
     longest = max(r["prune"]["longest_tx"] for r in rounds)
-    print(f"ratio plain DELETE / prune, wall time: median {statistics.median(ratios):.2f} over {len(rounds)} "
-          f"round(s) ({', '.join(f'{x:.2f}' for x in ratios)}) (goal >= 0.7)")
+    print(
+        f"ratio plain DELETE / prune, wall time: median {statistics.median(ratios):.2f} over {len(rounds)} "
+        f"round(s) ({', '.join(f'{x:.2f}' for x in ratios)}) (goal >= 0.7)"
+    )
     if all(cpu):
-        print(f"ratio plain DELETE / prune, server CPU time: median {statistics.median(cpu):.2f} "
-              f"({', '.join(f'{x:.2f}' for x in cpu)})")
+        print(
+            f"ratio plain DELETE / prune, server CPU time: median {statistics.median(cpu):.2f} "
+            f"({', '.join(f'{x:.2f}' for x in cpu)})"
+        )
     print(f"longest prune transaction: {longest:.3f} s (goal < 1 s)")
 
 

@@ -28,19 +28,70 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from memctl import redact  # noqa: E402
 from tests.redaction_shapes import PIECES, SECRETS, clean_corpus  # noqa: E402
 
-ADVERSARIAL = ["token:", "password=", "pw: ", "db password: Hunter2x ", "api_key='", 'secret = "', "'", '"',
-               "Bearer ", "Bearer abcdefghijklmnopqrstu1 ", "QUJDREVGR0hJSktM", "0123456789abcdef", "([{", ")]}",
-               "eyJ", "eyJhbGciOi.", "ghp_", "AKIA", "glpat-", "sk-", "http://u:", "a://b:c@", "?token=",
-               "-----BEGIN PRIVATE KEY-----\n", "mysql -pabc ", "curl -u a:", "--password ", "password is ",
-               "aws secret access key ", "fact set db.pw ", "key ", "docker login -p x ",
-               # found since (issue 37): the keyword plugin's patterns, its Cloudant/IBM kin, pairs every few characters
-               "pwd';", "pwd'x';", "password: '", "'a'=='b'!=", "aws key '", "pw: a", "pw: secret ;", "token: a. ",
-               "pw: " + "a" * 64 + " ", "cl_key: abcdefghijklmnopqrstuvwx ", "key=" + "0123456789abcdef" * 4 + ";",
-               "authorization: ", "https://a:b@c:d@", "token:(a)(b)[c]{d}<e>", "-----END PRIVATE KEY-----",
-               "password is password is ", "passphrase: ", "contraseña='", "pwdpwdpwd';`", "+/!=`db_pass=aws ",
-               "aws pw: ", "pwd';`",
-               # numbered: each repeat holds another value ({i}), so no judgment of a repeated value is reused
-               "pwd'{i}';\n", "api_key='{i}'\n", "'{i}' == pwd\n", 'secret = "{i}"\n', "pw: {i} ", "password: a{i} "]
+ADVERSARIAL = [
+    "token:",
+    "password=",
+    "pw: ",
+    "db password: Hunter2x ",
+    "api_key='",
+    'secret = "',
+    "'",
+    '"',
+    "Bearer ",
+    "Bearer abcdefghijklmnopqrstu1 ",
+    "QUJDREVGR0hJSktM",
+    "0123456789abcdef",
+    "([{",
+    ")]}",
+    "eyJ",
+    "eyJhbGciOi.",
+    "ghp_",
+    "AKIA",
+    "glpat-",
+    "sk-",
+    "http://u:",
+    "a://b:c@",
+    "?token=",
+    "-----BEGIN PRIVATE KEY-----\n",
+    "mysql -pabc ",
+    "curl -u a:",
+    "--password ",
+    "password is ",
+    "aws secret access key ",
+    "fact set db.pw ",
+    "key ",
+    "docker login -p x ",
+    # found since (issue 37): the keyword plugin's patterns, its Cloudant/IBM kin, pairs every few characters
+    "pwd';",
+    "pwd'x';",
+    "password: '",
+    "'a'=='b'!=",
+    "aws key '",
+    "pw: a",
+    "pw: secret ;",
+    "token: a. ",
+    "pw: " + "a" * 64 + " ",
+    "cl_key: abcdefghijklmnopqrstuvwx ",
+    "key=" + "0123456789abcdef" * 4 + ";",
+    "authorization: ",
+    "https://a:b@c:d@",
+    "token:(a)(b)[c]{d}<e>",
+    "-----END PRIVATE KEY-----",
+    "password is password is ",
+    "passphrase: ",
+    "contraseña='",
+    "pwdpwdpwd';`",
+    "+/!=`db_pass=aws ",
+    "aws pw: ",
+    "pwd';`",
+    # numbered: each repeat holds another value ({i}), so no judgment of a repeated value is reused
+    "pwd'{i}';\n",
+    "api_key='{i}'\n",
+    "'{i}' == pwd\n",
+    'secret = "{i}"\n',
+    "pw: {i} ",
+    "password: a{i} ",
+]
 _WORDS = re.compile(r"\w+")
 
 
@@ -99,9 +150,13 @@ def search(count: int, seed: int, size: int, runs: int) -> list[tuple[float, flo
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", type=int, default=200_000, help="characters per adversarial text and of the mix")
+    p.add_argument(
+        "--size", type=int, default=200_000, help="characters per adversarial text and of the mix"
+    )
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--search", type=int, default=0, help="random shapes to try besides the listed ones")
+    p.add_argument(
+        "--search", type=int, default=0, help="random shapes to try besides the listed ones"
+    )
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     redact.find("warm up password='x' token: abc")
@@ -113,7 +168,9 @@ def main() -> None:
         redact.find(record)
     spent = max(time.process_time() - started, 1e-6)
     mix_mb = sum(len(r.encode()) for r in mix) / 1e6
-    print(f"realistic mix: {len(mix)} records, {mix_mb * 1e3:.0f} KB: {mix_mb / spent:.2f} MB/s (goal >= 1)")
+    print(
+        f"realistic mix: {len(mix)} records, {mix_mb * 1e3:.0f} KB: {mix_mb / spent:.2f} MB/s (goal >= 1)"
+    )
 
     rates = []
     for shape in ADVERSARIAL:
@@ -125,17 +182,23 @@ def main() -> None:
     print(f"worst shape {worst[2]!r} to {a.size} characters: {worst[0]:.2f} MB/s (goal >= 1)")
     if a.search:
         searched = search(a.search, a.seed, max(1000, a.size // 10), a.runs)
-        print(f"searched {a.search} random shapes at {max(1000, a.size // 10)} characters; the slowest:")
+        print(
+            f"searched {a.search} random shapes at {max(1000, a.size // 10)} characters; the slowest:"
+        )
         for mbs, ratio, shape in searched[:5]:
             print(f"  {shape!r:34} {mbs:6.2f} MB/s, {ratio:6.1f}x a plain regex pass")
 
     caught = [text for text, secret in SECRETS if secret not in redact.redact_text(text)]
-    print(f"secret shapes caught: {len(caught)} of {len(SECRETS)} ({len(caught) / len(SECRETS):.0%}, goal: all)")
+    print(
+        f"secret shapes caught: {len(caught)} of {len(SECRETS)} ({len(caught) / len(SECRETS):.0%}, goal: all)"
+    )
     for text, secret in SECRETS:
         if secret in redact.redact_text(text):
             print(f"  missed: {text[:60]!r}")
     altered = [text for text in clean if redact.redact_text(text) != text]
-    print(f"clean records altered: {len(altered)} of {len(clean)} ({len(altered) / len(clean):.2%}, goal <= 0.5%)")
+    print(
+        f"clean records altered: {len(altered)} of {len(clean)} ({len(altered) / len(clean):.2%}, goal <= 0.5%)"
+    )
     for text in altered[:10]:
         print(f"  altered: {text[:80]!r}")
     labelled_by_shape()
@@ -146,16 +209,23 @@ def labelled_by_shape() -> None:
     argument; `prose`, one named in a sentence; `other`, the rest): secrets caught, everyday lines altered."""
     import json
 
-    rows = [json.loads(line) for line in (Path(__file__).parents[1] / "data" / "secrets_labelled.jsonl").open()]
+    rows = [
+        json.loads(line)
+        for line in (Path(__file__).parents[1] / "data" / "secrets_labelled.jsonl").open()
+    ]
     for shape in sorted({r.get("shape", "other") for r in rows}):
         mine = [r for r in rows if r.get("shape", "other") == shape]
         secret = [r for r in mine if r["kinds"]]
-        caught = [r for r in secret if not any(s in redact.redact_text(r["text"]) for s in r["secrets"])]
+        caught = [
+            r for r in secret if not any(s in redact.redact_text(r["text"]) for s in r["secrets"])
+        ]
         clean = [r for r in mine if not r["kinds"]]
         altered = [r for r in clean if redact.redact_text(r["text"]) != r["text"]]
-        print(f"labelled {shape}: secrets caught {len(caught)} of {len(secret)} "
-              f"({len(caught) / max(len(secret), 1):.0%}); everyday lines altered {len(altered)} of {len(clean)} "
-              f"({len(altered) / max(len(clean), 1):.1%})")
+        print(
+            f"labelled {shape}: secrets caught {len(caught)} of {len(secret)} "
+            f"({len(caught) / max(len(secret), 1):.0%}); everyday lines altered {len(altered)} of {len(clean)} "
+            f"({len(altered) / max(len(clean), 1):.1%})"
+        )
 
 
 if __name__ == "__main__":

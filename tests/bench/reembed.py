@@ -26,7 +26,6 @@ import random
 from _common import WORDS, fresh_database, local_or_hash, parser, server, timed
 
 
-
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--chunks", type=int, default=2000)
@@ -46,27 +45,37 @@ def main() -> None:
 
     target_model = "all-minilm" if name == "local" else "hash-target"
     rng = random.Random(5)
-    texts = [f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 40))) for i in range(args.chunks)]
+    texts = [
+        f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 40)))
+        for i in range(args.chunks)
+    ]
     settings = config.load()
     target = make_embedder(settings, model=target_model, embedder=name)
-    target.embed(texts[:args.batch_size])  # load and warm the model before either measurement
+    target.embed(texts[: args.batch_size])  # load and warm the model before either measurement
 
     def direct(part: list[str]) -> None:
         for i in range(0, len(part), args.batch_size):
-            target.embed(part[i:i + args.batch_size])
+            target.embed(part[i : i + args.batch_size])
 
     n = args.chunks
     step = -(-n // args.slices // args.batch_size) * args.batch_size  # whole batches per slice
     ours = base = backfill = 0.0
-    with server(args.database_url) as admin, fresh_database(admin) as url, db.connect(url, vector=True) as conn:
+    with (
+        server(args.database_url) as admin,
+        fresh_database(admin) as url,
+        db.connect(url, vector=True) as conn,
+    ):
         result = episodes.ImportResult()
         lines = (json.dumps({"content": t}).encode() for t in texts)
-        episodes.import_episodes(conn.use_settings(settings), episodes.parse_jsonl(settings, lines, skip_invalid=False,
-                                                                      result=result), result=result)
+        episodes.import_episodes(
+            conn.use_settings(settings),
+            episodes.parse_jsonl(settings, lines, skip_invalid=False, result=result),
+            result=result,
+        )
         worker.work(conn.use_settings(settings), make_embedder(settings), batch_size=256)
         reembed.start(conn.use_settings(settings), model=target_model, embedder=name)
         for number, start in enumerate(range(0, n, step)):
-            part = texts[start:start + step]
+            part = texts[start : start + step]
             if number % 2:
                 base += timed(direct, part)[0]
             spent, report = timed(reembed.run, conn, batch_size=args.batch_size, limit=len(part))
@@ -76,10 +85,14 @@ def main() -> None:
             ours += spent
             backfill += report["elapsed_s"]
         assert report["pending"] == 0 and report["index"] == "built", report
-    print(f"target embedder: {name} ({target_model}), chunks: {n}, batch size: {args.batch_size}, "
-          f"slices of {step}")
-    print(f"memctl reembed run:  {ours:.2f} s ({n / ours:,.1f} chunks/s), of which backfill {backfill:.2f} s "
-          f"({n / backfill:,.1f} chunks/s) and HNSW build {report['index_s']:.2f} s")
+    print(
+        f"target embedder: {name} ({target_model}), chunks: {n}, batch size: {args.batch_size}, "
+        f"slices of {step}"
+    )
+    print(
+        f"memctl reembed run:  {ours:.2f} s ({n / ours:,.1f} chunks/s), of which backfill {backfill:.2f} s "
+        f"({n / backfill:,.1f} chunks/s) and HNSW build {report['index_s']:.2f} s"
+    )
     print(f"embedder directly:   {base:.2f} s ({n / base:,.1f} chunks/s)")
     print(f"ratio, whole run (goal >= 0.9): {base / ours:.2f}")
     print(f"ratio, backfill only:           {base / backfill:.2f}")

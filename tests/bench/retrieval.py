@@ -73,13 +73,23 @@ def load_locomo(path: Path, wanted: set[str] | None):
         for key, turns in conv.items():
             if not re.fullmatch(r"session_\d+", key) or not isinstance(turns, list):
                 continue
-            when = datetime.strptime(conv[f"{key}_date_time"], "%I:%M %p on %d %B, %Y").isoformat() + "+00:00"
+            when = (
+                datetime.strptime(conv[f"{key}_date_time"], "%I:%M %p on %d %B, %Y").isoformat()
+                + "+00:00"
+            )
             for t in turns:
-                text = f'{t["speaker"]}: {t["text"]}'
+                text = f"{t['speaker']}: {t['text']}"
                 if t.get("blip_caption"):
-                    text += f' [shares a photo of {t["blip_caption"]}]'
-                rows.append({"content": text, "kind": "conversation", "source": "locomo", "agent": agent,
-                             "created_at": when})
+                    text += f" [shares a photo of {t['blip_caption']}]"
+                rows.append(
+                    {
+                        "content": text,
+                        "kind": "conversation",
+                        "source": "locomo",
+                        "agent": agent,
+                        "created_at": when,
+                    }
+                )
                 turn_ids[(agent, text)].add(t["dia_id"])
         for qa in sample["qa"]:
             evidence = {e for e in qa.get("evidence", []) if re.fullmatch(r"D\d+:\d+", e)}
@@ -109,16 +119,27 @@ def write_config(path: Path, variant: str, embedding: tuple[str, ...] = ()) -> N
         key, _, value = item.partition("=")
         if not re.fullmatch(r"[a-z_]+", key) or not value:
             raise SystemExit(f"--variant: expected key=value, got {item!r}")
-        lines.append(f"{key} = {value if re.fullmatch(r'[0-9.]+|true|false', value) else json.dumps(value)}")
+        lines.append(
+            f"{key} = {value if re.fullmatch(r'[0-9.]+|true|false', value) else json.dumps(value)}"
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
-def ask(memctl: list[str], env: dict, questions, k: int, mode: str = "hybrid") -> tuple[list[dict], float, str]:
-    batch = "".join(json.dumps({"query": q, "agent": agent, "k": k, "mode": mode}) + "\n"
-                    for agent, q, _, _ in questions)
+def ask(
+    memctl: list[str], env: dict, questions, k: int, mode: str = "hybrid"
+) -> tuple[list[dict], float, str]:
+    batch = "".join(
+        json.dumps({"query": q, "agent": agent, "k": k, "mode": mode}) + "\n"
+        for agent, q, _, _ in questions
+    )
     started = time.perf_counter()
-    done = subprocess.run(memctl + ["episode", "search", "--batch", "-", "--format", "jsonl", "--no-track"],
-                          input=batch, text=True, capture_output=True, env=env)
+    done = subprocess.run(
+        memctl + ["episode", "search", "--batch", "-", "--format", "jsonl", "--no-track"],
+        input=batch,
+        text=True,
+        capture_output=True,
+        env=env,
+    )
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"memctl episode search failed ({done.returncode}): {done.stderr.strip()}")
@@ -127,12 +148,16 @@ def ask(memctl: list[str], env: dict, questions, k: int, mode: str = "hybrid") -
     return answers, elapsed, done.stderr.strip()
 
 
-def score(questions, answers, turn_ids, k: int) -> tuple[dict[int, list[float]], list[float], dict[str, list[float]]]:
+def score(
+    questions, answers, turn_ids, k: int
+) -> tuple[dict[int, list[float]], list[float], dict[str, list[float]]]:
     by_category: dict[int, list[float]] = defaultdict(list)
     by_conversation: dict[str, list[float]] = defaultdict(list)
     scores = []
     for (agent, _, evidence, category), answer in zip(questions, answers):
-        found = set().union(*(turn_ids.get((agent, hit["content"]), set()) for hit in answer["results"][:k]))
+        found = set().union(
+            *(turn_ids.get((agent, hit["content"]), set()) for hit in answer["results"][:k])
+        )
         s = len(evidence & found) / len(evidence)
         scores.append(s)
         by_category[category].append(s)
@@ -141,8 +166,10 @@ def score(questions, answers, turn_ids, k: int) -> tuple[dict[int, list[float]],
 
 
 _WORD = re.compile(r"[a-z0-9']+")
-_STOP = frozenset("a an the and or of to in on at for with is was were are be been did do does i you he she it they "
-                  "we my your his her their what when where who how why which that this have has had not".split())
+_STOP = frozenset(
+    "a an the and or of to in on at for with is was were are be been did do does i you he she it they "
+    "we my your his her their what when where who how why which that this have has had not".split()
+)
 
 
 def plain_bm25(rows, turn_ids, questions, k: int) -> list[float]:
@@ -157,7 +184,9 @@ def plain_bm25(rows, turn_ids, questions, k: int) -> list[float]:
 
     turns = defaultdict(list)
     for r in rows:
-        turns[r["agent"]].append((Counter(words(r["content"])), turn_ids.get((r["agent"], r["content"]), set())))
+        turns[r["agent"]].append(
+            (Counter(words(r["content"])), turn_ids.get((r["agent"], r["content"]), set()))
+        )
     scores = []
     for agent, question, evidence, _ in questions:
         docs = turns[agent]
@@ -168,8 +197,14 @@ def plain_bm25(rows, turn_ids, questions, k: int) -> list[float]:
         ranked = []
         for tf, ids in docs:
             length = sum(tf.values())
-            score = sum(math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) * tf[t] * 2.2
-                        / (tf[t] + 1.2 * (0.25 + 0.75 * length / average)) for t in terms if tf[t])
+            score = sum(
+                math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+                * tf[t]
+                * 2.2
+                / (tf[t] + 1.2 * (0.25 + 0.75 * length / average))
+                for t in terms
+                if tf[t]
+            )
             ranked.append((score, ids))
         ranked.sort(key=lambda r: -r[0])  # stable: ties keep the log's order
         found = set().union(*(ids for _, ids in ranked[:k]))
@@ -191,7 +226,9 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
-def against_the_mean(by_conversation: dict[str, list[float]]) -> dict[str, tuple[float, float, float]]:
+def against_the_mean(
+    by_conversation: dict[str, list[float]],
+) -> dict[str, tuple[float, float, float]]:
     """Conversation -> (its mean - the mean of all questions, and that difference's 95% interval).
 
     Questions are resampled, within the conversation and within the rest: with 80-200 questions a
@@ -205,14 +242,17 @@ def against_the_mean(by_conversation: dict[str, list[float]]) -> dict[str, tuple
         share = len(rest) / (len(mine) + len(rest))  # mine - all = (mine - rest) * share
 
         def draw(rng, mine=mine, rest=rest, share=share):
-            return (_mean(rng.choices(mine, k=len(mine))) - _mean(rng.choices(rest, k=len(rest)))) * share
+            return (
+                _mean(rng.choices(mine, k=len(mine))) - _mean(rng.choices(rest, k=len(rest)))
+            ) * share
 
         out[conv] = ((_mean(mine) - _mean(rest)) * share, *_interval(draw))
     return out
 
 
-def alike_within(by_conversation: dict[str, list[float]], tolerance: float = 0.02,
-                 resamples: int = RESAMPLES) -> tuple[dict[str, float], float]:
+def alike_within(
+    by_conversation: dict[str, list[float]], tolerance: float = 0.02, resamples: int = RESAMPLES
+) -> tuple[dict[str, float], float]:
     """How often each conversation, and every one at once, lies within `tolerance` of the mean when
     conversations differ in nothing but their questions: the questions' scores shuffled across the
     conversations, each keeping its size (a permutation test, seeded). What a method equally good on
@@ -226,7 +266,7 @@ def alike_within(by_conversation: dict[str, list[float]], tolerance: float = 0.0
         rng.shuffle(pooled)
         start, inside = 0, True
         for conv, n in sizes.items():
-            near = abs(_mean(pooled[start:start + n]) - mean) <= tolerance
+            near = abs(_mean(pooled[start : start + n]) - mean) <= tolerance
             hits[conv] += near
             inside &= near
             start += n
@@ -243,20 +283,35 @@ def paired(before: list[float], after: list[float]) -> tuple[float, float, float
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo-format JSON (default: %(default)s)")
+    p.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help="LoCoMo-format JSON (default: %(default)s)"
+    )
     p.add_argument("-k", type=int, default=10)
-    p.add_argument("--conversations", help="comma-separated sample_ids to load and ask (default: all)")
-    p.add_argument("--variant", action="append", default=[],
-                   help="[search] settings for another run on the same data, e.g. 'rrf_k=10' (repeatable)")
+    p.add_argument(
+        "--conversations", help="comma-separated sample_ids to load and ask (default: all)"
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="[search] settings for another run on the same data, e.g. 'rrf_k=10' (repeatable)",
+    )
     p.add_argument("--embedder", choices=("local", "ollama"), default="local")
     p.add_argument("--model", default="all-minilm")
     p.add_argument("--ollama-host", default=os.environ.get("OLLAMA_HOST"))
-    p.add_argument("--embedding", action="append", default=[],
-                   help="an [embedding] string setting, e.g. 'query_prefix=' (no query instruction; repeatable)")
+    p.add_argument(
+        "--embedding",
+        action="append",
+        default=[],
+        help="an [embedding] string setting, e.g. 'query_prefix=' (no query instruction; repeatable)",
+    )
     p.add_argument("--memctl", help="the memctl command (default: the one beside this Python)")
-    p.add_argument("--halves", action="store_true",
-                   help="also ask with each half alone (--mode text, --mode vector), default settings: how far "
-                        "apart the conversations lie by words alone and by meaning alone")
+    p.add_argument(
+        "--halves",
+        action="store_true",
+        help="also ask with each half alone (--mode text, --mode vector), default settings: how far "
+        "apart the conversations lie by words alone and by meaning alone",
+    )
     args = p.parse_args()
     wanted = set(args.conversations.split(",")) if args.conversations else None
     rows, turn_ids, questions = load_locomo(args.data, wanted)
@@ -266,9 +321,14 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="memctl-retrieval-"))
     try:
         with server(args.database_url) as admin, fresh_database(admin) as url:
-            env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_EMBEDDER": args.embedder,
-                   "MEMCTL_EMBED_MODEL": args.model, "MEMCTL_CONFIG": str(scratch / "memctl.toml"),
-                   "HF_HUB_OFFLINE": "1"}
+            env = {
+                **os.environ,
+                "MEMCTL_DATABASE_URL": url,
+                "MEMCTL_EMBEDDER": args.embedder,
+                "MEMCTL_EMBED_MODEL": args.model,
+                "MEMCTL_CONFIG": str(scratch / "memctl.toml"),
+                "HF_HUB_OFFLINE": "1",
+            }
             if args.ollama_host:
                 env["OLLAMA_HOST"] = args.ollama_host
             write_config(scratch / "memctl.toml", "", tuple(args.embedding))
@@ -277,8 +337,10 @@ def main() -> None:
             for step in (["episode", "import", str(scratch / "turns.jsonl")], ["embed"]):
                 subprocess.run(memctl + step, env=env, check=True, stdout=subprocess.DEVNULL)
             convs = len({r["agent"] for r in rows})
-            print(f"{args.data.name}: {convs} conversations, {len(rows)} turns, {len(questions)} questions; "
-                  f"loaded and embedded ({args.embedder} {args.model}) in {time.perf_counter() - started:.0f} s")
+            print(
+                f"{args.data.name}: {convs} conversations, {len(rows)} turns, {len(questions)} questions; "
+                f"loaded and embedded ({args.embedder} {args.model}) in {time.perf_counter() - started:.0f} s"
+            )
             first = None
             runs = [(variant, variant, "hybrid") for variant in [""] + args.variant]
             if args.halves:
@@ -287,39 +349,65 @@ def main() -> None:
                 write_config(scratch / "memctl.toml", variant, tuple(args.embedding))
                 answers, elapsed, stderr = ask(memctl, env, questions, args.k, mode)
                 by_category, scores, by_conversation = score(questions, answers, turn_ids, args.k)
-                vector_ran = sum(1 for a in answers for h in a["results"] if h.get("vector_rank") is not None)
+                vector_ran = sum(
+                    1 for a in answers for h in a["results"] if h.get("vector_rank") is not None
+                )
                 label = label or "defaults"
-                print(f"[{label}] recall@{args.k} by category: " + " ".join(
-                    f"{c} {CATEGORIES[c]}={sum(v) / len(v):.3f} (n={len(v)})" for c, v in sorted(by_category.items()))
-                      + f"; batch {elapsed:.1f} s" + ("" if vector_ran or mode == "text" else "; VECTOR HALF DID NOT RUN"))
+                print(
+                    f"[{label}] recall@{args.k} by category: "
+                    + " ".join(
+                        f"{c} {CATEGORIES[c]}={sum(v) / len(v):.3f} (n={len(v)})"
+                        for c, v in sorted(by_category.items())
+                    )
+                    + f"; batch {elapsed:.1f} s"
+                    + ("" if vector_ran or mode == "text" else "; VECTOR HALF DID NOT RUN")
+                )
                 if stderr:
                     print(f"  stderr: {stderr[:300]}")
-                print(f"[{label}] mean recall@{args.k}: {sum(scores) / len(scores):.3f}; by conversation: " + " ".join(
-                    f"{c}={sum(v) / len(v):.3f}" for c, v in sorted(by_conversation.items())))
+                print(
+                    f"[{label}] mean recall@{args.k}: {sum(scores) / len(scores):.3f}; by conversation: "
+                    + " ".join(
+                        f"{c}={sum(v) / len(v):.3f}" for c, v in sorted(by_conversation.items())
+                    )
+                )
                 spread = against_the_mean(by_conversation)
                 if spread:
-                    print(f"[{label}] each conversation minus the mean (95% bootstrap interval): " + " ".join(
-                        f"{c} {d:+.3f} ({lo:+.3f}..{hi:+.3f})" for c, (d, lo, hi) in sorted(spread.items())))
+                    print(
+                        f"[{label}] each conversation minus the mean (95% bootstrap interval): "
+                        + " ".join(
+                            f"{c} {d:+.3f} ({lo:+.3f}..{hi:+.3f})"
+                            for c, (d, lo, hi) in sorted(spread.items())
+                        )
+                    )
                 if first is None:
                     first = scores
                     if len(by_conversation) > 1:
                         chance, every = alike_within(by_conversation)
-                        print(f"[{label}] chance of lying within 0.02 of the mean were the conversations alike "
-                              "(questions shuffled across them): " + " ".join(
-                                  f"{c} {p:.2f}" for c, p in chance.items()) + f"; all at once {every:.2f}")
+                        print(
+                            f"[{label}] chance of lying within 0.02 of the mean were the conversations alike "
+                            "(questions shuffled across them): "
+                            + " ".join(f"{c} {p:.2f}" for c, p in chance.items())
+                            + f"; all at once {every:.2f}"
+                        )
                 else:
                     d, lo, hi, up, down = paired(first, scores)
-                    print(f"[{label}] minus defaults, same questions: {d:+.4f} (95% {lo:+.4f}..{hi:+.4f}); "
-                          f"{up} questions up, {down} down")
+                    print(
+                        f"[{label}] minus defaults, same questions: {d:+.4f} (95% {lo:+.4f}..{hi:+.4f}); "
+                        f"{up} questions up, {down} down"
+                    )
             if args.halves:
                 scores = plain_bm25(rows, turn_ids, questions, args.k)
                 by_conversation = defaultdict(list)
                 for (agent, _, _, _), s in zip(questions, scores):
                     by_conversation[agent].append(s)
-                print(f"[plain BM25, outside memctl] mean recall@{args.k}: {sum(scores) / len(scores):.3f}; "
-                      "each conversation minus the mean (95% bootstrap interval): " + " ".join(
-                          f"{c} {d:+.3f} ({lo:+.3f}..{hi:+.3f})"
-                          for c, (d, lo, hi) in sorted(against_the_mean(by_conversation).items())))
+                print(
+                    f"[plain BM25, outside memctl] mean recall@{args.k}: {sum(scores) / len(scores):.3f}; "
+                    "each conversation minus the mean (95% bootstrap interval): "
+                    + " ".join(
+                        f"{c} {d:+.3f} ({lo:+.3f}..{hi:+.3f})"
+                        for c, (d, lo, hi) in sorted(against_the_mean(by_conversation).items())
+                    )
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

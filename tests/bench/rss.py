@@ -66,15 +66,19 @@ class Track:
 
     def line(self, unit: str) -> str:
         growth = (self.end - self.settled) / self.settled
-        return (f"{self.name:22} {self.total:>9,} {unit:8} start {self.start / 1024:6.1f} MiB, settled "
-                f"{self.settled / 1024:6.1f} MiB, end {self.end / 1024:6.1f} MiB, peak {self.peak / 1024:6.1f} MiB: "
-                f"growth settled to end {growth:+.1%} (goal within 10%)")
+        return (
+            f"{self.name:22} {self.total:>9,} {unit:8} start {self.start / 1024:6.1f} MiB, settled "
+            f"{self.settled / 1024:6.1f} MiB, end {self.end / 1024:6.1f} MiB, peak {self.peak / 1024:6.1f} MiB: "
+            f"growth settled to end {growth:+.1%} (goal within 10%)"
+        )
 
 
 @contextlib.contextmanager
 def started(argv: list[str], env: dict):
     """A memctl process for the length of the block, stopped with SIGTERM at its end."""
-    proc = subprocess.Popen([exe(), *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [exe(), *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         yield proc
     finally:
@@ -106,7 +110,9 @@ def mcp_http(env: dict, calls: int, warm: float) -> Track:
 
     import httpx
 
-    run = lambda *a: subprocess.run([exe(), *a], env=env, check=True, capture_output=True, text=True)  # noqa: E731
+    run = lambda *a: subprocess.run(
+        [exe(), *a], env=env, check=True, capture_output=True, text=True
+    )  # noqa: E731
     run("agent", "add", "bench")
     token = run("agent", "token", "bench").stdout.strip()
     with socket.socket() as s:
@@ -115,21 +121,45 @@ def mcp_http(env: dict, calls: int, warm: float) -> Track:
     with started(["mcp", "--http", f"127.0.0.1:{port}"], env) as proc:
         track = Track("mcp --http", proc.pid, calls, warm)
         wait_port(port, proc)
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                   "Accept": "application/json, text/event-stream"}
-        tools = [("remember", lambda i: {"content": f"call {i}: {' '.join(WORDS[i % 7:i % 7 + 6])} on host{i % 40}"}),
-                 ("search", lambda i: {"query": f"{WORDS[i % 13]} on host{i % 40}", "k": 5}),
-                 ("fact_set", lambda i: {"key": f"host{i % 40}.state", "value": f"state {i}"}),
-                 ("fact_get", lambda i: {"key": f"host{i % 40}.state"}),
-                 ("recall", lambda i: {"observation": f"{WORDS[i % 13]} trouble on host{i % 40}", "max_tokens": 300})]
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        }
+        tools = [
+            (
+                "remember",
+                lambda i: {
+                    "content": f"call {i}: {' '.join(WORDS[i % 7 : i % 7 + 6])} on host{i % 40}"
+                },
+            ),
+            ("search", lambda i: {"query": f"{WORDS[i % 13]} on host{i % 40}", "k": 5}),
+            ("fact_set", lambda i: {"key": f"host{i % 40}.state", "value": f"state {i}"}),
+            ("fact_get", lambda i: {"key": f"host{i % 40}.state"}),
+            (
+                "recall",
+                lambda i: {
+                    "observation": f"{WORDS[i % 13]} trouble on host{i % 40}",
+                    "max_tokens": 300,
+                },
+            ),
+        ]
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60
+        ) as client:
             for i in range(calls):
                 name, arguments = tools[i % len(tools)]
-                body = {"jsonrpc": "2.0", "id": i, "method": "tools/call",
-                        "params": {"name": name, "arguments": arguments(i)}}
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": i,
+                    "method": "tools/call",
+                    "params": {"name": name, "arguments": arguments(i)},
+                }
                 answer = client.post("/mcp", json=body)
                 if answer.status_code != 200 or "error" in answer.json():
-                    raise RuntimeError(f"call {i} ({name}): {answer.status_code} {answer.text[:300]}")
+                    raise RuntimeError(
+                        f"call {i} ({name}): {answer.status_code} {answer.text[:300]}"
+                    )
                 if i % 50 == 0 or i == calls - 1:
                     track.at(i + 1)
     return track
@@ -142,18 +172,35 @@ def ingest_follow(env: dict, url: str, lines: int, warm: float, chunk: int = 20_
     log = work / "app.log"
     log.touch()
     written = 0
-    argv = ["ingest", str(log), "--follow", "--source", "app", "--flush", "1", "--cursor-file", str(work / "app.cursor")]
+    argv = [
+        "ingest",
+        str(log),
+        "--follow",
+        "--source",
+        "app",
+        "--flush",
+        "1",
+        "--cursor-file",
+        str(work / "app.cursor"),
+    ]
     with started(argv, env) as proc, db.connect(url) as conn, open(log, "a") as out:
         track = Track("ingest --follow", proc.pid, lines, warm)
         while True:
-            stored = conn.execute("SELECT count(*) AS n FROM episodes WHERE source = 'app'").fetchone()["n"]
+            stored = conn.execute(
+                "SELECT count(*) AS n FROM episodes WHERE source = 'app'"
+            ).fetchone()["n"]
             track.at(stored)
             if stored >= lines:
                 break
             if written - stored < 2 * chunk and written < lines:  # keep it fed, never far ahead
                 n = min(chunk, lines - written)
-                out.write("".join(f"{written + j} {WORDS[(written + j) % 14]} request took "
-                                  f"{(written + j) % 997} ms on host{(written + j) % 40}\n" for j in range(n)))
+                out.write(
+                    "".join(
+                        f"{written + j} {WORDS[(written + j) % 14]} request took "
+                        f"{(written + j) % 997} ms on host{(written + j) % 40}\n"
+                        for j in range(n)
+                    )
+                )
                 out.flush()
                 written += n
             alive(proc, "ingest")
@@ -166,18 +213,32 @@ def embed_loop(env: dict, url: str, batches: int, batch_size: int, warm: float) 
     from memctl import db
 
     def add(n: int, offset: int) -> None:
-        rows = "".join(json.dumps({"content": f"episode {offset + i}: {' '.join(WORDS[(offset + i) % 7:][:6])}"})
-                       + "\n" for i in range(n))
-        subprocess.run([exe(), "episode", "import", "-"], env=env, input=rows.encode(), check=True,
-                       capture_output=True)
+        rows = "".join(
+            json.dumps(
+                {"content": f"episode {offset + i}: {' '.join(WORDS[(offset + i) % 7 :][:6])}"}
+            )
+            + "\n"
+            for i in range(n)
+        )
+        subprocess.run(
+            [exe(), "episode", "import", "-"],
+            env=env,
+            input=rows.encode(),
+            check=True,
+            capture_output=True,
+        )
 
     add(1, -1)  # the model registered first, so that what is written next is queued for it
     subprocess.run([exe(), "embed"], env=env, check=True, capture_output=True)
     per_pass = batch_size * 5  # five batches a pass; more written before each next pass
     add(per_pass, 0)
     total = per_pass
-    with started(["embed", "--loop", "--interval", "1", "--batch-size", str(batch_size)], env) as proc, \
-            db.connect(url) as conn:
+    with (
+        started(
+            ["embed", "--loop", "--interval", "1", "--batch-size", str(batch_size)], env
+        ) as proc,
+        db.connect(url) as conn,
+    ):
         track = Track("embed --loop", proc.pid, batches, warm)
         while True:
             queued = conn.execute("SELECT count(*) AS n FROM embed_queue").fetchone()["n"]
@@ -199,12 +260,19 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=1_000_000)
     p.add_argument("--batches", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--warm", type=float, default=0.2, help="share of the work after which RSS counts as settled")
+    p.add_argument(
+        "--warm",
+        type=float,
+        default=0.2,
+        help="share of the work after which RSS counts as settled",
+    )
     a = p.parse_args()
     env = embedder_env("hash", "hash-embed")
-    runs = [(lambda url: mcp_http(env, a.calls, a.warm), "calls"),
-            (lambda url: ingest_follow(env, url, a.lines, a.warm), "lines"),
-            (lambda url: embed_loop(env, url, a.batches, a.batch_size, a.warm), "batches")]
+    runs = [
+        (lambda url: mcp_http(env, a.calls, a.warm), "calls"),
+        (lambda url: ingest_follow(env, url, a.lines, a.warm), "lines"),
+        (lambda url: embed_loop(env, url, a.batches, a.batch_size, a.warm), "batches"),
+    ]
     tracks = []
     with server(a.database_url) as admin:
         for run, unit in runs:

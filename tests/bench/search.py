@@ -42,10 +42,12 @@ import numpy as np
 
 from _common import alternate, fresh_database, median, parser, percentile, server, wall
 
-WORDS = ("deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
-         "consumer scaled certificate renewal backup restore latency index customer refund release freeze kernel "
-         "reboot dns resolver webhook secret gateway rate limit vpn session heap mapping cron upload path pipeline "
-         "tests serial parallel alert health check reload warehouse dashboard stale bastion hardware key").split()
+WORDS = (
+    "deploy disk full nginx logs rotated postgres replica lag redis eviction memory pressure queue backlog "
+    "consumer scaled certificate renewal backup restore latency index customer refund release freeze kernel "
+    "reboot dns resolver webhook secret gateway rate limit vpn session heap mapping cron upload path pipeline "
+    "tests serial parallel alert health check reload warehouse dashboard stale bastion hardware key"
+).split()
 DIMS = 384
 VOCABULARY = WORDS + [f"term{i}" for i in range(5000)]
 # Zipf-like word frequencies, so a query matches a realistic fraction of rows
@@ -81,19 +83,30 @@ def load(conn, settings, n: int, rng: random.Random) -> tuple:
     from memctl.records import episodes
 
     agents = [f"agent{i}" for i in range(10)]
-    lines = (json.dumps({"content": sentence(rng, rng.randint(12, 30)),
-                         "agent": agents[i % 10]}).encode() for i in range(n))
+    lines = (
+        json.dumps(
+            {"content": sentence(rng, rng.randint(12, 30)), "agent": agents[i % 10]}
+        ).encode()
+        for i in range(n)
+    )
     result = episodes.ImportResult()
     started = time.perf_counter()
-    episodes.import_episodes(conn, episodes.parse_jsonl(settings, lines, skip_invalid=False,
-                                                                  result=result), result=result)
+    episodes.import_episodes(
+        conn,
+        episodes.parse_jsonl(settings, lines, skip_invalid=False, result=result),
+        result=result,
+    )
     model, centers = clustered_vectors(conn)
     loaded = time.perf_counter() - started
     # the graph of 1M vectors needs about 2 GB to be built in memory
-    conn.execute("SET maintenance_work_mem = '1GB'" if n <= 300_000 else "SET maintenance_work_mem = '4GB'")
+    conn.execute(
+        "SET maintenance_work_mem = '1GB'" if n <= 300_000 else "SET maintenance_work_mem = '4GB'"
+    )
     started = time.perf_counter()
     conn.execute(models.index_statement(model, concurrently=False))
-    print(f"loaded {n} episodes in {loaded:.0f} s; HNSW build {time.perf_counter() - started:.1f} s")
+    print(
+        f"loaded {n} episodes in {loaded:.0f} s; HNSW build {time.perf_counter() - started:.1f} s"
+    )
     conn.execute("VACUUM ANALYZE")
     return model, centers
 
@@ -112,12 +125,20 @@ def clustered_vectors(conn):
     centers = np.random.default_rng(5).normal(size=(200, DIMS)).astype(np.float32)
     gen = np.random.default_rng(6)
     chunks = conn.execute("SELECT agent, id, content_hash FROM chunks").fetchall()
-    with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} (agent, chunk_id, content_hash, embedding) FROM STDIN "
-                                                "(FORMAT BINARY)").format(sql.Identifier(model.table_name))) as cp:
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            sql.SQL(
+                "COPY {} (agent, chunk_id, content_hash, embedding) FROM STDIN (FORMAT BINARY)"
+            ).format(sql.Identifier(model.table_name))
+        ) as cp,
+    ):
         cp.set_types(["text", "int8", "bytea", "vector"])
         for row in chunks:
             v = centers[gen.integers(200)] + gen.normal(scale=0.6, size=DIMS).astype(np.float32)
-            cp.write_row((row["agent"], row["id"], row["content_hash"], Vector(v / np.linalg.norm(v))))
+            cp.write_row(
+                (row["agent"], row["id"], row["content_hash"], Vector(v / np.linalg.norm(v)))
+            )
     return model, centers
 
 
@@ -130,12 +151,23 @@ def bare(conn, model, vector) -> None:
     from pgvector import Vector
     from psycopg import sql
 
-    conn.execute(sql.SQL(BARE_TOP_50).format(table=sql.Identifier(model.table_name)), (Vector(vector),),
-                 prepare=False).fetchall()
+    conn.execute(
+        sql.SQL(BARE_TOP_50).format(table=sql.Identifier(model.table_name)),
+        (Vector(vector),),
+        prepare=False,
+    ).fetchall()
 
 
-def processes(url: str, model, texts: list[str], vectors: np.ndarray, ef: int, runs: int, scratch: Path,
-              against: Path | None = None) -> None:
+def processes(
+    url: str,
+    model,
+    texts: list[str],
+    vectors: np.ndarray,
+    ef: int,
+    runs: int,
+    scratch: Path,
+    against: Path | None = None,
+) -> None:
     batch, npy = scratch / "queries.jsonl", scratch / "vectors.npy"
     batch.write_text("".join(json.dumps({"query": t, "k": 10}) + "\n" for t in texts))
     np.save(npy, vectors.astype(np.float32))
@@ -148,14 +180,24 @@ def processes(url: str, model, texts: list[str], vectors: np.ndarray, ef: int, r
     answers = [json.loads(line) for line in check.stdout.splitlines()]
     vector_ran = sum(1 for a in answers if any(h["vector_rank"] for h in a["results"]))
     text_ran = sum(1 for a in answers if any(h["text_rank"] for h in a["results"]))
-    mine, theirs = alternate(ours, [sys.executable, str(script), url, model.table_name, str(ef), str(npy)], env, runs)
-    print(f"processes, {len(texts)} queries each (median of {runs}): memctl episode search --batch "
-          f"{median(mine):.2f} s, bare HNSW top-50 {median(theirs):.2f} s; ratio (goal <= 3, issue 24) "
-          f"{median(mine) / median(theirs):.2f}  [queries with vector hits {vector_ran}, with text hits {text_ran}]")
+    mine, theirs = alternate(
+        ours, [sys.executable, str(script), url, model.table_name, str(ef), str(npy)], env, runs
+    )
+    print(
+        f"processes, {len(texts)} queries each (median of {runs}): memctl episode search --batch "
+        f"{median(mine):.2f} s, bare HNSW top-50 {median(theirs):.2f} s; ratio (goal <= 3, issue 24) "
+        f"{median(mine) / median(theirs):.2f}  [queries with vector hits {vector_ran}, with text hits {text_ran}]"
+    )
     if check.stderr.strip():
         print(f"  stderr: {check.stderr.strip()[:200]}")
     if against is not None:
-        compare(ours, [sys.executable, str(script), url, model.table_name, str(ef), str(npy)], env, runs, against)
+        compare(
+            ours,
+            [sys.executable, str(script), url, model.table_name, str(ef), str(npy)],
+            env,
+            runs,
+            against,
+        )
 
 
 def compare(ours: list[str], base: list[str], env: dict, runs: int, against: Path) -> None:
@@ -168,9 +210,11 @@ def compare(ours: list[str], base: list[str], env: dict, runs: int, against: Pat
         bare.append(wall(base, env))
         mine.append(wall(ours, env))
         theirs.append(wall(ours, other))
-    print(f"against {against} (alternated, median of {runs}): this memctl {median(mine):.2f} s, that memctl "
-          f"{median(theirs):.2f} s, bare {median(bare):.2f} s; ratios {median(mine) / median(bare):.2f} (this) and "
-          f"{median(theirs) / median(bare):.2f} (that)")
+    print(
+        f"against {against} (alternated, median of {runs}): this memctl {median(mine):.2f} s, that memctl "
+        f"{median(theirs):.2f} s, bare {median(bare):.2f} s; ratios {median(mine) / median(bare):.2f} (this) and "
+        f"{median(theirs) / median(bare):.2f} (that)"
+    )
 
 
 def per_query(conn, settings, model, texts, vectors) -> None:
@@ -179,7 +223,9 @@ def per_query(conn, settings, model, texts, vectors) -> None:
     from memctl.reading.query import Query
 
     # the bare query's ef_search as memctl's (a top-50 needs ef_search >= 50; pgvector's default is 40)
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, false)", (str(settings.search.ef_search),))
+    conn.execute(
+        "SELECT set_config('hnsw.ef_search', %s, false)", (str(settings.search.ef_search),)
+    )
     for text, vector in list(zip(texts, vectors))[:5]:  # warm caches for every path
         search.search(conn, Query(text, k=10), vector=vector)
         bare(conn, model, vector)
@@ -191,16 +237,25 @@ def per_query(conn, settings, model, texts, vectors) -> None:
         t = time.perf_counter()
         bare(conn, model, vector)
         base.append(time.perf_counter() - t)
-    for text in texts[:20]:  # after, not interleaved (its reads of every matching row would evict the others'
+    for text in texts[
+        :20
+    ]:  # after, not interleaved (its reads of every matching row would evict the others'
         # pages), and 20 of them: at 1M episodes each takes seconds
         t = time.perf_counter()
         conn.execute(OLD_TEXT_HALF, (text,), prepare=False).fetchall()
         old.append(time.perf_counter() - t)
-    for name, values in (("hybrid search (memctl)", ours), ("bare HNSW top-50", base),
-                         ("old text half alone (ts_rank_cd)", old)):
-        print(f"{name}: p50 {percentile(values, 0.5) * 1000:.1f} ms, p95 {percentile(values, 0.95) * 1000:.1f} ms")
-    print(f"per-query ratio hybrid ÷ bare (goal <= 5): p50 {percentile(ours, 0.5) / percentile(base, 0.5):.2f}, "
-          f"p95 {percentile(ours, 0.95) / percentile(base, 0.95):.2f}")
+    for name, values in (
+        ("hybrid search (memctl)", ours),
+        ("bare HNSW top-50", base),
+        ("old text half alone (ts_rank_cd)", old),
+    ):
+        print(
+            f"{name}: p50 {percentile(values, 0.5) * 1000:.1f} ms, p95 {percentile(values, 0.95) * 1000:.1f} ms"
+        )
+    print(
+        f"per-query ratio hybrid ÷ bare (goal <= 5): p50 {percentile(ours, 0.5) / percentile(base, 0.5):.2f}, "
+        f"p95 {percentile(ours, 0.95) / percentile(base, 0.95):.2f}"
+    )
 
 
 def filtered_recall(conn, model, centers, ef: int, candidates: int) -> None:
@@ -211,8 +266,9 @@ def filtered_recall(conn, model, centers, ef: int, candidates: int) -> None:
     from memctl.reading.scan import vector_half
 
     def exact_sql(where: str):
-        return sql.SQL("SELECT chunk_id FROM {} " + where + " ORDER BY embedding <=> %b LIMIT 10").format(
-            sql.Identifier(model.table_name))
+        return sql.SQL(
+            "SELECT chunk_id FROM {} " + where + " ORDER BY embedding <=> %b LIMIT 10"
+        ).format(sql.Identifier(model.table_name))
 
     recalls, searched, plain_recalls, unfiltered = [], [], [], []
     gen = np.random.default_rng(12)
@@ -223,21 +279,33 @@ def filtered_recall(conn, model, centers, ef: int, candidates: int) -> None:
         deeper = [r["chunk_id"] for r in vector_half(conn, model, vector, q, candidates)][:10]
         with conn.transaction():
             conn.execute("SET LOCAL enable_indexscan = off")
-            exact = {r["chunk_id"] for r in conn.execute(exact_sql("WHERE agent = %s"), ("agent3", Vector(vector)))}
+            exact = {
+                r["chunk_id"]
+                for r in conn.execute(exact_sql("WHERE agent = %s"), ("agent3", Vector(vector)))
+            }
             exact_all = {r["chunk_id"] for r in conn.execute(exact_sql(""), (Vector(vector),))}
         with conn.transaction():
             conn.execute("SET LOCAL hnsw.iterative_scan = off")
             conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
-            plain = {r["chunk_id"] for r in conn.execute(exact_sql("WHERE agent = %s"), ("agent3", Vector(vector)))}
+            plain = {
+                r["chunk_id"]
+                for r in conn.execute(exact_sql("WHERE agent = %s"), ("agent3", Vector(vector)))
+            }
             hnsw_all = {r["chunk_id"] for r in conn.execute(exact_sql(""), (Vector(vector),))}
         recalls.append(len(approx & exact) / len(exact))
         searched.append(len(set(deeper) & exact) / len(exact))
         plain_recalls.append(len(plain & exact) / len(exact))
         unfiltered.append(len(hnsw_all & exact_all) / len(exact_all))
-    print(f"filtered recall@10, agent = 10% of rows, iterative scan, LIMIT 10: {np.mean(recalls):.3f}")
-    print(f"  as search runs it (best 10 of the vector half's {candidates}; goal >= 0.95): {np.mean(searched):.3f}")
-    print(f"  without iterative scan: {np.mean(plain_recalls):.3f}; "
-          f"unfiltered HNSW recall@10 at ef_search {ef}, for reference: {np.mean(unfiltered):.3f}")
+    print(
+        f"filtered recall@10, agent = 10% of rows, iterative scan, LIMIT 10: {np.mean(recalls):.3f}"
+    )
+    print(
+        f"  as search runs it (best 10 of the vector half's {candidates}; goal >= 0.95): {np.mean(searched):.3f}"
+    )
+    print(
+        f"  without iterative scan: {np.mean(plain_recalls):.3f}; "
+        f"unfiltered HNSW recall@10 at ef_search {ef}, for reference: {np.mean(unfiltered):.3f}"
+    )
 
 
 def main() -> None:
@@ -245,17 +313,27 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=100_000)
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--against", type=Path, help="a checkout of another revision to alternate with this one")
+    p.add_argument(
+        "--against", type=Path, help="a checkout of another revision to alternate with this one"
+    )
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="memctl-search-bench-"))
     (scratch / "memctl.toml").write_text("")
-    os.environ.update(MEMCTL_EMBEDDER="hash", MEMCTL_EMBED_MODEL="bench", MEMCTL_CONFIG=str(scratch / "memctl.toml"))
+    os.environ.update(
+        MEMCTL_EMBEDDER="hash",
+        MEMCTL_EMBED_MODEL="bench",
+        MEMCTL_CONFIG=str(scratch / "memctl.toml"),
+    )
     from memctl import config, db
     from memctl.embedding.embedders import HashEmbedder
 
     settings = config.load()
     rng = random.Random(11)
-    with server(args.database_url) as admin, fresh_database(admin) as url, db.connect(url, vector=True) as conn:
+    with (
+        server(args.database_url) as admin,
+        fresh_database(admin) as url,
+        db.connect(url, vector=True) as conn,
+    ):
         model, centers = load(conn, settings, args.episodes, rng)
         ef = settings.search.ef_search
         texts = [sentence(rng, 4) for _ in range(args.queries)]

@@ -61,16 +61,39 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 FAULT_KINDS = ("kill_embed_worker", "kill_import", "ollama_restart", "kill_postmaster", "disk_full")
-TOPOLOGY_FAULTS = {"standard": FAULT_KINDS,
-                   "managed": ("kill_embed_worker", "kill_import", "ollama_restart", "kill_serve", "disk_full")}
+TOPOLOGY_FAULTS = {
+    "standard": FAULT_KINDS,
+    "managed": ("kill_embed_worker", "kill_import", "ollama_restart", "kill_serve", "disk_full"),
+}
 SERVER_USER = "memctl_tsrv"  # owns a managed home, as tests/test_db_serve.py's
 SERVE_READY = "memctl: embedded database ready"
 WRITES = ("episode", "import", "fact")
 PROFILES = {"short": 2.0, "full": 30.0}
-VOCABULARY = ("disk", "deploy", "nginx", "rotated", "failed", "restart", "replica", "volume", "alert", "queue",
-              "backlog", "kernel", "memory", "ticket", "cleanup", "retention", "snapshot", "latency", "upgrade")
+VOCABULARY = (
+    "disk",
+    "deploy",
+    "nginx",
+    "rotated",
+    "failed",
+    "restart",
+    "replica",
+    "volume",
+    "alert",
+    "queue",
+    "backlog",
+    "kernel",
+    "memory",
+    "ticket",
+    "cleanup",
+    "retention",
+    "snapshot",
+    "latency",
+    "upgrade",
+)
 TOKEN = r"soak[0-9a-f]{4}q[0-9]{7}"
-EMBED_MODEL = "nomic-embed-text"  # the test server's deterministic stand-in: cheap, so CPU goes to memctl
+EMBED_MODEL = (
+    "nomic-embed-text"  # the test server's deterministic stand-in: cheap, so CPU goes to memctl
+)
 EXPECTED_EXITS = {0, 3, 5}  # ok, unavailable (a restart in progress, Ollama down), disk full
 
 
@@ -119,7 +142,9 @@ class Soak:
         self.state = State()
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.procs: dict[str, tuple[subprocess.Popen, float]] = {}  # actor: (its command now, started)
+        self.procs: dict[
+            str, tuple[subprocess.Popen, float]
+        ] = {}  # actor: (its command now, started)
         self.killed: set[int] = set()
         self.counter = 0
         self.exe = _memctl()
@@ -144,10 +169,23 @@ class Soak:
     def setup(self) -> None:
         from tests.ollama_server import ModelSpec, OllamaTestServer, _hash_fn
 
-        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.args.disk_mb}m,mode=0755", "tmpfs",
-                               str(self.mount)], capture_output=True, text=True)
+        made = subprocess.run(
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size={self.args.disk_mb}m,mode=0755",
+                "tmpfs",
+                str(self.mount),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if made.returncode != 0:
-            raise SystemExit(f"soak: cannot mount a tmpfs at {self.mount}: {made.stderr.strip()} (needs root)")
+            raise SystemExit(
+                f"soak: cannot mount a tmpfs at {self.mount}: {made.stderr.strip()} (needs root)"
+            )
         self.mounted = True
 
         class Server(OllamaTestServer):  # notes when each embedding request arrived
@@ -156,17 +194,29 @@ class Soak:
                 if path == "/api/embed":
                     self.embed_times.append(time.monotonic())
 
-        self.ollama = Server({EMBED_MODEL: ModelSpec(768, 2048, _hash_fn(EMBED_MODEL, 768), "nomic-bert")})
+        self.ollama = Server(
+            {EMBED_MODEL: ModelSpec(768, 2048, _hash_fn(EMBED_MODEL, 768), "nomic-bert")}
+        )
         self.ollama.embed_times = []
         self.ollama.start()
         self.chat_model = next(iter(self.ollama.chat_models), None)
         config = self.work / "config.toml"
-        summarize = f'[summarize]\nmodel = "{self.chat_model}"\nafter = "1d"\n' if self.chat_model else ""
-        config.write_text(f'[embedding]\nembedder = "ollama"\nmodel = "{EMBED_MODEL}"\ntimeout = 20\n'
-                          f'{summarize}[retention]\nold = "30d"\n')
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMCTL_", "PG", "OLLAMA_"))}
-        self.env.update(MEMCTL_HOME=str(self.home), MEMCTL_CONFIG=str(config), OLLAMA_HOST=self.ollama.url)
-        os.environ["MEMCTL_HOME"] = str(self.home)  # for memctl.db.embedded.status() in this process
+        summarize = (
+            f'[summarize]\nmodel = "{self.chat_model}"\nafter = "1d"\n' if self.chat_model else ""
+        )
+        config.write_text(
+            f'[embedding]\nembedder = "ollama"\nmodel = "{EMBED_MODEL}"\ntimeout = 20\n'
+            f'{summarize}[retention]\nold = "30d"\n'
+        )
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("MEMCTL_", "PG", "OLLAMA_"))
+        }
+        self.env.update(
+            MEMCTL_HOME=str(self.home), MEMCTL_CONFIG=str(config), OLLAMA_HOST=self.ollama.url
+        )
+        os.environ["MEMCTL_HOME"] = str(
+            self.home
+        )  # for memctl.db.embedded.status() in this process
         if self.managed:
             self.start_managed()
         first = self.memctl("setup", ["fact", "set", "soak.start", self.run_id])
@@ -175,7 +225,9 @@ class Soak:
         probe = self.memctl("setup", ["backup", "--help"])
         self.backup = probe.rc == 0
         if not self.backup:
-            self.note(f"backup step skipped: `memctl backup --help` exits {probe.rc} (no backup command here)")
+            self.note(
+                f"backup step skipped: `memctl backup --help` exits {probe.rc} (no backup command here)"
+            )
         if not self.chat_model:
             self.note("summarize step skipped: the test server has no chat model")
 
@@ -207,8 +259,19 @@ class Soak:
         try:
             owner = pwd.getpwnam(SERVER_USER)
         except KeyError:
-            subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
-                            "/usr/sbin/nologin", SERVER_USER], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "useradd",
+                    "--system",
+                    "--user-group",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    SERVER_USER,
+                ],
+                check=True,
+                capture_output=True,
+            )
             owner = pwd.getpwnam(SERVER_USER)
         self.home.mkdir(mode=0o750)
         os.chown(self.home, owner.pw_uid, owner.pw_gid)
@@ -222,8 +285,14 @@ class Soak:
                 time.sleep(0.1)
                 continue
             with open(self.serve_log, "a") as log:
-                proc = subprocess.Popen([self.exe, "db", "serve"], env=self.env, stdout=subprocess.DEVNULL,
-                                        stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+                proc = subprocess.Popen(
+                    [self.exe, "db", "serve"],
+                    env=self.env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             self.serve, self.serve_starts = proc, self.serve_starts + 1
             proc.wait()
             self.serve_done.wait(1.0)  # RestartSec=1
@@ -234,7 +303,10 @@ class Soak:
     def wait_served(self, offset: int, seconds: float = 120) -> bool:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            if self.serve_log.exists() and SERVE_READY in self.serve_log.read_text(errors="replace")[offset:]:
+            if (
+                self.serve_log.exists()
+                and SERVE_READY in self.serve_log.read_text(errors="replace")[offset:]
+            ):
                 return True
             time.sleep(0.1)
         return False
@@ -254,10 +326,18 @@ class Soak:
 
     # ----------------------------------------------------------------- running
 
-    def memctl(self, actor: str, args: list[str], input: str | None = None, timeout: float = 600) -> Run:
+    def memctl(
+        self, actor: str, args: list[str], input: str | None = None, timeout: float = 600
+    ) -> Run:
         t0 = time.monotonic()
-        proc = subprocess.Popen([self.exe, *args], env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [self.exe, *args],
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         with self.lock:
             self.procs[actor] = (proc, t0)
         try:
@@ -269,7 +349,9 @@ class Soak:
         with self.lock:
             self.procs.pop(actor, None)
             killed = proc.pid in self.killed
-        run = Run(actor, " ".join(args[:2]), proc.returncode, t0, time.monotonic(), out, err, killed)
+        run = Run(
+            actor, " ".join(args[:2]), proc.returncode, t0, time.monotonic(), out, err, killed
+        )
         with self.lock:
             self.state.runs.append(run)
         return run
@@ -286,8 +368,15 @@ class Soak:
     def text(self, token: str, low: int, high: int) -> str:
         """The token, then sentences of 8 words: the test server's extractive summary (the first sentence
         of each line) keeps the token and shrinks the rest."""
-        words = [f"{self.rng.choice(VOCABULARY)}{self.rng.randrange(1000)}" for _ in range(self.rng.randrange(low, high))]
-        return f"{token} " + ". ".join(" ".join(words[i:i + 8]) for i in range(0, len(words), 8)) + "."
+        words = [
+            f"{self.rng.choice(VOCABULARY)}{self.rng.randrange(1000)}"
+            for _ in range(self.rng.randrange(low, high))
+        ]
+        return (
+            f"{token} "
+            + ". ".join(" ".join(words[i : i + 8]) for i in range(0, len(words), 8))
+            + "."
+        )
 
     def loop(self, pause: float, body) -> None:
         while not self.stop.is_set():
@@ -300,18 +389,35 @@ class Soak:
     def episode_writer(self) -> None:
         token = self.token()
         old = self.rng.random() < 0.25
-        when = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=self.rng.uniform(35, 45))
-        kind = ["--kind", "old", "--created-at", when.isoformat()] if old else ["--kind", "observation"]
-        run = self.memctl("episode", ["episode", "add", "-", "--source", "soak", *kind],
-                          input=self.text(token, 10, 600))
+        when = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
+            days=self.rng.uniform(35, 45)
+        )
+        kind = (
+            ["--kind", "old", "--created-at", when.isoformat()]
+            if old
+            else ["--kind", "observation"]
+        )
+        run = self.memctl(
+            "episode",
+            ["episode", "add", "-", "--source", "soak", *kind],
+            input=self.text(token, 10, 600),
+        )
         if run.rc == 0 and run.out.strip().isdigit():
-            self.state.acked["episode"][token] = ("old" if old else "observation", int(run.out), run.t1 - run.t0)
+            self.state.acked["episode"][token] = (
+                "old" if old else "observation",
+                int(run.out),
+                run.t1 - run.t0,
+            )
 
     def import_writer(self) -> None:
         tokens = [self.token() for _ in range(self.args.batch)]
         path = self.work / f"batch-{tokens[0]}.jsonl"
-        path.write_text("".join(json.dumps({"content": self.text(t, 10, 200), "source": "soak-import"}) + "\n"
-                                for t in tokens))
+        path.write_text(
+            "".join(
+                json.dumps({"content": self.text(t, 10, 200), "source": "soak-import"}) + "\n"
+                for t in tokens
+            )
+        )
         run = self.memctl("import", ["episode", "import", str(path), "-f", "json"])
         path.unlink()
         batch = Batch(tokens, acked=run.rc == 0, killed=run.killed)
@@ -322,12 +428,16 @@ class Soak:
 
     def fact_writer(self) -> None:
         token = self.token()
-        run = self.memctl("fact", ["fact", "set", f"soak.k{self.rng.randrange(40)}", token, "--source", "soak"])
+        run = self.memctl(
+            "fact", ["fact", "set", f"soak.k{self.rng.randrange(40)}", token, "--source", "soak"]
+        )
         if run.rc == 0:
             self.state.acked["fact"][token] = ("fact", None, run.t1 - run.t0)
 
     def searcher(self) -> None:
-        self.memctl("search", ["episode", "search", self.rng.choice(VOCABULARY), "--no-track", "-f", "json"])
+        self.memctl(
+            "search", ["episode", "search", self.rng.choice(VOCABULARY), "--no-track", "-f", "json"]
+        )
 
     def embed_worker(self, slot: str):
         return lambda: self.memctl(slot, ["embed", "--batch-size", "32", "--limit", "256"])
@@ -367,7 +477,11 @@ class Soak:
         while time.monotonic() < deadline and not self.stop.is_set():
             with self.lock:
                 proc, started = self.procs.get(actor, (None, 0.0))
-            why = ready(time.monotonic() - started) if proc is not None and proc.poll() is None else None
+            why = (
+                ready(time.monotonic() - started)
+                if proc is not None and proc.poll() is None
+                else None
+            )
             if why:
                 with self.lock:
                     self.killed.add(proc.pid)
@@ -378,12 +492,20 @@ class Soak:
 
     def _kill_embed_worker(self) -> str | None:
         # past its start-up (about 0.5 s of imports on these machines): in a batch or between two
-        return self._kill(self.rng.choice(["embed1", "embed2"]),
-                          lambda ran: f"after {ran:.1f} s" if ran > 0.8 else None)
+        return self._kill(
+            self.rng.choice(["embed1", "embed2"]),
+            lambda ran: f"after {ran:.1f} s" if ran > 0.8 else None,
+        )
 
     def _kill_import(self) -> str | None:
-        return self._kill("import", lambda ran: "inside its transaction (its COPY in pg_stat_activity)"
-                          if self._copy_running() else None)
+        return self._kill(
+            "import",
+            lambda ran: (
+                "inside its transaction (its COPY in pg_stat_activity)"
+                if self._copy_running()
+                else None
+            ),
+        )
 
     def _copy_running(self) -> bool:
         import psycopg
@@ -432,7 +554,9 @@ class Soak:
         os.killpg(proc.pid, signal.SIGKILL)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)  # had it left serve's group, systemd's cgroup kill would reach it
+                os.kill(
+                    pid, signal.SIGKILL
+                )  # had it left serve's group, systemd's cgroup kill would reach it
         return f"db serve pid {proc.pid} and postmaster {pid}"
 
     def _disk_full(self) -> str:
@@ -450,13 +574,22 @@ class Soak:
             begin = self.begin = time.monotonic()
             deadline = begin + self.args.minutes * 60
             load_before = os.getloadavg()
-            actors = {"episode": (0.5, self.episode_writer), "import": (2.0, self.import_writer),
-                      "fact": (0.5, self.fact_writer), "search": (2.0, self.searcher),
-                      "embed1": (1.0, self.embed_worker("embed1")), "embed2": (1.0, self.embed_worker("embed2")),
-                      "upkeep": (self.args.upkeep_every, self.upkeep)}
-            threads = [threading.Thread(target=self.loop, args=spec, name=name, daemon=True)
-                       for name, spec in actors.items()]
-            threads.append(threading.Thread(target=self.scheduler, args=(begin, deadline), daemon=True))
+            actors = {
+                "episode": (0.5, self.episode_writer),
+                "import": (2.0, self.import_writer),
+                "fact": (0.5, self.fact_writer),
+                "search": (2.0, self.searcher),
+                "embed1": (1.0, self.embed_worker("embed1")),
+                "embed2": (1.0, self.embed_worker("embed2")),
+                "upkeep": (self.args.upkeep_every, self.upkeep),
+            }
+            threads = [
+                threading.Thread(target=self.loop, args=spec, name=name, daemon=True)
+                for name, spec in actors.items()
+            ]
+            threads.append(
+                threading.Thread(target=self.scheduler, args=(begin, deadline), daemon=True)
+            )
             for t in threads:
                 t.start()
             self.stop.wait(max(0.0, deadline - time.monotonic()))
@@ -479,7 +612,9 @@ class Soak:
     def recovered(self) -> bool:
         with self.lock:
             runs = list(self.state.runs)
-        return all(recovery(f, runs, self.ollama.embed_times) is not None for f in self.state.faults)
+        return all(
+            recovery(f, runs, self.ollama.embed_times) is not None for f in self.state.faults
+        )
 
     def drain(self) -> None:
         """Embed what is still queued, as the next timer runs would."""
@@ -513,9 +648,12 @@ class Soak:
             handle.seek(offset)
             text = handle.read()
         clean = "database system was shut down at" in text and not re.search(
-            r"not properly shut down|PANIC|FATAL|recovery", text)
+            r"not properly shut down|PANIC|FATAL|recovery", text
+        )
         if not (stopped.rc == started.rc == status.rc == 0 and clean):
-            self.note(f"restart: stop {stopped.rc}, start {started.rc}, status {status.rc}; log: {text.strip()[-500:]}")
+            self.note(
+                f"restart: stop {stopped.rc}, start {started.rc}, status {status.rc}; log: {text.strip()[-500:]}"
+            )
             return False
         return True
 
@@ -528,10 +666,13 @@ class Soak:
         status = self.memctl("final", ["status", "-f", "json"])
         text = self.serve_log.read_text(errors="replace")[offset:]
         clean = "database system was shut down at" in text and not re.search(
-            r"not properly shut down|PANIC|recovery", text)
+            r"not properly shut down|PANIC|recovery", text
+        )
         if not (stopped == 0 and started and status.rc == 0 and clean):
-            self.note(f"restart: serve stopped {stopped}, started {started}, status {status.rc}; "
-                      f"log: {text.strip()[-500:]}")
+            self.note(
+                f"restart: serve stopped {stopped}, started {started}, status {status.rc}; "
+                f"log: {text.strip()[-500:]}"
+            )
             return False
         return True
 
@@ -540,8 +681,9 @@ class Soak:
         for f in faults:
             f.recovery_s = recovery(f, runs, self.ollama.embed_times)
         acked = {w: len(self.state.acked[w]) for w in WRITES}
-        latencies = sorted(v[2] for w in WRITES for v in self.state.acked[w].values() if w != "import") + sorted(
-            r.t1 - r.t0 for r in runs if r.actor == "import" and r.rc == 0)
+        latencies = sorted(
+            v[2] for w in WRITES for v in self.state.acked[w].values() if w != "import"
+        ) + sorted(r.t1 - r.t0 for r in runs if r.actor == "import" and r.rc == 0)
         by_kind = {k: sum(f.kind == k for f in faults) for k in self.faults}
         durations: dict[str, list[float]] = {}
         for r in runs:
@@ -553,38 +695,82 @@ class Soak:
             exits[key] = exits.get(key, 0) + 1
             if r.rc not in (0, -signal.SIGKILL) and r.err.strip():
                 said.setdefault(f"exit {r.rc}: {r.err.strip().splitlines()[-1][:160]}", key)
-        unexpected = [f"{r.actor} `{r.command}` exit {r.rc} at {r.t1 - self.begin:.1f} s: "
-                      f"{(r.err.strip().splitlines() or [''])[-1][:240]}" for r in runs
-                      if not r.killed and not explained(r, faults) and r.actor not in ("setup", "teardown")]
-        tracebacks = [f"{r.actor} `{r.command}`: {r.err.strip()[-500:]}" for r in runs if "Traceback" in r.err]
+        unexpected = [
+            f"{r.actor} `{r.command}` exit {r.rc} at {r.t1 - self.begin:.1f} s: "
+            f"{(r.err.strip().splitlines() or [''])[-1][:240]}"
+            for r in runs
+            if not r.killed and not explained(r, faults) and r.actor not in ("setup", "teardown")
+        ]
+        tracebacks = [
+            f"{r.actor} `{r.command}`: {r.err.strip()[-500:]}" for r in runs if "Traceback" in r.err
+        ]
         result = {
-            "minutes": self.args.minutes, "elapsed_s": round(elapsed, 1), "cores": os.cpu_count(),
-            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after],
-            "writes_acknowledged": sum(acked.values()), "acknowledged_by_kind": acked,
+            "minutes": self.args.minutes,
+            "elapsed_s": round(elapsed, 1),
+            "cores": os.cpu_count(),
+            "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in load_after],
+            "writes_acknowledged": sum(acked.values()),
+            "acknowledged_by_kind": acked,
             "import_batches_acknowledged": sum(b.acked for b in self.state.batches),
-            "writes_lost": checks["lost"], "faults_by_kind": by_kind,
-            "p50_write_s": round(percentile(latencies, 50), 3), "p99_write_s": round(percentile(latencies, 99), 3),
-            "recovery_s": [{"kind": f.kind, "at_s": round(f.start - self.begin, 1), "recovery_s":
-                            None if f.recovery_s is None else round(f.recovery_s, 2), "detail": f.detail,
-                            "refused": refused(f, runs)} for f in faults],
-            "topology": self.args.topology, "serve_starts": self.serve_starts,
-            "server_log": server_log(self.serve_log if self.managed else self.home / "pgdata" / "log"),
-            "exit_codes": dict(sorted(exits.items())), "messages": sorted(said),
-            "command_s": {a: {"n": len(d), "p50": round(statistics.median(d), 2), "max": round(max(d), 2)}
-                          for a, d in sorted(durations.items())}, "unexpected_exits": unexpected[:20],
-            "tracebacks": len(tracebacks), "traceback_samples": tracebacks[:3], "notes": self.state.notes,
-            "runs": [[r.actor, "killed" if r.killed else r.rc, round(r.t0 - self.begin, 1), round(r.t1 - self.begin, 1),
-                      (r.err.strip().splitlines() or [""])[-1][:200]] for r in runs],
+            "writes_lost": checks["lost"],
+            "faults_by_kind": by_kind,
+            "p50_write_s": round(percentile(latencies, 50), 3),
+            "p99_write_s": round(percentile(latencies, 99), 3),
+            "recovery_s": [
+                {
+                    "kind": f.kind,
+                    "at_s": round(f.start - self.begin, 1),
+                    "recovery_s": None if f.recovery_s is None else round(f.recovery_s, 2),
+                    "detail": f.detail,
+                    "refused": refused(f, runs),
+                }
+                for f in faults
+            ],
+            "topology": self.args.topology,
+            "serve_starts": self.serve_starts,
+            "server_log": server_log(
+                self.serve_log if self.managed else self.home / "pgdata" / "log"
+            ),
+            "exit_codes": dict(sorted(exits.items())),
+            "messages": sorted(said),
+            "command_s": {
+                a: {"n": len(d), "p50": round(statistics.median(d), 2), "max": round(max(d), 2)}
+                for a, d in sorted(durations.items())
+            },
+            "unexpected_exits": unexpected[:20],
+            "tracebacks": len(tracebacks),
+            "traceback_samples": tracebacks[:3],
+            "notes": self.state.notes,
+            "runs": [
+                [
+                    r.actor,
+                    "killed" if r.killed else r.rc,
+                    round(r.t0 - self.begin, 1),
+                    round(r.t1 - self.begin, 1),
+                    (r.err.strip().splitlines() or [""])[-1][:200],
+                ]
+                for r in runs
+            ],
             **{k: v for k, v in checks.items() if k != "lost"},
         }
         result["unexpected_exit_count"] = len(unexpected)
-        result["passed"] = (result["writes_lost"] == 0 and all(by_kind.values()) and not tracebacks
-                            and not unexpected and all(acked.values())
-                            and checks["duplicated"] == 0 and checks["half_written_imports"] == 0
-                            and checks["orphaned_chunks"] == 0 and checks["episodes_without_chunks"] == 0
-                            and checks["chunks_unsettled"] == 0 and checks["lineage_errors"] == 0
-                            and checks["fact_history_errors"] == 0
-                            and checks["restart_clean"] and all(f.recovery_s is not None for f in faults))
+        result["passed"] = (
+            result["writes_lost"] == 0
+            and all(by_kind.values())
+            and not tracebacks
+            and not unexpected
+            and all(acked.values())
+            and checks["duplicated"] == 0
+            and checks["half_written_imports"] == 0
+            and checks["orphaned_chunks"] == 0
+            and checks["episodes_without_chunks"] == 0
+            and checks["chunks_unsettled"] == 0
+            and checks["lineage_errors"] == 0
+            and checks["fact_history_errors"] == 0
+            and checks["restart_clean"]
+            and all(f.recovery_s is not None for f in faults)
+        )
         return result
 
 
@@ -612,6 +798,8 @@ CHUNK_STATES = """SELECT count(*) AS chunks, count(v.chunk_id) AS embedded,
 FROM chunks c
 LEFT JOIN {table} v ON v.agent = c.agent AND v.chunk_id = c.id
 LEFT JOIN embed_failures f ON f.model_id = %s AND f.agent = c.agent AND f.chunk_id = c.id"""
+
+
 def _pads() -> dict:
     """The erasure key's pads: lineage keeps each source's sha256 keyed (memctl.places.lineage_digest)."""
     from memctl import places
@@ -650,22 +838,39 @@ def consistency(conn, state: State) -> dict:
     half = sum(0 < sum(t in found for t in b.tokens) < len(b.tokens) for b in state.batches)
     model_id, table = conn.execute(ACTIVE_MODEL).fetchone()
     chunks, embedded, failed, unsettled = conn.execute(
-        sql.SQL(CHUNK_STATES).format(table=sql.Identifier(table)), (model_id,)).fetchone()
+        sql.SQL(CHUNK_STATES).format(table=sql.Identifier(table)), (model_id,)
+    ).fetchone()
     return {
-        "lost": lost, "duplicated": duplicated, "pruned_after_summary": pruned,
+        "lost": lost,
+        "duplicated": duplicated,
+        "pruned_after_summary": pruned,
         "unacknowledged_present": sum(1 for t in found if t.startswith("soak") and t not in acked),
-        "half_written_imports": half, "killed_imports": sum(b.killed for b in state.batches),
+        "half_written_imports": half,
+        "killed_imports": sum(b.killed for b in state.batches),
         # killed between its commit and its exit (the probe races the commit): durable, never acknowledged
-        "killed_imports_committed": sum(b.killed and all(t in found for t in b.tokens) for b in state.batches),
+        "killed_imports_committed": sum(
+            b.killed and all(t in found for t in b.tokens) for b in state.batches
+        ),
         "orphaned_chunks": conn.execute(ORPHANED_CHUNKS).fetchone()[0],
         "episodes_without_chunks": conn.execute(EPISODES_WITHOUT_CHUNKS).fetchone()[0],
         "fact_history_errors": conn.execute(FACT_HISTORY_ERRORS).fetchone()[0],
-        "chunks": chunks, "chunks_embedded": embedded, "chunks_failed": failed, "chunks_unsettled": unsettled,
-        "failure_reasons": dict(conn.execute("SELECT left(error, 120), count(*) FROM embed_failures GROUP BY 1 "
-                                             "ORDER BY 2 DESC LIMIT 5").fetchall()),
-        "summaries": conn.execute("SELECT count(*) FROM episodes WHERE kind = 'summary'").fetchone()[0],
+        "chunks": chunks,
+        "chunks_embedded": embedded,
+        "chunks_failed": failed,
+        "chunks_unsettled": unsettled,
+        "failure_reasons": dict(
+            conn.execute(
+                "SELECT left(error, 120), count(*) FROM embed_failures GROUP BY 1 "
+                "ORDER BY 2 DESC LIMIT 5"
+            ).fetchall()
+        ),
+        "summaries": conn.execute(
+            "SELECT count(*) FROM episodes WHERE kind = 'summary'"
+        ).fetchone()[0],
         "lineage_errors": conn.execute(LINEAGE_ERRORS, _pads()).fetchone()[0],
-        "database_mb": round(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0] / 2**20, 1),
+        "database_mb": round(
+            conn.execute("SELECT pg_database_size(current_database())").fetchone()[0] / 2**20, 1
+        ),
     }
 
 
@@ -675,9 +880,11 @@ def recovery(fault: Fault, runs: list[Run], embed_times: list[float]) -> float |
     if fault.kind == "ollama_restart":
         after = [t for t in embed_times if t >= fault.end]
         return min(after) - fault.end if after else None
-    wanted = {"kill_embed_worker": lambda r: r.actor == fault.detail.split()[0],
-              "kill_import": lambda r: r.actor == "import",
-              "ollama_restart": lambda r: r.actor in ("embed1", "embed2")}.get(fault.kind, lambda r: r.actor in WRITES)
+    wanted = {
+        "kill_embed_worker": lambda r: r.actor == fault.detail.split()[0],
+        "kill_import": lambda r: r.actor == "import",
+        "ollama_restart": lambda r: r.actor in ("embed1", "embed2"),
+    }.get(fault.kind, lambda r: r.actor in WRITES)
     done = [r.t1 for r in runs if r.t0 >= fault.end and r.rc == 0 and wanted(r)]
     return min(done) - fault.end if done else None
 
@@ -688,7 +895,8 @@ def explained(run: Run, faults: list[Fault], slack: float = 10.0) -> bool:
     if run.rc == 0:
         return True
     return run.rc in EXPECTED_EXITS and any(
-        f.start - 1 <= run.t1 and run.t0 <= f.end + (f.recovery_s or 0.0) + slack for f in faults)
+        f.start - 1 <= run.t1 and run.t0 <= f.end + (f.recovery_s or 0.0) + slack for f in faults
+    )
 
 
 def refused(fault: Fault, runs: list[Run]) -> dict[str, int]:
@@ -703,9 +911,12 @@ def refused(fault: Fault, runs: list[Run]) -> dict[str, int]:
 def server_log(log: Path) -> dict[str, int]:
     """What the embedded server's log says happened to it."""
     text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-    return {"starts": text.count("starting PostgreSQL"), "panics": text.count("PANIC:"),
-            "crash_recoveries": text.count("not properly shut down"),
-            "no_space_errors": text.count("No space left on device")}
+    return {
+        "starts": text.count("starting PostgreSQL"),
+        "panics": text.count("PANIC:"),
+        "crash_recoveries": text.count("not properly shut down"),
+        "no_space_errors": text.count("No space left on device"),
+    }
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -739,32 +950,53 @@ def _memctl() -> str:
 
 def print_figures(result: dict) -> None:
     acked = result["acknowledged_by_kind"]
-    print(f"soak ({result['topology']}, `db serve` started {result['serve_starts']} times): {result['minutes']:g} min ({result['elapsed_s']} s with set-up and checks), "
-          f"{result['cores']} cores, load {result['load_before'][0]} -> {result['load_after'][0]}")
-    print(f"writes acknowledged: {result['writes_acknowledged']} (episode add {acked['episode']}, import "
-          f"{acked['import']} in {result['import_batches_acknowledged']} batches, fact set {acked['fact']})")
-    print(f"writes lost: {result['writes_lost']}   duplicated: {result['duplicated']}   half-written imports: "
-          f"{result['half_written_imports']}   pruned after summary: {result['pruned_after_summary']}")
-    print(f"stored but never acknowledged: {result['unacknowledged_present']} (of {result['killed_imports']} imports "
-          f"killed, {result['killed_imports_committed']} had committed before the kill)")
+    print(
+        f"soak ({result['topology']}, `db serve` started {result['serve_starts']} times): {result['minutes']:g} min ({result['elapsed_s']} s with set-up and checks), "
+        f"{result['cores']} cores, load {result['load_before'][0]} -> {result['load_after'][0]}"
+    )
+    print(
+        f"writes acknowledged: {result['writes_acknowledged']} (episode add {acked['episode']}, import "
+        f"{acked['import']} in {result['import_batches_acknowledged']} batches, fact set {acked['fact']})"
+    )
+    print(
+        f"writes lost: {result['writes_lost']}   duplicated: {result['duplicated']}   half-written imports: "
+        f"{result['half_written_imports']}   pruned after summary: {result['pruned_after_summary']}"
+    )
+    print(
+        f"stored but never acknowledged: {result['unacknowledged_present']} (of {result['killed_imports']} imports "
+        f"killed, {result['killed_imports_committed']} had committed before the kill)"
+    )
     print("faults injected: " + ", ".join(f"{k} {v}" for k, v in result["faults_by_kind"].items()))
-    print(f"write latency: p50 {result['p50_write_s']:.3f} s, p99 {result['p99_write_s']:.3f} s "
-          "(a whole `memctl` process each)")
+    print(
+        f"write latency: p50 {result['p50_write_s']:.3f} s, p99 {result['p99_write_s']:.3f} s "
+        "(a whole `memctl` process each)"
+    )
     for f in result["recovery_s"]:
         rec = "NOT RECOVERED" if f["recovery_s"] is None else f"{f['recovery_s']:.2f} s"
         codes = ", ".join(f"exit {c} x{n}" for c, n in sorted(f["refused"].items())) or "none"
-        print(f"  at {f['at_s']:>7.1f} s  {f['kind']:<18} recovered in {rec}  ({f['detail']}; failed meanwhile: "
-              f"{codes})")
-    print(f"chunks: {result['chunks']} ({result['chunks_embedded']} embedded, {result['chunks_failed']} failed with "
-          f"a reason, {result['chunks_unsettled']} neither); orphaned chunks {result['orphaned_chunks']}, "
-          f"episodes without chunks {result['episodes_without_chunks']}")
-    print("server log: " + ", ".join(f"{k} {v}" for k, v in result["server_log"].items()) +
-          f"; database {result['database_mb']} MB")
-    print(f"summaries {result['summaries']}, lineage errors {result['lineage_errors']}; tracebacks "
-          f"{result['tracebacks']}; restart clean: {result['restart_clean']}")
+        print(
+            f"  at {f['at_s']:>7.1f} s  {f['kind']:<18} recovered in {rec}  ({f['detail']}; failed meanwhile: "
+            f"{codes})"
+        )
+    print(
+        f"chunks: {result['chunks']} ({result['chunks_embedded']} embedded, {result['chunks_failed']} failed with "
+        f"a reason, {result['chunks_unsettled']} neither); orphaned chunks {result['orphaned_chunks']}, "
+        f"episodes without chunks {result['episodes_without_chunks']}"
+    )
+    print(
+        "server log: "
+        + ", ".join(f"{k} {v}" for k, v in result["server_log"].items())
+        + f"; database {result['database_mb']} MB"
+    )
+    print(
+        f"summaries {result['summaries']}, lineage errors {result['lineage_errors']}; tracebacks "
+        f"{result['tracebacks']}; restart clean: {result['restart_clean']}"
+    )
     print("exit codes: " + ", ".join(f"{k} {v}" for k, v in result["exit_codes"].items()))
-    print("seconds per command (n, p50, max): " + ", ".join(f"{a} {d['n']}/{d['p50']}/{d['max']}"
-                                                          for a, d in result["command_s"].items()))
+    print(
+        "seconds per command (n, p50, max): "
+        + ", ".join(f"{a} {d['n']}/{d['p50']}/{d['max']}" for a, d in result["command_s"].items())
+    )
     for line in result["messages"][:12]:
         print(f"  said: {line}")
     for line in result["unexpected_exits"]:
@@ -774,21 +1006,46 @@ def print_figures(result: dict) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--minutes", type=float, help="how long the workload runs (default: the profile's)")
-    p.add_argument("--profile", choices=sorted(PROFILES), default="short", help="short: 2 min; full: 30 min")
-    p.add_argument("--topology", choices=sorted(TOPOLOGY_FAULTS), default="standard",
-                   help="standard: the server a command starts; managed: `memctl db serve` under a supervisor")
-    p.add_argument("--fault-every", type=float, help="seconds between faults (default: five per run up to 2 "
-                   "min, then every 45 s)")
-    p.add_argument("--hold", type=float, default=10.0, help="seconds a full disk or a stopped Ollama lasts")
+    p.add_argument(
+        "--minutes", type=float, help="how long the workload runs (default: the profile's)"
+    )
+    p.add_argument(
+        "--profile", choices=sorted(PROFILES), default="short", help="short: 2 min; full: 30 min"
+    )
+    p.add_argument(
+        "--topology",
+        choices=sorted(TOPOLOGY_FAULTS),
+        default="standard",
+        help="standard: the server a command starts; managed: `memctl db serve` under a supervisor",
+    )
+    p.add_argument(
+        "--fault-every",
+        type=float,
+        help="seconds between faults (default: five per run up to 2 min, then every 45 s)",
+    )
+    p.add_argument(
+        "--hold", type=float, default=10.0, help="seconds a full disk or a stopped Ollama lasts"
+    )
     p.add_argument("--warmup", type=float, default=10.0, help="seconds before the first fault")
-    p.add_argument("--margin", type=float, default=25.0, help="no fault starts in the last MARGIN seconds")
-    p.add_argument("--grace", type=float, default=180.0, help="seconds the workload may run past the end while "
-                   "the last fault has not recovered")
-    p.add_argument("--upkeep-every", type=float, default=20.0, help="seconds between summarize/prune/backup")
+    p.add_argument(
+        "--margin", type=float, default=25.0, help="no fault starts in the last MARGIN seconds"
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=180.0,
+        help="seconds the workload may run past the end while the last fault has not recovered",
+    )
+    p.add_argument(
+        "--upkeep-every", type=float, default=20.0, help="seconds between summarize/prune/backup"
+    )
     p.add_argument("--batch", type=int, default=150, help="episodes per import")
-    p.add_argument("--disk-mb", type=int, help="size of the data filesystem (default 512 + 64 per minute: the "
-                   "writes fill it only when a fault does)")
+    p.add_argument(
+        "--disk-mb",
+        type=int,
+        help="size of the data filesystem (default 512 + 64 per minute: the "
+        "writes fill it only when a fault does)",
+    )
     p.add_argument("--seed", type=int, default=22)
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, config)")
@@ -799,7 +1056,10 @@ def main() -> int:
         args.fault_every = max(10.0, min(45.0, span / len(TOPOLOGY_FAULTS[args.topology])))
     args.disk_mb = args.disk_mb or int(512 + 64 * args.minutes)
     if os.geteuid() != 0:
-        print("soak: needs root (it mounts a size-limited filesystem for the data directory)", file=sys.stderr)
+        print(
+            "soak: needs root (it mounts a size-limited filesystem for the data directory)",
+            file=sys.stderr,
+        )
         return 2
     result = Soak(args).run()
     print_figures(result)

@@ -17,8 +17,6 @@ from pathlib import Path
 from _common import alternate, fresh_database, median, parser, server
 
 
-
-
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--runs", type=int, default=21)
@@ -26,8 +24,14 @@ def main() -> None:
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     with server(args.database_url) as admin, fresh_database(admin) as url:
         env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": "/dev/null"}
-        subprocess.run([exe, "fact", "set", "db.port", "5432"], env=env, check=True, stdout=subprocess.DEVNULL)
-        bare = [sys.executable, "-c", f"import psycopg; psycopg.connect({url!r}).execute('select 1')"]
+        subprocess.run(
+            [exe, "fact", "set", "db.port", "5432"], env=env, check=True, stdout=subprocess.DEVNULL
+        )
+        bare = [
+            sys.executable,
+            "-c",
+            f"import psycopg; psycopg.connect({url!r}).execute('select 1')",
+        ]
         ours = [exe, "fact", "get", "db.port"]
         memctl, base = alternate(ours, bare, env, args.runs, warm=3)
     print(f"bare psycopg connect+select: median {median(base) * 1000:.1f} ms")

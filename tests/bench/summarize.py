@@ -36,7 +36,9 @@ from _common import WORDS, fresh_database, parser, server
 from tests.ollama_server import OllamaTestServer
 
 ANSWER_EVERY = 6
-ANSWER_CHARS = 2000  # about 500 tokens: a real model's summary of a 2,300-token part, well under num_predict
+ANSWER_CHARS = (
+    2000  # about 500 tokens: a real model's summary of a 2,300-token part, well under num_predict
+)
 CONFIG = '[retention]\nraw = "30d"\nsummary = "365d"\n\n[summarize]\nmodel = "llama3.2:3b"\n'
 
 
@@ -47,7 +49,9 @@ class BoundedChat(OllamaTestServer):
         answer = super()._chat(body)
         kept = answer["message"]["content"].splitlines()[::ANSWER_EVERY]
         text = "\n".join(kept)[:ANSWER_CHARS]
-        answer["message"]["content"] = text[:text.rfind("\n")] if len(text) == ANSWER_CHARS else text
+        answer["message"]["content"] = (
+            text[: text.rfind("\n")] if len(text) == ANSWER_CHARS else text
+        )
         answer["eval_count"] = max(1, len(answer["message"]["content"]) // 4)
         return answer
 
@@ -57,10 +61,18 @@ def day_rows(agent: str, n: int, day: datetime.datetime, rng: random.Random):
     step = 86_400 / n
     for i in range(n):
         detail = " ".join(rng.choice(WORDS) for _ in range(8))
-        text = (f"Restarted worker {i % 50} after error E{i % 977} on host web{i % 13}. Queue backlog was {i} "
-                f"items; {detail}. Checked disk, memory and replica lag afterwards: nominal.")
-        yield {"content": text, "kind": "raw", "agent": agent, "source": f"agent:{agent}", "importance": 1 + i % 9,
-               "created_at": (day + datetime.timedelta(seconds=i * step)).isoformat()}
+        text = (
+            f"Restarted worker {i % 50} after error E{i % 977} on host web{i % 13}. Queue backlog was {i} "
+            f"items; {detail}. Checked disk, memory and replica lag afterwards: nominal."
+        )
+        yield {
+            "content": text,
+            "kind": "raw",
+            "agent": agent,
+            "source": f"agent:{agent}",
+            "importance": 1 + i % 9,
+            "created_at": (day + datetime.timedelta(seconds=i * step)).isoformat(),
+        }
 
 
 def peak_of(cmd: list[str], env: dict) -> tuple[float, float, str]:
@@ -80,13 +92,16 @@ def peak_of(cmd: list[str], env: dict) -> tuple[float, float, str]:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--episodes", type=int, default=100_000, help="the large day; the small one has a tenth")
+    p.add_argument(
+        "--episodes", type=int, default=100_000, help="the large day; the small one has a tenth"
+    )
     args = p.parse_args()
     sizes = {"small": args.episodes // 10, "large": args.episodes}
     exe = str(Path(sys.executable).parent / "memctl")
     workdir = Path(tempfile.mkdtemp(prefix="memctl-bench-summarize-"))
-    day = datetime.datetime.combine(datetime.date.today() - datetime.timedelta(days=40), datetime.time(),
-                                    datetime.timezone.utc)
+    day = datetime.datetime.combine(
+        datetime.date.today() - datetime.timedelta(days=40), datetime.time(), datetime.timezone.utc
+    )
     rng = random.Random(7)
     data = workdir / "episodes.jsonl"
     with data.open("w") as f:
@@ -96,23 +111,41 @@ def main() -> None:
     (workdir / "config.toml").write_text(CONFIG)
     results = {}
     try:
-        with server(args.database_url) as admin, fresh_database(admin) as url, BoundedChat() as chat:
-            env = {**os.environ, "MEMCTL_DATABASE_URL": url, "MEMCTL_CONFIG": str(workdir / "config.toml"),
-                   "MEMCTL_EMBEDDER": "ollama", "MEMCTL_EMBED_MODEL": "all-minilm", "OLLAMA_HOST": chat.url}
-            subprocess.run([exe, "episode", "import", str(data)], env=env, check=True, capture_output=True)
+        with (
+            server(args.database_url) as admin,
+            fresh_database(admin) as url,
+            BoundedChat() as chat,
+        ):
+            env = {
+                **os.environ,
+                "MEMCTL_DATABASE_URL": url,
+                "MEMCTL_CONFIG": str(workdir / "config.toml"),
+                "MEMCTL_EMBEDDER": "ollama",
+                "MEMCTL_EMBED_MODEL": "all-minilm",
+                "OLLAMA_HOST": chat.url,
+            }
+            subprocess.run(
+                [exe, "episode", "import", str(data)], env=env, check=True, capture_output=True
+            )
             for name, n in sizes.items():
                 before = len(chat.chat_requests())
-                peak, seconds, out = peak_of([exe, "summarize", "--agent", f"day-{name}", "-f", "json"], env)
+                peak, seconds, out = peak_of(
+                    [exe, "summarize", "--agent", f"day-{name}", "-f", "json"], env
+                )
                 [written] = json.loads(out)
                 meta = _meta(url, written["summary_id"])
                 results[name] = peak
-                print(f"{n:>9,} episodes: peak RSS {peak:7.1f} MiB, {seconds:6.1f} s, "
-                      f"{len(chat.chat_requests()) - before} chat requests, parts {meta['parts']}, "
-                      f"rounds {meta['rounds']}, lineage {meta['lineage']:,} of {n:,}")
+                print(
+                    f"{n:>9,} episodes: peak RSS {peak:7.1f} MiB, {seconds:6.1f} s, "
+                    f"{len(chat.chat_requests()) - before} chat requests, parts {meta['parts']}, "
+                    f"rounds {meta['rounds']}, lineage {meta['lineage']:,} of {n:,}"
+                )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"peak RSS ratio {sizes['large']:,} / {sizes['small']:,} episodes (goal about 1): "
-          f"{results['large'] / results['small']:.2f}")
+    print(
+        f"peak RSS ratio {sizes['large']:,} / {sizes['small']:,} episodes (goal about 1): "
+        f"{results['large'] / results['small']:.2f}"
+    )
 
 
 def _meta(url: str, summary_id: int) -> dict:
@@ -120,8 +153,9 @@ def _meta(url: str, summary_id: int) -> dict:
 
     with db.connect(url) as conn:
         row = conn.execute("SELECT meta FROM episodes WHERE id = %s", (summary_id,)).fetchone()
-        lineage = conn.execute("SELECT count(*) AS n FROM summary_sources WHERE summary_id = %s",
-                               (summary_id,)).fetchone()["n"]
+        lineage = conn.execute(
+            "SELECT count(*) AS n FROM summary_sources WHERE summary_id = %s", (summary_id,)
+        ).fetchone()["n"]
     return {**row["meta"], "lineage": lineage}
 
 

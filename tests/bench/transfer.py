@@ -93,14 +93,23 @@ def main() -> None:
     episodes_file, facts_file = workdir / "episodes.jsonl", workdir / "facts.jsonl"
     episodes_file.write_text("".join(json.dumps(r) + "\n" for r in data))
     nfacts = max(1, args.rows // 50)
-    facts_file.write_text("".join(json.dumps({"key": f"svc{i}.host", "value": f"10.8.{v}.{i % 250}"}) + "\n"
-                                  for v in range(2) for i in range(nfacts)))
+    facts_file.write_text(
+        "".join(
+            json.dumps({"key": f"svc{i}.host", "value": f"10.8.{v}.{i % 250}"}) + "\n"
+            for v in range(2)
+            for i in range(nfacts)
+        )
+    )
     export_file = workdir / "export.jsonl"
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     off = workdir / "off.toml"
     off.write_text('[redaction]\nmode = "off"\n')
-    base_env = {**os.environ, "MEMCTL_CONFIG": "/dev/null", "MEMCTL_EMBEDDER": "hash",
-                "MEMCTL_EMBED_MODEL": "hash-embed"}
+    base_env = {
+        **os.environ,
+        "MEMCTL_CONFIG": "/dev/null",
+        "MEMCTL_EMBEDDER": "hash",
+        "MEMCTL_EMBED_MODEL": "hash-embed",
+    }
 
     def memctl(url, *argv, config=None):
         """Run memctl; returns (stdout, peak RSS in MiB of that process alone).
@@ -108,46 +117,70 @@ def main() -> None:
         Through a small Python wrapper: a child forked straight from this process would start its
         high-water mark at this process's size (the data set), which Linux keeps across exec.
         """
-        env = {**base_env, "MEMCTL_DATABASE_URL": url, **({"MEMCTL_CONFIG": str(config)} if config else {})}
+        env = {
+            **base_env,
+            "MEMCTL_DATABASE_URL": url,
+            **({"MEMCTL_CONFIG": str(config)} if config else {}),
+        }
         rss = workdir / "rss"
-        proc = subprocess.run([sys.executable, "-c", WRAPPER, str(rss), exe, *argv], env=env, capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", WRAPPER, str(rss), exe, *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
             raise SystemExit(f"memctl {argv[0]} failed ({proc.returncode}): {proc.stderr[-500:]}")
         return proc.stdout, int(rss.read_text()) / 1024
 
     with server(args.database_url) as admin:
         with fresh_database(admin) as source:
-            memctl(source, "episode", "import", str(episodes_file), config=off)  # the secrets stay, for import
+            memctl(
+                source, "episode", "import", str(episodes_file), config=off
+            )  # the secrets stay, for import
             memctl(source, "fact", "import", str(facts_file))
             memctl(source, "source", "block", "src7", "--reason", "bench")
             if args.vectors:
                 memctl(source, "embed", "--batch-size", "256")
             extra = ["--vectors"] if args.vectors else []
-            exported, (_, export_rss) = timed(memctl, source, "export", "--out", str(export_file), *extra)
+            exported, (_, export_rss) = timed(
+                memctl, source, "export", "--out", str(export_file), *extra
+            )
             base_out, size = copy_out(source)
         records = sum(1 for _ in export_file.open()) - 1
         with fresh_database(admin) as target:
-            imported, (stdout, import_rss) = timed(memctl, target, "import", str(export_file), "-f", "json")
+            imported, (stdout, import_rss) = timed(
+                memctl, target, "import", str(export_file), "-f", "json"
+            )
             summary = json.loads(stdout)[0]
             base_in = copy_in(target, data)
         with fresh_database(admin) as target:
-            unredacted, _ = timed(memctl, target, "import", str(export_file), "-f", "json", config=off)
+            unredacted, _ = timed(
+                memctl, target, "import", str(export_file), "-f", "json", config=off
+            )
     mib = export_file.stat().st_size / 2**20
     shutil.rmtree(workdir, ignore_errors=True)
-    print(f"episodes: {args.rows}, facts: {nfacts} x 2 versions, records exported: {records} ({mib:.1f} MiB"
-          f"{', with vectors' if args.vectors else ''}; COPY text {size / 2**20:.1f} MiB)")
-    print(f"import wrote: {summary['episodes']} episodes, {summary['chunks']} chunks, {summary['vectors']} vectors, "
-          f"{summary['queued']} queued, {summary['redacted']} secrets redacted")
-    print(f"memctl export:   {exported:.2f} s  ({records / exported:,.0f} records/s, process start included)")
+    print(
+        f"episodes: {args.rows}, facts: {nfacts} x 2 versions, records exported: {records} ({mib:.1f} MiB"
+        f"{', with vectors' if args.vectors else ''}; COPY text {size / 2**20:.1f} MiB)"
+    )
+    print(
+        f"import wrote: {summary['episodes']} episodes, {summary['chunks']} chunks, {summary['vectors']} vectors, "
+        f"{summary['queued']} queued, {summary['redacted']} secrets redacted"
+    )
+    print(
+        f"memctl export:   {exported:.2f} s  ({records / exported:,.0f} records/s, process start included)"
+    )
     print(f"COPY TO STDOUT:  {base_out:.2f} s  ({records / base_out:,.0f} rows/s)")
     print(f"export ratio: {base_out / exported:.2f}")
     print(f"peak RSS: export {export_rss:.0f} MiB, import {import_rss:.0f} MiB")
     print(f"memctl import:   {imported:.2f} s  ({records / imported:,.0f} records/s, redaction on)")
     print(f"  redaction off: {unredacted:.2f} s  ({records / unredacted:,.0f} records/s)")
     print(f"binary COPY in (episodes only): {base_in:.2f} s  ({args.rows / base_in:,.0f} rows/s)")
-    print(f"import ratio: {(records / imported) / (args.rows / base_in):.2f} "
-          f"(redaction off: {(records / unredacted) / (args.rows / base_in):.2f})")
+    print(
+        f"import ratio: {(records / imported) / (args.rows / base_in):.2f} "
+        f"(redaction off: {(records / unredacted) / (args.rows / base_in):.2f})"
+    )
 
 
 if __name__ == "__main__":

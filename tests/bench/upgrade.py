@@ -59,10 +59,14 @@ INSERT INTO fact_history (namespace, key, version, op, old_value, new_value, sou
 SELECT 'default', 'key.' || i, v, 'set', CASE v WHEN 2 THEN 'v1-' || i END, 'v' || v || '-' || i, 'bench'
 FROM generate_series(1, %(n)s) AS i, generate_series(1, 2) AS v
 """
-WRITE_EPISODE = ("INSERT INTO episodes (agent, kind, content, content_hash, source, importance) "
-                 "VALUES ('writer', 'observation', %s, sha256(convert_to(%s, 'UTF8')), 'writer', 5)")
-WRITE_HISTORY = ("INSERT INTO fact_history (namespace, key, version, op, new_value, source) "
-                 "VALUES ('default', 'writer.key', %s, 'set', 'x', 'writer')")
+WRITE_EPISODE = (
+    "INSERT INTO episodes (agent, kind, content, content_hash, source, importance) "
+    "VALUES ('writer', 'observation', %s, sha256(convert_to(%s, 'UTF8')), 'writer', 5)"
+)
+WRITE_HISTORY = (
+    "INSERT INTO fact_history (namespace, key, version, op, new_value, source) "
+    "VALUES ('default', 'writer.key', %s, 'set', 'x', 'writer')"
+)
 
 
 class Writer(threading.Thread):
@@ -85,7 +89,11 @@ class Writer(threading.Thread):
                 self.stop.wait(0.05)
 
     def between(self, start: float, end: float) -> list[float]:
-        return [took for began, took in self.timed if start <= began < end or start <= began + took < end]
+        return [
+            took
+            for began, took in self.timed
+            if start <= began < end or start <= began + took < end
+        ]
 
 
 def restore_fixture(url: str, dump: Path) -> None:
@@ -98,8 +106,15 @@ def restore_fixture(url: str, dump: Path) -> None:
     try:
         listing = pgtools.listing(tools, dump, work)
         with pgtools.connection_env(url) as env:
-            pgtools.restore_script(tools, dump, listing, env, server_major=major,
-                                   before="CREATE EXTENSION IF NOT EXISTS vector;", after="SELECT 1;")
+            pgtools.restore_script(
+                tools,
+                dump,
+                listing,
+                env,
+                server_major=major,
+                before="CREATE EXTENSION IF NOT EXISTS vector;",
+                after="SELECT 1;",
+            )
     finally:
         work.unlink(missing_ok=True)
 
@@ -108,7 +123,12 @@ def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=100_000)
     p.add_argument("--no-backup", action="store_true", help="time the migrations only")
-    p.add_argument("--from", dest="start", default="c7e1950", help="the fixture (commit) whose schema to start from")
+    p.add_argument(
+        "--from",
+        dest="start",
+        default="c7e1950",
+        help="the fixture (commit) whose schema to start from",
+    )
     args = p.parse_args()
     with _common.server(args.database_url) as admin:
         name = f"memctl_bench_upgrade_{uuid.uuid4().hex[:8]}"
@@ -119,7 +139,9 @@ def main() -> None:
             run(url, args)
         finally:
             with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
 
 
 def run(url: str, args) -> None:
@@ -135,13 +157,19 @@ def run(url: str, args) -> None:
         conn.execute(FACTS, {"n": max(1, args.episodes // 100)})
         conn.execute(HISTORY, {"n": max(1, args.episodes // 100)})
         conn.execute("VACUUM ANALYZE")
-        print(f"loaded {args.episodes:,} episodes and chunks, {max(1, args.episodes // 100):,} facts in "
-              f"{time.monotonic() - began:.0f} s ({args.start}'s schema)", flush=True)
+        print(
+            f"loaded {args.episodes:,} episodes and chunks, {max(1, args.episodes // 100):,} facts in "
+            f"{time.monotonic() - began:.0f} s ({args.start}'s schema)",
+            flush=True,
+        )
     writer = Writer(url)
     writer.start()
     time.sleep(3)  # the baseline: the writer alone
     baseline = sorted(t for _, t in writer.timed)
-    with db.connect(url) as conn, tempfile.TemporaryDirectory(prefix="memctl-bench-backup-") as backups:
+    with (
+        db.connect(url) as conn,
+        tempfile.TemporaryDirectory(prefix="memctl-bench-backup-") as backups,
+    ):
         if not args.no_backup:
             start = time.monotonic()
             migrating.take_verified(conn, url, Path(backups), lambda line: None)
@@ -149,8 +177,11 @@ def run(url: str, args) -> None:
             print(f"backup and its verification: {backup_s:.1f} s (writes go on)", flush=True)
         start = time.monotonic()
         steps: list[tuple[str, float]] = []  # (line, when it was said)
-        applied = migrate.apply(conn, report=lambda line: print(f"  {line}", flush=True),
-                                progress=lambda line: steps.append((line, time.monotonic())))
+        applied = migrate.apply(
+            conn,
+            report=lambda line: print(f"  {line}", flush=True),
+            progress=lambda line: steps.append((line, time.monotonic())),
+        )
         total = time.monotonic() - start
     time.sleep(1)
     writer.stop.set()
@@ -164,9 +195,11 @@ def run(url: str, args) -> None:
         print(f"  {line}; longest write wait {max(waits, default=0.0):.2f} s")
         previous = when
     longest = max(during) if during else 0.0
-    print(f"migrated {args.episodes:,} episodes from {args.start}'s schema to {migrate.newest()} in {total:.1f} s; "
-          f"longest write wait {longest:.2f} s over {len(during)} writes (baseline p99 {p99 * 1000:.1f} ms, "
-          f"median {statistics.median(baseline) * 1000:.1f} ms; ratio {longest / p99:.0f}x; goal: under 5 s)")
+    print(
+        f"migrated {args.episodes:,} episodes from {args.start}'s schema to {migrate.newest()} in {total:.1f} s; "
+        f"longest write wait {longest:.2f} s over {len(during)} writes (baseline p99 {p99 * 1000:.1f} ms, "
+        f"median {statistics.median(baseline) * 1000:.1f} ms; ratio {longest / p99:.0f}x; goal: under 5 s)"
+    )
 
 
 if __name__ == "__main__":

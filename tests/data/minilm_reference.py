@@ -29,15 +29,24 @@ def main() -> None:
     texts = varied_texts()
     model = SentenceTransformer(str(bundled_model_dir()), device="cpu")
     vectors = model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
-    counts = [len(model.tokenizer(t, add_special_tokens=True, verbose=False)["input_ids"]) for t in texts]
+    counts = [
+        len(model.tokenizer(t, add_special_tokens=True, verbose=False)["input_ids"]) for t in texts
+    ]
     long = [t for t, c in zip(texts, counts) if c > MAX_TOKENS]
     truncated = model.tokenizer(long, truncation=True, max_length=MAX_TOKENS)["input_ids"]
     state = model[0].auto_model.state_dict()
-    tensors = {name: hashlib.sha256(state[name].numpy().astype(np.float32).tobytes()).hexdigest()
-               for name in REFERENCE_TENSORS}
-    data = {"texts_sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest(), "dims": vectors.shape[1],
-            "vectors_float16": base64.b64encode(vectors.astype("<f2").tobytes()).decode(),
-            "token_counts": counts, "truncated": truncated, "tensors_sha256": tensors}
+    tensors = {
+        name: hashlib.sha256(state[name].numpy().astype(np.float32).tobytes()).hexdigest()
+        for name in REFERENCE_TENSORS
+    }
+    data = {
+        "texts_sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest(),
+        "dims": vectors.shape[1],
+        "vectors_float16": base64.b64encode(vectors.astype("<f2").tobytes()).decode(),
+        "token_counts": counts,
+        "truncated": truncated,
+        "tensors_sha256": tensors,
+    }
     (HERE / "minilm_reference.json").write_text(json.dumps(data, separators=(",", ":")) + "\n")
 
 
