@@ -153,7 +153,7 @@ def _seed(url: str, suffix: str) -> Wall:
             facts.set_fact(conn, "db.password.hint", value, namespace=alice.namespace)
         facts.set_fact(conn, "db.host", "10.9.9.9", namespace=bob.namespace)
         conn.execute("ANALYZE")  # statistics for pg_stats to hold (and hide)
-        logins = {agent.name: agents.login(conn, agent.name, settings) for agent in (alice, bob)}
+        logins = {agent.name: agents.login(conn, agent.name) for agent in (alice, bob)}
         counts = {
             table: conn.execute(
                 sql.SQL("SELECT count(*) AS n FROM {} WHERE {} = %s").format(

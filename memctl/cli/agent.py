@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memctl.cli.common import FormatOption, connect, settings, warn
+from memctl.cli.common import FormatOption, connect, warn
 from memctl.cli.render import Format, render, render_one
 from memctl.records import agents
 
@@ -96,7 +96,7 @@ def add(
         conn, name, namespace=namespace, shared=shared_namespace, read_only=read_only
     )
     if login:
-        _write_login(name, agents.login(conn, name, settings()), login_file)
+        _write_login(name, agents.login(conn, name), login_file)
         agent = agents.show(conn, name)
     if login_file is None or str(login_file) != "-":
         render_one(_row(agent), fmt)
@@ -112,7 +112,7 @@ def login_(
     """Give the agent's role a login with a new generated password (any earlier one stops working), a connection
     limit and its sessions' timeouts ([agents]). Its client reads its memory with SQL and writes nothing: writes
     go through `memctl mcp`."""
-    _write_login(name, agents.login(connect(), name, settings()), login_file)
+    _write_login(name, agents.login(connect(), name), login_file)
 
 
 def _write_login(name: str, url: str, path: Path | None) -> None:

@@ -140,10 +140,10 @@ def _rollup(pairs: list[dict], column: str) -> list[dict]:
     return list(out.values())
 
 
-def _memory(conn: Memory, total: int, settings: Settings | None) -> list[Metric]:
+def _memory(conn: Memory, total: int) -> list[Metric]:
     """Episodes and chunks by kind and by agent, each bounded (see bounded)."""
     pairs, ratio = groups(conn, total)
-    agents_limit = (settings or Settings()).metrics.agents
+    agents_limit = (conn.settings if conn.has_settings else Settings()).metrics.agents
     out: list[Metric] = []
     for column, limit, prefix in (("kind", KINDS_LIMIT, ""), ("agent", agents_limit, "agent_")):
         rows = bounded(_rollup(pairs, column), column, limit, ("episodes", "chunks"))
@@ -435,7 +435,7 @@ def collect(conn: Memory, *, data_dir: Path | None = None) -> list[Metric]:
     sizes = size_figures(conn)
     families = [
         *_info(conn),
-        *_memory(conn, report["episodes"], settings),
+        *_memory(conn, report["episodes"]),
         *_backlog(report),
         *_models(conn),
         *_jobs(conn),

@@ -240,7 +240,7 @@ def _steps(
             if hybrid
             else None,
         )
-    request = statement_call(conn, query, parts, settings, n)
+    request = statement_call(conn, query, parts, n)
     vector_rows, text_rows, scored, context = read_rows((yield request) if request else None, parts)
     if vector_runs and parts.plan is not None and not vector_rows and _narrowed(parts.plan):
         # the vector half found nothing (nothing embedded yet, or not under these filters): the
@@ -252,7 +252,7 @@ def _steps(
             vector=None,
             plan=bm25.plan(conn, parts.stats, parsed.wanted, common_share=None),
         )
-        request = statement_call(conn, query, parts, settings, n)
+        request = statement_call(conn, query, parts, n)
         _, text_rows, scored, context = read_rows((yield request) if request else None, parts)
     if outcome.mode == "text" or (outcome.mode == "hybrid" and not vector_runs):
         vector_rows = None

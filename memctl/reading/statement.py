@@ -421,11 +421,11 @@ def _compose(query: Query, parts: StatementParts, matching: bool, n: int):
 
 
 def statement_call(
-    conn: Memory, query: Query, parts: StatementParts, settings: Settings, n: int
+    conn: Memory, query: Query, parts: StatementParts, n: int
 ) -> StatementCall | None:
     """The query's one statement, to run in a transaction with the scan set (ScanTransactions); None when no
     half can run (read_rows(None, parts) is then its answer)."""
-    text, params = statement(query, parts, settings, n)
+    text, params = statement(query, parts, conn.settings, n)
     if text is None:
         return None
     if parts.vector_runs:

@@ -240,7 +240,7 @@ def scram_verifier(password: str, iterations: int = SCRAM_ITERATIONS) -> str:
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored)}:{b64(server)}"
 
 
-def login(conn: Memory, name: str, settings) -> str:
+def login(conn: Memory, name: str) -> str:
     """Make the agent's role a login role with a new generated password (any earlier one stops working), a
     connection limit and its sessions' timeouts ([agents] login_*): the URL its client connects with, password
     included (the caller keeps it in a 0600 file). Its own sessions read its memory and write nothing: its writes
@@ -249,7 +249,7 @@ def login(conn: Memory, name: str, settings) -> str:
 
     from memctl.config import parse_duration
 
-    agent = show(conn, name)
+    settings, agent = conn.settings, show(conn, name)
     password = secrets.token_urlsafe(24)
     ms = lambda duration: min(int(parse_duration(duration) * 1000), 2**31 - 1)  # noqa: E731  (PostgreSQL: int ms)
     wall.login(

@@ -207,7 +207,7 @@ def import_stream(
     ):  # a source blocked while the file was read: refused at the end, nothing kept
         conn.execute("SET LOCAL gin_pending_list_limit = '64MB'")
         conn.execute(locks.WRITE_LOCK)
-        loader = _Loader(conn, settings, result, admit)
+        loader = _Loader(conn, result, admit)
         for number, item in records(lines):
             try:
                 loader.add(number, item)
@@ -261,8 +261,8 @@ class _Described:
 
 
 class _Loader:
-    def __init__(self, conn: Memory, settings: Settings, result: ImportResult, admit: gate.Gate):
-        self.conn, self.settings, self.result = conn, settings, result
+    def __init__(self, conn: Memory, result: ImportResult, admit: gate.Gate):
+        self.conn, self.settings, self.result = conn, conn.settings, result
         self.gate = admit
         # (agent, id in the file) -> id here, kept in a temporary table: memory stays flat at any size
         for statement in ID_MAP:
@@ -277,7 +277,7 @@ class _Loader:
         )
         self.queued: list[int] = []
         self.now = datetime.datetime.now(datetime.timezone.utc)
-        self.window = repeats.window_seconds(settings)
+        self.window = repeats.window_seconds(self.settings)
         self.locked: set[str] = set()  # agents whose fold lock this import holds
         self._ledger: erased.Ledger | None = None  # read with the header
 
