@@ -634,3 +634,27 @@ def test_restore_drill_while_agents_write(drill, tmp_path):
         > 0
     )
     assert drill.run("backup", "verify", str(path)).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "stderr, code",
+    [
+        (  # what CI's soak saw when the server was killed under a scheduled backup
+            'pg_dump: error: Dumping the contents of table "vectors_1_nomic_embed_text_768" failed: '
+            "PQgetCopyData() failed.\npg_dump: detail: Error message from server: server closed the "
+            "connection unexpectedly\n\tThis probably means the server terminated abnormally",
+            3,
+        ),
+        (
+            'pg_dump: error: connection to server at "127.0.0.1", port 5999 failed: Connection refused',
+            3,
+        ),
+        ('pg_dump: error: query failed: ERROR:  permission denied for table "facts"', 1),
+        ("pg_restore: error: could not read input file: end of file", 1),
+    ],
+)
+def test_a_client_program_that_lost_its_server_fails_as_unavailable(stderr, code):
+    """A pg_dump or psql that failed because the server went away is exit 3 (unavailable, retried by the
+    timer), as memctl's own connections are; any other failure of theirs stays exit 1."""
+    failed = pgtools.failure("pg_dump", stderr.encode())
+    assert failed.exit_code == code and str(failed).startswith("pg_dump failed: "), failed

@@ -34,6 +34,15 @@ _VERSION = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
 NEWER_SETTINGS = {17: re.compile(rb"^SET transaction_timeout\b")}
 HEADER_END = b"-- Name: "  # the first object: settings come before it, data after
 TAIL = 600  # characters of a failing program's stderr quoted in the error
+# libpq's words when the server went away or never answered: the program failed because the database is
+# unavailable (exit 3, as memctl's own connections), not for something in the memory (exit 1).
+CONNECTION_LOST = (
+    "server closed the connection unexpectedly",
+    "could not connect to server",
+    "connection to server",
+    "terminating connection due to",
+    "no connection to the server",
+)
 
 
 @dataclass(frozen=True)
@@ -149,7 +158,10 @@ def failure(program: str, stderr: str | bytes) -> MemctlError:
         lines[errors[0] :] if errors else lines
     )  # the error and its DETAIL/CONTEXT, not the NOTICEs before it
     tail = " / ".join(lines)[:TAIL] or "no message"
-    return MemctlError(f"{program} failed: {mask_secrets(tail)}")
+    unavailable = any(words in text for words in CONNECTION_LOST)
+    return (DatabaseUnavailable if unavailable else MemctlError)(
+        f"{program} failed: {mask_secrets(tail)}"
+    )
 
 
 def run(argv: list[str], env: dict[str, str], *, stdout: IO | int | None = None) -> None:
