@@ -197,6 +197,21 @@ def _remember(url: str, token: str, text: str) -> dict:
     return httpx2.post(url, json=body, headers=headers, timeout=30).json()["result"]
 
 
+def _not_acknowledged(url: str, token: str, text: str) -> str:
+    """How the server turned down a call sent after a newer memctl migrated the memory; fails on an
+    acknowledgement. Its schema watch asks every WATCH_S (5 s): on a loaded machine the migration can
+    take longer, so the server may have seen it first and be stopping (an error answer) or gone (refused
+    connection), instead of refusing the call's write itself. Each is an answer that stores nothing."""
+    try:
+        answer = _remember(url, token, text)
+    except httpx2.ConnectError:
+        return "gone"
+    except KeyError:  # a JSON-RPC error, not a tool's result: the server is stopping
+        return "stopping"
+    assert answer.get("isError") and "schema" in answer["content"][0]["text"], answer
+    return "refused"
+
+
 def test_mcp_http_stops_at_a_migration_and_acknowledges_only_what_it_stored(
     memctl_env, db_url, tmp_path, memctl_bin
 ):
@@ -217,8 +232,7 @@ def test_mcp_http_stops_at_a_migration_and_acknowledges_only_what_it_stored(
         stored = _remember(url, token, "remembered before the upgrade")
         assert not stored.get("isError"), stored
         newer = _migrate_to_the_future(db_url, tmp_path)
-        refused = _remember(url, token, "sent after the upgrade")
-        assert refused.get("isError") and "schema" in refused["content"][0]["text"], refused
+        _not_acknowledged(url, token, "sent after the upgrade")
         _stopped(proc, err)
         remembered = [
             r["content"]
