@@ -31,21 +31,25 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 @contextmanager
 def server(admin_url: str | None):
-    """Yield an admin URL: the given one, or a temporary embedded server stopped afterwards."""
-    if admin_url:
-        yield admin_url
-        return
+    """Yield an admin URL: the given one, or a temporary embedded server stopped afterwards. Either way
+    the run has a MEMCTL_HOME of its own, removed afterwards: a migration makes an erasure key there,
+    which must never land in the machine's /var/lib/memctl."""
+    import shutil
+
     home = tempfile.mkdtemp(prefix="memctl-bench-")
     os.environ["MEMCTL_HOME"] = home
-    from memctl.db import embedded
-
-    info = embedded.start()
     try:
-        yield info.url
-    finally:
-        embedded.stop()
-        import shutil
+        if admin_url:
+            yield admin_url
+            return
+        from memctl.db import embedded
 
+        info = embedded.start()
+        try:
+            yield info.url
+        finally:
+            embedded.stop()
+    finally:
         shutil.rmtree(home, ignore_errors=True)
 
 

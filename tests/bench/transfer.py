@@ -104,8 +104,7 @@ def main() -> None:
     exe = shutil.which("memctl") or str(Path(sys.executable).parent / "memctl")
     off = workdir / "off.toml"
     off.write_text('[redaction]\nmode = "off"\n')
-    base_env = {
-        **os.environ,
+    base_env = {  # over os.environ as it is at each run: server() gives the run its own MEMCTL_HOME
         "MEMCTL_CONFIG": "/dev/null",
         "MEMCTL_EMBEDDER": "hash",
         "MEMCTL_EMBED_MODEL": "hash-embed",
@@ -118,6 +117,7 @@ def main() -> None:
         high-water mark at this process's size (the data set), which Linux keeps across exec.
         """
         env = {
+            **os.environ,
             **base_env,
             "MEMCTL_DATABASE_URL": url,
             **({"MEMCTL_CONFIG": str(config)} if config else {}),
